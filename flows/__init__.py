@@ -1,0 +1,1 @@
+"""Prefect flows and the `ballast` CLI: the composition root. Imports nothing heavy."""

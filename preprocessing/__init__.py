@@ -1,0 +1,1 @@
+"""Resharding skewed raw data into a balanced, versioned dataset. Imports nothing heavy."""

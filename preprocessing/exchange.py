@@ -1,0 +1,159 @@
+"""The row exchange: map tasks route a piece's rows to shard buckets, reduce tasks write shards.
+
+A map task reads one piece (one row group) and writes one Arrow IPC file to the
+staging area holding one record batch per destination (split, shard). A reduce
+task reads its batch from every piece file, orders the rows by their keyed
+position and writes one zstd Parquet shard. Peak memory per task is about one
+piece (times its oversampling factor) or one output shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from preprocessing.config import DatasetSpec
+from preprocessing.manifest import ShardEntry
+from preprocessing.plan import SplitPlan
+from preprocessing.resample import holdout_mask, route_rows
+from preprocessing.scan import InputFile, row_sources
+
+SHARD_COLUMN = "__ballast_shard"
+ORDER_COLUMN = "__ballast_order"
+DERIVED_SOURCE_COLUMN = "source"
+
+
+@dataclass(frozen=True)
+class PieceTask:
+    """One row group of one input file, with its plan offsets for each split."""
+
+    piece: int
+    file: InputFile
+    row_group: int
+    first_row: int
+    offsets: dict[str, dict[int, int]]
+    staging_uri: str
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Rows of piece file `uri`, batch `batch`, destined for shard `shard` of `split`."""
+
+    split: str
+    shard: int
+    uri: str
+    batch: int
+
+
+def map_piece(task: PieceTask, plans: dict[str, SplitPlan], spec: DatasetSpec, seed: int,
+              holdout_fraction: float) -> list[Bucket]:
+    """Route one piece's rows to (split, shard) buckets in one staged IPC file."""
+    fs, path = url_to_fs(task.file.uri)
+    with fs.open(path, "rb") as handle:
+        table = pq.ParquetFile(handle).read_row_group(task.row_group)
+    table = table.replace_schema_metadata(None)
+    if spec.source_column is None:
+        table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
+    held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
+                            holdout_fraction)
+    parts = []
+    for split, plan in plans.items():
+        rows = np.flatnonzero(held_out if split == "holdout" else ~held_out)
+        if len(rows):
+            parts.append((split, _route_split(table.take(rows), plan, spec, task, seed)))
+    return _write_buckets(parts, f"{task.staging_uri}/piece-{task.piece:06d}.arrow")
+
+
+def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec) -> np.ndarray:
+    """Stratum index of every row, by dictionary lookup (vectorised, no Python loop)."""
+    labels = sorted({label for label, _ in plan.strata}, key=str)
+    sources = sorted({source for _, source in plan.strata}, key=str)
+    lookup = np.full((len(labels), len(sources)), -1, dtype=np.int64)
+    for index, (label, source) in enumerate(plan.strata):
+        lookup[labels.index(label), sources.index(source)] = index
+    source_name = spec.source_column or DERIVED_SOURCE_COLUMN
+    label_code = pc.index_in(table.column(spec.label_column), pa.array(labels))
+    source_code = pc.index_in(table.column(source_name), pa.array(sources))
+    codes = lookup[label_code.to_numpy(zero_copy_only=False),
+                   source_code.to_numpy(zero_copy_only=False)]
+    if (codes < 0).any():
+        raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
+    return codes
+
+
+def _route_split(table: pa.Table, plan: SplitPlan, spec: DatasetSpec, task: PieceTask,
+                 seed: int) -> pa.Table:
+    offsets = np.zeros(len(plan.strata), dtype=np.int64)
+    for stratum, offset in task.offsets.get(plan.name, {}).items():
+        offsets[stratum] = offset
+    routing = route_rows(stratum_codes(table, plan, spec), offsets, plan, seed)
+    routed = table.take(pa.array(routing.rows))
+    routed = routed.append_column(SHARD_COLUMN, pa.array(routing.shards, pa.int32()))
+    routed = routed.append_column(ORDER_COLUMN, pa.array(routing.order_keys, pa.uint64()))
+    return routed.sort_by(SHARD_COLUMN)
+
+
+def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
+    buckets: list[Bucket] = []
+    if not parts:
+        return buckets
+    fs, path = url_to_fs(uri)
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, parts[0][1].schema) as writer:
+        for split, table in parts:
+            shards = table.column(SHARD_COLUMN).to_numpy()
+            starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+            for start, stop in zip(starts, np.r_[starts[1:], len(shards)], strict=True):
+                writer.write_batch(table.slice(start, stop - start).combine_chunks().to_batches()[0])
+                buckets.append(Bucket(split, int(shards[start]), uri, len(buckets)))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, sink.getvalue())
+    return buckets
+
+
+def reduce_shard(buckets: list[Bucket], expected_rows: int, uri: str, schema: pa.Schema,
+                 spec: DatasetSpec, rows_per_row_group: int) -> ShardEntry:
+    """Assemble one shard from its buckets in keyed order and write it as zstd Parquet."""
+    batches = [_read_bucket(bucket) for bucket in buckets]
+    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+    if table.num_rows != expected_rows:
+        raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
+    table = table.sort_by(ORDER_COLUMN).drop_columns([SHARD_COLUMN, ORDER_COLUMN])
+    table = table.select(schema.names).cast(schema)
+    payload = _parquet_bytes(table, rows_per_row_group)
+    fs, path = url_to_fs(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, payload)
+    source_name = spec.source_column or DERIVED_SOURCE_COLUMN
+    return ShardEntry(
+        path=uri.rsplit("/", 1)[-1], num_rows=table.num_rows, num_bytes=len(payload),
+        num_row_groups=-(-table.num_rows // rows_per_row_group),
+        sha256=hashlib.sha256(payload).hexdigest(),
+        class_counts=_histogram(table.column(spec.label_column)),
+        source_counts=_histogram(table.column(source_name)),
+    )
+
+
+def _read_bucket(bucket: Bucket) -> pa.RecordBatch:
+    fs, path = url_to_fs(bucket.uri)
+    with fs.open(path, "rb") as handle:
+        return pa.ipc.open_file(handle).get_batch(bucket.batch)
+
+
+def _parquet_bytes(table: pa.Table, rows_per_row_group: int) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
+                   write_statistics=True)
+    return sink.getvalue()
+
+
+def _histogram(column: pa.ChunkedArray) -> dict[str, int]:
+    counts = pc.value_counts(column).to_pylist()
+    return {str(item["values"]): int(item["counts"]) for item in counts}

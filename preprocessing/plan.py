@@ -1,0 +1,217 @@
+"""Planning a reshard: a pure function from scanned counts to exact output layout (no I/O).
+
+Input: row counts per (piece, split, class, source), where a piece is one row
+group of one input file in global order. Output, per split: the exact number of
+output rows of every stratum (a (class, source) pair), how many shards there
+are and how many rows of each class group every shard receives, and for every
+piece the within-stratum offset of its first row. Cost is O(count records +
+strata x shards), independent of the number of rows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from preprocessing.config import MixConfig
+
+SPLITS = ("train", "holdout")
+
+
+@dataclass(frozen=True)
+class CountRecord:
+    """`num_rows` rows of `piece` belong to `split` and to stratum (label, source)."""
+
+    piece: int
+    split: str
+    label: Any
+    source: Any
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The exact layout of one split; arrays are indexed by stratum, group or shard."""
+
+    name: str
+    strata: list[tuple[Any, Any]]
+    input_rows: np.ndarray
+    output_rows: np.ndarray
+    group_of: np.ndarray
+    offset_in_group: np.ndarray
+    group_rows: np.ndarray
+    group_start: np.ndarray
+    shard_alloc: np.ndarray  # [num_shards, num_groups]
+    piece_offsets: dict[int, dict[int, int]]
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.shard_alloc.shape[0])
+
+    @property
+    def num_output_rows(self) -> int:
+        return int(self.output_rows.sum())
+
+    def shard_rows(self) -> np.ndarray:
+        return np.asarray(self.shard_alloc.sum(axis=1))
+
+
+def apportion(total: int, fractions: np.ndarray) -> np.ndarray:
+    """Integers summing to `total`, proportional to `fractions` (largest remainder, stable)."""
+    if total == 0 or fractions.sum() == 0:
+        return np.zeros(len(fractions), dtype=np.int64)
+    exact = fractions / fractions.sum() * total
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    order = np.lexsort((np.arange(len(exact)), -(exact - counts)))
+    counts[order[:short]] += 1
+    return counts
+
+
+def class_weights(class_rows: dict[Any, int], mix: MixConfig) -> dict[Any, float]:
+    """Relative target weight of each class present in the training split."""
+    if mix.class_weighting == "uniform":
+        return {label: 1.0 for label in class_rows}
+    if mix.class_weighting == "natural":
+        return {label: float(n) for label, n in class_rows.items()}
+    if mix.class_weighting == "temperature":
+        return {label: float(n) ** (1.0 / mix.temperature) for label, n in class_rows.items()}
+    weights = mix.class_weights or {}
+    missing = [str(label) for label in class_rows if str(label) not in weights]
+    if missing:
+        raise ValueError(f"mix.class_weights has no weight for classes {missing}")
+    return {label: float(weights[str(label)]) for label in class_rows}
+
+
+def source_fraction(stratum_rows: int, class_rows: int, num_sources: int, source: Any,
+                    mix: MixConfig) -> float:
+    """Share of a class's output given to one of its sources."""
+    if mix.source_weighting == "natural":
+        return stratum_rows / class_rows
+    if mix.source_weighting == "uniform":
+        return 1.0 / num_sources
+    weights = mix.source_weights or {}
+    if str(source) not in weights:
+        raise ValueError(f"mix.source_weights has no weight for source {source!r}")
+    return float(weights[str(source)])
+
+
+def target_fractions(strata: list[tuple[Any, Any]], input_rows: np.ndarray,
+                     mix: MixConfig) -> np.ndarray:
+    """Target share of the output for every stratum, from the class and source mix."""
+    class_rows: dict[Any, int] = defaultdict(int)
+    sources_of: dict[Any, int] = defaultdict(int)
+    for (label, _), n in zip(strata, input_rows, strict=True):
+        class_rows[label] += int(n)
+        sources_of[label] += 1
+    weights = class_weights(class_rows, mix)
+    raw = [source_fraction(int(n), class_rows[label], sources_of[label], source, mix)
+           for (label, source), n in zip(strata, input_rows, strict=True)]
+    within = np.array(raw, dtype=np.float64)
+    labels = [label for label, _ in strata]
+    within_sums: dict[Any, float] = defaultdict(float)
+    for label, share in zip(labels, within, strict=True):
+        within_sums[label] += share
+    total_weight = sum(weights.values())
+    return np.array([weights[label] / total_weight * share / within_sums[label]
+                     if within_sums[label] else 0.0
+                     for label, share in zip(labels, within, strict=True)])
+
+
+def stratum_targets(total: int, fractions: np.ndarray, input_rows: np.ndarray,
+                    max_oversample: float | None) -> np.ndarray:
+    """Exact output rows per stratum; capped strata give their excess to the others."""
+    if max_oversample is None:
+        return apportion(total, fractions)
+    caps = np.floor(input_rows * max_oversample).astype(np.int64)
+    capped = np.zeros(len(fractions), dtype=bool)
+    while True:
+        free = np.where(capped, 0.0, fractions)
+        counts = np.where(capped, caps, 0) + apportion(total - int(caps[capped].sum()), free)
+        over = (counts > caps) & ~capped
+        if not over.any():
+            return counts
+        capped |= over
+
+
+def allocate_shards(group_rows: np.ndarray, num_shards: int) -> np.ndarray:
+    """Rows of each group per shard: floor or ceil of rows/num_shards, and every shard
+    gets total//num_shards or one more row (extras are dealt round robin across groups)."""
+    alloc = np.tile(group_rows // num_shards, (num_shards, 1))
+    extras = group_rows % num_shards
+    starts = np.concatenate([[0], np.cumsum(extras)[:-1]])
+    for group, (start, count) in enumerate(zip(starts, extras, strict=True)):
+        alloc[(start + np.arange(count)) % num_shards, group] += 1
+    return alloc
+
+
+def piece_offsets(records: Iterable[CountRecord], split: str,
+                  stratum_index: dict[tuple[Any, Any], int]) -> dict[int, dict[int, int]]:
+    """Within-stratum index of each piece's first row of each stratum (pieces in order)."""
+    running: dict[int, int] = defaultdict(int)
+    offsets: dict[int, dict[int, int]] = defaultdict(dict)
+    for record in sorted(records, key=lambda r: r.piece):
+        if record.split != split:
+            continue
+        stratum = stratum_index[(record.label, record.source)]
+        offsets[record.piece][stratum] = running[stratum]
+        running[stratum] += record.num_rows
+    return dict(offsets)
+
+
+def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None,
+               num_output_rows: int | None, target_shard_rows: int,
+               stratified: bool) -> SplitPlan:
+    """The layout of one split; `mix=None` keeps every row exactly once (the holdout)."""
+    totals: dict[tuple[Any, Any], int] = defaultdict(int)
+    for record in records:
+        if record.split == split:
+            totals[(record.label, record.source)] += record.num_rows
+    strata = sorted(totals, key=_stratum_sort_key)
+    input_rows = np.array([totals[s] for s in strata], dtype=np.int64)
+    if mix is None:
+        output_rows = input_rows.copy()
+    else:
+        total = int(input_rows.sum()) if num_output_rows is None else num_output_rows
+        fractions = target_fractions(strata, input_rows, mix)
+        output_rows = stratum_targets(total, fractions, input_rows, mix.max_oversample)
+    return _layout(split, strata, input_rows, output_rows, records, target_shard_rows,
+                   stratified)
+
+
+def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
+            output_rows: np.ndarray, records: Sequence[CountRecord], target_shard_rows: int,
+            stratified: bool) -> SplitPlan:
+    labels = sorted({label for label, _ in strata}, key=_stratum_sort_key)
+    group_of = np.array([labels.index(label) if stratified else 0 for label, _ in strata],
+                        dtype=np.int64)
+    num_groups = len(labels) if stratified else 1
+    group_rows = np.bincount(group_of, weights=output_rows, minlength=num_groups)
+    group_rows = group_rows.astype(np.int64)
+    offset_in_group = np.zeros(len(strata), dtype=np.int64)
+    for group in range(num_groups):
+        members = np.flatnonzero(group_of == group)
+        offset_in_group[members] = np.concatenate([[0], np.cumsum(output_rows[members])[:-1]])
+    total = int(output_rows.sum())
+    num_shards = max(1, -(-total // target_shard_rows))
+    index = {stratum: i for i, stratum in enumerate(strata)}
+    return SplitPlan(
+        name=split, strata=strata, input_rows=input_rows, output_rows=output_rows,
+        group_of=group_of, offset_in_group=offset_in_group, group_rows=group_rows,
+        group_start=np.concatenate([[0], np.cumsum(group_rows)[:-1]]).astype(np.int64),
+        shard_alloc=allocate_shards(group_rows, num_shards),
+        piece_offsets=piece_offsets(records, split, index),
+    )
+
+
+def _stratum_sort_key(value: Any) -> Any:
+    """Sort labels and (label, source) pairs deterministically: numbers by value, then text."""
+    if isinstance(value, tuple):
+        return tuple(_stratum_sort_key(part) for part in value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0, str(value))

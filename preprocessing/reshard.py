@@ -1,0 +1,282 @@
+"""The reshard driver: scan, plan, exchange and commit one dataset version, on Dask.
+
+`run_reshard(config)` is the whole stage; Dask only executes the pure steps of
+`scan`, `plan`, `resample` and `exchange`. The version id hashes the input
+listing, the config (minus settings that cannot change the output) and the code
+version, so re-running on unchanged inputs finds the committed manifest and
+does no work. Shards are written into the version directory, the manifest last,
+then `_CURRENT` is swapped: a run killed at any point leaves no visible version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from distributed import Client, LocalCluster, as_completed
+from fsspec.core import url_to_fs
+from tqdm import tqdm
+
+from preprocessing.config import ReshardConfig
+from preprocessing.exchange import (
+    DERIVED_SOURCE_COLUMN,
+    Bucket,
+    PieceTask,
+    map_piece,
+    reduce_shard,
+)
+from preprocessing.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ManifestError,
+    RejectedFile,
+    ShardEntry,
+    SplitEntry,
+    read_manifest,
+    shard_name,
+    staging_dir,
+    swap_current,
+    version_dir,
+    write_manifest,
+)
+from preprocessing.plan import SPLITS, SplitPlan, plan_split
+from preprocessing.scan import (
+    FileScan,
+    check_schemas,
+    count_records,
+    fingerprint_inputs,
+    list_inputs,
+    scan_file,
+)
+
+# Settings that change how fast a version is made, never what is in it.
+_OUTPUT_NEUTRAL_FIELDS = {"num_workers"}
+
+
+class TooManyRejected(RuntimeError):
+    """More input files were bad than `max_rejected_fraction` allows."""
+
+
+@dataclass(frozen=True)
+class ReshardResult:
+    """The committed version, where its manifest is, and whether this run made it."""
+
+    manifest: Manifest
+    manifest_uri: str
+    reused: bool
+
+
+def code_version() -> str:
+    try:
+        return f"ballast-{version('ballast')}-format{FORMAT_VERSION}"
+    except PackageNotFoundError:
+        return f"ballast-dev-format{FORMAT_VERSION}"
+
+
+def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
+    """Hash of inputs + output-relevant config + code version (16 hex digits)."""
+    settings = config.model_dump(mode="json", exclude=_OUTPUT_NEUTRAL_FIELDS)
+    payload = json.dumps([fingerprint, settings, code_version()], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def dask_client(client: Client | None, num_workers: int) -> Iterator[Client]:
+    """Use the caller's client, or a local cluster of worker processes for this run."""
+    if client is not None:
+        yield client
+        return
+    with LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as local:
+        yield local
+
+
+def run_reshard(config: ReshardConfig, client: Client | None = None) -> ReshardResult:
+    """Make (or find) the dataset version for `config` and commit it."""
+    files = list_inputs(config.dataset)
+    fingerprint = fingerprint_inputs(files)
+    version_id = compute_version_id(fingerprint, config)
+    existing = _committed(config.output_root, version_id)
+    if existing is not None:
+        return ReshardResult(*existing, reused=True)
+    timings: dict[str, float] = {}
+    with dask_client(client, config.num_workers) as dask:
+        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config))
+        schema = _output_schema(scans, config)
+        plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
+        buckets = _timed(timings, "exchange_s",
+                         lambda: _exchange(dask, scans, plans, pieces, config, version_id))
+        splits = _timed(timings, "write_s",
+                        lambda: _reduce(dask, plans, buckets, schema, config, version_id))
+    manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
+    location = write_manifest(config.output_root, manifest)
+    swap_current(config.output_root, version_id)
+    _remove_staging(config.output_root, version_id)
+    return ReshardResult(manifest, location, reused=False)
+
+
+def _committed(root: str, version_id: str) -> tuple[Manifest, str] | None:
+    try:
+        return read_manifest(version_dir(root, version_id))
+    except ManifestError:
+        return None
+
+
+def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
+    start = time.perf_counter()
+    result = step()
+    timings[name] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _progress(futures: list[Any], stage: str) -> list[Any]:
+    """Gather futures in submission order, with a progress bar when run from a terminal."""
+    bar = tqdm(total=len(futures), desc=stage, unit="task", disable=not sys.stderr.isatty())
+    for _ in as_completed(futures):
+        bar.update(1)
+    bar.close()
+    return [future.result() for future in futures]
+
+
+def _scan(dask: Client, files: list[Any], config: ReshardConfig) -> list[FileScan]:
+    futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
+                       holdout_fraction=config.holdout_fraction, pure=False)
+    scans = check_schemas(_progress(futures, "scan"))
+    rejected = [scan for scan in scans if scan.reason is not None]
+    if len(rejected) > config.max_rejected_fraction * len(scans):
+        details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
+        raise TooManyRejected(
+            f"{len(rejected)} of {len(scans)} input files rejected, more than "
+            f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
+        )
+    return scans
+
+
+def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
+    schema = next(scan.schema for scan in scans if scan.reason is None and scan.schema)
+    schema = schema.remove_metadata()
+    if config.dataset.source_column is None:
+        if DERIVED_SOURCE_COLUMN in schema.names:
+            raise ValueError(f"dataset.source_column is None but inputs already have a "
+                             f"'{DERIVED_SOURCE_COLUMN}' column; name it as source_column")
+        schema = schema.append(pa.field(DERIVED_SOURCE_COLUMN, pa.string()))
+    return schema
+
+
+def _plan(scans: list[FileScan],
+          config: ReshardConfig) -> tuple[dict[str, SplitPlan], list[tuple[int, int]]]:
+    records, pieces = count_records(scans)
+    stratified = config.shuffle == "stratified"
+    plans = {
+        "train": plan_split(records, "train", config.mix, config.num_output_rows,
+                            config.target_shard_rows, stratified),
+        "holdout": plan_split(records, "holdout", None, None, config.target_shard_rows,
+                              stratified),
+    }
+    if plans["train"].num_output_rows == 0:
+        raise ValueError("no training rows: every accepted input row was held out or rejected")
+    return {name: plan for name, plan in plans.items() if plan.num_output_rows}, pieces
+
+
+def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
+                 pieces: list[tuple[int, int]], staging: str) -> list[PieceTask]:
+    tasks = []
+    for piece, (scan_index, group) in enumerate(pieces):
+        scan = scans[scan_index]
+        first_row = int(np.sum(scan.row_group_rows[:group]))
+        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
+        tasks.append(PieceTask(piece, scan.file, group, first_row, offsets, staging))
+    return tasks
+
+
+def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
+              pieces: list[tuple[int, int]], config: ReshardConfig,
+              version_id: str) -> list[Bucket]:
+    # Map tasks need the layout, not every piece's offsets: ship that once per worker.
+    slim = {name: _without_offsets(plan) for name, plan in plans.items()}
+    shared = dask.scatter(slim, broadcast=True)
+    tasks = _piece_tasks(scans, plans, pieces, staging_dir(config.output_root, version_id))
+    futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
+                       holdout_fraction=config.holdout_fraction, pure=False)
+    return [bucket for result in _progress(futures, "exchange") for bucket in result]
+
+
+def _without_offsets(plan: SplitPlan) -> SplitPlan:
+    fields = {**plan.__dict__, "piece_offsets": {}}
+    return SplitPlan(**fields)
+
+
+def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
+            config: ReshardConfig, version_id: str) -> dict[str, SplitEntry]:
+    by_shard: dict[tuple[str, int], list[Bucket]] = {}
+    for bucket in buckets:
+        by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
+    root = version_dir(config.output_root, version_id)
+    futures, names = [], []
+    for split, plan in plans.items():
+        for shard, rows in enumerate(plan.shard_rows()):
+            uri = f"{root}/{shard_name(split, shard)}"
+            futures.append(dask.submit(
+                reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
+                config.dataset, config.rows_per_row_group, pure=False))
+            names.append(split)
+    entries = _progress(futures, "write")
+    return {split: _split_entry([e for e, n in zip(entries, names, strict=True) if n == split])
+            for split in plans}
+
+
+def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
+    return SplitEntry(num_rows=sum(entry.num_rows for entry in entries), shards=entries)
+
+
+def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:
+    classes: dict[str, int] = {}
+    sources: dict[str, int] = {}
+    for scan in scans:
+        for _, _, label, source, n in scan.counts if scan.reason is None else []:
+            classes[str(label)] = classes.get(str(label), 0) + n
+            sources[str(source)] = sources.get(str(source), 0) + n
+    return classes, sources
+
+
+def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: list[FileScan],
+              schema: pa.Schema, plans: dict[str, SplitPlan], splits: dict[str, SplitEntry],
+              timings: dict[str, float]) -> Manifest:
+    input_classes, input_sources = _input_histograms(scans)
+    train = plans["train"]
+    return Manifest(
+        version_id=version_id,
+        label_column=config.dataset.label_column,
+        source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
+        id_column=config.dataset.id_column,
+        feature_columns=list(config.dataset.feature_columns),
+        classes=sorted({label for label, _ in train.strata}, key=_json_sort_key),
+        sources=sorted({source for _, source in train.strata}, key=_json_sort_key),
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
+        splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
+        input_fingerprint=fingerprint, input_class_counts=input_classes,
+        input_source_counts=input_sources,
+        rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
+        timings_s=timings, code_version=code_version(),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _json_sort_key(value: Any) -> tuple[int, Any]:
+    return (0, value) if isinstance(value, int | float) else (1, str(value))
+
+
+def _remove_staging(root: str, version_id: str) -> None:
+    fs, path = url_to_fs(staging_dir(root, version_id))
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

@@ -1,0 +1,178 @@
+"""Listing and scanning raw inputs: footers plus the label/source columns, nothing else.
+
+`list_inputs` expands roots, directories and globs through fsspec into a sorted,
+fingerprinted listing. `scan_file` (one Dask task per file) reads a file's
+footer and only its label and source columns, and returns row counts per
+(row group, split, class, source) or the reason the file must be rejected.
+`check_schemas` rejects files whose schema drifts from the majority's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from preprocessing.config import DatasetSpec
+from preprocessing.plan import CountRecord
+from preprocessing.resample import holdout_mask
+
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One raw file: its URI, the input root it came from, and what identifies its content."""
+
+    uri: str
+    root: str
+    relative_path: str
+    num_bytes: int
+    content_tag: str
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """The scan of one file: its schema and counts, or `reason` when it is rejected."""
+
+    file: InputFile
+    schema: pa.Schema | None = None
+    row_group_rows: list[int] = field(default_factory=list)
+    counts: list[tuple[int, str, Any, Any, int]] = field(default_factory=list)
+    reason: str | None = None
+
+
+def list_inputs(spec: DatasetSpec) -> list[InputFile]:
+    """Every input file under the configured roots, sorted by URI, without duplicates."""
+    found: dict[str, InputFile] = {}
+    for root in spec.inputs:
+        fs, path = url_to_fs(root)
+        if _GLOB_CHARS & set(path):
+            matches = sorted(fs.glob(path))
+            base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+        elif fs.isdir(path):
+            matches = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+            base = path
+        else:
+            matches, base = [path], path.rsplit("/", 1)[0]
+        for match in matches:
+            info = fs.info(match)
+            uri = fs.unstrip_protocol(match)
+            tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
+            relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
+            found.setdefault(uri, InputFile(uri, root, relative, int(info["size"]), tag))
+    if not found:
+        raise FileNotFoundError(f"dataset.inputs matched no files: {spec.inputs}")
+    return [found[uri] for uri in sorted(found)]
+
+
+def fingerprint_inputs(files: list[InputFile]) -> str:
+    """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
+    digest = hashlib.sha256()
+    for item in files:
+        digest.update(f"{item.uri}\0{item.num_bytes}\0{item.content_tag}\n".encode())
+    return digest.hexdigest()
+
+
+def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float) -> FileScan:
+    """Count rows per (row group, split, class, source); reject the file with a reason on error."""
+    try:
+        fs, path = url_to_fs(file.uri)
+        with fs.open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            return _scan_parquet(parquet, file, spec, seed, holdout_fraction)
+    except (OSError, pa.ArrowException, ValueError) as error:
+        return FileScan(file, reason=f"unreadable Parquet: {type(error).__name__}: {error}")
+
+
+def _scan_parquet(parquet: pq.ParquetFile, file: InputFile, spec: DatasetSpec, seed: int,
+                  holdout_fraction: float) -> FileScan:
+    schema = parquet.schema_arrow
+    required = [spec.label_column, spec.id_column, *spec.feature_columns]
+    required += [spec.source_column] if spec.source_column else []
+    missing = [name for name in required if name not in schema.names]
+    if missing:
+        return FileScan(file, schema, reason=f"schema drift: missing columns {missing}")
+    if parquet.metadata.num_rows == 0:
+        return FileScan(file, schema, reason="empty file (0 rows)")
+    scan = FileScan(file, schema)
+    first_row = 0
+    for group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(group, columns=_count_columns(spec))
+        labels = table.column(spec.label_column)
+        if labels.null_count:
+            return replace(scan, reason=f"{labels.null_count} null labels in column "
+                           f"'{spec.label_column}' (row group {group})")
+        holdout = holdout_mask(file.relative_path, first_row, table.num_rows, seed,
+                               holdout_fraction)
+        scan.counts.extend(_count_rows(table, spec, file, group, holdout))
+        scan.row_group_rows.append(table.num_rows)
+        first_row += table.num_rows
+    return scan
+
+
+def _count_columns(spec: DatasetSpec) -> list[str]:
+    return [spec.label_column] + ([spec.source_column] if spec.source_column else [])
+
+
+def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array:
+    """The source of every row: its source column, or the input root it was listed from."""
+    if spec.source_column:
+        return table.column(spec.source_column).combine_chunks()
+    return pa.array([file.root] * table.num_rows, type=pa.string())
+
+
+def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, group: int,
+                holdout: Any) -> list[tuple[int, str, Any, Any, int]]:
+    keyed = pa.table({
+        "split": pc.if_else(pa.array(holdout), "holdout", "train"),
+        "label": table.column(spec.label_column),
+        "source": row_sources(table, spec, file),
+    })
+    grouped = keyed.group_by(["split", "label", "source"]).aggregate([([], "count_all")])
+    return [(group, row["split"], row["label"], row["source"], row["count_all"])
+            for row in grouped.to_pylist()]
+
+
+def check_schemas(scans: list[FileScan]) -> list[FileScan]:
+    """Reject accepted files whose schema differs from the most common one, saying how."""
+    schemas = [scan.schema for scan in scans if scan.reason is None and scan.schema is not None]
+    if not schemas:
+        return scans
+    reference = Counter(s.remove_metadata().to_string() for s in schemas).most_common(1)[0][0]
+    reference_schema = next(s for s in schemas if s.remove_metadata().to_string() == reference)
+    return [scan if scan.reason or scan.schema is None
+            or scan.schema.remove_metadata().equals(reference_schema.remove_metadata())
+            else replace(scan, reason=_describe_drift(scan.schema, reference_schema))
+            for scan in scans]
+
+
+def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
+    for name in expected.names:
+        if name not in found.names:
+            return f"schema drift: missing column '{name}'"
+        if not found.field(name).type.equals(expected.field(name).type):
+            return (f"schema drift: column '{name}' is {found.field(name).type}, "
+                    f"expected {expected.field(name).type}")
+    extra = [name for name in found.names if name not in expected.names]
+    return f"schema drift: unexpected columns {extra}"
+
+
+def count_records(scans: list[FileScan]) -> tuple[list[CountRecord], list[tuple[int, int]]]:
+    """Count records over global pieces, and each piece's (scan index, row group)."""
+    records: list[CountRecord] = []
+    pieces: list[tuple[int, int]] = []
+    for scan_index, scan in enumerate(scans):
+        if scan.reason is not None:
+            continue
+        first_piece = len(pieces)
+        pieces.extend((scan_index, group) for group in range(len(scan.row_group_rows)))
+        records.extend(CountRecord(first_piece + group, split, label, source, n)
+                       for group, split, label, source, n in scan.counts)
+    return records, pieces

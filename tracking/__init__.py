@@ -1,0 +1,1 @@
+"""MLflow adapter: runs, dataset lineage, metrics and artifacts. Imports nothing heavy."""

@@ -1,0 +1,24 @@
+"""Typed configuration of the MLflow tracking adapter."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrackingConfig(BaseModel):
+    """Where and under which names a run is recorded in MLflow."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str = Field(
+        description="MLflow tracking URI: `sqlite:///path/mlflow.db` locally, `http://host:5000` "
+        "for a server. The `./mlruns` file store is refused by MLflow 3.17."
+    )
+    experiment: str = Field("ballast", description="MLflow experiment name.")
+    artifact_location: str | None = Field(
+        None, description="Artifact root used when the experiment is created (any fsspec URI)."
+    )
+    run_id: str | None = Field(
+        None, description="Resume logging into this run (set by the launcher, kept across retries)."
+    )
+    run_name: str | None = Field(None, description="Display name of a newly created run.")

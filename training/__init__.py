@@ -1,0 +1,1 @@
+"""Training on a ballast dataset version with PyTorch Lightning. Imports nothing heavy."""
