@@ -59,8 +59,8 @@ from preprocessing.scan import (
     scan_file,
 )
 
-# Settings that change how fast a version is made, never what is in it.
-_OUTPUT_NEUTRAL_FIELDS = {"num_workers"}
+# Settings that change how fast or where a version is made, never what is in it.
+_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root"}
 
 
 class TooManyRejected(RuntimeError):
@@ -97,7 +97,7 @@ def dask_client(client: Client | None, num_workers: int) -> Iterator[Client]:
         yield client
         return
     with LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster) as local:
+                      dashboard_address=":0") as cluster, Client(cluster) as local:
         yield local
 
 

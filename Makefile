@@ -1,0 +1,37 @@
+# ballast: `make demo` and `make test` work on a fresh machine; .venv is (re)built when
+# pyproject.toml or constraints.txt change.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help venv demo test lint format clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)  ## create or refresh .venv from pyproject.toml + constraints.txt
+
+demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
+	$(BIN)/ballast demo --work-dir demo-output
+
+test: $(STAMP)  ## run the test suite (starts its own local services)
+	$(BIN)/pytest
+
+lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of DESIGN.md section 1
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+format: $(STAMP)  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:  ## remove demo output and caches (keeps .venv)
+	rm -rf demo-output .mypy_cache .ruff_cache .pytest_cache

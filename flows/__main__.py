@@ -1,0 +1,7 @@
+"""`python -m flows ...` is the `ballast` CLI."""
+
+import sys
+
+from flows.cli import main
+
+sys.exit(main())

@@ -1,0 +1,30 @@
+"""Session-wide fixtures: a real Dask LocalCluster of worker processes and tiny skewed data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from distributed import Client, LocalCluster
+
+from preprocessing.sample import SampleSpec, write_sample
+
+TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num_features=4,
+                  class_ratio=8.0, seed=3)
+
+
+@pytest.fixture(scope="session")
+def dask_client() -> Iterator[Client]:
+    """Two worker processes, one thread each: the shape of this 2-core machine."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six Parquet files of uneven size, four long-tailed classes, two sources."""
+    directory = tmp_path_factory.mktemp("raw")
+    write_sample(directory, TINY)
+    return directory

@@ -1,0 +1,86 @@
+"""Creating and finishing the MLflow run of a training job, with its dataset lineage.
+
+The launcher calls `prepare_backend` and `start_run` before any rank starts (a
+fresh sqlite store raced by several ranks fails: FINDINGS.md 6), passes the run
+id to the ranks, and calls `finish_run` with the job's summary afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.tracking import MlflowClient
+
+from preprocessing.manifest import Manifest
+from tracking.config import TrackingConfig
+
+_MAX_PARAM_CHARS = 6000
+
+
+def prepare_backend(config: TrackingConfig) -> str:
+    """Create the store's schema and the experiment once; returns the experiment id."""
+    client = MlflowClient(config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    return str(client.create_experiment(config.experiment, config.artifact_location))
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config as dotted MLflow params (`loader.batch_size`), values as strings."""
+    flat: dict[str, str] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value)[:_MAX_PARAM_CHARS] if not isinstance(value, str) \
+                else value[:_MAX_PARAM_CHARS]
+    return flat
+
+
+def git_sha() -> str:
+    """The commit the code runs from, or `unknown` outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True)
+        return result.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
+    """The version as an MLflow dataset input: source = manifest URI, digest = version id."""
+    profile = {name: split.num_rows for name, split in manifest.splits.items()}
+    dataset = Dataset(
+        name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
+        source_type="ballast-manifest", source=json.dumps({"uri": manifest_uri}),
+        schema=json.dumps({"fields": manifest.arrow_schema}),
+        profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes)}),
+    )
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
+
+
+def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
+              params: dict[str, Any], tags: dict[str, str]) -> str:
+    """Create the job's run with params, tags, dataset lineage and the manifest artifact."""
+    client = MlflowClient(config.tracking_uri)
+    experiment_id = prepare_backend(config)
+    all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(), **tags}
+    run = client.create_run(experiment_id, run_name=config.run_name, tags=all_tags)
+    run_id = run.info.run_id
+    for name, value in flatten(params).items():
+        client.log_param(run_id, name, value)
+    client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
+    client.log_text(run_id, manifest.to_json(), "dataset/_MANIFEST.json")
+    return str(run_id)
+
+
+def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any]) -> None:
+    """Record the job's summary as an artifact and close the run."""
+    client = MlflowClient(config.tracking_uri)
+    client.log_dict(run_id, summary, "training/summary.json")
+    client.set_terminated(run_id, status="FINISHED")

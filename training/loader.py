@@ -1,0 +1,224 @@
+"""Stream one split of a dataset version to every rank and DataLoader worker.
+
+`ShardStream` is an `IterableDataset` that yields collated batches (dicts of
+tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
+`weight` float32: 1 for a real sample, 0 for padding), so it is used with
+`batch_size=None`; `StreamLoader` is that DataLoader. The contract
+(shared/DESIGN.md section 4):
+
+- The order of an epoch depends on (seed, epoch) only: the row groups of all
+  the split's shards in a permuted order, rows permuted within each row group.
+- Global step t covers stream positions [start + t*G, start + (t+1)*G) with
+  G = world_size * batch_size; rank r takes positions [r*B, (r+1)*B) of it.
+  Every rank yields the same number of batches, so DDP never waits on a
+  missing one (FINDINGS.md 8). `remainder="drop"` leaves out the last partial
+  global batch; `"pad"` fills it with repeats of a real sample of weight 0.
+- Worker w of a rank yields the rank's steps t with t % num_workers == w;
+  DataLoader's in-order round robin then restores the rank's order.
+- The position (epoch, samples consumed) is global, independent of the world
+  size and worker count, so a run resumes with either changed. An exhausted
+  epoch moves the stream to the start of the next one.
+
+Each worker holds one decoded row group at a time. Rank, world size and worker
+are read when iteration starts, never at import or construction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from preprocessing.manifest import read_manifest
+from training.config import LoaderConfig
+from training.shards import Columns, Layout, Rows, read_layout, read_row_group
+
+Batch = dict[str, torch.Tensor]
+
+
+def current_rank_world() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed, else env RANK/WORLD_SIZE, else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def current_worker() -> tuple[int, int]:
+    """(worker id, number of workers) inside a DataLoader worker, else (0, 1)."""
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def num_steps(num_rows: int, start: int, global_batch: int, remainder: str) -> int:
+    """Global steps left in an epoch of `num_rows` samples from position `start`."""
+    left = max(num_rows - start, 0)
+    return -(-left // global_batch) if remainder == "pad" else left // global_batch
+
+
+def group_order(seed: int, epoch: int, num_groups: int) -> np.ndarray:
+    """The permuted order in which an epoch visits the row groups of a split."""
+    return np.random.default_rng([seed, epoch, 0, 0]).permutation(num_groups)
+
+
+def row_order(seed: int, epoch: int, group: int, num_rows: int) -> np.ndarray:
+    """The permuted order of the rows of row group `group` in an epoch."""
+    return np.random.default_rng([seed, epoch, 1, group]).permutation(num_rows)
+
+
+class EpochReader:
+    """The sample order of one epoch, and the one row group currently decoded."""
+
+    def __init__(self, layout: Layout, columns: Columns, seed: int, epoch: int) -> None:
+        self.layout, self.columns, self.seed, self.epoch = layout, columns, seed, epoch
+        self.order = group_order(seed, epoch, len(layout.group_rows))
+        self.ends = np.cumsum(layout.group_rows[self.order])
+        self._cached: tuple[int, Rows] | None = None
+
+    def batch(self, positions: np.ndarray) -> Batch:
+        """The batch at ascending stream `positions`; those past the end repeat the last sample."""
+        num_rows = int(self.ends[-1])
+        clamped = np.minimum(positions, num_rows - 1)
+        slots = np.searchsorted(self.ends, clamped, side="right")
+        parts = []
+        for slot in np.unique(slots):
+            group_start = self.ends[slot] - self.layout.group_rows[self.order[slot]]
+            parts.append(self._rows_in_order(int(slot)).take(clamped[slots == slot] - group_start))
+        rows = Rows.concat(parts)
+        return {
+            "features": torch.from_numpy(rows.features),
+            "label": torch.from_numpy(rows.label),
+            "id": torch.from_numpy(rows.id),
+            "weight": torch.from_numpy((positions < num_rows).astype(np.float32)),
+        }
+
+    def _rows_in_order(self, slot: int) -> Rows:
+        if self._cached is None or self._cached[0] != slot:
+            self._cached = None  # release the previous row group before reading the next
+            group = int(self.order[slot])
+            rows = read_row_group(self.layout, group, self.columns)
+            permutation = row_order(self.seed, self.epoch, group, len(rows.label))
+            self._cached = (slot, rows.take(permutation))
+        return self._cached[1]
+
+
+class ShardStream(IterableDataset):
+    """One split of a dataset version as a stream of per-rank batches; see the module docstring."""
+
+    def __init__(self, dataset: str, split: str, config: LoaderConfig, seed: int) -> None:
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        manifest, location = read_manifest(dataset)
+        self.columns = Columns.from_manifest(manifest)
+        self.layout = read_layout(manifest, location, split, self.columns)
+        self.split, self.config, self.seed = split, config, seed
+        self.classes = list(manifest.classes)
+        self._epoch, self._consumed = 0, 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.layout.num_rows
+
+    @property
+    def num_features(self) -> int:
+        return self.layout.num_features
+
+    def num_batches(self, world_size: int) -> int:
+        """Batches every rank yields for the rest of the current epoch."""
+        global_batch = world_size * self.config.batch_size
+        return num_steps(self.num_rows, self._consumed, global_batch, self.config.remainder)
+
+    def __len__(self) -> int:
+        return self.num_batches(current_rank_world()[1])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to the start of `epoch`, unless the stream is already inside it (a resume)."""
+        if epoch != self._epoch:
+            self._epoch, self._consumed = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The global position: independent of world size and worker count."""
+        return {"epoch": self._epoch, "samples_consumed": self._consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
+        if epoch < 0 or consumed < 0:
+            raise ValueError(f"invalid stream state {state}")
+        self._epoch, self._consumed = epoch, consumed
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterate()
+
+    def iterate(
+        self, rank_world: tuple[int, int] | None = None, worker: tuple[int, int] | None = None
+    ) -> Iterator[Batch]:
+        """This rank's (or this worker's) batches for the rest of the epoch.
+
+        `rank_world` and `worker` override what torch.distributed and the DataLoader
+        report (tests simulate ranks and workers with them). The position is read
+        now, not at the first batch. The stream records its progress itself only
+        when one worker yields all of the rank's batches; `StreamLoader` does otherwise.
+        """
+        rank, world_size = rank_world or current_rank_world()
+        worker_id, num_workers = worker or current_worker()
+        if not (0 <= rank < world_size and 0 <= worker_id < num_workers):
+            raise ValueError(f"rank {rank} of {world_size}, worker {worker_id} of {num_workers}")
+        steps = range(worker_id, self.num_batches(world_size), num_workers)
+        return self._generate(steps, rank, world_size, record=num_workers == 1)
+
+    def _generate(self, steps: range, rank: int, world_size: int, record: bool) -> Iterator[Batch]:
+        epoch, start, batch_size = self._epoch, self._consumed, self.config.batch_size
+        reader = EpochReader(self.layout, self.columns, self.seed, epoch)
+        for step in steps:
+            step_start = start + step * world_size * batch_size
+            first = step_start + rank * batch_size
+            batch = reader.batch(np.arange(first, first + batch_size))
+            if record:
+                self._record(epoch, step_start + world_size * batch_size)
+            yield batch
+        if record:
+            self._record(epoch + 1, 0)
+
+    def _record(self, epoch: int, samples_consumed: int) -> None:
+        self._epoch, self._consumed = epoch, samples_consumed
+
+
+class StreamLoader(DataLoader):
+    """A DataLoader over a `ShardStream` whose position is saved in Lightning checkpoints.
+
+    Lightning stores `state_dict()` of a loader that has one (the `_Stateful`
+    protocol) with the fit loop. With worker processes the stream in this process
+    never iterates, so the position is recorded here as batches are handed out.
+    """
+
+    def __init__(self, stream: ShardStream, num_workers: int | None = None) -> None:
+        workers = stream.config.num_workers if num_workers is None else num_workers
+        super().__init__(stream, batch_size=None, num_workers=workers)
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        state = self.stream.state_dict()
+        batches = super().__iter__()
+        if self.num_workers == 0:
+            return batches
+        global_batch = current_rank_world()[1] * self.stream.config.batch_size
+        return self._recorded(batches, state["epoch"], state["samples_consumed"], global_batch)
+
+    def _recorded(
+        self, batches: Iterator[Batch], epoch: int, start: int, global_batch: int
+    ) -> Iterator[Batch]:
+        for step, batch in enumerate(batches, start=1):
+            self.stream.load_state_dict(
+                {"epoch": epoch, "samples_consumed": start + step * global_batch}
+            )
+            yield batch
+        self.stream.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
+
+    def state_dict(self) -> dict[str, int]:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.stream.load_state_dict(state)
