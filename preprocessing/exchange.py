@@ -111,7 +111,8 @@ def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
             shards = table.column(SHARD_COLUMN).to_numpy()
             starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
             for start, stop in zip(starts, np.r_[starts[1:], len(shards)], strict=True):
-                writer.write_batch(table.slice(start, stop - start).combine_chunks().to_batches()[0])
+                piece = table.slice(start, stop - start).combine_chunks()
+                writer.write_batch(piece.to_batches()[0])
                 buckets.append(Bucket(split, int(shards[start]), uri, len(buckets)))
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     fs.pipe_file(path, sink.getvalue())

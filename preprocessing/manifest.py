@@ -110,7 +110,9 @@ class Manifest:
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
-            raise ManifestError(f"version {self.version_id} has no split {name!r}: {list(self.splits)}")
+            raise ManifestError(
+                f"version {self.version_id} has no split {name!r}: {list(self.splits)}"
+            )
         return self.splits[name]
 
 
@@ -147,7 +149,9 @@ def resolve_manifest_uri(uri: str) -> str:
     if fs.exists(f"{path}/{CURRENT_NAME}"):
         version_id = fs.cat_file(f"{path}/{CURRENT_NAME}").decode().strip()
         return manifest_uri(uri, version_id)
-    raise ManifestError(f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a ballast dataset?")
+    raise ManifestError(
+        f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a ballast dataset?"
+    )
 
 
 def read_manifest(uri: str) -> tuple[Manifest, str]:

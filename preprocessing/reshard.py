@@ -49,7 +49,7 @@ from preprocessing.manifest import (
     version_dir,
     write_manifest,
 )
-from preprocessing.plan import SPLITS, SplitPlan, plan_split
+from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.scan import (
     FileScan,
     check_schemas,

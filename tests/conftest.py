@@ -28,3 +28,12 @@ def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("raw")
     write_sample(directory, TINY)
     return directory
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `mlflow server` process on loopback for the whole session."""
+    from tests.services import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri

@@ -1,6 +1,7 @@
 """Row routing is exact and independent of how the input is split into pieces."""
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 from hypothesis import given, settings
@@ -13,9 +14,9 @@ from preprocessing.resample import holdout_mask, route_rows
 
 def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,
               stratified: bool = True, seed: int = 5):
-    """Split `labels` into pieces at `cuts`, plan, route every piece; returns (ids, shards, keys)."""
+    """Cut `labels` into pieces at `cuts`, plan, route every piece: (plan, ids, shards, keys)."""
     bounds = [0, *sorted(set(cuts)), len(labels)]
-    pieces = [np.arange(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    pieces = [np.arange(a, b) for a, b in pairwise(bounds) if b > a]
     records = [CountRecord(p, "train", int(label), "s", int(n)) for p, ids in enumerate(pieces)
                for label, n in zip(*np.unique(labels[ids], return_counts=True), strict=True)]
     plan = plan_split(records, "train", MixConfig(), output, shard_rows, stratified)

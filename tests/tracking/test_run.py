@@ -1,0 +1,42 @@
+"""The MLflow run of a job carries its config, tags, dataset lineage and manifest."""
+
+from __future__ import annotations
+
+import json
+
+from mlflow.tracking import MlflowClient
+
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.reshard import run_reshard
+from tracking.config import TrackingConfig
+from tracking.run import finish_run, flatten, start_run
+
+
+def test_flatten_gives_dotted_string_params() -> None:
+    """Invariant: nested dicts become dotted keys; non-strings are JSON encoded."""
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": "1", "a.c": "[1, 2]",
+                                                               "d": "x"}
+
+
+def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_client,
+                                                      mlflow_uri) -> None:
+    """Invariants (against a real mlflow server): params hold the flattened config; tags hold
+    the dataset version; the dataset input's digest is the version id and its source the
+    manifest URI; the manifest is an artifact; the run ends FINISHED with the summary."""
+    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                                       output_root=str(tmp_path / "out")), dask_client)
+    config = TrackingConfig(tracking_uri=mlflow_uri, experiment="test-run")
+    run_id = start_run(config, result.manifest, result.manifest_uri,
+                       {"train": {"max_epochs": 2}}, {"ballast.strategy": "ddp"})
+    finish_run(config, run_id, {"val_macro_f1": 0.5})
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.data.params["train.max_epochs"] == "2"
+    assert run.data.tags["ballast.dataset_version"] == result.manifest.version_id
+    assert run.data.tags["ballast.strategy"] == "ddp"
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == result.manifest.version_id
+    assert json.loads(dataset_input.dataset.source)["uri"] == result.manifest_uri
+    artifacts = {a.path for a in client.list_artifacts(run_id, "dataset")}
+    assert artifacts == {"dataset/_MANIFEST.json"}
+    assert run.info.status == "FINISHED"

@@ -1,0 +1,135 @@
+"""Tiny generated datasets for training tests: shards written with pyarrow, committed
+with the real manifest module (`write_manifest` + `swap_current`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from preprocessing.manifest import (
+    Manifest,
+    ShardEntry,
+    SplitEntry,
+    file_sha256,
+    shard_name,
+    swap_current,
+    version_dir,
+    write_manifest,
+)
+
+# Label values differ from class indices, so the tests see the mapping work.
+CLASS_VALUES = [10 * k + 3 for k in range(10)]
+
+
+def make_table(ids: np.ndarray, dim: int, classes: list[int], rng: np.random.Generator) -> pa.Table:
+    """Rows whose features are a class-specific mean plus noise, so a model can learn them."""
+    labels = rng.integers(0, len(classes), len(ids))
+    centres = np.random.default_rng(12345).normal(0, 1.0, (len(classes), dim))
+    features = (centres[labels] + rng.normal(0, 0.5, (len(ids), dim))).astype(np.float32)
+    flat = pa.array(features.ravel(), type=pa.float32())
+    return pa.table(
+        {
+            "id": pa.array(ids, type=pa.int64()),
+            "label": pa.array(np.asarray(classes)[labels], type=pa.int64()),
+            "source": pa.array([f"s{i % 3}" for i in range(len(ids))]),
+            "features": pa.FixedSizeListArray.from_arrays(flat, dim),
+        }
+    )
+
+
+def write_split(
+    directory: Path, split: str, table: pa.Table, shard_rows: list[int], row_group_size: int
+) -> SplitEntry:
+    """Write `table` as shards of the given sizes; the split's manifest entry."""
+    entries, offset = [], 0
+    for index, rows in enumerate(shard_rows):
+        name = shard_name(split, index)
+        pq.write_table(table.slice(offset, rows), directory / name, row_group_size=row_group_size)
+        offset += rows
+        metadata = pq.read_metadata(directory / name)
+        entries.append(
+            ShardEntry(
+                path=name,
+                num_rows=rows,
+                num_bytes=(directory / name).stat().st_size,
+                num_row_groups=metadata.num_row_groups,
+                sha256=file_sha256(str(directory / name)),
+                class_counts={},
+                source_counts={},
+            )
+        )
+    return SplitEntry(num_rows=offset, shards=entries)
+
+
+def split_sizes(num_rows: int, num_shards: int) -> list[int]:
+    """Uneven shard sizes that add up to `num_rows` (every shard at least one row)."""
+    num_shards = max(1, min(num_shards, num_rows))
+    cuts = np.linspace(0, num_rows, num_shards + 1) ** 1.3 / max(num_rows, 1) ** 0.3
+    sizes = np.diff(np.round(cuts).astype(int))
+    sizes = np.maximum(sizes, 1)
+    sizes[-1] = num_rows - sizes[:-1].sum()
+    return [int(s) for s in sizes if s > 0]
+
+
+def write_dataset(
+    root: Path,
+    num_rows: int,
+    holdout_rows: int = 0,
+    num_shards: int = 3,
+    row_group_size: int = 16,
+    dim: int = 16,
+    seed: int = 0,
+) -> str:
+    """A committed dataset version under `root` (train ids 0..N-1, holdout ids after)."""
+    rng = np.random.default_rng(seed)
+    version_id = f"test{num_rows}x{holdout_rows}x{num_shards}x{row_group_size}"
+    directory = Path(version_dir(str(root), version_id))
+    directory.mkdir(parents=True, exist_ok=True)
+    train = make_table(np.arange(num_rows), dim, CLASS_VALUES, rng)
+    splits = {
+        "train": write_split(
+            directory, "train", train, split_sizes(num_rows, num_shards), row_group_size
+        )
+    }
+    if holdout_rows:
+        holdout = make_table(np.arange(num_rows, num_rows + holdout_rows), dim, CLASS_VALUES, rng)
+        sizes = split_sizes(holdout_rows, 2)
+        splits["holdout"] = write_split(directory, "holdout", holdout, sizes, row_group_size)
+    manifest = Manifest(
+        version_id=version_id,
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["features"],
+        classes=list(CLASS_VALUES),
+        sources=["s0", "s1", "s2"],
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in train.schema],
+        splits=splits,
+        seed=seed,
+        config={},
+        input_fingerprint="test",
+        input_class_counts={},
+        input_source_counts={},
+    )
+    write_manifest(str(root), manifest)
+    swap_current(str(root), version_id)
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """`dataset(num_rows, **options)` -> the root of a committed dataset, written once per session."""
+    cache: dict[tuple, str] = {}
+
+    def dataset(num_rows: int, **options: int) -> str:
+        key = (num_rows, *sorted(options.items()))
+        if key not in cache:
+            cache[key] = write_dataset(tmp_path_factory.mktemp("dataset"), num_rows, **options)
+        return cache[key]
+
+    return dataset
