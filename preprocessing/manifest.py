@@ -15,10 +15,13 @@ Readers open a version only through `read_manifest`, never by listing files.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +33,7 @@ MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
 STAGING_DIR = "_staging"
 SPLIT_PREFIX = {"train": "shard", "holdout": "holdout"}
+ANY_PREVIOUS = "*"  # swap_current(expected=ANY_PREVIOUS) replaces whatever `_CURRENT` names
 
 
 class ManifestError(ValueError):
@@ -176,21 +180,87 @@ def read_current_version(root: str) -> str | None:
 
 
 def write_manifest(root: str, manifest: Manifest) -> str:
-    """Write the manifest (the commit point of a version) and return its URI."""
+    """Write the manifest (the commit point of a version) and return its URI.
+
+    On S3 the PUT is conditional on the key not existing: a concurrent writer of the same
+    version id wrote identical content, so losing that race is success.
+    """
     location = manifest_uri(root, manifest.version_id)
     fs, path = url_to_fs(location)
-    _atomic_write(fs, path, manifest.to_json().encode())
+    with suppress(FileExistsError):
+        _atomic_write(fs, path, manifest.to_json().encode(), only_if_absent=True)
     return location
 
 
-def swap_current(root: str, version_id: str) -> None:
-    """Point `_CURRENT` at `version_id`: a rename on local disk, so readers never see half."""
+class CommitConflict(RuntimeError):
+    """Another run moved `_CURRENT` between this run's start and its commit."""
+
+
+def swap_current(root: str, version_id: str, expected: str | None = ANY_PREVIOUS) -> None:
+    """Point `_CURRENT` at `version_id` if it still names `expected` (compare and swap).
+
+    Local disk: under an exclusive lock, then a rename. S3: a PUT conditional on the
+    pointer's ETag (or on its absence), so of two concurrent commits exactly one wins.
+    """
     fs, path = url_to_fs(root.rstrip("/"))
-    _atomic_write(fs, f"{path}/{CURRENT_NAME}", f"{version_id}\n".encode())
+    pointer = f"{path}/{CURRENT_NAME}"
+    if _is_local(fs):
+        with _local_lock(f"{pointer}.lock"):
+            _check_expected(root, read_current_version(root), expected, version_id)
+            _atomic_write(fs, pointer, f"{version_id}\n".encode())
+    elif hasattr(fs, "call_s3"):
+        _swap_s3(fs, root, pointer, version_id, expected)
+    else:  # no conditional write on this store: check, then write (documented limitation)
+        _check_expected(root, read_current_version(root), expected, version_id)
+        fs.pipe_file(pointer, f"{version_id}\n".encode())
 
 
-def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    if "file" in fs.protocol or "local" in fs.protocol:
+def _check_expected(root: str, found: str | None, expected: str | None, version_id: str) -> None:
+    if expected != ANY_PREVIOUS and found != expected:
+        raise CommitConflict(
+            f"{root}: _CURRENT moved to {found!r} while this run made {version_id!r} "
+            f"(expected {expected!r}); version {version_id} is written but not current"
+        )
+
+
+def _swap_s3(fs: Any, root: str, pointer: str, version_id: str, expected: str | None) -> None:
+    fs.invalidate_cache(pointer)
+    etag = fs.info(pointer)["ETag"] if fs.exists(pointer) else None
+    found = fs.cat_file(pointer).decode().strip() if etag else None
+    _check_expected(root, found, expected, version_id)
+    bucket, key, _ = fs.split_path(pointer)
+    condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+    try:
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f"{version_id}\n".encode(),
+                   **condition)
+    except OSError as error:  # 412 Precondition Failed: another commit won the race
+        raise CommitConflict(f"{root}: another commit moved _CURRENT first ({error})") from error
+    finally:
+        fs.invalidate_cache(pointer)
+
+
+@contextmanager
+def _local_lock(path: str) -> Iterator[None]:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return bool({"file", "local"} & set(protocols))
+
+
+def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
+                  only_if_absent: bool = False) -> None:
+    """Readers see the old file or the new one, never half (rename locally; one PUT on S3)."""
+    if _is_local(fs):
+        if only_if_absent and os.path.exists(path):
+            raise FileExistsError(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(temp, "wb") as handle:
@@ -198,8 +268,11 @@ def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
+    elif only_if_absent and hasattr(fs, "call_s3"):
+        bucket, key, _ = fs.split_path(path)
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        fs.invalidate_cache(path)
     else:
-        # Object stores publish a PUT whole or not at all.
         fs.pipe_file(path, data)
 
 

@@ -42,6 +42,7 @@ from preprocessing.manifest import (
     RejectedFile,
     ShardEntry,
     SplitEntry,
+    read_current_version,
     read_manifest,
     shard_name,
     staging_dir,
@@ -109,6 +110,7 @@ def run_reshard(config: ReshardConfig, client: Client | None = None) -> ReshardR
     existing = _committed(config.output_root, version_id)
     if existing is not None:
         return ReshardResult(*existing, reused=True)
+    previous = read_current_version(config.output_root)
     timings: dict[str, float] = {}
     with dask_client(client, config.num_workers) as dask:
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config))
@@ -120,7 +122,7 @@ def run_reshard(config: ReshardConfig, client: Client | None = None) -> ReshardR
                         lambda: _reduce(dask, plans, buckets, schema, config, version_id))
     manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
     location = write_manifest(config.output_root, manifest)
-    swap_current(config.output_root, version_id)
+    swap_current(config.output_root, version_id, expected=previous)
     _remove_staging(config.output_root, version_id)
     return ReshardResult(manifest, location, reused=False)
 

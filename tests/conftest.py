@@ -37,3 +37,13 @@ def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
         yield uri
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on loopback. Dask workers started before it do not see its
+    environment, so S3 tests start their own cluster (run_reshard without a client)."""
+    from tests.services import moto_s3
+
+    with moto_s3() as endpoint:
+        yield endpoint

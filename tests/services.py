@@ -51,3 +51,28 @@ def mlflow_server(directory: Path) -> Iterator[str]:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+@contextmanager
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server on a free loopback port; the AWS_* environment points boto at it."""
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
+    server.start()
+    host, port = server.get_host_and_port()
+    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield settings["AWS_ENDPOINT_URL"]
+    finally:
+        server.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

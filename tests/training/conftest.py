@@ -67,13 +67,11 @@ def write_split(
 
 
 def split_sizes(num_rows: int, num_shards: int) -> list[int]:
-    """Uneven shard sizes that add up to `num_rows` (every shard at least one row)."""
-    num_shards = max(1, min(num_shards, num_rows))
-    cuts = np.linspace(0, num_rows, num_shards + 1) ** 1.3 / max(num_rows, 1) ** 0.3
-    sizes = np.diff(np.round(cuts).astype(int))
-    sizes = np.maximum(sizes, 1)
-    sizes[-1] = num_rows - sizes[:-1].sum()
-    return [int(s) for s in sizes if s > 0]
+    """Uneven shard sizes (in ratio 1:2:3...) adding up to `num_rows`, none empty."""
+    weights = np.arange(1, num_shards + 1)
+    sizes = num_rows * weights // weights.sum()
+    sizes[-1] += num_rows - sizes.sum()
+    return [int(size) for size in sizes if size > 0]
 
 
 def write_dataset(
@@ -123,7 +121,7 @@ def write_dataset(
 
 @pytest.fixture(scope="session")
 def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
-    """`dataset(num_rows, **options)` -> the root of a committed dataset, written once per session."""
+    """`dataset(num_rows, **options)`: root of a committed dataset, written once a session."""
     cache: dict[tuple, str] = {}
 
     def dataset(num_rows: int, **options: int) -> str:
@@ -133,3 +131,9 @@ def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str
         return cache[key]
 
     return dataset
+
+
+@pytest.fixture
+def make_dataset(tmp_path: Path) -> Callable[..., str]:
+    """`make_dataset(num_rows, **options)`: a dataset of this test alone (it may damage it)."""
+    return lambda num_rows, **options: write_dataset(tmp_path / "data", num_rows, **options)
