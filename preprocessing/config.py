@@ -70,10 +70,12 @@ class ReshardConfig(BaseModel):
     dataset: DatasetSpec
     output_root: str = Field(description="Versions are written under this root (local or s3://).")
     mix: MixConfig = Field(default_factory=MixConfig)
-    shuffle: Literal["global", "stratified"] = Field(
+    shuffle: Literal["stratified", "global", "block", "none"] = Field(
         "stratified",
-        description="`global`: a uniform permutation of all output rows; `stratified`: global, "
-        "and every shard's class mix equals the overall mix to within one row per class.",
+        description="`stratified`: global, and every shard's class mix equals the overall mix "
+        "to within one row per class; `global`: a uniform permutation of all output rows; "
+        "`block`: row groups in random order, rows shuffled within each shard; `none`: input "
+        "order kept (contiguous rebalance). The last two resample systematically.",
     )
     seed: int = Field(0, description="Seeds every random decision; same seed, same dataset.")
     num_output_rows: int | None = Field(

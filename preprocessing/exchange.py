@@ -93,7 +93,7 @@ def _route_split(table: pa.Table, plan: SplitPlan, spec: DatasetSpec, task: Piec
     offsets = np.zeros(len(plan.strata), dtype=np.int64)
     for stratum, offset in task.offsets.get(plan.name, {}).items():
         offsets[stratum] = offset
-    routing = route_rows(stratum_codes(table, plan, spec), offsets, plan, seed)
+    routing = route_rows(stratum_codes(table, plan, spec), offsets, plan, seed, task.piece)
     routed = table.take(pa.array(routing.rows))
     routed = routed.append_column(SHARD_COLUMN, pa.array(routing.shards, pa.int32()))
     routed = routed.append_column(ORDER_COLUMN, pa.array(routing.order_keys, pa.uint64()))

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from preprocessing.config import MixConfig
+from preprocessing.permutation import derive_key, mix64
 
 SPLITS = ("train", "holdout")
+SHUFFLE_MODES = ("stratified", "global", "block", "none")
+CONTIGUOUS_MODES = ("block", "none")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class SplitPlan:
     group_start: np.ndarray
     shard_alloc: np.ndarray  # [num_shards, num_groups]
     piece_offsets: dict[int, dict[int, int]]
+    mode: str = "stratified"
+    # Contiguous modes only: first output position of each piece (pieces in output order).
+    piece_starts: dict[int, int] | None = None
 
     @property
     def num_shards(self) -> int:
@@ -163,9 +169,41 @@ def piece_offsets(records: Iterable[CountRecord], split: str,
     return dict(offsets)
 
 
+def contiguous_rows(first: Any, count: Any, n: Any, k: Any) -> Any:
+    """Output rows of stratum rows [first, first + count) under systematic resampling.
+
+    Contiguous modes copy each row `k // n` times plus once more when
+    `floor((i + 1) * r / n) > floor(i * r / n)` (r = k % n): evenly spaced, exact, and
+    countable over any index range in O(1), so the plan knows every piece's output size.
+    """
+    rest = k % n
+    return (k // n) * count + (first + count) * rest // n - first * rest // n
+
+
+def piece_starts(records: Sequence[CountRecord], split: str, strata: list[tuple[Any, Any]],
+                 input_rows: np.ndarray, output_rows: np.ndarray,
+                 offsets: dict[int, dict[int, int]], shuffled: bool,
+                 seed_key: int) -> dict[int, int]:
+    """First output position of every piece, pieces in input order or in keyed random order."""
+    index = {stratum: i for i, stratum in enumerate(strata)}
+    sizes: dict[int, int] = defaultdict(int)
+    for record in records:
+        if record.split == split:
+            s = index[(record.label, record.source)]
+            first = offsets[record.piece][s]
+            sizes[record.piece] += int(contiguous_rows(
+                np.int64(first), np.int64(record.num_rows), input_rows[s], output_rows[s]))
+    order = sorted(sizes)
+    if shuffled:
+        ranks = mix64(np.array(order, dtype=np.uint64), seed_key)
+        order = [order[i] for i in np.argsort(ranks, kind="stable")]
+    starts = np.concatenate([[0], np.cumsum([sizes[p] for p in order])[:-1]])
+    return {piece: int(start) for piece, start in zip(order, starts, strict=True)}
+
+
 def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None,
                num_output_rows: int | None, target_shard_rows: int,
-               stratified: bool) -> SplitPlan:
+               mode: str = "stratified", seed: int = 0) -> SplitPlan:
     """The layout of one split; `mix=None` keeps every row exactly once (the holdout)."""
     totals: dict[tuple[Any, Any], int] = defaultdict(int)
     for record in records:
@@ -179,8 +217,15 @@ def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None
         total = int(input_rows.sum()) if num_output_rows is None else num_output_rows
         fractions = target_fractions(strata, input_rows, mix)
         output_rows = stratum_targets(total, fractions, input_rows, mix.max_oversample)
-    return _layout(split, strata, input_rows, output_rows, records, target_shard_rows,
-                   stratified)
+    if mode not in SHUFFLE_MODES:
+        raise ValueError(f"shuffle mode {mode!r} is not one of {SHUFFLE_MODES}")
+    plan = _layout(split, strata, input_rows, output_rows, records, target_shard_rows,
+                   stratified=mode == "stratified")
+    if mode not in CONTIGUOUS_MODES:
+        return plan
+    starts = piece_starts(records, split, strata, input_rows, output_rows, plan.piece_offsets,
+                          shuffled=mode == "block", seed_key=derive_key(seed, split, "blocks"))
+    return replace(plan, mode=mode, piece_starts=starts)
 
 
 def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
@@ -205,6 +250,7 @@ def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
         group_start=np.concatenate([[0], np.cumsum(group_rows)[:-1]]).astype(np.int64),
         shard_alloc=allocate_shards(group_rows, num_shards),
         piece_offsets=piece_offsets(records, split, index),
+        mode="stratified" if stratified else "global",
     )
 
 

@@ -3,6 +3,8 @@
 Pure numpy over one piece's rows. A row's fate depends only on the seed and its
 index (within its file for the holdout draw, within its stratum for resampling),
 so the output is identical however the input is split into Dask tasks.
+Contiguous modes (`none`, `block`) use systematic instead of permuted selection
+(see `plan.contiguous_rows`) so that every piece's output size is known upfront.
 
 Resampling a stratum of `n` input rows to `k` output rows: every row gets
 `k // n` copies, and one more when `perm_n(i) < k % n`; copy `c < k // n` of row
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from preprocessing.permutation import derive_key, mix64, permute, unit_interval
-from preprocessing.plan import SplitPlan
+from preprocessing.plan import SplitPlan, contiguous_rows
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ def stratum_outputs(strata: np.ndarray, index: np.ndarray, plan: SplitPlan,
     return source_row, output
 
 
-def route_rows(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan,
-               seed: int) -> Routing:
+def route_rows(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan, seed: int,
+               piece: int = -1) -> Routing:
     """Route the rows of one split of one piece to their shards, with in-shard order keys."""
+    if plan.piece_starts is not None:
+        return route_contiguous(strata, offsets, plan, seed, plan.piece_starts[piece])
     index = rank_within_stratum(strata, offsets)
     source_row, output = stratum_outputs(strata, index, plan, seed)
     groups = plan.group_of[strata[source_row]]
@@ -88,3 +92,20 @@ def route_rows(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan,
     global_position = plan.group_start[groups] + position
     order_keys = mix64(global_position.astype(np.uint64), derive_key(seed, plan.name, "order"))
     return Routing(rows=source_row, shards=shards, order_keys=order_keys)
+
+
+def route_contiguous(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan, seed: int,
+                     piece_start: int) -> Routing:
+    """`none` / `block` modes: systematic resampling, copies adjacent, the piece's outputs
+    contiguous from `piece_start`; `block` then shuffles rows within each shard."""
+    index = rank_within_stratum(strata, offsets)
+    one = np.ones(len(strata), dtype=np.int64)
+    copies = contiguous_rows(index, one, plan.input_rows[strata], plan.output_rows[strata])
+    source_row = np.repeat(np.arange(len(strata)), copies)
+    position = piece_start + np.arange(len(source_row), dtype=np.int64)
+    bounds = np.cumsum(plan.shard_rows())
+    shards = np.searchsorted(bounds, position, side="right")
+    keys = position.astype(np.uint64)
+    if plan.mode == "block":
+        keys = mix64(keys, derive_key(seed, plan.name, "order"))
+    return Routing(rows=source_row, shards=shards, order_keys=keys)

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -178,12 +178,11 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
 def _plan(scans: list[FileScan],
           config: ReshardConfig) -> tuple[dict[str, SplitPlan], list[tuple[int, int]]]:
     records, pieces = count_records(scans)
-    stratified = config.shuffle == "stratified"
     plans = {
         "train": plan_split(records, "train", config.mix, config.num_output_rows,
-                            config.target_shard_rows, stratified),
+                            config.target_shard_rows, config.shuffle, config.seed),
         "holdout": plan_split(records, "holdout", None, None, config.target_shard_rows,
-                              stratified),
+                              config.shuffle, config.seed),
     }
     if plans["train"].num_output_rows == 0:
         raise ValueError("no training rows: every accepted input row was held out or rejected")
@@ -214,8 +213,7 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
 
 
 def _without_offsets(plan: SplitPlan) -> SplitPlan:
-    fields = {**plan.__dict__, "piece_offsets": {}}
-    return SplitPlan(**fields)
+    return replace(plan, piece_offsets={})
 
 
 def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,

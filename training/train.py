@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +47,8 @@ class StreamEpochs(lightning.Callback):
 def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, Any]:
     """Fit on `cfg.dataset` and return the summary (written by rank 0); resume from `ckpt_path`."""
     started = time.monotonic()
+    # The streams' __len__ is exact on every rank and worker, which this warning doubts.
+    warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
     lightning.seed_everything(cfg.seed, workers=True)
     train, holdout = build_streams(cfg)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -6,7 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.plan import CountRecord, allocate_shards, apportion, plan_split
+from preprocessing.plan import (
+    SHUFFLE_MODES,
+    CountRecord,
+    allocate_shards,
+    apportion,
+    contiguous_rows,
+    plan_split,
+)
 
 stratum_counts = st.lists(st.integers(1, 2_000), min_size=1, max_size=12)
 
@@ -32,12 +39,12 @@ def test_apportion_sums_exactly_and_stays_within_one_of_the_ideal(total, weights
 
 
 @given(counts=stratum_counts, output=st.integers(1, 50_000), shard=st.integers(1, 5_000),
-       stratified=st.booleans())
+       mode=st.sampled_from(SHUFFLE_MODES))
 @settings(max_examples=80, deadline=None)
 def test_every_shard_has_total_over_shards_rows_or_one_more(counts, output, shard,
-                                                           stratified) -> None:
-    """Invariant: shard sizes are N // S or N // S + 1 and add up to N."""
-    plan = plan_split(records_from(counts), "train", MixConfig(), output, shard, stratified)
+                                                           mode) -> None:
+    """Invariant: shard sizes are N // S or N // S + 1 and add up to N, in every mode."""
+    plan = plan_split(records_from(counts), "train", MixConfig(), output, shard, mode)
     rows = plan.shard_rows()
     assert rows.sum() == output == plan.num_output_rows
     assert set(rows.tolist()) <= {output // plan.num_shards, output // plan.num_shards + 1}
@@ -50,7 +57,7 @@ def test_stratified_shards_carry_the_global_class_mix_within_one_row(counts, out
                                                                      num_shards) -> None:
     """Invariant: in stratified mode every shard holds floor or ceil of K_c / S rows of class c."""
     plan = plan_split(records_from(counts), "train", MixConfig(), output,
-                      -(-output // num_shards), stratified=True)
+                      -(-output // num_shards), "stratified")
     per_class = plan.group_rows
     assert np.all(plan.shard_alloc >= per_class // plan.num_shards)
     assert np.all(plan.shard_alloc <= -(-per_class // plan.num_shards))
@@ -60,14 +67,14 @@ def test_stratified_shards_carry_the_global_class_mix_within_one_row(counts, out
 @settings(max_examples=60, deadline=None)
 def test_uniform_mix_gives_every_class_the_same_rows_within_one(counts, output) -> None:
     """Invariant: uniform class weighting splits the output evenly over classes (+-1 row)."""
-    plan = plan_split(records_from(counts), "train", MixConfig(), output, 10**9, True)
+    plan = plan_split(records_from(counts), "train", MixConfig(), output, 10**9)
     assert plan.group_rows.max() - plan.group_rows.min() <= 1
 
 
 def test_oversampling_cap_moves_the_excess_to_other_strata() -> None:
     """Invariant: no stratum exceeds max_oversample x its input; the total is still met."""
     records = records_from([10, 1_000, 1_000, 1_000])
-    plan = plan_split(records, "train", MixConfig(max_oversample=2.0), 1_200, 500, True)
+    plan = plan_split(records, "train", MixConfig(max_oversample=2.0), 1_200, 500)
     assert np.all(plan.output_rows <= 2 * plan.input_rows)
     assert plan.num_output_rows == 1_200
 
@@ -76,14 +83,14 @@ def test_explicit_weights_must_name_every_class() -> None:
     """Invariant: a class missing from explicit weights is an error naming the class."""
     mix = MixConfig(class_weighting="explicit", class_weights={"0": 1.0})
     with pytest.raises(ValueError, match=r"\['1'\]"):
-        plan_split(records_from([5, 5, 5, 5]), "train", mix, None, 100, True)
+        plan_split(records_from([5, 5, 5, 5]), "train", mix, None, 100)
 
 
 def test_piece_offsets_are_running_totals_in_piece_order() -> None:
     """Invariant: a piece's offset for a stratum is the stratum's rows in earlier pieces."""
     records = [CountRecord(2, "train", 0, "a", 5), CountRecord(0, "train", 0, "a", 3),
                CountRecord(1, "train", 0, "a", 4)]
-    plan = plan_split(records, "train", MixConfig(), None, 100, True)
+    plan = plan_split(records, "train", MixConfig(), None, 100)
     assert plan.piece_offsets == {0: {0: 0}, 1: {0: 3}, 2: {0: 7}}
 
 
@@ -92,3 +99,11 @@ def test_allocation_deals_extras_round_robin() -> None:
     alloc = allocate_shards(np.array([7, 5]), 4)
     assert alloc.sum(axis=1).tolist() == [3, 3, 3, 3]
     assert alloc.sum(axis=0).tolist() == [7, 5]
+
+
+@given(n=st.integers(1, 500), k=st.integers(0, 2_000), cut=st.integers(0, 500))
+def test_systematic_resampling_counts_add_up_over_any_split(n, k, cut) -> None:
+    """Invariant: contiguous-mode output counts over [0, cut) and [cut, n) sum to exactly k."""
+    cut = min(cut, n)
+    total = contiguous_rows(0, cut, n, k) + contiguous_rows(cut, n - cut, n, k)
+    assert total == k

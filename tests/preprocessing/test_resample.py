@@ -8,18 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.plan import CountRecord, plan_split
+from preprocessing.plan import SHUFFLE_MODES, CountRecord, plan_split
 from preprocessing.resample import holdout_mask, route_rows
 
 
 def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,
-              stratified: bool = True, seed: int = 5):
+              mode: str = "stratified", seed: int = 5):
     """Cut `labels` into pieces at `cuts`, plan, route every piece: (plan, ids, shards, keys)."""
     bounds = [0, *sorted(set(cuts)), len(labels)]
     pieces = [np.arange(a, b) for a, b in pairwise(bounds) if b > a]
     records = [CountRecord(p, "train", int(label), "s", int(n)) for p, ids in enumerate(pieces)
                for label, n in zip(*np.unique(labels[ids], return_counts=True), strict=True)]
-    plan = plan_split(records, "train", MixConfig(), output, shard_rows, stratified)
+    plan = plan_split(records, "train", MixConfig(), output, shard_rows, mode, seed)
     index = {stratum: i for i, stratum in enumerate(plan.strata)}
     out = []
     for p, ids in enumerate(pieces):
@@ -27,7 +27,7 @@ def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,
         for stratum, offset in plan.piece_offsets.get(p, {}).items():
             offsets[stratum] = offset
         codes = np.array([index[(int(label), "s")] for label in labels[ids]])
-        routing = route_rows(codes, offsets, plan, seed)
+        routing = route_rows(codes, offsets, plan, seed, p)
         out.append((ids[routing.rows], routing.shards, routing.order_keys))
     ids, shards, keys = (np.concatenate(part) for part in zip(*out, strict=True))
     return plan, ids, shards, keys
@@ -37,25 +37,27 @@ labels_strategy = st.lists(st.integers(0, 4), min_size=5, max_size=600).map(np.a
 
 
 @given(labels=labels_strategy, cuts_a=st.lists(st.integers(1, 599), max_size=6),
-       cuts_b=st.lists(st.integers(1, 599), max_size=6), output=st.integers(1, 2_000))
-@settings(max_examples=60, deadline=None)
-def test_output_is_identical_for_any_partitioning(labels, cuts_a, cuts_b, output) -> None:
-    """Invariant: the set of (input id, shard, order key) does not depend on the pieces."""
+       cuts_b=st.lists(st.integers(1, 599), max_size=6), output=st.integers(1, 2_000),
+       mode=st.sampled_from(["stratified", "global", "none"]))
+@settings(max_examples=80, deadline=None)
+def test_output_is_identical_for_any_partitioning(labels, cuts_a, cuts_b, output, mode) -> None:
+    """Invariant: the set of (input id, shard, order key) does not depend on the pieces
+    (`block` is left out: it permutes pieces, so its order depends on them by design)."""
     valid = lambda cuts: [c for c in cuts if c < len(labels)]  # noqa: E731
-    _, ids_a, shards_a, keys_a = route_all(labels, valid(cuts_a), output, 97)
-    _, ids_b, shards_b, keys_b = route_all(labels, valid(cuts_b), output, 97)
+    _, ids_a, shards_a, keys_a = route_all(labels, valid(cuts_a), output, 97, mode)
+    _, ids_b, shards_b, keys_b = route_all(labels, valid(cuts_b), output, 97, mode)
     rows_a = sorted(zip(ids_a.tolist(), shards_a.tolist(), keys_a.tolist(), strict=True))
     rows_b = sorted(zip(ids_b.tolist(), shards_b.tolist(), keys_b.tolist(), strict=True))
     assert rows_a == rows_b
 
 
-@given(labels=labels_strategy, output=st.integers(1, 3_000), stratified=st.booleans())
-@settings(max_examples=60, deadline=None)
-def test_stratum_counts_and_shard_sizes_match_the_plan_exactly(labels, output,
-                                                              stratified) -> None:
+@given(labels=labels_strategy, output=st.integers(1, 3_000),
+       mode=st.sampled_from(SHUFFLE_MODES))
+@settings(max_examples=80, deadline=None)
+def test_stratum_counts_and_shard_sizes_match_the_plan_exactly(labels, output, mode) -> None:
     """Invariant: rows routed per class and per shard equal the plan's numbers exactly,
     and every output row traces to an input id."""
-    plan, ids, shards, _ = route_all(labels, [len(labels) // 2], output, 113, stratified)
+    plan, ids, shards, _ = route_all(labels, [len(labels) // 2], output, 113, mode)
     routed = Counter(labels[ids].tolist())
     planned = {label: int(k) for (label, _), k in zip(plan.strata, plan.output_rows,
                                                       strict=True)}
@@ -89,3 +91,15 @@ def test_holdout_draw_depends_on_file_and_row_only() -> None:
                             holdout_mask("a.parquet", 300, 700, 1, 0.2)])
     assert np.array_equal(whole, parts)
     assert 0.15 < whole.mean() < 0.25
+
+
+@given(labels=labels_strategy, output=st.integers(1, 2_000), cuts=st.lists(
+    st.integers(1, 599), max_size=4))
+@settings(max_examples=40, deadline=None)
+def test_none_mode_keeps_input_order(labels, output, cuts) -> None:
+    """Invariant: in `none` mode, reading shards in order (rows by key) gives input ids in
+    non-decreasing order: a contiguous rebalance."""
+    cuts = [c for c in cuts if c < len(labels)]
+    _, ids, shards, keys = route_all(labels, cuts, output, 50, "none")
+    order = np.lexsort((keys, shards))
+    assert np.all(np.diff(ids[order]) >= 0)

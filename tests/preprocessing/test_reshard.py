@@ -109,3 +109,16 @@ def test_too_many_rejected_files_fail_the_run_naming_them(tiny_raw, tmp_path,
     with pytest.raises(TooManyRejected, match=r"broken\.parquet"):
         run_reshard(config_for(inputs, tmp_path / "out"), dask_client)
     assert read_current_version(str(tmp_path / "out")) is None
+
+
+@pytest.mark.parametrize("mode", ["block", "none"])
+def test_contiguous_modes_commit_exact_balanced_versions(mode, tiny_raw, tmp_path,
+                                                         dask_client) -> None:
+    """Invariants: `block` and `none` shards hold N//S or N//S+1 rows, and the uniform mix is
+    exact (every class within one row of the others) in those modes too."""
+    result = run_reshard(config_for(tiny_raw, tmp_path / mode, shuffle=mode), dask_client)
+    tables = shard_tables(result.manifest_uri)
+    rows = [t.num_rows for t in tables]
+    assert max(rows) - min(rows) <= 1
+    counts = pa.concat_tables(tables).column("label").value_counts().to_pylist()
+    assert max(c["counts"] for c in counts) - min(c["counts"] for c in counts) <= 1
