@@ -83,6 +83,9 @@ class ReshardConfig(BaseModel):
     )
     target_shard_rows: int = Field(50_000, gt=0, description="Rows per shard, at most.")
     rows_per_row_group: int = Field(8_192, gt=0, description="Rows per Parquet row group.")
+    max_piece_rows: int = Field(
+        1_000_000, gt=0, description="Most input rows one task holds: larger row groups and "
+        "CSV / JSON Lines files are cut into ranges of this many rows.")
     holdout_fraction: float = Field(
         0.1, ge=0, lt=1, description="Input rows held out, unresampled, for validation."
     )

@@ -1,6 +1,6 @@
 """The row exchange: map tasks route a piece's rows to shard buckets, reduce tasks write shards.
 
-A map task reads one piece (one row group) and writes one Arrow IPC file to the
+A map task reads one piece (a row range of one file) and writes one Arrow IPC file to the
 staging area holding one record batch per destination (split, shard). A reduce
 task reads its batch from every piece file, orders the rows by their keyed
 position and writes one zstd Parquet shard. Peak memory per task is about one
@@ -24,6 +24,7 @@ from preprocessing.manifest import ShardEntry
 from preprocessing.plan import SplitPlan
 from preprocessing.resample import holdout_mask, route_rows
 from preprocessing.scan import InputFile, row_sources
+from preprocessing.sources import read_rows
 
 SHARD_COLUMN = "__ballast_shard"
 ORDER_COLUMN = "__ballast_order"
@@ -32,12 +33,12 @@ DERIVED_SOURCE_COLUMN = "source"
 
 @dataclass(frozen=True)
 class PieceTask:
-    """One row group of one input file, with its plan offsets for each split."""
+    """One row range of one input file, with its plan offsets for each split."""
 
     piece: int
     file: InputFile
-    row_group: int
     first_row: int
+    num_rows: int
     offsets: dict[str, dict[int, int]]
     staging_uri: str
 
@@ -55,10 +56,7 @@ class Bucket:
 def map_piece(task: PieceTask, plans: dict[str, SplitPlan], spec: DatasetSpec, seed: int,
               holdout_fraction: float) -> list[Bucket]:
     """Route one piece's rows to (split, shard) buckets in one staged IPC file."""
-    fs, path = url_to_fs(task.file.uri)
-    with fs.open(path, "rb") as handle:
-        table = pq.ParquetFile(handle).read_row_group(task.row_group)
-    table = table.replace_schema_metadata(None)
+    table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
     held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,

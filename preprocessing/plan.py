@@ -149,7 +149,7 @@ def allocate_shards(group_rows: np.ndarray, num_shards: int) -> np.ndarray:
     gets total//num_shards or one more row (extras are dealt round robin across groups)."""
     alloc = np.tile(group_rows // num_shards, (num_shards, 1))
     extras = group_rows % num_shards
-    starts = np.concatenate([[0], np.cumsum(extras)[:-1]])
+    starts = np.cumsum(extras) - extras
     for group, (start, count) in enumerate(zip(starts, extras, strict=True)):
         alloc[(start + np.arange(count)) % num_shards, group] += 1
     return alloc

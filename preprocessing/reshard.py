@@ -152,7 +152,8 @@ def _progress(futures: list[Any], stage: str) -> list[Any]:
 
 def _scan(dask: Client, files: list[Any], config: ReshardConfig) -> list[FileScan]:
     futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction, pure=False)
+                       holdout_fraction=config.holdout_fraction,
+                       max_piece_rows=config.max_piece_rows, pure=False)
     scans = check_schemas(_progress(futures, "scan"))
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
@@ -192,11 +193,12 @@ def _plan(scans: list[FileScan],
 def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
                  pieces: list[tuple[int, int]], staging: str) -> list[PieceTask]:
     tasks = []
-    for piece, (scan_index, group) in enumerate(pieces):
+    for piece, (scan_index, index_in_file) in enumerate(pieces):
         scan = scans[scan_index]
-        first_row = int(np.sum(scan.row_group_rows[:group]))
+        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
         offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        tasks.append(PieceTask(piece, scan.file, group, first_row, offsets, staging))
+        tasks.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
+                               offsets, staging))
     return tasks
 
 

@@ -1,9 +1,9 @@
 """Listing and scanning raw inputs: footers plus the label/source columns, nothing else.
 
 `list_inputs` expands roots, directories and globs through fsspec into a sorted,
-fingerprinted listing. `scan_file` (one Dask task per file) reads a file's
-footer and only its label and source columns, and returns row counts per
-(row group, split, class, source) or the reason the file must be rejected.
+fingerprinted listing (Parquet, CSV, JSON Lines). `scan_file` (one Dask task per
+file) reads a file's footer and only its label and source columns, and returns
+row counts per (piece, split, class, source) or the reason the file is rejected.
 `check_schemas` rejects files whose schema drifts from the majority's.
 """
 
@@ -14,14 +14,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan import CountRecord
 from preprocessing.resample import holdout_mask
+from preprocessing.sources import FORMATS, iter_batches, read_schema_and_ranges, stream_schema
 
 _GLOB_CHARS = set("*?[")
 
@@ -43,7 +44,7 @@ class FileScan:
 
     file: InputFile
     schema: pa.Schema | None = None
-    row_group_rows: list[int] = field(default_factory=list)
+    piece_rows: list[int] = field(default_factory=list)
     counts: list[tuple[int, str, Any, Any, int]] = field(default_factory=list)
     reason: str | None = None
 
@@ -57,7 +58,7 @@ def list_inputs(spec: DatasetSpec) -> list[InputFile]:
             matches = sorted(fs.glob(path))
             base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         elif fs.isdir(path):
-            matches = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+            matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
             base = path
         else:
             matches, base = [path], path.rsplit("/", 1)[0]
@@ -80,41 +81,46 @@ def fingerprint_inputs(files: list[InputFile]) -> str:
     return digest.hexdigest()
 
 
-def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float) -> FileScan:
-    """Count rows per (row group, split, class, source); reject the file with a reason on error."""
+def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
+              max_piece_rows: int) -> FileScan:
+    """Count rows per (piece, split, class, source); reject the file with a reason on error."""
     try:
-        fs, path = url_to_fs(file.uri)
-        with fs.open(path, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            return _scan_parquet(parquet, file, spec, seed, holdout_fraction)
+        return _scan(file, spec, seed, holdout_fraction, max_piece_rows)
     except (OSError, pa.ArrowException, ValueError) as error:
-        return FileScan(file, reason=f"unreadable Parquet: {type(error).__name__}: {error}")
+        kind = FORMATS.get("." + file.uri.rsplit(".", 1)[-1].lower(), "file")
+        return FileScan(file, reason=f"unreadable {kind}: {type(error).__name__}: {error}")
 
 
-def _scan_parquet(parquet: pq.ParquetFile, file: InputFile, spec: DatasetSpec, seed: int,
-                  holdout_fraction: float) -> FileScan:
-    schema = parquet.schema_arrow
+def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
+          max_piece_rows: int) -> FileScan:
+    footer = read_schema_and_ranges(file.uri, max_piece_rows)
+    schema = footer[0] if footer else stream_schema(file.uri)
     required = [spec.label_column, spec.id_column, *spec.feature_columns]
     required += [spec.source_column] if spec.source_column else []
     missing = [name for name in required if name not in schema.names]
     if missing:
         return FileScan(file, schema, reason=f"schema drift: missing columns {missing}")
-    if parquet.metadata.num_rows == 0:
-        return FileScan(file, schema, reason="empty file (0 rows)")
-    scan = FileScan(file, schema)
-    first_row = 0
-    for group in range(parquet.num_row_groups):
-        table = parquet.read_row_group(group, columns=_count_columns(spec))
-        labels = table.column(spec.label_column)
+    starts = np.array(footer[1] if footer else [], dtype=np.int64)
+    counts: Counter[tuple[int, str, Any, Any]] = Counter()
+    num_rows = 0
+    for batch in iter_batches(file.uri, columns=_count_columns(spec)):
+        labels = batch.column(spec.label_column)
         if labels.null_count:
-            return replace(scan, reason=f"{labels.null_count} null labels in column "
-                           f"'{spec.label_column}' (row group {group})")
-        holdout = holdout_mask(file.relative_path, first_row, table.num_rows, seed,
+            return FileScan(file, schema, reason=f"{labels.null_count} null labels in column "
+                            f"'{spec.label_column}' (rows from {num_rows})")
+        rows = np.arange(num_rows, num_rows + batch.num_rows)
+        pieces = (np.searchsorted(starts, rows, side="right") - 1 if footer
+                  else rows // max_piece_rows)
+        holdout = holdout_mask(file.relative_path, num_rows, batch.num_rows, seed,
                                holdout_fraction)
-        scan.counts.extend(_count_rows(table, spec, file, group, holdout))
-        scan.row_group_rows.append(table.num_rows)
-        first_row += table.num_rows
-    return scan
+        counts.update(_count_rows(pa.Table.from_batches([batch]), spec, file, pieces, holdout))
+        num_rows += batch.num_rows
+    if num_rows == 0:
+        return FileScan(file, schema, reason="empty file (0 rows)")
+    bounds = (np.r_[starts, num_rows] if footer
+              else np.r_[np.arange(0, num_rows, max_piece_rows), num_rows])
+    return FileScan(file, schema, np.diff(bounds).tolist(),
+                    [(*key, n) for key, n in sorted(counts.items(), key=lambda kv: kv[0][0])])
 
 
 def _count_columns(spec: DatasetSpec) -> list[str]:
@@ -128,16 +134,18 @@ def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array
     return pa.array([file.root] * table.num_rows, type=pa.string())
 
 
-def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, group: int,
-                holdout: Any) -> list[tuple[int, str, Any, Any, int]]:
+def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray,
+                holdout: np.ndarray) -> dict[tuple[int, str, Any, Any], int]:
     keyed = pa.table({
+        "piece": pa.array(pieces, pa.int64()),
         "split": pc.if_else(pa.array(holdout), "holdout", "train"),
         "label": table.column(spec.label_column),
         "source": row_sources(table, spec, file),
     })
-    grouped = keyed.group_by(["split", "label", "source"]).aggregate([([], "count_all")])
-    return [(group, row["split"], row["label"], row["source"], row["count_all"])
-            for row in grouped.to_pylist()]
+    grouped = keyed.group_by(["piece", "split", "label", "source"]).aggregate(
+        [([], "count_all")])
+    return {(row["piece"], row["split"], row["label"], row["source"]): row["count_all"]
+            for row in grouped.to_pylist()}
 
 
 def check_schemas(scans: list[FileScan]) -> list[FileScan]:
@@ -165,14 +173,14 @@ def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
 
 
 def count_records(scans: list[FileScan]) -> tuple[list[CountRecord], list[tuple[int, int]]]:
-    """Count records over global pieces, and each piece's (scan index, row group)."""
+    """Count records over global pieces, and each piece's (scan index, piece in file)."""
     records: list[CountRecord] = []
     pieces: list[tuple[int, int]] = []
     for scan_index, scan in enumerate(scans):
         if scan.reason is not None:
             continue
         first_piece = len(pieces)
-        pieces.extend((scan_index, group) for group in range(len(scan.row_group_rows)))
-        records.extend(CountRecord(first_piece + group, split, label, source, n)
-                       for group, split, label, source, n in scan.counts)
+        pieces.extend((scan_index, piece) for piece in range(len(scan.piece_rows)))
+        records.extend(CountRecord(first_piece + piece, split, label, source, n)
+                       for piece, split, label, source, n in scan.counts)
     return records, pieces

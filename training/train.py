@@ -47,8 +47,6 @@ class StreamEpochs(lightning.Callback):
 def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, Any]:
     """Fit on `cfg.dataset` and return the summary (written by rank 0); resume from `ckpt_path`."""
     started = time.monotonic()
-    # The streams' __len__ is exact on every rank and worker, which this warning doubts.
-    warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
     lightning.seed_everything(cfg.seed, workers=True)
     train, holdout = build_streams(cfg)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -60,7 +58,10 @@ def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, An
     model = FeatureClassifier(train.num_features, train.classes, cfg.model.model_dump())
     trainer = build_trainer(cfg, [StreamEpochs(train, holdout)], train.num_batches(world_size))
     val_loader = StreamLoader(holdout) if holdout is not None else None
-    trainer.fit(model, StreamLoader(train), val_loader, ckpt_path=ckpt_path)
+    with warnings.catch_warnings():
+        # The streams' __len__ is exact on every rank and worker, which this warning doubts.
+        warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+        trainer.fit(model, StreamLoader(train), val_loader, ckpt_path=ckpt_path)
     summary = summarise(trainer, model, cfg, time.monotonic() - started)
     if trainer.is_global_zero:
         write_summary(cfg.output_dir, summary)

@@ -39,12 +39,13 @@ def test_two_rank_ddp_run_gives_equal_batches_per_rank(
     assert 0.0 <= summary["val_macro_f1"] <= 1.0 and not math.isnan(summary["val_macro_f1"])
 
 
+@pytest.mark.slow
 def test_failed_launch_raises_with_the_output_tail(tmp_path: Path) -> None:
     """A job that cannot start fails with TrainingFailed carrying the ranks' own error."""
     config = write_config(
         tmp_path / "train.yaml", dataset=str(tmp_path / "nowhere"), output_dir=str(tmp_path)
     )
-    with pytest.raises(TrainingFailed, match="no _MANIFEST.json") as raised:
+    with pytest.raises(TrainingFailed, match=r"no _MANIFEST\.json") as raised:
         launch_local(config, nproc_per_node=1, timeout_s=120)
     assert raised.value.returncode not in (0, None)
 

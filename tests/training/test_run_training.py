@@ -7,6 +7,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import torch
+
+from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig
 from training.train import run_training
 
@@ -31,3 +35,50 @@ def test_single_process_run_writes_a_consistent_summary(
     assert 0.5 < summary["val_macro_f1"] <= 1.0
     assert summary["epochs"] == 2 and summary["train_loss"] > 0
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_tracked_run_logs_metrics_to_its_mlflow_run(
+    make_dataset: Callable[..., str], tmp_path: Path
+) -> None:
+    """With tracking set, the summary names the MLflow run, and that run holds the
+    train loss, the macro F1 and a recall per class."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = TrainConfig(
+        dataset=make_dataset(320, holdout_rows=90, row_group_size=64),
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        loader=LoaderConfig(batch_size=32),
+        tracking=TrackingConfig(tracking_uri=uri, experiment="training-test"),
+    )
+    summary = run_training(cfg)
+    metrics = MlflowClient(uri).get_run(summary["run_id"]).data.metrics
+    assert metrics["val_macro_f1"] == pytest.approx(summary["val_macro_f1"])
+    assert "train_loss_epoch" in metrics
+    assert {name for name in metrics if name.startswith("val_recall/")} == {
+        f"val_recall/{name}" for name, value in summary["val_recall"].items() if value is not None
+    }
+
+
+def test_resume_from_last_checkpoint_matches_an_uninterrupted_run(
+    make_dataset: Callable[..., str], tmp_path: Path
+) -> None:
+    """One epoch, then `ckpt_path="last"` up to two, ends with the same loss and confusion
+    matrix as two epochs in one go; the checkpoint holds the stream position."""
+    root = make_dataset(640, holdout_rows=101, row_group_size=64)
+    base = TrainConfig(dataset=root, output_dir="", loader=LoaderConfig(batch_size=32))
+    straight = run_training(
+        base.model_copy(update={"output_dir": str(tmp_path / "straight"), "max_epochs": 2})
+    )
+    split_dir = str(tmp_path / "split")
+    run_training(base.model_copy(update={"output_dir": split_dir, "max_epochs": 1}))
+    checkpoint = torch.load(Path(split_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    positions = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert positions == [{"epoch": 0, "samples_consumed": 640 // 32 * 32}]
+    resumed = run_training(
+        base.model_copy(update={"output_dir": split_dir, "max_epochs": 2}), ckpt_path="last"
+    )
+    assert resumed["batches_per_rank"] == [640 // 32] and resumed["epochs"] == 2
+    assert resumed["train_loss"] == pytest.approx(straight["train_loss"], rel=1e-6)
+    assert resumed["confusion_matrix"] == straight["confusion_matrix"]

@@ -1,0 +1,114 @@
+"""Reading raw files of any supported format as bounded record batches.
+
+Parquet, CSV and JSON Lines are read through fsspec in batches, so no reader
+holds more than one batch beyond what its caller keeps. A file is cut into
+pieces (row ranges): Parquet pieces follow row groups, split when a row group
+is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
+`max_piece_rows` rows. `read_rows` returns one piece.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
+           ".ndjson": "jsonl"}
+_BATCH_ROWS = 65_536
+
+
+def file_format(uri: str) -> str:
+    """The format of a raw file, from its extension; unknown extensions are an error."""
+    for suffix, name in FORMATS.items():
+        if uri.lower().endswith(suffix):
+            return name
+    raise ValueError(f"{uri}: unsupported file type (expected one of {sorted(FORMATS)})")
+
+
+def read_schema_and_ranges(uri: str, max_piece_rows: int) -> tuple[pa.Schema, list[int]] | None:
+    """Parquet only: schema and piece start rows from the footer (None for other formats)."""
+    if file_format(uri) != "parquet":
+        return None
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as handle:
+        metadata = pq.ParquetFile(handle).metadata
+        schema = metadata.schema.to_arrow_schema()
+    starts: list[int] = []
+    first = 0
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        starts.extend(range(first, first + rows, max_piece_rows))
+        first += rows
+    return schema, starts
+
+
+def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Every row of the file in order, as record batches of at most ~64k rows."""
+    fs, path = url_to_fs(uri)
+    kind = file_format(uri)
+    with fs.open(path, "rb") as handle:
+        if kind == "parquet":
+            yield from pq.ParquetFile(handle).iter_batches(_BATCH_ROWS, columns=columns)
+        elif kind == "csv":
+            convert = pa_csv.ConvertOptions(include_columns=columns) if columns else None
+            yield from pa_csv.open_csv(handle, convert_options=convert)
+        else:
+            reader = pa_json.open_json(handle)
+            for batch in reader:
+                yield batch.select(columns) if columns else batch
+
+
+def stream_schema(uri: str) -> pa.Schema:
+    """The schema a streaming read of the whole file produces."""
+    fs, path = url_to_fs(uri)
+    kind = file_format(uri)
+    with fs.open(path, "rb") as handle:
+        if kind == "parquet":
+            return pq.ParquetFile(handle).schema_arrow
+        if kind == "csv":
+            return pa_csv.open_csv(handle).schema
+        return pa_json.open_json(handle).schema
+
+
+def read_rows(uri: str, first_row: int, num_rows: int) -> pa.Table:
+    """Rows [first_row, first_row + num_rows) of a file, reading only what covers them
+    (Parquet: the overlapping row groups; CSV / JSON Lines: a stream up to the range)."""
+    batches = []
+    position = 0
+    for batch in _batches_from(uri, first_row):
+        start, end = batch[1], batch[1] + batch[0].num_rows
+        position = end
+        low, high = max(start, first_row), min(end, first_row + num_rows)
+        if high > low:
+            batches.append(batch[0].slice(low - start, high - low))
+        if position >= first_row + num_rows:
+            break
+    return pa.Table.from_batches(batches) if batches else pa.table({})
+
+
+def _batches_from(uri: str, first_row: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """(batch, its first row) from the row group holding `first_row` on (Parquet), or from
+    the start of the file (other formats)."""
+    if file_format(uri) != "parquet":
+        position = 0
+        for batch in iter_batches(uri):
+            yield batch, position
+            position += batch.num_rows
+        return
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        first_group = int(np.searchsorted(starts, first_row, side="right")) - 1
+        position = int(starts[first_group])
+        groups = list(range(first_group, len(sizes)))
+        for batch in parquet.iter_batches(_BATCH_ROWS, row_groups=groups):
+            yield batch, position
+            position += batch.num_rows
