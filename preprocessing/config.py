@@ -82,6 +82,9 @@ class ReshardConfig(BaseModel):
         None, gt=0, description="Training rows to write; None keeps the input's training rows."
     )
     target_shard_rows: int = Field(50_000, gt=0, description="Rows per shard, at most.")
+    target_shard_bytes: int | None = Field(
+        None, gt=0, description="If set, rows per shard = this / the inputs' bytes per row "
+        "(compressed, as stored), instead of `target_shard_rows`.")
     rows_per_row_group: int = Field(8_192, gt=0, description="Rows per Parquet row group.")
     max_piece_rows: int = Field(
         1_000_000, gt=0, description="Most input rows one task holds: larger row groups and "

@@ -179,15 +179,26 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
 def _plan(scans: list[FileScan],
           config: ReshardConfig) -> tuple[dict[str, SplitPlan], list[tuple[int, int]]]:
     records, pieces = count_records(scans)
+    shard_rows = shard_rows_target(scans, config)
     plans = {
-        "train": plan_split(records, "train", config.mix, config.num_output_rows,
-                            config.target_shard_rows, config.shuffle, config.seed),
-        "holdout": plan_split(records, "holdout", None, None, config.target_shard_rows,
-                              config.shuffle, config.seed),
+        "train": plan_split(records, "train", config.mix, config.num_output_rows, shard_rows,
+                            config.shuffle, config.seed),
+        "holdout": plan_split(records, "holdout", None, None, shard_rows, config.shuffle,
+                              config.seed),
     }
     if plans["train"].num_output_rows == 0:
         raise ValueError("no training rows: every accepted input row was held out or rejected")
     return {name: plan for name, plan in plans.items() if plan.num_output_rows}, pieces
+
+
+def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
+    """Rows per shard: configured directly, or from a byte target and the inputs' row size."""
+    if config.target_shard_bytes is None:
+        return config.target_shard_rows
+    accepted = [scan for scan in scans if scan.reason is None]
+    num_bytes = sum(scan.file.num_bytes for scan in accepted)
+    num_rows = sum(sum(scan.piece_rows) for scan in accepted)
+    return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
 def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],

@@ -122,3 +122,14 @@ def test_contiguous_modes_commit_exact_balanced_versions(mode, tiny_raw, tmp_pat
     assert max(rows) - min(rows) <= 1
     counts = pa.concat_tables(tables).column("label").value_counts().to_pylist()
     assert max(c["counts"] for c in counts) - min(c["counts"] for c in counts) <= 1
+
+
+def test_target_shard_bytes_sizes_shards_from_the_input_row_size(tiny_raw, tmp_path,
+                                                                 dask_client) -> None:
+    """Invariant: with a byte target, rows per shard = target / input bytes per row, so
+    halving the target (about) doubles the number of shards."""
+    one = run_reshard(config_for(tiny_raw, tmp_path / "a", target_shard_bytes=40_000),
+                      dask_client).manifest.split("train").shards
+    two = run_reshard(config_for(tiny_raw, tmp_path / "b", target_shard_bytes=20_000),
+                      dask_client).manifest.split("train").shards
+    assert len(one) > 1 and abs(len(two) - 2 * len(one)) <= 1
