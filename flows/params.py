@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.cluster import DaskConfig
 from preprocessing.config import ReshardConfig
 from training.config import TrainConfig
 
@@ -21,6 +22,7 @@ class PipelineParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reshard: ReshardConfig
+    dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
     train: TrainConfig = Field(
         description="Training job; its `dataset` is replaced by the version the reshard made."
     )

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from prefect import flow, task
 
+from flows.cluster import DaskConfig, dask_client
 from flows.params import PipelineParams
 from preprocessing.config import ReshardConfig
 from preprocessing.manifest import read_manifest
@@ -25,9 +26,10 @@ from training.launch import launch_local
 
 
 @task
-def reshard(config: ReshardConfig) -> dict[str, Any]:
+def reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
     """Make or find the dataset version; returns its manifest URI and whether it was reused."""
-    result = run_reshard(config)
+    with dask_client(dask) as client:
+        result = run_reshard(config, client)
     return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id,
             "reused": result.reused}
 
@@ -61,7 +63,7 @@ def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any]) ->
 @flow(name="pipeline", log_prints=True)
 def pipeline(params: PipelineParams) -> dict[str, Any]:
     """Reshard the raw data, then train on the version it made, tracked in MLflow."""
-    dataset = reshard(params.reshard)
+    dataset = reshard(params.reshard, params.dask)
     job = params.train.model_copy(update={"dataset": dataset["manifest_uri"]})
     run_id = None
     if job.tracking is not None:

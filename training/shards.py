@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from preprocessing.manifest import Manifest, ManifestError, shard_uri
+from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
 
 
 class ShardMissingError(FileNotFoundError):
@@ -87,24 +87,27 @@ def read_layout(manifest: Manifest, location: str, split: str, columns: Columns)
     entries = manifest.split(split).shards
     uris = tuple(shard_uri(location, entry) for entry in entries)
     shard: list[int] = []
-    index: list[int] = []
     rows: list[int] = []
     num_features = 0
     for number, (entry, uri) in enumerate(zip(entries, uris, strict=True)):
         metadata = _read_footer(uri, entry.path)
-        if (metadata.num_rows, metadata.num_row_groups) != (entry.num_rows, entry.num_row_groups):
-            raise ManifestError(
-                f"shard {entry.path} ({uri}) has {metadata.num_rows} rows in "
-                f"{metadata.num_row_groups} row groups; the manifest at {location} lists "
-                f"{entry.num_rows} rows in {entry.num_row_groups}"
-            )
+        _check_footer(metadata, entry, uri, location)
         num_features = num_features or feature_width(metadata.schema.to_arrow_schema(), columns)
         shard += [number] * metadata.num_row_groups
-        index += range(metadata.num_row_groups)
         rows += [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    index = [g for entry in entries for g in range(entry.num_row_groups)]
     paths = tuple(entry.path for entry in entries)
     shard_array, index_array, rows_array = (np.asarray(v, np.int64) for v in (shard, index, rows))
     return Layout(uris, paths, shard_array, index_array, rows_array, num_features)
+
+
+def _check_footer(metadata: pq.FileMetaData, entry: ShardEntry, uri: str, location: str) -> None:
+    if (metadata.num_rows, metadata.num_row_groups) != (entry.num_rows, entry.num_row_groups):
+        raise ManifestError(
+            f"shard {entry.path} ({uri}) has {metadata.num_rows} rows in "
+            f"{metadata.num_row_groups} row groups; the manifest at {location} lists "
+            f"{entry.num_rows} rows in {entry.num_row_groups}"
+        )
 
 
 def _read_footer(uri: str, path: str) -> pq.FileMetaData:

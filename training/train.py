@@ -50,11 +50,7 @@ def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, An
     lightning.seed_everything(cfg.seed, workers=True)
     train, holdout = build_streams(cfg)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if train.num_batches(world_size) == 0:
-        raise ValueError(
-            f"{cfg.dataset}: the train split has {train.num_rows} rows, fewer than one global "
-            f"batch of {world_size} ranks x {cfg.loader.batch_size}"
-        )
+    check_enough_rows(train, world_size, cfg)
     model = FeatureClassifier(train.num_features, train.classes, cfg.model.model_dump())
     trainer = build_trainer(cfg, [StreamEpochs(train, holdout)], train.num_batches(world_size))
     val_loader = StreamLoader(holdout) if holdout is not None else None
@@ -66,6 +62,15 @@ def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, An
     if trainer.is_global_zero:
         write_summary(cfg.output_dir, summary)
     return summary
+
+
+def check_enough_rows(train: ShardStream, world_size: int, cfg: TrainConfig) -> None:
+    """Refuse a train split too small for one global batch, which would train nothing."""
+    if train.num_batches(world_size) == 0:
+        raise ValueError(
+            f"{cfg.dataset}: the train split has {train.num_rows} rows, fewer than one global "
+            f"batch of {world_size} ranks x {cfg.loader.batch_size}"
+        )
 
 
 def build_streams(cfg: TrainConfig) -> tuple[ShardStream, ShardStream | None]:

@@ -66,18 +66,19 @@ def test_stratified_shards_each_carry_the_global_mix(tiny_raw, tmp_path, dask_cl
 
 def test_rerun_does_no_work_and_output_is_independent_of_workers(tiny_raw, tmp_path,
                                                                 dask_client) -> None:
-    """Invariants: the same config finds the committed version (reused); a run on another
-    cluster shape (1 worker), to another root, writes byte-identical shards under the
+    """Invariants: the same config finds the committed version (reused); runs on other
+    cluster shapes (1 and 4 workers), to other roots, write byte-identical shards under the
     same version id."""
     config = config_for(tiny_raw, tmp_path / "a", shuffle="global")
     first = run_reshard(config, dask_client)
     again = run_reshard(config, dask_client)
     assert again.reused and again.manifest.version_id == first.manifest.version_id
-    other = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "b"),
-                                                  "num_workers": 1}))
-    assert other.manifest.version_id == first.manifest.version_id
     digests = lambda m: [s.sha256 for s in m.split("train").shards]  # noqa: E731
-    assert digests(other.manifest) == digests(first.manifest)
+    for num_workers in (1, 4):
+        other = run_reshard(config.model_copy(update={
+            "output_root": str(tmp_path / f"w{num_workers}"), "num_workers": num_workers}))
+        assert other.manifest.version_id == first.manifest.version_id
+        assert digests(other.manifest) == digests(first.manifest)
 
 
 def test_bad_files_are_rejected_with_their_reason(tiny_raw, tmp_path, dask_client) -> None:
