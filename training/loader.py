@@ -177,12 +177,25 @@ class ShardStream(IterableDataset):
             first = step_start + rank * batch_size
             batch = reader.batch(np.arange(first, first + batch_size))
             if record:
-                self._record(epoch, step_start + world_size * batch_size)
+                self.record_progress(epoch, step_start + world_size * batch_size, world_size)
             yield batch
         if record:
-            self._record(epoch + 1, 0)
+            self.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
 
-    def _record(self, epoch: int, samples_consumed: int) -> None:
+    def record_progress(self, epoch: int, samples_consumed: int, world_size: int) -> None:
+        """Note that batches up to this position were handed out. An epoch with no full
+        step left for `world_size` ranks is over: the position moves to the next one, so
+        a checkpoint taken after the last batch resumes at the next epoch."""
+        if (
+            num_steps(
+                self.num_rows,
+                samples_consumed,
+                world_size * self.config.batch_size,
+                self.config.remainder,
+            )
+            == 0
+        ):
+            epoch, samples_consumed = epoch + 1, 0
         self._epoch, self._consumed = epoch, samples_consumed
 
 
@@ -204,16 +217,15 @@ class StreamLoader(DataLoader):
         batches = super().__iter__()
         if self.num_workers == 0:
             return batches
-        global_batch = current_rank_world()[1] * self.stream.config.batch_size
-        return self._recorded(batches, state["epoch"], state["samples_consumed"], global_batch)
+        world_size = current_rank_world()[1]
+        return self._recorded(batches, state["epoch"], state["samples_consumed"], world_size)
 
     def _recorded(
-        self, batches: Iterator[Batch], epoch: int, start: int, global_batch: int
+        self, batches: Iterator[Batch], epoch: int, start: int, world_size: int
     ) -> Iterator[Batch]:
+        global_batch = world_size * self.stream.config.batch_size
         for step, batch in enumerate(batches, start=1):
-            self.stream.load_state_dict(
-                {"epoch": epoch, "samples_consumed": start + step * global_batch}
-            )
+            self.stream.record_progress(epoch, start + step * global_batch, world_size)
             yield batch
         self.stream.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
 

@@ -9,7 +9,7 @@ no parallelism: the Trainer's strategy (training/train.py) applies DDP.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import lightning
 import numpy as np
@@ -51,7 +51,8 @@ class FeatureClassifier(lightning.LightningModule):
         self.net = build_mlp(num_features, len(classes), self.config.hidden_sizes)
         self.num_train_batches = 0
         self.last_confusion: np.ndarray | None = None
-        self._confusion: torch.Tensor | None = None
+        # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
+        self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net(features)
@@ -60,7 +61,9 @@ class FeatureClassifier(lightning.LightningModule):
         loss = weighted_cross_entropy(self(batch["features"]), batch["label"], batch["weight"])
         self.num_train_batches += 1
         size = len(batch["label"])
-        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
+        # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
+        self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
         return loss
 
     def on_validation_epoch_start(self) -> None:
@@ -70,7 +73,6 @@ class FeatureClassifier(lightning.LightningModule):
         )
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        assert self._confusion is not None, "on_validation_epoch_start sets the matrix up"
         real = batch["weight"] > 0
         pred = self(batch["features"]).argmax(dim=1)[real]
         target = batch["label"][real]
@@ -79,9 +81,7 @@ class FeatureClassifier(lightning.LightningModule):
         self._confusion += counts.view(num_classes, num_classes)
 
     def on_validation_epoch_end(self) -> None:
-        assert self._confusion is not None, "on_validation_epoch_start sets the matrix up"
-        gathered = self.all_gather(self._confusion)
-        assert isinstance(gathered, torch.Tensor)
+        gathered = cast(torch.Tensor, self.all_gather(self._confusion))
         total = gathered.sum(dim=0) if gathered.dim() == 3 else gathered
         self.last_confusion = total.cpu().numpy()
         for name, value in validation_metrics(self.last_confusion, self.classes).items():

@@ -139,7 +139,7 @@ def summarise(
 ) -> dict[str, Any]:
     """The figures of the run that a flow, a person or a test reads back."""
     batches_per_rank = gather_counts(trainer, model.num_train_batches)
-    loss = trainer.callback_metrics.get("train_loss_epoch")
+    loss = trainer.callback_metrics.get("train_loss")
     summary: dict[str, Any] = {
         "world_size": trainer.world_size,
         "batches_per_rank": batches_per_rank,

@@ -29,10 +29,10 @@ def test_two_rank_ddp_run_gives_equal_batches_per_rank(
         dataset=root,
         output_dir=str(tmp_path / "run"),
         max_epochs=2,
-        process_group_timeout_s=60,
+        process_group_timeout_s=120,
         loader={"batch_size": 64, "num_workers": 1},
     )
-    summary = launch_local(config, nproc_per_node=2, timeout_s=240)
+    summary = launch_local(config, nproc_per_node=2, timeout_s=300)
     assert summary["world_size"] == 2
     assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
     assert sum(map(sum, summary["confusion_matrix"])) == 301

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.manifest import ManifestError, read_manifest, shard_uri
 from training.config import LoaderConfig
 from training.loader import Batch, ShardStream, StreamLoader
 from training.shards import ShardMissingError
@@ -187,3 +187,30 @@ def test_missing_shard_is_named(make_dataset: Callable[..., str]) -> None:
     with pytest.raises(ShardMissingError, match=entry.path):
         stream_factory(root, 4, "drop")()
     assert not Path(shard_uri(location, entry)).exists()
+
+
+def test_shard_disagreeing_with_manifest_is_named(make_dataset: Callable[..., str]) -> None:
+    """A shard whose footer does not match its manifest entry fails, naming the shard."""
+    root = make_dataset(60, num_shards=2)
+    manifest, location = read_manifest(root)
+    entry = manifest.split("train").shards[0]
+    table = pq.read_table(shard_uri(location, entry))
+    pq.write_table(table.slice(0, entry.num_rows - 1), shard_uri(location, entry))
+    with pytest.raises(ManifestError, match=entry.path):
+        stream_factory(root, 4, "drop")()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_last_batch_handed_out_ends_the_epoch(
+    dataset_cache: Callable[..., str], num_workers: int
+) -> None:
+    """Once the last batch of an epoch is handed out, before anyone asks for more (Lightning
+    knows the length and does not), the position is already the start of the next epoch."""
+    stream = stream_factory(dataset_cache(300, row_group_size=16), 7, "drop")()
+    loader = StreamLoader(stream, num_workers=num_workers)
+    batches = iter(loader)
+    for _ in range(len(loader) - 1):
+        next(batches)
+    assert stream.state_dict() == {"epoch": 0, "samples_consumed": (300 // 7 - 1) * 7}
+    next(batches)
+    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0}

@@ -1,0 +1,435 @@
+"""Reshard benchmark: ballast against what a user would pick instead, side by side in one run.
+
+Generates about `--gb` GB of skewed raw Parquet (zipf file sizes, 16 long-tailed classes
+with the largest 50x the smallest, 3 sources; columns id, uid, label, source and a
+fixed_size_list<float32>[64] `features`), once per size and seed (a `_GENERATED.json`
+marker skips regeneration), then rewrites it into about `--shards` balanced files with:
+
+- ballast `run_reshard` in each shuffle mode (uniform class mix, as many output rows as
+  input rows, holdout 0, 2 Dask workers);
+- pyarrow `dataset.write_dataset(max_rows_per_file=..., max_rows_per_group=...)`;
+- DuckDB `COPY (SELECT * FROM read_parquet(...)) TO ...`, plain and `ORDER BY random()`;
+- Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`.
+
+Every tool runs in its own subprocess, writing to a fresh directory; the parent samples
+the RSS of that subprocess and all its descendants every 50 ms and reports the peak of
+their sum (shared pages count once per process), of the driver alone and of the largest
+single descendant (for ballast: a Dask worker). All writers use zstd and row groups of
+`--row-group-rows`. Timings on a shared machine are noisy: compare within one run only.
+
+    .venv/bin/python benchmarks/reshard_bench.py --gb 2 --work-dir /tmp/bench
+    .venv/bin/python benchmarks/reshard_bench.py --gb 0.25 --scale-check --work-dir /tmp/bench
+
+`--scale-check` runs only ballast `stratified` at `--gb` and 4x `--gb` with the same rows
+per shard, to show that per-worker memory does not grow with the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from preprocessing.sample import class_probabilities, file_sizes
+
+MARKER = "_GENERATED.json"
+NUM_FEATURES = 64
+UID_CHARS = 32
+BYTES_PER_ROW = NUM_FEATURES * 4 + 8 + 8 + UID_CHARS + 4  # as stored, roughly (snappy)
+SAMPLE_INTERVAL_S = 0.05
+GB = 1e9
+BALLAST_MODES = ("stratified", "global", "block", "none")
+TOOLS = (*(f"ballast-{mode}" for mode in BALLAST_MODES),
+         "pyarrow-write_dataset", "duckdb-copy", "duckdb-order-random", "dask-repartition")
+SCHEMA = pa.schema([
+    ("id", pa.int64()), ("uid", pa.string()), ("label", pa.int64()), ("source", pa.string()),
+    ("features", pa.list_(pa.float32(), NUM_FEATURES)),
+])
+
+
+@dataclass(frozen=True)
+class RawSpec:
+    """Shape of the generated raw data; the marker file stores it."""
+
+    num_rows: int
+    num_files: int = 64
+    num_classes: int = 16
+    num_sources: int = 3
+    class_ratio: float = 50.0
+    row_group_rows: int = 131_072
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- data generation
+
+
+def raw_chunk(rng: np.random.Generator, first_id: int, num_rows: int, source: int,
+              spec: RawSpec) -> pa.Table:
+    """`num_rows` rows of one source: long-tailed labels, class-dependent features."""
+    labels = rng.choice(spec.num_classes, size=num_rows,
+                        p=class_probabilities(spec.num_classes, spec.class_ratio))
+    means = np.random.default_rng(spec.seed + 1).normal(
+        0, 1.1, (spec.num_classes, NUM_FEATURES)).astype(np.float32)
+    features = rng.standard_normal((num_rows, NUM_FEATURES), dtype=np.float32)
+    features += means[labels] + np.float32(0.3 * source)
+    return pa.table([
+        pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
+        uid_array(rng, num_rows),
+        pa.array(labels, pa.int64()),
+        pa.DictionaryArray.from_arrays(np.zeros(num_rows, np.int32),
+                                       [f"source-{source}"]).cast(pa.string()),
+        pa.FixedSizeListArray.from_arrays(features.reshape(-1), NUM_FEATURES),
+    ], schema=SCHEMA)
+
+
+def uid_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
+    """Random 32-hex-digit strings, built straight from buffers (no Python objects)."""
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    chars = digits[rng.integers(0, 16, num_rows * UID_CHARS, dtype=np.uint8)]
+    offsets = np.arange(0, (num_rows + 1) * UID_CHARS, UID_CHARS, dtype=np.int32)
+    return pa.StringArray.from_buffers(num_rows, pa.py_buffer(offsets), pa.py_buffer(chars))
+
+
+def write_raw_file(path: Path, index: int, first_id: int, num_rows: int,
+                   spec: RawSpec) -> None:
+    """One raw file, written one row group at a time (memory bounded by a row group)."""
+    rng = np.random.default_rng([spec.seed, index])
+    with pq.ParquetWriter(path, SCHEMA) as writer:
+        for start in range(0, num_rows, spec.row_group_rows):
+            size = min(spec.row_group_rows, num_rows - start)
+            chunk = raw_chunk(rng, first_id + start, size, index % spec.num_sources, spec)
+            writer.write_table(chunk, row_group_size=spec.row_group_rows)
+
+
+def ensure_raw(directory: Path, spec: RawSpec) -> Path:
+    """Generate the raw files unless the marker says this exact spec is already there."""
+    marker = directory / MARKER
+    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    start, first_id = time.perf_counter(), 0
+    for index, num_rows in enumerate(file_sizes(spec.num_rows, spec.num_files)):
+        write_raw_file(directory / f"raw-{index:03d}.parquet", index, first_id,
+                       int(num_rows), spec)
+        first_id += int(num_rows)
+    marker.write_text(json.dumps(asdict(spec)))
+    print(f"generated {spec.num_rows:,} rows, {dir_bytes(directory) / GB:.2f} GB in "
+          f"{time.perf_counter() - start:.0f} s: {directory}", flush=True)
+    return directory
+
+
+def dir_bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*.parquet"))
+
+
+# ---------------------------------------------------------------- the tools (child side)
+
+
+def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
+    """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
+    from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
+    from preprocessing.reshard import run_reshard
+
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[job["input"]]), output_root=job["output"],
+        mix=MixConfig(class_weighting="uniform"), shuffle=mode,
+        num_output_rows=job["num_rows"], target_shard_rows=job["shard_rows"],
+        rows_per_row_group=job["row_group_rows"], holdout_fraction=job["holdout_fraction"],
+        num_workers=2)
+    start = time.perf_counter()
+    result = run_reshard(config)
+    return {"wall_s": time.perf_counter() - start, "timings_s": result.manifest.timings_s}
+
+
+def run_pyarrow(job: dict[str, Any]) -> dict[str, Any]:
+    """pyarrow's balanced copy: the same rows in files of at most `shard_rows` rows."""
+    import pyarrow.dataset as ds
+
+    start = time.perf_counter()
+    ds.write_dataset(
+        ds.dataset(job["input"], format="parquet"), job["output"], format="parquet",
+        file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+        max_rows_per_file=job["shard_rows"],
+        max_rows_per_group=min(job["row_group_rows"], job["shard_rows"]),
+        existing_data_behavior="overwrite_or_ignore")
+    return {"wall_s": time.perf_counter() - start}
+
+
+def run_duckdb(job: dict[str, Any], order_random: bool) -> dict[str, Any]:
+    """DuckDB COPY of every row into one zstd Parquet file, optionally ORDER BY random()."""
+    import duckdb
+
+    order = " ORDER BY random()" if order_random else ""
+    Path(job["output"]).mkdir(parents=True)
+    query = (f"COPY (SELECT * FROM read_parquet('{job['input']}/*.parquet'){order}) "
+             f"TO '{job['output']}/data.parquet' "
+             f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {job['row_group_rows']})")
+    start = time.perf_counter()
+    duckdb.connect().execute(query)
+    return {"wall_s": time.perf_counter() - start}
+
+
+def run_dask(job: dict[str, Any]) -> dict[str, Any]:
+    """Dask DataFrame repartition (default threaded scheduler); schema= is required
+    for the fixed_size_list column (shared/FINDINGS.md item 10)."""
+    import dask.dataframe as dd
+
+    schema = pq.read_schema(next(Path(job["input"]).glob("*.parquet"))).remove_metadata()
+    start = time.perf_counter()
+    frame = dd.read_parquet(f"{job['input']}/*.parquet")
+    frame.repartition(npartitions=job["num_shards"]).to_parquet(
+        job["output"], schema=schema, compression="zstd", write_index=False,
+        row_group_size=job["row_group_rows"])
+    return {"wall_s": time.perf_counter() - start}
+
+
+def run_child(job_path: str) -> None:
+    """Child process entry: run one tool on one job and write its result next to the job."""
+    job = json.loads(Path(job_path).read_text())
+    tool = job["tool"]
+    if tool.startswith("ballast-"):
+        result = run_ballast(tool.removeprefix("ballast-"), job)
+    elif tool == "pyarrow-write_dataset":
+        result = run_pyarrow(job)
+    elif tool.startswith("duckdb-"):
+        result = run_duckdb(job, order_random=tool == "duckdb-order-random")
+    else:
+        result = run_dask(job)
+    Path(job["result"]).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------- measuring (parent side)
+
+
+@dataclass
+class MemoryPeaks:
+    """Peak RSS in bytes: sum over the process tree, the driver alone, any one descendant."""
+
+    total: int = 0
+    driver: int = 0
+    descendant: int = 0
+
+    def sample(self, root: Any) -> None:
+        import psutil
+
+        try:
+            processes = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        sizes = {}
+        for process in processes:
+            try:
+                sizes[process.pid] = process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        self.total = max(self.total, sum(sizes.values()))
+        self.driver = max(self.driver, sizes.get(root.pid, 0))
+        others = [rss for pid, rss in sizes.items() if pid != root.pid]
+        self.descendant = max(self.descendant, *others, 0)
+
+
+def measure(job: dict[str, Any], scratch: Path) -> tuple[dict[str, Any], MemoryPeaks]:
+    """Run one job in a child process, sampling its process tree's memory until it exits."""
+    import psutil
+
+    job_path = scratch / f"{job['tool']}.job.json"
+    job_path.write_text(json.dumps(job))
+    child = subprocess.Popen([sys.executable, __file__, "--child", str(job_path)])
+    root, peaks = psutil.Process(child.pid), MemoryPeaks()
+    while child.poll() is None:
+        peaks.sample(root)
+        time.sleep(SAMPLE_INTERVAL_S)
+    if child.returncode != 0:
+        return {"error": f"exit status {child.returncode}"}, peaks
+    return json.loads(Path(job["result"]).read_text()), peaks
+
+
+def output_stats(output: Path, expected_type: pa.DataType) -> dict[str, Any]:
+    """Files, rows per file and whether the feature column kept its type, from footers
+    (ballast's holdout files, present only with --holdout-fraction > 0, are left out)."""
+    files = sorted(p for p in output.rglob("*.parquet")
+                   if "_staging" not in p.parts and not p.name.startswith("holdout-"))
+    rows = [pq.ParquetFile(path).metadata.num_rows for path in files]
+    kept = all(pq.read_schema(path).field("features").type.equals(expected_type)
+               for path in files[:1])
+    return {"num_files": len(files), "min_rows": min(rows, default=0),
+            "max_rows": max(rows, default=0), "rows_out": sum(rows), "schema_kept": kept}
+
+
+def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
+             keep: bool) -> dict[str, Any]:
+    """Measure one tool end to end: fresh output directory, result, memory, output stats."""
+    output = work_dir / "out" / tool
+    shutil.rmtree(output, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=work_dir) as scratch:
+        job = {**base_job, "tool": tool, "input": str(raw), "output": str(output),
+               "result": f"{scratch}/{tool}.result.json"}
+        result, peaks = measure(job, Path(scratch))
+    row = {"tool": tool, **result, "peak_total": peaks.total, "peak_driver": peaks.driver,
+           "peak_worker": peaks.descendant}
+    if "error" not in result:
+        row.update(output_stats(output, SCHEMA.field("features").type))
+    if not keep:
+        shutil.rmtree(output, ignore_errors=True)
+    return row
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """One line per tool; ratios are to the pyarrow copy's wall time."""
+    baseline = next((r["wall_s"] for r in rows
+                     if r["tool"] == "pyarrow-write_dataset" and "wall_s" in r), None)
+    header = (f"{'tool':<22} {'wall s':>7} {'x pyarrow':>9} {'RSS sum GB':>10} "
+              f"{'driver GB':>9} {'1 proc GB':>9} {'files':>5} {'rows/file min..max':>19} "
+              f"{'rows out':>10} schema")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['tool']:<22} FAILED: {row['error']}")
+            continue
+        ratio = f"{row['wall_s'] / baseline:.2f}" if baseline else "-"
+        span = f"{row['min_rows']:,}..{row['max_rows']:,}"
+        lines.append(
+            f"{row['tool']:<22} {row['wall_s']:>7.1f} {ratio:>9} {row['peak_total'] / GB:>10.2f} "
+            f"{row['peak_driver'] / GB:>9.2f} {row['peak_worker'] / GB:>9.2f} "
+            f"{row['num_files']:>5} {span:>19} {row['rows_out']:>10,} "
+            f"{'kept' if row['schema_kept'] else 'CHANGED'}")
+    return "\n".join(lines)
+
+
+def format_targets(rows: list[dict[str, Any]]) -> str:
+    """Whether ballast meets the targets of this benchmark."""
+    wall = {row["tool"]: row.get("wall_s") for row in rows}
+    stratified, copy = wall.get("ballast-stratified"), wall.get("pyarrow-write_dataset")
+    shuffled = wall.get("duckdb-order-random")
+    workers = max((r["peak_worker"] for r in rows
+                   if r["tool"].startswith("ballast-") and "error" not in r), default=None)
+    checks = []
+    if stratified and copy:
+        checks.append(("stratified <= 1.2x pyarrow copy", stratified <= 1.2 * copy,
+                       f"{stratified / copy:.2f}x"))
+    if stratified and shuffled:
+        checks.append(("stratified faster than DuckDB ORDER BY random()",
+                       stratified < shuffled, f"{stratified:.1f} s vs {shuffled:.1f} s"))
+    if workers is not None:
+        checks.append(("peak RSS per Dask worker <= 1 GB (all ballast modes)",
+                       workers <= GB, f"{workers / GB:.2f} GB"))
+    return "\n".join(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}"
+                     for name, ok, detail in checks)
+
+
+def format_stage_timings(rows: list[dict[str, Any]]) -> str:
+    """The manifest's stage timings; `other_s` is the rest of the wall time (cluster start
+    and stop, listing, manifest and commit)."""
+    lines = []
+    for row in (row for row in rows if "timings_s" in row):
+        stages = {**row["timings_s"], "other_s": row["wall_s"] - sum(row["timings_s"].values())}
+        lines.append(f"{row['tool']:<22} " + "  ".join(f"{k}={v:.1f}" for k, v in stages.items()))
+    return "ballast stage timings (manifest timings_s):\n" + "\n".join(lines)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
+    spec = RawSpec(num_rows=int(gb * GB / BYTES_PER_ROW), seed=args.seed,
+                   row_group_rows=args.raw_row_group_rows)
+    raw = ensure_raw(Path(args.work_dir) / f"raw-{gb:g}gb-seed{args.seed}", spec)
+    for path in raw.glob("*.parquet"):  # into the page cache, as for every tool after this
+        with path.open("rb") as handle:
+            while handle.read(1 << 24):
+                pass
+    print(f"input: {spec.num_rows:,} rows in {spec.num_files} files, "
+          f"{dir_bytes(raw) / GB:.2f} GB", flush=True)
+    return raw, spec
+
+
+def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[str, Any]:
+    return {"num_rows": num_rows, "shard_rows": shard_rows,
+            "num_shards": -(-num_rows // shard_rows), "row_group_rows": args.row_group_rows,
+            "holdout_fraction": args.holdout_fraction}
+
+
+def warm_up(tools: list[str], args: argparse.Namespace) -> None:
+    """Run each tool once, unmeasured, on a tiny input, so that no measured run pays for
+    first imports or a cold page cache on its own."""
+    spec = RawSpec(num_rows=20_000, seed=args.seed, row_group_rows=args.raw_row_group_rows)
+    raw = ensure_raw(Path(args.work_dir) / "raw-warmup", spec)
+    job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
+    print("warming up ...", flush=True)
+    for tool in tools:
+        run_tool(tool, raw, Path(args.work_dir), job, keep=False)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """All tools on the same input, then the table and the targets."""
+    raw, spec = prepare(args.gb, args)
+    warm_up(args.tools, args)
+    job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
+    rows = []
+    for tool in args.tools:
+        print(f"running {tool} ...", flush=True)
+        rows.append(run_tool(tool, raw, Path(args.work_dir), job, args.keep_outputs))
+    print(f"\n{spec.num_rows:,} rows, {dir_bytes(raw) / GB:.2f} GB in, "
+          f"{job['num_shards']} shards of <= {job['shard_rows']:,} rows")
+    print(format_table(rows), format_targets(rows), format_stage_timings(rows), sep="\n\n")
+
+
+def scale_check(args: argparse.Namespace) -> None:
+    """ballast `stratified` at N and 4N GB with the same shard size: per-worker peak RSS."""
+    rows, shard_rows = [], None
+    for gb in (args.gb, 4 * args.gb):
+        raw, spec = prepare(gb, args)
+        warm_up(["ballast-stratified"], args)
+        shard_rows = shard_rows or -(-spec.num_rows // args.shards)
+        job = base_job(spec.num_rows, shard_rows, args)
+        row = run_tool("ballast-stratified", raw, Path(args.work_dir), job, args.keep_outputs)
+        rows.append({**row, "tool": f"stratified@{gb:g}GB"})
+    print("\nscale check (same rows per shard):")
+    print(format_table(rows), format_stage_timings(rows), sep="\n\n")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gb", type=float, default=2.0, help="raw input size, GB")
+    parser.add_argument("--work-dir", default="/tmp/ballast-bench")
+    parser.add_argument("--shards", type=int, default=24, help="output files to aim for")
+    parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
+    parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--holdout-fraction", type=float, default=0.0,
+                        help="ballast's holdout; a tiny value (2e-5) sidesteps the crash of "
+                        "`block` / `none` when the holdout split is empty")
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--scale-check", action="store_true")
+    parser.add_argument("--keep-outputs", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        run_child(args.child)
+    elif args.scale_check:
+        scale_check(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
