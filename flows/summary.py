@@ -17,11 +17,19 @@ def class_rows_after(manifest: Manifest) -> dict[str, int]:
     return totals
 
 
-def mlflow_ui_command(tracking_uri: str) -> str:
-    """The exact command that opens the MLflow UI on this tracking store."""
+def mlflow_ui_command(tracking_uri: str, run_id: str) -> str:
+    """The exact command that opens the MLflow UI on this tracking store, and the run's page."""
+    page = f"#/experiments/{experiment_of(tracking_uri, run_id)}/runs/{run_id}"
     if urlparse(tracking_uri).scheme in ("http", "https"):
-        return f"open {tracking_uri}"
-    return f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --port 5000"
+        return f"open {tracking_uri.rstrip('/')}/{page}"
+    return (f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --port 5000\n"
+            f"  then open http://127.0.0.1:5000/{page}")
+
+
+def experiment_of(tracking_uri: str, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return str(MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
 
 
 def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str | None) -> str:
@@ -30,7 +38,8 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
     labels = [str(label) for label in manifest.classes]
     lines = ["", f"dataset version {manifest.version_id}"
              f"{' (reused, no resharding)' if result.get('reused') else ''}",
-             "  class      rows before -> train rows after"]
+             f"  class      input rows -> training rows "
+             f"({manifest.config['mix']['class_weighting']} mix)"]
     lines += [f"  {label:<8} {manifest.input_class_counts.get(label, 0):>11} -> "
               f"{after.get(label, 0):>7}" for label in labels]
     for name, split in manifest.splits.items():
@@ -43,5 +52,5 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
                  f"{training['val_macro_f1']:.3f}")
     if result.get("run_id") and tracking_uri:
         lines.append(f"MLflow run {result['run_id']}; open the UI with:")
-        lines.append(f"  {mlflow_ui_command(tracking_uri)}")
+        lines.append(f"  {mlflow_ui_command(tracking_uri, result['run_id'])}")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from preprocessing.sample import SampleSpec, write_sample
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num_features=4,
                   class_ratio=8.0, seed=3)

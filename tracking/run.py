@@ -66,7 +66,8 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
 
 def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
               params: dict[str, Any], tags: dict[str, str]) -> str:
-    """Create the job's run with params, tags, dataset lineage and the manifest artifact."""
+    """Create the job's run with params, tags, dataset lineage and the manifest artifact;
+    returns the run id."""
     client = MlflowClient(config.tracking_uri)
     experiment_id = prepare_backend(config)
     all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(), **tags}
