@@ -134,6 +134,7 @@ def reduce_shard(buckets: list[Bucket], expected_rows: int, uri: str, schema: pa
     return ShardEntry(
         path=uri.rsplit("/", 1)[-1], num_rows=table.num_rows, num_bytes=len(payload),
         num_row_groups=-(-table.num_rows // rows_per_row_group),
+        rows_per_row_group=rows_per_row_group,
         sha256=hashlib.sha256(payload).hexdigest(),
         class_counts=_histogram(table.column(spec.label_column)),
         source_counts=_histogram(table.column(source_name)),

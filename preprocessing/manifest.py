@@ -42,15 +42,24 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One committed shard file; `path` is relative to the version directory."""
+    """One committed shard file; `path` is relative to the version directory.
+
+    Every row group holds `rows_per_row_group` rows but the last, so readers plan their
+    reads from the manifest alone, without opening footers (see `row_group_sizes`).
+    """
 
     path: str
     num_rows: int
     num_bytes: int
     num_row_groups: int
+    rows_per_row_group: int
     sha256: str
     class_counts: dict[str, int]
     source_counts: dict[str, int]
+
+    def row_group_sizes(self) -> list[int]:
+        full, last = divmod(self.num_rows, self.rows_per_row_group)
+        return [self.rows_per_row_group] * full + ([last] if last else [])
 
 
 @dataclass(frozen=True)

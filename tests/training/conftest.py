@@ -58,6 +58,7 @@ def write_split(
                 num_rows=rows,
                 num_bytes=(directory / name).stat().st_size,
                 num_row_groups=metadata.num_row_groups,
+                rows_per_row_group=row_group_size,
                 sha256=file_sha256(str(directory / name)),
                 class_counts={},
                 source_counts={},
