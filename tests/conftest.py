@@ -34,11 +34,15 @@ def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `mlflow server` process on loopback for the whole session."""
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[str]:
+    """A real `mlflow server` process on loopback for the whole session: sqlite backend,
+    artifacts proxied to a bucket on moto's S3 server."""
+    import fsspec
+
     from tests.services import mlflow_server
 
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+    fsspec.filesystem("s3").mkdir("mlflow-artifacts")
+    with mlflow_server(tmp_path_factory.mktemp("mlflow"), "s3://mlflow-artifacts/") as uri:
         yield uri
 
 

@@ -33,24 +33,41 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
-@contextmanager
-def mlflow_server(directory: Path) -> Iterator[str]:
-    """`mlflow server` with a sqlite backend and proxied local artifacts; yields its URI."""
-    port = free_port()
-    log = open(directory / "mlflow-server.log", "wb")  # noqa: SIM115 - closed below
+def start_mlflow_server(directory: Path, port: int,
+                        artifacts: str | None = None) -> subprocess.Popen:
+    """`mlflow server` on `port` with a sqlite backend in `directory`; returns once healthy.
+    Artifacts are proxied to `artifacts` (a local folder by default, or an s3:// URI)."""
+    log = open(directory / f"mlflow-server-{port}.log", "ab")  # noqa: SIM115 - child owns it
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{directory}/mlflow.db",
-         "--artifacts-destination", str(directory / "artifacts"), "--workers", "1"],
+         "--artifacts-destination", artifacts or str(directory / "artifacts"),
+         "--workers", "1"],
         stdout=log, stderr=subprocess.STDOUT,
     )
+    log.close()
+    wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s=90)
+    return process
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.terminate()
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s=90)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def mlflow_server(directory: Path, artifacts: str | None = None) -> Iterator[str]:
+    """A healthy `mlflow server` for the block; yields its URI."""
+    port = free_port()
+    process = start_mlflow_server(directory, port, artifacts)
+    try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+        stop_server(process)
 
 
 @contextmanager
@@ -63,7 +80,8 @@ def moto_s3() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
     server.start()
     host, port = server.get_host_and_port()
-    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}",
+                "MLFLOW_S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)

@@ -124,7 +124,7 @@ def build_logger(cfg: TrainConfig) -> Logger | bool:
         return False
     from tracking.logger import make_lightning_logger
 
-    logger: Logger = make_lightning_logger(cfg.tracking)
+    logger: Logger = make_lightning_logger(cfg.tracking, cfg.output_dir)
     return logger
 
 
@@ -147,6 +147,7 @@ def summarise(
         "epochs": trainer.current_epoch,
         "train_loss": float(loss) if loss is not None else None,
         "run_id": tracking_run_id(trainer, cfg),
+        "tracking_delivery": getattr(trainer.logger, "last_report", None),
         "elapsed_s": round(elapsed_s, 3),
     }
     return summary | confusion_summary(model.last_confusion, model.classes)
