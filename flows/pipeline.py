@@ -20,6 +20,7 @@ from preprocessing.config import ReshardConfig
 from preprocessing.manifest import read_manifest
 from preprocessing.reshard import run_reshard
 from tracking.config import TrackingConfig
+from tracking.registry import register_and_promote
 from tracking.run import finish_run, start_run
 from training.config import TrainConfig
 from training.launch import launch_local
@@ -55,9 +56,18 @@ def train(config: TrainConfig, num_processes: int, timeout_s: int) -> dict[str, 
 
 
 @task
-def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any]) -> None:
-    """Attach the job summary to the run and mark it finished."""
-    finish_run(tracking, run_id, summary)
+def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
+              manifest_uri: str, output_dir: str) -> None:
+    """Attach the summary, plots and checkpoints to the run and mark it finished."""
+    manifest, _ = read_manifest(manifest_uri)
+    finish_run(tracking, run_id, summary, manifest, f"{output_dir.rstrip('/')}/checkpoints")
+
+
+@task
+def register(tracking: TrackingConfig, name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Register the job's model; it becomes champion only if it beats the current one."""
+    return register_and_promote(tracking, summary["model_uri"], name,
+                                float(summary["val_macro_f1"]))
 
 
 @flow(name="pipeline", log_prints=True)
@@ -71,6 +81,10 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
         tracking = job.tracking.model_copy(update={"run_id": run_id})
         job = job.model_copy(update={"tracking": tracking})
     summary = train(job, params.num_processes, params.train_timeout_s)
+    registration = None
     if job.tracking is not None and run_id is not None:
-        close_run(job.tracking, run_id, summary)
-    return {**dataset, "run_id": run_id, "training": summary}
+        close_run(job.tracking, run_id, summary, dataset["manifest_uri"], job.output_dir)
+        name = job.tracking.registered_model_name
+        if name and summary.get("model_uri"):
+            registration = register(job.tracking, name, summary)
+    return {**dataset, "run_id": run_id, "training": summary, "registration": registration}

@@ -8,6 +8,7 @@ id to the ranks, and calls `finish_run` with the job's summary afterwards.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -18,6 +19,8 @@ from preprocessing.manifest import Manifest
 from tracking.config import TrackingConfig
 
 _MAX_PARAM_CHARS = 6000
+_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|access_key|api_key",
+                          re.IGNORECASE)
 
 
 def prepare_backend(config: TrackingConfig) -> str:
@@ -30,15 +33,18 @@ def prepare_backend(config: TrackingConfig) -> str:
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested config as dotted MLflow params (`loader.batch_size`), values as strings."""
+    """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
+    anything whose name looks like a credential is redacted."""
     flat: dict[str, str] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             flat.update(flatten(value, f"{name}."))
+        elif _SECRET_NAME.search(name):
+            flat[name] = "***"
         else:
-            flat[name] = json.dumps(value)[:_MAX_PARAM_CHARS] if not isinstance(value, str) \
-                else value[:_MAX_PARAM_CHARS]
+            text = value if isinstance(value, str) else json.dumps(value)
+            flat[name] = text[:_MAX_PARAM_CHARS]
     return flat
 
 
@@ -80,8 +86,15 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
     return str(run_id)
 
 
-def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any]) -> None:
-    """Record the job's summary as an artifact and close the run."""
+def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any],
+               manifest: Manifest | None = None, checkpoint_dir: str | None = None) -> None:
+    """Record the job's summary, plots and checkpoints, and close the run."""
+    from tracking.artifacts import log_checkpoints, log_plots
+
     client = MlflowClient(config.tracking_uri)
     client.log_dict(run_id, summary, "training/summary.json")
+    if manifest is not None:
+        log_plots(client, run_id, manifest, summary)
+    if checkpoint_dir is not None:
+        log_checkpoints(client, run_id, checkpoint_dir)
     client.set_terminated(run_id, status="FINISHED")

@@ -51,6 +51,8 @@ class FeatureClassifier(lightning.LightningModule):
         self.net = build_mlp(num_features, len(classes), self.config.hidden_sizes)
         self.num_train_batches = 0
         self.last_confusion: np.ndarray | None = None
+        # A few real inputs, kept as the logged model's input example.
+        self.example_features = torch.zeros(1, num_features)
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
 
@@ -74,6 +76,8 @@ class FeatureClassifier(lightning.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         real = batch["weight"] > 0
+        if batch_idx == 0:
+            self.example_features = batch["features"][:5].detach().cpu()
         pred = self(batch["features"]).argmax(dim=1)[real]
         target = batch["label"][real]
         num_classes = len(self.classes)

@@ -60,8 +60,20 @@ def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, An
         trainer.fit(model, StreamLoader(train), val_loader, ckpt_path=ckpt_path)
     summary = summarise(trainer, model, cfg, time.monotonic() - started)
     if trainer.is_global_zero:
+        summary["model_uri"] = log_trained_model(cfg, model, summary["run_id"])
         write_summary(cfg.output_dir, summary)
     return summary
+
+
+def log_trained_model(cfg: TrainConfig, model: FeatureClassifier,
+                      run_id: str | None) -> str | None:
+    """Rank 0: log the network (no Lightning wrapper) to the job's MLflow run."""
+    if cfg.tracking is None or run_id is None:
+        return None
+    from tracking.registry import log_model
+
+    example = model.example_features.float().numpy()
+    return log_model(cfg.tracking, run_id, model.net, example, model.classes)
 
 
 def check_enough_rows(train: ShardStream, world_size: int, cfg: TrainConfig) -> None:
