@@ -128,12 +128,10 @@ def target_fractions(strata: list[tuple[Any, Any]], input_rows: np.ndarray,
                      for label, share in zip(labels, within, strict=True)])
 
 
-def stratum_targets(total: int, fractions: np.ndarray, input_rows: np.ndarray,
-                    max_oversample: float | None) -> np.ndarray:
-    """Exact output rows per stratum; capped strata give their excess to the others."""
-    if max_oversample is None:
+def capped_apportion(total: int, fractions: np.ndarray, caps: np.ndarray | None) -> np.ndarray:
+    """`apportion` where no share exceeds its cap; capped shares give the excess to others."""
+    if caps is None:
         return apportion(total, fractions)
-    caps = np.floor(input_rows * max_oversample).astype(np.int64)
     capped = np.zeros(len(fractions), dtype=bool)
     while True:
         free = np.where(capped, 0.0, fractions)
@@ -142,6 +140,23 @@ def stratum_targets(total: int, fractions: np.ndarray, input_rows: np.ndarray,
         if not over.any():
             return counts
         capped |= over
+
+
+def stratum_targets(total: int, fractions: np.ndarray, input_rows: np.ndarray,
+                    classes: np.ndarray, max_oversample: float | None) -> np.ndarray:
+    """Exact output rows per stratum: the total is split over classes first (so classes
+    of equal weight get equal rows, +-1), then each class's rows over its sources."""
+    caps = None if max_oversample is None else np.floor(input_rows * max_oversample)
+    class_ids, class_of = np.unique(classes, return_inverse=True)
+    class_fractions = np.bincount(class_of, weights=fractions, minlength=len(class_ids))
+    class_caps = None if caps is None else np.bincount(class_of, weights=caps).astype(np.int64)
+    class_rows = capped_apportion(total, class_fractions, class_caps)
+    counts = np.zeros(len(fractions), dtype=np.int64)
+    for index, rows in enumerate(class_rows):
+        members = np.flatnonzero(class_of == index)
+        member_caps = None if caps is None else caps[members].astype(np.int64)
+        counts[members] = capped_apportion(int(rows), fractions[members], member_caps)
+    return counts
 
 
 def allocate_shards(group_rows: np.ndarray, num_shards: int) -> np.ndarray:
@@ -216,7 +231,8 @@ def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None
     else:
         total = int(input_rows.sum()) if num_output_rows is None else num_output_rows
         fractions = target_fractions(strata, input_rows, mix)
-        output_rows = stratum_targets(total, fractions, input_rows, mix.max_oversample)
+        classes = np.array([_class_position(strata, label) for label, _ in strata])
+        output_rows = stratum_targets(total, fractions, input_rows, classes, mix.max_oversample)
     if mode not in SHUFFLE_MODES:
         raise ValueError(f"shuffle mode {mode!r} is not one of {SHUFFLE_MODES}")
     plan = _layout(split, strata, input_rows, output_rows, records, target_shard_rows,
@@ -252,6 +268,11 @@ def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
         piece_offsets=piece_offsets(records, split, index),
         mode="stratified" if stratified else "global",
     )
+
+
+def _class_position(strata: list[tuple[Any, Any]], label: Any) -> int:
+    """Index of the first stratum of `label`: a class id that works for any label type."""
+    return next(i for i, (other, _) in enumerate(strata) if other == label)
 
 
 def _stratum_sort_key(value: Any) -> Any:
