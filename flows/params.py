@@ -10,14 +10,71 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster import DaskConfig
 from preprocessing.config import ReshardConfig
+from tracking.config import TrackingConfig
 from training.config import TrainConfig
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 
 
+class JobParams(BaseModel):
+    """How a training job is launched (torchrun on this node) and retried."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_processes: int = Field(2, gt=0, description="Training processes (torchrun, one node).")
+    timeout_s: int = Field(1800, gt=0, description="Fail the training job after this.")
+    retries: int = Field(1, ge=0, description="Job-level retries (each resumes if it can).")
+
+
+class ReshardParams(BaseModel):
+    """The `reshard` flow: raw files in, one committed dataset version out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reshard: ReshardConfig
+    dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
+
+
+class TrainParams(BaseModel):
+    """The `train` flow: one tracked training job on a dataset version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    train: TrainConfig
+    job: JobParams = Field(default_factory=JobParams)
+
+
+class EvaluateParams(BaseModel):
+    """The `evaluate` flow: a model (and optionally a baseline) on a held-out split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_uri: str = Field(description="`models:/<name>@champion` or another model URI.")
+    dataset: str = Field(description="Dataset version to score on (manifest, version or root).")
+    tracking: TrackingConfig
+    baseline_model_uri: str | None = Field(None, description="A model to compare against.")
+    split: str = Field("holdout", description="The split of the version to score on.")
+
+
+class InferenceParams(BaseModel):
+    """The `batch_inference` flow: predictions over a dataset, as a new dataset version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_uri: str = Field(description="Model to load from MLflow.")
+    tracking: TrackingConfig
+    dataset: str | None = Field(None, description="A dataset version to predict on.")
+    inputs: list[str] = Field(default_factory=list, description="Or any Parquet files/globs.")
+    split: str = Field("train", description="Split of `dataset` to predict on.")
+    id_column: str = Field("id", description="Row id column carried to the predictions.")
+    feature_column: str = Field("features", description="The model's input column.")
+    output_root: str = Field(description="Predictions are committed as versions here.")
+    dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
+
+
 class PipelineParams(BaseModel):
-    """reshard -> train -> track, as one flow run."""
+    """reshard -> train -> evaluate -> register, as one flow run."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,8 +83,10 @@ class PipelineParams(BaseModel):
     train: TrainConfig = Field(
         description="Training job; its `dataset` is replaced by the version the reshard made."
     )
-    num_processes: int = Field(2, gt=0, description="Training processes (torchrun, one node).")
-    train_timeout_s: int = Field(1800, gt=0, description="Fail the training job after this.")
+    job: JobParams = Field(default_factory=JobParams)
+    compare_with_natural_mix: bool = Field(
+        False, description="Also train on the un-rebalanced data (natural class mix) and "
+        "evaluate both on the same held-out rows, to show what rebalancing bought.")
 
 
 def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[str, Any]:

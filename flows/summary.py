@@ -7,6 +7,8 @@ from urllib.parse import urlparse
 
 from preprocessing.manifest import Manifest
 
+LOCAL_UI = "http://127.0.0.1:5000"
+
 
 def class_rows_after(manifest: Manifest) -> dict[str, int]:
     """Training rows per class label in the committed version."""
@@ -17,39 +19,65 @@ def class_rows_after(manifest: Manifest) -> dict[str, int]:
     return totals
 
 
-def mlflow_ui_command(tracking_uri: str, run_id: str) -> str:
-    """The exact command that opens the MLflow UI on this tracking store, and the run's page."""
-    page = f"#/experiments/{experiment_of(tracking_uri, run_id)}/runs/{run_id}"
-    if urlparse(tracking_uri).scheme in ("http", "https"):
-        return f"open {tracking_uri.rstrip('/')}/{page}"
-    return (f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --port 5000\n"
-            f"  then open http://127.0.0.1:5000/{page}")
+def is_server(tracking_uri: str) -> bool:
+    return urlparse(tracking_uri).scheme in ("http", "https")
 
 
-def experiment_of(tracking_uri: str, run_id: str) -> str:
+def run_page_url(tracking_uri: str, run_id: str) -> str:
+    """The MLflow UI page of a run (a local UI on port 5000 for a sqlite store)."""
     from mlflow.tracking import MlflowClient
 
-    return str(MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
+    experiment = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    base = tracking_uri.rstrip("/") if is_server(tracking_uri) else LOCAL_UI
+    return f"{base}/#/experiments/{experiment}/runs/{run_id}"
 
 
-def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str | None) -> str:
-    """Rows per class before/after, shard balance, validation figures and the MLflow run."""
+def mlflow_ui_command(tracking_uri: str, run_id: str) -> str:
+    """The exact command that opens the MLflow UI on this tracking store, and the run's page."""
+    if is_server(tracking_uri):
+        return f"open {run_page_url(tracking_uri, run_id)}"
+    return (f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --port 5000\n"
+            f"  then open {run_page_url(tracking_uri, run_id)}")
+
+
+def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
     after = class_rows_after(manifest)
-    labels = [str(label) for label in manifest.classes]
-    lines = ["", f"dataset version {manifest.version_id}"
-             f"{' (reused, no resharding)' if result.get('reused') else ''}",
-             f"  class      input rows -> training rows "
-             f"({manifest.config['mix']['class_weighting']} mix)"]
-    lines += [f"  {label:<8} {manifest.input_class_counts.get(label, 0):>11} -> "
-              f"{after.get(label, 0):>7}" for label in labels]
+    mix = manifest.config["mix"]["class_weighting"]
+    lines = [f"dataset version {manifest.version_id}"
+             f"{' (reused, no resharding)' if reused else ''}",
+             f"  class      input rows -> training rows ({mix} mix)"]
+    lines += [f"  {label!s:<8} {manifest.input_class_counts.get(str(label), 0):>11} -> "
+              f"{after.get(str(label), 0):>7}" for label in manifest.classes]
     for name, split in manifest.splits.items():
         rows = [shard.num_rows for shard in split.shards]
         lines.append(f"  {name}: {len(rows)} shards, rows per shard {min(rows)}..{max(rows)}")
     lines.append(f"  rejected input files: {len(manifest.rejected)}")
+    return lines
+
+
+def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for name, evaluation in evaluations.items():
+        worst = min((r for r in evaluation["recall"].values() if r is not None), default=0.0)
+        lines.append(f"  {name:<24} macro-F1 {evaluation['macro_f1']:.3f}, "
+                     f"worst class recall {worst:.3f}")
+    return lines
+
+
+def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str | None) -> str:
+    """Rows per class before/after, shard balance, validation figures and the MLflow run."""
+    lines = ["", *dataset_lines(manifest, bool(result.get("reused")))]
     training = result["training"]
     lines.append(f"training: {training['world_size']} ranks, batches per rank "
                  f"{training['batches_per_rank']}, validation macro-F1 "
                  f"{training['val_macro_f1']:.3f}")
+    if result.get("evaluations"):
+        lines.append("held-out evaluation (same rows for both):")
+        lines += evaluation_lines(result["evaluations"])
+    if result.get("registration"):
+        registration = result["registration"]
+        lines.append(f"model {registration['name']} v{registration['version']}: "
+                     f"{registration['alias']}")
     if result.get("run_id") and tracking_uri:
         lines.append(f"MLflow run {result['run_id']}; open the UI with:")
         lines.append(f"  {mlflow_ui_command(tracking_uri, result['run_id'])}")

@@ -32,7 +32,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
 STAGING_DIR = "_staging"
-SPLIT_PREFIX = {"train": "shard", "holdout": "holdout"}
+SPLIT_PREFIX = {"train": "shard", "holdout": "holdout", "predictions": "part"}
 ANY_PREVIOUS = "*"  # swap_current(expected=ANY_PREVIOUS) replaces whatever `_CURRENT` names
 
 

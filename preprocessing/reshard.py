@@ -14,7 +14,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -60,6 +60,8 @@ from preprocessing.scan import (
     scan_file,
 )
 
+Progress = Callable[[str, int, int], None]
+
 # Settings that change how fast or where a version is made, never what is in it.
 _OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root"}
 
@@ -102,8 +104,17 @@ def dask_client(client: Client | None, num_workers: int) -> Iterator[Client]:
         yield local
 
 
-def run_reshard(config: ReshardConfig, client: Client | None = None) -> ReshardResult:
-    """Make (or find) the dataset version for `config` and commit it."""
+def version_id_for(config: ReshardConfig) -> str:
+    """The id the version of `config` has or will have: lists the inputs, reads no data."""
+    return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
+
+
+def run_reshard(config: ReshardConfig, client: Client | None = None,
+                progress: Progress | None = None) -> ReshardResult:
+    """Make (or find) the dataset version for `config` and commit it.
+
+    `progress(stage, done, total)` is called as tasks finish (an orchestrator shows it).
+    """
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
     version_id = compute_version_id(fingerprint, config)
@@ -113,13 +124,13 @@ def run_reshard(config: ReshardConfig, client: Client | None = None) -> ReshardR
     previous = read_current_version(config.output_root)
     timings: dict[str, float] = {}
     with dask_client(client, config.num_workers) as dask:
-        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config))
+        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        buckets = _timed(timings, "exchange_s",
-                         lambda: _exchange(dask, scans, plans, pieces, config, version_id))
-        splits = _timed(timings, "write_s",
-                        lambda: _reduce(dask, plans, buckets, schema, config, version_id))
+        buckets = _timed(timings, "exchange_s", lambda: _exchange(
+            dask, scans, plans, pieces, config, version_id, progress))
+        splits = _timed(timings, "write_s", lambda: _reduce(
+            dask, plans, buckets, schema, config, version_id, progress))
     manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
     location = write_manifest(config.output_root, manifest)
     swap_current(config.output_root, version_id, expected=previous)
@@ -141,20 +152,24 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _progress(futures: list[Any], stage: str) -> list[Any]:
-    """Gather futures in submission order, with a progress bar when run from a terminal."""
+def _progress(futures: list[Any], stage: str, progress: Progress | None) -> list[Any]:
+    """Gather futures in submission order; a progress bar when run from a terminal, and
+    `progress(stage, done, total)` for an orchestrator."""
     bar = tqdm(total=len(futures), desc=stage, unit="task", disable=not sys.stderr.isatty())
-    for _ in as_completed(futures):
+    for done, _ in enumerate(as_completed(futures), start=1):
         bar.update(1)
+        if progress is not None:
+            progress(stage, done, len(futures))
     bar.close()
     return [future.result() for future in futures]
 
 
-def _scan(dask: Client, files: list[Any], config: ReshardConfig) -> list[FileScan]:
+def _scan(dask: Client, files: list[Any], config: ReshardConfig,
+          progress: Progress | None) -> list[FileScan]:
     futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
                        holdout_fraction=config.holdout_fraction,
                        max_piece_rows=config.max_piece_rows, pure=False)
-    scans = check_schemas(_progress(futures, "scan"))
+    scans = check_schemas(_progress(futures, "scan", progress))
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
         details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
@@ -214,15 +229,15 @@ def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
 
 
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], config: ReshardConfig,
-              version_id: str) -> list[Bucket]:
+              pieces: list[tuple[int, int]], config: ReshardConfig, version_id: str,
+              progress: Progress | None) -> list[Bucket]:
     # Map tasks need the layout, not every piece's offsets: ship that once per worker.
     slim = {name: _without_offsets(plan) for name, plan in plans.items()}
     shared = dask.scatter(slim, broadcast=True)
     tasks = _piece_tasks(scans, plans, pieces, staging_dir(config.output_root, version_id))
     futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
                        holdout_fraction=config.holdout_fraction, pure=False)
-    return [bucket for result in _progress(futures, "exchange") for bucket in result]
+    return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
 
 
 def _without_offsets(plan: SplitPlan) -> SplitPlan:
@@ -230,7 +245,8 @@ def _without_offsets(plan: SplitPlan) -> SplitPlan:
 
 
 def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
-            config: ReshardConfig, version_id: str) -> dict[str, SplitEntry]:
+            config: ReshardConfig, version_id: str,
+            progress: Progress | None) -> dict[str, SplitEntry]:
     by_shard: dict[tuple[str, int], list[Bucket]] = {}
     for bucket in buckets:
         by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
@@ -243,7 +259,7 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], sc
                 reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
                 config.dataset, config.rows_per_row_group, pure=False))
             names.append(split)
-    entries = _progress(futures, "write")
+    entries = _progress(futures, "write", progress)
     return {split: _split_entry([e for e, n in zip(entries, names, strict=True) if n == split])
             for split in plans}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from flows.params import PipelineParams
+from flows.params import JobParams, PipelineParams
 from flows.pipeline import pipeline
 from flows.summary import format_summary
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -25,7 +25,7 @@ def test_pipeline_reshards_trains_on_two_ranks_and_tracks(prefect_harness, tiny_
         train=TrainConfig(dataset=str(tmp_path / "datasets"), output_dir=str(tmp_path / "job"),
                           max_epochs=2, loader=LoaderConfig(batch_size=32),
                           tracking=TrackingConfig(tracking_uri=tracking_uri, experiment="e2e")),
-        num_processes=2,
+        job=JobParams(num_processes=2, retries=0),
     )
     result = pipeline(params)
     manifest, _ = read_manifest(result["manifest_uri"])

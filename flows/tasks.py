@@ -1,0 +1,118 @@
+"""Prefect tasks: each calls one function of preprocessing/, training/ or tracking/ and
+passes URIs and small dicts, never data. Names are those of the functions they wrap."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+from uuid import UUID
+
+import yaml
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.cluster import DaskConfig, dask_client
+from preprocessing.config import ReshardConfig
+from preprocessing.manifest import ManifestError, read_manifest, shard_uri, version_dir
+from preprocessing.mapping import OutputSpec, map_to_version
+from preprocessing.reshard import run_reshard, version_id_for
+from tracking.config import TrackingConfig
+from tracking.inference import evaluate_model, predict_table
+from tracking.registry import register_and_promote
+from tracking.run import finish_run, start_run
+from training.config import TrainConfig
+from training.launch import launch_local
+
+
+def _version_key(_: Any, parameters: dict[str, Any]) -> str:
+    """Cache key of a reshard: its dataset version id (inputs + config + code version),
+    only while that version is committed (a deleted version is made again)."""
+    config: ReshardConfig = parameters["config"]
+    version_id = version_id_for(config)
+    try:
+        read_manifest(version_dir(config.output_root, version_id))
+    except ManifestError:
+        return f"reshard-{version_id}-{uuid.uuid4().hex}"
+    return f"reshard-{version_id}"
+
+
+@task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30))
+def reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
+    """Make the dataset version (a cache hit on its version id skips it entirely)."""
+    progress_id = create_progress_artifact(0.0, description="reshard: scan, exchange, write")
+    stages = {"scan": 0, "exchange": 1, "write": 2}
+
+    def report(stage: str, done: int, total: int) -> None:
+        update_progress_artifact(cast(UUID, progress_id),
+                                 100 * (stages[stage] + done / total) / 3)
+
+    with dask_client(dask) as client:
+        result = run_reshard(config, client, progress=report)
+    return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id}
+
+
+@task(cache_policy=NO_CACHE)
+def open_run(tracking: TrackingConfig, manifest_uri: str, train: TrainConfig,
+             num_processes: int) -> str:
+    """Create the MLflow run (and its backend schema) before any rank starts."""
+    manifest, location = read_manifest(manifest_uri)
+    params = {"train": train.model_dump(mode="json", exclude={"tracking"}),
+              "dataset": manifest.config, "num_processes": num_processes}
+    tags = {"ballast.strategy": train.strategy, "ballast.world_size": str(num_processes)}
+    return start_run(tracking, manifest, location, params, tags)
+
+
+@task(cache_policy=NO_CACHE)
+def train(config: TrainConfig, num_processes: int, timeout_s: int) -> dict[str, Any]:
+    """Write the job's config next to its outputs and run it under torchrun."""
+    config_path = Path(config.output_dir) / "train-config.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return launch_local(config_path, nproc_per_node=num_processes, timeout_s=timeout_s)
+
+
+@task(cache_policy=NO_CACHE)
+def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
+              manifest_uri: str, output_dir: str) -> None:
+    """Attach the summary, plots and checkpoints to the run and mark it finished."""
+    manifest, _ = read_manifest(manifest_uri)
+    finish_run(tracking, run_id, summary, manifest, f"{output_dir.rstrip('/')}/checkpoints")
+
+
+@task(cache_policy=NO_CACHE)
+def register(tracking: TrackingConfig, name: str, model_uri: str,
+             score: float) -> dict[str, Any]:
+    """Register a model version; it becomes champion only if it beats the current one."""
+    return register_and_promote(tracking, model_uri, name, score)
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str,
+             split: str) -> dict[str, Any]:
+    """Macro-F1 and per-class recall of one model on a held-out split."""
+    return evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
+
+
+@task(cache_policy=NO_CACHE)
+def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
+            feature_column: str, output_root: str, dask: DaskConfig) -> dict[str, Any]:
+    """Map the model over the inputs on Dask; commit the predictions as a version."""
+    transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
+                        id_column=id_column, feature_column=feature_column)
+    spec = OutputSpec(id_column=id_column, label_column="predicted",
+                      feature_columns=["probabilities"], classes=[],
+                      config={"model_uri": model_uri, "inputs": inputs})
+    with dask_client(dask) as client:
+        manifest, location = map_to_version(inputs, transform, output_root, spec, client)
+    return {"manifest_uri": location, "version_id": manifest.version_id,
+            "num_rows": manifest.split("predictions").num_rows}
+
+
+def split_uris(dataset: str, split: str) -> list[str]:
+    """The shard URIs of a split of a version, read through its manifest."""
+    manifest, location = read_manifest(dataset)
+    return [shard_uri(location, entry) for entry in manifest.split(split).shards]

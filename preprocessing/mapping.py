@@ -1,0 +1,107 @@
+"""Map a function over Parquet files with Dask and commit the output as a dataset version.
+
+Used for batch inference: the caller passes a picklable `transform` (pyarrow Table in,
+Table out, e.g. predictions); this module knows nothing about models. Each task reads
+one input file row group by row group (bounded memory), writes one output part, and
+returns its manifest entry; the manifest is written last, then `_CURRENT` is swapped,
+exactly as for a reshard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from distributed import Client
+from fsspec.core import url_to_fs
+
+from preprocessing.manifest import (
+    Manifest,
+    ShardEntry,
+    SplitEntry,
+    read_current_version,
+    shard_name,
+    swap_current,
+    version_dir,
+    write_manifest,
+)
+from preprocessing.reshard import code_version
+from preprocessing.sources import iter_batches
+
+Transform = Callable[[pa.Table], pa.Table]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the output columns mean, for its manifest."""
+
+    id_column: str
+    label_column: str
+    feature_columns: list[str]
+    classes: list[Any]
+    config: dict[str, Any]
+
+
+def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
+             rows_per_row_group: int) -> ShardEntry:
+    """Transform one file batch by batch into one zstd Parquet part."""
+    sink, writer = io.BytesIO(), None
+    num_rows = 0
+    counts: dict[str, int] = {}
+    for batch in iter_batches(uri):
+        table = transform(pa.Table.from_batches([batch]))
+        writer = writer or pq.ParquetWriter(sink, table.schema, compression="zstd")
+        writer.write_table(table, row_group_size=rows_per_row_group)
+        num_rows += table.num_rows
+        for label in table.column(label_column).to_pylist():
+            counts[str(label)] = counts.get(str(label), 0) + 1
+    if writer is None:
+        raise ValueError(f"{uri}: no rows to map")
+    writer.close()
+    payload = sink.getvalue()
+    fs, path = url_to_fs(out_uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, payload)
+    return ShardEntry(path=out_uri.rsplit("/", 1)[-1], num_rows=num_rows,
+                      num_bytes=len(payload), num_row_groups=-(-num_rows // rows_per_row_group),
+                      rows_per_row_group=rows_per_row_group,
+                      sha256=hashlib.sha256(payload).hexdigest(), class_counts=counts,
+                      source_counts={})
+
+
+def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:
+    """Hash of the inputs, the output description (model, columns) and the code version."""
+    payload = repr((sorted(inputs), spec.config, spec.label_column, code_version()))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def map_to_version(inputs: list[str], transform: Transform, output_root: str,
+                   spec: OutputSpec, client: Client,
+                   rows_per_row_group: int = 8_192) -> tuple[Manifest, str]:
+    """Run `transform` over every input file on Dask; commit one version of the results."""
+    version_id = mapped_version_id(inputs, spec)
+    previous = read_current_version(output_root)
+    root = version_dir(output_root, version_id)
+    outputs = [f"{root}/{shard_name('predictions', i)}" for i in range(len(inputs))]
+    futures = client.map(map_file, inputs, outputs, transform=transform,
+                         label_column=spec.label_column, rows_per_row_group=rows_per_row_group,
+                         pure=False)
+    entries: list[ShardEntry] = client.gather(futures)
+    manifest = Manifest(
+        version_id=version_id, label_column=spec.label_column, source_column="",
+        id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,
+        sources=[], arrow_schema=[], seed=0, config=spec.config,
+        splits={"predictions": SplitEntry(sum(e.num_rows for e in entries), entries)},
+        input_fingerprint=hashlib.sha256("\n".join(inputs).encode()).hexdigest(),
+        input_class_counts={}, input_source_counts={}, code_version=code_version(),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    location = write_manifest(output_root, manifest)
+    swap_current(output_root, version_id, expected=previous)
+    return manifest, location
