@@ -59,8 +59,8 @@ def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for name, evaluation in evaluations.items():
         worst = min((r for r in evaluation["recall"].values() if r is not None), default=0.0)
-        lines.append(f"  {name:<24} macro-F1 {evaluation['macro_f1']:.3f}, "
-                     f"worst class recall {worst:.3f}")
+        lines.append(f"  {name:<28} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
+                     f"{evaluation['balanced_accuracy']:.3f}, worst class recall {worst:.3f}")
     return lines
 
 

@@ -74,5 +74,6 @@ def evaluate_model(model_uri: str, tracking_uri: str, dataset: str,
     recall = per_class_recall(confusion)
     return {"model_uri": model_uri, "dataset_version": manifest.version_id,
             "num_rows": int(confusion.sum()), "macro_f1": float(macro_f1(confusion)),
+            "balanced_accuracy": float(np.nanmean(recall)),
             "recall": {c: None if np.isnan(r) else float(r)
                        for c, r in zip(classes, recall, strict=True)}}
