@@ -1,4 +1,11 @@
-"""The `ballast` command line: `ballast demo`, `ballast run pipeline --config FILE`."""
+"""The `ballast` command line.
+
+    ballast demo                                   generate a sample, run the whole pipeline
+    ballast run pipeline --config nightly --work-dir /data --set train.max_epochs=1
+    ballast serve --work-dir /data                 serve the scheduled deployments (no pool)
+    ballast deployments > infra/prefect.yaml       the same deployments for `prefect deploy`
+    ballast status --config nightly --work-dir /data   newest versions and the champion
+"""
 
 from __future__ import annotations
 
@@ -11,20 +18,34 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ballast", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ballast", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="generate a skewed sample and run the pipeline")
     demo.add_argument("--work-dir", default="demo-output", help="where everything is written")
     demo.add_argument("--rows", type=int, default=120_000, help="rows of generated raw data")
     run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset")
-    run.add_argument("flow", choices=["pipeline"], help="the flow to run")
-    run.add_argument("--config", required=True, help="YAML file, or the name of a preset")
-    run.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the config")
+    run.add_argument("flow", choices=FLOW_NAMES, help="the flow to run")
+    _config_arguments(run)
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override one field, e.g. --set train.max_epochs=1")
+    serve = commands.add_parser("serve", help="serve the deployments with their schedules")
+    serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
+    deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
+    deployments.add_argument("--work-dir", default="/var/lib/ballast",
+                             help="fills ${WORK_DIR} in the presets")
+    status = commands.add_parser("status", help="newest dataset versions and the champion")
+    _config_arguments(status)
     return parser
+
+
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML file, or the name of a preset")
+    parser.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the config")
 
 
 def apply_override(values: dict[str, Any], assignment: str) -> None:
@@ -40,13 +61,37 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
-    from flows.params import PipelineParams, load_preset
-    from flows.pipeline import pipeline
+    from flows.deployments import FLOWS
+    from flows.params import load_preset
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
         apply_override(values, assignment)
-    return str(pipeline(PipelineParams.model_validate(values)))
+    flow, params_type = FLOWS[args.flow]
+    return yaml.safe_dump(flow(params_type.model_validate(values)), sort_keys=False)
+
+
+def _dispatch(args: argparse.Namespace) -> str | None:
+    if args.command == "demo":
+        from flows.demo import run_demo
+
+        return run_demo(args.work_dir, num_rows=args.rows)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "deployments":
+        from flows.deployments import render_prefect_yaml
+
+        return render_prefect_yaml(args.work_dir)
+    if args.command == "status":
+        from flows.status import describe_status
+
+        return describe_status(args.config, args.work_dir)
+    from prefect import serve
+
+    from flows.deployments import build_deployments
+
+    serve(*build_deployments(args.work_dir))
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,15 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ballast runs on machines without internet: Prefect's server would report failed pings.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        if args.command == "demo":
-            from flows.demo import run_demo
-
-            print(run_demo(args.work_dir, num_rows=args.rows))
-        else:
-            print(_run(args))
+        output = _dispatch(args)
     except (ValidationError, FileNotFoundError, ValueError) as error:
         print(f"ballast {args.command}: {error}", file=sys.stderr)
         return 2
+    if output:
+        print(output, end="" if output.endswith("\n") else "\n")
     return 0
 
 

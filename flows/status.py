@@ -1,0 +1,54 @@
+"""`ballast status`: the newest dataset versions under a config's output root, and the
+current champion model in MLflow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsspec.core import url_to_fs
+
+from flows.params import load_preset
+from preprocessing.manifest import ManifestError, read_current_version, read_manifest
+
+
+def dataset_versions(root: str, limit: int = 5) -> list[dict[str, Any]]:
+    """Committed versions under `root`, newest first (uncommitted directories are skipped)."""
+    fs, path = url_to_fs(root)
+    found = []
+    for directory in fs.glob(f"{path.rstrip('/')}/v-*") if fs.exists(path) else []:
+        try:
+            manifest, _ = read_manifest(fs.unstrip_protocol(directory))
+        except ManifestError:
+            continue
+        found.append({"version": manifest.version_id, "created": manifest.created_at,
+                      "train rows": manifest.split("train").num_rows})
+    return sorted(found, key=lambda v: str(v["created"]), reverse=True)[:limit]
+
+
+def champion(tracking_uri: str, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        version = MlflowClient(tracking_uri).get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return f"{name}: no champion yet"
+    score = version.tags.get("ballast.val_macro_f1", "?")
+    return f"{name} v{version.version} (macro-F1 {score}, run {version.run_id})"
+
+
+def describe_status(config: str, work_dir: str) -> str:
+    """Text for a person: versions (the current one marked) and the champion."""
+    values = load_preset(config, work_dir)
+    lines = []
+    root = values.get("reshard", {}).get("output_root")
+    if root:
+        current = read_current_version(root)
+        lines.append(f"dataset versions under {root}:")
+        lines += [f"  {'*' if v['version'] == current else ' '} {v['version']}  {v['created']}"
+                  f"  {v['train rows']} training rows" for v in dataset_versions(root)]
+    tracking = values.get("train", {}).get("tracking") or values.get("tracking")
+    if tracking and tracking.get("registered_model_name"):
+        name = tracking["registered_model_name"]
+        lines.append(f"champion: {champion(tracking['tracking_uri'], name)}")
+    return "\n".join(lines) or f"{config}: nothing to report (no output_root or tracking)"

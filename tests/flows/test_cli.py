@@ -1,0 +1,61 @@
+"""Presets, the shipped infra/prefect.yaml and the CLI's errors, without running flows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import apply_override, main
+from flows.deployments import DEPLOYMENTS, FLOWS, preset_parameters, render_prefect_yaml
+from flows.params import PRESETS_DIR, PipelineParams, load_preset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_shipped_preset_loads() -> None:
+    """Invariant: each preset validates against the parameters of a flow that uses it (the
+    demo preset against the pipeline's)."""
+    used = {spec.preset: spec for spec in DEPLOYMENTS}
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        if path.stem == "demo":
+            PipelineParams.model_validate(load_preset("demo", "/tmp/w"))
+        else:
+            assert preset_parameters(used[path.stem], "/tmp/w")["params"]
+
+
+def test_shipped_prefect_yaml_matches_the_deployments_table() -> None:
+    """Invariant: infra/prefect.yaml is exactly what `ballast deployments` renders, and its
+    nightly deployment is scheduled with a concurrency limit of one (CANCEL_NEW)."""
+    shipped = (REPO / "infra" / "prefect.yaml").read_text()
+    assert shipped == render_prefect_yaml()
+    nightly = yaml.safe_load(shipped)["deployments"][0]
+    assert nightly["schedules"][0]["cron"] == "0 2 * * *"
+    assert nightly["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+    assert set(FLOWS) >= {entry.flow for entry in DEPLOYMENTS}
+
+
+def test_run_rejects_a_bad_field_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: `ballast run` with an invalid override exits 2 and names the field."""
+    code = main(["run", "pipeline", "--config", "demo", "--work-dir", "/tmp/w",
+                 "--set", "train.max_epochs=-1"])
+    assert code == 2
+    assert "train.max_epochs" in capsys.readouterr().err
+
+
+def test_run_names_a_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: an unknown config is an error naming it and listing the shipped presets."""
+    assert main(["run", "reshard", "--config", "nope.yaml"]) == 2
+    error = capsys.readouterr().err
+    assert "nope.yaml" in error and "nightly" in error
+
+
+def test_overrides_set_nested_fields_parsed_as_yaml() -> None:
+    """Invariant: --set a.b.c=VALUE creates the path and parses the value as YAML."""
+    values: dict = {"a": {"x": 1}}
+    apply_override(values, "a.b.c=[1, 2]")
+    apply_override(values, "a.x=false")
+    assert values == {"a": {"x": False, "b": {"c": [1, 2]}}}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_override(values, "no-equals-sign")

@@ -1,0 +1,99 @@
+"""`ballast serve` against a real `prefect server` process on loopback: deployments with
+schedules, a deployment run that completes, and the nightly concurrency limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from tests.services import free_port, stop_server, wait_for_http
+
+TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A `prefect server` with its own home and database; yields the env that points at it."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    log = (home / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                               "127.0.0.1", "--port", str(port)], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=120)
+        yield env
+    finally:
+        stop_server(server)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api: dict[str, str], tiny_raw: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`ballast serve` on a work dir holding the tiny raw sample."""
+    work = tmp_path_factory.mktemp("served")
+    shutil.copytree(tiny_raw, work / "raw")
+    log = (work / "serve.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir", str(work)],
+                               env=prefect_api, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield prefect_api
+    finally:
+        stop_server(process)
+        log.close()
+
+
+async def wait_for_deployments(names: list[str], timeout_s: float = 120) -> dict:
+    async with get_client() as client:
+        for _ in range(int(timeout_s)):
+            found = {}
+            for name in names:
+                try:
+                    found[name] = await client.read_deployment_by_name(name)
+                except Exception:  # not registered yet
+                    break
+            if len(found) == len(names):
+                return found
+            await asyncio.sleep(1)
+    raise AssertionError(f"deployments {names} were not registered within {timeout_s} s")
+
+
+async def wait_for_states(run_ids: list, timeout_s: float = 400) -> list[str]:
+    async with get_client() as client:
+        for _ in range(int(timeout_s / 2)):
+            runs = [await client.read_flow_run(run_id) for run_id in run_ids]
+            states = [run.state.type.value for run in runs]
+            if all(state in TERMINAL for state in states):
+                return states
+            await asyncio.sleep(2)
+    raise AssertionError(f"flow runs did not finish: {states}")
+
+
+@pytest.mark.slow
+def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -> None:
+    """Invariants: every deployment is registered, the nightly one with its cron schedule and
+    a concurrency limit of one; of two nightly runs started together one completes and the
+    other is cancelled (CANCEL_NEW), so two nights never overlap."""
+    with temporary_settings({PREFECT_API_URL: served["PREFECT_API_URL"]}):
+        names = ["pipeline/nightly", "reshard/adhoc", "train/adhoc", "batch_inference/adhoc"]
+        deployments = asyncio.run(wait_for_deployments(names))
+        nightly = deployments["pipeline/nightly"]
+        assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+        assert nightly.global_concurrency_limit.limit == 1
+        runs = [run_deployment("pipeline/nightly", timeout=0, as_subflow=False)
+                for _ in range(2)]
+        states = asyncio.run(wait_for_states([run.id for run in runs]))
+    assert sorted(states) == ["CANCELLED", "COMPLETED"]
