@@ -14,7 +14,6 @@ import hashlib
 
 import numpy as np
 
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _NUM_ROUNDS = 4
 
 
@@ -24,10 +23,11 @@ def derive_key(*parts: object) -> int:
     return int.from_bytes(digest, "little")
 
 
-def mix64(values: np.ndarray, key: int) -> np.ndarray:
-    """splitmix64 finaliser of `values + key`: a keyed 64-bit hash, elementwise."""
+def mix64(values: np.ndarray, key: int | np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser of `values + key`: a keyed 64-bit hash, elementwise (`key` may
+    be one key or one per value)."""
     with np.errstate(over="ignore"):
-        z = values.astype(np.uint64) + np.uint64(key)
+        z = values.astype(np.uint64) + np.asarray(key, dtype=np.uint64)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
@@ -38,17 +38,37 @@ def unit_interval(values: np.ndarray, key: int) -> np.ndarray:
     return (mix64(values, key) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def _round_keys(key: int) -> list[int]:
-    return [derive_key(key, round_index) for round_index in range(_NUM_ROUNDS)]
-
-
-def _feistel(values: np.ndarray, half_bits: int, round_keys: list[int]) -> np.ndarray:
-    half_mask = np.uint64((1 << half_bits) - 1)
-    left = values >> np.uint64(half_bits)
+def _feistel(values: np.ndarray, half_bits: np.ndarray, round_keys: list[np.ndarray]) -> np.ndarray:
+    half_mask = (np.uint64(1) << half_bits) - np.uint64(1)
+    left = values >> half_bits
     right = values & half_mask
     for round_key in round_keys:
         left, right = right, left ^ (mix64(right, round_key) & half_mask)
-    return (left << np.uint64(half_bits)) | right
+    return (left << half_bits) | right
+
+
+def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
+                 keys: np.ndarray) -> np.ndarray:
+    """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i in one
+    vectorised pass: a piece's rows of all strata at once, no Python loop per stratum."""
+    domains = np.asarray(domains, dtype=np.int64)
+    used = np.bincount(groups, minlength=len(domains)) > 0
+    if (domains[used] <= 0).any():
+        raise ValueError(f"permutation domains must be positive, got {domains[used].min()}")
+    half_bits_of = np.array([max(1, ((int(n) - 1).bit_length() + 1) // 2) for n in domains],
+                            dtype=np.uint64)
+    round_keys_of = [np.array([derive_key(int(key), r) for key in keys], dtype=np.uint64)
+                     for r in range(_NUM_ROUNDS)]
+    half_bits = half_bits_of[groups]
+    round_keys = [table[groups] for table in round_keys_of]
+    limit = domains[groups].astype(np.uint64)
+    result = _feistel(np.asarray(indices, dtype=np.uint64), half_bits, round_keys)
+    outside = np.flatnonzero(result >= limit)
+    while len(outside):  # cycle walking: re-encrypt until the value is back in [0, n)
+        result[outside] = _feistel(result[outside], half_bits[outside],
+                                   [table[outside] for table in round_keys])
+        outside = outside[result[outside] >= limit[outside]]
+    return result.astype(np.int64)
 
 
 def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
@@ -56,13 +76,10 @@ def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
     if n <= 0:
         raise ValueError(f"permutation domain must be positive, got n={n}")
     values = np.asarray(indices, dtype=np.uint64)
-    if n == 1:
-        return np.zeros_like(values, dtype=np.int64)
-    half_bits = max(1, ((n - 1).bit_length() + 1) // 2)
-    round_keys = _round_keys(key)
-    result = _feistel(values, half_bits, round_keys)
-    outside = result >= np.uint64(n)
-    while outside.any():  # cycle walking: re-encrypt until the value is back in [0, n)
-        result[outside] = _feistel(result[outside], half_bits, round_keys)
-        outside = result >= np.uint64(n)
-    return result.astype(np.int64)
+    return permute_many(values, np.zeros(len(values), dtype=np.int64), np.array([n]),
+                        np.array([key], dtype=np.uint64))
+
+
+def derive_keys(count: int, *parts: object) -> np.ndarray:
+    """`derive_key(*parts, i)` for i in range(count): one key per stratum or group."""
+    return np.array([derive_key(*parts, i) for i in range(count)], dtype=np.uint64)

@@ -212,7 +212,7 @@ def piece_starts(records: Sequence[CountRecord], split: str, strata: list[tuple[
     if shuffled:
         ranks = mix64(np.array(order, dtype=np.uint64), seed_key)
         order = [order[i] for i in np.argsort(ranks, kind="stable")]
-    starts = np.concatenate([[0], np.cumsum([sizes[p] for p in order])[:-1]])
+    starts = np.cumsum([0, *(sizes[p] for p in order)])[:-1]
     return {piece: int(start) for piece, start in zip(order, starts, strict=True)}
 
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preprocessing.permutation import derive_key, mix64, permute, unit_interval
+from preprocessing.permutation import (
+    derive_key,
+    derive_keys,
+    mix64,
+    permute_many,
+    unit_interval,
+)
 from preprocessing.plan import SplitPlan, contiguous_rows
 
 
@@ -58,11 +64,8 @@ def stratum_outputs(strata: np.ndarray, index: np.ndarray, plan: SplitPlan,
     n = plan.input_rows[strata]
     k = plan.output_rows[strata]
     full, rest = k // n, k % n
-    permuted = np.empty(len(strata), dtype=np.int64)
-    for stratum in np.unique(strata):
-        members = strata == stratum
-        key = derive_key(seed, plan.name, "resample", int(stratum))
-        permuted[members] = permute(index[members], int(plan.input_rows[stratum]), key)
+    keys = derive_keys(len(plan.strata), seed, plan.name, "resample")
+    permuted = permute_many(index, strata, plan.input_rows, keys)
     copies = full + (permuted < rest)
     source_row = np.repeat(np.arange(len(strata)), copies)
     copy = np.arange(len(source_row)) - np.repeat(np.cumsum(copies) - copies, copies)
@@ -81,13 +84,12 @@ def route_rows(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan, seed: i
     source_row, output = stratum_outputs(strata, index, plan, seed)
     groups = plan.group_of[strata[source_row]]
     within_group = plan.offset_in_group[strata[source_row]] + output
-    position = np.empty(len(output), dtype=np.int64)
+    keys = derive_keys(len(plan.group_rows), seed, plan.name, "position")
+    position = permute_many(within_group, groups, plan.group_rows, keys)
     shards = np.empty(len(output), dtype=np.int64)
     cumulative = np.cumsum(plan.shard_alloc, axis=0)
-    for group in np.unique(groups):
+    for group in np.unique(groups):  # one searchsorted per class present: few
         members = groups == group
-        key = derive_key(seed, plan.name, "position", int(group))
-        position[members] = permute(within_group[members], int(plan.group_rows[group]), key)
         shards[members] = np.searchsorted(cumulative[:, group], position[members], side="right")
     global_position = plan.group_start[groups] + position
     order_keys = mix64(global_position.astype(np.uint64), derive_key(seed, plan.name, "order"))
