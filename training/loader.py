@@ -18,15 +18,26 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
 - The position (epoch, samples consumed) is global, independent of the world
   size and worker count, so a run resumes with either changed. An exhausted
   epoch moves the stream to the start of the next one.
+- `len()` is the epoch's length as a trainer counts it: the batches each rank
+  took before the saved position (`rank_batches` in the state) plus those left
+  at the current world size. Lightning restores its own batch count on a
+  mid-epoch resume and stops the epoch at `len()`, so a `len()` of only the
+  batches left would end a resumed epoch early, dropping as many batches as
+  were taken before the checkpoint (seen with Lightning 2.6).
 
-Each worker holds one decoded row group at a time. Rank, world size and worker
-are read when iteration starts, never at import or construction.
+Start-up reads the manifest only (training/shards.py). Each iterator reads the
+row groups its batches need, `ReadConfig.prefetch_row_groups` of them ahead in
+background threads (training/readahead.py), optionally through a local disk
+cache (training/cache.py). Rank, world size and worker are read when iteration
+starts, never at import or construction.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -34,8 +45,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from preprocessing.manifest import read_manifest
+from training.cache import ShardCache
 from training.config import LoaderConfig
-from training.shards import Columns, Layout, Rows, read_layout, read_row_group
+from training.loader_metrics import DataWaitMeter
+from training.readahead import ReadAhead, ReadConfig
+from training.shards import Columns, Layout, Rows, ShardFiles, read_layout, read_row_group
 
 Batch = dict[str, torch.Tensor]
 
@@ -69,54 +83,76 @@ def row_order(seed: int, epoch: int, group: int, num_rows: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 1, group]).permutation(num_rows)
 
 
-class EpochReader:
-    """The sample order of one epoch, and the one row group currently decoded."""
+@dataclass(frozen=True)
+class ShuffledGroup:
+    """A decoded row group and its epoch's row order (applied at take: one copy, not two)."""
 
-    def __init__(self, layout: Layout, columns: Columns, seed: int, epoch: int) -> None:
-        self.layout, self.columns, self.seed, self.epoch = layout, columns, seed, epoch
+    rows: Rows
+    order: np.ndarray
+
+    def take(self, index: np.ndarray) -> Rows:
+        return self.rows.take(self.order[index])
+
+
+class EpochPlan:
+    """The sample order of one epoch: which row group (slot) holds each stream position."""
+
+    def __init__(self, layout: Layout, seed: int, epoch: int) -> None:
+        self.layout, self.seed, self.epoch = layout, seed, epoch
         self.order = group_order(seed, epoch, len(layout.group_rows))
         self.ends = np.cumsum(layout.group_rows[self.order])
-        self._cached: tuple[int, Rows] | None = None
+        self.num_rows = int(self.ends[-1]) if len(self.ends) else 0
 
-    def batch(self, positions: np.ndarray) -> Batch:
+    def slot(self, position: int) -> int:
+        clamped = min(position, self.num_rows - 1)
+        return int(np.searchsorted(self.ends, clamped, side="right"))
+
+    def slots_needed(self, firsts: Iterable[int], batch_size: int) -> Iterator[int]:
+        """The slots that batches starting at `firsts` read, in order, each once."""
+        done = -1
+        for first in firsts:
+            last = self.slot(first + batch_size - 1)
+            yield from range(max(self.slot(first), done + 1), last + 1)
+            done = max(done, last)
+
+    def batch(self, positions: np.ndarray, group: Callable[[int], ShuffledGroup]) -> Batch:
         """The batch at ascending stream `positions`; those past the end repeat the last sample."""
-        num_rows = int(self.ends[-1])
-        clamped = np.minimum(positions, num_rows - 1)
+        clamped = np.minimum(positions, self.num_rows - 1)
         slots = np.searchsorted(self.ends, clamped, side="right")
         parts = []
         for slot in np.unique(slots):
             group_start = self.ends[slot] - self.layout.group_rows[self.order[slot]]
-            parts.append(self._rows_in_order(int(slot)).take(clamped[slots == slot] - group_start))
+            parts.append(group(int(slot)).take(clamped[slots == slot] - group_start))
         rows = Rows.concat(parts)
         return {
             "features": torch.from_numpy(rows.features),
             "label": torch.from_numpy(rows.label),
             "id": torch.from_numpy(rows.id),
-            "weight": torch.from_numpy((positions < num_rows).astype(np.float32)),
+            "weight": torch.from_numpy((positions < self.num_rows).astype(np.float32)),
         }
-
-    def _rows_in_order(self, slot: int) -> Rows:
-        if self._cached is None or self._cached[0] != slot:
-            self._cached = None  # release the previous row group before reading the next
-            group = int(self.order[slot])
-            rows = read_row_group(self.layout, group, self.columns)
-            permutation = row_order(self.seed, self.epoch, group, len(rows.label))
-            self._cached = (slot, rows.take(permutation))
-        return self._cached[1]
 
 
 class ShardStream(IterableDataset):
     """One split of a dataset version as a stream of per-rank batches; see the module docstring."""
 
-    def __init__(self, dataset: str, split: str, config: LoaderConfig, seed: int) -> None:
+    def __init__(
+        self,
+        dataset: str,
+        split: str,
+        config: LoaderConfig,
+        seed: int,
+        read: ReadConfig | None = None,
+    ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         manifest, location = read_manifest(dataset)
         self.columns = Columns.from_manifest(manifest)
         self.layout = read_layout(manifest, location, split, self.columns)
         self.split, self.config, self.seed = split, config, seed
+        self.read = read or ReadConfig()
+        self.files = ShardFiles(self.layout, open_cache(self.read))
         self.classes = list(manifest.classes)
-        self._epoch, self._consumed = 0, 0
+        self._epoch, self._consumed, self._taken = 0, 0, 0
 
     @property
     def num_rows(self) -> int:
@@ -131,23 +167,34 @@ class ShardStream(IterableDataset):
         global_batch = world_size * self.config.batch_size
         return num_steps(self.num_rows, self._consumed, global_batch, self.config.remainder)
 
+    def epoch_batches(self, world_size: int) -> int:
+        """The current epoch's batches per rank as a trainer counts them: those taken before
+        the saved position (at whatever world size) plus those left at `world_size`."""
+        return self._taken + self.num_batches(world_size)
+
     def __len__(self) -> int:
-        return self.num_batches(current_rank_world()[1])
+        return self.epoch_batches(current_rank_world()[1])
 
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of `epoch`, unless the stream is already inside it (a resume)."""
         if epoch != self._epoch:
-            self._epoch, self._consumed = epoch, 0
+            self.load_state_dict({"epoch": epoch, "samples_consumed": 0})
 
     def state_dict(self) -> dict[str, int]:
-        """The global position: independent of world size and worker count."""
-        return {"epoch": self._epoch, "samples_consumed": self._consumed}
+        """The global position (independent of world size and worker count), and the batches
+        each rank took to reach it."""
+        return {
+            "epoch": self._epoch,
+            "samples_consumed": self._consumed,
+            "rank_batches": self._taken,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
-        if epoch < 0 or consumed < 0:
+        taken = int(state.get("rank_batches", 0))
+        if min(epoch, consumed, taken) < 0:
             raise ValueError(f"invalid stream state {state}")
-        self._epoch, self._consumed = epoch, consumed
+        self._epoch, self._consumed, self._taken = epoch, consumed, taken
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate()
@@ -170,33 +217,44 @@ class ShardStream(IterableDataset):
         return self._generate(steps, rank, world_size, record=num_workers == 1)
 
     def _generate(self, steps: range, rank: int, world_size: int, record: bool) -> Iterator[Batch]:
-        epoch, start, batch_size = self._epoch, self._consumed, self.config.batch_size
-        reader = EpochReader(self.layout, self.columns, self.seed, epoch)
-        for step in steps:
-            step_start = start + step * world_size * batch_size
-            first = step_start + rank * batch_size
-            batch = reader.batch(np.arange(first, first + batch_size))
-            if record:
-                self.record_progress(epoch, step_start + world_size * batch_size, world_size)
-            yield batch
+        epoch, start, taken = self._epoch, self._consumed, self._taken
+        batch_size, global_batch = self.config.batch_size, world_size * self.config.batch_size
+        first = start + rank * batch_size
+        firsts = range(first + steps.start * global_batch, first + steps.stop * global_batch,
+                       steps.step * global_batch)
+        plan = EpochPlan(self.layout, self.seed, epoch)
+        needed = plan.slots_needed(firsts, batch_size)
+        depth = self.read.prefetch_row_groups
+        with ReadAhead(partial(self.load_group, plan), needed, depth) as groups:
+            for step, position in zip(steps, firsts, strict=True):
+                batch = plan.batch(np.arange(position, position + batch_size), groups.get)
+                if record:
+                    done = start + (step + 1) * global_batch
+                    self.record_progress(epoch, done, world_size, taken + step + 1)
+                yield batch
         if record:
             self.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
 
-    def record_progress(self, epoch: int, samples_consumed: int, world_size: int) -> None:
+    def load_group(self, plan: EpochPlan, slot: int) -> ShuffledGroup:
+        """Read and decode the row group at `slot` of the plan, with its row order."""
+        group = int(plan.order[slot])
+        rows = read_row_group(self.layout, group, self.columns, self.files)
+        return ShuffledGroup(rows, row_order(self.seed, plan.epoch, group, len(rows.label)))
+
+    def record_progress(
+        self, epoch: int, samples_consumed: int, world_size: int, rank_batches: int
+    ) -> None:
         """Note that batches up to this position were handed out. An epoch with no full
         step left for `world_size` ranks is over: the position moves to the next one, so
         a checkpoint taken after the last batch resumes at the next epoch."""
-        if (
-            num_steps(
-                self.num_rows,
-                samples_consumed,
-                world_size * self.config.batch_size,
-                self.config.remainder,
-            )
-            == 0
-        ):
-            epoch, samples_consumed = epoch + 1, 0
-        self._epoch, self._consumed = epoch, samples_consumed
+        global_batch = world_size * self.config.batch_size
+        if num_steps(self.num_rows, samples_consumed, global_batch, self.config.remainder) == 0:
+            epoch, samples_consumed, rank_batches = epoch + 1, 0, 0
+        self._epoch, self._consumed, self._taken = epoch, samples_consumed, rank_batches
+
+
+def open_cache(read: ReadConfig) -> ShardCache | None:
+    return ShardCache(read.cache_dir, read.cache_bytes) if read.cache_dir else None
 
 
 class StreamLoader(DataLoader):
@@ -204,30 +262,47 @@ class StreamLoader(DataLoader):
 
     Lightning stores `state_dict()` of a loader that has one (the `_Stateful`
     protocol) with the fit loop. With worker processes the stream in this process
-    never iterates, so the position is recorded here as batches are handed out.
+    never iterates, so the position is recorded here as batches are handed out;
+    Lightning asks for a batch only when its step is about to run (it prefetches
+    none from a loader with a length), so handed out means consumed. A `rewind`
+    loader starts every pass at the beginning of epoch 0 (validation).
+    `metrics()` gives the samples per second and the time spent waiting for data.
+    Memory is pinned for the copy to the GPU when CUDA is available.
     """
 
-    def __init__(self, stream: ShardStream, num_workers: int | None = None) -> None:
+    def __init__(
+        self, stream: ShardStream, num_workers: int | None = None, rewind: bool = False
+    ) -> None:
         workers = stream.config.num_workers if num_workers is None else num_workers
-        super().__init__(stream, batch_size=None, num_workers=workers)
-        self.stream = stream
+        super().__init__(
+            stream, batch_size=None, num_workers=workers, pin_memory=torch.cuda.is_available()
+        )
+        self.stream, self.rewind = stream, rewind
+        self.meter = DataWaitMeter()
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        if self.rewind:
+            self.stream.load_state_dict({"epoch": 0, "samples_consumed": 0})
         state = self.stream.state_dict()
         batches = super().__iter__()
-        if self.num_workers == 0:
-            return batches
         world_size = current_rank_world()[1]
-        return self._recorded(batches, state["epoch"], state["samples_consumed"], world_size)
+        return self.meter.timed(self._recorded(batches, state, world_size))
 
     def _recorded(
-        self, batches: Iterator[Batch], epoch: int, start: int, world_size: int
+        self, batches: Iterator[Batch], state: dict[str, int], world_size: int
     ) -> Iterator[Batch]:
+        epoch, start, taken = state["epoch"], state["samples_consumed"], state["rank_batches"]
         global_batch = world_size * self.stream.config.batch_size
         for step, batch in enumerate(batches, start=1):
-            self.stream.record_progress(epoch, start + step * global_batch, world_size)
+            done = start + step * global_batch
+            self.stream.record_progress(epoch, done, world_size, taken + step)
             yield batch
         self.stream.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
+
+    def metrics(self) -> dict[str, float]:
+        """Samples, batches, wall and data-wait seconds since construction, samples_per_s
+        and data_wait_fraction (training/loader_metrics.py)."""
+        return self.meter.metrics()
 
     def state_dict(self) -> dict[str, int]:
         return self.stream.state_dict()

@@ -1,24 +1,44 @@
-"""Read the row groups of a dataset split and decode them into numpy arrays.
+"""Plan a split's row groups from its manifest, and read and decode one row group.
 
-The one place that touches shard files for training: footers once (to learn
-every row group's size), then one row group at a time through fsspec. Column
-names come from the manifest; a `fixed_size_list<float32>` feature column
-becomes an [n, D] matrix without a copy, a numeric column one feature, and
-labels become class indices in the order of `manifest.classes`.
+The one place that touches shard files for training. Start-up reads the
+manifest only: every row group's size comes from `ShardEntry.row_group_sizes()`
+and the feature width from the manifest's Arrow schema, so a version of 1e5
+shards opens without one footer read. A shard is opened when one of its row
+groups is first needed, through fsspec: pyarrow reads the footer and then the
+row group's column chunks as coalesced byte ranges (`pre_buffer`), over a
+file opened with `cache_type="none"`, since any read-ahead cache of fsspec's
+would only fetch bytes nobody asked for. Local files (and shards in the disk
+cache, training/cache.py) are read by pyarrow's own file, which releases the GIL.
+
+Checks, and when they run: the footer's row count, row-group count and the
+row group's own size must equal the manifest's at every read (a mismatch
+raises ManifestError naming the shard); the sha256 of a whole shard is checked
+when it enters the disk cache (training/cache.py), not on range reads.
+
+A `fixed_size_list<float32>` feature column becomes an [n, D] matrix without a
+copy, a numeric column one feature, and labels become class indices in the
+order of `manifest.classes`.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
+from training.cache import ShardCache
+
+FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
 
 
 class ShardMissingError(FileNotFoundError):
@@ -49,7 +69,7 @@ class Layout:
     """Where every row group of a split lives, and how many rows it holds."""
 
     shard_uris: tuple[str, ...]
-    shard_paths: tuple[str, ...]
+    entries: tuple[ShardEntry, ...]
     group_shard: np.ndarray  # shard number of each row group
     group_index: np.ndarray  # row-group index inside its shard
     group_rows: np.ndarray  # rows of each row group
@@ -83,70 +103,113 @@ class Rows:
 
 
 def read_layout(manifest: Manifest, location: str, split: str, columns: Columns) -> Layout:
-    """Row-group sizes of a split's shards from their footers, checked against the manifest."""
-    entries = manifest.split(split).shards
+    """Every row group of a split, in shard order, from the manifest alone (no footer read)."""
+    entries = tuple(manifest.split(split).shards)
+    sizes = [group_sizes(entry, location) for entry in entries]
+    counts = np.fromiter((len(s) for s in sizes), np.int64, len(sizes))
+    rows = np.fromiter((n for s in sizes for n in s), np.int64, int(counts.sum()))
+    shard = np.repeat(np.arange(len(entries), dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    index = np.arange(len(rows), dtype=np.int64) - first
     uris = tuple(shard_uri(location, entry) for entry in entries)
-    shard: list[int] = []
-    rows: list[int] = []
-    num_features = 0
-    for number, (entry, uri) in enumerate(zip(entries, uris, strict=True)):
-        metadata = _read_footer(uri, entry.path)
-        _check_footer(metadata, entry, uri, location)
-        num_features = num_features or feature_width(metadata.schema.to_arrow_schema(), columns)
-        shard += [number] * metadata.num_row_groups
-        rows += [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-    index = [g for entry in entries for g in range(entry.num_row_groups)]
-    paths = tuple(entry.path for entry in entries)
-    shard_array, index_array, rows_array = (np.asarray(v, np.int64) for v in (shard, index, rows))
-    return Layout(uris, paths, shard_array, index_array, rows_array, num_features)
+    width = feature_width(manifest, columns)
+    return Layout(uris, entries, shard, index, rows, width)
 
 
-def _check_footer(metadata: pq.FileMetaData, entry: ShardEntry, uri: str, location: str) -> None:
-    if (metadata.num_rows, metadata.num_row_groups) != (entry.num_rows, entry.num_row_groups):
+def group_sizes(entry: ShardEntry, location: str) -> list[int]:
+    """The entry's row-group sizes, refused when they contradict its own counts."""
+    if entry.rows_per_row_group <= 0:
+        raise ManifestError(f"{location}: shard {entry.path} has rows_per_row_group <= 0")
+    sizes = entry.row_group_sizes()
+    if len(sizes) != entry.num_row_groups:
+        raise ManifestError(
+            f"{location}: shard {entry.path} lists {entry.num_row_groups} row groups, but "
+            f"{entry.num_rows} rows at {entry.rows_per_row_group} per group make {len(sizes)}"
+        )
+    return sizes
+
+
+def feature_width(manifest: Manifest, columns: Columns) -> int:
+    """Features per sample from the manifest's schema: a fixed-size list counts its size,
+    a numeric column 1."""
+    types = {field["name"]: field["type"] for field in manifest.arrow_schema}
+    return sum(column_width(name, types.get(name)) for name in columns.features)
+
+
+def column_width(name: str, type_name: str | None) -> int:
+    if type_name is None:
+        raise ManifestError(f"feature column {name!r} is not in the manifest's schema")
+    if match := FIXED_SIZE_LIST.fullmatch(type_name):
+        return int(match[1])
+    try:
+        kind = pa.type_for_alias(type_name)
+    except (ValueError, KeyError):
+        kind = None
+    if kind is not None and (
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    ):
+        return 1
+    raise ValueError(f"feature column {name!r} has type {type_name}; expected a number or list")
+
+
+class ShardFiles:
+    """Opens shards for reading: direct range reads through fsspec, or a verified local copy
+    from the disk cache when there is one."""
+
+    def __init__(self, layout: Layout, cache: ShardCache | None = None) -> None:
+        self.layout, self.cache = layout, cache
+
+    @contextmanager
+    def open(self, shard: int) -> Iterator[Any]:
+        uri, entry = self.layout.shard_uris[shard], self.layout.entries[shard]
+        try:
+            handle = self.cache.open(uri, entry) if self.cache else open_range_reader(uri)
+        except FileNotFoundError as error:
+            raise ShardMissingError(
+                f"shard {entry.path} is listed in the manifest but missing: {uri}"
+            ) from error
+        with handle:
+            yield handle
+
+
+def open_range_reader(uri: str) -> Any:
+    """A file for pyarrow's range reads: its own OS file locally, else an fsspec file."""
+    fs, path = url_to_fs(uri)
+    if isinstance(fs, LocalFileSystem):
+        return pa.OSFile(path)
+    return fs.open(path, "rb", cache_type="none")
+
+
+def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> Rows:
+    """Read and decode row group `group` of the layout, checking its footer on the way."""
+    shard = int(layout.group_shard[group])
+    with files.open(shard) as handle:
+        parquet = pq.ParquetFile(handle, pre_buffer=True)
+        check_footer(parquet.metadata, layout, group)
+        table = parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
+    rows = decode_rows(table, columns)
+    if rows.features.shape[1] != layout.num_features:
+        raise ManifestError(
+            f"shard {layout.entries[shard].path} holds {rows.features.shape[1]} features per "
+            f"row; the manifest's schema gives {layout.num_features}"
+        )
+    return rows
+
+
+def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
+    """The footer must agree with the manifest on the shard's rows and this row group's."""
+    shard = int(layout.group_shard[group])
+    entry, uri = layout.entries[shard], layout.shard_uris[shard]
+    found = (metadata.num_rows, metadata.num_row_groups)
+    index = int(layout.group_index[group])
+    group_rows = metadata.row_group(index).num_rows if index < metadata.num_row_groups else -1
+    if found != (entry.num_rows, entry.num_row_groups) or group_rows != layout.group_rows[group]:
         raise ManifestError(
             f"shard {entry.path} ({uri}) has {metadata.num_rows} rows in "
-            f"{metadata.num_row_groups} row groups; the manifest at {location} lists "
-            f"{entry.num_rows} rows in {entry.num_row_groups}"
+            f"{metadata.num_row_groups} row groups (row group {index}: {group_rows}); the "
+            f"manifest lists {entry.num_rows} rows in {entry.num_row_groups} of "
+            f"{entry.rows_per_row_group}"
         )
-
-
-def _read_footer(uri: str, path: str) -> pq.FileMetaData:
-    try:
-        with fsspec.open(uri, "rb") as handle:
-            return pq.read_metadata(handle)
-    except FileNotFoundError as error:
-        raise _missing(uri, path) from error
-
-
-def _missing(uri: str, path: str) -> ShardMissingError:
-    return ShardMissingError(f"shard {path} is listed in the manifest but missing: {uri}")
-
-
-def feature_width(schema: pa.Schema, columns: Columns) -> int:
-    """Features per sample: a fixed-size list column counts its size, a numeric column 1."""
-    width = 0
-    for name in columns.features:
-        kind = schema.field(name).type
-        if pa.types.is_fixed_size_list(kind):
-            width += kind.list_size
-        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            width += 1
-        else:
-            raise ValueError(f"feature column {name!r} has type {kind}; expected a number or list")
-    return width
-
-
-def read_row_group(layout: Layout, group: int, columns: Columns) -> Rows:
-    """Read and decode row group `group` of the layout."""
-    shard = int(layout.group_shard[group])
-    uri, path = layout.shard_uris[shard], layout.shard_paths[shard]
-    try:
-        with fsspec.open(uri, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            table = parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
-    except FileNotFoundError as error:
-        raise _missing(uri, path) from error
-    return decode_rows(table, columns)
 
 
 def decode_rows(table: pa.Table, columns: Columns) -> Rows:

@@ -3,7 +3,9 @@ batch counts on every rank, and an order that depends on (seed, epoch) only."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,7 +143,7 @@ def test_exhausted_epoch_moves_to_the_next(dataset_cache: Callable[..., str]) ->
     root = dataset_cache(300, row_group_size=16)
     stream = stream_factory(root, 10, "drop")()
     first = [b["id"].tolist() for b in stream]
-    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0}
+    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}
     second = [b["id"].tolist() for b in stream]
     reference = stream_factory(root, 10, "drop")()
     reference.set_epoch(1)
@@ -153,9 +155,9 @@ def test_set_epoch_keeps_a_resumed_position(dataset_cache: Callable[..., str]) -
     stream = stream_factory(dataset_cache(300, row_group_size=16), 10, "drop")()
     stream.load_state_dict({"epoch": 2, "samples_consumed": 40})
     stream.set_epoch(2)
-    assert stream.state_dict() == {"epoch": 2, "samples_consumed": 40}
+    assert stream.state_dict() == {"epoch": 2, "samples_consumed": 40, "rank_batches": 0}
     stream.set_epoch(3)
-    assert stream.state_dict() == {"epoch": 3, "samples_consumed": 0}
+    assert stream.state_dict() == {"epoch": 3, "samples_consumed": 0, "rank_batches": 0}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -175,29 +177,60 @@ def test_dataloader_workers_reproduce_the_rank_order(
         assert got == expected and len(got) == len(make())
 
 
-def test_missing_shard_is_named(make_dataset: Callable[..., str]) -> None:
-    """A shard listed in the manifest but absent fails with its name, at build or read time."""
+def test_missing_shard_is_named_when_first_read(make_dataset: Callable[..., str]) -> None:
+    """Start-up reads the manifest only, so a stream over a version whose shard is gone
+    still builds; the first read of that shard fails with ShardMissingError naming it."""
     root = make_dataset(60, num_shards=2)
     manifest, location = read_manifest(root)
     entry = manifest.split("train").shards[1]
-    stream = stream_factory(root, 4, "drop")()
     os.remove(shard_uri(location, entry))
+    stream = stream_factory(root, 4, "drop")()
+    assert stream.num_rows == 60
     with pytest.raises(ShardMissingError, match=entry.path):
         list(stream)
-    with pytest.raises(ShardMissingError, match=entry.path):
-        stream_factory(root, 4, "drop")()
     assert not Path(shard_uri(location, entry)).exists()
 
 
+def test_start_up_opens_no_shard(make_dataset: Callable[..., str]) -> None:
+    """With every shard file deleted, a stream still builds from the manifest alone and
+    knows its rows, features, classes and batch count."""
+    root = make_dataset(100, num_shards=3, row_group_size=8, dim=5)
+    manifest, location = read_manifest(root)
+    for entry in manifest.split("train").shards:
+        os.remove(shard_uri(location, entry))
+    stream = stream_factory(root, 4, "drop")()
+    assert (stream.num_rows, stream.num_features, len(stream.classes)) == (100, 5, 10)
+    assert stream.num_batches(1) == 25 and len(stream.layout.group_rows) == sum(
+        entry.num_row_groups for entry in manifest.split("train").shards
+    )
+
+
 def test_shard_disagreeing_with_manifest_is_named(make_dataset: Callable[..., str]) -> None:
-    """A shard whose footer does not match its manifest entry fails, naming the shard."""
+    """A shard whose footer does not match its manifest entry fails when it is read,
+    naming the shard."""
     root = make_dataset(60, num_shards=2)
     manifest, location = read_manifest(root)
     entry = manifest.split("train").shards[0]
     table = pq.read_table(shard_uri(location, entry))
     pq.write_table(table.slice(0, entry.num_rows - 1), shard_uri(location, entry))
     with pytest.raises(ManifestError, match=entry.path):
-        stream_factory(root, 4, "drop")()
+        list(stream_factory(root, 4, "drop")())
+
+
+def test_unknown_manifest_format_is_reported_with_its_uri(make_dataset: Callable[..., str]) -> None:
+    """A manifest of a format version this ballast does not read fails at construction
+    with ManifestError naming the manifest's URI and the version found."""
+    _, location = read_manifest(make_dataset(30))
+    raw = json.loads(Path(location).read_text())
+    Path(location).write_text(json.dumps(raw | {"format_version": 99}))
+    with pytest.raises(ManifestError, match=rf"{re.escape(location)}.*format_version 99"):
+        stream_factory(location, 4, "drop")()
+
+
+def test_missing_manifest_is_reported_with_its_uri(tmp_path: Path) -> None:
+    """A directory with no manifest and no _CURRENT fails with ManifestError naming it."""
+    with pytest.raises(ManifestError, match=re.escape(str(tmp_path))):
+        stream_factory(str(tmp_path), 4, "drop")()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -211,6 +244,7 @@ def test_last_batch_handed_out_ends_the_epoch(
     batches = iter(loader)
     for _ in range(len(loader) - 1):
         next(batches)
-    assert stream.state_dict() == {"epoch": 0, "samples_consumed": (300 // 7 - 1) * 7}
+    last = len(loader) - 1
+    assert stream.state_dict() == {"epoch": 0, "samples_consumed": last * 7, "rank_batches": last}
     next(batches)
-    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0}
+    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}

@@ -42,7 +42,7 @@ def test_resume_with_another_world_size_continues_the_stream(
     k = 7
     head = [list(itertools.islice(s.iterate((r, 2)), k)) for r, s in enumerate(first)]
     states = [stream.state_dict() for stream in first]
-    assert states == [{"epoch": epoch, "samples_consumed": k * 2 * 5}] * 2
+    assert states == [{"epoch": epoch, "samples_consumed": k * 2 * 5, "rank_batches": k}] * 2
     second = make_streams(root, remainder, new_world)
     for stream in second:
         stream.load_state_dict(states[0])
@@ -70,7 +70,7 @@ def test_loader_with_workers_records_position_and_resumes(
     loader = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=2)
     head = list(itertools.islice(iter(loader), 9))
     state = loader.state_dict()
-    assert state == {"epoch": 0, "samples_consumed": 45}
+    assert state == {"epoch": 0, "samples_consumed": 45, "rank_batches": 9}
     resumed = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=0)
     resumed.load_state_dict(state)
     tail = list(resumed)
@@ -78,4 +78,4 @@ def test_loader_with_workers_records_position_and_resumes(
     assert torch.equal(
         torch.cat([b["id"] for b in head + tail]), torch.cat([b["id"] for b in reference])
     )
-    assert resumed.state_dict() == {"epoch": 1, "samples_consumed": 0}
+    assert resumed.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}

@@ -1,0 +1,75 @@
+"""The train and holdout streams of one dataset version as a Lightning DataModule.
+
+    data = StreamDataModule(dataset, LoaderConfig(batch_size=64), seed=0)
+    model = FeatureClassifier(data.num_features, data.classes, {})
+    Trainer(...).fit(model, datamodule=data, ckpt_path="last")
+
+`train_dataloader()` returns the same `StreamLoader` every time, so the
+position carries across epochs; the train stream moves itself to the next
+epoch when one is exhausted. `val_dataloader()` returns a loader over the
+holdout split, padded to whole global batches, that starts every validation
+pass from its beginning (an empty list when the version has no holdout rows).
+`state_dict()` / `load_state_dict()` delegate to the train stream. Lightning
+restores a DataModule before it asks the loaders for their lengths, so a run
+resumed mid-epoch with more ranks than it was saved with still trains exactly
+the rest of the epoch (training/loader.py on `len()`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning
+
+from preprocessing.manifest import read_manifest
+from training.config import LoaderConfig
+from training.loader import ShardStream, StreamLoader
+from training.readahead import ReadConfig
+
+
+class StreamDataModule(lightning.LightningDataModule):
+    """Train and holdout `StreamLoader`s over one dataset version."""
+
+    def __init__(
+        self,
+        dataset: str,
+        loader: LoaderConfig,
+        seed: int,
+        read: ReadConfig | None = None,
+    ) -> None:
+        super().__init__()
+        self.train_stream = ShardStream(dataset, "train", loader, seed, read)
+        self.holdout_stream = holdout_stream(dataset, loader, seed, read)
+        self._train = StreamLoader(self.train_stream)
+        self._val = StreamLoader(self.holdout_stream, rewind=True) if self.holdout_stream else None
+
+    @property
+    def num_features(self) -> int:
+        return self.train_stream.num_features
+
+    @property
+    def classes(self) -> list[Any]:
+        return self.train_stream.classes
+
+    def train_dataloader(self) -> StreamLoader:
+        return self._train
+
+    def val_dataloader(self) -> StreamLoader | list[Any]:
+        return self._val if self._val is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train": self.train_stream.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_stream.load_state_dict(state_dict["train"])
+
+
+def holdout_stream(
+    dataset: str, loader: LoaderConfig, seed: int, read: ReadConfig | None
+) -> ShardStream | None:
+    """The holdout split padded to whole batches, or None when the version has none."""
+    manifest, _ = read_manifest(dataset)
+    if "holdout" not in manifest.splits or manifest.split("holdout").num_rows == 0:
+        return None
+    padded = loader.model_copy(update={"remainder": "pad"})
+    return ShardStream(dataset, "holdout", padded, seed, read)
