@@ -95,10 +95,11 @@ def _route_split(table: pa.Table, plan: SplitPlan, spec: DatasetSpec, task: Piec
     for stratum, offset in task.offsets.get(plan.name, {}).items():
         offsets[stratum] = offset
     routing = route_rows(stratum_codes(table, plan, spec), offsets, plan, seed, task.piece)
-    routed = table.take(pa.array(routing.rows))
-    routed = routed.append_column(SHARD_COLUMN, pa.array(routing.shards, pa.int32()))
-    routed = routed.append_column(ORDER_COLUMN, pa.array(routing.order_keys, pa.uint64()))
-    return routed.sort_by(SHARD_COLUMN)
+    by_shard = np.argsort(routing.shards, kind="stable")  # one take: rows grouped by shard
+    routed = table.take(pa.array(routing.rows[by_shard]))
+    routed = routed.append_column(SHARD_COLUMN, pa.array(routing.shards[by_shard], pa.int32()))
+    return routed.append_column(ORDER_COLUMN,
+                                pa.array(routing.order_keys[by_shard], pa.uint64()))
 
 
 def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
@@ -106,8 +107,8 @@ def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
     if not parts:
         return buckets
     fs, path = url_to_fs(uri)
-    sink = io.BytesIO()
-    with pa.ipc.new_file(sink, parts[0][1].schema) as writer:
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as sink, pa.ipc.new_file(sink, parts[0][1].schema) as writer:
         for split, table in parts:
             shards = table.column(SHARD_COLUMN).to_numpy()
             starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
@@ -115,8 +116,6 @@ def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
                 piece = table.slice(start, stop - start).combine_chunks()
                 writer.write_batch(piece.to_batches()[0])
                 buckets.append(Bucket(split, int(shards[start]), uri, len(buckets)))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(path, sink.getvalue())
     return buckets
 
 
