@@ -37,7 +37,11 @@ class ReadConfig(BaseModel):
         None, description="Local directory for verified copies of whole shards; None: no cache."
     )
     cache_bytes: int = Field(
-        10 * 2**30, gt=0, description="Most bytes the cache directory holds (LRU eviction)."
+        10 * 2**30,
+        gt=0,
+        description="Most bytes the cache directory holds (LRU eviction). An epoch visits the "
+        "row groups of all shards in random order: a cache smaller than the split downloads "
+        "shards again within an epoch.",
     )
 
 

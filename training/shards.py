@@ -39,6 +39,7 @@ from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_ur
 from training.cache import ShardCache
 
 FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
+FOOTERS_KEPT = 256
 
 
 class ShardMissingError(FileNotFoundError):
@@ -87,19 +88,6 @@ class Rows:
     features: np.ndarray  # float32 [n, D]
     label: np.ndarray  # int64 class index [n]
     id: np.ndarray  # int64 [n]
-
-    def take(self, index: np.ndarray) -> Rows:
-        return Rows(self.features[index], self.label[index], self.id[index])
-
-    @staticmethod
-    def concat(parts: list[Rows]) -> Rows:
-        if len(parts) == 1:
-            return parts[0]
-        return Rows(
-            np.concatenate([part.features for part in parts]),
-            np.concatenate([part.label for part in parts]),
-            np.concatenate([part.id for part in parts]),
-        )
 
 
 def read_layout(manifest: Manifest, location: str, split: str, columns: Columns) -> Layout:
@@ -154,10 +142,20 @@ def column_width(name: str, type_name: str | None) -> int:
 
 class ShardFiles:
     """Opens shards for reading: direct range reads through fsspec, or a verified local copy
-    from the disk cache when there is one."""
+    from the disk cache when there is one. Keeps the last FOOTERS_KEPT footers parsed, so
+    reading another row group of a shard costs no footer read (one request less on S3)."""
 
     def __init__(self, layout: Layout, cache: ShardCache | None = None) -> None:
         self.layout, self.cache = layout, cache
+        self._footers: dict[int, pq.FileMetaData] = {}
+
+    def footer(self, shard: int) -> pq.FileMetaData | None:
+        return self._footers.get(shard)
+
+    def keep_footer(self, shard: int, metadata: pq.FileMetaData) -> None:
+        self._footers[shard] = metadata
+        if len(self._footers) > FOOTERS_KEPT:  # oldest first; threads may race to drop it
+            self._footers.pop(next(iter(self._footers)), None)
 
     @contextmanager
     def open(self, shard: int) -> Iterator[Any]:
@@ -184,8 +182,9 @@ def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFil
     """Read and decode row group `group` of the layout, checking its footer on the way."""
     shard = int(layout.group_shard[group])
     with files.open(shard) as handle:
-        parquet = pq.ParquetFile(handle, pre_buffer=True)
+        parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True)
         check_footer(parquet.metadata, layout, group)
+        files.keep_footer(shard, parquet.metadata)
         table = parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
     rows = decode_rows(table, columns)
     if rows.features.shape[1] != layout.num_features:
@@ -228,7 +227,7 @@ def decode_rows(table: pa.Table, columns: Columns) -> Rows:
 
 def feature_matrix(column: pa.ChunkedArray) -> np.ndarray:
     """An [n, D] float32 matrix from a fixed-size list column, or [n, 1] from a scalar one."""
-    array = column.combine_chunks()
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if array.null_count:
         raise ValueError(f"feature column of type {array.type} holds {array.null_count} nulls")
     if not pa.types.is_fixed_size_list(array.type):

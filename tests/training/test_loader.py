@@ -248,3 +248,15 @@ def test_last_batch_handed_out_ends_the_epoch(
     assert stream.state_dict() == {"epoch": 0, "samples_consumed": last * 7, "rank_batches": last}
     next(batches)
     assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}
+
+
+def test_a_batch_is_one_buffer(dataset_cache: Callable[..., str]) -> None:
+    """The four tensors of a batch are views of one storage (one shared-memory segment per
+    batch from a worker), with the documented shapes and dtypes."""
+    batch = next(iter(stream_factory(dataset_cache(100, row_group_size=8), 16, "pad")()))
+    assert len({tensor.untyped_storage().data_ptr() for tensor in batch.values()}) == 1
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in batch.items()}
+    assert shapes == {
+        "features": ((16, 16), torch.float32), "label": ((16,), torch.int64),
+        "id": ((16,), torch.int64), "weight": ((16,), torch.float32),
+    }

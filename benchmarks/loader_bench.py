@@ -1,0 +1,399 @@
+"""Loader benchmark: ballast's StreamLoader against what a user would pick instead, in one run.
+
+Data: `preprocessing.sample` raw files (64 float32 features per row, 10 classes)
+resharded by `run_reshard` into shards of 65,536 rows in row groups of 8,192
+(reused from `--work-dir` when present; `--dataset ROOT` reads an existing
+version instead). Rows per second over one epoch (start-up included), 1024-row
+batches, one process unless a worker count is named:
+
+- raw pyarrow `ParquetFile.iter_batches` to numpy over the shards in order (the
+  ceiling: no shuffle, no class mapping, no tensors);
+- ballast `StreamLoader` with 0 and 2 DataLoader workers (read-ahead 2), and 0
+  workers with read-ahead 0;
+- a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
+  pyarrow tables in memory (the read of every table counts as its start-up);
+- LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
+  environment (FINDINGS.md 13) as a subprocess, when `--litdata-python` exists.
+  Mosaic Streaming is left out: it needs its own 5.5 GB environment.
+
+Peers stop after `--peer-rows` rows. Rows per CPU-second (this process and its
+finished children) is printed beside rows/s: on a shared machine it moves less.
+Also: time to the first batch, fresh and after `load_state_dict` at mid-epoch,
+for the real dataset and for a synthetic manifest of `--num-shards` (1e5)
+entries, each a symlink to one of 4 real 20-row shard files (a distinct file
+the reader must open); and the steady-state stall of a training loop (an MLP
+step per batch: 1 - in-memory loop time / loader loop time, and the loader's
+own data-wait fraction). Timings on a shared 2-core machine are noisy.
+
+    .venv/bin/python benchmarks/loader_bench.py --rows 1000000 --work-dir /tmp/loader-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import preprocessing.manifest as contract
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.reshard import run_reshard
+from preprocessing.sample import SampleSpec, sample_table, write_sample
+from training.config import LoaderConfig
+from training.loader import ShardStream, StreamLoader
+from training.loader_metrics import interval
+from training.readahead import ReadConfig
+
+BATCH, NUM_FEATURES, NUM_CLASSES = 1024, 64, 10
+COLUMNS = ["id", "label", "features"]
+
+
+@dataclass
+class Result:
+    """One reader's pass: rows, seconds in all, seconds to the first batch, CPU seconds."""
+
+    name: str
+    rows: int
+    seconds: float
+    first_batch_s: float
+    cpu_s: float = 0.0
+
+    @property
+    def rows_per_cpu_s(self) -> float:
+        return self.rows / self.cpu_s if self.cpu_s else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def timed_pass(name: str, batches: Iterable[Any], size: Callable[[Any], int], limit: int,
+               started: float) -> Result:
+    """Consume `batches` (up to `limit` rows), timing from `started`."""
+    rows, first = 0, 0.0
+    for batch in batches:
+        rows += size(batch)
+        first = first or time.perf_counter() - started
+        if rows >= limit:
+            break
+    return Result(name, rows, time.perf_counter() - started, first)
+
+
+def prepare_dataset(work_dir: Path, num_rows: int) -> str:
+    """Raw sample + reshard into a committed version (both reused when already there)."""
+    raw = work_dir / f"raw-{num_rows}"
+    if not (raw / "_DONE").exists():
+        spec = SampleSpec(num_rows=num_rows, num_files=16, num_classes=NUM_CLASSES,
+                          num_features=NUM_FEATURES, class_ratio=5.0, seed=0)
+        write_sample(raw, spec)
+        (raw / "_DONE").touch()
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]),
+                           output_root=str(work_dir / f"dataset-{num_rows}"),
+                           target_shard_rows=65_536, rows_per_row_group=8_192,
+                           holdout_fraction=0.0, num_workers=2)
+    return run_reshard(config).manifest_uri
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of its children that have been waited for."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def train_shards(root: str) -> list[str]:
+    manifest, location = contract.read_manifest(root)
+    return [contract.shard_uri(location, entry) for entry in manifest.split("train").shards]
+
+
+def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20) -> str:
+    """A committed version of `num_shards` entries, symlinks to 4 real shard files."""
+    root = work_dir / f"many-{num_shards}"
+    if not (root / "_CURRENT").exists():
+        directory = root / "v-many"
+        directory.mkdir(parents=True, exist_ok=True)
+        spec = SampleSpec(num_features=NUM_FEATURES, num_classes=NUM_CLASSES)
+        rng = np.random.default_rng(0)
+        real = [write_real_shard(directory / f"real-{k}.parquet",
+                                 sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec))
+                for k in range(4)]
+        entries = [link_entry(directory, index, *real[index % 4]) for index in range(num_shards)]
+        contract.write_manifest(str(root), many_manifest(pq.read_schema(real[0][0]), entries))
+        contract.swap_current(str(root), "many")
+    return str(root)
+
+
+def write_real_shard(path: Path, table: pa.Table) -> tuple[Path, int, str, int]:
+    pq.write_table(table, path, row_group_size=len(table), compression="zstd")
+    return path, path.stat().st_size, contract.file_sha256(str(path)), len(table)
+
+
+def link_entry(directory: Path, index: int, path: Path, size: int, digest: str,
+               rows: int) -> contract.ShardEntry:
+    """Shard `index` of the split: a symlink to a real file, and its manifest entry."""
+    name = contract.shard_name("train", index)
+    os.symlink(path.name, directory / name)
+    return contract.ShardEntry(name, rows, size, 1, rows, digest, {}, {})
+
+
+def many_manifest(schema: pa.Schema, entries: list[contract.ShardEntry]) -> contract.Manifest:
+    num_rows = sum(entry.num_rows for entry in entries)
+    return contract.Manifest(
+        version_id="many", label_column="label", source_column="source", id_column="id",
+        feature_columns=["features"], classes=list(range(NUM_CLASSES)), sources=["source-0"],
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
+        splits={"train": contract.SplitEntry(num_rows, entries)}, seed=0, config={},
+        input_fingerprint="synthetic", input_class_counts={}, input_source_counts={})
+
+
+def bench_raw(paths: list[str]) -> Result:
+    """The ceiling: pyarrow decode of the same columns to numpy, shard after shard."""
+    def batches() -> Iterable[tuple[pa.RecordBatch, np.ndarray, np.ndarray]]:
+        for path in paths:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=COLUMNS):
+                batch.column("features").values.to_numpy().reshape(-1, NUM_FEATURES)
+                yield batch, batch.column("label").to_numpy(), batch.column("id").to_numpy()
+    started = time.perf_counter()
+    return timed_pass("pyarrow iter_batches (ceiling)", batches(), lambda b: len(b[1]), 2**62,
+                      started)
+
+
+def make_loader(root: str, num_workers: int, depth: int = 2) -> StreamLoader:
+    stream = ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0,
+                         read=ReadConfig(prefetch_row_groups=depth))
+    return StreamLoader(stream, num_workers=num_workers)
+
+
+def bench_ballast(root: str, num_workers: int, depth: int = 2) -> Result:
+    started = time.perf_counter()
+    loader = make_loader(root, num_workers, depth)
+    name = f"ballast StreamLoader, {num_workers} workers, read-ahead {depth}"
+    return timed_pass(name, loader, lambda b: len(b["id"]), 2**62, started)
+
+
+class TableDataset(Dataset):
+    """What a user writes first: the shards as in-memory arrays, one row per __getitem__."""
+
+    def __init__(self, paths: list[str]) -> None:
+        table = pa.concat_tables(pq.read_table(path, columns=COLUMNS) for path in paths)
+        features = table.column("features").combine_chunks().values.to_numpy()
+        self.features, self.label, self.id = features.reshape(-1, NUM_FEATURES), *(
+            table.column(name).to_numpy() for name in ("label", "id"))
+
+    def __len__(self) -> int:
+        return len(self.id)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"features": torch.from_numpy(self.features[index]),
+                "label": int(self.label[index]), "id": int(self.id[index])}
+
+
+def bench_map_style(paths: list[str], num_workers: int, limit: int) -> Result:
+    started = time.perf_counter()
+    loader = DataLoader(TableDataset(paths), batch_size=BATCH, shuffle=True,
+                        num_workers=num_workers)
+    name = f"torch DataLoader, map-style pyarrow tables, {num_workers} workers"
+    return timed_pass(name, loader, lambda b: len(b["id"]), limit, started)
+
+
+LITDATA_SCRIPT = """
+import json, sys, time
+from litdata import StreamingDataLoader, StreamingDataset, index_parquet_dataset
+from litdata.streaming.item_loader import ParquetLoader
+source, cache, (limit, batch), started = *sys.argv[1:3], map(int, sys.argv[3:]), time.perf_counter()
+index_parquet_dataset(source)
+dataset = StreamingDataset(source, item_loader=ParquetLoader(), cache_dir=cache, shuffle=True)
+rows, first = 0, 0.0
+for item in StreamingDataLoader(dataset, batch_size=batch, num_workers=0):
+    rows += len(item["id"])
+    first = first or time.perf_counter() - started
+    if rows >= limit:
+        break
+print(json.dumps({"rows": rows, "seconds": time.perf_counter() - started, "first": first}))
+"""
+
+
+def bench_litdata(python: str, paths: list[str], limit: int) -> Result | str:
+    """LitData in its own environment; returns why not when it cannot run."""
+    if not Path(python).exists():
+        return f"skipped: {python} not found (see FINDINGS.md 13)"
+    with tempfile.TemporaryDirectory() as scratch:
+        (source := Path(scratch) / "shards").mkdir()
+        for path in paths:
+            os.symlink(path, source / Path(path).name)
+        done = subprocess.run([python, "-c", LITDATA_SCRIPT, str(source), f"{scratch}/cache",
+                               str(limit), str(BATCH)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"failed: {done.stderr.strip().splitlines()[-1:]}"
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return Result("LitData StreamingDataset + ParquetLoader, 0 workers", figures["rows"],
+                  figures["seconds"], figures["first"])
+
+
+def first_batch_s(root: str, position: int | None = None) -> float:
+    """Seconds to build a stream and loader (resumed at `position`) and get one batch."""
+    started = time.perf_counter()
+    loader = make_loader(root, num_workers=0)
+    if position is not None:
+        loader.load_state_dict({"epoch": 0, "samples_consumed": position})
+    next(iter(loader))
+    return time.perf_counter() - started
+
+
+def start_up(root: str) -> tuple[float, float]:
+    """(first batch, first batch after resuming at mid-epoch) in seconds."""
+    num_rows = contract.read_manifest(root)[0].split("train").num_rows
+    return first_batch_s(root), first_batch_s(root, num_rows // 2 // BATCH * BATCH)
+
+
+def mlp_step() -> Callable[[dict[str, torch.Tensor]], None]:
+    """One AdamW step of a 64-256-256-10 MLP on a batch."""
+    model = torch.nn.Sequential(torch.nn.Linear(NUM_FEATURES, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, NUM_CLASSES))
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(batch["features"]), batch["label"]).backward()
+        optimizer.step()
+    return step
+
+
+def stall(root: str, num_workers: int, num_batches: int) -> tuple[float, float]:
+    """Steady state, after the first batch: (1 - in-memory loop time / loader loop time, with
+    the in-memory loop run just before and just after; the loader's data-wait fraction)."""
+    step, fixed = mlp_step(), next(iter(make_loader(root, 0)))
+
+    def in_memory() -> float:
+        started = time.perf_counter()
+        for _ in range(num_batches):
+            step(fixed)
+        return time.perf_counter() - started
+
+    before, loader = in_memory(), make_loader(root, num_workers)
+    batches = iter(loader)
+    step(next(batches))
+    started, waited = time.perf_counter(), loader.metrics()
+    for _ in range(num_batches):
+        step(next(batches))
+    with_loader = time.perf_counter() - started
+    wait_fraction = interval(waited, loader.metrics())["data_wait_fraction"]
+    return 1 - (before + in_memory()) / 2 / with_loader, wait_fraction
+
+
+def report(results: list[Result], skipped: list[str]) -> None:
+    raw = results[0]
+    print(f"\n{'reader':62} {'rows':>9} {'rows/s':>10} {'vs raw':>7} {'1st batch':>9} "
+          f"{'rows/cpu-s':>10} {'vs raw':>7}")
+    for r in results:
+        print(f"{r.name:62} {r.rows:9d} {r.rows_per_s:10,.0f} {r.rows_per_s / raw.rows_per_s:7.0%} "
+              f"{r.first_batch_s:8.2f}s {r.rows_per_cpu_s:10,.0f} "
+              f"{r.rows_per_cpu_s / raw.rows_per_cpu_s:7.0%}")
+    for line in skipped:
+        print(f"  {line}")
+
+
+def check(label: str, ok: bool, detail: str) -> None:
+    print(f"  [{'ok' if ok else 'MISSED'}] {label}: {detail}")
+
+
+def compare_readers(
+    root: str, paths: list[str], args: argparse.Namespace
+) -> list[Result | str]:
+    """Every reader `--repeat` times, round robin; each keeps its fastest pass. CPU time
+    counts this process and its finished children (DataLoader workers, LitData)."""
+    readers: list[Callable[[], Result | str]] = [
+        lambda: bench_raw(paths), lambda: bench_ballast(root, 0), lambda: bench_ballast(root, 2),
+        lambda: bench_ballast(root, 0, depth=0), lambda: bench_map_style(paths, 0, args.peer_rows),
+        lambda: bench_litdata(args.litdata_python, paths, args.peer_rows)]
+    best: dict[int, Result | str] = {}
+    for _ in range(args.repeat):
+        for index, reader in enumerate(readers):
+            cpu = cpu_seconds()
+            result, kept = reader(), best.get(index)
+            if isinstance(result, Result):
+                result.cpu_s = cpu_seconds() - cpu
+            if not isinstance(kept, Result) or (isinstance(result, Result)
+                                                and result.rows_per_s > kept.rows_per_s):
+                best[index] = result
+    return [best[index] for index in range(len(readers))]
+
+
+def median_stall(root: str, num_workers: int, args: argparse.Namespace) -> tuple[float, float]:
+    """The run of median stall among `--repeat` runs."""
+    runs = sorted(stall(root, num_workers, args.stall_batches) for _ in range(args.repeat))
+    return runs[len(runs) // 2]
+
+
+def start_up_report(root: str, num_shards: int, work: Path) -> float:
+    """Print first-batch and resume times; returns the worst of them at `num_shards`."""
+    real_first, real_resume = start_up(root)
+    many = synthetic_manifest(work, num_shards)
+    started = time.perf_counter()
+    contract.read_manifest(many)
+    manifest_s = time.perf_counter() - started
+    many_first, many_resume = start_up(many)
+    print(f"\nstart-up, {len(train_shards(root))} shards: first batch {real_first:.2f}s, "
+          f"resume at mid-epoch {real_resume:.2f}s")
+    print(f"start-up, {num_shards:,} shards (manifest read {manifest_s:.2f}s): first batch "
+          f"{many_first:.2f}s, resume at mid-epoch {many_resume:.2f}s")
+    return max(many_first, many_resume)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.torch_threads)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    root = args.dataset or prepare_dataset(work, args.rows)
+    paths = train_shards(root)
+    bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
+    found = compare_readers(root, paths, args)
+    results = [r for r in found if isinstance(r, Result)]
+    skipped = ["Mosaic Streaming: skipped (needs its own 5.5 GB environment, FINDINGS.md 13)"]
+    report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
+    worst_start = start_up_report(root, args.num_shards, work)
+    stalls = {workers: median_stall(root, workers, args) for workers in (0, 1)}
+    for workers, (fraction, waited) in stalls.items():
+        print(f"training-loop stall, {workers} workers: {fraction:.1%} "
+              f"(loader's data-wait fraction {waited:.1%})")
+    print("\ntargets:")
+    ratio, cpu_ratio = (getattr(results[1], k) / getattr(results[0], k)
+                        for k in ("rows_per_s", "rows_per_cpu_s"))
+    check(">= 90% of raw decode rate per process", ratio >= 0.9,
+          f"{ratio:.0%} of rows/s, {cpu_ratio:.0%} of rows per CPU-second (0 workers)")
+    workers, (fraction, _) = min(stalls.items(), key=lambda item: item[1][0])
+    check("stall <= 5%", fraction <= 0.05, f"{fraction:.1%} with {workers} workers")
+    check(f"first batch and resume < 5 s at {args.num_shards:,} shards", worst_start < 5,
+          f"worst {worst_start:.2f}s")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="Raw rows to generate.")
+    parser.add_argument("--dataset", help="An existing dataset root or manifest to read instead.")
+    parser.add_argument("--work-dir", default="/tmp/ballast-loader-bench")
+    parser.add_argument("--num-shards", type=int, default=100_000)
+    parser.add_argument("--peer-rows", type=int, default=300_000)
+    parser.add_argument("--stall-batches", type=int, default=300)
+    parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
+    parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
+    parser.add_argument("--litdata-python", default="/tmp/litdata-venv/bin/python")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()
