@@ -1,0 +1,34 @@
+"""Per-node system metrics (CPU, memory, disk, network; GPU when present) for a job's run.
+
+The first process of every node (LOCAL_RANK 0) samples its machine with MLflow's
+system-metrics monitor and logs under `system/node_<n>/...`, so a multi-node job shows
+each node separately. Other processes do nothing. Errors of the monitor never reach
+training: it runs in its own thread and MLflow logs its failures as warnings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tracking.config import TrackingConfig
+
+
+@contextmanager
+def node_system_metrics(config: TrackingConfig | None, run_id: str | None,
+                        sampling_interval_s: float = 10.0) -> Iterator[None]:
+    """Sample this node's system metrics into the run while the block runs."""
+    if config is None or run_id is None or os.environ.get("LOCAL_RANK", "0") != "0":
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    node = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=sampling_interval_s,
+                                   node_id=f"node_{node}", tracking_uri=config.tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
