@@ -1,9 +1,14 @@
-"""One training rank: `python -m training --config FILE.yaml [--ckpt-path last]`.
+"""One training rank: `python -m training --config FILE.yaml [--resume] [--ckpt-path PATH]`.
 
 torchrun starts it once per rank (training/launch.py), as do srun and a
-Kubernetes PyTorchJob; under torchrun Lightning finds TorchElasticEnvironment
-and spawns nothing (shared/FINDINGS.md 1). Run without a launcher it trains in
-one process. Rank 0 writes `<output_dir>/summary.json`.
+Kubernetes PyTorchJob (training/launchers.py); under torchrun Lightning finds
+TorchElasticEnvironment and spawns nothing (shared/FINDINGS.md 1). Run without
+a launcher it trains in one process. `--resume` continues from `last.ckpt` in
+the checkpoint directory when there is one (what a job-level retry passes).
+Rank 0 writes `<output_dir>/summary.json`. The config may be any fsspec URI. The
+process group is destroyed before exit: left to interpreter shutdown, gloo's
+threads sometimes abort the process ("terminate called without an active
+exception") after a successful run.
 """
 
 from __future__ import annotations
@@ -11,15 +16,24 @@ from __future__ import annotations
 import argparse
 
 from training.config import load_train_config
-from training.train import run_training
+from training.train import close_process_group, run_training
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
-    parser.add_argument("--config", required=True, help="YAML file of a TrainConfig.")
+    parser.add_argument("--config", required=True, help="YAML file (or URI) of a TrainConfig.")
     parser.add_argument("--ckpt-path", default=None, help='Resume from a checkpoint, or "last".')
+    parser.add_argument(
+        "--resume", action="store_true", help="Resume from last.ckpt when there is one."
+    )
     args = parser.parse_args(argv)
-    run_training(load_train_config(args.config), ckpt_path=args.ckpt_path)
+    cfg = load_train_config(args.config)
+    if args.resume:
+        cfg = cfg.model_copy(update={"resume": True})
+    try:
+        run_training(cfg, ckpt_path=args.ckpt_path)
+    finally:
+        close_process_group()
     return 0
 
 

@@ -1,14 +1,30 @@
-"""Typed configuration of a training job, loaded from YAML by `python -m training`."""
+"""Typed configuration of a training job, loaded from YAML by `python -m training`.
+
+One pydantic model per concern, every field described, unknown fields refused:
+`LoaderConfig` (streaming), `ModelConfig` (which LightningModule, and the sizes
+of the built-in ones), `CommConfig` (DDP gradient communication) and
+`TrainConfig` (the job: strategy, precision, checkpoints, resume). Validation
+errors name the field, e.g. `model.class_path` or `comm.powersgd_rank`.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from fsspec.core import url_to_fs
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tracking.config import TrackingConfig
+from training.readahead import ReadConfig
+
+BUILTIN_MODELS = {
+    "classifier": "training.model:FeatureClassifier",
+    "transformer": "training.transformer:TokenClassifier",
+}
+CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class LoaderConfig(BaseModel):
@@ -25,14 +41,83 @@ class LoaderConfig(BaseModel):
     )
 
 
-class ModelConfig(BaseModel):
-    """The built-in feature classifier (an MLP over the feature columns)."""
+class TransformerConfig(BaseModel):
+    """Sizes of the built-in token transformer (training/transformer.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    hidden_sizes: list[int] = Field([64, 64], description="Width of each hidden layer.")
+    vocab_size: int = Field(4096, gt=1, description="Token ids are in [0, vocab_size).")
+    d_model: int = Field(256, gt=0, description="Width of the residual stream.")
+    num_layers: int = Field(4, gt=0, description="Transformer blocks (the unit FSDP shards).")
+    num_heads: int = Field(
+        8, gt=0, description="Attention heads; a multiple of the tensor-parallel size."
+    )
+    ffn_mult: int = Field(4, gt=0, description="Feed-forward width as a multiple of d_model.")
+
+    @model_validator(mode="after")
+    def heads_divide_width(self) -> TransformerConfig:
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide d_model ({self.d_model})"
+            )
+        return self
+
+
+class ModelConfig(BaseModel):
+    """Which LightningModule trains, and the settings of the built-in ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    class_path: str = Field(
+        "classifier",
+        description='`classifier` (MLP over features), `transformer` (over token ids), or a '
+        'LightningModule by import path "pkg.module:Class", built as '
+        "Class(num_features, classes, model) with `model` this config as a dict.",
+    )
+    hidden_sizes: list[int] = Field([64, 64], description="Classifier: width of each layer.")
+    transformer: TransformerConfig = Field(
+        default_factory=TransformerConfig, description="Transformer: its sizes."
+    )
     learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form settings read by a user model class."
+    )
+
+    @field_validator("class_path")
+    @classmethod
+    def known_or_importable(cls, value: str) -> str:
+        if value not in BUILTIN_MODELS and not CLASS_PATH.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is neither a built-in model {sorted(BUILTIN_MODELS)} nor an "
+                'import path "pkg.module:Class"'
+            )
+        return value
+
+    @property
+    def import_path(self) -> str:
+        return BUILTIN_MODELS.get(self.class_path, self.class_path)
+
+
+class CommConfig(BaseModel):
+    """How DDP communicates gradients; every option is measured (training/comm.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hook: Literal["none", "fp16", "bf16", "powersgd", "post_local_sgd"] = Field(
+        "none",
+        description="`none`: plain all-reduce; `fp16`/`bf16`: all-reduce a half-width copy; "
+        "`powersgd`: low-rank factors; `post_local_sgd`: no gradient all-reduce after the "
+        "warm-up, parameters averaged every `local_sgd_period` steps.",
+    )
+    powersgd_rank: int = Field(1, gt=0, description="PowerSGD: rank of the approximation.")
+    warmup_steps: int = Field(
+        10, ge=2, description="PowerSGD / post-local SGD: plain all-reduce steps first."
+    )
+    local_sgd_period: int = Field(
+        4, gt=0, description="Post-local SGD: optimizer steps between parameter averagings."
+    )
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MiB).")
 
 
 class TrainConfig(BaseModel):
@@ -43,19 +128,69 @@ class TrainConfig(BaseModel):
     dataset: str = Field(
         description="Manifest URI, version directory or output root (read through `_CURRENT`)."
     )
-    output_dir: str = Field(description="Checkpoints and `summary.json` go here.")
+    output_dir: str = Field(description="`summary.json` (and by default checkpoints) go here.")
+    checkpoint_dir: str | None = Field(
+        None, description="Any fsspec URI (s3:// included); default `<output_dir>/checkpoints`."
+    )
+    checkpoint_every_n_steps: int | None = Field(
+        None, gt=0, description="Also checkpoint every this many optimizer steps (mid-epoch)."
+    )
+    resume: bool = Field(
+        False, description="Continue from `last.ckpt` in checkpoint_dir when there is one."
+    )
     seed: int = Field(0, description="Seeds weights and the sample order of every epoch.")
     max_epochs: int = Field(3, gt=0, description="Passes over the training split.")
-    strategy: Literal["ddp", "auto"] = Field("ddp", description="Lightning strategy.")
+    strategy: Literal["ddp", "fsdp", "tp", "auto"] = Field(
+        "ddp",
+        description="`ddp`; `fsdp` (FSDP2, fully_shard per block); `tp` (tensor parallel over "
+        "`tensor_parallel_size` ranks, FSDP2 over the rest: the transformer only); `auto`.",
+    )
+    tensor_parallel_size: int = Field(
+        2, gt=0, description="`tp`: ranks per tensor-parallel group (divides the world size)."
+    )
+    precision: Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"] = Field(
+        "32-true", description="Lightning precision; `16-mixed` needs CUDA and ddp/auto."
+    )
+    accumulate_grad_batches: int = Field(1, gt=0, description="Batches per optimizer step.")
+    gradient_clip_norm: float | None = Field(
+        None, gt=0, description="Clip the global gradient norm to this; None: no clipping."
+    )
     process_group_timeout_s: int = Field(
         120, gt=0, description="A peer silent this long fails the job instead of hanging it."
     )
-    loader: LoaderConfig = Field(default_factory=LoaderConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    comm: CommConfig = Field(default_factory=CommConfig, description="DDP gradient comm.")
+    loader: LoaderConfig = Field(default_factory=LoaderConfig, description="Streaming.")
+    read: ReadConfig = Field(default_factory=ReadConfig, description="Read-ahead and cache.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model.")
     tracking: TrackingConfig | None = Field(None, description="MLflow target; None logs nothing.")
+
+    @model_validator(mode="after")
+    def consistent_strategy(self) -> TrainConfig:
+        if self.precision == "16-mixed" and self.strategy in ("fsdp", "tp"):
+            raise ValueError(
+                f"precision: 16-mixed is not supported with strategy {self.strategy}; "
+                "use bf16-mixed"
+            )
+        if self.comm.hook != "none" and self.strategy not in ("ddp", "auto"):
+            raise ValueError(f"comm.hook: {self.comm.hook} applies to ddp, not {self.strategy}")
+        return self
+
+    @property
+    def checkpoint_uri(self) -> str:
+        return (self.checkpoint_dir or f"{self.output_dir.rstrip('/')}/checkpoints").rstrip("/")
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    """Read a YAML training config; validation errors name the bad field."""
-    with open(path) as handle:
+    """Read a YAML training config from a path or any fsspec URI; validation errors name
+    the bad field."""
+    fs, location = url_to_fs(str(path))
+    with fs.open(location, "r") as handle:
         return TrainConfig.model_validate(yaml.safe_load(handle) or {})
+
+
+def dump_train_config(cfg: TrainConfig, path: str | Path) -> str:
+    """Write `cfg` as YAML (any fsspec URI); returns the location written."""
+    fs, location = url_to_fs(str(path))
+    fs.makedirs(location.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(location, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).encode())
+    return str(path)

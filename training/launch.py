@@ -1,10 +1,15 @@
-"""Launch `python -m training` under torchrun as a subprocess and read its summary.
+"""Run `python -m training` under torchrun as a subprocess, retry it, read its summary.
 
-A flow calls `launch_local`; it never builds a multi-process Trainer in its
-own process (shared/FINDINGS.md 1). Ranks are started with `--max-restarts 0`:
-recovery from a lost rank is a job-level retry that resumes from the last
-checkpoint (FINDINGS.md 7). `torchrun_command` also gives the command line for
-several nodes, each node running it with the same c10d rendezvous endpoint.
+A flow calls `launch_local` or `launch_with_retries`; it never builds a
+multi-process Trainer in its own process (shared/FINDINGS.md 1). Ranks are
+started with `--max-restarts 0`: torchrun's in-place restarts recovered a lost
+rank in 2 of 5 trials on gloo, a job-level retry that resumes from the last
+checkpoint in 4 of 4 (FINDINGS.md 7). So `launch_with_retries` relaunches the
+whole job with `--resume` after a failure, into the same MLflow run: when
+tracking is configured without a run id, the run is created once, before the
+first attempt (which also creates a fresh sqlite store before any rank races
+on it, FINDINGS.md 6). `torchrun_command` also gives the command line of one
+node of several, each node running it with the same c10d rendezvous endpoint.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any
 
-from training.config import load_train_config
+from training.config import TrainConfig, dump_train_config, load_train_config
 from training.summary import read_summary
 
 TAIL_CHARS = 8000
@@ -30,6 +36,7 @@ class TrainingFailed(RuntimeError):
         super().__init__(f"{message}\n--- last output ---\n{output_tail}")
         self.returncode = returncode
         self.output_tail = output_tail
+        self.attempts: list[dict[str, Any]] = []
 
 
 def torchrun_command(
@@ -37,6 +44,8 @@ def torchrun_command(
     nproc_per_node: int,
     nnodes: int = 1,
     rdzv_endpoint: str | None = None,
+    resume: bool = False,
+    rdzv_id: str = "ballast",
 ) -> list[str]:
     """The torchrun command line: standalone on one node, c10d rendezvous across several."""
     command = [sys.executable, "-m", "torch.distributed.run"]
@@ -46,17 +55,22 @@ def torchrun_command(
         raise ValueError(f"{nnodes} nodes need an rdzv_endpoint (host:port of one of them)")
     else:
         command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d"]
-        command += ["--rdzv-endpoint", rdzv_endpoint]
+        command += ["--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
     command += ["--nproc-per-node", str(nproc_per_node), "--max-restarts", "0"]
-    return [*command, "-m", "training", "--config", str(config_path)]
+    command += ["-m", "training", "--config", str(config_path)]
+    return [*command, "--resume"] if resume else command
 
 
 def launch_local(
-    config_path: str | Path, nproc_per_node: int = 2, timeout_s: float = 3600.0
+    config_path: str | Path,
+    nproc_per_node: int = 2,
+    timeout_s: float = 3600.0,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Train with `nproc_per_node` ranks on this machine; return the parsed summary.json."""
+    """Train with `nproc_per_node` ranks on this machine; return the parsed summary.json.
+    `resume` continues from the last checkpoint when there is one (a retry)."""
     cfg = load_train_config(config_path)
-    command = torchrun_command(config_path, nproc_per_node)
+    command = torchrun_command(config_path, nproc_per_node, resume=resume)
     with tempfile.TemporaryFile() as log:
         returncode = run_process_group(command, log, timeout_s)
         tail = read_tail(log)
@@ -65,6 +79,56 @@ def launch_local(
     if returncode != 0:
         raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
     return read_summary(cfg.output_dir)
+
+
+def launch_with_retries(
+    config_path: str | Path,
+    nproc_per_node: int = 2,
+    retries: int = 1,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
+    """`launch_local`, relaunched with resume after a failure, up to `retries` times.
+    The summary gains `attempts`: returncode, seconds and error tail of each attempt."""
+    config_path = pin_tracking_run(config_path)
+    resume = load_train_config(config_path).resume
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(retries + 1):
+        started = time.monotonic()
+        try:
+            summary = launch_local(config_path, nproc_per_node, timeout_s, resume or attempt > 0)
+        except TrainingFailed as error:
+            attempts.append({"returncode": error.returncode, "error": error.output_tail[-2000:],
+                             "elapsed_s": round(time.monotonic() - started, 3)})
+            if attempt == retries:
+                error.attempts = attempts
+                raise
+            continue
+        attempts.append({"returncode": 0, "elapsed_s": round(time.monotonic() - started, 3)})
+        return summary | {"attempts": attempts}
+    raise AssertionError("unreachable")
+
+
+def pin_tracking_run(config_path: str | Path) -> str | Path:
+    """The config to launch: itself, or, when it tracks without a run id, a copy under its
+    output_dir naming a run created now, so that every attempt logs into that run."""
+    cfg = load_train_config(config_path)
+    if cfg.tracking is None or cfg.tracking.run_id is not None:
+        return config_path
+    pinned = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(
+        update={"run_id": create_tracking_run(cfg)})})
+    return dump_train_config(pinned, f"{cfg.output_dir.rstrip('/')}/train-config.pinned.yaml")
+
+
+def create_tracking_run(cfg: TrainConfig) -> str:
+    """Create the job's MLflow run (and the store's schema) before any rank starts."""
+    from mlflow.tracking import MlflowClient
+
+    from tracking.run import prepare_backend
+
+    assert cfg.tracking is not None
+    experiment_id = prepare_backend(cfg.tracking)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    return str(client.create_run(experiment_id, run_name=cfg.tracking.run_name).info.run_id)
 
 
 def run_process_group(command: list[str], log: IO[bytes], timeout_s: float) -> int | None:

@@ -1,14 +1,21 @@
-"""The built-in feature classifier: an MLP over a sample's feature vector.
+"""The built-in classification task, its MLP, and building a model from the config.
 
-`FeatureClassifier` trains with a cross-entropy weighted by `batch["weight"]`
-(padding samples carry weight 0 and count for nothing) and validates by
-accumulating a confusion matrix that is summed over all ranks at the end of
-the epoch; macro F1 and per-class recall are computed from it. The model holds
-no parallelism: the Trainer's strategy (training/train.py) applies DDP.
+`Classifier` is the task shared by the built-in models: cross-entropy weighted
+by `batch["weight"]` (padding samples carry weight 0 and count for nothing);
+validation accumulates a confusion matrix summed over all ranks at the end of
+the epoch, from which macro F1 and per-class recall are computed. Subclasses
+only build `self.net`, the network that maps a float32 feature matrix to class
+logits (it is what gets logged to MLflow). `FeatureClassifier` is an MLP over
+the feature vector; `training.transformer.TokenClassifier` a transformer.
+
+The model holds no parallelism: the strategy wraps it (DDP), or
+training/parallelize.py shards it (FSDP2, tensor parallel). `build_model`
+resolves `model.class_path` (a built-in name or "pkg.module:Class").
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, cast
 
 import lightning
@@ -36,32 +43,33 @@ def weighted_cross_entropy(
     logits: torch.Tensor, label: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """Mean cross-entropy over the samples of weight > 0 (weights scale each sample)."""
-    losses = F.cross_entropy(logits, label, reduction="none")
+    losses = F.cross_entropy(logits.float(), label, reduction="none")
     return (losses * weight).sum() / weight.sum().clamp_min(1.0)
 
 
-class FeatureClassifier(lightning.LightningModule):
-    """Classify a float feature vector into one of the dataset's classes."""
+class Classifier(lightning.LightningModule):
+    """Classify a sample's float feature vector into one of the dataset's classes."""
 
     def __init__(self, num_features: int, classes: list[Any], model: dict[str, Any]) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.config = ModelConfig.model_validate(model)
         self.classes = [str(value) for value in classes]
-        self.net = build_mlp(num_features, len(classes), self.config.hidden_sizes)
-        self.num_train_batches = 0
+        self.net = self.build_network(num_features, len(self.classes))
         self.last_confusion: np.ndarray | None = None
         # A few real inputs, kept as the logged model's input example.
         self.example_features = torch.zeros(1, num_features)
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
 
+    def build_network(self, num_features: int, num_classes: int) -> nn.Module:
+        raise NotImplementedError
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net(features)
+        return cast(torch.Tensor, self.net(features))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = weighted_cross_entropy(self(batch["features"]), batch["label"], batch["weight"])
-        self.num_train_batches += 1
         size = len(batch["label"])
         # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
         self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
@@ -97,6 +105,13 @@ class FeatureClassifier(lightning.LightningModule):
         )
 
 
+class FeatureClassifier(Classifier):
+    """The MLP over the feature columns (`model.hidden_sizes`)."""
+
+    def build_network(self, num_features: int, num_classes: int) -> nn.Module:
+        return build_mlp(num_features, num_classes, self.config.hidden_sizes)
+
+
 def validation_metrics(confusion: np.ndarray, classes: list[str]) -> dict[str, float]:
     """`val_macro_f1` and `val_recall/<class>` (classes without support are left out)."""
     metrics = {"val_macro_f1": macro_f1(confusion)}
@@ -104,3 +119,23 @@ def validation_metrics(confusion: np.ndarray, classes: list[str]) -> dict[str, f
         if not np.isnan(recall):
             metrics[f"val_recall/{name}"] = float(recall)
     return metrics
+
+
+def model_class(config: ModelConfig) -> type[lightning.LightningModule]:
+    """The LightningModule class `config.class_path` names; errors name the field."""
+    module_name, _, class_name = config.import_path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        message = f"model.class_path: cannot import {config.class_path!r}: {error}"
+        raise ValueError(message) from error
+    if not (isinstance(found, type) and issubclass(found, lightning.LightningModule)):
+        raise ValueError(f"model.class_path: {config.class_path!r} is not a LightningModule class")
+    return found
+
+
+def build_model(
+    config: ModelConfig, num_features: int, classes: list[Any]
+) -> lightning.LightningModule:
+    """An instance of the configured model for this dataset's features and classes."""
+    return model_class(config)(num_features, classes, config.model_dump())

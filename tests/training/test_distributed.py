@@ -1,0 +1,110 @@
+"""2-rank DDP, FSDP2 and tensor-parallel training on CPU (gloo), and DDP's measured gradient
+communication per comm option; each suite is one torchrun job (distributed_job.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from training.config import TransformerConfig
+from training.launch import child_env
+from training.tokens import TokenDatasetSpec, write_token_dataset
+from training.transformer import TokenTransformer
+
+JOB = Path(__file__).with_name("distributed_job.py")
+SPEC = TokenDatasetSpec(num_rows=1024, holdout_rows=128, seq_len=16, vocab_size=64,
+                        num_classes=4, signature_tokens=4, rows_per_shard=512,
+                        rows_per_row_group=64, seed=3)
+STEPS_PER_EPOCH = 1024 // (2 * 16)
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_token_dataset(str(tmp_path_factory.mktemp("tokens")), SPEC)
+
+
+def run_suite(suite: str, dataset: str, out: Path) -> dict[str, dict[str, Any]]:
+    """Run one suite of distributed_job.py on 2 ranks; every run's summary by name."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "--max-restarts", "0", str(JOB),
+               "--suite", suite, "--dataset", dataset, "--out", str(out)]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
+    (out / "job.log").write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
+    return {path.parent.name: json.loads(path.read_text()) for path in out.glob("*/summary.json")}
+
+
+def tiny_parameter_shapes() -> list[tuple[int, ...]]:
+    net = TokenTransformer(TransformerConfig(vocab_size=64, d_model=32, num_layers=2,
+                                             num_heads=2, ffn_mult=2), SPEC.seq_len, 4)
+    return [tuple(p.shape) for p in net.parameters()]
+
+
+def powersgd_numel(shapes: list[tuple[int, ...]], rank: int) -> int:
+    """Elements PowerSGD all-reduces per step: P and Q ((n + m) x r) of each matrix worth
+    compressing (at least 2x smaller), every other tensor whole."""
+    total = 0
+    for shape in shapes:
+        n, m = shape[0], max(1, int(torch.tensor(shape[1:]).prod()))
+        r = min(n, m, rank)
+        total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return total
+
+
+@pytest.mark.slow
+def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, tmp_path: Path) -> None:
+    """Each strategy trains an epoch and resumes from its checkpoint to the second, ending at
+    the same step count; FSDP2 holds half of DDP's parameter bytes per rank; all three reach
+    the same loss and F1 on the same data and seed, and the resumed DDP run matches one that
+    was never interrupted."""
+    runs = run_suite("strategies", tokens, tmp_path)
+    for name in ("ddp", "fsdp", "tp"):
+        run = runs[name]
+        assert run["strategy"] == name and run["world_size"] == 2 and run["epochs"] == 2
+        assert run["resumed_from"].endswith("checkpoints/last.ckpt")
+        assert run["global_step_per_rank"] == [2 * STEPS_PER_EPOCH] * 2
+        assert run["batches_per_rank"] == [STEPS_PER_EPOCH] * 2  # this process: epoch 2 only
+        assert sum(map(sum, run["confusion_matrix"])) == SPEC.holdout_rows
+    assert (Path(runs["fsdp"]["resumed_from"]) / "meta.pt").is_file()  # a DCP directory
+    ddp_bytes = runs["ddp"]["param_bytes_per_rank"]
+    fsdp_bytes = runs["fsdp"]["param_bytes_per_rank"]
+    assert all(0.45 < f / d < 0.55 for f, d in zip(fsdp_bytes, ddp_bytes, strict=True))
+    losses = {name: runs[name]["train_loss"] for name in ("ddp", "fsdp", "tp", "ddp-straight")}
+    assert losses["ddp"] < 1.3  # it learns: chance is ln 4 = 1.39
+    for name in ("fsdp", "tp", "ddp-straight"):
+        assert losses[name] == pytest.approx(losses["ddp"], rel=1e-4), losses
+        assert runs[name]["val_macro_f1"] == pytest.approx(runs["ddp"]["val_macro_f1"], abs=0.01)
+
+
+@pytest.mark.slow
+def test_each_comm_option_changes_the_measured_bytes_as_expected(
+    tokens: str, tmp_path: Path
+) -> None:
+    """Per optimizer step, `none` all-reduces every gradient byte; fp16 and bf16 exactly half;
+    PowerSGD of rank r exactly its P and Q factors plus the tensors not worth compressing
+    (after its plain warm-up steps); post-local SGD only its warm-up steps and a parameter
+    average every period; with 2 batches accumulated the hook runs once per optimizer step."""
+    runs = run_suite("comm", tokens, tmp_path)
+    full = runs["none"]["param_bytes_per_rank"][0]
+    comm = {name: run["comm"] for name, run in runs.items()}
+    assert comm["none"]["steps"] == STEPS_PER_EPOCH
+    assert comm["none"]["allreduce_bytes_total"] == STEPS_PER_EPOCH * full
+    for half in ("fp16", "bf16"):
+        assert comm[half]["allreduce_bytes_total"] * 2 == comm["none"]["allreduce_bytes_total"]
+        assert runs[half]["train_loss"] == pytest.approx(runs["none"]["train_loss"], rel=0.01)
+    shapes = tiny_parameter_shapes()
+    for rank in (1, 2):
+        figures = comm[f"powersgd{rank}"]
+        assert figures["first_step_bytes"] == full
+        assert figures["last_step_bytes"] == 4 * powersgd_numel(shapes, rank) < full / 5
+    averagings = len(range(3, STEPS_PER_EPOCH, 4))
+    assert comm["local_sgd"]["allreduce_bytes_total"] == (3 + averagings) * full
+    assert comm["accumulate"]["steps"] == STEPS_PER_EPOCH // 2
+    assert comm["accumulate"]["last_step_bytes"] == full
+    assert all(run["comm"]["allreduce_s_total"] > 0 for run in runs.values())

@@ -1,0 +1,105 @@
+"""Small Lightning callbacks of a training job: counting, clipping, communication metrics.
+
+- `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
+- `GradientClipping`: clips the global gradient norm before each optimizer
+  step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
+  layers), which Lightning's own clipping does not cover for sharded models.
+  Logs `grad_norm` (before clipping).
+- `CommMetrics`: per optimizer step, the bytes and seconds of gradient
+  all-reduce that the strategy's `CommMeter` measured (training/comm.py), as
+  `comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`
+  (step time outside all-reduce over all-reduce time), and their totals for
+  the summary. Values are rank 0's, logged without a collective.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning
+import torch
+from torch.distributed.tensor import DTensor
+
+from training.comm import CommMeter
+
+
+class BatchCounter(lightning.Callback):
+    """Train batches run by this rank in this process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_train_batch_end(self, trainer: lightning.Trainer, *args: Any) -> None:
+        self.count += 1
+
+
+class GradientClipping(lightning.Callback):
+    """Scale all gradients so that their global L2 norm is at most `max_norm`."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def on_before_optimizer_step(
+        self, trainer: lightning.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer
+    ) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if not grads:
+            return
+        total = torch.nn.utils.get_total_norm(grads)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        scale = float((self.max_norm / (total + 1e-6)).clamp(max=1.0))
+        for grad in grads if scale < 1.0 else []:
+            grad.mul_(scale)
+        pl_module.log("grad_norm", float(total), on_step=True, on_epoch=False, batch_size=1)
+
+
+class CommMetrics(lightning.Callback):
+    """Logs the metered gradient communication of every optimizer step."""
+
+    def __init__(self, meter: CommMeter) -> None:
+        self.meter = meter
+        self.steps, self.last_bytes, self.first_bytes = 0, 0, 0
+        self._step_start: float | None = None
+        self._global_step = -1
+
+    def on_train_start(self, trainer: lightning.Trainer, *args: Any) -> None:
+        self._global_step = trainer.global_step  # a resumed run starts past 0
+
+    def on_train_batch_start(self, trainer: lightning.Trainer, *args: Any) -> None:
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: lightning.Trainer, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == self._global_step or self._step_start is None:
+            return  # accumulating: the step is not over
+        self._global_step = trainer.global_step
+        step_s = time.perf_counter() - self._step_start
+        self._step_start = None
+        num_bytes, comm_s = self.meter.take()
+        self.record(num_bytes)
+        figures = {"comm/allreduce_bytes": float(num_bytes), "comm/allreduce_s": comm_s}
+        if comm_s > 0:
+            figures["comm/compute_comm_ratio"] = max(step_s - comm_s, 0.0) / comm_s
+        for name, value in figures.items():
+            pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+
+    def record(self, num_bytes: int) -> None:
+        self.first_bytes = num_bytes if self.steps == 0 else self.first_bytes
+        self.last_bytes = num_bytes
+        self.steps += 1
+
+    def summary(self) -> dict[str, Any]:
+        """Totals of this process: bytes and seconds, per step on average, first and last."""
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "allreduce_bytes_total": self.meter.total_bytes,
+            "allreduce_s_total": round(self.meter.total_seconds, 6),
+            "allreduce_bytes_per_step": self.meter.total_bytes / steps,
+            "allreduce_s_per_step": self.meter.total_seconds / steps,
+            "first_step_bytes": self.first_bytes,
+            "last_step_bytes": self.last_bytes,
+        }

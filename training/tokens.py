@@ -1,0 +1,168 @@
+"""Generate a token-sequence dataset version for the built-in transformer.
+
+    python -m training.tokens --out /tmp/tokens --rows 20000 --seq-len 64 --vocab-size 4096
+
+writes a committed ballast version (shards + `_MANIFEST.json` + `_CURRENT`,
+through `preprocessing.manifest`, so the loader reads it like any other):
+column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
+0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
+a sequence is uniform random tokens with a fraction `signal` of its positions
+replaced by its class's signature tokens, so a model must find which
+signature dominates. The loader yields `tokens` as float32 [B, seq_len]
+(exact for ids below 2^24); the transformer casts them back to ids.
+
+The version id is a hash of the spec: generating the same spec twice reuses
+the committed version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+from pydantic import BaseModel, ConfigDict, Field
+
+from preprocessing.manifest import (
+    Manifest,
+    ShardEntry,
+    SplitEntry,
+    file_sha256,
+    manifest_uri,
+    shard_name,
+    swap_current,
+    version_dir,
+    write_manifest,
+)
+
+
+class TokenDatasetSpec(BaseModel):
+    """What to generate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_rows: int = Field(20_000, gt=0, description="Rows of the train split.")
+    holdout_rows: int = Field(2_000, ge=0, description="Rows of the holdout split.")
+    seq_len: int = Field(64, gt=0, description="Tokens per sequence.")
+    vocab_size: int = Field(4096, gt=1, le=2**24, description="Token ids in [0, vocab_size).")
+    num_classes: int = Field(8, gt=1, description="Classes; labels are 0..num_classes-1.")
+    signature_tokens: int = Field(8, gt=0, description="Signature tokens owned by each class.")
+    signal: float = Field(0.15, gt=0, le=1, description="Fraction of positions from the class.")
+    rows_per_shard: int = Field(5_000, gt=0, description="Rows per Parquet shard.")
+    rows_per_row_group: int = Field(500, gt=0, description="Rows per Parquet row group.")
+    seed: int = Field(0, ge=0, description="Seeds the vocabulary split and every sequence.")
+
+    def version_id(self) -> str:
+        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        return f"tokens-{digest}"
+
+
+def signatures(spec: TokenDatasetSpec) -> np.ndarray:
+    """[num_classes, signature_tokens] disjoint token ids owned by each class."""
+    needed = spec.num_classes * spec.signature_tokens
+    if needed > spec.vocab_size:
+        raise ValueError(
+            f"vocab_size: {spec.vocab_size} ids cannot give {spec.num_classes} classes "
+            f"{spec.signature_tokens} signature tokens each"
+        )
+    chosen = np.random.default_rng([spec.seed, 0]).permutation(spec.vocab_size)[:needed]
+    return chosen.reshape(spec.num_classes, spec.signature_tokens)
+
+
+def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int) -> pa.Table:
+    """`num_rows` sequences with ids from `first_id`; `stream` keeps splits independent."""
+    rng = np.random.default_rng([spec.seed, stream])
+    labels = rng.integers(0, spec.num_classes, num_rows)
+    tokens = rng.integers(0, spec.vocab_size, (num_rows, spec.seq_len), dtype=np.int32)
+    planted = rng.random((num_rows, spec.seq_len)) < spec.signal
+    picks = rng.integers(0, spec.signature_tokens, (num_rows, spec.seq_len))
+    owned = signatures(spec)[labels[:, None], picks].astype(np.int32)
+    tokens = np.where(planted, owned, tokens)
+    flat = pa.array(tokens.ravel(), type=pa.int32())
+    return pa.table({
+        "id": pa.array(np.arange(first_id, first_id + num_rows), type=pa.int64()),
+        "label": pa.array(labels, type=pa.int64()),
+        "source": pa.array(["synthetic"] * num_rows),
+        "tokens": pa.FixedSizeListArray.from_arrays(flat, spec.seq_len),
+    })
+
+
+def write_split(spec: TokenDatasetSpec, directory: str, split: str, table: pa.Table) -> SplitEntry:
+    """Write `table` as shards of `rows_per_shard`; the split's manifest entry."""
+    fs, path = url_to_fs(directory)
+    entries = []
+    for index, offset in enumerate(range(0, table.num_rows, spec.rows_per_shard)):
+        part, name = table.slice(offset, spec.rows_per_shard), shard_name(split, index)
+        with fs.open(f"{path}/{name}", "wb") as handle:
+            pq.write_table(part, handle, row_group_size=spec.rows_per_row_group,
+                           compression="zstd")
+        counts = Counter(str(value) for value in part.column("label").to_pylist())
+        entries.append(ShardEntry(
+            path=name, num_rows=part.num_rows, num_bytes=fs.size(f"{path}/{name}"),
+            num_row_groups=-(-part.num_rows // spec.rows_per_row_group),
+            rows_per_row_group=spec.rows_per_row_group,
+            sha256=file_sha256(f"{directory}/{name}"), class_counts=dict(counts),
+            source_counts={"synthetic": part.num_rows},
+        ))
+    return SplitEntry(num_rows=table.num_rows, shards=entries)
+
+
+def write_token_dataset(root: str, spec: TokenDatasetSpec) -> str:
+    """Write (or find) the version of `spec` under `root` and make it current; returns root."""
+    version_id = spec.version_id()
+    fs, _ = url_to_fs(root)
+    if not fs.exists(url_to_fs(manifest_uri(root, version_id))[1]):
+        directory = version_dir(root, version_id)
+        fs.makedirs(url_to_fs(directory)[1], exist_ok=True)
+        train = make_rows(spec, 0, spec.num_rows, stream=1)
+        splits = {"train": write_split(spec, directory, "train", train)}
+        if spec.holdout_rows:
+            holdout = make_rows(spec, spec.num_rows, spec.holdout_rows, stream=2)
+            splits["holdout"] = write_split(spec, directory, "holdout", holdout)
+        write_manifest(root, manifest_of(spec, train.schema, splits))
+    swap_current(root, version_id)
+    return root
+
+
+def manifest_of(
+    spec: TokenDatasetSpec, schema: pa.Schema, splits: dict[str, SplitEntry]
+) -> Manifest:
+    """The manifest of a generated version: one feature column, `tokens`."""
+    counts: Counter[str] = Counter()
+    for entry in splits["train"].shards:
+        counts.update(entry.class_counts)
+    return Manifest(
+        version_id=spec.version_id(), label_column="label", source_column="source",
+        id_column="id", feature_columns=["tokens"], classes=list(range(spec.num_classes)),
+        sources=["synthetic"],
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
+        splits=splits, seed=spec.seed, config=json.loads(spec.model_dump_json()),
+        input_fingerprint=f"generated:{spec.version_id()}", input_class_counts=dict(counts),
+        input_source_counts={"synthetic": splits["train"].num_rows},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.tokens", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="Output root (local path or URI).")
+    for name, field in TokenDatasetSpec.model_fields.items():
+        flag = "--" + name.replace("_", "-").replace("num-rows", "rows")
+        parser.add_argument(flag, dest=name, type=type(field.default), default=field.default,
+                            help=field.description)
+    args = vars(parser.parse_args(argv))
+    root = args.pop("out")
+    write_token_dataset(str(Path(root).absolute()) if "://" not in root else root,
+                        TokenDatasetSpec(**args))
+    print(root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
