@@ -25,14 +25,18 @@ from flows.params import (
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
 from preprocessing.manifest import read_manifest
+from preprocessing.reshard import version_is_committed
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 
 
 def _reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
-    state = tasks.reshard(config, dask, return_state=True)
+    # The cache is keyed by version id; a version deleted since it was cached is made again.
+    task = tasks.reshard.with_options(refresh_cache=not version_is_committed(config))
+    state = task(config, dask, return_state=True)
     dataset: dict[str, Any] = state.result()
-    return {**dataset, "reused": state.name == "Cached"}
+    return {**dataset, "reused": dataset["reused"] or state.name == "Cached",
+            "cached": state.name == "Cached"}
 
 
 def _tracked_job(config: TrainConfig, job: JobParams, manifest_uri: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@ passes URIs and small dicts, never data. Names are those of the functions they w
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -17,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import DaskConfig, dask_client
 from preprocessing.config import ReshardConfig
-from preprocessing.manifest import ManifestError, read_manifest, shard_uri, version_dir
+from preprocessing.manifest import read_manifest, shard_uri
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard, version_id_for
 from tracking.config import TrackingConfig
@@ -29,15 +28,8 @@ from training.launch import launch_local
 
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
-    """Cache key of a reshard: its dataset version id (inputs + config + code version),
-    only while that version is committed (a deleted version is made again)."""
-    config: ReshardConfig = parameters["config"]
-    version_id = version_id_for(config)
-    try:
-        read_manifest(version_dir(config.output_root, version_id))
-    except ManifestError:
-        return f"reshard-{version_id}-{uuid.uuid4().hex}"
-    return f"reshard-{version_id}"
+    """Cache key of a reshard: its dataset version id (inputs + config + code version)."""
+    return f"reshard-{version_id_for(parameters['config'])}"
 
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30))
@@ -52,7 +44,8 @@ def reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report)
-    return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id}
+    return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id,
+            "reused": result.reused}
 
 
 @task(cache_policy=NO_CACHE)

@@ -109,6 +109,11 @@ def version_id_for(config: ReshardConfig) -> str:
     return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
 
 
+def version_is_committed(config: ReshardConfig) -> bool:
+    """Whether the version of `config` (on its current inputs) is committed already."""
+    return _committed(config.output_root, version_id_for(config)) is not None
+
+
 def run_reshard(config: ReshardConfig, client: Client | None = None,
                 progress: Progress | None = None) -> ReshardResult:
     """Make (or find) the dataset version for `config` and commit it.

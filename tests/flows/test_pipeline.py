@@ -68,7 +68,7 @@ def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
     before = sorted(p.name for p in root.iterdir())
     again = pipeline(params.model_copy(update={"train": params.train.model_copy(
         update={"max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}))
-    assert again["reused"] and again["version_id"] == first_run["version_id"]
+    assert again["cached"] and again["version_id"] == first_run["version_id"]
     assert sorted(p.name for p in root.iterdir()) == before
 
 
