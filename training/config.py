@@ -78,8 +78,10 @@ class ModelConfig(BaseModel):
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="Transformer: its sizes."
     )
-    learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="`adamw`, or `sgd` with Nesterov momentum 0.9.")
+    learning_rate: float = Field(3e-3, gt=0, description="Learning rate.")
+    weight_decay: float = Field(1e-4, ge=0, description="Weight decay (decoupled for AdamW).")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Free-form settings read by a user model class."
     )
@@ -140,10 +142,11 @@ class TrainConfig(BaseModel):
     )
     seed: int = Field(0, description="Seeds weights and the sample order of every epoch.")
     max_epochs: int = Field(3, gt=0, description="Passes over the training split.")
-    strategy: Literal["ddp", "fsdp", "tp", "auto"] = Field(
-        "ddp",
-        description="`ddp`; `fsdp` (FSDP2, fully_shard per block); `tp` (tensor parallel over "
-        "`tensor_parallel_size` ranks, FSDP2 over the rest: the transformer only); `auto`.",
+    strategy: Literal["auto", "ddp", "fsdp", "tp"] = Field(
+        "auto",
+        description="`auto`: DDP over several ranks, one device alone; `ddp` (even on one "
+        "rank); `fsdp` (FSDP2, fully_shard per block); `tp` (tensor parallel over "
+        "`tensor_parallel_size` ranks, FSDP2 over the rest: the transformer only).",
     )
     tensor_parallel_size: int = Field(
         2, gt=0, description="`tp`: ranks per tensor-parallel group (divides the world size)."

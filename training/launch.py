@@ -88,7 +88,8 @@ def launch_with_retries(
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
     """`launch_local`, relaunched with resume after a failure, up to `retries` times.
-    The summary gains `attempts`: returncode, seconds and error tail of each attempt."""
+    The summary gains `attempts`: returncode, seconds, end time (Unix seconds) and the
+    error tail of each attempt."""
     config_path = pin_tracking_run(config_path)
     resume = load_train_config(config_path).resume
     attempts: list[dict[str, Any]] = []
@@ -98,12 +99,14 @@ def launch_with_retries(
             summary = launch_local(config_path, nproc_per_node, timeout_s, resume or attempt > 0)
         except TrainingFailed as error:
             attempts.append({"returncode": error.returncode, "error": error.output_tail[-2000:],
-                             "elapsed_s": round(time.monotonic() - started, 3)})
+                             "elapsed_s": round(time.monotonic() - started, 3),
+                             "ended_at": time.time()})
             if attempt == retries:
                 error.attempts = attempts
                 raise
             continue
-        attempts.append({"returncode": 0, "elapsed_s": round(time.monotonic() - started, 3)})
+        attempts.append({"returncode": 0, "elapsed_s": round(time.monotonic() - started, 3),
+                         "ended_at": time.time()})
         return summary | {"attempts": attempts}
     raise AssertionError("unreachable")
 

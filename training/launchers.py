@@ -69,6 +69,9 @@ class LaunchConfig(BaseModel):
     namespace: str = Field("default", description="Kubernetes namespace.")
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment of every rank (no secrets).")
+    secret_env: str | None = Field(
+        None, description="Kubernetes Secret whose keys become environment variables (e.g. "
+        "AWS credentials for s3:// data and checkpoints); never written into the manifest.")
 
 
 def training_args(config_uri: str, resume: bool) -> list[str]:
@@ -202,12 +205,14 @@ def replica_spec(spec: LaunchConfig, replicas: int) -> dict[str, Any]:
     resources: dict[str, Any] = {"cpu": str(spec.cpus_per_node), "memory": spec.memory}
     if spec.gpus_per_node:
         resources["nvidia.com/gpu"] = str(spec.gpus_per_node)
-    container = {
+    container: dict[str, Any] = {
         "name": "pytorch", "image": spec.image, "command": command,
         "env": [{"name": k, "value": v} for k, v in spec.env.items()],
         "resources": {"requests": resources, "limits": dict(resources)},
         "volumeMounts": [{"name": "config", "mountPath": "/etc/ballast"}],
     }
+    if spec.secret_env:
+        container["envFrom"] = [{"secretRef": {"name": spec.secret_env}}]
     volume = {"name": "config", "configMap": {"name": f"{spec.job_name}-config"}}
     return {"replicas": replicas, "restartPolicy": "OnFailure",
             "template": {"spec": {"containers": [container], "volumes": [volume]}}}

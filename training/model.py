@@ -100,8 +100,12 @@ class Classifier(lightning.LightningModule):
             self.log(name, value, sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        config = self.config
+        if config.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=config.learning_rate, momentum=0.9,
+                                   nesterov=True, weight_decay=config.weight_decay)
         return torch.optim.AdamW(
-            self.parameters(), lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+            self.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
         )
 
 

@@ -14,8 +14,8 @@ FSDP2 / tensor parallel through `ModelParallelStrategy`.
   weight 0 after the forward pass, so metrics count every sample once.
 
 Both get a process-group timeout, so a dead peer fails the job instead of
-hanging it. One process (`WORLD_SIZE` 1) with `ddp` or `auto` trains without
-a process group.
+hanging it. `auto` is DDP over several ranks and Lightning's single-device
+strategy in one process (no process group); `ddp` is DDP even on one rank.
 """
 
 from __future__ import annotations
@@ -123,6 +123,6 @@ def build_strategy(cfg: TrainConfig, world_size: int) -> Strategy | str:
             process_group_backend=backend,
             timeout=timeout,
         )
-    if world_size == 1:
+    if world_size == 1 and cfg.strategy == "auto":
         return "auto"
     return MeteredDDPStrategy(cfg, process_group_backend=backend, timeout=timeout)

@@ -8,8 +8,9 @@ column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
 0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
 a sequence is uniform random tokens with a fraction `signal` of its positions
 replaced by its class's signature tokens, so a model must find which
-signature dominates. The loader yields `tokens` as float32 [B, seq_len]
-(exact for ids below 2^24); the transformer casts them back to ids.
+signature dominates; a fraction `label_noise` of rows then get a random label.
+The loader yields `tokens` as float32 [B, seq_len] (exact for ids below 2^24);
+the transformer casts them back to ids.
 
 The version id is a hash of the spec: generating the same spec twice reuses
 the committed version.
@@ -54,6 +55,9 @@ class TokenDatasetSpec(BaseModel):
     num_classes: int = Field(8, gt=1, description="Classes; labels are 0..num_classes-1.")
     signature_tokens: int = Field(8, gt=0, description="Signature tokens owned by each class.")
     signal: float = Field(0.15, gt=0, le=1, description="Fraction of positions from the class.")
+    label_noise: float = Field(
+        0.0, ge=0, lt=1, description="Fraction of rows labelled with a random class instead "
+        "(an irreducible loss, as real data has).")
     rows_per_shard: int = Field(5_000, gt=0, description="Rows per Parquet shard.")
     rows_per_row_group: int = Field(500, gt=0, description="Rows per Parquet row group.")
     seed: int = Field(0, ge=0, description="Seeds the vocabulary split and every sequence.")
@@ -84,6 +88,8 @@ def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int)
     picks = rng.integers(0, spec.signature_tokens, (num_rows, spec.seq_len))
     owned = signatures(spec)[labels[:, None], picks].astype(np.int32)
     tokens = np.where(planted, owned, tokens)
+    noisy = rng.random(num_rows) < spec.label_noise
+    labels = np.where(noisy, rng.integers(0, spec.num_classes, num_rows), labels)
     flat = pa.array(tokens.ravel(), type=pa.int32())
     return pa.table({
         "id": pa.array(np.arange(first_id, first_id + num_rows), type=pa.int64()),

@@ -2,17 +2,22 @@
 
 `--suite strategies`: for ddp, fsdp and tp, one epoch, then a resume from its
 last.ckpt up to two epochs (a fresh Trainer and model, built from the checkpoint);
-plus ddp for two epochs straight. `--suite comm`: one epoch of ddp per gradient
-communication option. Each run writes `<out>/<name>/summary.json`. Starting
-torch and Lightning once for all runs keeps the test within its time budget on
-a 2-core machine; every run builds its own Trainer, model, streams and strategy.
+plus ddp for two epochs straight. The resumed fsdp and tp runs log their network
+to the MLflow run that `--tracking` (JSON: tracking_uri, artifact_location, and a
+run id per strategy, created by the test) names for them. `--suite comm`: one
+epoch of ddp per gradient communication option. Each run writes
+`<out>/<name>/summary.json`. Starting torch and Lightning once for all runs keeps
+the test within its time budget on a 2-core machine; every run builds its own
+Trainer, model, streams and strategy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
+from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.train import close_process_group, run_training
 
@@ -38,16 +43,22 @@ def base_config(dataset: str, out: str) -> TrainConfig:
     })
 
 
-def run_strategies(dataset: str, out: str) -> None:
+def run_strategies(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     for strategy in ("ddp", "fsdp", "tp"):
         cfg = base_config(dataset, f"{out}/{strategy}").model_copy(update={"strategy": strategy})
         run_training(cfg)
-        run_training(cfg.model_copy(update={"max_epochs": 2, "resume": True}))
+        resumed = cfg.model_copy(update={"max_epochs": 2, "resume": True})
+        if strategy in tracking["run_ids"]:
+            logged = TrackingConfig(tracking_uri=tracking["tracking_uri"],
+                                    run_id=tracking["run_ids"][strategy],
+                                    artifact_location=tracking["artifact_location"])
+            resumed = resumed.model_copy(update={"tracking": logged})
+        run_training(resumed)
     straight = base_config(dataset, f"{out}/ddp-straight").model_copy(update={"max_epochs": 2})
     run_training(straight)
 
 
-def run_comm(dataset: str, out: str) -> None:
+def run_comm(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     base = base_config(dataset, "").model_copy(update={"gradient_clip_norm": None})
     for name, comm in COMM_RUNS.items():
         cfg = base.model_copy(update={"output_dir": f"{out}/{name}"})
@@ -61,9 +72,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("--suite", "--dataset", "--out"):
         parser.add_argument(name, required=True)
+    parser.add_argument("--tracking", default='{"run_ids": {}}')
     args = parser.parse_args()
     suites = {"strategies": run_strategies, "comm": run_comm}
-    suites[args.suite](args.dataset, args.out)
+    suites[args.suite](args.dataset, args.out, json.loads(args.tracking))
     close_process_group()
 
 

@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from training.config import TransformerConfig
-from training.launch import child_env
+from tracking.config import TrackingConfig
+from training.config import LoaderConfig, TrainConfig, TransformerConfig
+from training.launch import child_env, create_tracking_run
+from training.loader import ShardStream
 from training.tokens import TokenDatasetSpec, write_token_dataset
 from training.transformer import TokenTransformer
 
@@ -29,15 +32,43 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_token_dataset(str(tmp_path_factory.mktemp("tokens")), SPEC)
 
 
-def run_suite(suite: str, dataset: str, out: Path) -> dict[str, dict[str, Any]]:
+def run_suite(
+    suite: str, dataset: str, out: Path, tracking: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Run one suite of distributed_job.py on 2 ranks; every run's summary by name."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", "--max-restarts", "0", str(JOB),
-               "--suite", suite, "--dataset", dataset, "--out", str(out)]
+               "--suite", suite, "--dataset", dataset, "--out", str(out),
+               "--tracking", json.dumps(tracking or {"run_ids": {}})]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
     (out / "job.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
     return {path.parent.name: json.loads(path.read_text()) for path in out.glob("*/summary.json")}
+
+
+def tracked_runs(tmp_path: Path, names: list[str]) -> dict[str, Any]:
+    """A sqlite MLflow store with one run per name, made before any rank starts."""
+    uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts")
+    cfg = TrainConfig(dataset="-", output_dir="-", tracking=TrackingConfig(
+        tracking_uri=uri, experiment="strategies", artifact_location=artifacts))
+    return {"tracking_uri": uri, "artifact_location": artifacts,
+            "run_ids": {name: create_tracking_run(cfg) for name in names}}
+
+
+def holdout_confusion(tracking_uri: str, model_uri: str, dataset: str) -> np.ndarray:
+    """The confusion matrix of the logged network over every holdout sample."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    network = mlflow.pytorch.load_model(model_uri)  # an exported graph: no .eval()
+    config = LoaderConfig(batch_size=64, remainder="pad")
+    confusion = np.zeros((4, 4), dtype=np.int64)
+    with torch.no_grad():
+        for batch in ShardStream(dataset, "holdout", config, seed=0):
+            real = batch["weight"].numpy() > 0
+            pred = network(batch["features"]).argmax(dim=1).numpy()
+            np.add.at(confusion, (batch["label"].numpy()[real], pred[real]), 1)
+    return confusion
 
 
 def tiny_parameter_shapes() -> list[tuple[int, ...]]:
@@ -62,8 +93,10 @@ def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, tmp_pa
     """Each strategy trains an epoch and resumes from its checkpoint to the second, ending at
     the same step count; FSDP2 holds half of DDP's parameter bytes per rank; all three reach
     the same loss and F1 on the same data and seed, and the resumed DDP run matches one that
-    was never interrupted."""
-    runs = run_suite("strategies", tokens, tmp_path)
+    was never interrupted. The FSDP2 and tensor-parallel networks logged to MLflow are whole
+    (unsharded): they classify the holdout as the sharded ones did in validation."""
+    tracking = tracked_runs(tmp_path, ["fsdp", "tp"])
+    runs = run_suite("strategies", tokens, tmp_path / "runs", tracking)
     for name in ("ddp", "fsdp", "tp"):
         run = runs[name]
         assert run["strategy"] == name and run["world_size"] == 2 and run["epochs"] == 2
@@ -80,6 +113,10 @@ def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, tmp_pa
     for name in ("fsdp", "tp", "ddp-straight"):
         assert losses[name] == pytest.approx(losses["ddp"], rel=1e-4), losses
         assert runs[name]["val_macro_f1"] == pytest.approx(runs["ddp"]["val_macro_f1"], abs=0.01)
+    for name in ("fsdp", "tp"):
+        assert runs[name]["run_id"] == tracking["run_ids"][name]
+        confusion = holdout_confusion(tracking["tracking_uri"], runs[name]["model_uri"], tokens)
+        assert np.abs(confusion - np.array(runs[name]["confusion_matrix"])).sum() <= 2
 
 
 @pytest.mark.slow

@@ -105,3 +105,30 @@ def test_launchers_refuse_what_they_cannot_do(config_path: str) -> None:
             make_launcher(SPEC.model_copy(update={"kind": "slurm"})).launch(config_path)
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         TorchrunLauncher(SPEC).command(config_path)
+
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+def without_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("# "))
+
+
+def test_shipped_examples_are_current_renders() -> None:
+    """infra/k8s/train.yaml is a valid TrainConfig, and infra/k8s/pytorchjob.yaml and
+    infra/slurm/train.sbatch are exactly what the launchers render from the arguments
+    their headers give (so the examples cannot drift from the code)."""
+    config = str(INFRA / "k8s" / "train.yaml")
+    assert load_train_config(config).strategy == "fsdp"
+    kubernetes = LaunchConfig(kind="kubernetes", nnodes=2, nproc_per_node=8, gpus_per_node=8,
+                              cpus_per_node=64, memory="512Gi", secret_env="ballast-s3",
+                              image="registry.example.com/ballast:0.1.0",
+                              job_name="ballast-train")
+    shipped = (INFRA / "k8s" / "pytorchjob.yaml").read_text()
+    assert without_comments(shipped) == without_comments(make_launcher(kubernetes).render(config))
+    slurm = LaunchConfig(kind="slurm", nnodes=4, nproc_per_node=8, gpus_per_node=8,
+                         cpus_per_node=64, partition="gpu", time_limit="12:00:00", retries=2,
+                         job_name="ballast-train")
+    rendered = make_launcher(slurm).render("/shared/ballast/jobs/train.yaml")
+    assert without_comments((INFRA / "slurm" / "train.sbatch").read_text()) == (
+        without_comments(rendered))

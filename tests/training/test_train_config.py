@@ -8,6 +8,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from training.config import ModelConfig, TrainConfig, dump_train_config, load_train_config
@@ -52,14 +53,17 @@ def test_config_round_trips_through_any_fsspec_uri() -> None:
 
 
 def test_models_are_found_by_name_or_import_path() -> None:
-    """Built-in names and "pkg.module:Class" resolve to LightningModules built for the data;
-    a path that does not import, or names something else, fails naming model.class_path."""
+    """Built-in names and "pkg.module:Class" resolve to LightningModules built for the data
+    (with the configured optimizer); a path that does not import, or names something else,
+    fails naming model.class_path."""
     assert isinstance(build_model(ModelConfig(), 8, [1, 2]), FeatureClassifier)
     transformer = ModelConfig(class_path="transformer",
                               transformer={"vocab_size": 16, "d_model": 8, "num_heads": 2})
     assert isinstance(build_model(transformer, 12, [0, 1, 2]), TokenClassifier)
-    path = ModelConfig(class_path="training.model:FeatureClassifier")
-    assert type(build_model(path, 8, [1, 2])) is FeatureClassifier
+    path = ModelConfig(class_path="training.model:FeatureClassifier", optimizer="sgd")
+    model = build_model(path, 8, [1, 2])
+    assert type(model) is FeatureClassifier
+    assert isinstance(model.configure_optimizers(), torch.optim.SGD)
     for bad, message in [("nowhere.mod:Thing", "cannot import"),
                          ("training.config:TrainConfig", "not a LightningModule")]:
         with pytest.raises(ValueError, match=f"model.class_path.*{message}"):
