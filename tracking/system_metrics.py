@@ -16,16 +16,16 @@ from tracking.config import TrackingConfig
 
 
 @contextmanager
-def node_system_metrics(config: TrackingConfig | None, run_id: str | None,
-                        sampling_interval_s: float = 10.0) -> Iterator[None]:
+def node_system_metrics(config: TrackingConfig | None, run_id: str | None) -> Iterator[None]:
     """Sample this node's system metrics into the run while the block runs."""
-    if config is None or run_id is None or os.environ.get("LOCAL_RANK", "0") != "0":
+    if (config is None or run_id is None or config.system_metrics_interval_s is None
+            or os.environ.get("LOCAL_RANK", "0") != "0"):
         yield
         return
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     node = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=sampling_interval_s,
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=config.system_metrics_interval_s,
                                    node_id=f"node_{node}", tracking_uri=config.tracking_uri)
     monitor.start()
     try:

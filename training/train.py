@@ -18,6 +18,8 @@ import resource
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import lightning
@@ -27,6 +29,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
+from tracking.config import TrackingConfig
 from training.callbacks import BatchCounter, CommMetrics, GradientClipping
 from training.checkpoints import full_network_state, resolve_checkpoint
 from training.config import TrainConfig
@@ -54,7 +57,7 @@ def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, An
     job = JobCallbacks(cfg, strategy)
     trainer = build_trainer(cfg, strategy, job, data.train_stream.num_batches(world_size))
     resume_from = resolve_checkpoint(ckpt_path, cfg.resume, cfg.checkpoint_uri)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), node_system_metrics(cfg.tracking):
         # The streams' __len__ is exact on every rank and worker, which this warning doubts.
         warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
         trainer.fit(model, datamodule=data, ckpt_path=resume_from)
@@ -196,7 +199,7 @@ def summarise(
     trainer: lightning.Trainer, model: Any, cfg: TrainConfig, job: JobCallbacks, elapsed_s: float
 ) -> dict[str, Any]:
     """The figures of the run that a flow, a person or a test reads back."""
-    loss = trainer.callback_metrics.get("train_loss")
+    loss, val_loss = (trainer.callback_metrics.get(name) for name in ("train_loss", "val_loss"))
     classes = list(getattr(model, "classes", []))
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
@@ -208,6 +211,7 @@ def summarise(
         "classes": classes,
         "epochs": trainer.current_epoch,
         "train_loss": float(loss) if loss is not None else None,
+        "val_loss": float(val_loss) if val_loss is not None else None,
         "comm": job.comm.summary() if job.comm is not None else None,
         "run_id": tracking_run_id(trainer, cfg),
         "tracking_delivery": getattr(trainer.logger, "last_report", None),
@@ -230,3 +234,15 @@ def tracking_run_id(trainer: lightning.Trainer, cfg: TrainConfig) -> str | None:
         return None
     run_id = getattr(trainer.logger, "run_id", None) if trainer.is_global_zero else None
     return run_id or cfg.tracking.run_id
+
+
+@contextmanager
+def node_system_metrics(tracking: TrackingConfig | None) -> Iterator[None]:
+    """Per-node CPU/memory/GPU metrics into the job's run (tracking imported only then)."""
+    if tracking is None or tracking.run_id is None:
+        yield
+        return
+    from tracking.system_metrics import node_system_metrics as sample_node
+
+    with sample_node(tracking, tracking.run_id):
+        yield

@@ -56,7 +56,8 @@ def all_artifact_text(client: MlflowClient, run_id: str, path: str = "") -> str:
 def test_tracked_jobs_register_champion_then_challenger(tiny_raw, tmp_path, dask_client,
                                                         mlflow_uri, monkeypatch) -> None:
     """Invariants: the run holds params, tags, the dataset input (digest = version id),
-    metrics, plots, checkpoints and the manifest; the first model is `champion`; a worse
+    metrics (system metrics of node 0 included), plots, checkpoints and the manifest;
+    the first model is `champion`; a worse
     second model becomes `challenger` and the champion does not move; the champion loads
     from `models:/<name>@champion` and predicts one class per row of a shard; a secret in
     the environment appears in no param, tag or artifact."""
@@ -64,7 +65,8 @@ def test_tracked_jobs_register_champion_then_challenger(tiny_raw, tmp_path, dask
     result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
                                        output_root=str(tmp_path / "ds")), dask_client)
     tracking = TrackingConfig(tracking_uri=mlflow_uri, experiment="lifecycle",
-                              registered_model_name=f"clf-{uuid.uuid4().hex[:6]}")
+                              registered_model_name=f"clf-{uuid.uuid4().hex[:6]}",
+                              system_metrics_interval_s=1.0)
     good_run, good = tracked_job(tmp_path, "good", result.manifest_uri, tracking,
                                  ModelConfig(), epochs=3)
     bad_run, bad = tracked_job(tmp_path, "bad", result.manifest_uri, tracking,
@@ -80,6 +82,7 @@ def test_tracked_jobs_register_champion_then_challenger(tiny_raw, tmp_path, dask
     assert run.data.params["job"] == "good" and run.data.tags["ballast.strategy"] == "ddp"
     assert run.inputs.dataset_inputs[0].dataset.digest == result.manifest.version_id
     assert {"train_loss", "val_macro_f1"} <= set(run.data.metrics)
+    assert any(key.startswith("system/node_0/cpu") for key in run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(good_run, "plots")}
     assert {"plots/class_source_mix.png", "plots/shard_rows.png", "plots/loss_curve.png",
             "plots/confusion_matrix.png"} <= artifacts
