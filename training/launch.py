@@ -14,6 +14,7 @@ node of several, each node running it with the same c10d rendezvous endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -147,13 +148,23 @@ def run_process_group(command: list[str], log: IO[bytes], timeout_s: float) -> i
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
-    """SIGTERM the launcher and its ranks (one session), then SIGKILL what is left."""
+    """SIGTERM the launcher and every descendant, then SIGKILL what is left. torchrun starts
+    each rank in a session of its own, so killing the launcher's group alone misses them."""
+    import psutil
+
+    try:
+        ranks = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        ranks = []
     os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    for rank in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rank.kill()
 
 
 def child_env() -> dict[str, str]:
