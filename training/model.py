@@ -3,8 +3,7 @@
 `Classifier` is the task shared by the built-in models: cross-entropy weighted
 by `batch["weight"]` (padding samples carry weight 0 and count for nothing);
 validation accumulates a confusion matrix summed over all ranks at the end of
-the epoch, from which macro F1 and per-class recall are computed, and logs the
-weighted `val_loss`. Subclasses
+the epoch, from which macro F1 and per-class recall are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
 logits (it is what gets logged to MLflow). `FeatureClassifier` is an MLP over
 the feature vector; `training.transformer.TokenClassifier` a transformer.
@@ -87,10 +86,7 @@ class Classifier(lightning.LightningModule):
         real = batch["weight"] > 0
         if batch_idx == 0:
             self.example_features = batch["features"][:5].detach().cpu()
-        logits = self(batch["features"])
-        loss = weighted_cross_entropy(logits, batch["label"], batch["weight"])
-        self.log("val_loss", loss, on_epoch=True, sync_dist=True, batch_size=int(real.sum()))
-        pred = logits.argmax(dim=1)[real]
+        pred = self(batch["features"]).argmax(dim=1)[real]
         target = batch["label"][real]
         num_classes = len(self.classes)
         counts = torch.bincount(target * num_classes + pred, minlength=num_classes**2)

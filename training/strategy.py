@@ -10,8 +10,8 @@ FSDP2 / tensor parallel through `ModelParallelStrategy`.
   its own batch (the loader shards samples over all ranks); the ranks of a
   tensor-parallel group concatenate their batches, so the group computes on
   all of them at once, every sample is used once, and the global batch is the
-  same as DDP's. In validation (no backward), each rank gives weight 0 to the
-  samples it did not read, so metrics summed over ranks count every sample once.
+  same as DDP's. In validation, samples from other ranks of the group get
+  weight 0 after the forward pass, so metrics count every sample once.
 
 Both get a process-group timeout, so a dead peer fails the job instead of
 hanging it. `auto` is DDP over several ranks and Lightning's single-device

@@ -13,7 +13,6 @@ shared/FINDINGS.md 1).
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import sys
@@ -224,15 +223,9 @@ def summarise(
 
 
 def close_process_group() -> None:
-    """Destroy the process groups of this process, if any, while the interpreter still
-    runs. Trainers, DDP wrappers and their reducers hold references to the groups and
-    sit in reference cycles: collecting them first lets the groups' threads be joined
-    now; left to interpreter shutdown, gloo sometimes aborts the process ("terminate
-    called without an active exception") after a successful run."""
-    gc.collect()
+    """Destroy the default process group (and its subgroups) if this process has one."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    gc.collect()
 
 
 def tracking_run_id(trainer: lightning.Trainer, cfg: TrainConfig) -> str | None:

@@ -5,8 +5,7 @@ last.ckpt up to two epochs (a fresh Trainer and model, built from the checkpoint
 plus ddp for two epochs straight. The resumed fsdp and tp runs log their network
 to the MLflow run that `--tracking` (JSON: tracking_uri, artifact_location, and a
 run id per strategy, created by the test) names for them. `--suite comm`: one
-epoch of ddp per gradient communication option. `--suite two_d` (4 ranks): 2-D
-FSDP2 x tensor parallel, and DDP, one epoch each. Each run writes
+epoch of ddp per gradient communication option. Each run writes
 `<out>/<name>/summary.json`. Starting torch and Lightning once for all runs keeps
 the test within its time budget on a 2-core machine; every run builds its own
 Trainer, model, streams and strategy.
@@ -59,14 +58,6 @@ def run_strategies(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     run_training(straight)
 
 
-def run_two_d(dataset: str, out: str, tracking: dict[str, Any]) -> None:
-    """On 4 ranks: FSDP2 over 2 x tensor parallel over 2, and DDP, one epoch each."""
-    for strategy in ("tp", "ddp"):
-        cfg = base_config(dataset, f"{out}/{strategy}").model_copy(update={"strategy": strategy})
-        run_training(cfg.model_copy(update={"loader": cfg.loader.model_copy(
-            update={"batch_size": 8})}))
-
-
 def run_comm(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     base = base_config(dataset, "").model_copy(update={"gradient_clip_norm": None})
     for name, comm in COMM_RUNS.items():
@@ -83,7 +74,7 @@ def main() -> None:
         parser.add_argument(name, required=True)
     parser.add_argument("--tracking", default='{"run_ids": {}}')
     args = parser.parse_args()
-    suites = {"strategies": run_strategies, "comm": run_comm, "two_d": run_two_d}
+    suites = {"strategies": run_strategies, "comm": run_comm}
     suites[args.suite](args.dataset, args.out, json.loads(args.tracking))
     close_process_group()
 
