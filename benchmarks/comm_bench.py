@@ -62,11 +62,11 @@ def job_config(dataset: str, out: str, name: str, warmup: int, epochs: int) -> T
 
 def worker(dataset: str, out: str, names: list[str], warmup: int, epochs: int) -> None:
     """One rank: train each named run in turn (started by torchrun, see `launch`)."""
-    from training.train import close_process_group, run_training
+    from training.train import exit_rank, run_training
 
     for name in names:
         run_training(job_config(dataset, out, name, warmup, epochs))
-    close_process_group()
+    exit_rank(0)
 
 
 def launch(dataset: str, out: str, names: list[str], warmup: int, epochs: int) -> None:

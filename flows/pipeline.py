@@ -25,15 +25,17 @@ from flows.params import (
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
 from preprocessing.manifest import read_manifest
-from preprocessing.reshard import version_is_committed
+from preprocessing.reshard import version_id_for, version_is_committed
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 
 
 def _reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
     # The cache is keyed by version id; a version deleted since it was cached is made again.
-    task = tasks.reshard.with_options(refresh_cache=not version_is_committed(config))
-    state = task(config, dask, return_state=True)
+    version_id = version_id_for(config)
+    committed = version_is_committed(config.output_root, version_id)
+    task = tasks.reshard.with_options(refresh_cache=not committed)
+    state = task(config, dask, version_id, return_state=True)
     dataset: dict[str, Any] = state.result()
     return {**dataset, "reused": dataset["reused"] or state.name == "Cached",
             "cached": state.name == "Cached"}

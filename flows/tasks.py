@@ -13,12 +13,13 @@ import yaml
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run as task_run_context
 
 from flows.cluster import DaskConfig, dask_client
 from preprocessing.config import ReshardConfig
 from preprocessing.manifest import read_manifest, shard_uri
 from preprocessing.mapping import OutputSpec, map_to_version
-from preprocessing.reshard import run_reshard, version_id_for
+from preprocessing.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.registry import register_and_promote
@@ -29,12 +30,14 @@ from training.launch import launch_local
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
     """Cache key of a reshard: its dataset version id (inputs + config + code version)."""
-    return f"reshard-{version_id_for(parameters['config'])}"
+    return f"reshard-{parameters['version_id']}"
 
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30))
-def reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
-    """Make the dataset version (a cache hit on its version id skips it entirely)."""
+def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[str, Any]:
+    """Make the dataset version (a cache hit on its version id skips it entirely).
+    `version_id` is `version_id_for(config)`, computed once by the caller: listing a
+    large input is not free."""
     progress_id = create_progress_artifact(0.0, description="reshard: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
@@ -61,11 +64,14 @@ def open_run(tracking: TrackingConfig, manifest_uri: str, train: TrainConfig,
 
 @task(cache_policy=NO_CACHE)
 def train(config: TrainConfig, num_processes: int, timeout_s: int) -> dict[str, Any]:
-    """Write the job's config next to its outputs and run it under torchrun."""
+    """Write the job's config next to its outputs and run it under torchrun. A retry of
+    this task resumes from the last checkpoint the failed attempt saved."""
     config_path = Path(config.output_dir) / "train-config.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    return launch_local(config_path, nproc_per_node=num_processes, timeout_s=timeout_s)
+    resume = config.resume or task_run_context.get_run_count() > 1
+    return launch_local(config_path, nproc_per_node=num_processes, timeout_s=timeout_s,
+                        resume=resume)
 
 
 @task(cache_policy=NO_CACHE)

@@ -109,9 +109,9 @@ def version_id_for(config: ReshardConfig) -> str:
     return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
 
 
-def version_is_committed(config: ReshardConfig) -> bool:
-    """Whether the version of `config` (on its current inputs) is committed already."""
-    return _committed(config.output_root, version_id_for(config)) is not None
+def version_is_committed(output_root: str, version_id: str) -> bool:
+    """Whether version `version_id` is committed under `output_root` already."""
+    return _committed(output_root, version_id) is not None
 
 
 def run_reshard(config: ReshardConfig, client: Client | None = None,

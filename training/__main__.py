@@ -5,10 +5,10 @@ Kubernetes PyTorchJob (training/launchers.py); under torchrun Lightning finds
 TorchElasticEnvironment and spawns nothing (shared/FINDINGS.md 1). Run without
 a launcher it trains in one process. `--resume` continues from `last.ckpt` in
 the checkpoint directory when there is one (what a job-level retry passes).
-Rank 0 writes `<output_dir>/summary.json`. The config may be any fsspec URI. The
-process group is destroyed before exit: left to interpreter shutdown, gloo's
-threads sometimes abort the process ("terminate called without an active
-exception") after a successful run.
+Rank 0 writes `<output_dir>/summary.json`. The config may be any fsspec URI. After
+a successful run the process groups are destroyed and the process ends without
+interpreter shutdown, where torch.distributed sometimes aborts ("terminate called
+without an active exception") after the work is done (`training.train.exit_rank`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from training.config import load_train_config
-from training.train import close_process_group, run_training
+from training.train import close_process_group, exit_rank, run_training
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.model_copy(update={"resume": True})
     try:
         run_training(cfg, ckpt_path=args.ckpt_path)
-    finally:
-        close_process_group()
+    except BaseException:
+        close_process_group(wait_for_peers=False)
+        raise
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_rank(main())

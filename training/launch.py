@@ -69,7 +69,9 @@ def launch_local(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Train with `nproc_per_node` ranks on this machine; return the parsed summary.json.
-    `resume` continues from the last checkpoint when there is one (a retry)."""
+    `resume` continues from the last checkpoint when there is one (a retry). A tracked
+    config without a run id gets its run created here, before any rank starts."""
+    config_path = pin_tracking_run(config_path)
     cfg = load_train_config(config_path)
     command = torchrun_command(config_path, nproc_per_node, resume=resume)
     with tempfile.TemporaryFile() as log:

@@ -40,3 +40,30 @@ def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_c
     artifacts = {a.path for a in client.list_artifacts(run_id, "dataset")}
     assert artifacts == {"dataset/_MANIFEST.json"}
     assert run.info.status == "FINISHED"
+
+
+def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_uri,
+                                                                         monkeypatch) -> None:
+    """Invariant: system metrics of node 0 reach the run even when the job ends before the
+    first sampling interval does (MLflow's monitor alone would log nothing), and a
+    process that is not its node's first logs none."""
+    import mlflow
+
+    from tracking.system_metrics import node_system_metrics
+
+    config = TrackingConfig(tracking_uri=mlflow_uri, experiment="test-system-metrics",
+                            system_metrics_interval_s=60.0)
+    mlflow.set_tracking_uri(mlflow_uri)
+    mlflow.set_experiment(config.experiment)
+    run_id = MlflowClient(mlflow_uri).create_run(
+        mlflow.get_experiment_by_name(config.experiment).experiment_id).info.run_id
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with node_system_metrics(config, run_id):
+        pass
+    assert not MlflowClient(mlflow_uri).get_run(run_id).data.metrics
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("GROUP_RANK", "3")
+    with node_system_metrics(config, run_id):
+        pass
+    metrics = MlflowClient(mlflow_uri).get_run(run_id).data.metrics
+    assert any(key.startswith("system/node_3/cpu") for key in metrics), sorted(metrics)

@@ -19,7 +19,7 @@ from typing import Any
 
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
-from training.train import close_process_group, run_training
+from training.train import exit_rank, run_training
 
 TINY_TRANSFORMER = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
                     "ffn_mult": 2}
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     suites = {"strategies": run_strategies, "comm": run_comm}
     suites[args.suite](args.dataset, args.out, json.loads(args.tracking))
-    close_process_group()
+    exit_rank(0)
 
 
 if __name__ == "__main__":

@@ -86,14 +86,39 @@ class RankKiller(threading.Thread):
             time.sleep(0.02)
 
 
+def retried_by_prefect(config: Path) -> dict[str, Any]:
+    """The flows' training task with one Prefect retry, in a flow on a temporary API; the
+    run is opened first, as the flows do."""
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows import tasks
+    from training.config import load_train_config
+    from training.launch import create_tracking_run
+
+    @flow
+    def retried() -> dict[str, Any]:
+        cfg = load_train_config(config)
+        assert cfg.tracking is not None
+        tracking = cfg.tracking.model_copy(update={"run_id": create_tracking_run(cfg)})
+        task = tasks.train.with_options(retries=1, retry_delay_seconds=0)
+        return task(cfg.model_copy(update={"tracking": tracking}), num_processes=2,
+                    timeout_s=300)
+
+    with prefect_test_harness(server_startup_timeout=120):
+        return retried()
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("retried_by", ["launcher", "prefect"])
 def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
-    dataset_cache: Callable[..., str], tmp_path: Path
+    dataset_cache: Callable[..., str], tmp_path: Path, retried_by: str
 ) -> None:
     """A rank SIGKILLed mid-epoch ends its attempt well within the process-group timeout (no
-    hang); the retry resumes from the last checkpoint into the same MLflow run and ends at
-    the step count of an uninterrupted epoch; over both attempts every sample of the epoch
-    is trained exactly once (the steps after the checkpoint are redone, none is skipped)."""
+    hang); the retry (of `launch_with_retries`, or of the flows' Prefect task) resumes from
+    the last checkpoint into the same MLflow run and ends at the step count of an
+    uninterrupted epoch; over both attempts every sample of the epoch is trained exactly
+    once (the steps after the checkpoint are redone, none is skipped)."""
     from mlflow.tracking import MlflowClient
 
     records, out = tmp_path / "records", tmp_path / "run"
@@ -110,13 +135,17 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     )
     killer = RankKiller(records, out / "checkpoints" / "last.ckpt")
     killer.start()
-    summary = launch_with_retries(config, nproc_per_node=2, retries=1, timeout_s=300)
+    if retried_by == "prefect":
+        summary = retried_by_prefect(config)
+    else:
+        summary = launch_with_retries(config, nproc_per_node=2, retries=1, timeout_s=300)
     killer.join()
     assert killer.killed_at is not None, "the job ended before a rank could be killed"
-    first, second = summary["attempts"]
-    assert first["returncode"] != 0 and second["returncode"] == 0
-    failed_after_s = first["ended_at"] - killer.killed_at
-    assert failed_after_s < 30, f"the attempt ended {failed_after_s:.1f} s after the kill"
+    if retried_by == "launcher":
+        first, second = summary["attempts"]
+        assert first["returncode"] != 0 and second["returncode"] == 0
+        failed_after_s = first["ended_at"] - killer.killed_at
+        assert failed_after_s < 30, f"the attempt ended {failed_after_s:.1f} s after the kill"
     assert summary["global_step"] == 1200 // 16 and summary["resumed_from"].endswith("last.ckpt")
     trained = []
     for rank in range(2):
