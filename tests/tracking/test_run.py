@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 from mlflow.tracking import MlflowClient
 
@@ -47,16 +48,12 @@ def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_
     """Invariant: system metrics of node 0 reach the run even when the job ends before the
     first sampling interval does (MLflow's monitor alone would log nothing), and a
     process that is not its node's first logs none."""
-    import mlflow
-
     from tracking.system_metrics import node_system_metrics
 
     config = TrackingConfig(tracking_uri=mlflow_uri, experiment="test-system-metrics",
                             system_metrics_interval_s=60.0)
-    mlflow.set_tracking_uri(mlflow_uri)
-    mlflow.set_experiment(config.experiment)
-    run_id = MlflowClient(mlflow_uri).create_run(
-        mlflow.get_experiment_by_name(config.experiment).experiment_id).info.run_id
+    client = MlflowClient(mlflow_uri)  # no fluent API: its global state would leak
+    run_id = client.create_run(client.create_experiment(f"system-{uuid.uuid4().hex}")).info.run_id
     monkeypatch.setenv("LOCAL_RANK", "1")
     with node_system_metrics(config, run_id):
         pass
