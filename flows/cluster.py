@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from distributed import Client, LocalCluster
+from distributed import Client
 from pydantic import BaseModel, ConfigDict, Field
+
+from preprocessing.reshard import local_cluster
 
 
 class DaskConfig(BaseModel):
@@ -59,8 +61,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
             yield client
         return
     if config.kind == "local":
-        cluster = LocalCluster(n_workers=config.num_workers, threads_per_worker=1,
-                               processes=True, dashboard_address=":0", **config.options)
+        cluster = local_cluster(config.num_workers, **config.options)
     else:
         cluster = external_cluster(config)
     with cluster, Client(cluster) as client:

@@ -47,9 +47,17 @@ def holdout_mask(file_key: str, first_row: int, num_rows: int, seed: int,
     return unit_interval(row_index, derive_key(seed, "holdout", file_key)) < fraction
 
 
+def small_ints(values: np.ndarray) -> np.ndarray:
+    """`values` as uint16 when they fit: numpy's stable sort is then a radix sort, several
+    times faster than the merge sort it uses for 64-bit integers."""
+    if len(values) and values.min() >= 0 and values.max() < 1 << 16:
+        return values.astype(np.uint16)
+    return values
+
+
 def rank_within_stratum(strata: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Within-stratum index of each row: the piece's offset plus its rank among its stratum."""
-    order = np.argsort(strata, kind="stable")
+    order = np.argsort(small_ints(strata), kind="stable")
     sorted_strata = strata[order]
     starts = np.flatnonzero(np.r_[True, sorted_strata[1:] != sorted_strata[:-1]])
     run_start = np.repeat(starts, np.diff(np.r_[starts, len(strata)]))
