@@ -45,35 +45,39 @@ DDP_RUNS: dict[str, dict[str, Any]] = {
     "post-local-sgd": {"hook": "post_local_sgd", "local_sgd_period": 4},
 }
 MIB = 2**20
-OPTIMIZER = ("adamw", 1e-3)
+OPTIMIZER = "adamw:0.001"  # NAME:LEARNING_RATE; `sgd` is SGD with Nesterov momentum 0.9
 
 
-def job_config(dataset: str, out: str, name: str, warmup: int, epochs: int) -> TrainConfig:
+def job_config(dataset: str, out: str, name: str, warmup: int, epochs: int,
+               optimizer: str = OPTIMIZER) -> TrainConfig:
+    optimizer_name, learning_rate = optimizer.split(":")
     comm = DDP_RUNS.get(name, {"hook": "none"}) | {"warmup_steps": warmup}
     return TrainConfig.model_validate({
         "dataset": dataset, "output_dir": f"{out}/{name}", "max_epochs": epochs, "seed": 11,
         "strategy": "fsdp" if name == "fsdp" else "ddp",
         "comm": comm if name != "fsdp" else {"hook": "none"},
         "loader": {"batch_size": BATCH_SIZE},
-        "model": {"class_path": "transformer", "optimizer": OPTIMIZER[0],
-                  "learning_rate": OPTIMIZER[1]},
+        "model": {"class_path": "transformer", "optimizer": optimizer_name,
+                  "learning_rate": float(learning_rate)},
     })
 
 
-def worker(dataset: str, out: str, names: list[str], warmup: int, epochs: int) -> None:
+def worker(dataset: str, out: str, names: list[str], warmup: int, epochs: int,
+           optimizer: str) -> None:
     """One rank: train each named run in turn (started by torchrun, see `launch`)."""
     from training.train import exit_rank, run_training
 
     for name in names:
-        run_training(job_config(dataset, out, name, warmup, epochs))
+        run_training(job_config(dataset, out, name, warmup, epochs, optimizer))
     exit_rank(0)
 
 
-def launch(dataset: str, out: str, names: list[str], warmup: int, epochs: int) -> None:
+def launch(dataset: str, out: str, names: list[str], warmup: int, epochs: int,
+           optimizer: str) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", "0", __file__,
                "--worker", "--dataset", dataset, "--out", out, "--warmup", str(warmup),
-               "--epochs", str(epochs), "--names", *names]
+               "--epochs", str(epochs), "--optimizer", optimizer, "--names", *names]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"benchmark job failed:\n{done.stderr[-6000:]}")
@@ -129,13 +133,16 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[*DDP_RUNS, "fsdp"],
                         help="Runs to make (default: all); the report needs all.")
     parser.add_argument("--out", default=None, help="Work directory (default: a temp dir).")
+    parser.add_argument("--optimizer", default=OPTIMIZER,
+                        help="NAME:LR for every run, NAME adamw or sgd (Nesterov momentum 0.9, "
+                             "the setting PowerSGD was designed for).")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--names", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.dataset, args.out, args.names, args.warmup, args.epochs)
+        worker(args.dataset, args.out, args.names, args.warmup, args.epochs, args.optimizer)
         return
     out = args.out or tempfile.mkdtemp(prefix="comm-bench-")
     spec = TokenDatasetSpec(num_rows=args.steps * BATCH_SIZE * WORLD_SIZE, holdout_rows=512,
@@ -146,7 +153,7 @@ def main() -> None:
     ddp = [name for name in DDP_RUNS if name in args.only]
     for names in (ddp, ["fsdp"] if "fsdp" in args.only else []):
         if names:
-            launch(dataset, f"{out}/runs", names, warmup, args.epochs)
+            launch(dataset, f"{out}/runs", names, warmup, args.epochs, args.optimizer)
     runs = {p.parent.name: json.loads(p.read_text())
             for p in Path(f"{out}/runs").glob("*/summary.json")}
     if set(runs) >= set(DDP_RUNS) | {"fsdp"}:
