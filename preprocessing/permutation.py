@@ -4,8 +4,10 @@ Every random decision of a reshard (which rows are held out, which rows an
 undersampled stratum keeps, where each output row lands) is a pure function of
 the seed and a row's global index through these functions, never of how the
 work is split across Dask tasks. `permute(indices, n, key)` is a bijection on
-`[0, n)`: a 4-round balanced Feistel network on the next even power of two,
-with cycle walking back into range (at most 4x the domain, so few walks).
+`[0, n)`: a 4-round alternating Feistel network on the next power of two (halves of
+ceil/floor bits, each round xors one half with a keyed hash of the other), with cycle
+walking back into range: the domain is under 2n, so under 2 rounds of walking on
+average (a balanced network needs the next even power, up to 4n).
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ def unit_interval(values: np.ndarray, key: int) -> np.ndarray:
     return (mix64(values, key) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def _feistel(values: np.ndarray, half_bits: np.ndarray, round_keys: list[np.ndarray]) -> np.ndarray:
-    half_mask = (np.uint64(1) << half_bits) - np.uint64(1)
-    left = values >> half_bits
-    right = values & half_mask
-    for round_key in round_keys:
-        left, right = right, left ^ (mix64(right, round_key) & half_mask)
-    return (left << half_bits) | right
+def _feistel(values: np.ndarray, right_bits: np.ndarray, left_mask: np.ndarray,
+             right_mask: np.ndarray, round_keys: list[np.ndarray]) -> np.ndarray:
+    left = values >> right_bits
+    right = values & right_mask
+    for round_index, round_key in enumerate(round_keys):
+        if round_index % 2 == 0:
+            left ^= mix64(right, round_key) & left_mask
+        else:
+            right ^= mix64(left, round_key) & right_mask
+    return (left << right_bits) | right
 
 
 def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
@@ -55,18 +60,21 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     used = np.bincount(groups, minlength=len(domains)) > 0
     if (domains[used] <= 0).any():
         raise ValueError(f"permutation domains must be positive, got {domains[used].min()}")
-    half_bits_of = np.array([max(1, ((int(n) - 1).bit_length() + 1) // 2) for n in domains],
-                            dtype=np.uint64)
-    round_keys_of = [np.array([derive_key(int(key), r) for key in keys], dtype=np.uint64)
-                     for r in range(_NUM_ROUNDS)]
-    half_bits = half_bits_of[groups]
-    round_keys = [table[groups] for table in round_keys_of]
+    bits = np.array([max(2, (int(n) - 1).bit_length()) for n in domains], dtype=np.uint64)
+    right_bits_of = bits // np.uint64(2)
+    one = np.uint64(1)
+    right_bits = right_bits_of[groups]
+    right_mask = (one << right_bits) - one
+    left_mask = (one << (bits - right_bits_of)[groups]) - one
+    round_keys = [np.array([derive_key(int(key), r) for key in keys], dtype=np.uint64)[groups]
+                  for r in range(_NUM_ROUNDS)]
     limit = domains[groups].astype(np.uint64)
-    result = _feistel(np.asarray(indices, dtype=np.uint64), half_bits, round_keys)
+    result = _feistel(np.asarray(indices, dtype=np.uint64), right_bits, left_mask, right_mask,
+                      round_keys)
     outside = np.flatnonzero(result >= limit)
     while len(outside):  # cycle walking: re-encrypt until the value is back in [0, n)
-        result[outside] = _feistel(result[outside], half_bits[outside],
-                                   [table[outside] for table in round_keys])
+        result[outside] = _feistel(result[outside], right_bits[outside], left_mask[outside],
+                                   right_mask[outside], [key[outside] for key in round_keys])
         outside = outside[result[outside] >= limit[outside]]
     return result.astype(np.int64)
 

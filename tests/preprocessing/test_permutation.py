@@ -39,3 +39,14 @@ def test_unit_interval_is_roughly_uniform() -> None:
     values = unit_interval(np.arange(100_000), derive_key("u"))
     assert values.min() >= 0 and values.max() < 1
     assert abs((values < 0.1).mean() - 0.1) < 0.01
+
+
+def test_an_index_lands_uniformly_over_keys() -> None:
+    """Invariant: over 4,000 keys, index 3 of a domain of 10 (cycle walking from 16) lands
+    on every position about equally often (each count within 5 sigma of 400), and on a
+    domain of 1,000 the image is uncorrelated with the index (|r| < 0.1)."""
+    landed = np.array([permute(np.array([3]), 10, derive_key("u", k))[0] for k in range(4000)])
+    counts = np.bincount(landed, minlength=10)
+    assert np.all(np.abs(counts - 400) < 5 * np.sqrt(400 * 0.9)), counts
+    image = permute(np.arange(1000), 1000, derive_key("corr"))
+    assert abs(np.corrcoef(np.arange(1000), image)[0, 1]) < 0.1
