@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
@@ -56,7 +57,7 @@ from preprocessing.manifest import read_manifest
 from training.cache import ShardCache
 from training.config import LoaderConfig
 from training.loader_metrics import DataWaitMeter
-from training.readahead import ReadAhead, ReadConfig
+from training.readahead import ReadAhead, ReadConfig, prefetched
 from training.shards import Columns, Layout, Rows, ShardFiles, read_layout, read_row_group
 
 Batch = dict[str, torch.Tensor]
@@ -253,9 +254,10 @@ class ShardStream(IterableDataset):
         plan = EpochPlan(self.layout, self.seed, epoch)
         needed = plan.slots_needed(firsts, batch_size)
         depth = self.read.prefetch_row_groups
-        with ReadAhead(partial(self.load_group, plan), needed, depth) as groups:
-            for step, position in zip(steps, firsts, strict=True):
-                batch = plan.batch(np.arange(position, position + batch_size), groups.get)
+        with ReadAhead(partial(self.load_group, plan), needed, depth) as groups, closing(
+            prefetched((plan.batch(np.arange(p, p + batch_size), groups.get) for p in firsts),
+                       self.read.prefetch_batches)) as batches:
+            for step, batch in zip(steps, batches, strict=True):
                 if record:
                     done = start + (step + 1) * global_batch
                     self.record_progress(epoch, done, world_size, taken + step + 1)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -15,13 +16,15 @@ from hypothesis import strategies as st
 from preprocessing.manifest import read_manifest, shard_uri
 from training.config import LoaderConfig
 from training.loader import Batch, ShardStream, StreamLoader
-from training.readahead import ReadAhead, ReadConfig
+from training.readahead import ReadAhead, ReadConfig, prefetched
 from training.shards import ShardMissingError
 
 
 def make_stream(root: str, batch_size: int, depth: int, remainder: str = "pad") -> ShardStream:
+    """`depth` row groups read ahead and `depth` batches assembled ahead (0: on demand)."""
     config = LoaderConfig(batch_size=batch_size, remainder=remainder)
-    return ShardStream(root, "train", config, seed=11, read=ReadConfig(prefetch_row_groups=depth))
+    read = ReadConfig(prefetch_row_groups=depth, prefetch_batches=depth)
+    return ShardStream(root, "train", config, seed=11, read=read)
 
 
 def same_batches(left: list[Batch], right: list[Batch]) -> bool:
@@ -52,7 +55,8 @@ def test_read_ahead_yields_exactly_the_depth_zero_stream(
     epoch: int,
 ) -> None:
     """For every rank and worker, the batches (features, labels, ids, weights) read with
-    `depth` row groups ahead equal those read on demand, in the same order."""
+    `depth` row groups ahead and assembled `depth` batches ahead equal those read and
+    assembled on demand, in the same order."""
     root = dataset_cache(num_rows, num_shards=3, row_group_size=row_group_size)
     for rank in range(world_size):
         for worker in range(num_workers):
@@ -112,3 +116,34 @@ def test_asking_out_of_the_planned_order_is_refused() -> None:
         assert reads.get(0) == 0
         with pytest.raises(RuntimeError, match="asked for key 2, planned 1"):
             reads.get(2)
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "batch-prefetch" and t.is_alive()]
+
+
+def test_batches_are_made_ahead_up_to_the_depth_and_closing_stops_the_thread() -> None:
+    """After the first item, the producer runs ahead by `depth` items (one more may be in
+    progress) and no further; closing the consumer mid-stream ends the thread and closes
+    the source, so no thread or open read outlives an abandoned epoch."""
+    produced: list[int] = []
+    source_closed = threading.Event()
+
+    def items() -> Iterator[int]:
+        try:
+            for item in itertools.count():
+                produced.append(item)
+                yield item
+        finally:
+            source_closed.set()
+
+    stream = prefetched(items(), depth=2)
+    assert next(stream) == 0
+    deadline = time.monotonic() + 5
+    while len(produced) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert 3 <= len(produced) <= 4, produced
+    assert [next(stream), next(stream)] == [1, 2]
+    stream.close()
+    assert source_closed.is_set() and not prefetch_threads()
