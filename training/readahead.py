@@ -43,8 +43,9 @@ class ReadConfig(BaseModel):
     prefetch_batches: int = Field(
         0, ge=0, description="Batches assembled ahead in a background thread; 0 assembles "
         "each batch when it is asked for. Worth 2 where the step runs on an accelerator: "
-        "it halved the loader's data wait here (5.4% -> 2.5% of the loop), but on a "
-        "CPU-only host the thread competes with the step (stall 5.5% -> 9.6%)."
+        "it halved the loader's data wait here (5.4-6.4% -> 2.3-2.7% of the loop), but on a "
+        "CPU-only host the thread competes with the step (stall 3.5-9.6% over four runs, "
+        "against 2.9-7.9% without it)."
     )
     cache_dir: str | None = Field(
         None, description="Local directory for verified copies of whole shards; None: no cache."
