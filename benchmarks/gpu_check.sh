@@ -29,7 +29,7 @@ WORK=$(mktemp -d -t ballast-gpu-check-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-timeout 120 "$PY" -m training.tokens --out "$WORK/tokens" --rows "$ROWS" --holdout-rows 4096 \
+timeout 120 "$PY" -m training.models.tokens --out "$WORK/tokens" --rows "$ROWS" --holdout-rows 4096 \
     --seq-len "$SEQ" --vocab-size "$VOCAB" --num-classes 8 --rows-per-shard 32768 \
     --rows-per-row-group 2048 >/dev/null
 
@@ -60,7 +60,7 @@ import time
 import torch
 
 from training.config import ModelConfig
-from training.model import build_model, weighted_cross_entropy
+from training.models.classifier import build_model, weighted_cross_entropy
 
 work, batch, seq, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 config = ModelConfig(class_path="transformer", learning_rate=1e-3,

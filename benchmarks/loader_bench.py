@@ -53,9 +53,9 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.reshard import run_reshard
 from preprocessing.sample import SampleSpec, sample_table, write_sample
 from training.config import LoaderConfig
-from training.loader import ShardStream, StreamLoader
-from training.loader_metrics import interval
-from training.readahead import ReadConfig
+from training.data.loader import ShardStream, StreamLoader
+from training.data.readahead import ReadConfig
+from training.data.wait import interval
 
 BATCH, NUM_FEATURES, NUM_CLASSES = 1024, 64, 10
 COLUMNS = ["id", "label", "features"]

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.manifest import read_manifest, shard_uri
-from training.metrics import confusion_matrix, macro_f1, per_class_recall
+from tracking.metrics import confusion_matrix, macro_f1, per_class_recall
 
 PREDICTION_COLUMNS = ("predicted", "probabilities")
 

@@ -6,7 +6,7 @@
   layers), which Lightning's own clipping does not cover for sharded models.
   Logs `grad_norm` (before clipping).
 - `CommMetrics`: per optimizer step, the bytes and seconds of gradient
-  all-reduce that the strategy's `CommMeter` measured (training/comm.py), as
+  all-reduce that the strategy's `CommMeter` measured (training/distributed/comm.py), as
   `comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`
   (step time outside all-reduce over all-reduce time), and their totals for
   the summary. Values are rank 0's, logged without a collective.
@@ -21,7 +21,7 @@ import lightning
 import torch
 from torch.distributed.tensor import DTensor
 
-from training.comm import CommMeter
+from training.distributed.comm import CommMeter
 
 
 class BatchCounter(lightning.Callback):

@@ -18,11 +18,11 @@ from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tracking.config import TrackingConfig
-from training.readahead import ReadConfig
+from training.data.readahead import ReadConfig
 
 BUILTIN_MODELS = {
-    "classifier": "training.model:FeatureClassifier",
-    "transformer": "training.transformer:TokenClassifier",
+    "classifier": "training.models.classifier:FeatureClassifier",
+    "transformer": "training.models.transformer:TokenClassifier",
 }
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -42,7 +42,7 @@ class LoaderConfig(BaseModel):
 
 
 class TransformerConfig(BaseModel):
-    """Sizes of the built-in token transformer (training/transformer.py)."""
+    """Sizes of the built-in token transformer (training/models/transformer.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -102,7 +102,7 @@ class ModelConfig(BaseModel):
 
 
 class CommConfig(BaseModel):
-    """How DDP communicates gradients; every option is measured (training/comm.py)."""
+    """How DDP communicates gradients; every option is measured (training/distributed/comm.py)."""
 
     model_config = ConfigDict(extra="forbid")
 

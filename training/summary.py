@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from fsspec.core import url_to_fs
 
-from training.metrics import macro_f1, per_class_recall
+from tracking.metrics import macro_f1, per_class_recall
 
 SUMMARY_NAME = "summary.json"
 

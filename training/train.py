@@ -1,7 +1,7 @@
 """Train a model on a dataset version: one call per rank.
 
 `run_training(cfg)` builds the streams (a `StreamDataModule`), the model named
-by `cfg.model.class_path`, the strategy (training/strategy.py) and a Lightning
+by `cfg.model.class_path`, the strategy (training/distributed/strategy.py) and a Lightning
 `Trainer` whose devices and nodes come from the environment torchrun sets
 (WORLD_SIZE, LOCAL_WORLD_SIZE); it fits, resuming from `last.ckpt` when
 `cfg.resume` is set or `ckpt_path` is given, and rank 0 logs the trained
@@ -33,14 +33,14 @@ from torch.distributed.tensor import DTensor
 
 from tracking.config import TrackingConfig
 from training.callbacks import BatchCounter, CommMetrics, GradientClipping
-from training.checkpoints import full_network_state, resolve_checkpoint
 from training.config import TrainConfig
-from training.datamodule import StreamDataModule
-from training.loader import ShardStream
-from training.loader_metrics import DataWaitCallback
-from training.model import build_model
-from training.parallelize import bind_parallelism
-from training.strategy import MeteredDDPStrategy, build_strategy
+from training.data.datamodule import StreamDataModule
+from training.data.loader import ShardStream
+from training.data.wait import DataWaitCallback
+from training.distributed.checkpoints import full_network_state, resolve_checkpoint
+from training.distributed.parallelize import bind_parallelism
+from training.distributed.strategy import MeteredDDPStrategy, build_strategy
+from training.models.classifier import build_model
 from training.summary import confusion_summary, write_summary
 
 

@@ -23,9 +23,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from training.config import LoaderConfig
-from training.datamodule import StreamDataModule
-from training.loader_metrics import DataWaitCallback
-from training.model import FeatureClassifier
+from training.data.datamodule import StreamDataModule
+from training.data.wait import DataWaitCallback
+from training.models.classifier import FeatureClassifier
 
 
 class ConsumedIds(lightning.Callback):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from training.model import FeatureClassifier
+from training.models.classifier import FeatureClassifier
 
 
 class RecordingClassifier(FeatureClassifier):

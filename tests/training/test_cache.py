@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from preprocessing.manifest import read_manifest, shard_uri
-from training.cache import ShardCache, ShardChecksumError
 from training.config import LoaderConfig
-from training.loader import ShardStream, StreamLoader
-from training.readahead import ReadConfig
+from training.data.cache import ShardCache, ShardChecksumError
+from training.data.loader import ShardStream, StreamLoader
+from training.data.readahead import ReadConfig
 
 
 def make_stream(root: str, cache_dir: Path | None, cache_bytes: int = 2**30) -> ShardStream:

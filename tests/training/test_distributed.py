@@ -15,10 +15,10 @@ import torch
 
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig, TransformerConfig
+from training.data.loader import ShardStream
 from training.launch import child_env, create_tracking_run
-from training.loader import ShardStream
-from training.tokens import TokenDatasetSpec, write_token_dataset
-from training.transformer import TokenTransformer
+from training.models.tokens import TokenDatasetSpec, write_token_dataset
+from training.models.transformer import TokenTransformer
 
 JOB = Path(__file__).with_name("distributed_job.py")
 SPEC = TokenDatasetSpec(num_rows=1024, holdout_rows=128, seq_len=16, vocab_size=64,

@@ -14,10 +14,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from training.config import LoaderConfig
-from training.datamodule import StreamDataModule
-from training.loader import ShardStream, StreamLoader
-from training.loader_metrics import DataWaitCallback
-from training.model import FeatureClassifier
+from training.data.datamodule import StreamDataModule
+from training.data.loader import ShardStream, StreamLoader
+from training.data.wait import DataWaitCallback
+from training.models.classifier import FeatureClassifier
 
 BATCH_SIZE, EVERY_N_STEPS = 10, 7
 

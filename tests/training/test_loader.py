@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from preprocessing.manifest import ManifestError, read_manifest, shard_uri
 from training.config import LoaderConfig
-from training.loader import Batch, ShardStream, StreamLoader
-from training.shards import ShardMissingError
+from training.data.loader import Batch, ShardStream, StreamLoader
+from training.data.shards import ShardMissingError
 
 
 def round_robin(per_worker: list[list[Batch]]) -> list[Batch]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from training.config import LoaderConfig
-from training.loader import ShardStream, StreamLoader
-from training.loader_metrics import DataWaitMeter, interval
+from training.data.loader import ShardStream, StreamLoader
+from training.data.wait import DataWaitMeter, interval
 
 DELAY_S = 0.02
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training.config import LoaderConfig
-from training.loader import Batch, ShardStream, StreamLoader
+from training.data.loader import Batch, ShardStream, StreamLoader
 
 
 def real_ids(batches: list[Batch]) -> list[int]:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from preprocessing.manifest import read_manifest, shard_uri
 from training.config import LoaderConfig
-from training.loader import Batch, ShardStream, StreamLoader
-from training.readahead import ReadAhead, ReadConfig, prefetched
-from training.shards import ShardMissingError
+from training.data.loader import Batch, ShardStream, StreamLoader
+from training.data.readahead import ReadAhead, ReadConfig, prefetched
+from training.data.shards import ShardMissingError
 
 
 def make_stream(root: str, batch_size: int, depth: int, remainder: str = "pad") -> ShardStream:

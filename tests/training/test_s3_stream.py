@@ -13,8 +13,8 @@ import pytest
 
 from preprocessing.manifest import ManifestError, read_manifest
 from training.config import LoaderConfig
-from training.loader import ShardStream, StreamLoader
-from training.readahead import ReadConfig
+from training.data.loader import ShardStream, StreamLoader
+from training.data.readahead import ReadConfig
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import torch
 from pydantic import ValidationError
 
 from training.config import ModelConfig, TrainConfig, dump_train_config, load_train_config
-from training.loader import ShardStream
-from training.model import FeatureClassifier, build_model
-from training.strategy import build_strategy
-from training.tokens import TokenDatasetSpec, signatures, write_token_dataset
-from training.transformer import TokenClassifier
+from training.data.loader import ShardStream
+from training.distributed.strategy import build_strategy
+from training.models.classifier import FeatureClassifier, build_model
+from training.models.tokens import TokenDatasetSpec, signatures, write_token_dataset
+from training.models.transformer import TokenClassifier
 
 BASE = {"dataset": "/data", "output_dir": "/out"}
 
@@ -60,7 +60,7 @@ def test_models_are_found_by_name_or_import_path() -> None:
     transformer = ModelConfig(class_path="transformer",
                               transformer={"vocab_size": 16, "d_model": 8, "num_heads": 2})
     assert isinstance(build_model(transformer, 12, [0, 1, 2]), TokenClassifier)
-    path = ModelConfig(class_path="training.model:FeatureClassifier", optimizer="sgd")
+    path = ModelConfig(class_path="training.models.classifier:FeatureClassifier", optimizer="sgd")
     model = build_model(path, 8, [1, 2])
     assert type(model) is FeatureClassifier
     assert isinstance(model.configure_optimizers(), torch.optim.SGD)

@@ -1,12 +1,12 @@
 """The Lightning strategy of a job, from its config: DDP with measured comm hooks, or
 FSDP2 / tensor parallel through `ModelParallelStrategy`.
 
-- `MeteredDDPStrategy` registers the configured comm hook (training/comm.py) on
+- `MeteredDDPStrategy` registers the configured comm hook (training/distributed/comm.py) on
   every device type: Lightning's `DDPStrategy` registers hooks on CUDA only
   (shared/FINDINGS.md 2). Post-local SGD's parameter averaging is metered too.
 - `ShardedStrategy` is `ModelParallelStrategy` (FSDP2 on CPU with gloo and on
   CUDA, FINDINGS.md 3) with distributed checkpoints through fsspec
-  (training/checkpoints.py). With tensor parallelism, each rank still reads
+  (training/distributed/checkpoints.py). With tensor parallelism, each rank still reads
   its own batch (the loader shards samples over all ranks); the ranks of a
   tensor-parallel group concatenate their batches, so the group computes on
   all of them at once, every sample is used once, and the global batch is the
@@ -29,9 +29,9 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
 
-from training.checkpoints import is_sharded_checkpoint, load_sharded, save_sharded
-from training.comm import CommMeter, MeteredAverager, build_hook
 from training.config import TrainConfig
+from training.distributed.checkpoints import is_sharded_checkpoint, load_sharded, save_sharded
+from training.distributed.comm import CommMeter, MeteredAverager, build_hook
 
 
 class MeteredDDPStrategy(DDPStrategy):

@@ -6,10 +6,10 @@ validation accumulates a confusion matrix summed over all ranks at the end of
 the epoch, from which macro F1 and per-class recall are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
 logits (it is what gets logged to MLflow). `FeatureClassifier` is an MLP over
-the feature vector; `training.transformer.TokenClassifier` a transformer.
+the feature vector; `training.models.transformer.TokenClassifier` a transformer.
 
 The model holds no parallelism: the strategy wraps it (DDP), or
-training/parallelize.py shards it (FSDP2, tensor parallel). `build_model`
+training/distributed/parallelize.py shards it (FSDP2, tensor parallel). `build_model`
 resolves `model.class_path` (a built-in name or "pkg.module:Class").
 """
 
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tracking.metrics import macro_f1, per_class_recall
 from training.config import ModelConfig
-from training.metrics import macro_f1, per_class_recall
 
 
 def build_mlp(num_features: int, num_classes: int, hidden_sizes: list[int]) -> nn.Sequential:

@@ -33,7 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from training.transformer import Block, TokenTransformer
+from training.models.transformer import Block, TokenTransformer
 
 BLOCK_PLAN: dict[str, ParallelStyle] = {
     "attention.wq": ColwiseParallel(),

@@ -8,12 +8,12 @@ groups is first needed, through fsspec: pyarrow reads the footer and then the
 row group's column chunks as coalesced byte ranges (`pre_buffer`), over a
 file opened with `cache_type="none"`, since any read-ahead cache of fsspec's
 would only fetch bytes nobody asked for. Local files (and shards in the disk
-cache, training/cache.py) are read by pyarrow's own file, which releases the GIL.
+cache, training/data/cache.py) are read by pyarrow's own file, which releases the GIL.
 
 Checks, and when they run: the footer's row count, row-group count and the
 row group's own size must equal the manifest's at every read (a mismatch
 raises ManifestError naming the shard); the sha256 of a whole shard is checked
-when it enters the disk cache (training/cache.py), not on range reads.
+when it enters the disk cache (training/data/cache.py), not on range reads.
 
 A `fixed_size_list<float32>` feature column becomes an [n, D] matrix without a
 copy, a numeric column one feature, and labels become class indices in the
@@ -36,7 +36,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
-from training.cache import ShardCache
+from training.data.cache import ShardCache
 
 FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
 FOOTERS_KEPT = 256

@@ -1,6 +1,6 @@
 """Generate a token-sequence dataset version for the built-in transformer.
 
-    python -m training.tokens --out /tmp/tokens --rows 20000 --seq-len 64 --vocab-size 4096
+    python -m training.models.tokens --out /tmp/tokens --rows 20000 --seq-len 64 --vocab-size 4096
 
 writes a committed ballast version (shards + `_MANIFEST.json` + `_CURRENT`,
 through `preprocessing.manifest`, so the loader reads it like any other):
@@ -155,7 +155,7 @@ def manifest_of(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.tokens", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.models.tokens", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="Output root (local path or URI).")
     for name, field in TokenDatasetSpec.model_fields.items():

@@ -12,7 +12,7 @@ pass from its beginning (an empty list when the version has no holdout rows).
 `state_dict()` / `load_state_dict()` delegate to the train stream. Lightning
 restores a DataModule before it asks the loaders for their lengths, so a run
 resumed mid-epoch with more ranks than it was saved with still trains exactly
-the rest of the epoch (training/loader.py on `len()`).
+the rest of the epoch (training/data/loader.py on `len()`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import lightning
 
 from preprocessing.manifest import read_manifest
 from training.config import LoaderConfig
-from training.loader import ShardStream, StreamLoader
-from training.readahead import ReadConfig
+from training.data.loader import ShardStream, StreamLoader
+from training.data.readahead import ReadConfig
 
 
 class StreamDataModule(lightning.LightningDataModule):

@@ -1,7 +1,7 @@
 """DDP gradient communication that is measured: comm hooks wrapped with a meter.
 
 Every option of `CommConfig.hook` is a DDP comm hook registered on any device
-(training/strategy.py; Lightning itself registers hooks only on CUDA,
+(training/distributed/strategy.py; Lightning itself registers hooks only on CUDA,
 shared/FINDINGS.md 2), and every hook counts the bytes of the tensors it
 actually all-reduces and times each all-reduce from launch to completion:
 

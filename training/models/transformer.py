@@ -2,7 +2,7 @@
 
 Input: the loader's `features`, float32 [B, S], whose values are token ids (a
 Parquet column `tokens` of type fixed_size_list<int32>[S], as written by
-training/tokens.py). The loader yields every feature column as float32, which
+training/models/tokens.py). The loader yields every feature column as float32, which
 holds integers below 2^24 exactly, so `TokenTransformer.forward` casts them
 back to int64 ids; the logged network therefore takes the same float32 matrix
 as the classifier does. Token and position embeddings, `num_layers`
@@ -10,7 +10,7 @@ pre-norm blocks (multi-head self-attention over the whole sequence, then a
 GELU feed-forward), a final norm, the mean over positions, and a linear head
 to the class logits. No dropout, so a run is a function of its seed.
 
-Parallelism lives in training/parallelize.py, which relies on the names here:
+Parallelism lives in training/distributed/parallelize.py, which relies on the names here:
 `blocks` (the unit FSDP2 shards), `attention.wq/wk/wv/wo` and
 `feed_forward.w1/w2` (the column- and row-wise tensor-parallel layers), and an
 attention that infers the number of heads from its input width, so that a
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.config import TransformerConfig
-from training.model import Classifier
+from training.models.classifier import Classifier
 
 
 class Attention(nn.Module):

@@ -25,10 +25,10 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
   batches left would end a resumed epoch early, dropping as many batches as
   were taken before the checkpoint (seen with Lightning 2.6).
 
-Start-up reads the manifest only (training/shards.py). Each iterator reads the
+Start-up reads the manifest only (training/data/shards.py). Each iterator reads the
 row groups its batches need, `ReadConfig.prefetch_row_groups` of them ahead in
-background threads (training/readahead.py), optionally through a local disk
-cache (training/cache.py). Rank, world size and worker are read when iteration
+background threads (training/data/readahead.py), optionally through a local disk
+cache (training/data/cache.py). Rank, world size and worker are read when iteration
 starts, never at import or construction.
 
 Cost model (benchmarks/loader_bench.py): every rank and every worker decodes
@@ -54,11 +54,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from preprocessing.manifest import read_manifest
-from training.cache import ShardCache
 from training.config import LoaderConfig
-from training.loader_metrics import DataWaitMeter
-from training.readahead import ReadAhead, ReadConfig, prefetched
-from training.shards import Columns, Layout, Rows, ShardFiles, read_layout, read_row_group
+from training.data.cache import ShardCache
+from training.data.readahead import ReadAhead, ReadConfig, prefetched
+from training.data.shards import Columns, Layout, Rows, ShardFiles, read_layout, read_row_group
+from training.data.wait import DataWaitMeter
 
 Batch = dict[str, torch.Tensor]
 
@@ -331,7 +331,7 @@ class StreamLoader(DataLoader):
 
     def metrics(self) -> dict[str, float]:
         """Samples, batches, wall and data-wait seconds since construction, samples_per_s
-        and data_wait_fraction (training/loader_metrics.py)."""
+        and data_wait_fraction (training/data/wait.py)."""
         return self.meter.metrics()
 
     def state_dict(self) -> dict[str, int]:

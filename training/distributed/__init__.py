@@ -1,0 +1,2 @@
+"""Distributed strategy: Lightning strategies, measured DDP communication, FSDP2 / tensor
+parallelization and distributed checkpoints."""
