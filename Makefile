@@ -24,7 +24,7 @@ demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
 test: $(STAMP)  ## run the test suite (starts its own local services)
 	$(BIN)/pytest
 
-lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of DESIGN.md section 1
+lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of docs/architecture.md
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports

@@ -13,7 +13,7 @@ batches, one process unless a worker count is named:
 - a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
   pyarrow tables in memory (the read of every table counts as its start-up);
 - LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
-  environment (FINDINGS.md 13) as a subprocess, when `--litdata-python` exists.
+  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists.
   Mosaic Streaming is left out: it needs its own 5.5 GB environment.
 
 Peers stop after `--peer-rows` rows. Rows per CPU-second (this process and its
@@ -228,7 +228,7 @@ print(json.dumps({"rows": rows, "seconds": time.perf_counter() - started, "first
 def bench_litdata(python: str, paths: list[str], limit: int) -> Result | str:
     """LitData in its own environment; returns why not when it cannot run."""
     if not Path(python).exists():
-        return f"skipped: {python} not found (see FINDINGS.md 13)"
+        return f"skipped: {python} not found (see docs/architecture.md M13)"
     with tempfile.TemporaryDirectory() as scratch:
         (source := Path(scratch) / "shards").mkdir()
         for path in paths:
@@ -367,7 +367,8 @@ def main() -> None:
     bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
     found = compare_readers(root, paths, args)
     results = [r for r in found if isinstance(r, Result)]
-    skipped = ["Mosaic Streaming: skipped (needs its own 5.5 GB environment, FINDINGS.md 13)"]
+    skipped = ["Mosaic Streaming: "
+               "skipped (needs its own 5.5 GB environment, docs/architecture.md M13)"]
     report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
     worst_start = start_up_report(root, args.num_shards, work)
     stalls = {(workers, ahead): median_stall(root, workers, ahead, args)

@@ -184,7 +184,7 @@ def run_duckdb(job: dict[str, Any], order_random: bool) -> dict[str, Any]:
 
 def run_dask(job: dict[str, Any]) -> dict[str, Any]:
     """Dask DataFrame repartition (default threaded scheduler); schema= is required
-    for the fixed_size_list column (shared/FINDINGS.md item 10)."""
+    for the fixed_size_list column (docs/architecture.md M10)."""
     import dask.dataframe as dd
 
     schema = pq.read_schema(next(Path(job["input"]).glob("*.parquet"))).remove_metadata()

@@ -3,7 +3,7 @@
 Flows only orchestrate: every step is a task in flows/tasks.py that calls one
 function of preprocessing/, training/ or tracking/. Training runs as its own
 process group started by `training.launch` (never a multi-process Trainer in
-this process: FINDINGS.md 1), with job-level retries.
+this process: docs/architecture.md M1), with job-level retries.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The dataset version contract: names, the manifest, and the `_CURRENT` pointer.
 
 This is the one module of `preprocessing/` that `training/` and `tracking/` may
-import (shared/DESIGN.md section 2), so it depends on the standard library,
+import (docs/architecture.md), so it depends on the standard library,
 pyarrow and fsspec only. A version lives under an output root:
 
     <root>/v-<version_id>/shard-00000.parquet ...     training split

@@ -1,5 +1,5 @@
 """Artifacts of a finished job: plots, the summary, and its checkpoints (files or FSDP2
-directories, which Lightning's MLflow logger skips silently: FINDINGS.md 4)."""
+directories, which Lightning's MLflow logger skips silently: docs/architecture.md M4)."""
 
 from __future__ import annotations
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 import os
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from mlflow.tracking import MlflowClient
 
 from tracking.buffered_logger import BufferedMlflowLogger
 from tracking.config import TrackingConfig
-from tracking.run import prepare_backend
+from tracking.run import create_run
 
 
 def make_lightning_logger(config: TrackingConfig, spill_dir: str) -> BufferedMlflowLogger:
     """A buffered logger bound to `config.run_id` (made by the launcher before ranks start).
 
     Lightning calls loggers on rank 0 only, so the other ranks never touch the backend
-    (FINDINGS.md 6). Without a run id (a job started by hand) rank 0 creates the run.
+    (docs/architecture.md M6). Without a run id (a job started by hand) rank 0 creates the run.
     Checkpoints are not uploaded here: FSDP2 writes directories, which MLFlowLogger
-    skips silently (FINDINGS.md 4); tracking.artifacts logs them after the job.
+    skips silently (docs/architecture.md M4); tracking.artifacts logs them after the job.
     """
     # The logger retries on its own schedule; MLflow's own long retry loop would only
     # delay the report at the end of a job while the server is down.
@@ -30,6 +29,4 @@ def make_lightning_logger(config: TrackingConfig, spill_dir: str) -> BufferedMlf
 
 @rank_zero_only
 def _create_run_on_rank_zero(config: TrackingConfig) -> str:
-    experiment_id = prepare_backend(config)
-    run = MlflowClient(config.tracking_uri).create_run(experiment_id, run_name=config.run_name)
-    return str(run.info.run_id)
+    return create_run(config)

@@ -1,7 +1,7 @@
 """Creating and finishing the MLflow run of a training job, with its dataset lineage.
 
 The launcher calls `prepare_backend` and `start_run` before any rank starts (a
-fresh sqlite store raced by several ranks fails: FINDINGS.md 6), passes the run
+fresh sqlite store raced by several ranks fails: docs/architecture.md M6), passes the run
 id to the ranks, and calls `finish_run` with the job's summary afterwards.
 """
 
@@ -30,6 +30,14 @@ def prepare_backend(config: TrackingConfig) -> str:
     if experiment is not None:
         return str(experiment.experiment_id)
     return str(client.create_experiment(config.experiment, config.artifact_location))
+
+
+def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
+    """Create a run in the config's experiment (and the store's schema first); its id."""
+    experiment_id = prepare_backend(config)
+    run = MlflowClient(config.tracking_uri).create_run(
+        experiment_id, run_name=config.run_name, tags=tags)
+    return str(run.info.run_id)
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -74,11 +82,9 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
               params: dict[str, Any], tags: dict[str, str]) -> str:
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
-    client = MlflowClient(config.tracking_uri)
-    experiment_id = prepare_backend(config)
     all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(), **tags}
-    run = client.create_run(experiment_id, run_name=config.run_name, tags=all_tags)
-    run_id = run.info.run_id
+    run_id = create_run(config, all_tags)
+    client = MlflowClient(config.tracking_uri)
     for name, value in flatten(params).items():
         client.log_param(run_id, name, value)
     client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])

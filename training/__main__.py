@@ -2,7 +2,7 @@
 
 torchrun starts it once per rank (training/launch.py), as do srun and a
 Kubernetes PyTorchJob (training/launchers.py); under torchrun Lightning finds
-TorchElasticEnvironment and spawns nothing (shared/FINDINGS.md 1). Run without
+TorchElasticEnvironment and spawns nothing (docs/architecture.md M1). Run without
 a launcher it trains in one process. `--resume` continues from `last.ckpt` in
 the checkpoint directory when there is one (what a job-level retry passes).
 Rank 0 writes `<output_dir>/summary.json`. The config may be any fsspec URI. After

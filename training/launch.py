@@ -1,14 +1,14 @@
 """Run `python -m training` under torchrun as a subprocess, retry it, read its summary.
 
 A flow calls `launch_local` or `launch_with_retries`; it never builds a
-multi-process Trainer in its own process (shared/FINDINGS.md 1). Ranks are
+multi-process Trainer in its own process (docs/architecture.md M1). Ranks are
 started with `--max-restarts 0`: torchrun's in-place restarts recovered a lost
 rank in 2 of 5 trials on gloo, a job-level retry that resumes from the last
-checkpoint in 4 of 4 (FINDINGS.md 7). So `launch_with_retries` relaunches the
+checkpoint in 4 of 4 (docs/architecture.md M7). So `launch_with_retries` relaunches the
 whole job with `--resume` after a failure, into the same MLflow run: when
 tracking is configured without a run id, the run is created once, before the
 first attempt (which also creates a fresh sqlite store before any rank races
-on it, FINDINGS.md 6). `torchrun_command` also gives the command line of one
+on it, docs/architecture.md M6). `torchrun_command` also gives the command line of one
 node of several, each node running it with the same c10d rendezvous endpoint.
 """
 
@@ -127,14 +127,10 @@ def pin_tracking_run(config_path: str | Path) -> str | Path:
 
 def create_tracking_run(cfg: TrainConfig) -> str:
     """Create the job's MLflow run (and the store's schema) before any rank starts."""
-    from mlflow.tracking import MlflowClient
-
-    from tracking.run import prepare_backend
+    from tracking.run import create_run
 
     assert cfg.tracking is not None
-    experiment_id = prepare_backend(cfg.tracking)
-    client = MlflowClient(cfg.tracking.tracking_uri)
-    return str(client.create_run(experiment_id, run_name=cfg.tracking.run_name).info.run_id)
+    return create_run(cfg.tracking)
 
 
 def run_process_group(command: list[str], log: IO[bytes], timeout_s: float) -> int | None:

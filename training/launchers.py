@@ -9,13 +9,13 @@
   once per node: `node_rank` is assigned by the rendezvous).
 - `SlurmLauncher`: an sbatch script in which `srun` starts one torchrun per node,
   meeting at the first node of the allocation; failed attempts are retried
-  inside the allocation with `--resume` (job-level retry, FINDINGS.md 7).
+  inside the allocation with `--resume` (job-level retry, docs/architecture.md M7).
 - `KubernetesLauncher`: a ConfigMap holding the job's config and a Kubeflow
   PyTorchJob (one Master, `nnodes - 1` Workers) whose pods run torchrun with a
   c10d rendezvous at the master; a restarted pod resumes from the checkpoint.
 
 Every launcher runs the same entry point with `--max-restarts 0`; none builds
-a Trainer in the calling process (FINDINGS.md 1). The job's `output_dir` and
+a Trainer in the calling process (docs/architecture.md M1). The job's `output_dir` and
 checkpoints must be where every node can reach them (a shared disk or s3://)
 for the summary to be read back. Rendered examples live in infra/slurm and
 infra/k8s (`python -m training.launchers render ...`).

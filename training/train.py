@@ -8,7 +8,7 @@ by `cfg.model.class_path`, the strategy (training/distributed/strategy.py) and a
 network to MLflow and writes `<output_dir>/summary.json`. It never spawns
 processes itself: launch it with `python -m training` under torchrun
 (training/launch.py), srun or a PyTorchJob (training/launchers.py,
-shared/FINDINGS.md 1).
+docs/architecture.md M1).
 """
 
 from __future__ import annotations

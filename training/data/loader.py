@@ -4,14 +4,14 @@
 tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
 `weight` float32: 1 for a real sample, 0 for padding), so it is used with
 `batch_size=None`; `StreamLoader` is that DataLoader. The contract
-(shared/DESIGN.md section 4):
+(docs/architecture.md):
 
 - The order of an epoch depends on (seed, epoch) only: the row groups of all
   the split's shards in a permuted order, rows permuted within each row group.
 - Global step t covers stream positions [start + t*G, start + (t+1)*G) with
   G = world_size * batch_size; rank r takes positions [r*B, (r+1)*B) of it.
   Every rank yields the same number of batches, so DDP never waits on a
-  missing one (FINDINGS.md 8). `remainder="drop"` leaves out the last partial
+  missing one (docs/architecture.md M8). `remainder="drop"` leaves out the last partial
   global batch; `"pad"` fills it with repeats of a real sample of weight 0.
 - Worker w of a rank yields the rank's steps t with t % num_workers == w;
   DataLoader's in-order round robin then restores the rank's order.

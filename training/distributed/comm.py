@@ -2,7 +2,7 @@
 
 Every option of `CommConfig.hook` is a DDP comm hook registered on any device
 (training/distributed/strategy.py; Lightning itself registers hooks only on CUDA,
-shared/FINDINGS.md 2), and every hook counts the bytes of the tensors it
+docs/architecture.md M2), and every hook counts the bytes of the tensors it
 actually all-reduces and times each all-reduce from launch to completion:
 
 - `none`: the gradient bucket itself (what DDP does without a hook);

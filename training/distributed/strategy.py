@@ -3,9 +3,9 @@ FSDP2 / tensor parallel through `ModelParallelStrategy`.
 
 - `MeteredDDPStrategy` registers the configured comm hook (training/distributed/comm.py) on
   every device type: Lightning's `DDPStrategy` registers hooks on CUDA only
-  (shared/FINDINGS.md 2). Post-local SGD's parameter averaging is metered too.
+  (docs/architecture.md M2). Post-local SGD's parameter averaging is metered too.
 - `ShardedStrategy` is `ModelParallelStrategy` (FSDP2 on CPU with gloo and on
-  CUDA, FINDINGS.md 3) with distributed checkpoints through fsspec
+  CUDA, docs/architecture.md M3) with distributed checkpoints through fsspec
   (training/distributed/checkpoints.py). With tensor parallelism, each rank still reads
   its own batch (the loader shards samples over all ranks); the ranks of a
   tensor-parallel group concatenate their batches, so the group computes on
