@@ -1,5 +1,7 @@
-"""Small Lightning callbacks of a training job: counting, clipping, communication metrics.
+"""The Lightning callbacks of a training job: which ones a job has, and the small ones.
 
+- `JobCallbacks`: a job's callbacks from its config (checkpoints, counting, data
+  wait, clipping, communication), kept by name for the summary.
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -10,6 +12,8 @@
   `comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`
   (step time outside all-reduce over all-reduce time), and their totals for
   the summary. Values are rank 0's, logged without a collective.
+- `checkpoint_callbacks`: `last.ckpt`, at every epoch's end and every
+  `checkpoint_every_n_steps` optimizer steps.
 """
 
 from __future__ import annotations
@@ -19,9 +23,38 @@ from typing import Any
 
 import lightning
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.tensor import DTensor
 
+from training.config import TrainConfig
+from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
+from training.distributed.strategy import MeteredDDPStrategy
+
+
+class JobCallbacks:
+    """The callbacks of a job, kept by name for the summary."""
+
+    def __init__(self, cfg: TrainConfig, strategy: Any) -> None:
+        self.counter = BatchCounter()
+        meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
+        self.comm = CommMetrics(meter) if meter is not None else None
+        extra: list[lightning.Callback] = [DataWaitCallback()]
+        if cfg.gradient_clip_norm is not None:
+            extra.append(GradientClipping(cfg.gradient_clip_norm))
+        self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]
+        self.all += [self.comm] if self.comm is not None else []
+
+
+def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:
+    """One file (or DCP directory), last.ckpt, rewritten at every epoch's end and, when
+    `checkpoint_every_n_steps` is set, every that many optimizer steps (Lightning takes
+    the two triggers only as two callbacks)."""
+    common: dict[str, Any] = {"dirpath": cfg.checkpoint_uri, "filename": "last",
+                              "save_top_k": 1, "enable_version_counter": False}
+    every = cfg.checkpoint_every_n_steps
+    return [ModelCheckpoint(**common)] + (
+        [ModelCheckpoint(**common, every_n_train_steps=every)] if every else [])
 
 
 class BatchCounter(lightning.Callback):
