@@ -124,10 +124,7 @@ def build_cluster(config: DaskConfig) -> Any:
     if config.kind == "local":
         return local_cluster(config.num_workers, **config.options)
     if config.kind == "kubernetes":
-        operator = _import_extra(config.kind)
-        options = {k: v for k, v in config.options.items() if k not in _spec_parameters()}
-        return operator.KubeCluster(custom_cluster_spec=kubernetes_cluster_spec(config),
-                                    **options)
+        return _kubernetes_cluster(config)
     if config.kind in ("slurm", "pbs"):
         return _jobqueue_cluster(config)
     raise ValueError(f"dask.kind={config.kind!r} joins a running cluster; nothing to build")
@@ -140,6 +137,14 @@ def local_cluster(num_workers: int, **options: Any) -> LocalCluster:
     with dask.config.set(environ):
         return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
                             dashboard_address=":0", **options)
+
+
+def _kubernetes_cluster(config: DaskConfig) -> Any:
+    """A KubeCluster of `kubernetes_cluster_spec`; options that are not the spec's (such as
+    `namespace`) are KubeCluster's own."""
+    options = {k: v for k, v in config.options.items() if k not in _spec_parameters()}
+    operator = _import_extra("kubernetes")
+    return operator.KubeCluster(custom_cluster_spec=kubernetes_cluster_spec(config), **options)
 
 
 def kubernetes_cluster_spec(config: DaskConfig) -> dict[str, Any]:
@@ -190,10 +195,11 @@ def _import_extra(kind: str) -> Any:
 
 
 def check_workers(client: Client, storage: Sequence[str] = ()) -> None:
-    """Warn about workers without the allocator settings; fail when a local path in
-    `storage` is out of reach of workers on other hosts. Checks the workers there now."""
-    warn_missing_allocator_settings(client)
+    """Fail when a local path in `storage` is out of reach of workers on other hosts;
+    warn about workers without the allocator settings. Checks the workers there now
+    (workers that join later are not checked)."""
     require_shared_storage(client, storage)
+    warn_missing_allocator_settings(client)
 
 
 def warn_missing_allocator_settings(client: Client) -> None:
@@ -221,7 +227,10 @@ def require_shared_storage(client: Client, storage: Sequence[str]) -> None:
     worker on another host. A probe file written here and read there tells shared storage
     (NFS, Lustre: accepted) from a path that only exists on this host."""
     local_paths = [_local_path(uri) for uri in storage if _is_local(uri)]
-    driver, remote = _workers_on_other_hosts(client) if local_paths else ("", [])
+    if not local_paths:
+        return
+    client.wait_for_workers(1)  # a cluster just scaled up: check its first worker at least
+    driver, remote = _workers_on_other_hosts(client)
     for path in local_paths if remote else []:
         blind = _workers_not_seeing(client, path, remote)
         if blind:

@@ -220,7 +220,8 @@ def test_hpc_job_script_exports_the_allocator_settings_before_the_worker(kind,
     before the user's prologue and before the worker starts."""
     config = DaskConfig(kind=kind, num_workers=4, options={
         "cores": 1, "memory": "2GB", "queue": "cpu", "account": "data",
-        "walltime": "01:00:00", "job_script_prologue": ["source /opt/ballast/bin/activate"]})
+        "walltime": "01:00:00", "job_script_prologue": ["source /opt/ballast/bin/activate"],
+        "scheduler_options": {"dashboard_address": ":0"}})
     with build_cluster(config) as cluster:
         lines = cluster.job_script().splitlines()
     for directive in directives:
