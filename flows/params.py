@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.cluster import DaskConfig
 from preprocessing.config import ReshardConfig
+from preprocessing.executor import DaskConfig
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 

@@ -13,7 +13,6 @@ from typing import Any
 from prefect import flow
 
 from flows import tasks
-from flows.cluster import DaskConfig
 from flows.params import (
     EvaluateParams,
     InferenceParams,
@@ -24,6 +23,7 @@ from flows.params import (
 )
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
+from preprocessing.executor import DaskConfig
 from preprocessing.manifest import read_manifest
 from preprocessing.reshard import version_id_for, version_is_committed
 from tracking.config import TrackingConfig

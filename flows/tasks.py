@@ -15,8 +15,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as task_run_context
 
-from flows.cluster import DaskConfig, dask_client
 from preprocessing.config import ReshardConfig
+from preprocessing.executor import DaskConfig, dask_client
 from preprocessing.manifest import read_manifest, shard_uri
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard

@@ -1,28 +1,55 @@
-"""`python -m preprocessing --config FILE.yaml`: one reshard, without Prefect."""
+"""`python -m preprocessing --config FILE.yaml`: one reshard, without Prefect.
+
+By default on a local cluster of the config's `num_workers` processes; `--scheduler
+ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskConfig`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+import yaml
 from pydantic import ValidationError
 
 from preprocessing.config import load_reshard_config
+from preprocessing.executor import DaskConfig, StorageNotShared
 from preprocessing.reshard import TooManyRejected, run_reshard
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m preprocessing", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file of a ReshardConfig")
-    args = parser.parse_args()
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", help="address of a running Dask scheduler")
+    where.add_argument("--dask", help="YAML file of a DaskConfig (kind, address, options)")
+    args = parser.parse_args(argv)
     try:
-        result = run_reshard(load_reshard_config(args.config))
-    except (ValidationError, FileNotFoundError, TooManyRejected) as error:
-        print(f"{args.config}: {error}", file=sys.stderr)
-        return 2
+        executor = _executor(args)
+    except (ValidationError, FileNotFoundError) as error:
+        return _fail(args.dask or "--scheduler", error)
+    try:
+        result = run_reshard(load_reshard_config(args.config), executor)
+    except (ValidationError, FileNotFoundError, TooManyRejected, StorageNotShared) as error:
+        return _fail(args.config, error)
     state = "already committed" if result.reused else "committed"
     print(f"{state}: {result.manifest_uri}")
     return 0
+
+
+def _fail(source: str, error: Exception) -> int:
+    print(f"{source}: {error}", file=sys.stderr)
+    return 2
+
+
+def _executor(args: argparse.Namespace) -> DaskConfig | None:
+    """The cluster named on the command line; None for the config's local cluster."""
+    if args.scheduler:
+        return DaskConfig(kind="address", address=args.scheduler)
+    if args.dask:
+        with open(args.dask) as handle:
+            return DaskConfig.model_validate(yaml.safe_load(handle) or {})
+    return None
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from distributed import Client
 from fsspec.core import url_to_fs
 
+from preprocessing.executor import Executor, dask_client
 from preprocessing.manifest import (
     Manifest,
     ShardEntry,
@@ -82,17 +82,19 @@ def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:
 
 
 def map_to_version(inputs: list[str], transform: Transform, output_root: str,
-                   spec: OutputSpec, client: Client,
+                   spec: OutputSpec, executor: Executor,
                    rows_per_row_group: int = 8_192) -> tuple[Manifest, str]:
-    """Run `transform` over every input file on Dask; commit one version of the results."""
+    """Run `transform` over every input file on Dask (a client, or the config of a cluster
+    to start or join); commit one version of the results."""
     version_id = mapped_version_id(inputs, spec)
     previous = read_current_version(output_root)
     root = version_dir(output_root, version_id)
     outputs = [f"{root}/{shard_name('predictions', i)}" for i in range(len(inputs))]
-    futures = client.map(map_file, inputs, outputs, transform=transform,
-                         label_column=spec.label_column, rows_per_row_group=rows_per_row_group,
-                         pure=False)
-    entries: list[ShardEntry] = client.gather(futures)
+    with dask_client(executor, storage=[output_root]) as client:
+        futures = client.map(map_file, inputs, outputs, transform=transform,
+                             label_column=spec.label_column,
+                             rows_per_row_group=rows_per_row_group, pure=False)
+        entries: list[ShardEntry] = client.gather(futures)
     manifest = Manifest(
         version_id=version_id, label_column=spec.label_column, source_column="",
         id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,

@@ -14,17 +14,15 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import dask
 import numpy as np
 import pyarrow as pa
-from distributed import Client, LocalCluster, as_completed
+from distributed import Client, as_completed
 from fsspec.core import url_to_fs
 from tqdm import tqdm
 
@@ -36,6 +34,7 @@ from preprocessing.exchange import (
     map_piece,
     reduce_shard,
 )
+from preprocessing.executor import DaskConfig, Executor, dask_client
 from preprocessing.manifest import (
     FORMAT_VERSION,
     Manifest,
@@ -94,33 +93,6 @@ def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-@contextmanager
-def dask_client(client: Client | None, num_workers: int) -> Iterator[Client]:
-    """Use the caller's client, or a local cluster of worker processes for this run."""
-    if client is not None:
-        yield client
-        return
-    with local_cluster(num_workers) as cluster, Client(cluster) as local:
-        yield local
-
-
-# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
-# glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped
-# fresh and unmapped on free, so each temporary of the exchange page-faults anew (2.0 M
-# faults and ~40% of the reshard's CPU time in the kernel, measured on 1 GB). Arrays up to
-# 64 MiB come from the heap instead; up to 256 MiB of free heap is kept for reuse.
-WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 256 << 20}
-
-
-def local_cluster(num_workers: int, **options: Any) -> LocalCluster:
-    """A LocalCluster of single-threaded worker processes with the allocator settings above."""
-    environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
-               for name, value in WORKER_MALLOC_ENV.items()}
-    with dask.config.set(environ):
-        return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
-                            dashboard_address=":0", **options)
-
-
 def version_id_for(config: ReshardConfig) -> str:
     """The id the version of `config` has or will have: lists the inputs, reads no data."""
     return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
@@ -131,11 +103,13 @@ def version_is_committed(output_root: str, version_id: str) -> bool:
     return _committed(output_root, version_id) is not None
 
 
-def run_reshard(config: ReshardConfig, client: Client | None = None,
+def run_reshard(config: ReshardConfig, executor: Executor | None = None,
                 progress: Progress | None = None) -> ReshardResult:
     """Make (or find) the dataset version for `config` and commit it.
 
-    `progress(stage, done, total)` is called as tasks finish (an orchestrator shows it).
+    `executor`: a Dask client, or the config of a cluster to start or join; by default a
+    local cluster of `config.num_workers` processes. `progress(stage, done, total)` is
+    called as tasks finish (an orchestrator shows it).
     """
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
@@ -145,7 +119,9 @@ def run_reshard(config: ReshardConfig, client: Client | None = None,
         return ReshardResult(*existing, reused=True)
     previous = read_current_version(config.output_root)
     timings: dict[str, float] = {}
-    with dask_client(client, config.num_workers) as dask:
+    if executor is None:
+        executor = DaskConfig(kind="local", num_workers=config.num_workers)
+    with dask_client(executor, storage=[config.output_root]) as dask:
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))

@@ -1,4 +1,5 @@
-"""Session-wide fixtures: a real Dask LocalCluster of worker processes and tiny skewed data."""
+"""Session-wide fixtures: a real Dask LocalCluster of worker processes (started by the
+executor, as a run starts it) and tiny skewed data."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
+from preprocessing.executor import local_cluster
 from preprocessing.sample import SampleSpec, write_sample
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -20,8 +22,7 @@ TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num
 @pytest.fixture(scope="session")
 def dask_client() -> Iterator[Client]:
     """Two worker processes, one thread each: the shape of this 2-core machine."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with local_cluster(2) as cluster, Client(cluster) as client:
         yield client
 
 

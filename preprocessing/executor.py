@@ -1,0 +1,283 @@
+"""The one Dask cluster factory: where a driver's tasks run, apart from the driver.
+
+A reshard or a batch-inference map is a driver (list, plan, submit, commit, on this
+process) and an executor (Dask workers). This module is the only place a cluster is
+chosen, started or joined: worker processes here, an existing scheduler, Kubernetes
+(dask-kubernetes) or SLURM / PBS (dask-jobqueue), by config and never by code path, so
+the same driver runs on a laptop and on a cluster.
+
+Every client handed out is checked: workers on other hosts must see local staging and
+output paths (a shared filesystem), and workers ballast did not start are told which
+allocator settings they lack (docs/architecture.md M21).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from inspect import signature
+from pathlib import Path
+from typing import Any, Literal
+
+import dask
+from distributed import Client, LocalCluster
+from distributed.comm import get_address_host
+from distributed.utils import get_ip
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
+# glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped
+# fresh and unmapped on free, so each temporary of the exchange page-faults anew (2.0 M
+# faults and ~40% of the reshard's CPU time in the kernel, measured on 1 GB; M21). Arrays up
+# to 64 MiB come from the heap instead; up to 256 MiB of free heap is kept for reuse.
+# glibc reads them once at process start: they must be in a worker's environment before it
+# starts (a nanny keeps values it finds in its own environment over its defaults).
+WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 256 << 20}
+
+# kind -> (module, cluster class, the package and ballast extra that install it)
+_EXTERNAL = {
+    "kubernetes": ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", "kubernetes"),
+    "slurm": ("dask_jobqueue", "SLURMCluster", "dask-jobqueue", "slurm"),
+    "pbs": ("dask_jobqueue", "PBSCluster", "dask-jobqueue", "slurm"),
+}
+
+
+class StorageNotShared(RuntimeError):
+    """A local staging or output path that some Dask workers cannot see."""
+
+
+class WorkerEnvironmentWarning(RuntimeWarning):
+    """Dask workers run without ballast's allocator settings (slower, same output)."""
+
+
+class DaskConfig(BaseModel):
+    """Where Dask tasks run: the executor, chosen by config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "address", "kubernetes", "slurm", "pbs"] = Field(
+        "local", description="`local`: worker processes on this host; `address`: an existing "
+        "scheduler (workers started by someone else); `kubernetes`: a dask-kubernetes "
+        "operator cluster; `slurm` / `pbs`: dask-jobqueue jobs.")
+    address: str | None = Field(
+        None, description="Scheduler address for kind `address`, e.g. `tcp://10.0.0.5:8786`.")
+    num_workers: int = Field(
+        2, gt=0, description="Workers to start (every kind but `address`, which uses the "
+        "workers already there).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the cluster: LocalCluster "
+        "(`local`), `make_cluster_spec` and KubeCluster (`kubernetes`: `image` with ballast "
+        "installed is required; `namespace`, `resources`, `env`), SLURMCluster / PBSCluster "
+        "(`cores`, `memory`, `queue`, `account`, `walltime`, `job_script_prologue`).")
+
+    @model_validator(mode="after")
+    def _settings_of_the_kind(self) -> DaskConfig:
+        if self.kind == "address" and not self.address:
+            raise ValueError("dask.address is required when dask.kind is 'address'")
+        if self.kind != "address" and self.address:
+            raise ValueError(f"dask.address is only read when dask.kind is 'address', "
+                             f"not {self.kind!r}")
+        if self.kind == "kubernetes" and "image" not in self.options:
+            raise ValueError("dask.options.image is required when dask.kind is 'kubernetes': "
+                             "an image with ballast installed (workers import its tasks)")
+        return self
+
+
+Executor = Client | DaskConfig
+
+
+@contextmanager
+def dask_client(executor: Executor, storage: Sequence[str] = ()) -> Iterator[Client]:
+    """A checked client: the caller's own (left open), or one for `executor`'s cluster,
+    closed (and a cluster it started stopped) on exit. `storage`: the URIs workers write
+    and read besides the inputs (staging, output); local ones must be shared."""
+    if isinstance(executor, Client):
+        check_workers(executor, storage)
+        yield executor
+        return
+    with _connect(executor) as client:
+        check_workers(client, storage)
+        yield client
+
+
+@contextmanager
+def _connect(config: DaskConfig) -> Iterator[Client]:
+    if config.kind == "address":
+        with Client(config.address) as client:
+            yield client
+        return
+    with build_cluster(config) as cluster:
+        cluster.scale(config.num_workers)
+        with Client(cluster) as client:
+            yield client
+
+
+def build_cluster(config: DaskConfig) -> Any:
+    """The cluster object of a kind ballast starts, workers not requested yet (no job is
+    submitted and no pod created until it is scaled)."""
+    if config.kind == "local":
+        return local_cluster(config.num_workers, **config.options)
+    if config.kind == "kubernetes":
+        return _kubernetes_cluster(config)
+    if config.kind in ("slurm", "pbs"):
+        return _jobqueue_cluster(config)
+    raise ValueError(f"dask.kind={config.kind!r} joins a running cluster; nothing to build")
+
+
+def local_cluster(num_workers: int, **options: Any) -> LocalCluster:
+    """A LocalCluster of single-threaded worker processes with the allocator settings."""
+    environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
+               for name, value in WORKER_MALLOC_ENV.items()}
+    with dask.config.set(environ):
+        return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
+                            dashboard_address=":0", **options)
+
+
+def _kubernetes_cluster(config: DaskConfig) -> Any:
+    """A KubeCluster of `kubernetes_cluster_spec`; options that are not the spec's (such as
+    `namespace`) are KubeCluster's own."""
+    options = {k: v for k, v in config.options.items() if k not in _spec_parameters()}
+    operator = _import_extra("kubernetes")
+    return operator.KubeCluster(custom_cluster_spec=kubernetes_cluster_spec(config), **options)
+
+
+def kubernetes_cluster_spec(config: DaskConfig) -> dict[str, Any]:
+    """The `DaskCluster` resource for the dask-kubernetes operator: `num_workers` replicas,
+    the allocator settings in every pod's environment."""
+    operator = _import_extra("kubernetes")
+    spec = {k: v for k, v in config.options.items() if k in _spec_parameters()}
+    spec["name"] = spec.get("name") or f"ballast-{uuid.uuid4().hex[:8]}"
+    spec["env"] = _with_allocator_env(spec.get("env"))
+    spec["n_workers"] = config.num_workers
+    return dict(operator.make_cluster_spec(**spec))
+
+
+def _spec_parameters() -> set[str]:
+    return set(signature(_import_extra("kubernetes").make_cluster_spec).parameters)
+
+
+def _with_allocator_env(env: dict[str, Any] | list[dict[str, Any]] | None) -> Any:
+    """The user's pod environment (a dict or a Kubernetes env list) plus the allocator
+    settings it does not set itself; Kubernetes wants string values."""
+    ours = {name: str(value) for name, value in WORKER_MALLOC_ENV.items()}
+    if isinstance(env, list):
+        named = {entry.get("name") for entry in env}
+        return [{"name": k, "value": v} for k, v in ours.items() if k not in named] + env
+    return {**ours, **{k: str(v) for k, v in (env or {}).items()}}
+
+
+def _jobqueue_cluster(config: DaskConfig) -> Any:
+    """A SLURMCluster / PBSCluster whose job scripts export the allocator settings before
+    the worker starts, ahead of the user's prologue (options or jobqueue's config)."""
+    module = _import_extra(config.kind)
+    options = dict(config.options)
+    prologue = options.pop("job_script_prologue", None)
+    if prologue is None:
+        prologue = dask.config.get(f"jobqueue.{config.kind}.job-script-prologue", default=[])
+    exports = [f"export {name}={value}" for name, value in WORKER_MALLOC_ENV.items()]
+    cluster_class = getattr(module, _EXTERNAL[config.kind][1])
+    return cluster_class(job_script_prologue=exports + list(prologue or []), **options)
+
+
+def _import_extra(kind: str) -> Any:
+    module_name, _, package, extra = _EXTERNAL[kind]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"dask.kind={kind!r} needs the {package} package: "
+                         f"pip install 'ballast[{extra}]'") from error
+
+
+def check_workers(client: Client, storage: Sequence[str] = ()) -> None:
+    """Fail when a local path in `storage` is out of reach of workers on other hosts;
+    warn about workers without the allocator settings. Checks the workers there now
+    (workers that join later are not checked)."""
+    require_shared_storage(client, storage)
+    warn_missing_allocator_settings(client)
+
+
+def warn_missing_allocator_settings(client: Client) -> None:
+    """A `WorkerEnvironmentWarning` naming the workers and the exact variables, when any
+    worker's environment lacks `WORKER_MALLOC_ENV` (a cluster ballast did not start)."""
+    wanted = {name: str(value) for name, value in WORKER_MALLOC_ENV.items()}
+    found = client.run(_allocator_environ)
+    lacking = sorted(address for address, env in found.items() if env != wanted)
+    if lacking:
+        settings = " ".join(f"{name}={value}" for name, value in wanted.items())
+        warnings.warn(
+            f"{len(lacking)} of {len(found)} Dask workers ({', '.join(lacking)}) run without "
+            f"ballast's allocator settings; set {settings} in the workers' environment before "
+            "they start (docs/architecture.md M21): the output is the same, the exchange slower",
+            WorkerEnvironmentWarning, stacklevel=3)
+
+
+def _allocator_environ() -> dict[str, str | None]:
+    """On a worker: its values of the allocator variables."""
+    return {name: os.environ.get(name) for name in WORKER_MALLOC_ENV}
+
+
+def require_shared_storage(client: Client, storage: Sequence[str]) -> None:
+    """Raise `StorageNotShared` when a local path in `storage` is not visible to every
+    worker on another host. A probe file written here and read there tells shared storage
+    (NFS, Lustre: accepted) from a path that only exists on this host."""
+    local_paths = [_local_path(uri) for uri in storage if _is_local(uri)]
+    if not local_paths:
+        return
+    client.wait_for_workers(1)  # a cluster just scaled up: check its first worker at least
+    driver, remote = _workers_on_other_hosts(client)
+    for path in local_paths if remote else []:
+        blind = _workers_not_seeing(client, path, remote)
+        if blind:
+            raise StorageNotShared(
+                f"{path} is a local path, but Dask workers {', '.join(blind)} on other hosts "
+                f"than this driver ({driver}) do not see it: staging and "
+                "output need storage every worker shares (a filesystem mounted at the same "
+                "path on every host, or an object store such as s3://)")
+
+
+def _is_local(uri: str) -> bool:
+    return isinstance(url_to_fs(uri)[0], LocalFileSystem)
+
+
+def _local_path(uri: str) -> str:
+    return str(Path(url_to_fs(uri)[1]).resolve())
+
+
+def driver_host(scheduler_address: str) -> str:
+    """This host's address on the interface that reaches the scheduler."""
+    return str(get_ip(get_address_host(scheduler_address)))
+
+
+def _workers_on_other_hosts(client: Client) -> tuple[str, list[str]]:
+    """This driver's host address, and the workers whose address is on another host."""
+    info = client.scheduler_info(n_workers=-1)
+    if info["address"].startswith("inproc://"):
+        return "inproc", []  # in-process workers: this very process
+    driver = driver_host(info["address"])
+    return driver, sorted(a for a in info["workers"] if get_address_host(a) != driver)
+
+
+def _workers_not_seeing(client: Client, path: str, workers: list[str]) -> list[str]:
+    token = uuid.uuid4().hex
+    probe = Path(path) / f".ballast-storage-probe-{token}"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(token)
+    try:
+        seen = client.run(_read_probe, str(probe), workers=workers)
+    finally:
+        probe.unlink()
+    return sorted(address for address, text in seen.items() if text != token)
+
+
+def _read_probe(path: str) -> str | None:
+    """On a worker: the probe file's text, or None where the path does not exist."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
