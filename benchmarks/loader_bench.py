@@ -130,8 +130,7 @@ def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20
                                  sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec))
                 for k in range(4)]
         entries = [link_entry(directory, index, *real[index % 4]) for index in range(num_shards)]
-        contract.write_manifest(str(root), many_manifest(pq.read_schema(real[0][0]), entries))
-        contract.swap_current(str(root), "many")
+        contract.commit_version(str(root), many_manifest(pq.read_schema(real[0][0]), entries))
     return str(root)
 
 

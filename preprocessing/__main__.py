@@ -2,6 +2,11 @@
 
 By default on a local cluster of the config's `num_workers` processes; `--scheduler
 ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskConfig`.
+
+Exit status: 0 when the version is committed (by this run, or found committed: then
+it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
+manifest), 3 when another run moved `_CURRENT` during this one (the version is
+written; rerun to make it current if it is the newer one).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from pydantic import ValidationError
 
 from preprocessing.config import load_reshard_config
 from preprocessing.executor import DaskConfig, StorageNotShared
+from preprocessing.manifest import CommitConflict, ManifestError
 from preprocessing.reshard import TooManyRejected, run_reshard
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preprocessing", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m preprocessing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML file of a ReshardConfig")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", help="address of a running Dask scheduler")
@@ -30,16 +37,19 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.dask or "--scheduler", error)
     try:
         result = run_reshard(load_reshard_config(args.config), executor)
-    except (ValidationError, FileNotFoundError, TooManyRejected, StorageNotShared) as error:
+    except (ValidationError, FileNotFoundError, TooManyRejected, StorageNotShared,
+            ManifestError) as error:
         return _fail(args.config, error)
+    except CommitConflict as error:
+        return _fail(args.config, error, status=3)
     state = "already committed" if result.reused else "committed"
     print(f"{state}: {result.manifest_uri}")
     return 0
 
 
-def _fail(source: str, error: Exception) -> int:
+def _fail(source: str, error: Exception, status: int = 2) -> int:
     print(f"{source}: {error}", file=sys.stderr)
-    return 2
+    return status
 
 
 def _executor(args: argparse.Namespace) -> DaskConfig | None:

@@ -1,16 +1,17 @@
-"""The dataset version contract: names, the manifest, and the `_CURRENT` pointer.
+"""The dataset version contract: names, the manifest, `_CURRENT`, and the version commit.
 
-This is the one module of `preprocessing/` that `training/` and `tracking/` may
-import (docs/architecture.md), so it depends on the standard library,
-pyarrow and fsspec only. A version lives under an output root:
+The one module of `preprocessing/` that `training/` and `tracking/` may import
+(docs/architecture.md): standard library and fsspec only. Under an output root:
 
-    <root>/v-<version_id>/shard-00000.parquet ...     training split
-    <root>/v-<version_id>/holdout-00000.parquet ...   held-out split (not resampled)
+    <root>/v-<version_id>/shard-00000.parquet ...     training split (holdout-*: held out)
     <root>/v-<version_id>/_MANIFEST.json              written last = the commit
     <root>/_CURRENT                                   newest committed version id
-    <root>/_staging/<version_id>/                     scratch, never read by consumers
+    <root>/_staging/<version_id>/<attempt>/           one run's scratch (preprocessing/staging.py)
 
-Readers open a version only through `read_manifest`, never by listing files.
+Readers open a version only through `read_manifest`, never by listing files. A manifest
+is untrusted input: its version id must match its directory, shard paths must be plain
+file names, digests hex, and `_CURRENT` a version id; all checked before any read. Writers
+commit only through `commit_version`, whose every step a rerun finishes (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import signal
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import fsspec
@@ -31,22 +36,27 @@ from fsspec.core import url_to_fs
 FORMAT_VERSION = 1
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
-STAGING_DIR = "_staging"
 SPLIT_PREFIX = {"train": "shard", "holdout": "holdout", "predictions": "part"}
 ANY_PREVIOUS = "*"  # swap_current(expected=ANY_PREVIOUS) replaces whatever `_CURRENT` names
+KILL_AT_ENV = "BALLAST_KILL_AT"  # test hook: a process SIGKILLs itself after the step it names
+COMMIT_STEPS = ("shards", "manifest", "swap")  # in order; "shards": all in place
+_VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_FILE_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ManifestError(ValueError):
     """A manifest that is missing, unreadable, of an unknown format, or inconsistent."""
 
 
+class CommitConflict(RuntimeError):
+    """Another run moved `_CURRENT` between this run's start and its commit."""
+
+
 @dataclass(frozen=True)
 class ShardEntry:
-    """One committed shard file; `path` is relative to the version directory.
-
-    Every row group holds `rows_per_row_group` rows but the last, so readers plan their
-    reads from the manifest alone, without opening footers (see `row_group_sizes`).
-    """
+    """One committed shard file, `path` relative to the version directory. Every row group
+    holds `rows_per_row_group` rows but the last: reads are planned without footers."""
 
     path: str
     num_rows: int
@@ -99,7 +109,7 @@ class Manifest:
     rejected: list[RejectedFile] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     code_version: str = ""
-    created_at: str = ""
+    created_at: str = ""  # ISO 8601, stamped by commit_version when empty
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -110,23 +120,59 @@ class Manifest:
         raw = json.loads(text)
         found = raw.get("format_version")
         if found != FORMAT_VERSION:
-            raise ManifestError(
-                f"{origin}: manifest format_version {found!r} is not supported "
-                f"(this ballast reads format_version {FORMAT_VERSION})"
-            )
+            raise ManifestError(f"{origin}: manifest format_version {found!r} is not supported "
+                                f"(this ballast reads format_version {FORMAT_VERSION})")
         raw["splits"] = {
             name: SplitEntry(split["num_rows"], [ShardEntry(**s) for s in split["shards"]])
             for name, split in raw["splits"].items()
         }
         raw["rejected"] = [RejectedFile(**r) for r in raw.get("rejected", [])]
-        return cls(**raw)
+        return check_manifest(cls(**raw), origin)
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
-            raise ManifestError(
-                f"version {self.version_id} has no split {name!r}: {list(self.splits)}"
-            )
+            raise ManifestError(f"version {self.version_id} has no split {name!r}: "
+                                f"{list(self.splits)}")
         return self.splits[name]
+
+
+def code_version() -> str:
+    """The code that makes versions; part of every version id."""
+    try:
+        return f"ballast-{version('ballast')}-format{FORMAT_VERSION}"
+    except PackageNotFoundError:
+        return f"ballast-dev-format{FORMAT_VERSION}"
+
+
+def check_version_id(value: Any, origin: str) -> str:
+    """`value` if it is a version id (letters, digits, `_`, `-`; no dots or separators)."""
+    if not isinstance(value, str) or not _VERSION_ID.fullmatch(value):
+        raise ManifestError(f"{origin}: {value!r} is not a version id (letters, digits, '_' "
+                            f"and '-', at most 128, starting with a letter or digit)")
+    return value
+
+
+def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
+    """`entry` if its path is a plain file name and its sha256 64 lowercase hex digits."""
+    if not isinstance(entry.path, str) or not _FILE_NAME.fullmatch(entry.path):
+        raise ManifestError(f"{origin}: shard path {entry.path!r} is not a plain file name in "
+                            f"the version directory (no '/', '..', scheme or absolute path)")
+    if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
+        raise ManifestError(f"{origin}: shard {entry.path!r} has sha256 {entry.sha256!r}, "
+                            f"not 64 lowercase hex digits")
+    return entry
+
+
+def check_manifest(manifest: Manifest, location: str) -> Manifest:
+    """`manifest` (read from or bound for `location`) if its version id is one and names
+    its directory, and every shard entry passes `check_entry`."""
+    check_version_id(manifest.version_id, f"{location}: version_id")
+    if location.rsplit("/", 2)[-2:-1] != [f"v-{manifest.version_id}"]:
+        raise ManifestError(f"{location}: manifest of version {manifest.version_id!r} is not "
+                            f"in its directory 'v-{manifest.version_id}'")
+    for entry in (entry for split in manifest.splits.values() for entry in split.shards):
+        check_entry(entry, location)
+    return manifest
 
 
 def shard_name(split: str, index: int) -> str:
@@ -135,11 +181,7 @@ def shard_name(split: str, index: int) -> str:
 
 
 def version_dir(root: str, version_id: str) -> str:
-    return f"{root.rstrip('/')}/v-{version_id}"
-
-
-def staging_dir(root: str, version_id: str) -> str:
-    return f"{root.rstrip('/')}/{STAGING_DIR}/{version_id}"
+    return f"{root.rstrip('/')}/v-{check_version_id(version_id, root)}"
 
 
 def manifest_uri(root: str, version_id: str) -> str:
@@ -148,7 +190,7 @@ def manifest_uri(root: str, version_id: str) -> str:
 
 def shard_uri(manifest_location: str, entry: ShardEntry) -> str:
     """Absolute URI of a shard, given the URI of the manifest that lists it."""
-    return f"{manifest_location.rsplit('/', 1)[0]}/{entry.path}"
+    return f"{manifest_location.rsplit('/', 1)[0]}/{check_entry(entry, manifest_location).path}"
 
 
 def resolve_manifest_uri(uri: str) -> str:
@@ -159,12 +201,11 @@ def resolve_manifest_uri(uri: str) -> str:
     fs, path = url_to_fs(uri)
     if fs.exists(f"{path}/{MANIFEST_NAME}"):
         return f"{uri}/{MANIFEST_NAME}"
-    if fs.exists(f"{path}/{CURRENT_NAME}"):
-        version_id = fs.cat_file(f"{path}/{CURRENT_NAME}").decode().strip()
-        return manifest_uri(uri, version_id)
-    raise ManifestError(
-        f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a ballast dataset?"
-    )
+    version_id = read_current_version(uri)
+    if version_id is None:
+        raise ManifestError(f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a "
+                            f"ballast dataset?")
+    return manifest_uri(uri, version_id)
 
 
 def read_manifest(uri: str) -> tuple[Manifest, str]:
@@ -177,7 +218,7 @@ def read_manifest(uri: str) -> tuple[Manifest, str]:
         raise ManifestError(f"{location}: manifest not found") from error
     try:
         return Manifest.from_json(text, origin=location), location
-    except (KeyError, TypeError, json.JSONDecodeError) as error:
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
         raise ManifestError(f"{location}: malformed manifest ({error})") from error
 
 
@@ -185,71 +226,129 @@ def read_current_version(root: str) -> str | None:
     """The committed version id `_CURRENT` points to, or None for an empty root."""
     fs, path = url_to_fs(root.rstrip("/"))
     pointer = f"{path}/{CURRENT_NAME}"
-    return fs.cat_file(pointer).decode().strip() if fs.exists(pointer) else None
+    if not fs.exists(pointer):
+        return None
+    return check_version_id(fs.cat_file(pointer).decode().strip(), f"{root}/{CURRENT_NAME}")
 
 
-def write_manifest(root: str, manifest: Manifest) -> str:
-    """Write the manifest (the commit point of a version) and return its URI.
+@dataclass(frozen=True)
+class Commit:
+    """The committed version, its manifest's URI, and whether this call wrote it."""
 
-    On S3 the PUT is conditional on the key not existing: a concurrent writer of the same
-    version id wrote identical content, so losing that race is success.
-    """
+    manifest: Manifest
+    location: str
+    written: bool
+
+
+def commit_version(root: str, manifest: Manifest, expected: str | None = ANY_PREVIOUS) -> Commit:
+    """Commit a version whose shards are in its directory: the manifest last, then `_CURRENT`.
+
+    `expected`: what `_CURRENT` named when the run started (`ANY_PREVIOUS`: anything).
+    Writing the manifest, this call moves `_CURRENT` from `expected` or raises
+    CommitConflict; finding it written (a rerun, a concurrent attempt), it finishes that
+    attempt's swap if `_CURRENT` is empty, unreadable or names an older version."""
+    check_manifest(manifest, manifest_uri(root, manifest.version_id))
+    if not manifest.created_at:
+        manifest = replace(manifest, created_at=datetime.now(UTC).isoformat("T", "milliseconds"))
+    _reached("shards")
+    location, written = _write_manifest(root, manifest)
+    _reached("manifest")
+    committed = manifest if written else read_manifest(location)[0]
+    if written or expected == ANY_PREVIOUS:
+        swap_current(root, manifest.version_id, expected)
+    else:
+        _advance_if_behind(root, committed)
+    _reached("swap")
+    return Commit(committed, location, written)
+
+
+def _reached(step: str) -> None:  # the kill hook of KILL_AT_ENV
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_manifest(root: str, manifest: Manifest) -> tuple[str, bool]:
+    """Write the manifest unless it exists; its URI and whether this call wrote it."""
     location = manifest_uri(root, manifest.version_id)
     fs, path = url_to_fs(location)
-    with suppress(FileExistsError):
-        _atomic_write(fs, path, manifest.to_json().encode(), only_if_absent=True)
-    return location
+    try:
+        if fs.exists(path):  # a rerun: not even a temporary file in the committed directory
+            raise FileExistsError(path)
+        write_atomically(fs, path, manifest.to_json().encode(), only_if_absent=True)
+    except OSError:  # it exists, or S3's 412 Precondition Failed as another OSError
+        fs.invalidate_cache(path)
+        if not fs.exists(path):
+            raise
+        return location, False
+    return location, True
 
 
-class CommitConflict(RuntimeError):
-    """Another run moved `_CURRENT` between this run's start and its commit."""
+def _advance_if_behind(root: str, manifest: Manifest) -> None:
+    """Finish an earlier attempt's swap: `_CURRENT` moves to `manifest`'s version if it is
+    empty, unreadable or names an older one (an unstamped created_at is older than any)."""
+    found = read_current_version(root)
+    try:
+        current = read_manifest(version_dir(root, found))[0] if found else None
+        behind = current is None or _created(current) < _created(manifest)
+    except (ValueError, TypeError):  # ManifestError, or a created_at that is no time
+        behind = True
+    if behind and found != manifest.version_id:
+        with suppress(CommitConflict):  # a newer version became current meanwhile: it stays
+            swap_current(root, manifest.version_id, expected=found)
+
+
+def _created(manifest: Manifest) -> datetime:
+    return datetime.fromisoformat(manifest.created_at or "0001-01-01T00:00:00+00:00")
 
 
 def swap_current(root: str, version_id: str, expected: str | None = ANY_PREVIOUS) -> None:
-    """Point `_CURRENT` at `version_id` if it still names `expected` (compare and swap).
-
-    Local disk: under an exclusive lock, then a rename. S3: a PUT conditional on the
-    pointer's ETag (or on its absence), so of two concurrent commits exactly one wins.
-    """
+    """Point `_CURRENT` at `version_id` if it still names `expected` or `version_id`
+    (compare and swap): under a file lock locally; on S3 a PUT conditional on the
+    pointer's ETag or absence, so of two concurrent commits exactly one wins; other stores
+    have no conditional write: check, then write (a documented limitation)."""
     fs, path = url_to_fs(root.rstrip("/"))
     pointer = f"{path}/{CURRENT_NAME}"
-    if _is_local(fs):
-        with _local_lock(f"{pointer}.lock"):
-            _check_expected(root, read_current_version(root), expected, version_id)
-            _atomic_write(fs, pointer, f"{version_id}\n".encode())
-    elif hasattr(fs, "call_s3"):
+    if hasattr(fs, "call_s3"):
         _swap_s3(fs, root, pointer, version_id, expected)
-    else:  # no conditional write on this store: check, then write (documented limitation)
-        _check_expected(root, read_current_version(root), expected, version_id)
-        fs.pipe_file(pointer, f"{version_id}\n".encode())
+        return
+    with file_lock(f"{pointer}.lock") if is_local(fs) else nullcontext():
+        if _check_expected(root, read_current_version(root), expected, version_id):
+            write_atomically(fs, pointer, f"{version_id}\n".encode())
 
 
-def _check_expected(root: str, found: str | None, expected: str | None, version_id: str) -> None:
+def _check_expected(root: str, found: str | None, expected: str | None, version_id: str) -> bool:
+    """Whether `_CURRENT` must be written: False when it names `version_id` already."""
+    if found == version_id:
+        return False
     if expected != ANY_PREVIOUS and found != expected:
-        raise CommitConflict(
-            f"{root}: _CURRENT moved to {found!r} while this run made {version_id!r} "
-            f"(expected {expected!r}); version {version_id} is written but not current"
-        )
+        raise CommitConflict(f"{root}: _CURRENT moved to {found!r} while this run made "
+                             f"{version_id!r} (expected {expected!r}); version {version_id} "
+                             f"is written but not current")
+    return True
 
 
 def _swap_s3(fs: Any, root: str, pointer: str, version_id: str, expected: str | None) -> None:
     fs.invalidate_cache(pointer)
     etag = fs.info(pointer)["ETag"] if fs.exists(pointer) else None
-    found = fs.cat_file(pointer).decode().strip() if etag else None
-    _check_expected(root, found, expected, version_id)
+    found = read_current_version(root) if etag else None
+    if not _check_expected(root, found, expected, version_id):
+        return
     bucket, key, _ = fs.split_path(pointer)
     condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
     try:
         fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f"{version_id}\n".encode(),
                    **condition)
     except OSError as error:  # 412 Precondition Failed: another commit won the race
-        raise CommitConflict(f"{root}: another commit moved _CURRENT first ({error})") from error
+        fs.invalidate_cache(pointer)
+        if read_current_version(root) != version_id:
+            raise CommitConflict(f"{root}: another commit moved _CURRENT ({error})") from error
     finally:
         fs.invalidate_cache(pointer)
 
 
 @contextmanager
-def _local_lock(path: str) -> Iterator[None]:
+def file_lock(path: str) -> Iterator[None]:
+    """An exclusive lock on the local file `path` shared by every process on this host."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -259,24 +358,30 @@ def _local_lock(path: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return bool({"file", "local"} & set(protocols))
 
 
-def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
-                  only_if_absent: bool = False) -> None:
-    """Readers see the old file or the new one, never half (rename locally; one PUT on S3)."""
-    if _is_local(fs):
-        if only_if_absent and os.path.exists(path):
-            raise FileExistsError(path)
+def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
+                     only_if_absent: bool = False) -> None:
+    """Readers see the old file or the new one, never half (rename locally; one PUT on S3).
+    `only_if_absent`: FileExistsError if `path` exists, decided atomically (a hard link
+    locally, a conditional PUT on S3), so of two writers exactly one succeeds."""
+    if is_local(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(temp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
+        if not only_if_absent:
+            os.replace(temp, path)
+            return
+        try:
+            os.link(temp, path)
+        finally:
+            os.remove(temp)
     elif only_if_absent and hasattr(fs, "call_s3"):
         bucket, key, _ = fs.split_path(path)
         fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

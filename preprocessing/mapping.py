@@ -2,9 +2,9 @@
 
 Used for batch inference: the caller passes a picklable `transform` (pyarrow Table in,
 Table out, e.g. predictions); this module knows nothing about models. Each task reads
-one input file row group by row group (bounded memory), writes one output part, and
-returns its manifest entry; the manifest is written last, then `_CURRENT` is swapped,
-exactly as for a reshard.
+one input file row group by row group (bounded memory), writes one output part into the
+run's own attempt (`preprocessing/staging.py`), and returns its manifest entry; the
+version is committed through `commit_version`, exactly as for a reshard.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -25,14 +24,12 @@ from preprocessing.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
+    code_version,
     read_current_version,
     shard_name,
-    swap_current,
-    version_dir,
-    write_manifest,
 )
-from preprocessing.reshard import code_version
 from preprocessing.sources import iter_batches
+from preprocessing.staging import VersionAttempt
 
 Transform = Callable[[pa.Table], pa.Table]
 
@@ -88,22 +85,24 @@ def map_to_version(inputs: list[str], transform: Transform, output_root: str,
     to start or join); commit one version of the results."""
     version_id = mapped_version_id(inputs, spec)
     previous = read_current_version(output_root)
-    root = version_dir(output_root, version_id)
-    outputs = [f"{root}/{shard_name('predictions', i)}" for i in range(len(inputs))]
-    with dask_client(executor, storage=[output_root]) as client:
+    with VersionAttempt(output_root, version_id) as attempt, \
+            dask_client(executor, storage=[output_root]) as client:
+        outputs = [attempt.shard_uri(shard_name("predictions", i)) for i in range(len(inputs))]
         futures = client.map(map_file, inputs, outputs, transform=transform,
                              label_column=spec.label_column,
                              rows_per_row_group=rows_per_row_group, pure=False)
         entries: list[ShardEntry] = client.gather(futures)
-    manifest = Manifest(
+        commit = attempt.commit(_manifest(version_id, inputs, spec, entries), expected=previous)
+    return commit.manifest, commit.location
+
+
+def _manifest(version_id: str, inputs: list[str], spec: OutputSpec,
+              entries: list[ShardEntry]) -> Manifest:
+    return Manifest(
         version_id=version_id, label_column=spec.label_column, source_column="",
         id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,
         sources=[], arrow_schema=[], seed=0, config=spec.config,
         splits={"predictions": SplitEntry(sum(e.num_rows for e in entries), entries)},
         input_fingerprint=hashlib.sha256("\n".join(inputs).encode()).hexdigest(),
         input_class_counts={}, input_source_counts={}, code_version=code_version(),
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    location = write_manifest(output_root, manifest)
-    swap_current(output_root, version_id, expected=previous)
-    return manifest, location

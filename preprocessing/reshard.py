@@ -4,8 +4,10 @@
 `scan`, `plan`, `resample` and `exchange`. The version id hashes the input
 listing, the config (minus settings that cannot change the output) and the code
 version, so re-running on unchanged inputs finds the committed manifest and
-does no work. Shards are written into the version directory, the manifest last,
-then `_CURRENT` is swapped: a run killed at any point leaves no visible version.
+does no work. Each run stages in its own attempt directory
+(`preprocessing/staging.py`) and commits through `commit_version` (shards, the
+manifest last, then `_CURRENT`): a run killed at any point leaves no visible
+version, and the rerun finishes whatever step it died after.
 """
 
 from __future__ import annotations
@@ -16,14 +18,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from distributed import Client, as_completed
-from fsspec.core import url_to_fs
 from tqdm import tqdm
 
 from preprocessing.config import ReshardConfig
@@ -36,19 +35,17 @@ from preprocessing.exchange import (
 )
 from preprocessing.executor import DaskConfig, Executor, dask_client
 from preprocessing.manifest import (
-    FORMAT_VERSION,
     Manifest,
     ManifestError,
     RejectedFile,
     ShardEntry,
     SplitEntry,
+    code_version,
+    commit_version,
     read_current_version,
     read_manifest,
     shard_name,
-    staging_dir,
-    swap_current,
     version_dir,
-    write_manifest,
 )
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.scan import (
@@ -59,6 +56,7 @@ from preprocessing.scan import (
     list_inputs,
     scan_file,
 )
+from preprocessing.staging import VersionAttempt, collect_expired
 
 Progress = Callable[[str, int, int], None]
 
@@ -77,13 +75,6 @@ class ReshardResult:
     manifest: Manifest
     manifest_uri: str
     reused: bool
-
-
-def code_version() -> str:
-    try:
-        return f"ballast-{version('ballast')}-format{FORMAT_VERSION}"
-    except PackageNotFoundError:
-        return f"ballast-dev-format{FORMAT_VERSION}"
 
 
 def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
@@ -109,15 +100,29 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
 
     `executor`: a Dask client, or the config of a cluster to start or join; by default a
     local cluster of `config.num_workers` processes. `progress(stage, done, total)` is
-    called as tasks finish (an orchestrator shows it).
+    called as tasks finish (an orchestrator shows it). A version found committed is
+    reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
+    a dead attempt) is finished first.
     """
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
     version_id = compute_version_id(fingerprint, config)
+    previous = read_current_version(config.output_root)
     existing = _committed(config.output_root, version_id)
     if existing is not None:
-        return ReshardResult(*existing, reused=True)
-    previous = read_current_version(config.output_root)
+        collect_expired(config.output_root)
+        commit = commit_version(config.output_root, existing, expected=previous)
+        return ReshardResult(commit.manifest, commit.location, reused=True)
+    with VersionAttempt(config.output_root, version_id) as attempt:
+        manifest = _make_version(config, files, fingerprint, attempt, executor, progress)
+        commit = attempt.commit(manifest, expected=previous)
+    return ReshardResult(commit.manifest, commit.location, reused=not commit.written)
+
+
+def _make_version(config: ReshardConfig, files: list[Any], fingerprint: str,
+                  attempt: VersionAttempt, executor: Executor | None,
+                  progress: Progress | None) -> Manifest:
+    """Scan, plan, exchange and write the shards into `attempt`; the version's manifest."""
     timings: dict[str, float] = {}
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
@@ -126,19 +131,16 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
         buckets = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, config, version_id, progress))
+            dask, scans, plans, pieces, config, attempt, progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, buckets, schema, config, version_id, progress))
-    manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
-    location = write_manifest(config.output_root, manifest)
-    swap_current(config.output_root, version_id, expected=previous)
-    _remove_staging(config.output_root, version_id)
-    return ReshardResult(manifest, location, reused=False)
+            dask, plans, buckets, schema, config, attempt, progress))
+    return _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
+                     timings)
 
 
-def _committed(root: str, version_id: str) -> tuple[Manifest, str] | None:
+def _committed(root: str, version_id: str) -> Manifest | None:
     try:
-        return read_manifest(version_dir(root, version_id))
+        return read_manifest(version_dir(root, version_id))[0]
     except ManifestError:
         return None
 
@@ -227,12 +229,12 @@ def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
 
 
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], config: ReshardConfig, version_id: str,
+              pieces: list[tuple[int, int]], config: ReshardConfig, attempt: VersionAttempt,
               progress: Progress | None) -> list[Bucket]:
     # Map tasks need the layout, not every piece's offsets: ship that once per worker.
     slim = {name: _without_offsets(plan) for name, plan in plans.items()}
     shared = dask.scatter(slim, broadcast=True)
-    tasks = _piece_tasks(scans, plans, pieces, staging_dir(config.output_root, version_id))
+    tasks = _piece_tasks(scans, plans, pieces, attempt.uri)
     futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
                        holdout_fraction=config.holdout_fraction, pure=False)
     return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
@@ -243,16 +245,15 @@ def _without_offsets(plan: SplitPlan) -> SplitPlan:
 
 
 def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
-            config: ReshardConfig, version_id: str,
+            config: ReshardConfig, attempt: VersionAttempt,
             progress: Progress | None) -> dict[str, SplitEntry]:
     by_shard: dict[tuple[str, int], list[Bucket]] = {}
     for bucket in buckets:
         by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
-    root = version_dir(config.output_root, version_id)
     futures, names = [], []
     for split, plan in plans.items():
         for shard, rows in enumerate(plan.shard_rows()):
-            uri = f"{root}/{shard_name(split, shard)}"
+            uri = attempt.shard_uri(shard_name(split, shard))
             futures.append(dask.submit(
                 reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
                 config.dataset, config.rows_per_row_group, pure=False))
@@ -295,15 +296,8 @@ def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: l
         input_source_counts=input_sources,
         rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
         timings_s=timings, code_version=code_version(),
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
 
 def _json_sort_key(value: Any) -> tuple[int, Any]:
     return (0, value) if isinstance(value, int | float) else (1, str(value))
-
-
-def _remove_staging(root: str, version_id: str) -> None:
-    fs, path = url_to_fs(staging_dir(root, version_id))
-    if fs.exists(path):
-        fs.rm(path, recursive=True)

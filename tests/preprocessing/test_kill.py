@@ -1,7 +1,10 @@
-"""A reshard killed with SIGKILL mid-write leaves no visible version; the rerun completes it."""
+"""A whole reshard (`python -m preprocessing`, its own Dask cluster) under real faults:
+SIGKILL mid-write and after each commit step, and two runs of one config racing.
+The same protocol with a tiny writer, and the staging GC, are in test_commit.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,45 +12,89 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import MANIFEST_NAME, read_current_version, read_manifest
-from preprocessing.reshard import run_reshard
+from preprocessing.manifest import (
+    COMMIT_STEPS,
+    KILL_AT_ENV,
+    MANIFEST_NAME,
+    file_sha256,
+    read_current_version,
+    read_manifest,
+    shard_uri,
+)
+from preprocessing.reshard import run_reshard, version_id_for
 from preprocessing.sample import SampleSpec, write_sample
+from preprocessing.staging import STAGING_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # whole reshards, each in its own process with its own cluster
 
 
-def start_reshard(config: ReshardConfig, directory: Path) -> subprocess.Popen:
-    path = directory / "reshard.yaml"
+def start_reshard(config: ReshardConfig, directory: Path, name: str = "reshard",
+                  **env: str) -> subprocess.Popen:
+    """`python -m preprocessing` of this checkout in its own session (so its Dask workers
+    can be killed with it); stdout and stderr go to `<name>.out` and `<name>.err`."""
+    path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    return subprocess.Popen([sys.executable, "-m", "preprocessing", "--config", str(path)],
-                            start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    search = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    with open(directory / f"{name}.out", "w") as out, open(directory / f"{name}.err", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "preprocessing", "--config", str(path)],
+                                start_new_session=True, stdout=out, stderr=err,
+                                env={**os.environ, "PYTHONPATH": search, **env})
+
+
+def output(directory: Path, name: str = "reshard") -> tuple[str, str]:
+    return (directory / f"{name}.out").read_text(), (directory / f"{name}.err").read_text()
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL what is left of the process's session (its orphaned Dask workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
 
 
 def wait_for_shards(root: Path, process: subprocess.Popen, timeout_s: float = 120) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        written = list(root.glob("v-*/shard-*.parquet"))
+        written = list(root.glob(f"{STAGING_DIR}/*/*/shard-*.parquet"))
         if written:
             return len(written)
         time.sleep(0.02)
     raise AssertionError("the reshard wrote no shard before it ended or timed out")
 
 
+def staged_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / STAGING_DIR).rglob("*") if p.is_file())
+
+
+def assert_committed(root: Path, version_id: str) -> None:
+    """`_CURRENT` names the version, every shard of both splits has its recorded sha256,
+    the splits add up, and no staging is left."""
+    assert read_current_version(str(root)) == version_id
+    manifest, location = read_manifest(str(root))
+    assert manifest.version_id == version_id
+    for split in manifest.splits.values():
+        assert sum(entry.num_rows for entry in split.shards) == split.num_rows
+        assert all(file_sha256(shard_uri(location, e)) == e.sha256 for e in split.shards)
+    assert staged_files(root) == [] and not (root / STAGING_DIR).exists()
+
+
 def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(tmp_path,
                                                                          dask_client) -> None:
     """Invariants: after SIGKILL of the whole process group mid-write, no manifest and no
     `_CURRENT` exist; the rerun commits the version id a clean run makes, with byte-identical
-    shards (no row lost or duplicated)."""
+    shards (no row lost or duplicated), and removes the dead run's staging."""
     write_sample(tmp_path / "raw", SampleSpec(num_rows=120_000, num_files=8, seed=11))
     config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
                            output_root=str(tmp_path / "out"), target_shard_rows=1_000,
                            rows_per_row_group=500)
     process = start_reshard(config, tmp_path)
     wait_for_shards(tmp_path / "out", process)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    kill_session(process)
     assert not list((tmp_path / "out").glob(f"v-*/{MANIFEST_NAME}"))
     assert read_current_version(str(tmp_path / "out")) is None
     rerun = run_reshard(config, dask_client)
@@ -56,4 +103,63 @@ def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(tmp_pat
     assert rerun.manifest.version_id == clean.manifest.version_id
     digests = lambda r: [s.sha256 for s in r.manifest.split("train").shards]  # noqa: E731
     assert digests(rerun) == digests(clean)
-    assert read_manifest(str(tmp_path / "out"))[0].version_id == rerun.manifest.version_id
+    assert_committed(tmp_path / "out", rerun.manifest.version_id)
+
+
+@pytest.fixture(scope="module")
+def small_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("raw")
+    write_sample(directory, SampleSpec(num_rows=20_000, num_files=4, seed=5))
+    return directory
+
+
+def small_config(raw: Path, root: Path, **overrides: object) -> ReshardConfig:
+    return ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]), output_root=str(root),
+                         target_shard_rows=2_000, rows_per_row_group=500, num_workers=1,
+                         **overrides)
+
+
+@pytest.mark.parametrize("step", COMMIT_STEPS)
+def test_reshard_killed_after_each_commit_step_is_finished_by_the_rerun(
+        small_raw, tmp_path, dask_client, step) -> None:
+    """Fault: `python -m preprocessing` SIGKILLs itself right after `step` of the commit
+    (BALLAST_KILL_AT), with an older version current. Invariants: until the rerun,
+    `_CURRENT` names the old version or (after the swap) the complete new one; the rerun
+    commits the new version (reused once its manifest exists), `_CURRENT` names it, every
+    shard checks out, and no staging is left."""
+    root = tmp_path / "out"
+    old = run_reshard(small_config(small_raw, root, seed=1), dask_client).manifest.version_id
+    config = small_config(small_raw, root)
+    process = start_reshard(config, tmp_path, **{KILL_AT_ENV: step})
+    assert process.wait(timeout=300) == -signal.SIGKILL, output(tmp_path)[1]
+    kill_session(process)
+    new = version_id_for(config)
+    assert (root / f"v-{new}" / MANIFEST_NAME).exists() == (step != "shards")
+    assert read_current_version(str(root)) == (new if step == "swap" else old)
+    assert staged_files(root), "the killed run left its staging"
+    rerun = run_reshard(config, dask_client)
+    assert rerun.manifest.version_id == new and rerun.reused == (step != "shards")
+    assert_committed(root, new)
+
+
+def test_two_reshards_of_one_config_race_and_both_exit_zero(small_raw, tmp_path) -> None:
+    """Fault: two `python -m preprocessing` runs of one config started together (seen to
+    stage at the same time). Invariants: both exit 0 naming the same manifest, one
+    `committed` and one `already committed`; `_CURRENT` names the version; every shard
+    checks out; no staging is left."""
+    root = tmp_path / "out"
+    config = small_config(small_raw, root)
+    version_id = version_id_for(config)
+    runs = [start_reshard(config, tmp_path, name=f"run{k}") for k in range(2)]
+    most_attempts, deadline = 0, time.monotonic() + 300
+    while any(run.poll() is None for run in runs) and time.monotonic() < deadline:
+        most_attempts = max(most_attempts, len(list((root / STAGING_DIR / version_id).glob("*"))))
+        time.sleep(0.05)
+    codes = [run.wait(timeout=30) for run in runs]
+    outputs = [output(tmp_path, f"run{k}") for k in range(2)]
+    assert codes == [0, 0], [err for _, err in outputs]
+    states = sorted(out.strip().split(": ", 1)[0] for out, _ in outputs)
+    assert states == ["already committed", "committed"]
+    assert len({out.strip().split(": ", 1)[1] for out, _ in outputs}) == 1
+    assert most_attempts == 2, "the two runs did not overlap"
+    assert_committed(root, version_id)

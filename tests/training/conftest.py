@@ -1,5 +1,5 @@
 """Tiny generated datasets for training tests: shards written with pyarrow, committed
-with the real manifest module (`write_manifest` + `swap_current`)."""
+with the real commit helper (`preprocessing.manifest.commit_version`)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from preprocessing.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
+    commit_version,
     file_sha256,
     shard_name,
-    swap_current,
     version_dir,
-    write_manifest,
 )
 
 # Label values differ from class indices, so the tests see the mapping work.
@@ -115,8 +114,7 @@ def write_dataset(
         input_class_counts={},
         input_source_counts={},
     )
-    write_manifest(str(root), manifest)
-    swap_current(str(root), version_id)
+    commit_version(str(root), manifest)
     return str(root)
 
 

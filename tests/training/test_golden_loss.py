@@ -37,11 +37,10 @@ from preprocessing.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
+    commit_version,
     file_sha256,
     shard_name,
-    swap_current,
     version_dir,
-    write_manifest,
 )
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.models.classifier import FeatureClassifier
@@ -106,8 +105,7 @@ def write_golden_dataset(root: Path) -> str:
         splits={"train": SplitEntry(num_rows=NUM_ROWS, shards=[shard])}, seed=0, config={},
         input_fingerprint="golden", input_class_counts={}, input_source_counts={},
     )
-    write_manifest(str(root), manifest)
-    swap_current(str(root), "golden")
+    commit_version(str(root), manifest)
     return str(root)
 
 

@@ -13,13 +13,15 @@ it. Rules:
   both rename identical bytes.
 - Copies are named by their sha256, so a new dataset version that reuses a
   shard reuses its copy, and a stale copy can never be mistaken for new bytes.
+  Only a validated digest (64 hex digits, `check_entry`) names a file: a
+  manifest cannot make the cache write or remove anything outside its directory.
 - On a hit the copy's size must equal the manifest's; a copy of another size
   (truncated by something outside ballast) is removed and downloaded again.
   Its content is not hashed again on every use: that would read each shard
   twice an epoch; a copy is written once, then only read.
 - Before a download is moved into place, the least recently used copies (by
   access time, which every hit sets) are removed until it fits, under an
-  exclusive lock on `<directory>/.lock`: the complete copies never add up to
+  exclusive lock on `<directory>/.lock` (`file_lock`): the complete copies never add up to
   more than `max_bytes`. A shard larger than the whole cache is read from its
   download and not kept. Handles are open before anything is removed, so a
   reader keeps its bytes even when its copy is evicted. Temporary files of
@@ -29,7 +31,6 @@ it. Rules:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -43,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from preprocessing.manifest import ShardEntry
+from preprocessing.manifest import ShardEntry, check_entry, file_lock
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ class ShardCache:
         self._guard, self._key_locks = threading.Lock(), {}
 
     def path_of(self, entry: ShardEntry) -> str:
-        return os.path.join(self.directory, f"{entry.sha256}{SUFFIX}")
+        digest = check_entry(entry, f"cache {self.directory}").sha256
+        return os.path.join(self.directory, f"{digest}{SUFFIX}")
 
     def open(self, uri: str, entry: ShardEntry) -> pa.NativeFile:
         """An open local copy of the shard at `uri`: from the cache, else downloaded into it."""
@@ -96,7 +98,7 @@ class ShardCache:
         cache is read from its download and not kept."""
         handle = pa.OSFile(temp)  # opened first: its bytes stay readable whatever follows
         try:
-            with directory_lock(self.directory):
+            with file_lock(os.path.join(self.directory, ".lock")):
                 if size <= self.max_bytes:
                     self._evict_down_to(self.max_bytes - size)
                     os.replace(temp, path)
@@ -189,15 +191,3 @@ def copy_hashing(uri: str, target: str) -> str:
             digest.update(chunk)
             sink.write(chunk)
     return digest.hexdigest()
-
-
-@contextmanager
-def directory_lock(directory: str) -> Iterator[None]:
-    """An exclusive lock shared by every process using this cache directory."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -2,8 +2,8 @@
 
     python -m training.models.tokens --out /tmp/tokens --rows 20000 --seq-len 64 --vocab-size 4096
 
-writes a committed ballast version (shards + `_MANIFEST.json` + `_CURRENT`,
-through `preprocessing.manifest`, so the loader reads it like any other):
+writes a committed ballast version (shards, then `_MANIFEST.json` and `_CURRENT`
+through `preprocessing.manifest.commit_version`, so the loader reads it like any other):
 column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
 0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
 a sequence is uniform random tokens with a fraction `signal` of its positions
@@ -34,12 +34,12 @@ from preprocessing.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
+    commit_version,
     file_sha256,
     manifest_uri,
+    read_manifest,
     shard_name,
-    swap_current,
     version_dir,
-    write_manifest,
 )
 
 
@@ -121,19 +121,24 @@ def write_split(spec: TokenDatasetSpec, directory: str, split: str, table: pa.Ta
 
 def write_token_dataset(root: str, spec: TokenDatasetSpec) -> str:
     """Write (or find) the version of `spec` under `root` and make it current; returns root."""
-    version_id = spec.version_id()
-    fs, _ = url_to_fs(root)
-    if not fs.exists(url_to_fs(manifest_uri(root, version_id))[1]):
-        directory = version_dir(root, version_id)
-        fs.makedirs(url_to_fs(directory)[1], exist_ok=True)
-        train = make_rows(spec, 0, spec.num_rows, stream=1)
-        splits = {"train": write_split(spec, directory, "train", train)}
-        if spec.holdout_rows:
-            holdout = make_rows(spec, spec.num_rows, spec.holdout_rows, stream=2)
-            splits["holdout"] = write_split(spec, directory, "holdout", holdout)
-        write_manifest(root, manifest_of(spec, train.schema, splits))
-    swap_current(root, version_id)
+    location = manifest_uri(root, spec.version_id())
+    fs, path = url_to_fs(location)
+    manifest = read_manifest(location)[0] if fs.exists(path) else write_shards(root, spec)
+    commit_version(root, manifest)
     return root
+
+
+def write_shards(root: str, spec: TokenDatasetSpec) -> Manifest:
+    """Write the shards of `spec`'s version into its directory; their manifest."""
+    directory = version_dir(root, spec.version_id())
+    fs, path = url_to_fs(directory)
+    fs.makedirs(path, exist_ok=True)
+    train = make_rows(spec, 0, spec.num_rows, stream=1)
+    splits = {"train": write_split(spec, directory, "train", train)}
+    if spec.holdout_rows:
+        holdout = make_rows(spec, spec.num_rows, spec.holdout_rows, stream=2)
+        splits["holdout"] = write_split(spec, directory, "holdout", holdout)
+    return manifest_of(spec, train.schema, splits)
 
 
 def manifest_of(

@@ -1,0 +1,237 @@
+"""One run's attempt at writing a version: private staging held by a lease, and safe GC.
+
+    <root>/_staging/<version_id>/<attempt_id>/_LEASE    holder, pid, last heartbeat
+    <root>/_staging/<version_id>/<attempt_id>/...       exchange files; shards (local roots)
+
+Every attempt stages in its own directory, so concurrent runs of one version never share
+or delete each other's files. On a local root the shards are written there too and
+published into the version directory by hard link, never over a file already there
+(a committed or concurrent attempt's copy stays untouched). On S3 each shard is one PUT
+of identical bytes to its final key (atomic; concurrent attempts of one version must run
+the same software: the version id includes ballast's version, not pyarrow's).
+
+The attempt's process renews its lease every HEARTBEAT_S while it runs. A lease has
+expired when its heartbeat is older than LEASE_EXPIRY_S, or when it was taken on this
+host (same boot and pid namespace) by a process that no longer exists; `collect_expired`
+removes only such attempts, and every new attempt runs it first. Lease-less leftovers
+are judged by their modification time. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from contextlib import suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from fsspec.core import url_to_fs
+
+from preprocessing.manifest import (
+    ANY_PREVIOUS,
+    Commit,
+    Manifest,
+    check_version_id,
+    commit_version,
+    file_sha256,
+    is_local,
+    version_dir,
+    write_atomically,
+)
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = "_staging"
+LEASE_NAME = "_LEASE"
+HEARTBEAT_S = 10.0
+LEASE_EXPIRY_S = 300.0  # 30 missed heartbeats: a stalled store or a paused host, not a death
+
+
+class StagingError(RuntimeError):
+    """An attempt's staged output cannot be published as it is."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds an attempt: `holder` says where `pid` names a process (see `_holder`)."""
+
+    holder: str
+    pid: int
+    heartbeat_at: float  # unix seconds of the last renewal
+
+
+def _holder() -> str:
+    """Host, boot and pid namespace of this process: where its pid means the same process.
+    Without /proc a random token, so no other process ever judges it by pid."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return f"{socket.gethostname()}/{uuid.uuid4().hex}"
+    return f"{socket.gethostname()}/{boot}/{namespace}"
+
+
+HOLDER = _holder()
+
+
+def staging_root(root: str) -> str:
+    return f"{root.rstrip('/')}/{STAGING_DIR}"
+
+
+class VersionAttempt:
+    """`with VersionAttempt(root, version_id) as attempt:` stage under `attempt.uri`,
+    write shards to `attempt.shard_uri(name)`, then `attempt.commit(manifest, expected)`.
+    Leaving the block (committed or failed) removes the attempt's staging."""
+
+    def __init__(self, root: str, version_id: str, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.root = root.rstrip("/")
+        self.version_id = check_version_id(version_id, root)
+        started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.attempt_id = f"{started}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.uri = f"{staging_root(root)}/{version_id}/{self.attempt_id}"
+        self._fs, self._path = url_to_fs(self.uri)
+        self._local = is_local(self._fs)
+        self._heartbeat_s = heartbeat_s
+        self._stopped = threading.Event()
+        self._beating = threading.Thread(target=self._beat, daemon=True, name="staging-lease")
+
+    def __enter__(self) -> VersionAttempt:
+        collect_expired(self.root)
+        self.renew()
+        self._beating.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._stopped.set()
+        self._beating.join()
+        _remove(self._fs, self._path)
+        _remove_if_empty(self._fs, os.path.dirname(self._path))
+        _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
+
+    def shard_uri(self, name: str) -> str:
+        """Where a task writes shard `name`: staging on a local root, else its final key."""
+        if self._local:
+            return f"{self.uri}/{name}"
+        return f"{version_dir(self.root, self.version_id)}/{name}"
+
+    def commit(self, manifest: Manifest, expected: str | None = ANY_PREVIOUS) -> Commit:
+        """Publish the staged shards (local roots), then `commit_version`."""
+        if self._local:
+            self._publish(manifest)
+        return commit_version(self.root, manifest, expected)
+
+    def renew(self) -> None:
+        """Write this attempt's lease with a fresh heartbeat."""
+        lease = json.dumps(asdict(Lease(HOLDER, os.getpid(), time.time()))).encode()
+        for tries_left in reversed(range(3)):
+            try:
+                write_atomically(self._fs, f"{self._path}/{LEASE_NAME}", lease)
+                return
+            except FileNotFoundError:  # a collector removed the new, empty parent meanwhile
+                if not tries_left:
+                    raise
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._heartbeat_s):
+            try:
+                self.renew()
+            except OSError as error:  # the next beat may get through; expiry allows 30 misses
+                log.warning("staging lease %s not renewed: %s", self.uri, error)
+
+    def _publish(self, manifest: Manifest) -> None:
+        target = url_to_fs(version_dir(self.root, self.version_id))[1]
+        os.makedirs(target, exist_ok=True)
+        for split in manifest.splits.values():
+            for entry in split.shards:
+                _link_once(f"{self._path}/{entry.path}", f"{target}/{entry.path}", entry.sha256)
+
+
+def _link_once(staged: str, final: str, sha256: str) -> None:
+    """Publish `staged` as `final` unless `final` exists, which must hold the same bytes."""
+    try:
+        os.link(staged, final)
+        return
+    except FileExistsError:  # a rerun after a kill, or a concurrent attempt published first
+        pass
+    if file_sha256(final) != sha256:
+        raise StagingError(
+            f"{final} exists with other bytes than this attempt's copy (sha256 {sha256}); "
+            f"attempts of one version made different output: do they run the same software?"
+        )
+
+
+def collect_expired(root: str, expiry_s: float = LEASE_EXPIRY_S) -> list[str]:
+    """Remove the staging of every attempt under `root` whose lease expired; their URIs."""
+    fs, base = url_to_fs(staging_root(root))
+    removed = []
+    for version_path in _children(fs, base):
+        for attempt in _children(fs, version_path):
+            if lease_expired(fs, attempt, expiry_s):
+                _remove(fs, attempt)
+                removed.append(fs.unstrip_protocol(attempt))
+        _remove_if_empty(fs, version_path)
+    _remove_if_empty(fs, base)
+    return removed
+
+
+def lease_expired(fs: Any, attempt: str, expiry_s: float = LEASE_EXPIRY_S) -> bool:
+    """Whether the attempt at `attempt` is dead (see the module docstring)."""
+    lease = _read_lease(fs, f"{attempt}/{LEASE_NAME}")
+    if lease is None:
+        modified = _modified_at(fs, attempt)
+        return modified is not None and time.time() - modified > expiry_s
+    if lease.holder == HOLDER and not _alive(lease.pid):
+        return True
+    return time.time() - lease.heartbeat_at > expiry_s
+
+
+def _read_lease(fs: Any, path: str) -> Lease | None:
+    try:
+        return Lease(**json.loads(fs.cat_file(path)))
+    except (OSError, ValueError, TypeError):  # absent, not yet written, or not a lease
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _modified_at(fs: Any, path: str) -> float | None:
+    try:
+        return float(fs.modified(path).timestamp())
+    except (OSError, NotImplementedError, ValueError, KeyError, AttributeError):
+        return None  # an S3 prefix has no time: left alone
+
+
+def _children(fs: Any, path: str) -> list[str]:
+    try:
+        return [str(name) for name in fs.ls(path, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _remove(fs: Any, path: str) -> None:
+    with suppress(FileNotFoundError):  # another collector was first
+        fs.rm(path, recursive=True)
+    fs.invalidate_cache(path)
+
+
+def _remove_if_empty(fs: Any, path: str) -> None:
+    """Remove an empty local directory (atomic: fails if an attempt was just made in it)."""
+    if is_local(fs):
+        with suppress(OSError):
+            os.rmdir(path)
