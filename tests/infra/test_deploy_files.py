@@ -5,6 +5,7 @@ Dockerfiles' installs and users, and the configs that point the pipeline at each
 
 from __future__ import annotations
 
+import configparser
 import json
 import re
 import shlex
@@ -303,6 +304,20 @@ def test_preprocessing_image_has_no_torch_and_keeps_worker_allocator_settings() 
                 assert not re.search("torch|lightning|mlflow|ballast", " ".join(extras[extra]))
     assert {k: int(v) for k, v in env_of(stage).items() if k.startswith("MALLOC_")} == (
         WORKER_MALLOC_ENV)
+
+
+def test_mlflow_auth_config_denies_by_default_and_holds_no_password() -> None:
+    """Invariant: the image's basic-auth config has the keys MLflow's reader requires, gives
+    users no permission unless granted, keeps its user store on the server's volume and
+    holds no admin credential (they come from the environment only)."""
+    parser = configparser.ConfigParser()
+    parser.read(INFRA / "docker" / "mlflow-basic-auth.ini")
+    auth = parser["mlflow"]
+    assert auth["default_permission"] == "NO_PERMISSIONS"  # mlflow.server.auth.permissions
+    assert auth["database_uri"].startswith("sqlite:////var/lib/mlflow/")
+    assert "admin_username" not in auth and "admin_password" not in auth
+    volumes = compose()["services"]["mlflow"]["volumes"]
+    assert any(volume.endswith(":/var/lib/mlflow") for volume in volumes)
 
 
 # ---------------------------------------------------------------- SLURM
