@@ -256,7 +256,8 @@ DOCKERFILES = sorted((INFRA / "docker").glob("*.Dockerfile"))
 def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> None:
     """Invariant: every target stage ends as a numeric non-root user; every pip install
     takes constraints.txt (copied from the repository) or is a `--no-deps` install of one
-    pinned file; every package named is pinned by the constraints or by `==`."""
+    pinned file; every package named is pinned by the constraints or by `==`; every file it
+    copies exists in the repository (the build context)."""
     stages, pins = parse_stages(path), constraint_pins()
     for stage in stages:
         assert stage.user and stage.user.split(":")[0] not in ("0", "root"), stage.base
@@ -271,8 +272,9 @@ def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> No
             for package in (p for p in packages if not p.startswith(".")):
                 name = normalise(re.split(r"[\[=<>]", package)[0])
                 assert name in pins or "==" in package, f"{path.name}: {package} unpinned"
-    copied = [a.split()[-2] for s in stages for i, a in s.instructions if i == "COPY"]
-    assert all((REPO / source).exists() for source in copied), copied
+    copied = [word for stage in stages for instruction, args in stage.instructions
+              if instruction == "COPY" for word in args.split()[:-1] if not word.startswith("--")]
+    assert copied and all((REPO / source).exists() for source in copied), copied
 
 
 def test_training_cpu_image_takes_the_constraints_torch_from_the_cpu_index() -> None:
