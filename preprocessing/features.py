@@ -128,8 +128,8 @@ class FeatureCodec:
         if missing:
             raise FeatureError(f"feature columns {missing} are missing from the rows "
                                f"(columns: {table.column_names})")
-        if len(self.columns) == 1 and _is_plain_vector(self.columns[0], table):
-            return _vector_view(table.column(self.columns[0].name))  # no copy
+        if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
+            return view
         out = np.empty((table.num_rows, self.width), dtype=np.float32)
         for spec, part in zip(self.columns, self.slices().values(), strict=True):
             column = table.column(spec.name)
@@ -186,22 +186,19 @@ def _plain_spec(name: str, arrow_type: pa.DataType) -> ColumnSpec:
                        "dataset version (a vocabulary or a sequence length)")
 
 
-def _is_plain_vector(spec: ColumnSpec, table: pa.Table) -> bool:
+def _plain_vector(spec: ColumnSpec, table: pa.Table) -> np.ndarray | None:
+    """[n, size] float32 over a float32 fixed-size-list column's values, without a copy;
+    None when the column needs the general path (another type, size or nulls)."""
     arrow_type = table.schema.field(spec.name).type
-    return (spec.kind == "vector" and pa.types.is_fixed_size_list(arrow_type)
-            and arrow_type.list_size == spec.size
-            and pa.types.is_float32(arrow_type.value_type)
-            and table.column(spec.name).null_count == 0)
-
-
-def _vector_view(column: pa.ChunkedArray) -> np.ndarray:
-    """[n, size] float32 over a fixed-size-list column's values, without a copy."""
+    if not (spec.kind == "vector" and pa.types.is_fixed_size_list(arrow_type)
+            and arrow_type.list_size == spec.size and pa.types.is_float32(arrow_type.value_type)):
+        return None
+    column = table.column(spec.name)
     array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    size = array.type.list_size
-    values = array.values.slice(array.offset * size, len(array) * size)
-    if values.null_count:
-        raise FeatureError(f"a feature list column holds {values.null_count} null elements")
-    return values.to_numpy(zero_copy_only=False).reshape(len(array), size)
+    values = array.values.slice(array.offset * spec.size, len(array) * spec.size)
+    if array.null_count or values.null_count:
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(len(array), spec.size)
 
 
 def _refuse_nulls(spec: ColumnSpec, count: int, what: str = "nulls") -> None:
