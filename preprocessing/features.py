@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,10 @@ class FeatureCodec:
     def names(self) -> list[str]:
         return [spec.name for spec in self.columns]
 
+    @cached_property
+    def _parts(self) -> list[slice]:
+        return list(self.slices().values())
+
     def slices(self) -> dict[str, slice]:
         """Where each column's values sit in a row of the matrix."""
         bounds = np.cumsum([0, *(spec.width for spec in self.columns)])
@@ -124,14 +129,15 @@ class FeatureCodec:
 
     def encode(self, table: pa.Table) -> np.ndarray:
         """float32 [rows, width]: every feature column of `table`, encoded by its spec."""
-        missing = [name for name in self.names if name not in table.column_names]
+        present = set(table.column_names)
+        missing = [name for name in self.names if name not in present]
         if missing:
             raise FeatureError(f"feature columns {missing} are missing from the rows "
                                f"(columns: {table.column_names})")
         if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
             return view
         out = np.empty((table.num_rows, self.width), dtype=np.float32)
-        for spec, part in zip(self.columns, self.slices().values(), strict=True):
+        for spec, part in zip(self.columns, self._parts, strict=True):
             column = table.column(spec.name)
             array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
             ENCODERS[spec.kind](spec, array, out[:, part])
@@ -222,17 +228,17 @@ def _encode_scalar(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     values = seconds(array) if spec.kind == "temporal" else array.cast(pa.float64())
-    # NaN is a null here, as in the scan's counts (preprocessing/profile.py).
-    nulls = (pc.is_null(values, nan_is_null=True)
-             if values.null_count or pa.types.is_floating(array.type) else None)
-    num_nulls = int(pc.sum(nulls).as_py() or 0) if nulls is not None else 0
+    numbers = values.to_numpy(zero_copy_only=False)  # a null is NaN here
+    # NaN is a null too, as in the scan's counts (preprocessing/profile.py).
+    may_be_null = values.null_count or pa.types.is_floating(array.type)
+    nulls = np.isnan(numbers) if may_be_null else np.zeros(len(numbers), dtype=bool)
+    num_nulls = int(nulls.sum()) if may_be_null else 0
     _refuse_nulls(spec, num_nulls)
     if num_nulls:
-        values = pc.if_else(nulls, pa.scalar(spec.fill, pa.float64()), values)
-    numbers = values.to_numpy(zero_copy_only=False)
+        numbers = np.where(nulls, spec.fill, numbers)
     out[:, 0] = (numbers - spec.shift) / spec.scale
     if spec.nulls == "indicator":
-        out[:, 1] = nulls.to_numpy(zero_copy_only=False) if nulls is not None else 0.0
+        out[:, 1] = nulls
 
 
 def _list_values(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
