@@ -1,10 +1,22 @@
-"""Listing and scanning raw inputs: footers plus the label/source columns, nothing else.
+"""Listing and scanning raw inputs: footers, the label/source/id columns, and the feature
+columns the codec needs statistics of.
 
 `list_inputs` expands roots, directories and globs through fsspec into a sorted,
-fingerprinted listing (Parquet, CSV, JSON Lines). `scan_file` (one Dask task per
-file) reads a file's footer and only its label and source columns, and returns
-row counts per (piece, split, class, source) or the reason the file is rejected.
-`check_schemas` rejects files whose schema drifts from the majority's.
+fingerprinted listing (Parquet, CSV, JSON Lines). `scan_file` (one Dask task per file)
+reads a file's footer, its label, source and id columns and its feature columns but
+fixed-size lists free of nulls by the footer, and returns row counts per (piece, split,
+class, source) of the rows a `drop_row` policy keeps, the feature columns' profiles
+(preprocessing/profile.py) and the dropped rows, or the reason the file is rejected: a
+missing or internal column name, a feature type no kind encodes, null or NaN labels,
+null, duplicate or non-integer ids, too many label values, null fixed-size lists.
+`check_schemas` rejects files whose schema drifts from the majority's. Across files:
+`check_classes`, `duplicate_ids` (only files whose id ranges overlap are read again)
+and `feature_state`, the manifest's codec, raise `InputError` before anything is written.
+
+Cost (1 M rows in 8 Parquet files, one process, a loaded 2-core machine): a 64-float
+fixed-size-list sample scans in 0.5-0.7 s (0.2-0.4 s reading label and source only: the
+difference is the id column and its uniqueness check); 20 scalar and 2 string feature
+columns in 1.4-1.6 s (0.1-0.3 s), most of it decoding the feature columns.
 """
 
 from __future__ import annotations
@@ -111,31 +123,36 @@ def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float
           max_piece_rows: int) -> FileScan:
     footer = read_footer(file.uri, max_piece_rows)
     schema = footer.schema if footer else stream_schema(file.uri)
-    reason = schema_problem(schema, spec)
-    if reason:
+    if reason := schema_problem(schema, spec):
         return FileScan(file, schema, reason=reason)
-    profiles = new_profiles(schema, spec.feature_columns)
-    starts = np.array(footer.piece_starts if footer else [], dtype=np.int64)
-    tally = _Tally(profiles)
-    try:
-        for batch in iter_batches(file.uri, columns=scan_columns(spec, profiles, footer)):
-            if reason := row_problem(batch, spec, tally.num_rows):
-                return FileScan(file, schema, reason=reason)
-            tally.add(batch, file, spec, starts if footer else None, seed, holdout_fraction,
-                      max_piece_rows)
-    except pa.ArrowInvalid as error:
-        if "Expected all lists to be of size" not in str(error):
-            raise
-        return FileScan(file, schema, reason=_null_lists_reason(profiles, error))
-    if tally.num_rows == 0:
-        return FileScan(file, schema, reason="empty file (0 rows)")
-    if reason := tally.problem(spec):
+    tally = _Tally(new_profiles(schema, spec.feature_columns),
+                   np.array(footer.piece_starts, dtype=np.int64) if footer else None)
+    if reason := _read_rows(tally, file, spec, footer, seed, holdout_fraction, max_piece_rows):
         return FileScan(file, schema, reason=reason)
-    bounds = (np.r_[starts, tally.num_rows] if footer
+    starts = tally.starts
+    bounds = (np.r_[starts, tally.num_rows] if starts is not None
               else np.r_[np.arange(0, tally.num_rows, max_piece_rows), tally.num_rows])
     return FileScan(file, schema, np.diff(bounds).tolist(),
                     [(*key, n) for key, n in sorted(tally.counts.items(), key=lambda kv: kv[0][0])],
-                    profiles=profiles, dropped_rows=tally.dropped, id_range=tally.id_range())
+                    profiles=tally.profiles, dropped_rows=tally.dropped,
+                    id_range=tally.id_range())
+
+
+def _read_rows(tally: _Tally, file: InputFile, spec: DatasetSpec, footer: Footer | None,
+               seed: int, holdout_fraction: float, max_piece_rows: int) -> str | None:
+    """Read the scan's columns into `tally`; the reason to reject the file, or None."""
+    try:
+        for batch in iter_batches(file.uri, columns=scan_columns(spec, tally.profiles, footer)):
+            if reason := row_problem(batch, spec, tally.num_rows):
+                return reason
+            tally.add(batch, file, spec, seed, holdout_fraction, max_piece_rows)
+    except pa.ArrowInvalid as error:
+        if "Expected all lists to be of size" not in str(error):
+            raise
+        return _null_lists_reason(tally.profiles, error)
+    if tally.num_rows == 0:
+        return "empty file (0 rows)"
+    return tally.problem(spec)
 
 
 @dataclass
@@ -143,20 +160,20 @@ class _Tally:
     """What the scan of one file accumulates over its batches."""
 
     profiles: dict[str, ColumnProfile]
+    starts: np.ndarray | None  # first row of each piece (Parquet); None: fixed-size pieces
     counts: Counter[tuple[int, str, Any, Any]] = field(default_factory=Counter)
     num_rows: int = 0
     dropped: int = 0
     ids: list[np.ndarray] = field(default_factory=list)
 
-    def add(self, batch: pa.RecordBatch, file: InputFile, spec: DatasetSpec,
-            starts: np.ndarray | None, seed: int, holdout_fraction: float,
-            max_piece_rows: int) -> None:
+    def add(self, batch: pa.RecordBatch, file: InputFile, spec: DatasetSpec, seed: int,
+            holdout_fraction: float, max_piece_rows: int) -> None:
         """Count the batch's kept rows (a `drop_row` null drops a row from the counts, so
         the plan is exact) and fold its feature columns into the profiles: statistics of
         the kept training rows (held-out rows stay unseen), nulls of every row."""
         rows = np.arange(self.num_rows, self.num_rows + batch.num_rows)
-        pieces = (np.searchsorted(starts, rows, side="right") - 1 if starts is not None
-                  else rows // max_piece_rows)
+        pieces = (np.searchsorted(self.starts, rows, side="right") - 1
+                  if self.starts is not None else rows // max_piece_rows)
         holdout = holdout_mask(file.relative_path, self.num_rows, batch.num_rows, seed,
                                holdout_fraction)
         kept = ~null_rows(batch, drop_row_columns(spec))
