@@ -42,8 +42,10 @@ def model_codec(model: Any) -> FeatureCodec | None:
 
 
 def probabilities(model: Any, features: np.ndarray) -> np.ndarray:
-    """Softmax of the model's logits, float32 [rows, classes]."""
-    logits = np.asarray(model.predict(features), dtype=np.float64)
+    """Softmax of the model's logits, float32 [rows, classes]. A read-only matrix (the
+    codec's zero-copy view of a vector column) is copied: torch refuses to trust one."""
+    writable = features if features.flags.writeable else features.copy()
+    logits = np.asarray(model.predict(writable), dtype=np.float64)
     exp = np.exp(logits - logits.max(axis=1, keepdims=True))
     return (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
 
