@@ -42,7 +42,6 @@ import pyarrow.compute as pc
 
 from preprocessing.manifest import Manifest, ManifestError
 
-KINDS = ("numeric", "boolean", "temporal", "vector", "sequence", "category")
 SCALAR_KINDS = ("numeric", "boolean", "temporal")
 FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -164,6 +163,10 @@ class FeatureCodec:
     def from_schema(cls, schema: pa.Schema, names: list[str]) -> FeatureCodec:
         """Plain specs (nothing standardized, nulls refused) for columns of `schema`;
         variable-length lists need a length, so they are refused here."""
+        missing = [name for name in names if name not in schema.names]
+        if missing:
+            raise FeatureError(f"feature columns {missing} are missing from the rows "
+                               f"(columns: {schema.names})")
         return cls(tuple(_plain_spec(name, schema.field(name).type) for name in names))
 
 

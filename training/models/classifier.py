@@ -7,8 +7,9 @@ the epoch, from which macro F1 and per-class recall are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
 logits (it is what gets logged to MLflow). `num_features` is the width of the
 dataset's feature codec (preprocessing/features.py: one value per scalar column, one
-per vector element, a one-hot block per string column, values and mask per sequence). `FeatureClassifier` is an MLP over
-the feature vector; `training.models.transformer.TokenClassifier` a transformer.
+per vector element, a one-hot block per string column, values and mask per sequence).
+`FeatureClassifier` is an MLP over the feature vector;
+`training.models.transformer.TokenClassifier` a transformer.
 
 The model holds no parallelism: the strategy wraps it (DDP), or
 training/distributed/parallelize.py shards it (FSDP2, tensor parallel). `build_model`
