@@ -8,6 +8,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
+
 
 class DatasetSpec(BaseModel):
     """Where the raw files are and which columns mean what."""
@@ -25,8 +27,37 @@ class DatasetSpec(BaseModel):
     )
     id_column: str = Field("id", description="A unique row id, carried to every output row.")
     feature_columns: list[str] = Field(
-        default_factory=lambda: ["features"], description="Columns the model reads."
+        default_factory=lambda: ["features"], description="Columns the model reads: numbers, "
+        "booleans, timestamps and dates, fixed-size or variable-length lists of numbers, "
+        "strings (categories); preprocessing/features.py says how each is encoded."
     )
+    nulls: dict[str, NullPolicy] = Field(
+        default_factory=dict, description="Null policy per feature column: `error` (the "
+        "default: the scan fails naming the column), `drop_row`, `fill_zero`, `fill_mean` "
+        "(the scan's mean) or `indicator` (fill_mean plus a 0/1 is-null feature).")
+    standardize: bool = Field(
+        True, description="Standardize numeric and temporal features by the scan's mean and "
+        "standard deviation (stored in the manifest).")
+    max_categories: int = Field(
+        1_000, gt=0, description="Most distinct values a string feature may hold; more fail "
+        "the scan unless `category_buckets` is set.")
+    category_buckets: int | None = Field(
+        None, gt=0, description="If set, a string feature with more than `max_categories` "
+        "distinct values is hashed into this many buckets instead of failing the scan.")
+    sequence_length: int | None = Field(
+        None, gt=0, description="Length that variable-length list features are padded or "
+        "truncated to (with a mask); None: the longest list the scan finds.")
+    max_classes: int = Field(
+        1_000, gt=1, description="Most distinct label values; more fail the scan (a float "
+        "label with many values is a regression target, not classes).")
+
+    @model_validator(mode="after")
+    def _null_policies_name_feature_columns(self) -> DatasetSpec:
+        unknown = sorted(set(self.nulls) - set(self.feature_columns))
+        if unknown:
+            raise ValueError(f"dataset.nulls names {unknown}, which are not feature columns "
+                             f"(dataset.feature_columns: {self.feature_columns})")
+        return self
 
 
 class MixConfig(BaseModel):

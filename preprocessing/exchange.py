@@ -22,12 +22,13 @@ from fsspec.implementations.local import LocalFileSystem
 from preprocessing.config import DatasetSpec
 from preprocessing.manifest import ShardEntry
 from preprocessing.plan import SplitPlan
+from preprocessing.profile import drop_row_columns, null_rows
 from preprocessing.resample import holdout_mask, route_rows, small_ints
-from preprocessing.scan import InputFile, row_sources
+from preprocessing.scan import INTERNAL_PREFIX, InputFile, row_sources
 from preprocessing.sources import read_rows
 
-SHARD_COLUMN = "__ballast_shard"
-ORDER_COLUMN = "__ballast_order"
+SHARD_COLUMN = f"{INTERNAL_PREFIX}shard"
+ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 DERIVED_SOURCE_COLUMN = "source"
 
 
@@ -61,6 +62,9 @@ def map_piece(task: PieceTask, plans: dict[str, SplitPlan], spec: DatasetSpec, s
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
     held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
                             holdout_fraction)
+    kept = ~null_rows(table, drop_row_columns(spec))  # as the scan counted them
+    if not kept.all():
+        table, held_out = table.filter(pa.array(kept)), held_out[kept]
     parts = []
     for split, plan in plans.items():
         in_split = held_out if split == "holdout" else ~held_out

@@ -107,6 +107,9 @@ class Manifest:
     input_class_counts: dict[str, int]
     input_source_counts: dict[str, int]
     rejected: list[RejectedFile] = field(default_factory=list)
+    # The feature codec's state and the record of nulls (preprocessing/features.py):
+    # {"columns": [one ColumnSpec as a dict per feature column], "dropped_rows": {file: n}}.
+    features: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     code_version: str = ""
     created_at: str = ""  # ISO 8601, stamped by commit_version when empty

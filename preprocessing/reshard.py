@@ -48,12 +48,17 @@ from preprocessing.manifest import (
     version_dir,
 )
 from preprocessing.plan import SplitPlan, plan_split
+from preprocessing.profile import InputError
 from preprocessing.scan import (
     FileScan,
+    check_classes,
     check_schemas,
     count_records,
+    duplicate_ids,
+    feature_state,
     fingerprint_inputs,
     list_inputs,
+    overlapping_id_groups,
     scan_file,
 )
 from preprocessing.staging import VersionAttempt, collect_expired
@@ -128,6 +133,7 @@ def _make_version(config: ReshardConfig, files: list[Any], fingerprint: str,
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as dask:
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
+        features = feature_state(scans, config.dataset)
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
         buckets = _timed(timings, "exchange_s", lambda: _exchange(
@@ -135,7 +141,7 @@ def _make_version(config: ReshardConfig, files: list[Any], fingerprint: str,
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, buckets, schema, config, attempt, progress))
     return _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
-                     timings)
+                     timings, features)
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -177,6 +183,12 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
             f"{len(rejected)} of {len(scans)} input files rejected, more than "
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
         )
+    check_classes(scans, config.dataset)
+    groups = overlapping_id_groups(scans)
+    found = dask.gather(dask.map(duplicate_ids, groups, id_column=config.dataset.id_column,
+                                 pure=False)) if groups else []
+    if any(found):
+        raise InputError("; ".join(problem for problem in found if problem))
     return scans
 
 
@@ -279,22 +291,26 @@ def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, 
 
 def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: list[FileScan],
               schema: pa.Schema, plans: dict[str, SplitPlan], splits: dict[str, SplitEntry],
-              timings: dict[str, float]) -> Manifest:
+              timings: dict[str, float], features: dict[str, Any]) -> Manifest:
     input_classes, input_sources = _input_histograms(scans)
     train = plans["train"]
+    # Every class of any split: a class whose rows were all held out is still one the
+    # holdout's labels must map to.
+    labels = {label for plan in plans.values() for label, _ in plan.strata}
     return Manifest(
         version_id=version_id,
         label_column=config.dataset.label_column,
         source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
         id_column=config.dataset.id_column,
         feature_columns=list(config.dataset.feature_columns),
-        classes=sorted({label for label, _ in train.strata}, key=_json_sort_key),
+        classes=sorted(labels, key=_json_sort_key),
         sources=sorted({source for _, source in train.strata}, key=_json_sort_key),
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
         splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
         input_fingerprint=fingerprint, input_class_counts=input_classes,
         input_source_counts=input_sources,
         rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
+        features=features,
         timings_s=timings, code_version=code_version(),
     )
 

@@ -10,6 +10,7 @@ is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +32,19 @@ def file_format(uri: str) -> str:
     raise ValueError(f"{uri}: unsupported file type (expected one of {sorted(FORMATS)})")
 
 
-def read_schema_and_ranges(uri: str, max_piece_rows: int) -> tuple[pa.Schema, list[int]] | None:
-    """Parquet only: schema and piece start rows from the footer (None for other formats)."""
+@dataclass(frozen=True)
+class Footer:
+    """What a Parquet footer tells without reading any data."""
+
+    schema: pa.Schema
+    piece_starts: list[int]
+    # Per top-level column: nulls by the column chunks' statistics (for a list, null lists
+    # and null elements), or None when a row group has no statistics for it.
+    null_counts: dict[str, int | None]
+
+
+def read_footer(uri: str, max_piece_rows: int) -> Footer | None:
+    """Parquet only: schema, piece start rows and null counts (None for other formats)."""
     if file_format(uri) != "parquet":
         return None
     fs, path = url_to_fs(uri)
@@ -45,7 +57,37 @@ def read_schema_and_ranges(uri: str, max_piece_rows: int) -> tuple[pa.Schema, li
         rows = metadata.row_group(group).num_rows
         starts.extend(range(first, first + rows, max_piece_rows))
         first += rows
-    return schema, starts
+    return Footer(schema, starts, _null_counts(metadata, schema))
+
+
+def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
+    counts: dict[str, int | None] = {}
+    leaf = 0
+    for arrow_field in schema:
+        num_leaves = _num_leaves(arrow_field.type)
+        total: int | None = 0
+        for group in range(metadata.num_row_groups):
+            for index in range(leaf, leaf + num_leaves):
+                stats = metadata.row_group(group).column(index).statistics
+                if stats is None or not stats.has_null_count or total is None:
+                    total = None
+                else:
+                    total += stats.null_count
+        counts[arrow_field.name] = total
+        leaf += num_leaves
+    return counts
+
+
+def _num_leaves(arrow_type: pa.DataType) -> int:
+    """Parquet leaf columns of one Arrow field (lists nest one, structs and maps several)."""
+    if pa.types.is_struct(arrow_type):
+        return sum(_num_leaves(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if pa.types.is_map(arrow_type):
+        return _num_leaves(arrow_type.key_type) + _num_leaves(arrow_type.item_type)
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+            pa.types.is_fixed_size_list(arrow_type):
+        return _num_leaves(arrow_type.value_type)
+    return 1
 
 
 def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

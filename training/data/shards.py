@@ -15,14 +15,14 @@ row group's own size must equal the manifest's at every read (a mismatch
 raises ManifestError naming the shard); the sha256 of a whole shard is checked
 when it enters the disk cache (training/data/cache.py), not on range reads.
 
-A `fixed_size_list<float32>` feature column becomes an [n, D] matrix without a
-copy, a numeric column one feature, and labels become class indices in the
-order of `manifest.classes`.
+Features are encoded by the dataset's feature codec (preprocessing/features.py, its
+state read from the manifest), the one evaluation and batch inference use too: a lone
+`fixed_size_list<float32>` column becomes an [n, D] matrix without a copy. Labels become
+class indices in the order of `manifest.classes`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,15 +30,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from preprocessing.features import FeatureCodec, FeatureError, label_indices
 from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
 from training.data.cache import ShardCache
 
-FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
 FOOTERS_KEPT = 256
 
 
@@ -52,17 +51,17 @@ class Columns:
 
     label: str
     id: str
-    features: tuple[str, ...]
+    codec: FeatureCodec
     classes: tuple[Any, ...]
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> Columns:
-        features = tuple(manifest.feature_columns)
-        return cls(manifest.label_column, manifest.id_column, features, tuple(manifest.classes))
+        codec = FeatureCodec.from_manifest(manifest)
+        return cls(manifest.label_column, manifest.id_column, codec, tuple(manifest.classes))
 
     @property
     def names(self) -> list[str]:
-        return [self.id, self.label, *self.features]
+        return list(dict.fromkeys([self.id, self.label, *self.codec.names]))
 
 
 @dataclass(frozen=True)
@@ -100,8 +99,7 @@ def read_layout(manifest: Manifest, location: str, split: str, columns: Columns)
     first = np.repeat(np.cumsum(counts) - counts, counts)
     index = np.arange(len(rows), dtype=np.int64) - first
     uris = tuple(shard_uri(location, entry) for entry in entries)
-    width = feature_width(manifest, columns)
-    return Layout(uris, entries, shard, index, rows, width)
+    return Layout(uris, entries, shard, index, rows, columns.codec.width)
 
 
 def group_sizes(entry: ShardEntry, location: str) -> list[int]:
@@ -115,29 +113,6 @@ def group_sizes(entry: ShardEntry, location: str) -> list[int]:
             f"{entry.num_rows} rows at {entry.rows_per_row_group} per group make {len(sizes)}"
         )
     return sizes
-
-
-def feature_width(manifest: Manifest, columns: Columns) -> int:
-    """Features per sample from the manifest's schema: a fixed-size list counts its size,
-    a numeric column 1."""
-    types = {field["name"]: field["type"] for field in manifest.arrow_schema}
-    return sum(column_width(name, types.get(name)) for name in columns.features)
-
-
-def column_width(name: str, type_name: str | None) -> int:
-    if type_name is None:
-        raise ManifestError(f"feature column {name!r} is not in the manifest's schema")
-    if match := FIXED_SIZE_LIST.fullmatch(type_name):
-        return int(match[1])
-    try:
-        kind = pa.type_for_alias(type_name)
-    except (ValueError, KeyError):
-        kind = None
-    if kind is not None and (
-        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-    ):
-        return 1
-    raise ValueError(f"feature column {name!r} has type {type_name}; expected a number or list")
 
 
 class ShardFiles:
@@ -186,13 +161,10 @@ def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFil
         check_footer(parquet.metadata, layout, group)
         files.keep_footer(shard, parquet.metadata)
         table = parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
-    rows = decode_rows(table, columns)
-    if rows.features.shape[1] != layout.num_features:
-        raise ManifestError(
-            f"shard {layout.entries[shard].path} holds {rows.features.shape[1]} features per "
-            f"row; the manifest's schema gives {layout.num_features}"
-        )
-    return rows
+    try:
+        return decode_rows(table, columns)
+    except FeatureError as error:  # the shard disagrees with the manifest's codec
+        raise ManifestError(f"shard {layout.entries[shard].path}: {error}") from error
 
 
 def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
@@ -212,27 +184,8 @@ def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
 
 
 def decode_rows(table: pa.Table, columns: Columns) -> Rows:
-    """Arrow columns to numpy: features zero-copy where possible, labels to class indices."""
-    matrices = [feature_matrix(table.column(name)) for name in columns.features]
-    features = matrices[0] if len(matrices) == 1 else np.concatenate(matrices, axis=1)
-    labels = table.column(columns.label)
-    class_values = pa.array(list(columns.classes)).cast(labels.type)
-    index = pc.index_in(labels, value_set=class_values)
-    if index.null_count:
-        unknown = pc.unique(pc.filter(labels, pc.is_null(index))).to_pylist()[:5]
-        raise ValueError(f"label values {unknown} are not among the manifest classes")
+    """Arrow columns to numpy: features by the codec, labels to class indices."""
+    features = columns.codec.encode(table)
+    labels = label_indices(table.column(columns.label), list(columns.classes))
     ids = table.column(columns.id).to_numpy().astype(np.int64, copy=False)
-    return Rows(features, index.to_numpy().astype(np.int64), ids)
-
-
-def feature_matrix(column: pa.ChunkedArray) -> np.ndarray:
-    """An [n, D] float32 matrix from a fixed-size list column, or [n, 1] from a scalar one."""
-    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    if array.null_count:
-        raise ValueError(f"feature column of type {array.type} holds {array.null_count} nulls")
-    if not pa.types.is_fixed_size_list(array.type):
-        return array.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
-    size = array.type.list_size
-    values = array.values.slice(array.offset * size, len(array) * size)
-    flat = values.to_numpy(zero_copy_only=False)
-    return flat.astype(np.float32, copy=False).reshape(len(array), size)
+    return Rows(features, labels, ids)

@@ -5,8 +5,11 @@ by `batch["weight"]` (padding samples carry weight 0 and count for nothing);
 validation accumulates a confusion matrix summed over all ranks at the end of
 the epoch, from which macro F1 and per-class recall are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
-logits (it is what gets logged to MLflow). `FeatureClassifier` is an MLP over
-the feature vector; `training.models.transformer.TokenClassifier` a transformer.
+logits (it is what gets logged to MLflow). `num_features` is the width of the
+dataset's feature codec (preprocessing/features.py: one value per scalar column, one
+per vector element, a one-hot block per string column, values and mask per sequence).
+`FeatureClassifier` is an MLP over the feature vector;
+`training.models.transformer.TokenClassifier` a transformer.
 
 The model holds no parallelism: the strategy wraps it (DDP), or
 training/distributed/parallelize.py shards it (FSDP2, tensor parallel). `build_model`

@@ -1,0 +1,313 @@
+"""The feature codec: a dataset's feature columns (Arrow) in, one float32 matrix out.
+
+Every reader of a version encodes rows through this module: the training loader
+(training/data/shards.py), evaluation and batch inference (tracking/inference.py). Its
+state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
+(preprocessing/profile.py) and stored in the manifest (`Manifest.features["columns"]`),
+so the same row gives the same numbers everywhere. It depends on the standard library,
+numpy and pyarrow only (docs/architecture.md 1). Column kinds, and what each becomes:
+
+- `numeric` (integers, floats, decimals of any width): one value, standardized as
+  `(x - shift) / scale` (the scan's mean and standard deviation; 0 and 1 when
+  `dataset.standardize` is off);
+- `boolean`: 0 or 1;
+- `temporal` (timestamps, dates, times of day, durations): seconds since the epoch (or
+  midnight), standardized like numbers;
+- `vector` (fixed-size lists of numbers, e.g. embeddings): its `size` values, as they are;
+- `sequence` (variable-length lists of numbers, e.g. token ids): the first `size` values,
+  padded with 0, then `size` mask values (1 where an element is real);
+- `category` (strings): one-hot over 1 + `len(vocabulary)` slots, slot 0 for a value
+  outside the vocabulary (unseen, or null under a fill policy); with `num_buckets`, over
+  1 + `num_buckets` slots by a stable hash of the value instead.
+
+Nulls follow the column's policy (`dataset.nulls`), decided at reshard time: `drop_row`
+rows never reach the shards; `fill_zero` and `fill_mean` put 0 or the scan's mean in
+place of a null before standardizing (a null list: no elements; a null string: slot 0);
+`indicator` fills the mean and adds a 0/1 is-null value after the column's value.
+Under `error` and `drop_row` a null met while encoding (rows from outside the version)
+raises `FeatureError` naming the column.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from preprocessing.manifest import Manifest, ManifestError
+
+SCALAR_KINDS = ("numeric", "boolean", "temporal")
+FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
+_UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
+
+
+class FeatureError(ValueError):
+    """Rows the codec cannot encode: a missing column, a null its policy refuses, a type
+    or length that differs from the dataset's."""
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """How one feature column becomes model inputs (see the module docstring)."""
+
+    name: str
+    kind: str
+    arrow_type: str
+    size: int = 1  # vector: values per list; sequence: the padded length
+    shift: float = 0.0
+    scale: float = 1.0
+    fill: float = 0.0  # the raw value put in place of a null under a fill policy
+    nulls: str = "error"
+    null_count: int = 0  # nulls the scan found in the inputs (a record, not used to encode)
+    vocabulary: list[str] = field(default_factory=list)
+    num_buckets: int = 0
+
+    @property
+    def width(self) -> int:
+        """Floats this column contributes to a row of the matrix."""
+        if self.kind in SCALAR_KINDS:
+            return 2 if self.nulls == "indicator" else 1
+        if self.kind == "vector":
+            return self.size
+        if self.kind == "sequence":
+            return 2 * self.size
+        return 1 + (self.num_buckets or len(self.vocabulary))
+
+
+def kind_of(arrow_type: pa.DataType) -> str | None:
+    """The codec kind of an Arrow type, or None when no kind encodes it."""
+    if pa.types.is_dictionary(arrow_type):
+        return kind_of(arrow_type.value_type)
+    if pa.types.is_boolean(arrow_type):
+        return "boolean"
+    if (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+            or pa.types.is_decimal(arrow_type)):
+        return "numeric"
+    if pa.types.is_temporal(arrow_type):
+        return "temporal"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "category"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+            pa.types.is_fixed_size_list(arrow_type):
+        element = kind_of(arrow_type.value_type)
+        if element in ("numeric", "boolean"):
+            return "vector" if pa.types.is_fixed_size_list(arrow_type) else "sequence"
+    return None
+
+
+@dataclass(frozen=True)
+class FeatureCodec:
+    """The feature columns of a dataset in order; `encode` gives the model's input matrix."""
+
+    columns: tuple[ColumnSpec, ...]
+
+    @property
+    def width(self) -> int:
+        return sum(spec.width for spec in self.columns)
+
+    @property
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.columns]
+
+    @cached_property
+    def _parts(self) -> list[slice]:
+        return list(self.slices().values())
+
+    def slices(self) -> dict[str, slice]:
+        """Where each column's values sit in a row of the matrix."""
+        bounds = np.cumsum([0, *(spec.width for spec in self.columns)])
+        return {spec.name: slice(int(start), int(stop))
+                for spec, start, stop in zip(self.columns, bounds[:-1], bounds[1:], strict=True)}
+
+    def encode(self, table: pa.Table) -> np.ndarray:
+        """float32 [rows, width]: every feature column of `table`, encoded by its spec."""
+        present = set(table.column_names)
+        missing = [name for name in self.names if name not in present]
+        if missing:
+            raise FeatureError(f"feature columns {missing} are missing from the rows "
+                               f"(columns: {table.column_names})")
+        if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
+            return view
+        out = np.empty((table.num_rows, self.width), dtype=np.float32)
+        for spec, part in zip(self.columns, self._parts, strict=True):
+            column = table.column(spec.name)
+            array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+            ENCODERS[spec.kind](spec, array, out[:, part])
+        return out
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(spec) for spec in self.columns]
+
+    @classmethod
+    def from_json(cls, columns: list[dict[str, Any]]) -> FeatureCodec:
+        return cls(tuple(ColumnSpec(**column) for column in columns))
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> FeatureCodec:
+        """The codec the reshard stored, or, for a version written without one (generated
+        datasets), plain specs derived from the manifest's schema: nothing standardized."""
+        if manifest.features.get("columns"):
+            return cls.from_json(manifest.features["columns"])
+        types = {item["name"]: item["type"] for item in manifest.arrow_schema}
+        return cls(tuple(_spec_from_type_name(name, types.get(name))
+                         for name in manifest.feature_columns))
+
+    @classmethod
+    def from_schema(cls, schema: pa.Schema, names: list[str]) -> FeatureCodec:
+        """Plain specs (nothing standardized, nulls refused) for columns of `schema`;
+        variable-length lists need a length, so they are refused here."""
+        missing = [name for name in names if name not in schema.names]
+        if missing:
+            raise FeatureError(f"feature columns {missing} are missing from the rows "
+                               f"(columns: {schema.names})")
+        return cls(tuple(_plain_spec(name, schema.field(name).type) for name in names))
+
+
+def _spec_from_type_name(name: str, type_name: str | None) -> ColumnSpec:
+    if type_name is None:
+        raise ManifestError(f"feature column {name!r} is not in the manifest's schema")
+    if match := _FIXED_SIZE_LIST.fullmatch(type_name):
+        return ColumnSpec(name, "vector", type_name, size=int(match[1]))
+    try:
+        arrow_type = pa.type_for_alias(type_name)
+    except (ValueError, KeyError):
+        arrow_type = None
+    if arrow_type is None or kind_of(arrow_type) not in ("numeric", "boolean"):
+        raise ManifestError(f"feature column {name!r} has type {type_name} and the manifest "
+                            "holds no feature codec for it; reshard the inputs again")
+    return ColumnSpec(name, kind_of(arrow_type) or "numeric", type_name)
+
+
+def _plain_spec(name: str, arrow_type: pa.DataType) -> ColumnSpec:
+    kind = kind_of(arrow_type)
+    if kind in SCALAR_KINDS:
+        return ColumnSpec(name, kind, str(arrow_type))
+    if kind == "vector":
+        return ColumnSpec(name, kind, str(arrow_type), size=arrow_type.list_size)
+    raise FeatureError(f"feature column {name!r} of type {arrow_type} needs the codec of its "
+                       "dataset version (a vocabulary or a sequence length)")
+
+
+def _plain_vector(spec: ColumnSpec, table: pa.Table) -> np.ndarray | None:
+    """[n, size] float32 over a float32 fixed-size-list column's values, without a copy;
+    None when the column needs the general path (another type, size or nulls)."""
+    arrow_type = table.schema.field(spec.name).type
+    if not (spec.kind == "vector" and pa.types.is_fixed_size_list(arrow_type)
+            and arrow_type.list_size == spec.size and pa.types.is_float32(arrow_type.value_type)):
+        return None
+    column = table.column(spec.name)
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    values = array.values.slice(array.offset * spec.size, len(array) * spec.size)
+    if array.null_count or values.null_count:
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(len(array), spec.size)
+
+
+def _refuse_nulls(spec: ColumnSpec, count: int, what: str = "nulls") -> None:
+    if count and spec.nulls not in FILL_POLICIES:
+        raise FeatureError(
+            f"feature column {spec.name!r} holds {count} {what}; its null policy is "
+            f"{spec.nulls!r} (dataset.nulls), so rows with nulls there cannot be encoded")
+
+
+def seconds(array: pa.Array) -> pa.Array:
+    """A temporal array as float64 seconds (since the epoch, or midnight for times)."""
+    arrow_type = array.type
+    if pa.types.is_date32(arrow_type):
+        return pc.multiply(array.cast(pa.int32()).cast(pa.float64()), 86_400.0)
+    unit = "ms" if pa.types.is_date64(arrow_type) else arrow_type.unit
+    integers = pa.int32() if arrow_type.bit_width == 32 else pa.int64()
+    return pc.multiply(array.cast(integers).cast(pa.float64()), _UNIT_SECONDS[unit])
+
+
+def _encode_scalar(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    values = seconds(array) if spec.kind == "temporal" else array.cast(pa.float64())
+    numbers = values.to_numpy(zero_copy_only=False)  # a null is NaN here
+    # NaN is a null too, as in the scan's counts (preprocessing/profile.py).
+    may_be_null = values.null_count or pa.types.is_floating(array.type)
+    nulls = np.isnan(numbers) if may_be_null else np.zeros(len(numbers), dtype=bool)
+    num_nulls = int(nulls.sum()) if may_be_null else 0
+    _refuse_nulls(spec, num_nulls)
+    if num_nulls:
+        numbers = np.where(nulls, spec.fill, numbers)
+    out[:, 0] = (numbers - spec.shift) / spec.scale
+    if spec.nulls == "indicator":
+        out[:, 1] = nulls
+
+
+def _list_values(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
+    """The elements of the non-null lists, in order, as float32 (null elements filled)."""
+    values = pc.list_flatten(array)
+    _refuse_nulls(spec, values.null_count, "null list elements")
+    if values.null_count:
+        values = pc.fill_null(values.cast(pa.float32()), 0.0)
+    return values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+
+
+def _encode_vector(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
+    _refuse_nulls(spec, array.null_count, "null lists")
+    lengths = pc.fill_null(pc.list_value_length(array), spec.size).to_numpy(zero_copy_only=False)
+    if (lengths != spec.size).any():
+        raise FeatureError(f"feature column {spec.name!r} holds lists of "
+                           f"{lengths.min()} to {lengths.max()} values; the dataset's have "
+                           f"{spec.size}")
+    out[:] = 0.0
+    valid = ~array.is_null().to_numpy(zero_copy_only=False)
+    out[valid] = _list_values(spec, array).reshape(-1, spec.size)
+
+
+def _encode_sequence(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
+    _refuse_nulls(spec, array.null_count, "null lists")
+    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+    values = _list_values(spec, array)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    positions = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    kept = positions < spec.size
+    out[:] = 0.0
+    out[rows[kept], positions[kept]] = values[kept]
+    out[:, spec.size:] = np.arange(spec.size) < np.minimum(lengths, spec.size)[:, None]
+
+
+def category_codes(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
+    """Each row's slot: 1 + its index in the vocabulary (or its hash bucket); 0 when the
+    value is null or outside the vocabulary."""
+    strings = array.cast(pa.string())
+    if spec.num_buckets:
+        encoded = pc.dictionary_encode(strings)
+        buckets = np.array([0, *(1 + zlib.crc32(value.encode()) % spec.num_buckets
+                                 for value in encoded.dictionary.to_pylist())], dtype=np.int64)
+        # Nulls take the first entry (slot 0); value i the entry after it.
+        indices = pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), 1), 0)
+        return buckets[indices.to_numpy(zero_copy_only=False)]
+    index = pc.index_in(strings, value_set=pa.array(spec.vocabulary, pa.string()))
+    return pc.fill_null(index, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+
+
+def _encode_category(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
+    _refuse_nulls(spec, array.null_count)
+    out[:] = 0.0
+    out[np.arange(len(array)), category_codes(spec, array)] = 1.0
+
+
+ENCODERS = {"numeric": _encode_scalar, "boolean": _encode_scalar, "temporal": _encode_scalar,
+            "vector": _encode_vector, "sequence": _encode_sequence,
+            "category": _encode_category}
+
+
+def label_indices(labels: pa.ChunkedArray | pa.Array, classes: list[Any]) -> np.ndarray:
+    """Each label's position in `classes` (the manifest's order), int64; a label that is
+    not a class is an error naming it."""
+    index = pc.index_in(labels, value_set=pa.array(list(classes)).cast(labels.type))
+    if index.null_count:
+        unknown = pc.unique(pc.filter(labels, pc.is_null(index))).to_pylist()[:5]
+        raise FeatureError(f"label values {unknown} are not among the manifest classes")
+    return index.to_numpy(zero_copy_only=False).astype(np.int64)

@@ -1,0 +1,233 @@
+"""What the scan learns about the feature columns, and the feature codec built from it.
+
+Per file, `profile_batch` folds each batch of the feature columns into one
+`ColumnProfile` per column (null rows, count / mean / squared deviations of the numbers,
+the longest list, the distinct strings up to a cap). The driver merges the files'
+profiles (`merge_profiles`) and `build_codec` turns them into the codec's specs
+(preprocessing/features.py) under the dataset's settings, or raises `InputError` naming
+the column, the count, the first files and the fix, before any shard is written.
+
+`null_rows` is the one definition of a row that a `drop_row` policy drops, used by the
+scan (which counts only the kept rows, so the plan stays exact) and by the map stage
+(which leaves them out). A NaN counts as a null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from preprocessing.config import DatasetSpec
+from preprocessing.features import (
+    SCALAR_KINDS,
+    ColumnSpec,
+    FeatureCodec,
+    kind_of,
+    seconds,
+)
+
+# Distinct strings kept per column beyond max_categories, so the error can give a count.
+CATEGORY_COUNT_CAP = 100_000
+_LIST_POLICIES = ("error", "drop_row", "fill_zero")
+_POLICIES_OF = {"vector": _LIST_POLICIES, "sequence": _LIST_POLICIES,
+                "category": _LIST_POLICIES}
+
+
+class InputError(ValueError):
+    """Raw inputs that cannot make a version; the message names the file, the column, the
+    count and the fix."""
+
+
+@dataclass
+class ColumnProfile:
+    """One feature column of one file (or, merged, of all accepted files)."""
+
+    arrow_type: str
+    kind: str
+    null_rows: int = 0  # rows with a null (or NaN) in this column, dropped or not
+    count: int = 0  # non-null values of the kept rows
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean
+    max_length: int = 0  # the longest kept list
+    size: int = 0  # a fixed-size list's size
+    values: set[str] | None = field(default_factory=set)  # None: past CATEGORY_COUNT_CAP
+
+    def add_numbers(self, numbers: np.ndarray) -> None:
+        """Fold values in (Chan's parallel update: exact, and merges across files)."""
+        if len(numbers):
+            self.merge(ColumnProfile(self.arrow_type, self.kind, count=len(numbers),
+                                     mean=float(numbers.mean()),
+                                     m2=float(((numbers - numbers.mean()) ** 2).sum())))
+
+    def merge(self, other: ColumnProfile) -> None:
+        total = self.count + other.count
+        if total:
+            delta = other.mean - self.mean
+            self.m2 += other.m2 + delta * delta * self.count * other.count / total
+            self.mean += delta * other.count / total
+        self.count, self.null_rows = total, self.null_rows + other.null_rows
+        self.max_length = max(self.max_length, other.max_length)
+        self.add_values(other.values)
+
+    def add_values(self, values: set[str] | None) -> None:
+        if self.values is None or values is None:
+            self.values = None
+        else:
+            self.values |= values
+            if len(self.values) > CATEGORY_COUNT_CAP:
+                self.values = None
+
+    @property
+    def std(self) -> float:
+        return float(np.sqrt(self.m2 / self.count)) if self.count else 0.0
+
+
+def new_profiles(schema: pa.Schema, names: list[str]) -> dict[str, ColumnProfile]:
+    """An empty profile per feature column; a type the codec cannot encode is an error."""
+    profiles = {}
+    for name in names:
+        arrow_type = schema.field(name).type
+        kind = kind_of(arrow_type)
+        if kind is None:
+            raise InputError(
+                f"feature column '{name}' has type {arrow_type}, which no feature kind "
+                "encodes (numbers, booleans, timestamps/dates, lists of numbers, strings)")
+        size = arrow_type.list_size if kind == "vector" else 0
+        profiles[name] = ColumnProfile(str(arrow_type), kind, size=size)
+    return profiles
+
+
+def column_nulls(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per row: is the value null or NaN (a list: null, or holding a null element)?"""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_floating(array.type):  # nulls come out as NaN
+        return np.isnan(array.to_numpy(zero_copy_only=False))
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+            or pa.types.is_fixed_size_list(array.type)):
+        if not array.null_count:  # most columns: no bitmap to unpack
+            return np.zeros(len(array), dtype=bool)
+        return array.is_null().to_numpy(zero_copy_only=False)
+    rows = array.is_null().to_numpy(zero_copy_only=False).copy()
+    elements = pc.list_flatten(array)
+    if elements.null_count:
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        rows[parents[elements.is_null().to_numpy(zero_copy_only=False)]] = True
+    return rows
+
+
+def null_rows(table: pa.Table | pa.RecordBatch, columns: list[str]) -> np.ndarray:
+    """Rows with a null in any of `columns`: the rows a `drop_row` policy leaves out."""
+    dropped = np.zeros(table.num_rows, dtype=bool)
+    for name in columns:
+        dropped |= column_nulls(table.column(name))
+    return dropped
+
+
+def drop_row_columns(spec: DatasetSpec) -> list[str]:
+    return [name for name in spec.feature_columns if spec.nulls.get(name) == "drop_row"]
+
+
+def profile_batch(profiles: dict[str, ColumnProfile], batch: pa.RecordBatch,
+                  kept: np.ndarray) -> None:
+    """Fold one batch into the profiles of the columns it holds; statistics cover the
+    `kept` rows only, null counts every row."""
+    for name, profile in profiles.items():
+        if name not in batch.schema.names:
+            continue  # a fixed-size list its footer showed to be free of nulls
+        array = batch.column(name)
+        nulls = column_nulls(array)
+        profile.null_rows += int(nulls.sum())
+        _fold(profile, array, kept & ~nulls)
+
+
+def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
+    """Fold the rows `use` of `array` (non-null, kept) into the profile."""
+    if profile.kind in SCALAR_KINDS:  # numpy's mask: cheaper than an Arrow filter
+        numbers = seconds(array) if profile.kind == "temporal" else array.cast(pa.float64())
+        profile.add_numbers(numbers.to_numpy(zero_copy_only=False)[use])
+        return
+    valid = array.filter(pa.array(use))
+    if profile.kind == "sequence" and len(valid):
+        profile.max_length = max(profile.max_length, pc.max(pc.list_value_length(valid)).as_py())
+    elif profile.kind == "category":
+        profile.add_values(set(pc.unique(valid.cast(pa.string())).to_pylist()))
+
+
+def merge_profiles(per_file: list[dict[str, ColumnProfile]]) -> dict[str, ColumnProfile]:
+    """The profiles of all files, column by column."""
+    merged: dict[str, ColumnProfile] = {}
+    for profiles in per_file:
+        for name, profile in profiles.items():
+            if name not in merged:
+                merged[name] = ColumnProfile(profile.arrow_type, profile.kind, size=profile.size)
+            merged[name].merge(profile)
+    return merged
+
+
+def build_codec(profiles: dict[str, ColumnProfile], files_with_nulls: dict[str, list[str]],
+                spec: DatasetSpec) -> FeatureCodec:
+    """The codec of the version: one spec per feature column, or `InputError` for nulls
+    under the `error` policy, an unsupported policy, or too many categories."""
+    refused = [(name, profiles[name]) for name in spec.feature_columns
+               if profiles[name].null_rows and spec.nulls.get(name, "error") == "error"]
+    if refused:
+        raise InputError("; ".join(_null_message(name, profile, files_with_nulls[name])
+                                   for name, profile in refused))
+    return FeatureCodec(tuple(_column_spec(name, profiles[name], spec)
+                              for name in spec.feature_columns))
+
+
+def _null_message(name: str, profile: ColumnProfile, files: list[str]) -> str:
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    fix = "fill_mean" if profile.kind in SCALAR_KINDS else "fill_zero"
+    return (f"feature column '{name}' holds {profile.null_rows} null rows (in {shown}); "
+            f"choose a null policy, e.g. `dataset.nulls: {{{name}: {fix}}}` "
+            f"(or drop_row{', fill_zero, indicator' if fix == 'fill_mean' else ''})")
+
+
+def _column_spec(name: str, profile: ColumnProfile, spec: DatasetSpec) -> ColumnSpec:
+    policy = spec.nulls.get(name, "error")
+    allowed = _POLICIES_OF.get(profile.kind)
+    if allowed and policy not in allowed:
+        raise InputError(f"dataset.nulls: {policy} does not apply to feature column '{name}' "
+                         f"({profile.kind}, {profile.arrow_type}); use one of {list(allowed)}")
+    base = ColumnSpec(name, profile.kind, profile.arrow_type, nulls=policy,
+                      null_count=profile.null_rows)
+    if profile.kind in SCALAR_KINDS:
+        return _scalar_spec(base, profile, spec.standardize and profile.kind != "boolean")
+    if profile.kind == "vector":
+        return replace(base, size=profile.size)
+    if profile.kind == "sequence":
+        return replace(base, size=spec.sequence_length or max(profile.max_length, 1))
+    return _category_spec(base, profile, spec)
+
+
+def _scalar_spec(base: ColumnSpec, profile: ColumnProfile, standardize: bool) -> ColumnSpec:
+    fill = profile.mean if base.nulls in ("fill_mean", "indicator") else 0.0
+    if not standardize:
+        return replace(base, fill=fill)
+    # A constant column keeps scale 1: it then encodes as 0 instead of dividing by 0.
+    return replace(base, shift=profile.mean, scale=profile.std or 1.0, fill=fill)
+
+
+def _category_spec(base: ColumnSpec, profile: ColumnProfile, spec: DatasetSpec) -> ColumnSpec:
+    values = profile.values
+    if values is not None and len(values) <= spec.max_categories:
+        return replace(base, vocabulary=sorted(values))
+    if spec.category_buckets:
+        return replace(base, num_buckets=spec.category_buckets)
+    count = f"{len(values)}" if values is not None else f"more than {CATEGORY_COUNT_CAP}"
+    raise InputError(
+        f"feature column '{base.name}' holds {count} distinct values, more than "
+        f"dataset.max_categories={spec.max_categories}: raise max_categories, or set "
+        "dataset.category_buckets to hash the values into that many buckets")
+
+
+def features_record(codec: FeatureCodec, dropped_rows: dict[str, int]) -> dict[str, Any]:
+    """The manifest's `features` field: the codec's state and the rows dropped per file."""
+    return {"columns": codec.to_json(), "dropped_rows": dropped_rows}
