@@ -1,7 +1,7 @@
 """`summary.json`: what a training run reports back to its launcher.
 
 Rank 0 writes it under the run's `output_dir` (training/train.py); the launcher
-reads it back (training/launch.py). Light on purpose (json, numpy, fsspec) so
+reads it back (training/launch/job.py). Light on purpose (json, numpy, fsspec) so
 that a flow reading a summary imports neither torch nor Lightning.
 """
 

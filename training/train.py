@@ -6,9 +6,8 @@ by `cfg.model.class_path`, the strategy (training/distributed/strategy.py) and a
 (WORLD_SIZE, LOCAL_WORLD_SIZE); it fits, resuming from `last.ckpt` when
 `cfg.resume` is set or `ckpt_path` is given, and rank 0 logs the trained
 network to MLflow and writes `<output_dir>/summary.json`. It never spawns
-processes itself: launch it with `python -m training` under torchrun
-(training/launch.py), srun or a PyTorchJob (training/launchers.py,
-docs/architecture.md M1).
+processes itself: launch it with `python -m training` under torchrun, srun or
+a PyTorchJob (training/launch/, docs/architecture.md M1).
 """
 
 from __future__ import annotations
