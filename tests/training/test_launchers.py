@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config, load_train_config
-from training.launch import LaunchConfig, RetryPolicy, TrainingFailed, make_launcher
+from training.launch import LaunchConfig, RetryPolicy, TrainingFailed, make_launcher, run_job
 from training.launch.__main__ import main as launch_main
 from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import LocalTorchrunLauncher, MultiNodeTorchrunLauncher
@@ -130,6 +131,22 @@ def test_launchers_refuse_what_they_cannot_do(config_path: str) -> None:
         kubernetes = make_launcher(SPEC.model_copy(update={"kind": "kubernetes"}))
         with pytest.raises(ValueError, match="secret_env"):
             kubernetes.run(config_path, False, {"MLFLOW_TRACKING_PASSWORD": "x"}, log)
+
+
+def test_a_multinode_launch_needs_a_pinned_version_and_run(tmp_path: Path) -> None:
+    """Each node of a multinode job launches on its own, so it refuses a dataset root
+    (nodes could resolve `_CURRENT` to different versions) and a tracked config without a
+    run id (each node would open a run), naming the field, before anything starts."""
+    spec = LaunchConfig(kind="multinode", num_nodes=2, rdzv_endpoint="10.0.0.1:29400")
+    cfg = TrainConfig(dataset=str(tmp_path / "root"), output_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="dataset: a multinode job needs a version's"):
+        run_job(cfg, spec)
+    tracked = cfg.model_copy(update={
+        "dataset": str(tmp_path / "root" / "v-1" / "_MANIFEST.json"),
+        "tracking": TrackingConfig(tracking_uri="sqlite:///x.db")})
+    with pytest.raises(ValueError, match=r"tracking\.run_id"):
+        run_job(tracked, spec)
+    assert not (tmp_path / "run").exists()
 
 
 def test_retry_policy_retries_transient_failures_only_and_backs_off() -> None:
