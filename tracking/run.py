@@ -8,7 +8,6 @@ id to the ranks, and calls `finish_run` with the job's summary afterwards.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from typing import Any
 
@@ -16,11 +15,10 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
 
 from preprocessing.manifest import Manifest
+from preprocessing.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
 
 _MAX_PARAM_CHARS = 6000
-_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|access_key|api_key",
-                          re.IGNORECASE)
 
 
 def prepare_backend(config: TrackingConfig) -> str:
@@ -42,17 +40,17 @@ def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> st
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
-    anything whose name looks like a credential is redacted."""
+    anything whose name looks like a credential, and any password in a URI, is redacted."""
     flat: dict[str, str] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             flat.update(flatten(value, f"{name}."))
-        elif _SECRET_NAME.search(name):
-            flat[name] = "***"
+        elif SECRET_NAME.search(name):
+            flat[name] = REDACTED
         else:
             text = value if isinstance(value, str) else json.dumps(value)
-            flat[name] = text[:_MAX_PARAM_CHARS]
+            flat[name] = redact(text)[:_MAX_PARAM_CHARS]
     return flat
 
 

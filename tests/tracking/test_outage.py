@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
-import yaml
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -15,7 +13,7 @@ from tests.services import free_port, start_mlflow_server, stop_server
 from tracking.config import TrackingConfig
 from tracking.run import start_run
 from training.config import LoaderConfig, TrainConfig
-from training.launch import launch_local
+from training.launch import LaunchConfig, RetryPolicy, run_job
 
 
 def wait_for_metrics(client: MlflowClient, run_id: str, timeout_s: float = 120) -> None:
@@ -50,10 +48,9 @@ def test_training_completes_through_an_outage_and_metrics_arrive_after(tiny_raw,
     config = TrainConfig(dataset=result.manifest_uri, output_dir=str(tmp_path / "job"),
                          max_epochs=10, loader=LoaderConfig(batch_size=16),
                          tracking=tracking.model_copy(update={"run_id": run_id}))
-    config_path = Path(tmp_path / "train.yaml")
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    launch = LaunchConfig(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
     summary: dict = {}
-    job = threading.Thread(target=lambda: summary.update(launch_local(config_path, 1, 600)))
+    job = threading.Thread(target=lambda: summary.update(run_job(config, launch)))
     job.start()
     client = MlflowClient(tracking.tracking_uri)
     wait_for_metrics(client, run_id)
