@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -97,3 +98,55 @@ def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -
                 for _ in range(2)]
         states = asyncio.run(wait_for_states([run.id for run in runs]))
     assert sorted(states) == ["CANCELLED", "COMPLETED"]
+
+
+async def scheduled_runs(deployment_id) -> int:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+    return len(runs)
+
+
+async def wait_until_polled(name: str, timeout_s: float = 120) -> Any:
+    """The deployment once a runner has polled it for runs (status READY): a serve stopped
+    before its runner started exits without pausing anything."""
+    async with get_client() as client:
+        for _ in range(int(timeout_s)):
+            deployment = await client.read_deployment_by_name(name)
+            if deployment.status is not None and deployment.status.value == "READY":
+                return deployment
+            await asyncio.sleep(1)
+    raise AssertionError(f"no runner polled {name} within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_stopping_serve_pauses_its_deployments_and_says_so(prefect_api, tmp_path) -> None:
+    """Invariants: once `ballast serve` is stopped (SIGTERM) the nightly deployment is paused
+    with no scheduled runs left, and serve printed that, naming the deployments it served."""
+    process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir",
+                                str(tmp_path)], env=prefect_api, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_api["PREFECT_API_URL"]}):
+            asyncio.run(wait_for_deployments(["pipeline/nightly"]))
+            nightly = asyncio.run(wait_until_polled("pipeline/nightly"))
+            process.terminate()
+            output, _ = process.communicate(timeout=60)
+            assert asyncio.run(wait_for_deployments(["pipeline/nightly"])
+                               )["pipeline/nightly"].paused
+            assert asyncio.run(scheduled_runs(nightly.id)) == 0
+    finally:
+        stop_server(process)
+    assert "paused the deployments it served (pipeline/nightly, reshard/adhoc" in output, output
+    assert "removed their scheduled runs" in output
