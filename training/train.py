@@ -140,7 +140,7 @@ def build_logger(cfg: TrainConfig) -> Logger | bool:
         return False
     from tracking.logger import make_lightning_logger
 
-    logger: Logger = make_lightning_logger(cfg.tracking, cfg.output_dir)
+    logger: Logger = make_lightning_logger(cfg.tracking)
     return logger
 
 
