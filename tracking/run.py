@@ -234,19 +234,24 @@ def _deliver_parts(spool: Spool, config: TrackingConfig, client: MlflowClient) -
     if run_id is None:
         run_id = _create_on_server(config, spool.run["tags"])
         spool.set_server_run_id(run_id)
-    log_params(client, run_id, spool.params())
-    lineage = spool.lineage()
-    if lineage is not None and not spool.progress().get("lineage"):
-        manifest_json = (spool.artifacts_dir / "dataset/_MANIFEST.json").read_text()
-        manifest = Manifest.from_json(manifest_json, str(spool.path))
-        client.log_inputs(run_id, datasets=[dataset_input(manifest, lineage["manifest_uri"])])
-        spool.mark("lineage")
+    log_params(client, run_id, spool.params())  # the same values again are accepted
+    _deliver_lineage(spool, client, run_id)
     if spool.artifacts_dir.exists():
-        client.log_artifacts(run_id, str(spool.artifacts_dir))
+        client.log_artifacts(run_id, str(spool.artifacts_dir))  # overwrites: idempotent
     _deliver_metrics(spool, client, run_id)
     _deliver_model(spool, config, run_id)
     _deliver_close(spool, client, run_id)
     return str(run_id)
+
+
+def _deliver_lineage(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    lineage = spool.lineage()
+    if lineage is None or spool.progress().get("lineage"):
+        return
+    manifest_json = (spool.artifacts_dir / "dataset/_MANIFEST.json").read_text()
+    manifest = Manifest.from_json(manifest_json, str(spool.path))
+    client.log_inputs(run_id, datasets=[dataset_input(manifest, lineage["manifest_uri"])])
+    spool.mark("lineage")
 
 
 def _deliver_metrics(spool: Spool, client: MlflowClient, run_id: str) -> None:
@@ -311,6 +316,11 @@ def how_to_open(tracking_uri: str, run_id: str, spool_dir: str | None = None) ->
     url = run_page_url(tracking_uri, run_id)
     if url is not None:
         return f"open {url}"
-    command = (f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri "
-               f"{shlex.quote(tracking_uri)}")
-    return f"{command}  (then the run is at #/runs/{run_id} of the address it prints)"
+    return (f"{ui_command(tracking_uri)}  (then the run is at #/runs/{run_id} of the "
+            "address it prints)")
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The exact command that starts an MLflow UI on a local store, with this Python."""
+    return (f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri "
+            f"{shlex.quote(tracking_uri)}")
