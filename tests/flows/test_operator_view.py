@@ -26,6 +26,7 @@ from prefect.logging.handlers import APILogWorker
 from flows.arms import FIGURE_NAMES, NATURAL_MIX, REBALANCED, figures
 from flows.params import ReshardParams
 from flows.pipeline import reshard_flow
+from flows.report import run_link_line
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.executor import DaskConfig
 from preprocessing.manifest import read_manifest, shard_uri
@@ -119,7 +120,18 @@ def test_training_summary_artifact_compares_both_arms_on_three_figures(
     for name in FIGURE_NAMES:
         values = " | ".join(f"{by_arm[arm][name]:.4f}" for arm in (REBALANCED, NATURAL_MIX))
         assert f"| {name} | {values} |" in lines
-    assert first_run["run_id"] in summary.data
+    run_line = next(line for line in lines if line.startswith("- MLflow run"))
+    assert first_run["run_id"] in run_line
+    # A sqlite store has no server to link to: the line says how to open a UI on it.
+    assert "](" not in run_line and "mlflow ui --backend-store-uri sqlite:///" in run_line
+
+
+def test_run_link_is_built_from_the_configured_tracking_server() -> None:
+    """Invariant: with a tracking server, the summary's run line links to that server's
+    page of the run (credentials left out), never to a fixed local address."""
+    run_id = "0123456789abcdef0123456789abcdef"
+    line = run_link_line({"run_id": run_id}, "https://ops:secret@mlflow.internal:5443/")
+    assert line == f"- MLflow run: [{run_id}](https://mlflow.internal:5443/#/runs/{run_id})"
 
 
 def shard_digests(manifest_uri: str) -> dict[str, list[str]]:
