@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,9 @@ from tests.services import free_port, stop_server, wait_for_http
 TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@contextmanager
+def prefect_server(home: Path) -> Iterator[dict[str, str]]:
     """A `prefect server` with its own home and database; yields the env that points at it."""
-    home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
@@ -39,6 +39,12 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     finally:
         stop_server(server)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +137,22 @@ async def wait_until_polled(name: str, timeout_s: float = 120) -> Any:
 
 
 @pytest.mark.slow
-def test_stopping_serve_pauses_its_deployments_and_says_so(prefect_api, tmp_path) -> None:
+def test_stopping_serve_pauses_its_deployments_and_says_so(tmp_path: Path) -> None:
     """Invariants: once `ballast serve` is stopped (SIGTERM) the nightly deployment is paused
-    with no scheduled runs left, and serve printed that, naming the deployments it served."""
+    with no scheduled runs left, and serve printed that, naming the deployments it served.
+    Its own server: a runner serving the same deployments would mark them polled first."""
+    (tmp_path / "home").mkdir()
+    with prefect_server(tmp_path / "home") as prefect_api:
+        output = stop_serve_after_it_polled(prefect_api, tmp_path)
+    assert "paused the deployments it served (pipeline/nightly, reshard/adhoc" in output, output
+    assert "removed their scheduled runs" in output
+
+
+def stop_serve_after_it_polled(prefect_api: dict[str, str], work_dir: Path) -> str:
+    """Start `ballast serve`, SIGTERM it once its runner polled, check what it left on the
+    server; its output."""
     process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir",
-                                str(tmp_path)], env=prefect_api, stdout=subprocess.PIPE,
+                                str(work_dir)], env=prefect_api, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:
         with temporary_settings({PREFECT_API_URL: prefect_api["PREFECT_API_URL"]}):
@@ -148,5 +165,4 @@ def test_stopping_serve_pauses_its_deployments_and_says_so(prefect_api, tmp_path
             assert asyncio.run(scheduled_runs(nightly.id)) == 0
     finally:
         stop_server(process)
-    assert "paused the deployments it served (pipeline/nightly, reshard/adhoc" in output, output
-    assert "removed their scheduled runs" in output
+    return output
