@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -26,15 +25,16 @@ import numpy as np
 import pyarrow as pa
 from distributed import Client, LocalCluster, as_completed
 from fsspec.core import url_to_fs
-from tqdm import tqdm
 
 from preprocessing.config import ReshardConfig
 from preprocessing.exchange import (
     DERIVED_SOURCE_COLUMN,
-    Bucket,
+    Destinations,
+    MapTask,
     PieceTask,
-    map_piece,
+    map_pieces,
     reduce_shard,
+    staged_schema,
 )
 from preprocessing.manifest import (
     FORMAT_VERSION,
@@ -52,6 +52,7 @@ from preprocessing.manifest import (
     write_manifest,
 )
 from preprocessing.plan import SplitPlan, plan_split
+from preprocessing.rounds import ExchangeLayout, plan_exchange
 from preprocessing.scan import (
     FileScan,
     check_schemas,
@@ -60,11 +61,12 @@ from preprocessing.scan import (
     list_inputs,
     scan_file,
 )
-
-Progress = Callable[[str, int, int], None]
+from preprocessing.staged import StagedObject, merge_staged
+from preprocessing.waves import Progress, StageProgress, run_in_waves
 
 # Settings that change how fast or where a version is made, never what is in it.
-_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root"}
+_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root", "exchange_task_bytes", "exchange_fan_in",
+                          "exchange_rounds", "max_tasks_in_flight"}
 
 
 class TooManyRejected(RuntimeError):
@@ -149,10 +151,12 @@ def run_reshard(config: ReshardConfig, client: Client | None = None,
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        buckets = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, config, version_id, progress))
+        exchanged = _timed(timings, "exchange_s", lambda: _exchange(
+            dask, scans, plans, pieces, schema, config,
+            staging_dir(config.output_root, version_id), progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, buckets, schema, config, version_id, progress))
+            dask, plans, exchanged, schema, config, version_dir(config.output_root, version_id),
+            progress))
     manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
     location = write_manifest(config.output_root, manifest)
     swap_current(config.output_root, version_id, expected=previous)
@@ -177,12 +181,10 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
 def _progress(futures: list[Any], stage: str, progress: Progress | None) -> list[Any]:
     """Gather futures in submission order; a progress bar when run from a terminal, and
     `progress(stage, done, total)` for an orchestrator."""
-    bar = tqdm(total=len(futures), desc=stage, unit="task", disable=not sys.stderr.isatty())
-    for done, _ in enumerate(as_completed(futures), start=1):
-        bar.update(1)
-        if progress is not None:
-            progress(stage, done, len(futures))
-    bar.close()
+    counter = StageProgress(stage, len(futures), progress)
+    for _ in as_completed(futures):
+        counter.advance()
+    counter.close()
     return [future.result() for future in futures]
 
 
@@ -238,52 +240,112 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
-                 pieces: list[tuple[int, int]], staging: str) -> list[PieceTask]:
-    tasks = []
-    for piece, (scan_index, index_in_file) in enumerate(pieces):
-        scan = scans[scan_index]
-        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
-        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        tasks.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
-                               offsets, staging))
-    return tasks
+@dataclass(frozen=True)
+class Exchanged:
+    """The exchange's outcome: its layout, the last round's staged objects, the schema of
+    staged rows and the first destination of each split."""
+
+    layout: ExchangeLayout
+    objects: list[StagedObject]
+    schema: pa.Schema
+    first: dict[str, int]
 
 
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], config: ReshardConfig, version_id: str,
-              progress: Progress | None) -> list[Bucket]:
+              pieces: list[tuple[int, int]], schema: pa.Schema, config: ReshardConfig,
+              staging: str, progress: Progress | None) -> Exchanged:
+    """Map rounds and merge rounds; the driver keeps one descriptor per task."""
+    destinations = _destinations(plans, schema)
+    threads = max(1, sum(dask.nthreads().values()))
+    layout = plan_exchange(_piece_bytes(scans, pieces), destinations.count,
+                           config.exchange_task_bytes, min_map_tasks=2 * threads,
+                           fan_in=config.exchange_fan_in, rounds=config.exchange_rounds)
+    limit = config.max_tasks_in_flight or max(8, 4 * threads)
+    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the layout, not every piece's offsets: ship that once per worker.
-    slim = {name: _without_offsets(plan) for name, plan in plans.items()}
-    shared = dask.scatter(slim, broadcast=True)
-    tasks = _piece_tasks(scans, plans, pieces, staging_dir(config.output_root, version_id))
-    futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction, pure=False)
-    return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
+    tasks = ((_map_task(scans, plans, pieces, layout, task, staging),)
+             for task in range(layout.num_map_tasks))
+    objects = run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
+                           destinations=dask.scatter(destinations, broadcast=True, hash=False),
+                           spec=config.dataset, seed=config.seed,
+                           holdout_fraction=config.holdout_fraction)
+    shared_schema = dask.scatter(destinations.schema, broadcast=True, hash=False)
+    for index in range(1, len(layout.rounds)):
+        objects = run_in_waves(dask, merge_staged,
+                               _merge_tasks(layout, index, objects, staging),
+                               layout.rounds[index].num_objects, limit, counter,
+                               schema=shared_schema)
+    counter.close()
+    return Exchanged(layout, objects, destinations.schema, destinations.first)
 
 
-def _without_offsets(plan: SplitPlan) -> SplitPlan:
-    return replace(plan, piece_offsets={})
+def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
+    """Destinations are the shards of every split, numbered one split after the other."""
+    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
+                     strict=False))
+    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
+    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
+                        staged_schema(schema))
 
 
-def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
-            config: ReshardConfig, version_id: str,
-            progress: Progress | None) -> dict[str, SplitEntry]:
-    by_shard: dict[tuple[str, int], list[Bucket]] = {}
-    for bucket in buckets:
-        by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
-    root = version_dir(config.output_root, version_id)
-    futures, names = [], []
-    for split, plan in plans.items():
-        for shard, rows in enumerate(plan.shard_rows()):
-            uri = f"{root}/{shard_name(split, shard)}"
-            futures.append(dask.submit(
-                reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
-                config.dataset, config.rows_per_row_group, pure=False))
-            names.append(split)
-    entries = _progress(futures, "write", progress)
-    return {split: _split_entry([e for e, n in zip(entries, names, strict=True) if n == split])
-            for split in plans}
+def _piece_bytes(scans: list[FileScan], pieces: list[tuple[int, int]]) -> np.ndarray:
+    """Input bytes of every piece: its file's bytes in proportion to its rows."""
+    sizes = np.empty(len(pieces), dtype=np.float64)
+    for piece, (scan_index, index_in_file) in enumerate(pieces):
+        scan = scans[scan_index]
+        sizes[piece] = (scan.file.num_bytes * scan.piece_rows[index_in_file]
+                        / max(1, sum(scan.piece_rows)))
+    return sizes
+
+
+def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
+              layout: ExchangeLayout, task: int, staging: str) -> MapTask:
+    members = []
+    for piece in range(int(layout.map_bounds[task]), int(layout.map_bounds[task + 1])):
+        scan_index, index_in_file = pieces[piece]
+        scan = scans[scan_index]
+        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
+        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
+        members.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
+                                 offsets))
+    return MapTask(members, _staged_uri(staging, 0, task))
+
+
+def _merge_tasks(layout: ExchangeLayout, index: int, previous: list[StagedObject],
+                 staging: str) -> Iterator[tuple[Any, ...]]:
+    bounds = layout.rounds[index].block_bounds
+    for task in range(layout.rounds[index].num_objects):
+        block = task % layout.rounds[index].num_blocks
+        yield ([previous[i] for i in layout.merge_inputs(index, task)], int(bounds[block]),
+               int(bounds[block + 1]), _staged_uri(staging, index, task))
+
+
+def _staged_uri(staging: str, round_index: int, task: int) -> str:
+    return f"{staging}/round-{round_index}/part-{task:07d}.arrow"
+
+
+def _reduce(dask: Client, plans: dict[str, SplitPlan], exchanged: Exchanged, schema: pa.Schema,
+            config: ReshardConfig, root: str, progress: Progress | None) -> dict[str, SplitEntry]:
+    """One write task per shard, each reading its range of the last round's objects."""
+    jobs = [(split, shard, int(rows)) for split, plan in plans.items()
+            for shard, rows in enumerate(plan.shard_rows())]
+
+    def arguments() -> Iterator[tuple[Any, ...]]:
+        for split, shard, rows in jobs:
+            destination = exchanged.first[split] + shard
+            inputs = [exchanged.objects[i] for i in exchanged.layout.write_inputs(destination)]
+            yield inputs, destination, rows, f"{root}/{shard_name(split, shard)}"
+
+    threads = max(1, sum(dask.nthreads().values()))
+    counter = StageProgress("write", len(jobs), progress)
+    entries = run_in_waves(dask, reduce_shard, arguments(), len(jobs),
+                           config.max_tasks_in_flight or max(8, 4 * threads), counter,
+                           schema=dask.scatter(schema, broadcast=True, hash=False),
+                           staged=dask.scatter(exchanged.schema, broadcast=True, hash=False),
+                           spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
+    counter.close()
+    return {split: _split_entry([e for e, (s, _, _) in zip(entries, jobs, strict=True)
+                                 if s == split]) for split in plans}
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
