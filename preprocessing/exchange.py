@@ -206,8 +206,8 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
 def _write_file(uri: str, payload: memoryview) -> None:
     # s3fs sends a body of 100 MiB or more as a multipart upload.
     fs, path = url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if isinstance(fs, LocalFileSystem):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with open(path, "wb") as sink:
             sink.write(payload)
     else:

@@ -109,16 +109,19 @@ def plan_exchange(piece_bytes: np.ndarray, num_destinations: int, task_bytes: in
 
 def group_pieces(piece_bytes: np.ndarray, task_bytes: int, min_tasks: int) -> np.ndarray:
     """Bounds of consecutive piece groups of about `task_bytes` each (a larger piece is a
-    group of its own), at least `min_tasks` groups when there are that many pieces."""
+    group of its own): max(min_tasks, total / task_bytes) groups, at most one per piece."""
     num_pieces = len(piece_bytes)
     if num_pieces == 0:
         return np.zeros(1, dtype=np.int64)
     sizes = np.maximum(np.asarray(piece_bytes, dtype=np.float64), 1.0)
-    total = float(sizes.sum())
-    num_groups = min(num_pieces, max(min_tasks, int(np.ceil(total / task_bytes))))
-    starts = np.cumsum(sizes) - sizes
-    group = np.minimum((starts * num_groups / total).astype(np.int64), num_groups - 1)
-    return np.r_[np.flatnonzero(np.r_[True, group[1:] != group[:-1]]), num_pieces]
+    ends = np.cumsum(sizes)
+    num_groups = min(num_pieces, max(min_tasks, int(np.ceil(ends[-1] / task_bytes))))
+    # Cut after the piece that crosses each k/num_groups of the bytes, then push cuts
+    # apart so that every group keeps at least one piece.
+    rank = np.arange(1, num_groups)
+    cuts = np.searchsorted(ends, ends[-1] * rank / num_groups, side="left") + 1
+    slack = np.clip(np.maximum.accumulate(cuts - rank), 0, num_pieces - num_groups)
+    return np.r_[0, slack + rank, num_pieces].astype(np.int64)
 
 
 def merge_rounds_needed(num_objects: int, fan_in: int) -> int:

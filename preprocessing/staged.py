@@ -49,8 +49,9 @@ class StagedWriter:
     def __init__(self, uri: str, schema: pa.Schema, first_destination: int) -> None:
         self.uri, self.first_destination = uri, first_destination
         self._fs, path = url_to_fs(uri)
-        self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         self._local_path = path if isinstance(self._fs, LocalFileSystem) else None
+        if self._local_path:  # object stores have no directories (and a check is a request)
+            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         self._sink = pa.OSFile(path, "wb") if self._local_path else pa.BufferOutputStream()
         self._writer = pa.ipc.new_stream(self._sink, schema)
         # The stream header is written with the first batch: an empty one puts it here.
