@@ -99,11 +99,11 @@ class ReshardConfig(BaseModel):
     # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
-        128 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "
+        64 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "
         "pieces are grouped up to this size; merge and write tasks hold about as much.")
     exchange_fan_in: int | None = Field(
         None, ge=2, description="Most staged objects a merge or write task reads from; None: "
-        "exchange_task_bytes / 4 MiB, between 2 and 64 (a merge read is task bytes / fan-in).")
+        "exchange_task_bytes / 1 MiB, between 2 and 64 (a merge read is task bytes / fan-in).")
     exchange_rounds: int | None = Field(
         None, ge=1, description="Rounds of reads of staged objects: 1 = the shard writes read "
         "the map outputs; None: the fewest whose reads stay within the fan-in.")

@@ -26,9 +26,16 @@ from preprocessing.config import DatasetSpec
 from preprocessing.manifest import ShardEntry
 from preprocessing.plan import SplitPlan
 from preprocessing.resample import holdout_mask, route_rows, small_ints
+from preprocessing.rounds import ExchangeLayout
 from preprocessing.scan import InputFile, row_sources
 from preprocessing.sources import read_rows
-from preprocessing.staged import StagedObject, StagedWriter, read_batches, read_destinations
+from preprocessing.staged import (
+    StagedObject,
+    StagedWriter,
+    merge_staged,
+    read_batches,
+    read_destinations,
+)
 
 ORDER_COLUMN = "__ballast_order"
 DERIVED_SOURCE_COLUMN = "source"
@@ -47,10 +54,25 @@ class PieceTask:
 
 @dataclass(frozen=True)
 class MapTask:
-    """Consecutive pieces whose rows go into one staged object at `uri`."""
+    """Consecutive pieces whose rows go into the staged object `output`."""
 
     pieces: list[PieceTask]
+    output: StagedObject
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where a run's staged objects are, their layout and their rows' schema: all a merge
+    or write task needs to find what it reads (shipped once to every worker)."""
+
     uri: str
+    layout: ExchangeLayout
+    schema: pa.Schema
+
+    def object(self, round_index: int, object_id: int) -> StagedObject:
+        first, stop = self.layout.object_destinations(round_index, object_id)
+        return StagedObject(f"{self.uri}/round-{round_index}/part-{object_id:07d}.arrow",
+                            first, stop - first)
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,7 @@ def staged_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int,
-               holdout_fraction: float) -> StagedObject:
+               holdout_fraction: float) -> int:
     """Route a group of pieces' rows into one staged object, grouped by destination."""
     tables, rows, targets, keys = [], [], [], []
     first_row = 0
@@ -91,8 +113,8 @@ def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, see
         if tables else payload.empty_table()
     grouped = grouped.append_column(ORDER_COLUMN, pa.array(np.concatenate(keys)[by_target]
                                                            if keys else [], pa.uint64()))
-    return _write_grouped(grouped.combine_chunks(), target[by_target], destinations.count,
-                          task.uri, destinations.schema)
+    return _write_grouped(grouped.combine_chunks(), target[by_target], task.output,
+                          destinations.schema)
 
 
 def route_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, seed: int,
@@ -152,24 +174,33 @@ def _route_split(table: pa.Table, members: np.ndarray, plan: SplitPlan, spec: Da
     return members[routing.rows], routing.shards, routing.order_keys
 
 
-def _write_grouped(grouped: pa.Table, targets: np.ndarray, num_destinations: int, uri: str,
-                   schema: pa.Schema) -> StagedObject:
+def _write_grouped(grouped: pa.Table, targets: np.ndarray, output: StagedObject,
+                   schema: pa.Schema) -> int:
     """Rows sorted by destination, one record batch per destination that has rows."""
     batch = grouped.to_batches()[0] if grouped.num_rows else None
-    bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=num_destinations))]
-    writer = StagedWriter(uri, schema, 0)
+    bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
+    writer = StagedWriter(output, schema)
     for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         writer.add_batches([batch.slice(start, stop - start)] if stop > start and batch else [])
     return writer.close()
 
 
-def reduce_shard(inputs: list[StagedObject], destination: int, expected_rows: int, uri: str,
-                 schema: pa.Schema, staged: pa.Schema, spec: DatasetSpec,
-                 rows_per_row_group: int) -> ShardEntry:
-    """Assemble one shard from its range of every input in keyed order; write zstd Parquet."""
+def merge_task(round_index: int, task: int, staging: Staging) -> int:
+    """Merge task `task` of a round: its block of each of its inputs into one object."""
+    inputs = [staging.object(round_index - 1, item)
+              for item in staging.layout.merge_inputs(round_index, task)]
+    return merge_staged(inputs, staging.object(round_index, task), staging.schema)
+
+
+def reduce_shard(destination: int, expected_rows: int, uri: str, staging: Staging,
+                 schema: pa.Schema, spec: DatasetSpec, rows_per_row_group: int) -> ShardEntry:
+    """Assemble one shard from its range of every last-round object in keyed order; write
+    it as zstd Parquet."""
+    last = len(staging.layout.rounds) - 1
+    inputs = [staging.object(last, item) for item in staging.layout.write_inputs(destination)]
     batches = [batch for item in inputs for batch in read_batches(
-        read_destinations(item, destination, destination + 1)[0], staged)]
-    table = pa.Table.from_batches(batches, schema=staged)
+        read_destinations(item, destination, destination + 1)[0], staging.schema)]
+    table = pa.Table.from_batches(batches, schema=staging.schema)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct

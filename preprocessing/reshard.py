@@ -32,7 +32,9 @@ from preprocessing.exchange import (
     Destinations,
     MapTask,
     PieceTask,
+    Staging,
     map_pieces,
+    merge_task,
     reduce_shard,
     staged_schema,
 )
@@ -52,7 +54,7 @@ from preprocessing.manifest import (
     write_manifest,
 )
 from preprocessing.plan import SplitPlan, plan_split
-from preprocessing.rounds import ExchangeLayout, plan_exchange
+from preprocessing.rounds import plan_exchange
 from preprocessing.scan import (
     FileScan,
     check_schemas,
@@ -61,7 +63,6 @@ from preprocessing.scan import (
     list_inputs,
     scan_file,
 )
-from preprocessing.staged import StagedObject, merge_staged
 from preprocessing.waves import Progress, StageProgress, run_in_waves
 
 # Settings that change how fast or where a version is made, never what is in it.
@@ -151,11 +152,11 @@ def run_reshard(config: ReshardConfig, client: Client | None = None,
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
         schema = _output_schema(scans, config)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        exchanged = _timed(timings, "exchange_s", lambda: _exchange(
+        staging = _timed(timings, "exchange_s", lambda: _exchange(
             dask, scans, plans, pieces, schema, config,
             staging_dir(config.output_root, version_id), progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, exchanged, schema, config, version_dir(config.output_root, version_id),
+            dask, plans, staging, schema, config, version_dir(config.output_root, version_id),
             progress))
     manifest = _manifest(config, version_id, fingerprint, scans, schema, plans, splits, timings)
     location = write_manifest(config.output_root, manifest)
@@ -240,43 +241,32 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-@dataclass(frozen=True)
-class Exchanged:
-    """The exchange's outcome: its layout, the last round's staged objects, the schema of
-    staged rows and the first destination of each split."""
-
-    layout: ExchangeLayout
-    objects: list[StagedObject]
-    schema: pa.Schema
-    first: dict[str, int]
-
-
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
               pieces: list[tuple[int, int]], schema: pa.Schema, config: ReshardConfig,
-              staging: str, progress: Progress | None) -> Exchanged:
-    """Map rounds and merge rounds; the driver keeps one descriptor per task."""
+              staging_uri: str, progress: Progress | None) -> Staging:
+    """The map round and any merge rounds; tasks get piece lists or two integers, and the
+    driver keeps nothing per staged object."""
     destinations = _destinations(plans, schema)
     threads = max(1, sum(dask.nthreads().values()))
     layout = plan_exchange(_piece_bytes(scans, pieces), destinations.count,
                            config.exchange_task_bytes, min_map_tasks=2 * threads,
                            fan_in=config.exchange_fan_in, rounds=config.exchange_rounds)
+    staging = Staging(staging_uri, layout, destinations.schema)
     limit = config.max_tasks_in_flight or max(8, 4 * threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
-    # Map tasks need the layout, not every piece's offsets: ship that once per worker.
-    tasks = ((_map_task(scans, plans, pieces, layout, task, staging),)
+    # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
+    tasks = ((_map_task(scans, plans, pieces, staging, task),)
              for task in range(layout.num_map_tasks))
-    objects = run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
-                           destinations=dask.scatter(destinations, broadcast=True, hash=False),
-                           spec=config.dataset, seed=config.seed,
-                           holdout_fraction=config.holdout_fraction)
-    shared_schema = dask.scatter(destinations.schema, broadcast=True, hash=False)
+    run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
+                 destinations=dask.scatter(destinations, broadcast=True, hash=False),
+                 spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
+    shared = dask.scatter(staging, broadcast=True, hash=False)
     for index in range(1, len(layout.rounds)):
-        objects = run_in_waves(dask, merge_staged,
-                               _merge_tasks(layout, index, objects, staging),
-                               layout.rounds[index].num_objects, limit, counter,
-                               schema=shared_schema)
+        run_in_waves(dask, merge_task, ((index, task) for task in range(
+            layout.rounds[index].num_objects)), layout.rounds[index].num_objects, limit,
+            counter, staging=shared)
     counter.close()
-    return Exchanged(layout, objects, destinations.schema, destinations.first)
+    return staging
 
 
 def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
@@ -299,53 +289,42 @@ def _piece_bytes(scans: list[FileScan], pieces: list[tuple[int, int]]) -> np.nda
 
 
 def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
-              layout: ExchangeLayout, task: int, staging: str) -> MapTask:
+              staging: Staging, task: int) -> MapTask:
     members = []
-    for piece in range(int(layout.map_bounds[task]), int(layout.map_bounds[task + 1])):
+    bounds = staging.layout.map_bounds
+    for piece in range(int(bounds[task]), int(bounds[task + 1])):
         scan_index, index_in_file = pieces[piece]
         scan = scans[scan_index]
-        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
+        first_row = sum(scan.piece_rows[:index_in_file])
         offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
         members.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
                                  offsets))
-    return MapTask(members, _staged_uri(staging, 0, task))
+    return MapTask(members, staging.object(0, task))
 
 
-def _merge_tasks(layout: ExchangeLayout, index: int, previous: list[StagedObject],
-                 staging: str) -> Iterator[tuple[Any, ...]]:
-    bounds = layout.rounds[index].block_bounds
-    for task in range(layout.rounds[index].num_objects):
-        block = task % layout.rounds[index].num_blocks
-        yield ([previous[i] for i in layout.merge_inputs(index, task)], int(bounds[block]),
-               int(bounds[block + 1]), _staged_uri(staging, index, task))
-
-
-def _staged_uri(staging: str, round_index: int, task: int) -> str:
-    return f"{staging}/round-{round_index}/part-{task:07d}.arrow"
-
-
-def _reduce(dask: Client, plans: dict[str, SplitPlan], exchanged: Exchanged, schema: pa.Schema,
+def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
             config: ReshardConfig, root: str, progress: Progress | None) -> dict[str, SplitEntry]:
     """One write task per shard, each reading its range of the last round's objects."""
-    jobs = [(split, shard, int(rows)) for split, plan in plans.items()
-            for shard, rows in enumerate(plan.shard_rows())]
-
-    def arguments() -> Iterator[tuple[Any, ...]]:
-        for split, shard, rows in jobs:
-            destination = exchanged.first[split] + shard
-            inputs = [exchanged.objects[i] for i in exchanged.layout.write_inputs(destination)]
-            yield inputs, destination, rows, f"{root}/{shard_name(split, shard)}"
-
+    jobs = _write_tasks(plans, root)
     threads = max(1, sum(dask.nthreads().values()))
     counter = StageProgress("write", len(jobs), progress)
-    entries = run_in_waves(dask, reduce_shard, arguments(), len(jobs),
+    entries = run_in_waves(dask, reduce_shard, jobs, len(jobs),
                            config.max_tasks_in_flight or max(8, 4 * threads), counter,
+                           staging=dask.scatter(staging, broadcast=True, hash=False),
                            schema=dask.scatter(schema, broadcast=True, hash=False),
-                           staged=dask.scatter(exchanged.schema, broadcast=True, hash=False),
                            spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
     counter.close()
-    return {split: _split_entry([e for e, (s, _, _) in zip(entries, jobs, strict=True)
-                                 if s == split]) for split in plans}
+    names = [split for split, plan in plans.items() for _ in range(plan.num_shards)]
+    return {split: _split_entry([e for e, name in zip(entries, names, strict=True)
+                                 if name == split]) for split in plans}
+
+
+def _write_tasks(plans: dict[str, SplitPlan], root: str) -> list[tuple[int, int, str]]:
+    """(destination, planned rows, URI) of every shard, destinations in order."""
+    shards = [(split, shard, int(rows)) for split, plan in plans.items()
+              for shard, rows in enumerate(plan.shard_rows())]
+    return [(destination, rows, f"{root}/{shard_name(split, shard)}")
+            for destination, (split, shard, rows) in enumerate(shards)]
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:

@@ -10,9 +10,10 @@ object for its block. The write tasks then read one range from each of the last 
 at most F objects that cover their shard. Every task of a round holds about
 `task_bytes` (F ranges of 1/F of an object each), every read moves a whole block range,
 and a round has about as many tasks as the map round, so the requests of the exchange
-are O((pieces + shards) x F x rounds), never pieces x shards. Where rows sit inside an
-object is that object's own index (`preprocessing/staged.py`): the driver keeps one
-descriptor per task.
+are O((pieces + shards) x F x rounds), never pieces x shards. Which objects a task reads
+follows from this layout alone, and where rows sit inside an object is that object's own
+index (`preprocessing/staged.py`): the driver sends a merge or write task a few integers
+and keeps nothing per object.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 # Reads of less than this many bytes are dominated by per-request latency on object
 # stores; the default fan-in keeps a merge read (task bytes / fan-in) above it.
-MIN_READ_BYTES = 4 << 20
+MIN_READ_BYTES = 1 << 20
 MAX_DEFAULT_FAN_IN = 64
 
 
@@ -68,6 +69,12 @@ class ExchangeLayout:
     def num_read_rounds(self) -> int:
         """Rounds that read staged objects: the merges plus the shard writes."""
         return len(self.rounds)
+
+    def object_destinations(self, round_index: int, object_id: int) -> tuple[int, int]:
+        """The destinations [first, stop) that object `object_id` of a round covers."""
+        this = self.rounds[round_index]
+        block = object_id % this.num_blocks
+        return int(this.block_bounds[block]), int(this.block_bounds[block + 1])
 
     def merge_inputs(self, round_index: int, task: int) -> list[int]:
         """Ids of the objects of round `round_index - 1` that merge task `task` reads."""

@@ -68,10 +68,11 @@ def test_one_round_when_the_map_outputs_fit_the_fan_in() -> None:
 
 
 def test_default_fan_in_keeps_merge_reads_large() -> None:
-    """Invariant: the default fan-in is task bytes / 4 MiB within [2, 64]; given rounds,
-    the smallest fan-in that reaches one object per write group in them."""
-    assert plan_exchange(np.ones(4), 8, task_bytes=128 << 20).fan_in == 32
-    assert plan_exchange(np.ones(4), 8, task_bytes=1 << 20).fan_in == 2
+    """Invariant: the default fan-in is task bytes / 1 MiB within [2, 64]; given rounds,
+    the smallest fan-in that reaches at most that many objects per write in them."""
+    assert plan_exchange(np.ones(4), 8, task_bytes=32 << 20).fan_in == 32
+    assert plan_exchange(np.ones(4), 8, task_bytes=1 << 30).fan_in == 64
+    assert plan_exchange(np.ones(4), 8, task_bytes=1 << 10).fan_in == 2
     assert plan_exchange(np.ones(100), 8, task_bytes=1, rounds=2).fan_in == 10
 
 

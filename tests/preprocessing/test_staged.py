@@ -31,10 +31,12 @@ def rows_of(ids: list[int]) -> pa.RecordBatch:
 
 
 def write_object(uri: str, by_destination: list[list[int]]) -> StagedObject:
-    writer = StagedWriter(uri, SCHEMA, 0)
+    staged = StagedObject(uri, 0, len(by_destination))
+    writer = StagedWriter(staged, SCHEMA)
     for ids in by_destination:
         writer.add_batches([rows_of(ids)] if ids else [])
-    return writer.close()
+    writer.close()
+    return staged
 
 
 def ids_at(staged: StagedObject, first: int, stop: int) -> list[int]:
@@ -64,25 +66,32 @@ def test_destinations_read_back_and_merge_whole(tmp_path_factory, layout) -> Non
         for destination, ids in enumerate(by_destination):
             assert ids_at(staged, destination, destination + 1) == ids
     first, stop = num_destinations // 3, num_destinations
-    merged = merge_staged(objects, first, stop, f"{directory}/merged.arrow", SCHEMA)
-    assert (merged.first_destination, merged.num_destinations) == (first, stop - first)
+    merged = StagedObject(f"{directory}/merged.arrow", first, stop - first)
+    size = merge_staged(objects, merged, SCHEMA)
+    assert size == Path(merged.uri).stat().st_size
     for destination in range(first, stop):
         expected = [i for by_destination in layout for i in by_destination[destination]]
         assert ids_at(merged, destination, destination + 1) == expected
-    whole = pa.ipc.open_stream(pa.memory_map(f"{directory}/merged.arrow")).read_all()
+    stream = Path(merged.uri).read_bytes()[16 + 8 * (stop - first + 1):]
+    whole = pa.ipc.open_stream(stream).read_all()
     assert sorted(whole.column("id").to_pylist()) == sorted(
         i for by_destination in layout for ids in by_destination[first:] for i in ids)
 
 
 def test_reads_outside_an_object_or_through_a_damaged_index_fail(tmp_path: Path) -> None:
     """Invariants: asking for destinations an object does not cover, or reading an index
-    whose offsets run backwards, raises an error that names the object."""
+    whose offsets run backwards, raises an error that names the object; a writer given
+    fewer destinations than its object covers refuses to finish it."""
     uri = str(tmp_path / "one.arrow")
     staged = write_object(uri, [[1, 2], [3], []])
     with pytest.raises(ValueError, match="outside"):
         read_destinations(staged, 2, 4)
     raw = bytearray(Path(uri).read_bytes())
-    raw[staged.index_offset + 8: staged.index_offset + 16] = np.int64(10**9).tobytes()
+    raw[16 + 8: 16 + 16] = np.int64(10**9).tobytes()  # destination 1 starts after 2
     Path(uri).write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"one\.arrow: corrupt staged index"):
         read_destinations(staged, 0, 2)
+    short = StagedWriter(StagedObject(str(tmp_path / "short.arrow"), 0, 3), SCHEMA)
+    short.add_batches([rows_of([1])])
+    with pytest.raises(ValueError, match="1 destinations written, 3 expected"):
+        short.close()
