@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from preprocessing.config import DatasetSpec
 from preprocessing.manifest import ShardEntry
 from preprocessing.plan import SplitPlan
-from preprocessing.resample import holdout_mask, route_rows, small_ints
+from preprocessing.resample import holdout_mask, route_pieces, small_ints
 from preprocessing.rounds import ExchangeLayout
 from preprocessing.scan import InputFile, row_sources
 from preprocessing.sources import read_rows
@@ -96,52 +96,58 @@ def staged_schema(schema: pa.Schema) -> pa.Schema:
 
 def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int,
                holdout_fraction: float) -> int:
-    """Route a group of pieces' rows into one staged object, grouped by destination."""
-    tables, rows, targets, keys = [], [], [], []
-    first_row = 0
-    for piece in task.pieces:
-        table, routed = route_piece(piece, destinations, spec, seed, holdout_fraction)
-        tables.append(table)
-        rows.append(routed[0] + first_row)
-        targets.append(routed[1])
-        keys.append(routed[2])
-        first_row += table.num_rows
-    target = np.concatenate(targets) if targets else np.zeros(0, dtype=np.int64)
+    """Route a group of pieces' rows into one staged object, grouped by destination; the
+    object's size in bytes."""
+    read = [read_piece(piece, destinations, spec, seed, holdout_fraction)
+            for piece in task.pieces]
+    tables = [table for table, _ in read]
+    table = pa.concat_tables(tables) if tables else _payload_schema(destinations).empty_table()
+    held_out = np.concatenate([mask for _, mask in read]) if read else np.zeros(0, dtype=bool)
+    piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
+    pieces = np.array([piece.piece for piece in task.pieces], dtype=np.int64)
+    rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
+    for split, plan in destinations.plans.items():
+        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
+        if len(members):
+            routing = route_pieces(stratum_codes(table, plan, spec, members), piece_of[members],
+                                   _offsets(task.pieces, plan), plan, seed, pieces)
+            rows.append(members[routing.rows])
+            targets.append(routing.shards + destinations.first[split])
+            keys.append(routing.order_keys)
+    target = np.concatenate(targets)
     by_target = np.argsort(small_ints(target), kind="stable")
-    payload = destinations.schema.remove(destinations.schema.get_field_index(ORDER_COLUMN))
-    grouped = pa.concat_tables(tables).take(pa.array(np.concatenate(rows)[by_target])) \
-        if tables else payload.empty_table()
-    grouped = grouped.append_column(ORDER_COLUMN, pa.array(np.concatenate(keys)[by_target]
-                                                           if keys else [], pa.uint64()))
+    grouped = table.take(pa.array(np.concatenate(rows)[by_target]))
+    order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
+    grouped = grouped.append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
     return _write_grouped(grouped.combine_chunks(), target[by_target], task.output,
                           destinations.schema)
 
 
-def route_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, seed: int,
-                holdout_fraction: float) -> tuple[pa.Table, tuple[np.ndarray, ...]]:
-    """One piece's rows in the staged schema, and (row, destination, order key) of every
-    output copy of them."""
+def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, seed: int,
+               holdout_fraction: float) -> tuple[pa.Table, np.ndarray]:
+    """One piece's rows in the staged schema (without the order key), and which of them
+    are held out."""
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
     held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
                             holdout_fraction)
-    table = _in_schema(table, destinations.schema)
-    parts = []
-    for split, plan in destinations.plans.items():
-        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
-        if len(members):
-            rows, shards, keys = _route_split(table, members, plan, spec, task, seed)
-            parts.append((rows, shards + destinations.first[split], keys))
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return table, (empty, empty, empty.astype(np.uint64))
-    return table, tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+    return table.select(_payload_schema(destinations).names).cast(
+        _payload_schema(destinations)), held_out
 
 
-def _in_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    names = [name for name in schema.names if name != ORDER_COLUMN]
-    return table.select(names).cast(pa.schema([schema.field(name) for name in names]))
+def _payload_schema(destinations: Destinations) -> pa.Schema:
+    schema = destinations.schema
+    return schema.remove(schema.get_field_index(ORDER_COLUMN))
+
+
+def _offsets(pieces: list[PieceTask], plan: SplitPlan) -> np.ndarray:
+    """[piece, stratum] within-stratum offset of each piece's first row of the stratum."""
+    offsets = np.zeros((len(pieces), len(plan.strata)), dtype=np.int64)
+    for row, piece in enumerate(pieces):
+        for stratum, offset in piece.offsets.get(plan.name, {}).items():
+            offsets[row, stratum] = offset
+    return offsets
 
 
 def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
@@ -162,16 +168,6 @@ def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
     if (found < 0).any():
         raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
     return found
-
-
-def _route_split(table: pa.Table, members: np.ndarray, plan: SplitPlan, spec: DatasetSpec,
-                 task: PieceTask, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(plan.strata), dtype=np.int64)
-    for stratum, offset in task.offsets.get(plan.name, {}).items():
-        offsets[stratum] = offset
-    routing = route_rows(stratum_codes(table, plan, spec, members), offsets, plan, seed,
-                         task.piece)
-    return members[routing.rows], routing.shards, routing.order_keys
 
 
 def _write_grouped(grouped: pa.Table, targets: np.ndarray, output: StagedObject,
