@@ -311,7 +311,7 @@ def output_stats(output: Path, expected_type: pa.DataType) -> dict[str, Any]:
 
 
 def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
-             keep: bool) -> dict[str, Any]:
+             keep: bool, schema: pa.Schema = SCHEMA) -> dict[str, Any]:
     """Measure one tool end to end: fresh output directory, result, memory, output stats."""
     output = work_dir / "out" / tool
     shutil.rmtree(output, ignore_errors=True)
@@ -324,7 +324,7 @@ def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
     if tool == "floor":
         return row
     if "error" not in result:
-        row.update(output_stats(output, SCHEMA.field("features").type))
+        row.update(output_stats(output, schema.field("features").type))
     if not keep:
         shutil.rmtree(output, ignore_errors=True)
     return row

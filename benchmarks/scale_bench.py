@@ -33,6 +33,7 @@ import shutil
 import statistics
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def case_pieces(args: argparse.Namespace) -> None:
            "holdout_fraction": 0.0}
     print(f"(a) {args.files:,} files x {args.rows_per_file:,} rows, "
           f"{dir_bytes(raw) / GB:.3f} GB, into {job['num_shards']:,} shards", flush=True)
-    rows = [run_tool(tool, raw, Path(args.work_dir), job, keep=False)
+    rows = [run_tool(tool, raw, Path(args.work_dir), job, keep=False, schema=SMALL_SCHEMA)
             for tool in ("ballast-stratified", "pyarrow-write_dataset")]
     print(format_table(rows))
     ballast, copy = rows
@@ -142,7 +143,6 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
     """Plan, layout and every descriptor of every round, as the driver makes them."""
     from preprocessing import reshard
     from preprocessing.config import DatasetSpec, ReshardConfig
-    from preprocessing.rounds import plan_exchange
 
     rows_per_piece = 10_000
     config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"]),
@@ -154,8 +154,7 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
         plans, pieces = reshard._plan(scans, config)
     with sampler.phase("exchange layout"):
         destinations = reshard._destinations(plans, SMALL_SCHEMA)
-        layout = plan_exchange(reshard._piece_bytes(scans, pieces), destinations.count,
-                               config.exchange_task_bytes, min_map_tasks=4)
+        layout = reshard.exchange_layout(scans, plans, pieces, config, threads=2)
         staging = Staging("s3://bucket/out/_staging/0123456789abcdef", layout,
                           destinations.schema)
     print(f"    {layout.num_map_tasks:,} map tasks, {destinations.count:,} destinations, "
@@ -171,7 +170,9 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
             sent.append(sum_pickled((index, task)
                                     for task in range(layout.rounds[index].num_objects)))
     with sampler.phase("write descriptors"):
-        sent.append(sum_pickled(reshard._write_tasks(plans, "s3://bucket/out/v-0123")))
+        shards = reshard._shard_jobs(plans, "s3://bucket/out/v-0123")
+        sent.append(sum_pickled((first, shards[first:stop])
+                                for first, stop in pairwise(layout.write_bounds.tolist())))
     print(f"    descriptor bytes sent per round: {[f'{b / 1e6:.0f} MB' for b in sent]}")
 
 
@@ -244,25 +245,25 @@ def case_s3(args: argparse.Namespace) -> None:
 def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int,
               wall: float) -> None:
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
-    from preprocessing.rounds import plan_exchange
-    from preprocessing.sources import read_schema_and_ranges
+    from preprocessing import reshard
+    from preprocessing.scan import check_schemas, list_inputs, scan_file
 
-    sizes, files = [], sorted(raw.glob("*.parquet"))
-    for path in files:
-        starts = read_schema_and_ranges(str(path), config.max_piece_rows)[1]  # type: ignore[index]
-        rows = np.diff([*starts, pq.ParquetFile(path).metadata.num_rows])
-        sizes.extend(path.stat().st_size * rows / rows.sum())
+    local = config.model_copy(update={"dataset": config.dataset.model_copy(
+        update={"inputs": [str(raw)]})})
+    scans = check_schemas([scan_file(file, local.dataset, local.seed, local.holdout_fraction,
+                                     local.max_piece_rows) for file in list_inputs(local.dataset)])
+    plans, pieces = reshard._plan(scans, local)
+    layout = reshard.exchange_layout(scans, plans, pieces, local, threads=2)
     shards = sum(len(split.shards) for split in manifest.splits.values())
-    layout = plan_exchange(np.array(sizes), shards, config.exchange_task_bytes, min_map_tasks=4)
-    bound = 2 * (len(sizes) + shards) * layout.fan_in * layout.num_read_rounds + 64
+    bound = 2 * (len(pieces) + shards) * layout.fan_in * layout.num_read_rounds + 64
     staging = [r for r in requests if "/_staging/" in r.path]
     multipart = sum("uploads" in r.query for r in requests)
-    print(f"\n(d) S3 -> S3 on moto, {num_bytes / GB:.2f} GB, task "
-          f"{config.exchange_task_bytes >> 20} MiB: {len(sizes)} pieces, {shards} shards, "
-          f"{layout.num_map_tasks} map tasks, fan-in {layout.fan_in}, "
-          f"{layout.num_read_rounds} read rounds, {wall:.0f} s")
     median = statistics.median(r.bytes_moved for r in requests)
     staged = statistics.median(r.bytes_moved for r in staging)
+    print(f"\n(d) S3 -> S3 on moto, {num_bytes / GB:.2f} GB, task "
+          f"{config.exchange_task_bytes >> 20} MiB: {len(pieces)} pieces, {shards} shards, "
+          f"{layout.num_map_tasks} map tasks, fan-in {layout.fan_in}, "
+          f"{layout.num_read_rounds} read rounds, {wall:.0f} s")
     print(f"    {len(requests):,} requests ({len(requests) / (num_bytes / GB):,.0f} per GB), "
           f"{len(staging):,} on staging; median {median:,.0f} bytes per request, staging "
           f"median {staged:,.0f}; multipart starts {multipart}")

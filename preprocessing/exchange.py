@@ -188,15 +188,29 @@ def merge_task(round_index: int, task: int, staging: Staging) -> int:
     return merge_staged(inputs, staging.object(round_index, task), staging.schema)
 
 
-def reduce_shard(destination: int, expected_rows: int, uri: str, staging: Staging,
-                 schema: pa.Schema, spec: DatasetSpec, rows_per_row_group: int) -> ShardEntry:
-    """Assemble one shard from its range of every last-round object in keyed order; write
-    it as zstd Parquet."""
+def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
+                 schema: pa.Schema, spec: DatasetSpec,
+                 rows_per_row_group: int) -> list[ShardEntry]:
+    """Write the shards of destinations [first, first + len(shards)) ((planned rows, URI)
+    each): one range read per last-round object, then each shard in keyed order."""
     last = len(staging.layout.rounds) - 1
-    inputs = [staging.object(last, item) for item in staging.layout.write_inputs(destination)]
-    batches = [batch for item in inputs for batch in read_batches(
-        read_destinations(item, destination, destination + 1)[0], staging.schema)]
-    table = pa.Table.from_batches(batches, schema=staging.schema)
+    stop = first + len(shards)
+    ranges = [read_destinations(staging.object(last, item), first, stop)
+              for item in staging.layout.write_inputs(first)]
+    entries = []
+    for index, (rows, uri) in enumerate(shards):
+        batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
+                   for batch in read_batches(data[offsets[index]:offsets[index + 1]],
+                                             staging.schema)]
+        entries.append(_write_shard(batches, rows, uri, staging.schema, schema, spec,
+                                    rows_per_row_group))
+    return entries
+
+
+def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
+                 staged: pa.Schema, schema: pa.Schema, spec: DatasetSpec,
+                 rows_per_row_group: int) -> ShardEntry:
+    table = pa.Table.from_batches(batches, schema=staged)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct

@@ -53,13 +53,16 @@ class Round:
 
 @dataclass(frozen=True)
 class ExchangeLayout:
-    """Every round of one exchange: `rounds[0]` the maps, the rest merges; `map_bounds`
-    cuts the pieces into map tasks (task t reads pieces [map_bounds[t], map_bounds[t+1]))."""
+    """Every round of one exchange: `rounds[0]` the maps, the rest merges. `map_bounds`
+    cuts the pieces into map tasks (task t reads pieces [map_bounds[t], map_bounds[t+1]));
+    `write_bounds` cuts the destinations into write tasks, each inside one block of the
+    last round, so that it reads one range of each object it needs."""
 
     num_destinations: int
     fan_in: int
     map_bounds: np.ndarray
     rounds: list[Round]
+    write_bounds: np.ndarray
 
     @property
     def num_map_tasks(self) -> int:
@@ -92,17 +95,18 @@ class ExchangeLayout:
         return [group * last.num_blocks + block for group in range(last.num_groups)]
 
 
-def plan_exchange(piece_bytes: np.ndarray, num_destinations: int, task_bytes: int,
-                  min_map_tasks: int = 1, fan_in: int | None = None,
+def plan_exchange(piece_bytes: np.ndarray, destination_bytes: np.ndarray, task_bytes: int,
+                  min_tasks: int = 1, fan_in: int | None = None,
                   rounds: int | None = None) -> ExchangeLayout:
-    """The exchange for pieces of `piece_bytes` into `num_destinations` destinations.
+    """The exchange of pieces of `piece_bytes` into destinations of `destination_bytes`:
+    map and write tasks of about `task_bytes` each, at least `min_tasks` of each.
 
     `rounds` (read rounds, 1 = the writes read the map outputs) and `fan_in` default to
     the fewest rounds whose reads stay within the fan-in, and a fan-in that keeps merge
     reads above MIN_READ_BYTES; given both, the writes read what the rounds leave.
     """
-    map_bounds = group_pieces(piece_bytes, task_bytes, min_map_tasks)
-    num_maps = len(map_bounds) - 1
+    map_bounds = group_pieces(piece_bytes, task_bytes, min_tasks)
+    num_maps, num_destinations = len(map_bounds) - 1, len(destination_bytes)
     if fan_in is None:
         fan_in = (smallest_fan_in(num_maps, rounds) if rounds is not None
                   else int(np.clip(task_bytes // MIN_READ_BYTES, 2, MAX_DEFAULT_FAN_IN)))
@@ -111,7 +115,9 @@ def plan_exchange(piece_bytes: np.ndarray, num_destinations: int, task_bytes: in
     layout = [Round(num_maps, np.array([0, num_destinations]), np.zeros(1, dtype=np.int64))]
     for _ in range(rounds - 1):
         layout.append(_merge_round(layout[-1], fan_in))
-    return ExchangeLayout(num_destinations, fan_in, map_bounds, layout)
+    writes = np.union1d(group_pieces(destination_bytes, task_bytes, min_tasks),
+                        layout[-1].block_bounds)
+    return ExchangeLayout(num_destinations, fan_in, map_bounds, layout, writes)
 
 
 def group_pieces(piece_bytes: np.ndarray, task_bytes: int, min_tasks: int) -> np.ndarray:

@@ -41,9 +41,10 @@ def test_every_destination_gets_every_map_output_once_within_the_fan_in(
     """Invariants: following the reads back from any destination's write reaches every map
     task exactly once (no row lost or read twice); merge tasks read at most `fan_in`
     objects; with rounds chosen, writes do too; a merge round has at most
-    maps + blocks tasks."""
-    layout = plan_exchange(np.ones(num_maps), num_destinations, task_bytes=1, fan_in=fan_in,
-                           rounds=rounds)
+    maps + blocks tasks; write tasks cover the destinations in runs that each lie inside
+    one block of the last round."""
+    layout = plan_exchange(np.ones(num_maps), np.ones(num_destinations), task_bytes=1,
+                           fan_in=fan_in, rounds=rounds)
     assert layout.num_map_tasks == num_maps
     for destination in range(num_destinations):
         assert map_tasks_reaching(layout, destination) == Counter(range(num_maps))
@@ -55,14 +56,18 @@ def test_every_destination_gets_every_map_output_once_within_the_fan_in(
     if rounds is None:
         assert all(len(layout.write_inputs(d)) <= fan_in for d in range(num_destinations))
         assert layout.num_read_rounds == 1 + merge_rounds_needed(num_maps, fan_in)
+    writes, last = layout.write_bounds, layout.rounds[-1]
+    assert writes[0] == 0 and writes[-1] == num_destinations and (np.diff(writes) > 0).all()
+    assert all(last.block_of(first) == last.block_of(stop - 1)  # one block: one range each
+               for first, stop in pairwise(writes.tolist()))
 
 
 def test_one_round_when_the_map_outputs_fit_the_fan_in() -> None:
     """Invariant: few map tasks mean today's path: writes read the map outputs directly;
     many mean merge rounds, log_F(maps) of them."""
-    few = plan_exchange(np.full(10, 1e6), 2_000, task_bytes=1, fan_in=16)
+    few = plan_exchange(np.full(10, 1e6), np.ones(2_000), task_bytes=1, fan_in=16)
     assert few.num_read_rounds == 1 and len(few.write_inputs(1_999)) == 10
-    many = plan_exchange(np.full(5_000, 1e6), 2_000, task_bytes=1, fan_in=16)
+    many = plan_exchange(np.full(5_000, 1e6), np.ones(2_000), task_bytes=1, fan_in=16)
     assert many.num_read_rounds == 1 + 3  # 5000 -> 313 -> 20 -> 2 objects per shard
     assert len(many.write_inputs(0)) == 2
 
@@ -70,10 +75,10 @@ def test_one_round_when_the_map_outputs_fit_the_fan_in() -> None:
 def test_default_fan_in_keeps_merge_reads_large() -> None:
     """Invariant: the default fan-in is task bytes / 1 MiB within [2, 64]; given rounds,
     the smallest fan-in that reaches at most that many objects per write in them."""
-    assert plan_exchange(np.ones(4), 8, task_bytes=32 << 20).fan_in == 32
-    assert plan_exchange(np.ones(4), 8, task_bytes=1 << 30).fan_in == 64
-    assert plan_exchange(np.ones(4), 8, task_bytes=1 << 10).fan_in == 2
-    assert plan_exchange(np.ones(100), 8, task_bytes=1, rounds=2).fan_in == 10
+    assert plan_exchange(np.ones(4), np.ones(8), task_bytes=32 << 20).fan_in == 32
+    assert plan_exchange(np.ones(4), np.ones(8), task_bytes=1 << 30).fan_in == 64
+    assert plan_exchange(np.ones(4), np.ones(8), task_bytes=1 << 10).fan_in == 2
+    assert plan_exchange(np.ones(100), np.ones(8), task_bytes=1, rounds=2).fan_in == 10
 
 
 @settings(max_examples=100, deadline=None)
