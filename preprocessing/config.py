@@ -96,7 +96,7 @@ class ReshardConfig(BaseModel):
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
     num_workers: int = Field(2, gt=0, description="Dask worker processes of a local cluster.")
-    # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
+    # The exchange's shape (docs/architecture.md 3, M23): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
         64 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "

@@ -1,13 +1,15 @@
 """The row exchange: map tasks route pieces' rows to destinations, write tasks make shards.
 
-A map task reads a group of consecutive pieces (row ranges of input files), routes every
-row to its destination (a shard of a split, numbered across splits) and writes one staged
-object with the rows grouped by destination (`preprocessing/staged.py`); merge rounds, if
-any, combine such objects (`preprocessing/rounds.py`). A write task reads its destination's
-range from each object of the last round, orders the rows by their keyed position and
-writes one zstd Parquet shard. Rows are ordered by distinct keys, so a shard's bytes do not
-depend on how pieces were grouped, how many rounds there were, or which worker ran what.
-Peak memory per task is about one group of pieces (times its oversampling) or one shard.
+A map task reads a group of consecutive pieces (row ranges of input files), routes all
+their rows to their destinations (shards of the splits, numbered across splits) in one
+vectorised pass and writes one staged object with the rows grouped by destination
+(`preprocessing/staged.py`); merge rounds, if any, combine such objects
+(`preprocessing/rounds.py`). A write task takes a run of consecutive shards, reads their
+range of each object of the last round (one ranged read each), orders each shard's rows
+by their keyed position and writes it as zstd Parquet. Rows are ordered by distinct keys,
+so a shard's bytes do not depend on how pieces were grouped, how many rounds there were,
+or which worker ran what. Peak memory per task is about `exchange_task_bytes` of rows
+(a map task's pieces times their oversampling, a write task's shards).
 """
 
 from __future__ import annotations
