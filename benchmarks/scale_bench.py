@@ -163,7 +163,8 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
           f"{sum_pickled([destinations]) / 1e6:.1f} MB, layout "
           f"{sum_pickled([staging]) / 1e6:.1f} MB", flush=True)
     with sampler.phase("map descriptors"):
-        sent = [sum_pickled(reshard._map_task(scans, plans, pieces, staging, task)
+        first_rows = reshard._piece_rows(scans, pieces)[0]
+        sent = [sum_pickled(reshard._map_task(scans, plans, pieces, first_rows, staging, task)
                             for task in range(layout.num_map_tasks))]
     for index in range(1, len(layout.rounds)):
         with sampler.phase(f"merge round {index} descriptors"):

@@ -189,8 +189,8 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
                           4 * threads).tolist()
     counter = StageProgress("scan", len(bounds) - 1, progress)
     groups = run_in_waves(dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
-                          len(bounds) - 1, config.max_tasks_in_flight or max(8, 4 * threads),
-                          counter, spec=config.dataset, seed=config.seed,
+                          len(bounds) - 1, _in_flight(config, threads), counter,
+                          spec=config.dataset, seed=config.seed,
                           holdout_fraction=config.holdout_fraction,
                           max_piece_rows=config.max_piece_rows)
     counter.close()
@@ -203,6 +203,10 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
         )
     return scans
+
+
+def _in_flight(config: ReshardConfig, threads: int) -> int:
+    return config.max_tasks_in_flight or max(8, 4 * threads)
 
 
 def _scan_files(files: list[Any], **settings: Any) -> list[FileScan]:
@@ -254,10 +258,11 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
     threads = max(1, sum(dask.nthreads().values()))
     layout = exchange_layout(scans, plans, pieces, config, threads)
     staging = Staging(staging_uri, layout, destinations.schema)
-    limit = config.max_tasks_in_flight or max(8, 4 * threads)
+    limit = _in_flight(config, threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
-    tasks = ((_map_task(scans, plans, pieces, staging, task),)
+    first_rows = _piece_rows(scans, pieces)[0]
+    tasks = ((_map_task(scans, plans, pieces, first_rows, staging, task),)
              for task in range(layout.num_map_tasks))
     run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
                  destinations=dask.scatter(destinations, broadcast=True, hash=False),
@@ -275,9 +280,9 @@ def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
                     pieces: list[tuple[int, int]], config: ReshardConfig,
                     threads: int) -> ExchangeLayout:
     """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
-    piece_bytes = _piece_bytes(scans, pieces)
+    _, rows, piece_bytes = _piece_rows(scans, pieces)
     # Bytes per output row as stored in the input: what sizes a shard's write task.
-    row_bytes = piece_bytes.sum() / max(1, sum(sum(s.piece_rows) for s in scans if not s.reason))
+    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
     shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
     return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
                          min_tasks=4 * threads, fan_in=config.exchange_fan_in,
@@ -293,27 +298,33 @@ def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destination
                         staged_schema(schema))
 
 
-def _piece_bytes(scans: list[FileScan], pieces: list[tuple[int, int]]) -> np.ndarray:
-    """Input bytes of every piece: its file's bytes in proportion to its rows."""
-    sizes = np.empty(len(pieces), dtype=np.float64)
-    for piece, (scan_index, index_in_file) in enumerate(pieces):
-        scan = scans[scan_index]
-        sizes[piece] = (scan.file.num_bytes * scan.piece_rows[index_in_file]
-                        / max(1, sum(scan.piece_rows)))
-    return sizes
+def _piece_rows(scans: list[FileScan],
+                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first row in its file, rows, input bytes) of every piece; a piece's bytes are its
+    file's in proportion to its rows."""
+    first, rows, sizes = (np.empty(len(pieces), dtype=dtype)
+                          for dtype in (np.int64, np.int64, np.float64))
+    start = 0
+    while start < len(pieces):  # one file's pieces at a time: they are consecutive
+        scan = scans[pieces[start][0]]
+        count = len(scan.piece_rows)
+        rows[start:start + count] = scan.piece_rows
+        first[start:start + count] = np.cumsum(scan.piece_rows) - scan.piece_rows
+        sizes[start:start + count] = (scan.file.num_bytes * rows[start:start + count]
+                                      / max(1, int(rows[start:start + count].sum())))
+        start += count
+    return first, rows, sizes
 
 
 def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
-              staging: Staging, task: int) -> MapTask:
+              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
     members = []
     bounds = staging.layout.map_bounds
     for piece in range(int(bounds[task]), int(bounds[task + 1])):
-        scan_index, index_in_file = pieces[piece]
-        scan = scans[scan_index]
-        first_row = sum(scan.piece_rows[:index_in_file])
+        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
         offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        members.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
-                                 offsets))
+        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
+                                 scan.piece_rows[index_in_file], offsets))
     return MapTask(members, staging.object(0, task))
 
 
@@ -326,8 +337,8 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema:
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
     threads = max(1, sum(dask.nthreads().values()))
     counter = StageProgress("write", len(tasks), progress)
-    entries = run_in_waves(dask, write_shards, tasks, len(tasks),
-                           config.max_tasks_in_flight or max(8, 4 * threads), counter,
+    entries = run_in_waves(dask, write_shards, tasks, len(tasks), _in_flight(config, threads),
+                           counter,
                            staging=dask.scatter(staging, broadcast=True, hash=False),
                            schema=dask.scatter(schema, broadcast=True, hash=False),
                            spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
