@@ -81,6 +81,8 @@ class StagedWriter:
     def close(self) -> int:
         """Finish the object; its size in bytes."""
         if len(self._offsets) != self.staged.num_destinations + 1:
+            if self._file is not None:
+                self._file.close()
             raise ValueError(f"{self.staged.uri}: {len(self._offsets) - 1} destinations "
                              f"written, {self.staged.num_destinations} expected")
         self._writer.close()  # the end-of-stream marker
