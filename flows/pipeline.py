@@ -3,7 +3,9 @@
 Flows only orchestrate: every step is a task in flows/tasks.py that calls one
 function of preprocessing/, training/ or tracking/. Training runs as its own
 process group started by a launcher of training/launch/ (never a multi-process
-Trainer in this process: docs/architecture.md M1), which also retries it.
+Trainer in this process: docs/architecture.md M1), which also retries it. Prefect never
+retries a flow (no flow sets `retries`) and retries an I/O task only on a transient
+failure (flows/tasks.py `TRANSIENT_RETRIES`): a config or data error fails once.
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ def train_flow(params: TrainParams) -> dict[str, Any]:
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
-    """Per-class recall and macro-F1 of a model (and a baseline) on a held-out split."""
+    """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
+    split, each with the class-prior baseline and whether it beats it."""
     models = {"model": params.model_uri}
     if params.baseline_model_uri:
         models["baseline"] = params.baseline_model_uri
-    return {name: tasks.evaluate(uri, params.tracking, params.dataset, params.split)
+    return {name: tasks.evaluate(uri, params.tracking, params.dataset, params.split,
+                                 params.dask)
             for name, uri in models.items()}
 
 
@@ -87,7 +91,7 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
     return tasks.predict(inputs, params.model_uri, params.tracking, params.id_column,
-                         params.feature_column, params.output_root, params.dask)
+                         params.output_root, params.dask)
 
 
 @flow(name="pipeline", log_prints=True)
@@ -102,9 +106,10 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
         result["evaluations"] = _evaluations(params, tracking, dataset["manifest_uri"],
                                              summary)
         if tracking.registered_model_name:
+            scores = result["evaluations"]["rebalanced"]
             result["registration"] = tasks.register(
                 tracking, tracking.registered_model_name, summary["model_uri"],
-                result["evaluations"]["rebalanced"]["macro_f1"])
+                scores["macro_f1"], scores["beats_class_prior"])
     publish_training(result, tracking.tracking_uri if tracking else None)
     return result
 
@@ -115,7 +120,7 @@ def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri:
     models = {"rebalanced": summary["model_uri"]}
     if params.compare_with_natural_mix:
         models["natural mix (no rebalance)"] = _natural_mix_model(params, tracking)
-    return {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout")
+    return {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout", params.dask)
             for name, uri in models.items()}
 
 
