@@ -5,14 +5,19 @@ without Lightning plus its dataset's feature codec, with a signature naming the 
 input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
 "models:/<name>@champion").predict(df)` takes rows as the input files hold them. The
 class labels travel as model metadata too. A new version becomes `champion` only if it
-beats the class-prior baseline on held-out rows and its macro-F1 beats the current
-champion's; otherwise it is the `challenger` (or, below the baseline, has no alias).
+beats the class-prior baseline on held-out rows and its macro-F1 (tracking.run.SCORE_TAG)
+beats the current champion's; otherwise it is the `challenger` (below the baseline: no
+alias). A model the server cannot take is saved in the run's spool as an MLflow model
+(it loads from there as it is) and logged when the spool is delivered.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ import mlflow
 import pandas as pd
 import pyarrow.parquet as pq
 import torch
+from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 from preprocessing.features import FeatureCodec
@@ -33,8 +39,10 @@ from tracking.pyfunc import (
     mlflow_type,
     signature,
 )
+from tracking.run import SCORE_TAG, champion, deliver, send_or_keep
+from tracking.server import TrackingUnavailable
+from tracking.spool import Spool
 
-SCORE_TAG = "ballast.val_macro_f1"
 BASELINE_TAG = "ballast.beats_class_prior"
 NUM_EXAMPLE_ROWS = 5
 _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
@@ -43,23 +51,20 @@ _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
 def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
               dataset: str) -> str:
     """Log `network` with the codec and classes of `dataset` (the version it was trained
-    on) under the run; returns the model URI to register."""
+    on) under the run; returns the model URI to register: `models:/...`, or the local
+    path of the model kept in the run's spool when the server cannot take it (waiting up
+    to `config.delivery_wait_s` first)."""
     manifest, _ = read_manifest(dataset)
     codec = FeatureCodec.from_manifest(manifest)
-    classes = [str(label) for label in manifest.classes]
-    mlflow.set_tracking_uri(config.tracking_uri)
-    with tempfile.TemporaryDirectory() as work, mlflow.start_run(run_id=run_id):
-        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json", NETWORK_ARTIFACT: f"{work}/net.pt"}
-        Path(artifacts[CODEC_ARTIFACT]).write_text(
-            json.dumps({"columns": codec.to_json(), "classes": classes}, indent=1))
-        torch.save(network.eval().cpu(), artifacts[NETWORK_ARTIFACT])
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=CodecClassifier(), artifacts=artifacts,
-            signature=signature(codec), input_example=example_rows(dataset, codec),
-            metadata={"classes": classes, "dataset_version": manifest.version_id},
-            pip_requirements=[f"{name}=={package_version(name).split('+')[0]}"
-                              for name in _REQUIREMENTS])
-    return str(info.model_uri)
+    model = CodecClassifier(network.eval().cpu(), codec,
+                            [str(label) for label in manifest.classes])
+    example = example_rows(dataset, codec)
+    extra = {"dataset_version": manifest.version_id}
+    return send_or_keep(
+        config, run_id, "the model",
+        send=lambda _: _log_to_run(config, run_id, model, example, extra),
+        keep=lambda spool: _keep_model(spool, model, example, extra),
+        wait_s=config.delivery_wait_s)
 
 
 def example_rows(dataset: str, codec: FeatureCodec) -> pd.DataFrame:
@@ -75,25 +80,83 @@ def example_rows(dataset: str, codec: FeatureCodec) -> pd.DataFrame:
     return frame
 
 
-def champion_score(client: MlflowClient, name: str) -> float | None:
-    """Validation macro-F1 of the current champion, or None when there is none."""
-    try:
-        version = client.get_model_version_by_alias(name, "champion")
-    except mlflow.exceptions.MlflowException:
-        return None
-    score = version.tags.get(SCORE_TAG)
-    return float(score) if score is not None else None
+@contextmanager
+def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
+                     extra: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """What the model is logged (or saved) with: the network and codec as artifacts,
+    signature, example, labels, requirements."""
+    assert model.codec is not None
+    with tempfile.TemporaryDirectory() as work:
+        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json", NETWORK_ARTIFACT: f"{work}/net.pt"}
+        Path(artifacts[CODEC_ARTIFACT]).write_text(json.dumps(
+            {"columns": model.codec.to_json(), "classes": model.classes}, indent=1))
+        torch.save(model.network, artifacts[NETWORK_ARTIFACT])
+        yield {"python_model": CodecClassifier(), "artifacts": artifacts,
+               "signature": signature(model.codec), "input_example": example,
+               "metadata": {**extra, "classes": model.classes},
+               "pip_requirements": [f"{name}=={package_version(name).split('+')[0]}"
+                                    for name in _REQUIREMENTS]}
+
+
+def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
+                example: pd.DataFrame, extra: dict[str, Any]) -> str:
+    mlflow.set_tracking_uri(config.tracking_uri)
+    with mlflow.start_run(run_id=run_id), _model_arguments(model, example, extra) as arguments:
+        info = mlflow.pyfunc.log_model(name="model", **arguments)
+    return str(info.model_uri)
+
+
+def _keep_model(spool: Spool, model: CodecClassifier, example: pd.DataFrame,
+                extra: dict[str, Any]) -> str:
+    """Save the model into the spool (through a temporary directory and a rename)."""
+    target = spool.model_dir
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a crash
+    with _model_arguments(model, example, extra) as arguments:
+        mlflow.pyfunc.save_model(str(partial), **arguments)
+    shutil.rmtree(target, ignore_errors=True)  # a retried job's model replaces the first
+    partial.rename(target)
+    spool.mark("model_uri", None)
+    return str(target)
+
+
+def log_kept_model(config: TrackingConfig, run_id: str, spool: Spool) -> str:
+    """Log the model kept in `spool` to the run exactly as `log_model` would have."""
+    saved = Model.load(str(spool.model_dir))
+    model = mlflow.pyfunc.load_model(str(spool.model_dir)).unwrap_python_model()
+    example = saved.load_input_example(str(spool.model_dir))
+    extra = {k: v for k, v in (saved.metadata or {}).items() if k != "classes"}
+    return _log_to_run(config, run_id, model, example, extra)
+
+
+def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
+    """`model_uri`, or for a model kept in a spool, the URI it has on the server once the
+    spool is delivered (delivering it now if it was not)."""
+    path = Path(model_uri)
+    if not (path.is_absolute() and (path.parent / "run.json").exists()):
+        return model_uri
+    spool = Spool(path.parent)
+    if spool.progress().get("model_uri") is None:
+        deliver(spool, config)
+    sent = spool.progress().get("model_uri")
+    if sent is None:
+        raise TrackingUnavailable(f"the model at {model_uri} is not on {spool.run['tracking_uri']} "
+                           f"yet; once the server is back, `{spool.upload_command()}` sends "
+                           "it, then register it again")
+    return str(sent)
 
 
 def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
                          score: float, beats_baseline: bool = True) -> dict[str, Any]:
     """Register `model_uri` as a new version of `name`; alias it champion if it wins. A
     model that does not beat the class-prior baseline gets no alias at all."""
+    model_uri = sent_model_uri(config, model_uri)
     client = MlflowClient(config.tracking_uri)
     mlflow.set_tracking_uri(config.tracking_uri)
     version = mlflow.register_model(model_uri, name, tags={
         SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower()})
-    previous = champion_score(client, name)
+    current = champion(config.tracking_uri, name)
+    previous = current["score"] if current else None
     alias: str | None = None
     if beats_baseline:
         alias = "champion" if previous is None or score > previous else "challenger"
