@@ -23,7 +23,9 @@ for the real dataset and for a synthetic manifest of `--num-shards` (1e5)
 entries, each a symlink to one of 4 real 20-row shard files (a distinct file
 the reader must open); and the steady-state stall of a training loop (an MLP
 step per batch: 1 - in-memory loop time / loader loop time, and the loader's
-own data-wait fraction). Timings on a shared 2-core machine are noisy.
+own data-wait fraction). Also the tabular case (benchmarks/tabular_case.py: 20 scalar
+columns and 2 categories with nulls filled, through the feature codec, against a
+fixed-size-list column of the same width). Timings on a shared 2-core machine are noisy.
 
     .venv/bin/python benchmarks/loader_bench.py --rows 1000000 --work-dir /tmp/loader-bench
 """
@@ -49,6 +51,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import preprocessing.manifest as contract
+from benchmarks.tabular_case import tabular_report
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.reshard import run_reshard
 from preprocessing.sample import SampleSpec, sample_table, write_sample
@@ -375,6 +378,7 @@ def main() -> None:
     for (workers, ahead), (fraction, waited) in stalls.items():
         print(f"training-loop stall, {workers} workers, {ahead} batches ahead: {fraction:.1%} "
               f"(loader's data-wait fraction {waited:.1%})")
+    codec_share = tabular_report(work, args.tabular_rows, args.repeat)
     print("\ntargets:")
     ratio, cpu_ratio = (getattr(results[1], k) / getattr(results[0], k)
                         for k in ("rows_per_s", "rows_per_cpu_s"))
@@ -384,6 +388,8 @@ def main() -> None:
     check("stall <= 5%", fraction <= 0.05, f"{fraction:.1%} (defaults, 0 workers)")
     check(f"first batch and resume < 5 s at {args.num_shards:,} shards", worst_start < 5,
           f"worst {worst_start:.2f}s")
+    check("codec costs <= 10% of rows/s (tabular case)", codec_share >= 0.9,
+          f"{codec_share:.0%} of the fixed-size-list path")
 
 
 def parse_args() -> argparse.Namespace:
@@ -393,6 +399,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--work-dir", default="/tmp/ballast-loader-bench")
     parser.add_argument("--num-shards", type=int, default=100_000)
     parser.add_argument("--peer-rows", type=int, default=300_000)
+    parser.add_argument("--tabular-rows", type=int, default=400_000,
+                        help="Rows of the tabular case.")
     parser.add_argument("--stall-batches", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")

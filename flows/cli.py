@@ -5,6 +5,11 @@
     ballast serve --work-dir /data                 serve the scheduled deployments (no pool)
     ballast deployments > infra/prefect.yaml       the same deployments for `prefect deploy`
     ballast status --config nightly --work-dir /data   newest versions and the champion
+    ballast init --inputs /data/raw [--label COL] > pipeline.yaml   a starter config
+    ballast inspect /data/datasets                 a version's classes, shards, null policies
+
+A command that fails ends with its cause on one line and the path of a log file that
+holds the traceback; a config or data error exits 2, anything else 1.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                              help="fills ${WORK_DIR} in the presets")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
+    init = commands.add_parser("init", help="print a starter pipeline config for your files")
+    init.add_argument("--inputs", required=True, help="directory, file or glob of raw files")
+    init.add_argument("--label", help="the label column (default: label, target, class, y)")
+    inspect = commands.add_parser("inspect", help="what a committed dataset version holds")
+    inspect.add_argument("dataset", help="a manifest, version directory or output root")
     return parser
 
 
@@ -116,6 +129,12 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         from flows.status import describe_status
 
         return describe_status(args.config, args.work_dir)
+    if args.command in ("init", "inspect"):
+        from flows.dataset_cli import describe_inputs, describe_version
+
+        if args.command == "init":
+            return describe_inputs(args.inputs, args.label)
+        return describe_version(args.dataset)
     from prefect import serve
 
     from flows.deployments import build_deployments, serve_stopped_message
@@ -131,12 +150,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         output = _dispatch(args)
-    except (ValidationError, FileNotFoundError, ValueError) as error:
-        print(f"ballast {args.command}: {describe_error(error)}", file=sys.stderr)
-        return 2
+    except Exception as error:
+        log = write_error_log(args.command, error)
+        print(f"ballast {args.command}: {one_line(error)} (traceback: {log})", file=sys.stderr)
+        return 2 if is_deterministic(error) else 1
     if output:
         print(output, end="" if output.endswith("\n") else "\n")
     return 0
+
+
+def is_deterministic(error: BaseException) -> bool:
+    """A config or data error (or a training job that stopped on one): it fails again."""
+    from training.launch.failures import TrainingFailed, is_config_error
+
+    if isinstance(error, TrainingFailed):
+        return error.config_error is not None
+    return isinstance(error, FileNotFoundError) or is_config_error(error)
+
+
+def one_line(error: BaseException, max_chars: int = 600) -> str:
+    """The cause on one line: each invalid field with its message (no documentation
+    links), or the error's message up to a launcher's output tail."""
+    if isinstance(error, ValidationError):
+        fields = [f"{'.'.join(str(p) for p in item['loc']) or 'config'}: {item['msg']}"
+                  + (f" (got {item['input']!r})" if item["type"] != "missing" else "")
+                  for item in error.errors(include_url=False)]
+        text = f"invalid config: {'; '.join(fields)}"
+    else:
+        message = str(error).split("\n--- last output ---", 1)[0]
+        text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        text = text or type(error).__name__
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+
+
+def write_error_log(command: str, error: BaseException) -> Path:
+    """The full traceback in a new file under $BALLAST_LOG_DIR (default: a `ballast`
+    directory in the system's temporary directory); its path."""
+    directory = Path(os.environ.get("BALLAST_LOG_DIR") or Path(tempfile.gettempdir()) / "ballast")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text("".join(traceback.format_exception(error)))
+    return path
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Flows only orchestrate: every step is a task in flows/tasks.py that calls one
 function of preprocessing/, training/ or tracking/. Training runs as its own
 process group started by a launcher of training/launch/ (never a multi-process
-Trainer in this process: docs/architecture.md M1), which also retries it. What each
+Trainer in this process: docs/architecture.md M1), which also retries it. Prefect never
+retries a flow (no flow sets `retries`) and retries an I/O task only on a transient
+failure (flows/tasks.py `TRANSIENT_RETRIES`): a config or data error fails once. What each
 step produced is logged to the flow run's log (flows/runlog.py) as it comes back.
 """
 
@@ -85,12 +87,13 @@ def train_flow(params: TrainParams) -> dict[str, Any]:
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
-    """Per-class recall and macro-F1 of a model (and a baseline) on a held-out split."""
+    """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
+    split, each with the class-prior baseline and whether it beats it."""
     models = {"model": params.model_uri}
     if params.baseline_model_uri:
         models["baseline"] = params.baseline_model_uri
     evaluations = {name: tasks.evaluate(uri, params.tracking, params.dataset, params.split,
-                                        name) for name, uri in models.items()}
+                                        params.dask, name) for name, uri in models.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
@@ -105,8 +108,8 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
     output: dict[str, Any] = tasks.predict(
-        inputs, params.model_uri, params.tracking, params.id_column, params.feature_column,
-        params.output_root, params.dask)
+        inputs, params.model_uri, params.tracking, params.id_column, params.output_root,
+        params.dask)
     runlog.log_predictions(output)
     return output
 
@@ -139,8 +142,8 @@ def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri:
                                  "natural class mix; there is no other arm to compare with")
     elif params.compare_with_natural_mix:
         models[NATURAL_MIX] = _natural_mix_model(params, tracking)
-    evaluations = {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout", name)
-                   for name, uri in models.items()}
+    evaluations = {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout", params.dask,
+                                        name) for name, uri in models.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
@@ -148,10 +151,11 @@ def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri:
 
 def _register(tracking: TrackingConfig, model_uri: str, evaluation: dict[str, Any],
               arm: str) -> dict[str, Any]:
-    """Register the model by its held-out macro-F1 (champion only if it wins), logged."""
+    """Register the model by its held-out macro-F1 (champion only if it beats the
+    class-prior baseline and the current champion), logged."""
     name = str(tracking.registered_model_name)
-    registration: dict[str, Any] = tasks.register(tracking, name, model_uri,
-                                                  evaluation["macro_f1"], arm)
+    registration: dict[str, Any] = tasks.register(
+        tracking, name, model_uri, evaluation["macro_f1"], evaluation["beats_class_prior"], arm)
     runlog.log_registration(arm, registration)
     return registration
 

@@ -13,18 +13,37 @@ from uuid import UUID
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 
 from preprocessing.config import ReshardConfig
 from preprocessing.executor import DaskConfig, dask_client
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.manifest import read_manifest
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
+from tracking.inference import split_uris as split_uris
 from tracking.registry import register_and_promote
 from tracking.run import finish_run
 from training.config import TrainConfig
 from training.launch import LaunchConfig, run_job
+from training.launch.failures import is_config_error
+
+
+def is_transient(_: Any, __: Any, state: State[Any]) -> bool:
+    """Retry a task only on a failure that may pass: not a config or data error
+    (training/launch/failures.py decides which is which, for the launcher as well)."""
+    try:
+        state.result()
+    except BaseException as error:
+        return not is_config_error(error)
+    return False
+
+
+# I/O tasks (object store, Dask, MLflow) retry a transient failure twice; a config or data
+# error fails once. `train` has its own retries in the launcher (job.retry), never here.
+TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
+                                     "retry_condition_fn": is_transient}
 
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
@@ -33,7 +52,7 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
-      task_run_name="reshard[{arm}]")
+      task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
 def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
             arm: str) -> dict[str, Any]:
     """Make the dataset version (a cache hit on its version id skips it entirely).
@@ -69,26 +88,32 @@ def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
     finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
-@task(cache_policy=NO_CACHE, task_run_name="register[{arm}]")
+@task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
 def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
-             arm: str) -> dict[str, Any]:
-    """Register a model version; it becomes champion only if it beats the current one."""
-    return register_and_promote(tracking, model_uri, name, score)
+             beats_baseline: bool, arm: str) -> dict[str, Any]:
+    """Register a model version; it becomes champion only if it beats the class-prior
+    baseline and the current champion."""
+    return register_and_promote(tracking, model_uri, name, score, beats_baseline)
 
 
-@task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]")
+@task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
-             arm: str) -> dict[str, Any]:
-    """Macro-F1 and per-class recall of one model on a held-out split."""
-    return evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
+             dask: DaskConfig, arm: str) -> dict[str, Any]:
+    """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
+    split, one task per shard on Dask, with the class-prior baseline."""
+    with dask_client(dask, storage=[dataset]) as client:
+        def dask_map(function: Any, uris: list[str]) -> list[Any]:
+            return list(client.gather(client.map(function, uris, pure=False)))
+
+        return evaluate_model(model_uri, tracking.tracking_uri, dataset, split, dask_map)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
-            feature_column: str, output_root: str, dask: DaskConfig) -> dict[str, Any]:
+            output_root: str, dask: DaskConfig) -> dict[str, Any]:
     """Map the model over the inputs on Dask; commit the predictions as a version."""
     transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
-                        id_column=id_column, feature_column=feature_column)
+                        id_column=id_column)
     spec = OutputSpec(id_column=id_column, label_column="predicted",
                       feature_columns=["probabilities"], classes=[],
                       config={"model_uri": model_uri, "inputs": inputs})
@@ -97,8 +122,3 @@ def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_colu
     return {"manifest_uri": location, "version_id": manifest.version_id,
             "num_rows": manifest.split("predictions").num_rows}
 
-
-def split_uris(dataset: str, split: str) -> list[str]:
-    """The shard URIs of a split of a version, read through its manifest."""
-    manifest, location = read_manifest(dataset)
-    return [shard_uri(location, entry) for entry in manifest.split(split).shards]

@@ -60,6 +60,7 @@ def test_evaluate_flow_scores_the_model_on_held_out_rows(first_run, params) -> N
     assert result["model"]["num_rows"] == manifest.split("holdout").num_rows
     assert 0 <= result["model"]["macro_f1"] <= 1
     assert result["model"] == result["baseline"]
+    assert result["model"]["class_prior_baseline"]["balanced_accuracy"] == pytest.approx(0.25)
 
 
 def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_path) -> None:
@@ -77,10 +78,9 @@ def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_pa
     inputs = pa.concat_tables(pq.read_table(shard_uri(source_location, s))
                               for s in source.split("holdout").shards)
     assert predictions.column("id").to_pylist() == inputs.column("id").to_pylist()
-    model, classes = load_classifier(model_uri, tracking.tracking_uri)
-    features = np.stack(inputs.column("features").to_numpy(zero_copy_only=False))
-    one_by_one = [classes[int(np.argmax(model.predict(row[None].astype(np.float32))))]
-                  for row in features]
+    model = load_classifier(model_uri, tracking.tracking_uri)
+    one_by_one = [model.classes[int(np.argmax(model.probabilities(inputs.slice(i, 1))))]
+                  for i in range(inputs.num_rows)]
     assert predictions.column("predicted").to_pylist() == one_by_one
 
 
