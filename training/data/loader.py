@@ -64,7 +64,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from preprocessing.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.cache import ShardCache
-from training.data.partition import EpochPlan, Recipe, Schedule, check_share, row_order
+from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
 from training.data.shards import Columns, Rows, ShardFiles, read_layout, read_row_group
 from training.data.wait import DataWaitMeter
@@ -285,10 +285,11 @@ class ShardStream(IterableDataset):
                 del groups[slot]
 
     def load_group(self, plan: EpochPlan, slot: int) -> ShuffledGroup:
-        """Read and decode the row group at `slot` of the plan, with its row order."""
+        """Read and decode the row group at `slot` of the plan."""
         group = int(plan.order[slot])
         rows = read_row_group(self.layout, group, self.columns, self.files)
-        return ShuffledGroup(rows, row_order(self.seed, plan.epoch, group, len(rows.label)))
+        # Rows are taken in file order: the recipe's window already shuffled them.
+        return ShuffledGroup(rows, np.arange(len(rows.label)))
 
     def record_progress(
         self, epoch: int, samples_consumed: int, world_size: int, rank_batches: int

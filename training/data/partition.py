@@ -3,8 +3,9 @@
 An epoch (seed, epoch) is planned from the manifest alone, in four steps:
 
 1. The split's row groups in a permuted order (`group_order`) form the *slot
-   sequence*: slot s holds row group `order[s]`, its rows in a permuted order
-   (`row_order`). Position x of the sequence is row x - start(s) of slot s.
+   sequence*: slot s holds row group `order[s]`, its rows in file order (the
+   reshard already wrote them in a random order; the window below shuffles them).
+   Position x of the sequence is row x - start(s) of slot s.
 2. The sequence is cut into `num_partitions` (P) contiguous spans, the partitions
    (Mosaic Streaming's canonical nodes). Their layout along the sequence is the
    digit reversal of p in the mixed radix of P's prime factors (the bit reversal
@@ -51,11 +52,6 @@ from training.data.shards import Layout
 def group_order(seed: int, epoch: int, num_groups: int) -> np.ndarray:
     """The permuted order in which an epoch visits the row groups of a split."""
     return np.random.default_rng([seed, epoch, 0, 0]).permutation(num_groups)
-
-
-def row_order(seed: int, epoch: int, group: int, num_rows: int) -> np.ndarray:
-    """The permuted order of the rows of row group `group` in an epoch."""
-    return np.random.default_rng([seed, epoch, 1, group]).permutation(num_rows)
 
 
 def check_share(num_partitions: int, world_size: int, num_workers: int) -> None:
@@ -109,7 +105,8 @@ def partition_rows(num_rows: int, batch_size: int, num_partitions: int) -> np.nd
 
 @dataclass(frozen=True)
 class Recipe:
-    """One batch of a consumer: its real rows by (slot, row), ascending by slot, then
+    """One batch of a consumer: its real rows by (slot, row), ascending (a batch's rows
+    are a set: gathered in file order, each group's rows are read in one forward pass), then
     `num_pad` copies of the row `pad` (weight 0); the slots to read before it, in order,
     and those to release after it."""
 
@@ -176,7 +173,7 @@ class EpochPlan:
         return self.partition_start[partition] + sources
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(slot, row within the slot's shuffled group) of slot-sequence positions."""
+        """(slot, row within the slot's row group) of slot-sequence positions."""
         slots = np.searchsorted(self.ends, positions, side="right")
         return slots, positions - self.starts[slots]
 
@@ -233,9 +230,8 @@ class Schedule:
     def recipe(self, batch: int, unit: int) -> Recipe:
         plan = self.plan
         positions = plan.unit_positions(unit) if unit < plan.num_units else np.empty(0, np.int64)
-        slots, rows = plan.locate(positions)
-        ascending = np.argsort(slots, kind="stable")
-        slots, rows = slots[ascending], rows[ascending]
+        ascending = np.sort(positions)  # by slot, then row: positions ascend with both
+        slots, rows = plan.locate(ascending)
         num_pad = plan.batch_size - len(slots)
         pad = plan.pad_row() if num_pad else None
         needed = np.unique(slots).tolist() + ([pad[0]] if pad else [])
