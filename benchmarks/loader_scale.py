@@ -27,6 +27,7 @@ distinct), the co-occurrence measure of the target.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -267,6 +268,7 @@ def on_s3(dataset: str) -> Iterator[str]:
 
     from preprocessing.manifest import read_manifest
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     endpoint = f"http://127.0.0.1:{server._server.server_port}"

@@ -162,15 +162,17 @@ class EpochPlan:
 
     def unit_positions(self, unit: int) -> np.ndarray:
         """Slot-sequence positions of the real rows of global unit `unit`, in stream order."""
-        partition, first = unit % self.num_partitions, unit // self.num_partitions * self.batch_size
-        offsets = np.arange(first, min(first + self.batch_size, self.partition_rows[partition]))
-        blocks = self.block_of(partition, offsets)
-        sources = np.empty_like(offsets)
-        for block in np.unique(blocks).tolist():
-            picked = blocks == block
-            lo = self.block_bounds(partition, block)[0]
-            sources[picked] = lo + self.block_order(partition, block)[offsets[picked] - lo]
-        return self.partition_start[partition] + sources
+        partition, row_unit = unit % self.num_partitions, unit // self.num_partitions
+        offset = row_unit * self.batch_size
+        stop = min(offset + self.batch_size, int(self.partition_rows[partition]))
+        parts = [np.empty(0, np.int64)]
+        while offset < stop:  # the unit's offsets ascend through one block or a few
+            block = int(self.block_of(partition, offset))
+            lo, hi = self.block_bounds(partition, block)
+            end = min(hi, stop)
+            parts.append(lo + self.block_order(partition, block)[offset - lo : end - lo])
+            offset = end
+        return self.partition_start[partition] + np.concatenate(parts)
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(slot, row within the slot's row group) of slot-sequence positions."""
@@ -234,7 +236,9 @@ class Schedule:
         slots, rows = plan.locate(ascending)
         num_pad = plan.batch_size - len(slots)
         pad = plan.pad_row() if num_pad else None
-        needed = np.unique(slots).tolist() + ([pad[0]] if pad else [])
+        first_of_run = np.ones(len(slots), bool)  # slots ascend: one run each
+        first_of_run[1:] = slots[1:] != slots[:-1]
+        needed = slots[first_of_run].tolist() + ([pad[0]] if pad else [])
         load = tuple(dict.fromkeys(s for s in needed if s not in self._live))
         for slot in load:
             self._live.add(slot)
