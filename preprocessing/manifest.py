@@ -35,7 +35,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from preprocessing.lineage import Delta, InputRecord
+from preprocessing.lineage import Delta, InputRecord, lineage_problem
 from preprocessing.storage import file_lock, is_local, write_atomically
 from preprocessing.storage import file_sha256 as file_sha256  # part of the contract's API
 
@@ -143,7 +143,7 @@ class Manifest:
         raw["rejected"] = [RejectedFile(**r) for r in raw.get("rejected", [])]
         raw["inputs"] = [InputRecord(**r) for r in raw.get("inputs", [])]
         raw["deltas"] = [Delta(**d) for d in raw.get("deltas", [])]
-        return check_manifest(cls(**raw), origin)
+        return check_contents(cls(**raw), origin)
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
@@ -189,35 +189,26 @@ def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
 
 
 def check_manifest(manifest: Manifest, location: str) -> Manifest:
-    """`manifest` (read from or bound for `location`) if its version id is one and names
-    its directory, every shard entry passes `check_entry`, and its lineage holds together
-    (`check_lineage`)."""
-    check_version_id(manifest.version_id, f"{location}: version_id")
+    """`manifest` (read from or bound for `location`) if its contents pass `check_contents`
+    and its version id names its directory."""
+    check_contents(manifest, location)
     if location.rsplit("/", 2)[-2:-1] != [f"v-{manifest.version_id}"]:
         raise ManifestError(f"{location}: manifest of version {manifest.version_id!r} is not "
                             f"in its directory 'v-{manifest.version_id}'")
-    for entry in (entry for split in manifest.splits.values() for entry in split.shards):
-        check_entry(entry, location)
-    return check_lineage(manifest, location)
+    return manifest
 
 
-def check_lineage(manifest: Manifest, location: str) -> Manifest:
-    """`manifest` if its own delta comes last, its parent is the delta before, and every
-    shard held elsewhere names an ancestor of its lineage (never itself, never another)."""
-    chain = [delta.version_id for delta in manifest.deltas]
-    if chain and chain[-1] != manifest.version_id:
-        raise ManifestError(f"{location}: the last delta names {chain[-1]!r}, not the "
-                            f"version {manifest.version_id!r} itself")
-    if manifest.parent_version is not None and chain[-2:-1] != [manifest.parent_version]:
-        raise ManifestError(f"{location}: parent_version {manifest.parent_version!r} is not "
-                            f"the delta before this version's in its lineage {chain}")
-    ancestors = set(chain[:-1])
-    for split in manifest.splits.values():
-        for entry in split.shards:
-            if entry.version is not None and entry.version not in ancestors:
-                raise ManifestError(
-                    f"{location}: shard {entry.path!r} is said to be in version "
-                    f"{entry.version!r}, which is not an ancestor in its lineage {chain}")
+def check_contents(manifest: Manifest, origin: str) -> Manifest:
+    """`manifest` if its version id is one, every shard entry passes `check_entry` and its
+    lineage holds together (`lineage_problem`); a copy kept elsewhere, such as a run's
+    artifact, is checked this far."""
+    check_version_id(manifest.version_id, f"{origin}: version_id")
+    entries = [entry for split in manifest.splits.values() for entry in split.shards]
+    for entry in entries:
+        check_entry(entry, origin)
+    if problem := lineage_problem(manifest.version_id, manifest.parent_version,
+                                  manifest.deltas, [(e.path, e.version) for e in entries]):
+        raise ManifestError(f"{origin}: {problem}")
     return manifest
 
 
@@ -268,7 +259,7 @@ def read_manifest(uri: str) -> tuple[Manifest, str]:
     except FileNotFoundError as error:
         raise ManifestError(f"{location}: manifest not found") from error
     try:
-        return Manifest.from_json(text, origin=location), location
+        return check_manifest(Manifest.from_json(text, origin=location), location), location
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
         raise ManifestError(f"{location}: malformed manifest ({error})") from error
 
