@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ import pytest
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.increment import InputsChanged
 from preprocessing.manifest import (
+    COMMIT_STEPS,
     CURRENT_NAME,
+    KILL_AT_ENV,
     CommitConflict,
     Manifest,
     file_lock,
@@ -33,9 +36,10 @@ from preprocessing.manifest import (
     version_dir,
 )
 from preprocessing.resample import holdout_mask
-from preprocessing.reshard import ReshardResult, run_reshard
+from preprocessing.reshard import ReshardResult, run_reshard, version_id_for
 from preprocessing.sample import SampleSpec, sample_table, write_sample
 from preprocessing.staging import STAGING_DIR
+from tests.preprocessing.test_kill import assert_committed, kill_session, output, start_reshard
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 
@@ -353,3 +357,26 @@ def test_a_child_that_loses_the_swap_is_withdrawn(base_version, dask_client) -> 
     assert isinstance(outcome.get("error"), CommitConflict)
     assert not written[0].parent.exists()
     assert (root / CURRENT_NAME).read_text().strip() == "another0version"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", COMMIT_STEPS)
+def test_a_child_killed_after_each_commit_step_is_finished_by_the_rerun(
+        step, base_version, tmp_path, dask_client) -> None:
+    """Fault: `python -m preprocessing` appending a night SIGKILLs itself right after `step`
+    of the commit. Invariants: until the rerun `_CURRENT` names the parent, or (after the
+    swap) the complete child; the rerun commits that child from the parent, `_CURRENT`
+    names it, every shard of the chain checks out, and no staging is left."""
+    raw, root, base = base_version
+    add_night(raw, 0)
+    config = config_for(raw, root)
+    child_id = version_id_for(config)
+    process = start_reshard(config, tmp_path, **{KILL_AT_ENV: step})
+    assert process.wait(timeout=300) == -signal.SIGKILL, output(tmp_path)[1]
+    kill_session(process)
+    expected = child_id if step == "swap" else base.manifest.version_id
+    assert read_current_version(str(root)) == expected
+    rerun = run_reshard(config, dask_client)
+    assert rerun.manifest.version_id == child_id
+    assert rerun.manifest.parent_version == base.manifest.version_id
+    assert_committed(root, child_id)
