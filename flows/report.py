@@ -38,6 +38,9 @@ def publish_dataset(manifest: Manifest) -> None:
          for name, split in manifest.splits.items()],
         key="shard-balance", description=f"dataset version {manifest.version_id}: shards and "
         "the fewest and most rows in one, per split")
+    create_markdown_artifact(increment_summary(manifest), key="increment",
+                             description=f"dataset version {manifest.version_id}: files read "
+                             "and skipped, shards reused from its parent")
 
 
 def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
@@ -64,6 +67,25 @@ def _description(result: dict[str, Any]) -> str:
     version = result.get("version_id") or result["training"].get("manifest_uri")
     return (f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
             f"and worst-class recall ({arms}), the registration and the MLflow run")
+
+
+def increment_summary(manifest: Manifest) -> str:
+    """Markdown: what this version read and what it took from its parent unread."""
+    if not manifest.deltas:
+        return f"# Dataset version {manifest.version_id}\n\n- no lineage recorded"
+    own = manifest.deltas[-1]
+    listed_bytes = sum(record.num_bytes for record in manifest.inputs)
+    reused = sum(entry.version is not None for entry in manifest.split("train").shards)
+    return "\n".join([
+        f"# Dataset version {manifest.version_id}", "",
+        f"- parent: {manifest.parent_version or 'none (a full reshard)'}; chain of "
+        f"{len(manifest.deltas)} versions",
+        f"- input files: {own.num_files} read (new), "
+        f"{len(manifest.inputs) - own.num_files} skipped of {len(manifest.inputs)}",
+        f"- input bytes: {own.num_bytes} read, {listed_bytes - own.num_bytes} skipped",
+        f"- training rows added: {own.added_rows()} of {manifest.split('train').num_rows}",
+        f"- training shards: {reused} reused from earlier versions, "
+        f"{len(manifest.split('train').shards) - reused} written"])
 
 
 def run_link_line(result: dict[str, Any], tracking_uri: str) -> str:

@@ -3,8 +3,9 @@
 `run_reshard(config)` is the whole stage; Dask only executes the pure steps of
 `scan`, `plan`, `resample` and `exchange`. The version id hashes the input
 listing, the config (minus settings that cannot change the output) and the code
-version, so re-running on unchanged inputs finds the committed manifest and
-does no work. Each run stages in its own attempt directory
+version (and a chain's child its parent's id: preprocessing/increment.py decides
+whether a run appends), so re-running on unchanged inputs finds the committed
+manifest and does no work. Each run stages in its own attempt directory
 (`preprocessing/staging.py`) and commits through `commit_version` (shards, the
 manifest last, then `_CURRENT`): a run killed at any point leaves no visible
 version, and the rerun finishes whatever step it died after.
@@ -36,7 +37,18 @@ from preprocessing.exchange import (
     write_shards,
 )
 from preprocessing.executor import DaskConfig, Executor, dask_client
+from preprocessing.increment import (
+    Increment,
+    append_to,
+    check_schema,
+    commit_following,
+    delta_of,
+    earlier_scans,
+    input_records,
+    plan_increment,
+)
 from preprocessing.manifest import (
+    Delta,
     Manifest,
     ManifestError,
     RejectedFile,
@@ -67,10 +79,6 @@ from preprocessing.scan import (
 from preprocessing.staging import VersionAttempt, collect_expired
 from preprocessing.waves import Progress, StageProgress, run_in_waves
 
-# Settings that change how fast or where a version is made, never what is in it.
-_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root", "exchange_task_bytes", "exchange_fan_in",
-                          "exchange_rounds", "max_tasks_in_flight"}
-
 
 class TooManyRejected(RuntimeError):
     """More input files were bad than `max_rejected_fraction` allows."""
@@ -78,23 +86,37 @@ class TooManyRejected(RuntimeError):
 
 @dataclass(frozen=True)
 class ReshardResult:
-    """The committed version, where its manifest is, and whether this run made it."""
+    """The committed version, where its manifest is, whether this run made it, and how
+    it relates to the version that was current (`how`: full, appended, reused, and why)."""
 
     manifest: Manifest
     manifest_uri: str
     reused: bool
+    how: str = ""
 
 
-def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
-    """Hash of inputs + output-relevant config + code version (16 hex digits)."""
-    settings = config.model_dump(mode="json", exclude=_OUTPUT_NEUTRAL_FIELDS)
-    payload = json.dumps([fingerprint, settings, code_version()], sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+def compute_version_id(fingerprint: str, config: ReshardConfig, parent: str | None = None) -> str:
+    """Hash of inputs + output-relevant config + code version (+ a child's parent id), 16
+    hex digits: a flat version's id never depends on the chain it replaces."""
+    payload = [fingerprint, config.output_settings(), code_version(), *([parent] if parent else [])]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def version_id_for(config: ReshardConfig) -> str:
-    """The id the version of `config` has or will have: lists the inputs, reads no data."""
-    return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
+    """The id the version of `config` has or will have: lists the inputs and reads the
+    current manifest (in `incremental` mode), reads no data."""
+    files = list_inputs(config.dataset)
+    fingerprint = fingerprint_inputs(files)
+    increment = plan_increment(config, files, fingerprint,
+                               read_current_version(config.output_root))
+    return _version_id(fingerprint, config, increment)
+
+
+def _version_id(fingerprint: str, config: ReshardConfig, increment: Increment) -> str:
+    if increment.kind == "reuse" and increment.parent is not None:
+        return increment.parent.version_id
+    parent = increment.parent.version_id if increment.parent is not None else None
+    return compute_version_id(fingerprint, config, parent if increment.kind == "append" else None)
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -112,39 +134,52 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
     a dead attempt) is finished first.
     """
+    root = config.output_root
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
-    version_id = compute_version_id(fingerprint, config)
-    previous = read_current_version(config.output_root)
-    existing = _committed(config.output_root, version_id)
+    previous = read_current_version(root)
+    increment = plan_increment(config, files, fingerprint, previous)
+    version_id = _version_id(fingerprint, config, increment)
+    existing = _committed(root, version_id)
     if existing is not None:
-        collect_expired(config.output_root)
-        commit = commit_version(config.output_root, existing, expected=previous)
-        return ReshardResult(commit.manifest, commit.location, reused=True)
-    with VersionAttempt(config.output_root, version_id) as attempt:
-        manifest = _make_version(config, files, fingerprint, attempt, executor, progress)
-        commit = attempt.commit(manifest, expected=previous)
-    return ReshardResult(commit.manifest, commit.location, reused=not commit.written)
+        collect_expired(root)
+        commit = commit_following(root, existing, previous, lambda expected: commit_version(
+            root, existing, expected=expected))
+        return ReshardResult(commit.manifest, commit.location, True, increment.reason)
+    with VersionAttempt(root, version_id) as attempt:
+        manifest = _make_version(config, files, increment, fingerprint, attempt, executor,
+                                 progress)
+        commit = commit_following(root, manifest, previous, lambda expected: attempt.commit(
+            manifest, expected=expected))
+    return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
 
 
-def _make_version(config: ReshardConfig, files: list[Any], fingerprint: str,
-                  attempt: VersionAttempt, executor: Executor | None,
+def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
+                  fingerprint: str, attempt: VersionAttempt, executor: Executor | None,
                   progress: Progress | None) -> Manifest:
-    """Scan, plan, exchange and write the shards into `attempt`; the version's manifest."""
+    """Scan, plan, exchange and write the shards into `attempt` (of every input, or of the
+    new files when appending); the version's manifest."""
     timings: dict[str, float] = {}
+    parent = increment.parent if increment.kind == "append" else None
+    files = increment.new_files if parent else files
+    earlier = earlier_scans(parent) if parent else []
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as dask:
-        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
-        features = feature_state(scans, config.dataset)
+        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
+        features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
+        if parent:
+            check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
         staging = _timed(timings, "exchange_s", lambda: _exchange(
             dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, staging, schema, config, attempt, progress))
-    return _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
-                     timings, features)
+    delta = delta_of(attempt.version_id, parent, scans, len(pieces), plans)
+    manifest = _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
+                         timings, features, delta)
+    return append_to(parent, manifest, _json_sort_key) if parent else manifest
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -161,8 +196,10 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _scan(dask: Client, files: list[Any], config: ReshardConfig,
-          progress: Progress | None) -> list[FileScan]:
+def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progress | None,
+          earlier: list[FileScan]) -> list[FileScan]:
+    """Scan `files`; the checks across files also see the `earlier` files of a parent
+    (preprocessing/increment.py), whose ids are read again only where ranges overlap."""
     # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
     threads = max(1, sum(dask.nthreads().values()))
@@ -183,8 +220,9 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
             f"{len(rejected)} of {len(scans)} input files rejected, more than "
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
         )
-    check_classes(scans, config.dataset)
-    groups = overlapping_id_groups(scans)
+    check_classes([*scans, *earlier], config.dataset)
+    new = {scan.file.uri for scan in scans}
+    groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
     found = dask.gather(dask.map(duplicate_ids, groups, id_column=config.dataset.id_column,
                                  pure=False)) if groups else []
     if any(found):
@@ -359,7 +397,7 @@ def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, 
 
 def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: list[FileScan],
               schema: pa.Schema, plans: dict[str, SplitPlan], splits: dict[str, SplitEntry],
-              timings: dict[str, float], features: dict[str, Any]) -> Manifest:
+              timings: dict[str, float], features: dict[str, Any], delta: Delta) -> Manifest:
     input_classes, input_sources = _input_histograms(scans)
     train = plans["train"]
     # Every class of any split: a class whose rows were all held out is still one the
@@ -379,7 +417,8 @@ def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: l
         input_source_counts=input_sources,
         rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
         features=features,
-        timings_s=timings, code_version=code_version(),
+        timings_s=timings, code_version=code_version(), inputs=input_records(scans),
+        deltas=[delta],
     )
 
 
