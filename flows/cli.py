@@ -43,20 +43,6 @@ def presets_help() -> str:
     return "\n".join(lines)
 
 
-def describe_error(error: Exception) -> str:
-    """One line per problem; a validation error as `field.path: message (got value)`,
-    without pydantic's links to its documentation."""
-    if not isinstance(error, ValidationError):
-        return str(error)
-    lines = [f"invalid {error.title} ({error.error_count()} problem(s)):"]
-    for problem in error.errors(include_url=False):
-        field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        value = problem.get("input")
-        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
-        lines.append(f"  {field}: {problem['msg']}{shown}")
-    return "\n".join(lines)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
