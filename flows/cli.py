@@ -28,6 +28,33 @@ import yaml
 from pydantic import ValidationError
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
+# flows.params.PRESETS_DIR; not imported from there, which would load every config model
+# (and seconds of imports) before `--help` can answer.
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def presets_help() -> str:
+    """The shipped presets, each with the first line of its header comment."""
+    lines = ["presets (--config NAME; or give any YAML file):"]
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        header = next((line for line in path.read_text().splitlines()
+                       if line.startswith("#")), "#")
+        lines.append(f"  {path.stem:<16} {header.lstrip('# ').rstrip(' :->')}")
+    return "\n".join(lines)
+
+
+def describe_error(error: Exception) -> str:
+    """One line per problem; a validation error as `field.path: message (got value)`,
+    without pydantic's links to its documentation."""
+    if not isinstance(error, ValidationError):
+        return str(error)
+    lines = [f"invalid {error.title} ({error.error_count()} problem(s)):"]
+    for problem in error.errors(include_url=False):
+        field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        value = problem.get("input")
+        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+        lines.append(f"  {field}: {problem['msg']}{shown}")
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="generate a skewed sample and run the pipeline")
     demo.add_argument("--work-dir", default="demo-output", help="where everything is written")
     demo.add_argument("--rows", type=int, default=120_000, help="rows of generated raw data")
-    run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset")
+    run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset",
+                              epilog=presets_help(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("flow", choices=FLOW_NAMES, help="the flow to run")
     _config_arguments(run)
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -108,10 +137,11 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         return describe_version(args.dataset)
     from prefect import serve
 
-    from flows.deployments import build_deployments
+    from flows.deployments import build_deployments, serve_stopped_message
 
-    serve(*build_deployments(args.work_dir))
-    return None
+    deployments = build_deployments(args.work_dir)
+    serve(*deployments)  # returns once interrupted (Ctrl-C, SIGTERM)
+    return serve_stopped_message(deployments)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

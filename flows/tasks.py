@@ -1,5 +1,7 @@
 """Prefect tasks: each calls one function of preprocessing/, training/ or tracking/ and
-passes URIs and small dicts, never data. Names are those of the functions they wrap."""
+passes URIs and small dicts, never data. A task run is named by what it does and for which
+arm of the pipeline (`reshard[natural-mix]`, `train[rebalanced]`), so the two arms can be told
+apart in the Prefect UI; the results come back as values that the flows log."""
 
 from __future__ import annotations
 
@@ -50,12 +52,14 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
-      **TRANSIENT_RETRIES)
-def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[str, Any]:
+      task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
+def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
+            arm: str) -> dict[str, Any]:
     """Make the dataset version (a cache hit on its version id skips it entirely).
     `version_id` is `version_id_for(config)`, computed once by the caller: listing a
     large input is not free."""
-    progress_id = create_progress_artifact(0.0, description="reshard: scan, exchange, write")
+    progress_id = create_progress_artifact(
+        0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
     def report(stage: str, done: int, total: int) -> None:
@@ -68,33 +72,33 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[st
             "reused": result.reused}
 
 
-@task(cache_policy=NO_CACHE)
-def train(config: TrainConfig, job: LaunchConfig) -> dict[str, Any]:
+@task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
+def train(config: TrainConfig, job: LaunchConfig, arm: str = "adhoc") -> dict[str, Any]:
     """Run the training job through its launcher, which pins the dataset version and the
     MLflow run and retries under `job.retry`, each retry resuming. The task itself is
     never retried, so retries do not multiply."""
     return run_job(config, job)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="close-run[{arm}]")
 def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
-              manifest_uri: str, checkpoint_uri: str) -> None:
+              manifest_uri: str, checkpoint_uri: str, arm: str) -> None:
     """Attach the summary, plots and checkpoints to the run and mark it finished."""
     manifest, _ = read_manifest(manifest_uri)
     finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
-@task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
 def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
-             beats_baseline: bool) -> dict[str, Any]:
+             beats_baseline: bool, arm: str) -> dict[str, Any]:
     """Register a model version; it becomes champion only if it beats the class-prior
     baseline and the current champion."""
     return register_and_promote(tracking, model_uri, name, score, beats_baseline)
 
 
-@task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
-             dask: DaskConfig) -> dict[str, Any]:
+             dask: DaskConfig, arm: str) -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
     split, one task per shard on Dask, with the class-prior baseline."""
     with dask_client(dask, storage=[dataset]) as client:
