@@ -9,6 +9,8 @@ could not be sent is kept on local disk (tracking/spool.py) and sent later.
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 import urllib.error
 import urllib.request
@@ -44,7 +46,8 @@ def is_reachable(tracking_uri: str) -> bool:
     below 500 counts: a 401 behind authentication is a server that is up)."""
     if not is_server(tracking_uri):
         return True
-    probe = f"{without_credentials(tracking_uri).rstrip('/')}/health"
+    probe = urllib.request.Request(f"{without_credentials(tracking_uri).rstrip('/')}/health",
+                                   headers=auth_headers())
     try:
         with urllib.request.urlopen(probe, timeout=PROBE_TIMEOUT_S):
             return True
@@ -52,6 +55,17 @@ def is_reachable(tracking_uri: str) -> bool:
         return answer.code < 500
     except OSError:
         return False
+
+
+def auth_headers() -> dict[str, str]:
+    """Basic auth from MLflow's own variables, so the probe authenticates as the client
+    does (a proxy that counts unauthenticated requests sees none from ballast)."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user or password is None:
+        return {}
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
 
 
 def wait_until_reachable(tracking_uri: str, wait_s: float) -> bool:
