@@ -18,6 +18,8 @@ from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
 
+from preprocessing.secrets import split_credentials
+
 PROBE_TIMEOUT_S = 5.0
 _RETRY_CODES = {"REQUEST_LIMIT_EXCEEDED", "TEMPORARILY_UNAVAILABLE"}
 # uri -> when a wait for it last ran out: waits soon after probe once only, so a job's end
@@ -47,7 +49,7 @@ def is_reachable(tracking_uri: str) -> bool:
     if not is_server(tracking_uri):
         return True
     probe = urllib.request.Request(f"{without_credentials(tracking_uri).rstrip('/')}/health",
-                                   headers=auth_headers())
+                                   headers=auth_headers(tracking_uri))
     try:
         with urllib.request.urlopen(probe, timeout=PROBE_TIMEOUT_S):
             return True
@@ -57,11 +59,13 @@ def is_reachable(tracking_uri: str) -> bool:
         return False
 
 
-def auth_headers() -> dict[str, str]:
-    """Basic auth from MLflow's own variables, so the probe authenticates as the client
-    does (a proxy that counts unauthenticated requests sees none from ballast)."""
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-    password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
+def auth_headers(tracking_uri: str) -> dict[str, str]:
+    """Basic auth from the URI's user and password, else MLflow's own variables, so the
+    probe authenticates as the client does (no unauthenticated request from ballast)."""
+    _, user, password = split_credentials(tracking_uri)
+    if user is None:
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
     if not user or password is None:
         return {}
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
