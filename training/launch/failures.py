@@ -8,6 +8,11 @@ launcher intact (torchrun reports any failed rank as 1, sbatch and a PyTorchJob
 only that the job failed), so the launcher reads the causes from those logs, which
 lie under `output_dir` where every node writes. Such an error repeats on every
 attempt: the retry policy never retries it (training/launch/config.py).
+
+A rank that wrote its log waits (at most PEER_LOG_WAIT_S) for the logs of its peers
+before it exits: torchrun stops the other ranks as soon as one exits, so without
+this wait the launcher would see one rank's cause where every rank had the same
+error, and could not tell a deterministic error from one rank's fault.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any
 
@@ -25,6 +31,7 @@ from preprocessing.secrets import redact
 CONFIG_ERROR_STATUS = 2
 ERRORS_DIR = "errors"
 MAX_CAUSE_CHARS = 600
+PEER_LOG_WAIT_S = 10.0
 
 
 class TrainingFailed(RuntimeError):
@@ -82,7 +89,22 @@ def report_config_error(error: BaseException, output_dir: str | None) -> int:
     trace = "".join(traceback.format_exception(error))
     fs.pipe_file(path, f"{cause}\n\n{redact(trace)}".encode())
     print(f"config or data error on rank {rank}: {cause} (traceback: {uri})", file=sys.stderr)
+    if output_dir is not None:
+        wait_for_peer_logs(output_dir, int(os.environ.get("WORLD_SIZE", "1")))
     return CONFIG_ERROR_STATUS
+
+
+def wait_for_peer_logs(output_dir: str, world_size: int,
+                       timeout_s: float = PEER_LOG_WAIT_S) -> None:
+    """Return once every rank's error log exists, or after `timeout_s` (a rank that did
+    not fail never writes one, and is stopped by torchrun when this rank exits)."""
+    fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(fs.glob(f"{path}/rank-*.log")) >= world_size:
+            return
+        fs.invalidate_cache()
+        time.sleep(0.2)
 
 
 def read_config_errors(output_dir: str) -> list[str]:
