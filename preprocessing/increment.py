@@ -83,7 +83,7 @@ class Increment:
     new_files: list[InputFile] = field(default_factory=list)
 
 
-def plan_increment(config: ReshardConfig, files: list[InputFile], fingerprint: str,
+def plan_increment(config: ReshardConfig, files: list[InputFile],
                    current: str | None) -> Increment:
     """Decide from the listing and the manifest of the `current` version alone (no data
     read); InputsChanged when a change is found and `on_changed_inputs` is `refuse`."""

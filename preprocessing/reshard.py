@@ -105,8 +105,7 @@ def version_id_for(config: ReshardConfig) -> str:
     current manifest (in `incremental` mode), reads no data."""
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
-    increment = plan_increment(config, files, fingerprint,
-                               read_current_version(config.output_root))
+    increment = plan_increment(config, files, read_current_version(config.output_root))
     return _version_id(fingerprint, config, increment)
 
 
@@ -130,13 +129,14 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     local cluster of `config.num_workers` processes. `progress(stage, done, total)` is
     called as tasks finish (an orchestrator shows it). A version found committed is
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
-    a dead attempt) is finished first.
+    a dead attempt) is finished first. In `mode: incremental` a run that can append reads
+    only the files new since the current version (preprocessing/increment.py).
     """
     root = config.output_root
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
     previous = read_current_version(root)
-    increment = plan_increment(config, files, fingerprint, previous)
+    increment = plan_increment(config, files, previous)
     version_id = _version_id(fingerprint, config, increment)
     existing = _committed(root, version_id)
     if existing is not None:
