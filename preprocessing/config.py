@@ -14,7 +14,9 @@ NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 # flat version holds: the chain settings decide whether a run appends, and a child's id
 # hashes its parent's instead (preprocessing/reshard.py: compute_version_id).
 OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "mode", "on_changed_inputs",
-                                   "max_chain_length", "max_small_shard_fraction"})
+                                   "max_chain_length", "max_small_shard_fraction",
+                                   "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",
+                                   "max_tasks_in_flight"})
 
 
 class DatasetSpec(BaseModel):
@@ -133,6 +135,20 @@ class ReshardConfig(BaseModel):
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
     num_workers: int = Field(2, gt=0, description="Dask worker processes of a local cluster.")
+    # The exchange's shape (docs/architecture.md 3, M24): how fast and in how many requests a
+    # version is made, never what is in it, so none of these changes the version id.
+    exchange_task_bytes: int = Field(
+        64 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "
+        "pieces are grouped up to this size; merge and write tasks hold about as much.")
+    exchange_fan_in: int | None = Field(
+        None, ge=2, description="Most staged objects a merge or write task reads from; None: "
+        "exchange_task_bytes / 1 MiB, between 2 and 64 (a merge read is task bytes / fan-in).")
+    exchange_rounds: int | None = Field(
+        None, ge=1, description="Rounds of reads of staged objects: 1 = the shard writes read "
+        "the map outputs; None: the fewest whose reads stay within the fan-in.")
+    max_tasks_in_flight: int | None = Field(
+        None, gt=0, description="Tasks submitted to Dask and not yet done, at most; None: "
+        "4 per worker thread, at least 8.")
     # How a run relates to the version `_CURRENT` names (preprocessing/increment.py).
     mode: Literal["full", "incremental"] = Field(
         "full", description="`full`: reshard every input into one flat version (run it to "

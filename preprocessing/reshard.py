@@ -15,24 +15,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from distributed import Client, as_completed
-from tqdm import tqdm
+from distributed import Client
 
 from preprocessing.config import ReshardConfig
 from preprocessing.exchange import (
     DERIVED_SOURCE_COLUMN,
-    Bucket,
+    Destinations,
+    MapTask,
     PieceTask,
-    map_piece,
-    reduce_shard,
+    Staging,
+    map_pieces,
+    merge_task,
+    staged_schema,
+    write_shards,
 )
 from preprocessing.executor import DaskConfig, Executor, dask_client
 from preprocessing.increment import (
@@ -61,6 +63,7 @@ from preprocessing.manifest import (
 )
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.profile import InputError
+from preprocessing.rounds import ExchangeLayout, group_pieces, plan_exchange
 from preprocessing.scan import (
     FileScan,
     check_classes,
@@ -74,8 +77,7 @@ from preprocessing.scan import (
     scan_file,
 )
 from preprocessing.staging import VersionAttempt, collect_expired
-
-Progress = Callable[[str, int, int], None]
+from preprocessing.waves import Progress, StageProgress, run_in_waves
 
 
 class TooManyRejected(RuntimeError):
@@ -170,10 +172,10 @@ def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
         if parent:
             check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        buckets = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, config, attempt, progress))
+        staging = _timed(timings, "exchange_s", lambda: _exchange(
+            dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, buckets, schema, config, attempt, progress))
+            dask, plans, staging, schema, config, attempt, progress))
     delta = delta_of(attempt.version_id, parent, scans, len(pieces), plans)
     manifest = _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
                          timings, features, delta)
@@ -194,26 +196,23 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _progress(futures: list[Any], stage: str, progress: Progress | None) -> list[Any]:
-    """Gather futures in submission order; a progress bar when run from a terminal, and
-    `progress(stage, done, total)` for an orchestrator."""
-    bar = tqdm(total=len(futures), desc=stage, unit="task", disable=not sys.stderr.isatty())
-    for done, _ in enumerate(as_completed(futures), start=1):
-        bar.update(1)
-        if progress is not None:
-            progress(stage, done, len(futures))
-    bar.close()
-    return [future.result() for future in futures]
-
-
 def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progress | None,
           earlier: list[FileScan]) -> list[FileScan]:
     """Scan `files`; the checks across files also see the `earlier` files of a parent
     (preprocessing/increment.py), whose ids are read again only where ranges overlap."""
-    futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction,
-                       max_piece_rows=config.max_piece_rows, pure=False)
-    scans = check_schemas(_progress(futures, "scan", progress))
+    # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
+    # file (5,000 files of 58 KB: 47 s one task each, on two workers).
+    threads = max(1, sum(dask.nthreads().values()))
+    bounds = group_pieces(np.array([f.num_bytes for f in files]), config.exchange_task_bytes,
+                          4 * threads).tolist()
+    counter = StageProgress("scan", len(bounds) - 1, progress)
+    groups = run_in_waves(dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
+                          len(bounds) - 1, _in_flight(config, threads), counter,
+                          spec=config.dataset, seed=config.seed,
+                          holdout_fraction=config.holdout_fraction,
+                          max_piece_rows=config.max_piece_rows)
+    counter.close()
+    scans = check_schemas([scan for group in groups for scan in group])
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
         details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
@@ -229,6 +228,14 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progr
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
+
+
+def _in_flight(config: ReshardConfig, threads: int) -> int:
+    return config.max_tasks_in_flight or max(8, 4 * threads)
+
+
+def _scan_files(files: list[Any], **settings: Any) -> list[FileScan]:
+    return [scan_file(file, **settings) for file in files]
 
 
 def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
@@ -267,51 +274,111 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
-                 pieces: list[tuple[int, int]], staging: str) -> list[PieceTask]:
-    tasks = []
-    for piece, (scan_index, index_in_file) in enumerate(pieces):
-        scan = scans[scan_index]
-        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
-        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        tasks.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
-                               offsets, staging))
-    return tasks
-
-
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], config: ReshardConfig, attempt: VersionAttempt,
-              progress: Progress | None) -> list[Bucket]:
-    # Map tasks need the layout, not every piece's offsets: ship that once per worker.
-    slim = {name: _without_offsets(plan) for name, plan in plans.items()}
-    shared = dask.scatter(slim, broadcast=True)
-    tasks = _piece_tasks(scans, plans, pieces, attempt.uri)
-    futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction, pure=False)
-    return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
+              pieces: list[tuple[int, int]], schema: pa.Schema, config: ReshardConfig,
+              staging_uri: str, progress: Progress | None) -> Staging:
+    """The map round and any merge rounds; tasks get piece lists or two integers, and the
+    driver keeps nothing per staged object."""
+    destinations = _destinations(plans, schema)
+    threads = max(1, sum(dask.nthreads().values()))
+    layout = exchange_layout(scans, plans, pieces, config, threads)
+    staging = Staging(staging_uri, layout, destinations.schema)
+    limit = _in_flight(config, threads)
+    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
+    # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
+    first_rows = _piece_rows(scans, pieces)[0]
+    tasks = ((_map_task(scans, plans, pieces, first_rows, staging, task),)
+             for task in range(layout.num_map_tasks))
+    run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
+                 destinations=dask.scatter(destinations, broadcast=True, hash=False),
+                 spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
+    shared = dask.scatter(staging, broadcast=True, hash=False)
+    for index in range(1, len(layout.rounds)):
+        run_in_waves(dask, merge_task, ((index, task) for task in range(
+            layout.rounds[index].num_objects)), layout.rounds[index].num_objects, limit,
+            counter, staging=shared)
+    counter.close()
+    return staging
 
 
-def _without_offsets(plan: SplitPlan) -> SplitPlan:
-    return replace(plan, piece_offsets={})
+def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
+                    pieces: list[tuple[int, int]], config: ReshardConfig,
+                    threads: int) -> ExchangeLayout:
+    """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
+    _, rows, piece_bytes = _piece_rows(scans, pieces)
+    # Bytes per output row as stored in the input: what sizes a shard's write task.
+    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
+    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
+    return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
+                         min_tasks=4 * threads, fan_in=config.exchange_fan_in,
+                         rounds=config.exchange_rounds)
 
 
-def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
+def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
+    """Destinations are the shards of every split, numbered one split after the other."""
+    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
+                     strict=False))
+    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
+    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
+                        staged_schema(schema))
+
+
+def _piece_rows(scans: list[FileScan],
+                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first row in its file, rows, input bytes) of every piece; a piece's bytes are its
+    file's in proportion to its rows."""
+    first, rows, sizes = (np.empty(len(pieces), dtype=dtype)
+                          for dtype in (np.int64, np.int64, np.float64))
+    start = 0
+    while start < len(pieces):  # one file's pieces at a time: they are consecutive
+        scan = scans[pieces[start][0]]
+        count = len(scan.piece_rows)
+        rows[start:start + count] = scan.piece_rows
+        first[start:start + count] = np.cumsum(scan.piece_rows) - scan.piece_rows
+        sizes[start:start + count] = (scan.file.num_bytes * rows[start:start + count]
+                                      / max(1, int(rows[start:start + count].sum())))
+        start += count
+    return first, rows, sizes
+
+
+def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
+              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
+    members = []
+    bounds = staging.layout.map_bounds
+    for piece in range(int(bounds[task]), int(bounds[task + 1])):
+        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
+        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
+        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
+                                 scan.piece_rows[index_in_file], offsets))
+    return MapTask(members, staging.object(0, task))
+
+
+def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
             config: ReshardConfig, attempt: VersionAttempt,
             progress: Progress | None) -> dict[str, SplitEntry]:
-    by_shard: dict[tuple[str, int], list[Bucket]] = {}
-    for bucket in buckets:
-        by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
-    futures, names = [], []
-    for split, plan in plans.items():
-        for shard, rows in enumerate(plan.shard_rows()):
-            uri = attempt.shard_uri(shard_name(split, shard))
-            futures.append(dask.submit(
-                reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
-                config.dataset, config.rows_per_row_group, pure=False))
-            names.append(split)
-    entries = _progress(futures, "write", progress)
-    return {split: _split_entry([e for e, n in zip(entries, names, strict=True) if n == split])
-            for split in plans}
+    """Write tasks over runs of consecutive shards, each reading one range of each of the
+    last round's objects that cover them."""
+    shards = _shard_jobs(plans, attempt)
+    bounds = staging.layout.write_bounds.tolist()
+    tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
+    threads = max(1, sum(dask.nthreads().values()))
+    counter = StageProgress("write", len(tasks), progress)
+    entries = run_in_waves(dask, write_shards, tasks, len(tasks), _in_flight(config, threads),
+                           counter,
+                           staging=dask.scatter(staging, broadcast=True, hash=False),
+                           schema=dask.scatter(schema, broadcast=True, hash=False),
+                           spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
+    counter.close()
+    flat = iter([entry for group in entries for entry in group])
+    return {split: _split_entry([next(flat) for _ in range(plan.num_shards)])
+            for split, plan in plans.items()}
+
+
+def _shard_jobs(plans: dict[str, SplitPlan], attempt: VersionAttempt) -> list[tuple[int, str]]:
+    """(planned rows, URI the attempt writes it to) of every shard, in destination order."""
+    return [(int(rows), attempt.shard_uri(shard_name(split, shard)))
+            for split, plan in plans.items()
+            for shard, rows in enumerate(plan.shard_rows())]
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
