@@ -43,20 +43,6 @@ def presets_help() -> str:
     return "\n".join(lines)
 
 
-def describe_error(error: Exception) -> str:
-    """One line per problem; a validation error as `field.path: message (got value)`,
-    without pydantic's links to its documentation."""
-    if not isinstance(error, ValidationError):
-        return str(error)
-    lines = [f"invalid {error.title} ({error.error_count()} problem(s)):"]
-    for problem in error.errors(include_url=False):
-        field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        value = problem.get("input")
-        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
-        lines.append(f"  {field}: {problem['msg']}{shown}")
-    return "\n".join(lines)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,15 +158,21 @@ def one_line(error: BaseException, max_chars: int = 600) -> str:
     """The cause on one line: each invalid field with its message (no documentation
     links), or the error's message up to a launcher's output tail."""
     if isinstance(error, ValidationError):
-        fields = [f"{'.'.join(str(p) for p in item['loc']) or 'config'}: {item['msg']}"
-                  + (f" (got {item['input']!r})" if item["type"] != "missing" else "")
-                  for item in error.errors(include_url=False)]
-        text = f"invalid config: {'; '.join(fields)}"
+        text = f"invalid {error.title} ({error.error_count()} problem(s)): " + "; ".join(
+            field_problem(problem) for problem in error.errors(include_url=False))
     else:
         message = str(error).split("\n--- last output ---", 1)[0]
         text = " ".join(line.strip() for line in message.splitlines() if line.strip())
         text = text or type(error).__name__
     return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+
+
+def field_problem(problem: Any) -> str:
+    """`field.path: message (got value)`, the value shown when it is a scalar."""
+    field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+    value = problem.get("input")
+    shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+    return f"{field}: {problem['msg']}{shown}"
 
 
 def write_error_log(command: str, error: BaseException) -> Path:

@@ -9,12 +9,16 @@ could not be sent is kept on local disk (tracking/spool.py) and sent later.
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
+
+from preprocessing.secrets import split_credentials
 
 PROBE_TIMEOUT_S = 5.0
 _RETRY_CODES = {"REQUEST_LIMIT_EXCEEDED", "TEMPORARILY_UNAVAILABLE"}
@@ -44,7 +48,8 @@ def is_reachable(tracking_uri: str) -> bool:
     below 500 counts: a 401 behind authentication is a server that is up)."""
     if not is_server(tracking_uri):
         return True
-    probe = f"{without_credentials(tracking_uri).rstrip('/')}/health"
+    probe = urllib.request.Request(f"{without_credentials(tracking_uri).rstrip('/')}/health",
+                                   headers=auth_headers(tracking_uri))
     try:
         with urllib.request.urlopen(probe, timeout=PROBE_TIMEOUT_S):
             return True
@@ -52,6 +57,19 @@ def is_reachable(tracking_uri: str) -> bool:
         return answer.code < 500
     except OSError:
         return False
+
+
+def auth_headers(tracking_uri: str) -> dict[str, str]:
+    """Basic auth from the URI's user and password, else MLflow's own variables, so the
+    probe authenticates as the client does (no unauthenticated request from ballast)."""
+    _, user, password = split_credentials(tracking_uri)
+    if user is None:
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user or password is None:
+        return {}
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
 
 
 def wait_until_reachable(tracking_uri: str, wait_s: float) -> bool:

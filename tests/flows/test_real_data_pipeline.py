@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from flows.arms import NATURAL_MIX
 from flows.params import InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
@@ -72,7 +73,7 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> 
     import mlflow
 
     work, frame, tracking, result = wine_run
-    scores = result["evaluations"]["rebalanced"]
+    scores = result["evaluations"][NATURAL_MIX]  # trained on the natural mix
     assert scores["beats_class_prior"] and scores["macro_f1"] >= 0.8
     assert result["registration"]["alias"] == "champion"
     out = batch_inference_flow(InferenceParams(

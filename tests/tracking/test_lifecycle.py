@@ -88,9 +88,8 @@ def test_tracked_jobs_register_champion_then_challenger(tiny_raw, tmp_path, dask
     champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     manifest, location = read_manifest(result.manifest_uri)
     shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
-    features = np.stack(shard.column("features").to_numpy(zero_copy_only=False))
-    logits = np.asarray(champion.predict(features.astype(np.float32)))
-    assert logits.shape == (shard.num_rows, len(manifest.classes))
+    served = champion.predict(shard.select(manifest.feature_columns).to_pandas())
+    assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
     for run_id in (good_run, bad_run):
         logged = client.get_run(run_id).data
         everything = json.dumps([logged.params, logged.tags]) + all_artifact_text(client, run_id)

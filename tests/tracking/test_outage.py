@@ -100,13 +100,14 @@ def assert_complete(client: MlflowClient, run_id: str, summary: dict[str, Any],
 
 
 def assert_predicts(tracking_uri: str, model_uri: str, manifest_uri: str) -> None:
-    """The model loads from the server and gives one row of class logits per input row."""
+    """The model loads from the server and gives a label and one probability per class for
+    each raw input row."""
     mlflow.set_tracking_uri(tracking_uri)
     manifest, location = read_manifest(manifest_uri)
     shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
-    features = np.stack(shard.column("features").to_numpy(zero_copy_only=False))
-    logits = np.asarray(mlflow.pyfunc.load_model(model_uri).predict(features.astype("float32")))
-    assert logits.shape == (shard.num_rows, len(manifest.classes))
+    served = mlflow.pyfunc.load_model(model_uri).predict(
+        shard.select(manifest.feature_columns).to_pandas())
+    assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
 
 
 def test_outage_mid_run_costs_time_only(tiny_raw, tmp_path, dask_client) -> None:

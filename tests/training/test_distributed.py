@@ -61,7 +61,9 @@ def holdout_confusion(tracking_uri: str, model_uri: str, dataset: str) -> np.nda
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
-    network = mlflow.pytorch.load_model(model_uri)  # an exported graph: no .eval()
+    # The registered model is a pyfunc over the network and the codec; the network inside
+    # is what the ranks trained (an exported graph: no .eval()).
+    network = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().network
     config = LoaderConfig(batch_size=64, remainder="pad")
     confusion = np.zeros((4, 4), dtype=np.int64)
     with torch.no_grad():

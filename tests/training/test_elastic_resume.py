@@ -15,7 +15,7 @@ import torch
 
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
-from training.launch import child_env
+from training.launch.processes import child_env
 
 JOB = Path(__file__).with_name("ddp_resume_job.py")
 BATCH_SIZE, NUM_PARTITIONS, SAVED_STEP = 8, 12, 30
