@@ -12,7 +12,7 @@ NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
 # Settings that change how fast, where or by which route a version is made, never what a
 # flat version holds: the chain settings decide whether a run appends, and a child's id
-# hashes its parent's instead (preprocessing/reshard.py: compute_version_id).
+# hashes its parent's instead (preprocessing/increment.py: version_id_of).
 OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "mode", "on_changed_inputs",
                                    "max_chain_length", "max_small_shard_fraction",
                                    "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",

@@ -1,4 +1,9 @@
-"""Incremental versions: a nightly run reshards the new input files only.
+"""Which version a run makes, and its manifest: a flat version, or an incremental child
+that costs a nightly run its new input files only.
+
+`plan_increment` decides (full, reuse or append) from the listing and the current
+manifest, `version_id_of` names the version, `version_manifest` assembles what the run
+wrote, and `commit_following` commits a child only from its parent.
 
 With `mode: incremental` a run compares the inputs with the listing the current version
 recorded (`Manifest.inputs`: path, size and etag or mtime per file, the fields of the
@@ -23,20 +28,25 @@ reshard's. What the union of the deltas meets, per weighting:
 - `uniform` and `explicit` classes: each delta exact (its classes within one row of their
   targets); the union within one row per delta, when every delta holds every class (a
   class missing from a delta gets no rows from it);
-- `natural` classes, `max_oversample` unset: exact, every row once, as in a full reshard;
+- `natural` classes and sources, `max_oversample` unset: exact, every row once, as in a
+  full reshard;
 - `temperature`: approximate, each delta weighted by its own counts (count**(1/T) is not
   additive); the union is exact only where the deltas' class proportions agree;
 - sources within a class: `uniform` and `explicit` as for classes; `natural` exact per
   delta, and over the union exact only under `natural` class weighting;
 - `max_oversample`: a bound per delta, so a bound of the union.
 
-The feature codec is exact: the parent stores its merged profiles, and the child folds
-its new files into them (preprocessing/profile.py), as a full reshard would fold every
-file. Ids are checked unique against the parent's files by their recorded id ranges.
+The feature codec is a full reshard's: the parent stores its merged profiles, and the
+child folds its new files into them (preprocessing/profile.py), as a full reshard folds
+every file (the same vocabularies, lengths and null counts; means and deviations equal
+to float rounding, as the files are folded in another order). Ids are checked unique
+against the parent's files by their recorded id ranges.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -46,6 +56,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
+from preprocessing.exchange import DERIVED_SOURCE_COLUMN
 from preprocessing.manifest import (
     MANIFEST_NAME,
     Commit,
@@ -54,6 +65,7 @@ from preprocessing.manifest import (
     InputRecord,
     Manifest,
     ManifestError,
+    RejectedFile,
     SplitEntry,
     code_version,
     is_local,
@@ -83,7 +95,7 @@ class Increment:
     new_files: list[InputFile] = field(default_factory=list)
 
 
-def plan_increment(config: ReshardConfig, files: list[InputFile], fingerprint: str,
+def plan_increment(config: ReshardConfig, files: list[InputFile],
                    current: str | None) -> Increment:
     """Decide from the listing and the manifest of the `current` version alone (no data
     read); InputsChanged when a change is found and `on_changed_inputs` is `refuse`."""
@@ -102,6 +114,18 @@ def plan_increment(config: ReshardConfig, files: list[InputFile], fingerprint: s
     if reason := compaction_reason(parent, config):
         return Increment("full", reason)
     return Increment("append", f"{len(new)} new input files appended to {current}", parent, new)
+
+
+def version_id_of(fingerprint: str, config: ReshardConfig, increment: Increment) -> str:
+    """The id of the version `increment` makes: the parent's when reused, else 16 hex
+    digits of the hash of the inputs, the output-relevant settings, the code version and a
+    child's parent id (so a flat version's id never depends on the chain it replaces)."""
+    if increment.kind == "reuse" and increment.parent is not None:
+        return increment.parent.version_id
+    appended = increment.kind == "append" and increment.parent is not None
+    parent = [increment.parent.version_id] if appended and increment.parent else []
+    payload = [fingerprint, config.output_settings(), code_version(), *parent]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def differences(parent: Manifest, location: str, config: ReshardConfig,
@@ -206,14 +230,70 @@ def delta_of(version_id: str, parent: Manifest | None, scans: list[FileScan],
                  sum(scan.file.num_bytes for scan in scans), num_pieces, strata)
 
 
-def append_to(parent: Manifest, delta: Manifest, sort_key: Callable[[Any], Any]) -> Manifest:
+def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:
+    classes: dict[str, int] = {}
+    sources: dict[str, int] = {}
+    for scan in scans:
+        for _, _, label, source, n in scan.counts if scan.reason is None else []:
+            classes[str(label)] = classes.get(str(label), 0) + n
+            sources[str(source)] = sources.get(str(source), 0) + n
+    return classes, sources
+
+
+def version_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
+                     scans: list[FileScan], schema: pa.Schema, plans: dict[str, SplitPlan],
+                     splits: dict[str, SplitEntry], timings: dict[str, float],
+                     features: dict[str, Any], parent: Manifest | None,
+                     num_pieces: int) -> Manifest:
+    """The manifest of what a run wrote: a flat version's, or (with `parent`) a child's,
+    the new files' version joined to everything the parent lists."""
+    delta = delta_of(version_id, parent, scans, num_pieces, plans)
+    manifest = _flat_manifest(config, version_id, fingerprint, scans, schema, plans, splits,
+                              timings, features, delta)
+    return append_to(parent, manifest) if parent else manifest
+
+
+def _flat_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
+                   scans: list[FileScan], schema: pa.Schema, plans: dict[str, SplitPlan],
+                   splits: dict[str, SplitEntry], timings: dict[str, float],
+                   features: dict[str, Any], delta: Delta) -> Manifest:
+    input_classes, input_sources = _input_histograms(scans)
+    train = plans["train"]
+    # Every class of any split: a class whose rows were all held out is still one the
+    # holdout's labels must map to.
+    labels = {label for plan in plans.values() for label, _ in plan.strata}
+    return Manifest(
+        version_id=version_id,
+        label_column=config.dataset.label_column,
+        source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
+        id_column=config.dataset.id_column,
+        feature_columns=list(config.dataset.feature_columns),
+        classes=sorted(labels, key=json_sort_key),
+        sources=sorted({source for _, source in train.strata}, key=json_sort_key),
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
+        splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
+        input_fingerprint=fingerprint, input_class_counts=input_classes,
+        input_source_counts=input_sources,
+        rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
+        features=features,
+        timings_s=timings, code_version=code_version(), inputs=input_records(scans),
+        deltas=[delta],
+    )
+
+
+def json_sort_key(value: Any) -> tuple[int, Any]:
+    """The order of a manifest's classes and sources: numbers by value, then text."""
+    return (0, value) if isinstance(value, int | float) else (1, str(value))
+
+
+def append_to(parent: Manifest, delta: Manifest) -> Manifest:
     """The child manifest: `delta` (a version of the new files alone, under the child's
     id, with the chain's features) joined to everything `parent` lists."""
     names = dict.fromkeys([*parent.splits, *delta.splits])
     return replace(
         delta, splits={name: _joined(parent, delta, name) for name in names},
-        classes=sorted({*parent.classes, *delta.classes}, key=sort_key),
-        sources=sorted({*parent.sources, *delta.sources}, key=sort_key),
+        classes=sorted({*parent.classes, *delta.classes}, key=json_sort_key),
+        sources=sorted({*parent.sources, *delta.sources}, key=json_sort_key),
         input_class_counts=_summed(parent.input_class_counts, delta.input_class_counts),
         input_source_counts=_summed(parent.input_source_counts, delta.input_source_counts),
         rejected=[*parent.rejected, *delta.rejected], parent_version=parent.version_id,

@@ -13,8 +13,6 @@ version, and the rerun finishes whatever step it died after.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -39,22 +37,18 @@ from preprocessing.exchange import (
 from preprocessing.executor import DaskConfig, Executor, dask_client
 from preprocessing.increment import (
     Increment,
-    append_to,
     check_schema,
     commit_following,
-    delta_of,
     earlier_scans,
-    input_records,
     plan_increment,
+    version_id_of,
+    version_manifest,
 )
 from preprocessing.manifest import (
-    Delta,
     Manifest,
     ManifestError,
-    RejectedFile,
     ShardEntry,
     SplitEntry,
-    code_version,
     commit_version,
     read_current_version,
     read_manifest,
@@ -95,28 +89,12 @@ class ReshardResult:
     how: str = ""
 
 
-def compute_version_id(fingerprint: str, config: ReshardConfig, parent: str | None = None) -> str:
-    """Hash of inputs + output-relevant config + code version (+ a child's parent id), 16
-    hex digits: a flat version's id never depends on the chain it replaces."""
-    payload = [fingerprint, config.output_settings(), code_version(), *([parent] if parent else [])]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def version_id_for(config: ReshardConfig) -> str:
     """The id the version of `config` has or will have: lists the inputs and reads the
     current manifest (in `incremental` mode), reads no data."""
     files = list_inputs(config.dataset)
-    fingerprint = fingerprint_inputs(files)
-    increment = plan_increment(config, files, fingerprint,
-                               read_current_version(config.output_root))
-    return _version_id(fingerprint, config, increment)
-
-
-def _version_id(fingerprint: str, config: ReshardConfig, increment: Increment) -> str:
-    if increment.kind == "reuse" and increment.parent is not None:
-        return increment.parent.version_id
-    parent = increment.parent.version_id if increment.parent is not None else None
-    return compute_version_id(fingerprint, config, parent if increment.kind == "append" else None)
+    increment = plan_increment(config, files, read_current_version(config.output_root))
+    return version_id_of(fingerprint_inputs(files), config, increment)
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -132,14 +110,15 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     local cluster of `config.num_workers` processes. `progress(stage, done, total)` is
     called as tasks finish (an orchestrator shows it). A version found committed is
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
-    a dead attempt) is finished first.
+    a dead attempt) is finished first. In `mode: incremental` a run that can append reads
+    only the files new since the current version (preprocessing/increment.py).
     """
     root = config.output_root
     files = list_inputs(config.dataset)
     fingerprint = fingerprint_inputs(files)
     previous = read_current_version(root)
-    increment = plan_increment(config, files, fingerprint, previous)
-    version_id = _version_id(fingerprint, config, increment)
+    increment = plan_increment(config, files, previous)
+    version_id = version_id_of(fingerprint, config, increment)
     existing = _committed(root, version_id)
     if existing is not None:
         collect_expired(root)
@@ -176,10 +155,8 @@ def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
             dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, staging, schema, config, attempt, progress))
-    delta = delta_of(attempt.version_id, parent, scans, len(pieces), plans)
-    manifest = _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
-                         timings, features, delta)
-    return append_to(parent, manifest, _json_sort_key) if parent else manifest
+    return version_manifest(config, attempt.version_id, fingerprint, scans, schema, plans,
+                            splits, timings, features, parent, len(pieces))
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -383,44 +360,3 @@ def _shard_jobs(plans: dict[str, SplitPlan], attempt: VersionAttempt) -> list[tu
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
     return SplitEntry(num_rows=sum(entry.num_rows for entry in entries), shards=entries)
-
-
-def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:
-    classes: dict[str, int] = {}
-    sources: dict[str, int] = {}
-    for scan in scans:
-        for _, _, label, source, n in scan.counts if scan.reason is None else []:
-            classes[str(label)] = classes.get(str(label), 0) + n
-            sources[str(source)] = sources.get(str(source), 0) + n
-    return classes, sources
-
-
-def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: list[FileScan],
-              schema: pa.Schema, plans: dict[str, SplitPlan], splits: dict[str, SplitEntry],
-              timings: dict[str, float], features: dict[str, Any], delta: Delta) -> Manifest:
-    input_classes, input_sources = _input_histograms(scans)
-    train = plans["train"]
-    # Every class of any split: a class whose rows were all held out is still one the
-    # holdout's labels must map to.
-    labels = {label for plan in plans.values() for label, _ in plan.strata}
-    return Manifest(
-        version_id=version_id,
-        label_column=config.dataset.label_column,
-        source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
-        id_column=config.dataset.id_column,
-        feature_columns=list(config.dataset.feature_columns),
-        classes=sorted(labels, key=_json_sort_key),
-        sources=sorted({source for _, source in train.strata}, key=_json_sort_key),
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
-        input_fingerprint=fingerprint, input_class_counts=input_classes,
-        input_source_counts=input_sources,
-        rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
-        features=features,
-        timings_s=timings, code_version=code_version(), inputs=input_records(scans),
-        deltas=[delta],
-    )
-
-
-def _json_sort_key(value: Any) -> tuple[int, Any]:
-    return (0, value) if isinstance(value, int | float) else (1, str(value))

@@ -1,17 +1,15 @@
 """Incremental versions on a real Dask LocalCluster: three nightly runs each adding 10% new
 files, what they read, the chain's mix and row counts, the loader over the chain,
-changed inputs, compaction, and two runs racing from one parent.
+changed inputs, compaction, and the feature codec of a chain (races and faults of a
+child's commit: test_increment_commit.py).
 
 Old input files are overwritten with zeros of the same size and their mtime restored
-after each run: the listing is unchanged, so a run that read any of them would fail.
+after each run (tests/preprocessing/nightly.py: `spoil`): the listing is unchanged, so a
+run that read any of them would fail.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,61 +22,19 @@ import pytest
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.increment import InputsChanged
 from preprocessing.manifest import (
-    COMMIT_STEPS,
-    CURRENT_NAME,
-    KILL_AT_ENV,
-    CommitConflict,
     Manifest,
-    file_lock,
     read_current_version,
     read_manifest,
     shard_uri,
     version_dir,
 )
 from preprocessing.resample import holdout_mask
-from preprocessing.reshard import ReshardResult, run_reshard, version_id_for
-from preprocessing.sample import SampleSpec, sample_table, write_sample
+from preprocessing.reshard import ReshardResult, run_reshard
+from preprocessing.sample import write_sample
 from preprocessing.staging import STAGING_DIR
-from tests.preprocessing.test_kill import assert_committed, kill_session, output, start_reshard
+from tests.preprocessing.nightly import SPEC, add_night, config_for, restore, spoil
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
-
-SPEC = SampleSpec(num_rows=3_000, num_files=10, num_classes=4, num_sources=2, num_features=4,
-                  class_ratio=8.0, seed=3)
-NIGHT_ROWS, NIGHT_ROW_GROUP = 300, 100  # 10% of the rows, in one file of 3 row groups
-
-
-def config_for(raw: Path, root: Path, **overrides) -> ReshardConfig:
-    values = {"dataset": DatasetSpec(inputs=[str(raw)]), "output_root": str(root),
-              "target_shard_rows": 300, "rows_per_row_group": 64, "mode": "incremental",
-              **overrides}
-    return ReshardConfig(**values)
-
-
-def add_night(raw: Path, night: int) -> Path:
-    """One new input file: 10% more rows, ids after every earlier file's."""
-    rng = np.random.default_rng(100 + night)
-    path = raw / f"night-{night}.parquet"
-    pq.write_table(sample_table(rng, 100_000 * (night + 1), NIGHT_ROWS, night % 2, SPEC), path,
-                   row_group_size=NIGHT_ROW_GROUP)
-    return path
-
-
-def spoil(raw: Path, pristine: Path) -> None:
-    """Keep a copy of each input file, then fill it with zeros, its size and mtime kept."""
-    pristine.mkdir(exist_ok=True)
-    for path in sorted(raw.glob("*.parquet")):
-        if (pristine / path.name).exists():
-            continue
-        shutil.copy2(path, pristine / path.name)
-        stat = path.stat()
-        path.write_bytes(bytes(stat.st_size))
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-
-
-def restore(raw: Path, pristine: Path) -> None:
-    for path in pristine.glob("*.parquet"):
-        shutil.copy2(path, raw / path.name)
 
 
 @dataclass(frozen=True)
@@ -223,13 +179,6 @@ def test_compaction_equals_a_full_reshard_byte_for_byte(chain: Chain, tmp_path,
     assert read_current_version(str(chain.root)) == manifest.version_id
 
 
-@pytest.fixture
-def base_version(tmp_path, dask_client) -> tuple[Path, Path, ReshardResult]:
-    raw, root = tmp_path / "raw", tmp_path / "out"
-    write_sample(raw, SPEC)
-    return raw, root, run_reshard(config_for(raw, root), dask_client)
-
-
 @pytest.mark.parametrize("change", ["rewritten", "removed"])
 def test_a_changed_input_is_refused_naming_it(change, base_version, dask_client) -> None:
     """Invariants: with `on_changed_inputs: refuse` a rewritten or removed input (with a new
@@ -289,94 +238,40 @@ def test_a_chain_past_its_threshold_is_compacted(threshold, tmp_path, dask_clien
     assert len(compacted.manifest.inputs) == SPEC.num_files + 2
 
 
-def test_two_children_of_one_parent_one_commits_the_other_leaves_nothing(
-        base_version, dask_client) -> None:
-    """Fault: run A lists the inputs (parent P current) and is held at its first progress
-    report; a file is added and run B commits a child of P; A resumes. Invariants: A fails
-    with CommitConflict naming P and B; `_CURRENT` names B; A's version has no directory
-    and no staging; B's version reads back."""
-    raw, root, base = base_version
-    add_night(raw, 0)
-    reached, release = threading.Event(), threading.Event()
-    outcome: dict[str, object] = {}
+def test_a_childs_feature_codec_is_the_codec_of_all_its_inputs(tmp_path, dask_client) -> None:
+    """Invariants: a night with a new category, nulls filled by the mean and other values
+    gives a child whose codec has the full reshard's vocabulary, null count and (to float
+    rounding) mean and standard deviation; the child's rows encode through it."""
+    raw, rng = tmp_path / "raw", np.random.default_rng(4)
+    raw.mkdir()
 
-    def hold(stage: str, done: int, total: int) -> None:
-        reached.set()
-        release.wait(120)
+    def write(name: str, first_id: int, colors: list[str], shift: float) -> None:
+        x = rng.normal(shift, 1.0, 200)
+        x[::17] = np.nan
+        pq.write_table(pa.table({
+            "id": np.arange(first_id, first_id + 200), "label": rng.integers(0, 3, 200),
+            "source": ["s"] * 200, "x": x, "color": rng.choice(colors, 200)}), raw / name)
 
-    def run_a() -> None:
-        try:
-            outcome["a"] = run_reshard(config_for(raw, root), dask_client, progress=hold)
-        except CommitConflict as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run_a)
-    thread.start()
-    assert reached.wait(120)
-    add_night(raw, 1)
-    winner = run_reshard(config_for(raw, root), dask_client)
-    release.set()
-    thread.join(120)
-    assert "a" not in outcome, "both children committed"
-    message = str(outcome["error"])
-    assert base.manifest.version_id in message and winner.manifest.version_id in message
-    assert read_current_version(str(root)) == winner.manifest.version_id
-    assert {p.name for p in root.glob("v-*")} == {
-        f"v-{base.manifest.version_id}", f"v-{winner.manifest.version_id}"}
-    assert not (root / STAGING_DIR).exists()
-    assert read_manifest(str(root))[0].parent_version == base.manifest.version_id
-
-
-def test_a_child_that_loses_the_swap_is_withdrawn(base_version, dask_client) -> None:
-    """Fault: `_CURRENT`'s lock is held while a child commits, so its manifest is written
-    and its swap waits; `_CURRENT` is moved to another version meanwhile. Invariants:
-    CommitConflict; the child's manifest, shards and directory are gone; `_CURRENT` keeps
-    the other version."""
-    raw, root, base = base_version
-    add_night(raw, 0)
-    outcome: dict[str, object] = {}
-
-    def run_child() -> None:
-        try:
-            outcome["result"] = run_reshard(config_for(raw, root), dask_client)
-        except CommitConflict as error:
-            outcome["error"] = error
-
-    with file_lock(str(root / f"{CURRENT_NAME}.lock")):
-        thread = threading.Thread(target=run_child)
-        thread.start()
-        for _ in range(1200):
-            written = [p for p in root.glob("v-*/_MANIFEST.json")
-                       if p.parent.name != f"v-{base.manifest.version_id}"]
-            if written:
-                break
-            thread.join(0.1)
-        assert written, "the child never wrote its manifest"
-        (root / CURRENT_NAME).write_text("another0version\n")
-    thread.join(120)
-    assert isinstance(outcome.get("error"), CommitConflict)
-    assert not written[0].parent.exists()
-    assert (root / CURRENT_NAME).read_text().strip() == "another0version"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("step", COMMIT_STEPS)
-def test_a_child_killed_after_each_commit_step_is_finished_by_the_rerun(
-        step, base_version, tmp_path, dask_client) -> None:
-    """Fault: `python -m preprocessing` appending a night SIGKILLs itself right after `step`
-    of the commit. Invariants: until the rerun `_CURRENT` names the parent, or (after the
-    swap) the complete child; the rerun commits that child from the parent, `_CURRENT`
-    names it, every shard of the chain checks out, and no staging is left."""
-    raw, root, base = base_version
-    add_night(raw, 0)
-    config = config_for(raw, root)
-    child_id = version_id_for(config)
-    process = start_reshard(config, tmp_path, **{KILL_AT_ENV: step})
-    assert process.wait(timeout=300) == -signal.SIGKILL, output(tmp_path)[1]
-    kill_session(process)
-    expected = child_id if step == "swap" else base.manifest.version_id
-    assert read_current_version(str(root)) == expected
-    rerun = run_reshard(config, dask_client)
-    assert rerun.manifest.version_id == child_id
-    assert rerun.manifest.parent_version == base.manifest.version_id
-    assert_committed(root, child_id)
+    for index in range(4):
+        write(f"base-{index}.parquet", 1_000 * index, ["red", "green"], 0.0)
+    dataset = DatasetSpec(inputs=[str(raw)], feature_columns=["x", "color"],
+                          nulls={"x": "fill_mean"})
+    settings = {"dataset": dataset, "target_shard_rows": 300, "mode": "incremental"}
+    run_reshard(ReshardConfig(output_root=str(tmp_path / "out"), **settings), dask_client)
+    write("a-night.parquet", 9_000, ["red", "violet"], 3.0)  # sorts first: another fold order
+    child = run_reshard(ReshardConfig(output_root=str(tmp_path / "out"), **settings),
+                        dask_client)
+    full = run_reshard(ReshardConfig(output_root=str(tmp_path / "full"), **settings),
+                       dask_client)
+    assert child.manifest.parent_version is not None
+    ours, theirs = (m.features["columns"] for m in (child.manifest, full.manifest))
+    assert [c["vocabulary"] for c in ours] == [c["vocabulary"] for c in theirs]
+    assert ours[1]["vocabulary"] == ["green", "red", "violet"]
+    assert [c["null_count"] for c in ours] == [c["null_count"] for c in theirs]
+    for key in ("shift", "scale", "fill"):
+        assert ours[0][key] == pytest.approx(theirs[0][key], rel=1e-12)
+    assert ours[0]["shift"] > 0.3  # the night's higher values are in the mean
+    stream = ShardStream(child.manifest_uri, "train", LoaderConfig(batch_size=64, remainder="pad"),
+                          seed=0)
+    assert sum(int(b["weight"].sum()) for b in stream.iterate((0, 1), (0, 1))) == \
+        child.manifest.split("train").num_rows
