@@ -8,6 +8,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.retry import RetryPolicy
+
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
 
@@ -127,6 +129,10 @@ class ReshardConfig(BaseModel):
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
     num_workers: int = Field(2, gt=0, description="Dask worker processes of a local cluster.")
+    retry: RetryPolicy = Field(
+        default_factory=RetryPolicy, description="Retries of reads that failed for a reason "
+        "that may pass (S3 503 / 500, resets, timeouts, bodies cut short): "
+        "preprocessing/retry.py.")
 
 
 def load_reshard_config(path: str | Path) -> ReshardConfig:

@@ -49,6 +49,7 @@ from preprocessing.manifest import (
 )
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.profile import InputError
+from preprocessing.retry import retrying
 from preprocessing.scan import (
     FileScan,
     check_classes,
@@ -66,11 +67,16 @@ from preprocessing.staging import VersionAttempt, collect_expired
 Progress = Callable[[str, int, int], None]
 
 # Settings that change how fast or where a version is made, never what is in it.
-_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root"}
+_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root", "retry"}
 
 
 class TooManyRejected(RuntimeError):
     """More input files were bad than `max_rejected_fraction` allows."""
+
+
+class InputsUnreadable(RuntimeError):
+    """Input files still unreadable after every try, for reasons that may pass: no version
+    is committed without them (a rerun reads them again)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
 
 def version_id_for(config: ReshardConfig) -> str:
     """The id the version of `config` has or will have: lists the inputs, reads no data."""
-    return compute_version_id(fingerprint_inputs(list_inputs(config.dataset)), config)
+    return compute_version_id(fingerprint_inputs(list_inputs(config.dataset, config.retry)),
+                              config)
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -109,7 +116,7 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
     a dead attempt) is finished first.
     """
-    files = list_inputs(config.dataset)
+    files = list_inputs(config.dataset, config.retry)
     fingerprint = fingerprint_inputs(files)
     version_id = compute_version_id(fingerprint, config)
     previous = read_current_version(config.output_root)
@@ -174,8 +181,14 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
           progress: Progress | None) -> list[FileScan]:
     futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
                        holdout_fraction=config.holdout_fraction,
-                       max_piece_rows=config.max_piece_rows, pure=False)
+                       max_piece_rows=config.max_piece_rows, retry=config.retry, pure=False)
     scans = check_schemas(_progress(futures, "scan", progress))
+    unreadable = [scan for scan in scans if scan.transient]
+    if unreadable:
+        raise InputsUnreadable(
+            f"{len(unreadable)} input files could not be read, for reasons that may pass; "
+            "nothing is committed, rerun once the store answers: "
+            + "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable))
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
         details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
@@ -185,8 +198,8 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
         )
     check_classes(scans, config.dataset)
     groups = overlapping_id_groups(scans)
-    found = dask.gather(dask.map(duplicate_ids, groups, id_column=config.dataset.id_column,
-                                 pure=False)) if groups else []
+    found = dask.gather(dask.map(retrying(duplicate_ids, config.retry), groups,
+                                 id_column=config.dataset.id_column, pure=False)) if groups else []
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
@@ -247,7 +260,8 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
     slim = {name: _without_offsets(plan) for name, plan in plans.items()}
     shared = dask.scatter(slim, broadcast=True)
     tasks = _piece_tasks(scans, plans, pieces, attempt.uri)
-    futures = dask.map(map_piece, tasks, plans=shared, spec=config.dataset, seed=config.seed,
+    futures = dask.map(retrying(map_piece, config.retry), tasks, plans=shared,
+                       spec=config.dataset, seed=config.seed,
                        holdout_fraction=config.holdout_fraction, pure=False)
     return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
 
@@ -267,7 +281,8 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], sc
         for shard, rows in enumerate(plan.shard_rows()):
             uri = attempt.shard_uri(shard_name(split, shard))
             futures.append(dask.submit(
-                reduce_shard, by_shard.get((split, shard), []), int(rows), uri, schema,
+                retrying(reduce_shard, config.retry), by_shard.get((split, shard), []),
+                int(rows), uri, schema,
                 config.dataset, config.rows_per_row_group, pure=False))
             names.append(split)
     entries = _progress(futures, "write", progress)
