@@ -6,7 +6,8 @@ ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskCon
 Exit status: 0 when the version is committed (by this run, or found committed: then
 it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
 manifest), 3 when another run moved `_CURRENT` during this one (the version is
-written; rerun to make it current if it is the newer one).
+written; rerun to make it current if it is the newer one), 4 when input files could not
+be read for a reason that may pass (S3 503, resets, ...: nothing is committed; rerun).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from preprocessing.config import load_reshard_config
 from preprocessing.executor import DaskConfig, StorageNotShared
 from preprocessing.manifest import CommitConflict, ManifestError
-from preprocessing.reshard import TooManyRejected, run_reshard
+from preprocessing.reshard import InputsUnreadable, TooManyRejected, run_reshard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.config, error)
     except CommitConflict as error:
         return _fail(args.config, error, status=3)
+    except InputsUnreadable as error:
+        return _fail(args.config, error, status=4)
     state = "already committed" if result.reused else "committed"
     print(f"{state}: {result.manifest_uri}")
     return 0
