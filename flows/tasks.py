@@ -41,9 +41,18 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[st
     progress_id = create_progress_artifact(0.0, description="reshard: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
+    reporting = [True]
+
     def report(stage: str, done: int, total: int) -> None:
-        update_progress_artifact(cast(UUID, progress_id),
-                                 100 * (stages[stage] + done / total) / 3)
+        # Progress is for people: an API server gone mid-run must not stop the reshard
+        # (its commit is what a rerun reuses), so the first failed update ends reporting.
+        try:
+            if reporting[0]:
+                update_progress_artifact(cast(UUID, progress_id),
+                                         100 * (stages[stage] + done / total) / 3)
+        except Exception as error:
+            reporting[0] = False
+            print(f"reshard progress no longer reported (the Prefect API failed: {error})")
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report)
