@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import TrainConfig
-from training.launch import child_env
+from training.launch.processes import child_env
 from training.models.tokens import TokenDatasetSpec, write_token_dataset
 
 BATCH_SIZE, WORLD_SIZE = 16, 2

@@ -12,19 +12,12 @@ from preprocessing.config import ReshardConfig
 from preprocessing.executor import DaskConfig
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
+from training.launch import LaunchConfig
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
-
-
-class JobParams(BaseModel):
-    """How a training job is launched (torchrun on this node) and retried."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_processes: int = Field(2, gt=0, description="Training processes (torchrun, one node).")
-    timeout_s: int = Field(1800, gt=0, description="Fail the training job after this.")
-    retries: int = Field(1, ge=0, description="Job-level retries (each resumes if it can).")
+JOB_DESCRIPTION = ("Where the training job runs and how it is retried (training/launch/): "
+                   "by default torchrun on this machine, 2 processes, 2 attempts.")
 
 
 class ReshardParams(BaseModel):
@@ -42,7 +35,7 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     train: TrainConfig
-    job: JobParams = Field(default_factory=JobParams)
+    job: LaunchConfig = Field(default_factory=LaunchConfig, description=JOB_DESCRIPTION)
 
 
 class EvaluateParams(BaseModel):
@@ -83,7 +76,7 @@ class PipelineParams(BaseModel):
     train: TrainConfig = Field(
         description="Training job; its `dataset` is replaced by the version the reshard made."
     )
-    job: JobParams = Field(default_factory=JobParams)
+    job: LaunchConfig = Field(default_factory=LaunchConfig, description=JOB_DESCRIPTION)
     compare_with_natural_mix: bool = Field(
         False, description="Also train on the un-rebalanced data (natural class mix) and "
         "evaluate both on the same held-out rows, to show what rebalancing bought.")

@@ -2,8 +2,8 @@
 
 Flows only orchestrate: every step is a task in flows/tasks.py that calls one
 function of preprocessing/, training/ or tracking/. Training runs as its own
-process group started by `training.launch` (never a multi-process Trainer in
-this process: docs/architecture.md M1), with job-level retries.
+process group started by a launcher of training/launch/ (never a multi-process
+Trainer in this process: docs/architecture.md M1), which also retries it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from flows import tasks
 from flows.params import (
     EvaluateParams,
     InferenceParams,
-    JobParams,
     PipelineParams,
     ReshardParams,
     TrainParams,
@@ -28,6 +27,7 @@ from preprocessing.manifest import read_manifest
 from preprocessing.reshard import version_id_for, version_is_committed
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
+from training.launch import LaunchConfig
 
 
 def _reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
@@ -41,19 +41,14 @@ def _reshard(config: ReshardConfig, dask: DaskConfig) -> dict[str, Any]:
             "cached": state.name == "Cached"}
 
 
-def _tracked_job(config: TrainConfig, job: JobParams, manifest_uri: str) -> dict[str, Any]:
-    """Open the MLflow run, run the job (retried), close the run; the job's summary."""
-    config = config.model_copy(update={"dataset": manifest_uri})
-    run_id = None
+def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str) -> dict[str, Any]:
+    """Run the job on `dataset` (its launcher pins the version and opens the MLflow run),
+    then close the run; the job's summary, with `run_id`."""
+    summary: dict[str, Any] = tasks.train(config.model_copy(update={"dataset": dataset}), job)
     if config.tracking is not None:
-        run_id = tasks.open_run(config.tracking, manifest_uri, config, job.num_processes)
-        config = config.model_copy(
-            update={"tracking": config.tracking.model_copy(update={"run_id": run_id})})
-    launch = tasks.train.with_options(retries=job.retries, retry_delay_seconds=5)
-    summary: dict[str, Any] = launch(config, job.num_processes, job.timeout_s)
-    if config.tracking is not None and run_id is not None:
-        tasks.close_run(config.tracking, run_id, summary, manifest_uri, config.output_dir)
-    return {**summary, "run_id": run_id}
+        tasks.close_run(config.tracking, summary["run_id"], summary, summary["manifest_uri"],
+                        config.checkpoint_uri)
+    return summary
 
 
 @flow(name="reshard", log_prints=True)
@@ -131,8 +126,11 @@ def _natural_mix_model(params: PipelineParams, tracking: TrackingConfig) -> str:
         "mix": params.reshard.mix.model_copy(update={"class_weighting": "natural"}),
         "num_output_rows": None})
     dataset = _reshard(natural, params.dask)
+    # Its own outputs, checkpoints and run: sharing them, a retry would resume the other job.
+    checkpoint_dir = params.train.checkpoint_dir
     train = params.train.model_copy(update={
         "output_dir": f"{params.train.output_dir.rstrip('/')}-natural",
-        "tracking": tracking.model_copy(update={"run_name": "natural-mix"})})
+        "checkpoint_dir": f"{checkpoint_dir.rstrip('/')}-natural" if checkpoint_dir else None,
+        "tracking": tracking.model_copy(update={"run_name": "natural-mix", "run_id": None})})
     summary = _tracked_job(train, params.job, dataset["manifest_uri"])
     return str(summary["model_uri"])

@@ -7,8 +7,10 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.summary import class_rows_after, run_page_url
+from flows.summary import class_rows_after, how_to_open_run
 from preprocessing.manifest import Manifest
+from tracking.run import run_page_url, ui_command
+from tracking.spool import is_local_run
 
 
 def publish_dataset(manifest: Manifest) -> None:
@@ -34,6 +36,19 @@ def publish_dataset(manifest: Manifest) -> None:
         key="shard-balance", description="rows per shard, per split")
 
 
+def run_link_line(result: dict[str, Any], tracking_uri: str) -> str:
+    """A link to the run on the configured server; with no server (a local store) or a run
+    not on it yet, no link but how to open (or send) it."""
+    run_id = result["run_id"]
+    url = run_page_url(tracking_uri, run_id)
+    if url is not None:
+        return f"- MLflow run: [{run_id}]({url})"
+    if is_local_run(run_id):
+        return f"- MLflow run {run_id}: {how_to_open_run(result, tracking_uri)}"
+    return (f"- MLflow run {run_id}: no server to link to; open a UI on the store with "
+            f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`")
+
+
 def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
     """Markdown: figures of the job, evaluations, registration and the MLflow run link."""
     training = result["training"]
@@ -49,6 +64,5 @@ def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
         lines.append(f"- registered {registration['name']} v{registration['version']} as "
                      f"`{registration['alias']}`")
     if result.get("run_id") and tracking_uri:
-        lines.append(f"- MLflow run: [{result['run_id']}]"
-                     f"({run_page_url(tracking_uri, result['run_id'])})")
+        lines.append(run_link_line(result, tracking_uri))
     create_markdown_artifact("\n".join(lines), key="training-summary")

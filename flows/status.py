@@ -9,6 +9,8 @@ from fsspec.core import url_to_fs
 
 from flows.params import load_preset
 from preprocessing.manifest import ManifestError, read_current_version, read_manifest
+from tracking.run import champion
+from tracking.server import TrackingUnavailable
 
 
 def dataset_versions(root: str, limit: int = 5) -> list[dict[str, Any]]:
@@ -25,16 +27,16 @@ def dataset_versions(root: str, limit: int = 5) -> list[dict[str, Any]]:
     return sorted(found, key=lambda v: str(v["created"]), reverse=True)[:limit]
 
 
-def champion(tracking_uri: str, name: str) -> str:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
+def describe_champion(tracking_uri: str, name: str) -> str:
+    """One line on the current champion of `name` (or why it cannot be told)."""
     try:
-        version = MlflowClient(tracking_uri).get_model_version_by_alias(name, "champion")
-    except MlflowException:
+        found = champion(tracking_uri, name)
+    except TrackingUnavailable as error:
+        return f"{name}: unknown ({error})"
+    if found is None:
         return f"{name}: no champion yet"
-    score = version.tags.get("ballast.val_macro_f1", "?")
-    return f"{name} v{version.version} (macro-F1 {score}, run {version.run_id})"
+    score = "?" if found["score"] is None else found["score"]
+    return f"{name} v{found['version']} (macro-F1 {score}, run {found['run_id']})"
 
 
 def describe_status(config: str, work_dir: str) -> str:
@@ -50,5 +52,5 @@ def describe_status(config: str, work_dir: str) -> str:
     tracking = values.get("train", {}).get("tracking") or values.get("tracking")
     if tracking and tracking.get("registered_model_name"):
         name = tracking["registered_model_name"]
-        lines.append(f"champion: {champion(tracking['tracking_uri'], name)}")
+        lines.append(f"champion: {describe_champion(tracking['tracking_uri'], name)}")
     return "\n".join(lines) or f"{config}: nothing to report (no output_root or tracking)"

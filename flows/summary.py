@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from preprocessing.manifest import Manifest
-
-LOCAL_UI = "http://127.0.0.1:5000"
+from tracking.run import how_to_open
 
 
 def class_rows_after(manifest: Manifest) -> dict[str, int]:
@@ -19,25 +18,16 @@ def class_rows_after(manifest: Manifest) -> dict[str, int]:
     return totals
 
 
-def is_server(tracking_uri: str) -> bool:
-    return urlparse(tracking_uri).scheme in ("http", "https")
+def run_spool_dir(training: dict[str, Any]) -> str | None:
+    """Where the job kept what MLflow could not take (its delivery report says), if any."""
+    spool = (training.get("tracking_delivery") or {}).get("spool")
+    return str(Path(spool).parent) if spool else None
 
 
-def run_page_url(tracking_uri: str, run_id: str) -> str:
-    """The MLflow UI page of a run (a local UI on port 5000 for a sqlite store)."""
-    from mlflow.tracking import MlflowClient
-
-    experiment = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
-    base = tracking_uri.rstrip("/") if is_server(tracking_uri) else LOCAL_UI
-    return f"{base}/#/experiments/{experiment}/runs/{run_id}"
-
-
-def mlflow_ui_command(tracking_uri: str, run_id: str) -> str:
-    """The exact command that opens the MLflow UI on this tracking store, and the run's page."""
-    if is_server(tracking_uri):
-        return f"open {run_page_url(tracking_uri, run_id)}"
-    return (f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --port 5000\n"
-            f"  then open {run_page_url(tracking_uri, run_id)}")
+def how_to_open_run(result: dict[str, Any], tracking_uri: str) -> str:
+    """The run's page on the tracking server, or how to open or send it."""
+    return how_to_open(tracking_uri, result["run_id"],
+                       run_spool_dir(result.get("training") or {}))
 
 
 def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
@@ -79,6 +69,6 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
         lines.append(f"model {registration['name']} v{registration['version']}: "
                      f"{registration['alias']}")
     if result.get("run_id") and tracking_uri:
-        lines.append(f"MLflow run {result['run_id']}; open the UI with:")
-        lines.append(f"  {mlflow_ui_command(tracking_uri, result['run_id'])}")
+        lines.append(f"MLflow run {result['run_id']}:")
+        lines.append(f"  {how_to_open_run(result, tracking_uri)}")
     return "\n".join(lines)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
-import yaml
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import task_run as task_run_context
 
 from preprocessing.config import ReshardConfig
 from preprocessing.executor import DaskConfig, dask_client
@@ -23,9 +20,9 @@ from preprocessing.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.registry import register_and_promote
-from tracking.run import finish_run, start_run
+from tracking.run import finish_run
 from training.config import TrainConfig
-from training.launch import launch_local
+from training.launch import LaunchConfig, run_job
 
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
@@ -61,34 +58,19 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[st
 
 
 @task(cache_policy=NO_CACHE)
-def open_run(tracking: TrackingConfig, manifest_uri: str, train: TrainConfig,
-             num_processes: int) -> str:
-    """Create the MLflow run (and its backend schema) before any rank starts."""
-    manifest, location = read_manifest(manifest_uri)
-    params = {"train": train.model_dump(mode="json", exclude={"tracking"}),
-              "dataset": manifest.config, "num_processes": num_processes}
-    tags = {"ballast.strategy": train.strategy, "ballast.world_size": str(num_processes)}
-    return start_run(tracking, manifest, location, params, tags)
-
-
-@task(cache_policy=NO_CACHE)
-def train(config: TrainConfig, num_processes: int, timeout_s: int) -> dict[str, Any]:
-    """Write the job's config next to its outputs and run it under torchrun. A retry of
-    this task resumes from the last checkpoint the failed attempt saved."""
-    config_path = Path(config.output_dir) / "train-config.yaml"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    resume = config.resume or task_run_context.get_run_count() > 1
-    return launch_local(config_path, nproc_per_node=num_processes, timeout_s=timeout_s,
-                        resume=resume)
+def train(config: TrainConfig, job: LaunchConfig) -> dict[str, Any]:
+    """Run the training job through its launcher, which pins the dataset version and the
+    MLflow run and retries under `job.retry`, each retry resuming. The task itself is
+    never retried, so retries do not multiply."""
+    return run_job(config, job)
 
 
 @task(cache_policy=NO_CACHE)
 def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
-              manifest_uri: str, output_dir: str) -> None:
+              manifest_uri: str, checkpoint_uri: str) -> None:
     """Attach the summary, plots and checkpoints to the run and mark it finished."""
     manifest, _ = read_manifest(manifest_uri)
-    finish_run(tracking, run_id, summary, manifest, f"{output_dir.rstrip('/')}/checkpoints")
+    finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
 @task(cache_policy=NO_CACHE)

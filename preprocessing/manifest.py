@@ -130,7 +130,7 @@ class Manifest:
             for name, split in raw["splits"].items()
         }
         raw["rejected"] = [RejectedFile(**r) for r in raw.get("rejected", [])]
-        return check_manifest(cls(**raw), origin)
+        return check_contents(cls(**raw), origin)
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
@@ -167,14 +167,21 @@ def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
 
 
 def check_manifest(manifest: Manifest, location: str) -> Manifest:
-    """`manifest` (read from or bound for `location`) if its version id is one and names
-    its directory, and every shard entry passes `check_entry`."""
-    check_version_id(manifest.version_id, f"{location}: version_id")
+    """`manifest` (read from or bound for `location`) if its contents pass `check_contents`
+    and its version id names its directory."""
+    check_contents(manifest, location)
     if location.rsplit("/", 2)[-2:-1] != [f"v-{manifest.version_id}"]:
         raise ManifestError(f"{location}: manifest of version {manifest.version_id!r} is not "
                             f"in its directory 'v-{manifest.version_id}'")
+    return manifest
+
+
+def check_contents(manifest: Manifest, origin: str) -> Manifest:
+    """`manifest` if its version id is one and every shard entry passes `check_entry`
+    (a copy kept elsewhere, such as a run's artifact, is checked this far)."""
+    check_version_id(manifest.version_id, f"{origin}: version_id")
     for entry in (entry for split in manifest.splits.values() for entry in split.shards):
-        check_entry(entry, location)
+        check_entry(entry, origin)
     return manifest
 
 
@@ -220,7 +227,7 @@ def read_manifest(uri: str) -> tuple[Manifest, str]:
     except FileNotFoundError as error:
         raise ManifestError(f"{location}: manifest not found") from error
     try:
-        return Manifest.from_json(text, origin=location), location
+        return check_manifest(Manifest.from_json(text, origin=location), location), location
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
         raise ManifestError(f"{location}: malformed manifest ({error})") from error
 

@@ -27,3 +27,11 @@ class TrackingConfig(BaseModel):
     registered_model_name: str | None = Field(
         "ballast-classifier", description="Register trained models under this name; None "
         "skips registration. A version becomes `champion` only if it beats the current one.")
+    spool_dir: str | None = Field(
+        None, description="Local directory where what a down tracking server could not take "
+        "is kept, one folder per run, until it is sent (at the run's close, or with "
+        "`python -m tracking upload <folder>`). None: `~/.ballast/mlflow-spool`.")
+    delivery_wait_s: float = Field(
+        60.0, ge=0, description="How long the end of a job (last metrics, the model, the "
+        "run's close) keeps trying a tracking server that cannot be reached before keeping "
+        "the rest in `spool_dir`. The start of a job never waits: training goes on.")

@@ -1,26 +1,52 @@
-"""Creating and finishing the MLflow run of a training job, with its dataset lineage.
+"""The MLflow run of a training job, from creation to close, and the score it is judged by.
 
-The launcher calls `prepare_backend` and `start_run` before any rank starts (a
-fresh sqlite store raced by several ranks fails: docs/architecture.md M6), passes the run
-id to the ranks, and calls `finish_run` with the job's summary afterwards.
+The one home of the run lifecycle; every caller goes through it:
+- create: `create_run` (any caller), `start_run` (with params, tags, dataset lineage and
+  the manifest). The launcher creates the run before any rank starts (a fresh sqlite
+  store raced by several ranks fails: docs/architecture.md M6) and passes its id on.
+- reuse: ranks and retried attempts log into `config.run_id`.
+- finish: `finish_run` with the job's summary, plots and checkpoints, then FINISHED.
+- score: `SCORE_TAG` on each registered version, `champion` reads the current one.
+- show: `run_page_url` and `how_to_open` (the configured server's UI, or the command that
+  starts one on a local store).
+
+A tracking server that cannot be reached costs time, never data: what it cannot take is
+kept in the run's spool (tracking/spool.py); a run created while it was down has a
+`local-...` id. `deliver` sends a spool, each part once: `finish_run` does it when the
+server is back, `python -m tracking upload <dir>` when a person does.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import shlex
 import subprocess
-from typing import Any
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from preprocessing.manifest import Manifest
+from preprocessing.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
+from tracking.server import (
+    TrackingUnavailable,
+    is_server,
+    is_transient,
+    wait_until_reachable,
+    without_credentials,
+)
+from tracking.spool import Spool, is_local_run, new_local_run_id
 
+SCORE_TAG = "ballast.val_macro_f1"
 _MAX_PARAM_CHARS = 6000
-_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|access_key|api_key",
-                          re.IGNORECASE)
+_MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
+_BATCH = 1000  # MLflow's log_batch limit on metrics per request
+Result = TypeVar("Result")
 
 
 def prepare_backend(config: TrackingConfig) -> str:
@@ -32,27 +58,64 @@ def prepare_backend(config: TrackingConfig) -> str:
     return str(client.create_experiment(config.experiment, config.artifact_location))
 
 
-def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
-    """Create a run in the config's experiment (and the store's schema first); its id."""
+def _create_on_server(config: TrackingConfig, tags: dict[str, str] | None) -> str:
     experiment_id = prepare_backend(config)
     run = MlflowClient(config.tracking_uri).create_run(
         experiment_id, run_name=config.run_name, tags=tags)
     return str(run.info.run_id)
 
 
+def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
+    """Create a run in the config's experiment (and the store's schema first); its id.
+    A server that cannot be reached gets a `local-...` run in the spool instead."""
+    return send_or_keep(config, None, "the run",
+                        send=lambda _: _create_on_server(config, tags),
+                        keep=lambda spool: spool.path.name, tags=tags)
+
+
+def send_or_keep(config: TrackingConfig, run_id: str | None, what: str,
+                 send: Callable[[MlflowClient], Result], keep: Callable[[Spool], Result],
+                 wait_s: float = 0.0, tags: dict[str, str] | None = None) -> Result:
+    """`send` `what` to the run on the server; if the run is only in a spool, or the server
+    cannot be reached (waiting up to `wait_s`) or fails transiently, `keep` it in the
+    run's spool instead (`run_id` None: a new local run's, with `tags`) and warn."""
+    reason = "the run is not on the server yet"
+    if run_id is None or not is_local_run(run_id):
+        try:
+            if wait_until_reachable(config.tracking_uri, wait_s):
+                return send(MlflowClient(config.tracking_uri))
+            reason = "the server did not answer"
+        except Exception as error:
+            if not (is_server(config.tracking_uri) and is_transient(error)):
+                raise
+            reason = redact(f"{type(error).__name__}: {error}")[:500]
+    spool = Spool.of_run(config, run_id or new_local_run_id()).open(config, tags)
+    kept = keep(spool)
+    warn_kept(config, spool, what, reason)
+    return kept
+
+
+def warn_kept(config: TrackingConfig, spool: Spool, what: str, reason: str) -> None:
+    warnings.warn(
+        f"MLflow at {redact(config.tracking_uri)} could not take {what} (run "
+        f"{spool.path.name}: {reason}); it is kept in {spool.path} and sent when the run is "
+        f"closed with the server back, or by `{spool.upload_command()}`",
+        RuntimeWarning, stacklevel=3)
+
+
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
-    anything whose name looks like a credential is redacted."""
+    anything whose name looks like a credential, and any password in a URI, is redacted."""
     flat: dict[str, str] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             flat.update(flatten(value, f"{name}."))
-        elif _SECRET_NAME.search(name):
-            flat[name] = "***"
+        elif SECRET_NAME.search(name):
+            flat[name] = REDACTED
         else:
             text = value if isinstance(value, str) else json.dumps(value)
-            flat[name] = text[:_MAX_PARAM_CHARS]
+            flat[name] = redact(text)[:_MAX_PARAM_CHARS]
     return flat
 
 
@@ -78,29 +141,183 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
 
 
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    items = [Param(name, value) for name, value in params.items()]
+    for start in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[start:start + _MAX_PARAMS_PER_BATCH])
+
+
+def _log_lineage(client: MlflowClient, run_id: str, manifest: Manifest,
+                 manifest_uri: str) -> None:
+    client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
+    client.log_text(run_id, manifest.to_json(), "dataset/_MANIFEST.json")
+
+
 def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
               params: dict[str, Any], tags: dict[str, str]) -> str:
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
     all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(), **tags}
     run_id = create_run(config, all_tags)
-    client = MlflowClient(config.tracking_uri)
-    for name, value in flatten(params).items():
-        client.log_param(run_id, name, value)
-    client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
-    client.log_text(run_id, manifest.to_json(), "dataset/_MANIFEST.json")
-    return str(run_id)
+    flat = flatten(params)
+
+    def send(client: MlflowClient) -> None:
+        log_params(client, run_id, flat)
+        _log_lineage(client, run_id, manifest, manifest_uri)
+
+    def keep(spool: Spool) -> None:
+        spool.add_params(flat)
+        spool.set_lineage(manifest_uri, manifest.to_json())
+
+    send_or_keep(config, run_id, "its params and lineage", send, keep)
+    return run_id
 
 
-def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any],
-               manifest: Manifest | None = None, checkpoint_dir: str | None = None) -> None:
-    """Record the job's summary, plots and checkpoints, and close the run."""
-    from tracking.artifacts import log_checkpoints, log_plots
+def _close(client: MlflowClient, run_id: str, summary: dict[str, Any],
+           manifest: Manifest | None, checkpoint_dir: str | None) -> None:
+    from tracking.artifacts import log_checkpoints, log_plots  # matplotlib: only here
 
-    client = MlflowClient(config.tracking_uri)
     client.log_dict(run_id, summary, "training/summary.json")
     if manifest is not None:
         log_plots(client, run_id, manifest, summary)
     if checkpoint_dir is not None:
         log_checkpoints(client, run_id, checkpoint_dir)
     client.set_terminated(run_id, status="FINISHED")
+
+
+def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any],
+               manifest: Manifest | None = None, checkpoint_dir: str | None = None) -> str:
+    """Record the job's summary, plots and checkpoints, and close the run FINISHED; what
+    the run's spool holds is sent first, in order. Waits up to `delivery_wait_s` for a
+    server that cannot be reached, then keeps the close in the spool too. Returns the
+    run's id on the server (a `local-...` id while it is not there yet)."""
+    spool = Spool.of_run(config, run_id)
+    if not spool.exists():
+        send_or_keep(config, run_id, "its close",
+                     send=lambda client: _close(client, run_id, summary, manifest,
+                                                checkpoint_dir),
+                     keep=lambda kept: kept.record_finish(summary, _json(manifest),
+                                                          checkpoint_dir),
+                     wait_s=config.delivery_wait_s)
+        return run_id
+    spool.record_finish(summary, _json(manifest), checkpoint_dir)
+    return deliver(spool, config) or run_id
+
+
+def _json(manifest: Manifest | None) -> str | None:
+    return manifest.to_json() if manifest is not None else None
+
+
+def deliver(spool: Spool, config: TrackingConfig | None = None) -> str | None:
+    """Send what `spool` holds, each part once, in the order a live run would have: the
+    run, params, lineage, artifacts, metrics, the model, the close. `config` (default:
+    the spool's own settings) gives the server. Returns the server's run id, or None with
+    a warning naming the upload command if the server cannot be reached or fails again."""
+    config = config or spool.tracking_config()
+    if not wait_until_reachable(config.tracking_uri, config.delivery_wait_s):
+        warn_kept(config, spool, "what was kept", "the server did not answer")
+        return None
+    try:
+        return _deliver_parts(spool, config, MlflowClient(config.tracking_uri))
+    except Exception as error:
+        if not (is_server(config.tracking_uri) and is_transient(error)):
+            raise
+        warn_kept(config, spool, "the rest of what was kept", redact(str(error))[:500])
+        return None
+
+
+def _deliver_parts(spool: Spool, config: TrackingConfig, client: MlflowClient) -> str:
+    run_id = spool.run["run_id"]
+    if run_id is None:
+        run_id = _create_on_server(config, spool.run["tags"])
+        spool.set_server_run_id(run_id)
+    log_params(client, run_id, spool.params())  # the same values again are accepted
+    _deliver_lineage(spool, client, run_id)
+    if spool.artifacts_dir.exists():
+        client.log_artifacts(run_id, str(spool.artifacts_dir))  # overwrites: idempotent
+    _deliver_metrics(spool, client, run_id)
+    _deliver_model(spool, config, run_id)
+    _deliver_close(spool, client, run_id)
+    return str(run_id)
+
+
+def _deliver_lineage(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    lineage = spool.lineage()
+    if lineage is None or spool.progress().get("lineage"):
+        return
+    manifest_json = (spool.artifacts_dir / "dataset/_MANIFEST.json").read_text()
+    manifest = Manifest.from_json(manifest_json, str(spool.path))
+    client.log_inputs(run_id, datasets=[dataset_input(manifest, lineage["manifest_uri"])])
+    spool.mark("lineage")
+
+
+def _deliver_metrics(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    """Each metrics file from its first unsent line; progress is saved per batch."""
+    for file_name, num_sent, values in spool.unsent_metrics():
+        for start in range(0, len(values), _BATCH):
+            batch: list[Metric] = values[start:start + _BATCH]
+            client.log_batch(run_id, metrics=batch)
+            spool.mark_metric_lines(file_name, num_sent + start + len(batch))
+
+
+def _deliver_model(spool: Spool, config: TrackingConfig, run_id: str) -> None:
+    if spool.model_dir.exists() and spool.progress().get("model_uri") is None:
+        from tracking.registry import log_kept_model  # torch: only when a model is kept
+
+        spool.mark("model_uri", log_kept_model(config, run_id, spool))
+
+
+def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
+    finish = spool.finish()
+    if finish is None or spool.progress().get("closed"):
+        return
+    manifest = (Manifest.from_json(finish["manifest"], str(spool.path))
+                if finish["manifest"] else None)
+    _close(client, run_id, finish["summary"], manifest, finish["checkpoint_dir"])
+    spool.mark("closed")
+
+
+def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:
+    """The `champion` version of registered model `name` (version, score, run id), or None
+    when there is none; `TrackingUnavailable` when the store cannot say."""
+    try:
+        version = MlflowClient(tracking_uri).get_model_version_by_alias(name, "champion")
+    except MlflowException as error:
+        if error.get_http_status_code() < 500:  # no such model or alias
+            return None
+        raise TrackingUnavailable(f"MLflow at {redact(tracking_uri)}: "
+                                  f"{redact(str(error))[:300]}") from error
+    score = version.tags.get(SCORE_TAG)
+    return {"version": int(version.version), "run_id": version.run_id,
+            "score": float(score) if score is not None else None}
+
+
+def run_page_url(tracking_uri: str, run_id: str) -> str | None:
+    """The run's page on the configured server's UI; None for a local store (there is no
+    server to link to: `how_to_open` gives the command) or a run not on the server yet."""
+    if not is_server(tracking_uri) or is_local_run(run_id):
+        return None
+    return f"{without_credentials(tracking_uri).rstrip('/')}/#/runs/{run_id}"
+
+
+def how_to_open(tracking_uri: str, run_id: str, spool_dir: str | None = None) -> str:
+    """For a person: the run's page, or the command that opens a UI on a local store; for
+    a run still in its spool, where it is kept and the command that sends it."""
+    spool = Spool.of_run(TrackingConfig(tracking_uri=tracking_uri, spool_dir=spool_dir),
+                         run_id)
+    sent_id = spool.run.get("run_id") if spool.exists() else None
+    if is_local_run(run_id) and sent_id is None:
+        return (f"run {run_id} is not on {redact(tracking_uri)} yet (it could not be reached); "
+                f"it is kept in {spool.path}: `{spool.upload_command()}` sends it")
+    run_id = sent_id or run_id
+    url = run_page_url(tracking_uri, run_id)
+    if url is not None:
+        return f"open {url}"
+    return (f"{ui_command(tracking_uri)}  (then the run is at #/runs/{run_id} of the "
+            "address it prints)")
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The exact command that starts an MLflow UI on a local store, with this Python."""
+    return (f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri "
+            f"{shlex.quote(tracking_uri)}")

@@ -1,14 +1,19 @@
 """One training rank: `python -m training --config FILE.yaml [--resume] [--ckpt-path PATH]`.
 
-torchrun starts it once per rank (training/launch.py), as do srun and a
-Kubernetes PyTorchJob (training/launchers.py); under torchrun Lightning finds
-TorchElasticEnvironment and spawns nothing (docs/architecture.md M1). Run without
-a launcher it trains in one process. `--resume` continues from `last.ckpt` in
-the checkpoint directory when there is one (what a job-level retry passes).
-Rank 0 writes `<output_dir>/summary.json`. The config may be any fsspec URI. After
-a successful run the process groups are destroyed and the process ends without
-interpreter shutdown, where torch.distributed sometimes aborts ("terminate called
-without an active exception") after the work is done (`training.train.exit_rank`).
+A launcher (training/launch/) starts it once per rank under torchrun, whether on
+this machine, on several nodes, through srun or in a PyTorchJob's pods; under
+torchrun Lightning finds TorchElasticEnvironment and spawns nothing
+(docs/architecture.md M1). Run without a launcher it trains in one process.
+`--resume` continues from `last.ckpt` in the checkpoint directory when there is
+one (what a retry passes). Rank 0 writes `<output_dir>/summary.json`. The config
+may be any fsspec URI.
+
+A config or data error (training/launch/failures.py) ends the rank with status 2,
+its cause in one line on stderr and its traceback in `<output_dir>/errors/`, so
+that the launcher does not retry it. After a successful run the process groups
+are destroyed and the process ends without interpreter shutdown, where
+torch.distributed sometimes aborts ("terminate called without an active
+exception") after the work is done (`training.train.exit_rank`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from training.config import load_train_config
+from training.launch.failures import is_config_error, report_config_error
 from training.train import close_process_group, exit_rank, run_training
 
 
@@ -27,14 +33,17 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", action="store_true", help="Resume from last.ckpt when there is one."
     )
     args = parser.parse_args(argv)
-    cfg = load_train_config(args.config)
-    if args.resume:
-        cfg = cfg.model_copy(update={"resume": True})
+    output_dir = None
     try:
-        run_training(cfg, ckpt_path=args.ckpt_path)
-    except BaseException:
+        cfg = load_train_config(args.config)
+        output_dir = cfg.output_dir
+        run_training(cfg.model_copy(update={"resume": cfg.resume or args.resume}),
+                     ckpt_path=args.ckpt_path)
+    except BaseException as error:
         close_process_group(wait_for_peers=False)
-        raise
+        if not is_config_error(error):
+            raise
+        return report_config_error(error, output_dir)
     return 0
 
 

@@ -1,7 +1,7 @@
 """`summary.json`: what a training run reports back to its launcher, and its figures.
 
 Rank 0 writes it under the run's `output_dir` (training/train.py); the launcher
-reads it back (training/launch.py). `summarise` gathers the figures of a finished
+reads it back (training/launch/job.py). `summarise` gathers the figures of a finished
 fit: steps and batches of every rank, losses, the confusion summary, communication
 totals, and every rank's parameter, optimizer-state and peak memory bytes. It is
 a collective (every rank calls it, in the same order of gathers).

@@ -5,8 +5,8 @@ model, strategy, callbacks, Trainer), fits it, resuming from `last.ckpt` when
 `cfg.resume` is set or `ckpt_path` is given, and closes the run: the summary's
 figures (training/summary.py; a collective), the trained network logged to MLflow
 from rank 0, and `<output_dir>/summary.json`. It never spawns processes itself:
-launch it with `python -m training` under torchrun (training/launch.py), srun or a
-PyTorchJob (training/launchers.py, docs/architecture.md M1). `close_process_group`
+launch it with `python -m training` under torchrun, srun or a PyTorchJob
+(training/launch/, docs/architecture.md M1). `close_process_group`
 and `exit_rank` end a rank's process.
 """
 

@@ -108,5 +108,5 @@ def build_logger(cfg: TrainConfig) -> Logger | bool:
         return False
     from tracking.logger import make_lightning_logger
 
-    logger: Logger = make_lightning_logger(cfg.tracking, cfg.output_dir)
+    logger: Logger = make_lightning_logger(cfg.tracking)
     return logger

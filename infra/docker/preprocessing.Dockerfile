@@ -16,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Workers keep freed memory in glibc's heap: Dask's nanny default (a 64 KiB trim threshold)
 # page-faults on every numpy temporary (docs/architecture.md M21). The nanny takes these from
 # its environment over its own default and passes them to the worker processes it spawns.
-# The values of preprocessing.reshard.WORKER_MALLOC_ENV.
+# The values of preprocessing.executor.WORKER_MALLOC_ENV.
 ENV MALLOC_MMAP_THRESHOLD_=67108864 \
     MALLOC_TRIM_THRESHOLD_=268435456
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.params import EvaluateParams, InferenceParams, JobParams, PipelineParams
+from flows.params import EvaluateParams, InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
 from flows.summary import format_summary
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -19,6 +19,7 @@ from preprocessing.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.inference import load_classifier
 from training.config import LoaderConfig, TrainConfig
+from training.launch import LaunchConfig, RetryPolicy
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Pipeline
                           tracking=TrackingConfig(tracking_uri=f"sqlite:///{work}/mlflow.db",
                                                   experiment="e2e",
                                                   registered_model_name="e2e-classifier")),
-        job=JobParams(num_processes=2, retries=0),
+        job=LaunchConfig(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
     )
 
 

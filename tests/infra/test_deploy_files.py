@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from flows.params import PipelineParams, ReshardParams, load_preset
-from preprocessing.reshard import WORKER_MALLOC_ENV
+from preprocessing.executor import WORKER_MALLOC_ENV
 from tests.infra.deploy_files import (
     INFRA,
     K8S_VERSIONS,
@@ -37,7 +37,7 @@ from tests.infra.deploy_files import (
 )
 from training.config import load_train_config
 
-# Written by `python -m training.launchers render`, not by hand: schema-checked here, while
+# Written by `python -m training.launch render`, not by hand: schema-checked here, while
 # its pods' security settings are the launcher's.
 RENDERED = {"pytorchjob.yaml"}
 TEMPLATE = json.loads((INFRA / "k8s" / "prefect-base-job-template.json").read_text())

@@ -11,7 +11,6 @@ import mlflow
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -21,7 +20,7 @@ from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote
 from tracking.run import finish_run, flatten, start_run
 from training.config import LoaderConfig, ModelConfig, TrainConfig
-from training.launch import launch_local
+from training.launch import LaunchConfig, RetryPolicy, run_job
 
 SECRET = f"do-not-log-{uuid.uuid4().hex}"
 
@@ -34,10 +33,9 @@ def tracked_job(tmp_path: Path, name: str, manifest_uri: str, tracking: Tracking
     config = TrainConfig(dataset=location, output_dir=str(tmp_path / name), max_epochs=epochs,
                          loader=LoaderConfig(batch_size=32), model=model,
                          tracking=tracking.model_copy(update={"run_id": run_id}))
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    summary = launch_local(path, nproc_per_node=1, timeout_s=600)
-    finish_run(tracking, run_id, summary, manifest, f"{tmp_path / name}/checkpoints")
+    job = LaunchConfig(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
+    summary = run_job(config, job)
+    finish_run(tracking, run_id, summary, manifest, config.checkpoint_uri)
     return run_id, summary
 
 

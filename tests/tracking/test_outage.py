@@ -1,21 +1,71 @@
-"""Training survives a tracking server outage; buffered metrics arrive when it is back."""
+"""A stopped `mlflow server` costs time, never data: training completes, and the run, its
+params, metrics and model reach the server once it is back (at the run's close, or by
+`python -m tracking upload`). Each test stops and restarts a real server process."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
+import mlflow
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.manifest import Manifest, read_manifest, shard_uri
 from preprocessing.reshard import run_reshard
 from tests.services import free_port, start_mlflow_server, stop_server
 from tracking.config import TrackingConfig
-from tracking.run import start_run
-from training.config import LoaderConfig, TrainConfig
-from training.launch import launch_local
+from tracking.registry import register_and_promote
+from tracking.run import finish_run, start_run
+from tracking.spool import Spool
+from training.config import LoaderConfig, TrainConfig, load_train_config
+from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch.processes import child_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_tracking_uri(monkeypatch) -> None:
+    """mlflow.set_tracking_uri is process-global; each test starts without one."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def reshard(tiny_raw: Path, tmp_path: Path, dask_client: Any) -> tuple[Manifest, str]:
+    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                                       output_root=str(tmp_path / "ds")), dask_client)
+    return result.manifest, result.manifest_uri
+
+
+def tracking_at(port: int, tmp_path: Path, **fields: Any) -> TrackingConfig:
+    return TrackingConfig(tracking_uri=f"http://127.0.0.1:{port}", experiment="outage",
+                          spool_dir=str(tmp_path / "spool"), system_metrics_interval_s=1.0,
+                          **fields)
+
+
+def launch_once(path: Path) -> dict[str, Any]:
+    """One attempt of the job on one process: a fault must not need a retry to be survived."""
+    launch = LaunchConfig(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
+    return run_job(load_train_config(path), launch)
+
+
+def job_config(tmp_path: Path, manifest_uri: str, tracking: TrackingConfig,
+               max_epochs: int) -> Path:
+    config = TrainConfig(dataset=manifest_uri, output_dir=str(tmp_path / "job"),
+                         max_epochs=max_epochs, loader=LoaderConfig(batch_size=16),
+                         tracking=tracking)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return path
 
 
 def wait_for_metrics(client: MlflowClient, run_id: str, timeout_s: float = 120) -> None:
@@ -28,32 +78,50 @@ def wait_for_metrics(client: MlflowClient, run_id: str, timeout_s: float = 120) 
 
 
 def logged_values(client: MlflowClient, run_id: str) -> int:
-    """Values stored for the job's own metrics (system metrics go through MLflow's monitor,
-    not through the buffered logger whose deliveries the summary counts)."""
+    """Values stored for the job's own metrics (system metrics are sent by each node's
+    sampler, not by the rank-0 logger whose counts the summary reports)."""
     keys = [key for key in client.get_run(run_id).data.metrics if not key.startswith("system/")]
     return sum(len(client.get_metric_history(run_id, key)) for key in keys)
 
 
-def test_training_completes_through_an_outage_and_metrics_arrive_after(tiny_raw, tmp_path,
-                                                                       dask_client) -> None:
-    """Invariants: with the server stopped mid-run, training still completes; delivery
-    failed at least once (the outage happened while metrics were flowing); after the
-    server returns, every metric value the logger accepted is stored: delivered equals
-    what MLflow holds, and nothing is reported undelivered or dropped; the node's system
-    metrics are there too (their last sample is taken after the server is back)."""
-    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path / "ds")), dask_client)
+def assert_complete(client: MlflowClient, run_id: str, summary: dict[str, Any],
+                    manifest: Manifest) -> None:
+    """FINISHED; every value the logger accepted is stored; system metrics, plots,
+    checkpoints and the summary are there; the dataset input is the version."""
+    run = client.get_run(run_id)
+    delivery = summary["tracking_delivery"]
+    assert run.info.status == "FINISHED"
+    assert logged_values(client, run_id) == delivery["delivered"] + delivery["kept_locally"]
+    assert {"train_loss", "val_macro_f1"} <= set(run.data.metrics)
+    assert any(key.startswith("system/node_0/") for key in run.data.metrics)
+    assert run.inputs.dataset_inputs[0].dataset.digest == manifest.version_id
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"plots", "checkpoints", "training", "dataset"} <= artifacts
+
+
+def assert_predicts(tracking_uri: str, model_uri: str, manifest_uri: str) -> None:
+    """The model loads from the server and gives one row of class logits per input row."""
+    mlflow.set_tracking_uri(tracking_uri)
+    manifest, location = read_manifest(manifest_uri)
+    shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
+    features = np.stack(shard.column("features").to_numpy(zero_copy_only=False))
+    logits = np.asarray(mlflow.pyfunc.load_model(model_uri).predict(features.astype("float32")))
+    assert logits.shape == (shard.num_rows, len(manifest.classes))
+
+
+def test_outage_mid_run_costs_time_only(tiny_raw, tmp_path, dask_client) -> None:
+    """Fault: the server is stopped while metrics flow and restarted while the job runs or
+    ends. Invariants: training completes; delivery failed at least once (the outage hit);
+    nothing is kept locally (the end of the job waits for the server); the closed run is
+    complete and its model loads from the server."""
+    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
-    tracking = TrackingConfig(tracking_uri=f"http://127.0.0.1:{port}", experiment="outage")
-    run_id = start_run(tracking, result.manifest, result.manifest_uri, {}, {})
-    config = TrainConfig(dataset=result.manifest_uri, output_dir=str(tmp_path / "job"),
-                         max_epochs=10, loader=LoaderConfig(batch_size=16),
-                         tracking=tracking.model_copy(update={"run_id": run_id}))
-    config_path = Path(tmp_path / "train.yaml")
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    tracking = tracking_at(port, tmp_path)
+    run_id = start_run(tracking, manifest, manifest_uri, {}, {})
+    path = job_config(tmp_path, manifest_uri, tracking.model_copy(update={"run_id": run_id}), 10)
     summary: dict = {}
-    job = threading.Thread(target=lambda: summary.update(launch_local(config_path, 1, 600)))
+    job = threading.Thread(target=lambda: summary.update(launch_once(path)))
     job.start()
     client = MlflowClient(tracking.tracking_uri)
     wait_for_metrics(client, run_id)
@@ -63,9 +131,76 @@ def test_training_completes_through_an_outage_and_metrics_arrive_after(tiny_raw,
     try:
         job.join(timeout=600)
         delivery = summary["tracking_delivery"]
-        assert delivery["failed_attempts"] > 0
-        assert delivery["undelivered"] == 0 and not delivery["dropped_by_metric"]
-        assert logged_values(client, run_id) == delivery["delivered"] > 0
-        assert any(key.startswith("system/node_0/") for key in client.get_run(run_id).data.metrics)
+        assert delivery["failed_attempts"] > 0 and delivery["kept_locally"] == 0
+        assert summary["model_uri"].startswith("models:/")
+        finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints")
+        assert_complete(client, run_id, summary, manifest)
+        assert_predicts(tracking.tracking_uri, summary["model_uri"], manifest_uri)
+    finally:
+        stop_server(server)
+
+
+def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(tiny_raw, tmp_path,
+                                                                     dask_client) -> None:
+    """Fault: no server from the run's start to its close. Invariants: training completes
+    on a `local-` run; everything is kept in its spool; after the server starts,
+    `python -m tracking upload <dir>` creates the run and it is complete (params,
+    lineage, every metric value, system metrics, plots, checkpoints, FINISHED) with a
+    model that loads from the server."""
+    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
+    port = free_port()
+    tracking = tracking_at(port, tmp_path, delivery_wait_s=1.0)
+    with warnings.catch_warnings(record=True):
+        run_id = start_run(tracking, manifest, manifest_uri, {"job": "down"}, {})
+    assert run_id.startswith("local-")
+    path = job_config(tmp_path, manifest_uri, tracking.model_copy(update={"run_id": run_id}), 2)
+    summary = launch_once(path)
+    assert summary["run_id"] == run_id and summary["tracking_delivery"]["kept_locally"] > 0
+    with warnings.catch_warnings(record=True):
+        finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints")
+    spool = Spool.of_run(tracking, run_id)
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        upload = subprocess.run([sys.executable, "-m", "tracking", "upload", str(spool.path)],
+                                env=child_env(), capture_output=True, text=True, timeout=600)
+        assert upload.returncode == 0, upload.stderr
+        sent_id = spool.run["run_id"]
+        assert sent_id in upload.stdout
+        client = MlflowClient(tracking.tracking_uri)
+        assert client.get_run(sent_id).data.params["job"] == "down"
+        assert_complete(client, sent_id, summary, manifest)
+        assert_predicts(tracking.tracking_uri, spool.progress()["model_uri"], manifest_uri)
+    finally:
+        stop_server(server)
+
+
+def test_down_through_the_job_and_log_model_delivered_at_the_close(tiny_raw, tmp_path,
+                                                                   dask_client) -> None:
+    """Fault: the server stops after the run is created and stays down for the whole job
+    (every metric, system metrics, `log_model`); it is back for the close. Invariants:
+    training completes and keeps the model locally; `finish_run` sends everything, so
+    the run is complete and FINISHED; the kept model registers as champion from the
+    summary's model URI and loads from the registry."""
+    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    tracking = tracking_at(port, tmp_path, delivery_wait_s=2.0,
+                           registered_model_name="outage-clf")
+    run_id = start_run(tracking, manifest, manifest_uri, {}, {})
+    stop_server(server)
+    path = job_config(tmp_path, manifest_uri, tracking.model_copy(update={"run_id": run_id}), 2)
+    summary = launch_once(path)
+    assert summary["tracking_delivery"]["kept_locally"] > 0
+    assert not summary["model_uri"].startswith("models:/")
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        assert finish_run(tracking, run_id, summary, manifest,
+                          f"{tmp_path}/job/checkpoints") == run_id
+        client = MlflowClient(tracking.tracking_uri)
+        assert_complete(client, run_id, summary, manifest)
+        registered = register_and_promote(tracking, summary["model_uri"], "outage-clf",
+                                          summary["val_macro_f1"])
+        assert registered["alias"] == "champion"
+        assert_predicts(tracking.tracking_uri, "models:/outage-clf@champion", manifest_uri)
     finally:
         stop_server(server)

@@ -17,7 +17,7 @@ import torch
 
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
-from training.launch import child_env
+from training.launch.processes import child_env
 
 JOB = Path(__file__).with_name("ddp_resume_job.py")
 BATCH_SIZE, EVERY_N_STEPS, NUM_ROWS = 8, 6, 1200

@@ -1,20 +1,39 @@
-"""A real two-process DDP run on CPU (gloo) through torchrun, as a flow launches it."""
+"""Real jobs through the launcher (torchrun, gloo on CPU), as a flow launches them: a
+two-rank DDP run, the dataset version pinned at launch, config or data errors that fail
+once, in one line, and tracking credentials that reach the ranks but no file."""
 
 from __future__ import annotations
 
+import base64
 import math
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
+from mlflow.tracking import MlflowClient
 
-from training.launch import TrainingFailed, launch_local, torchrun_command
+from preprocessing.manifest import ManifestError, read_current_version, resolve_manifest_uri
+from tests.training.conftest import write_dataset
+from tracking.config import TrackingConfig
+from training.config import LoaderConfig, ModelConfig, TrainConfig, load_train_config
+from training.launch import LaunchConfig, RetryPolicy, TrainingFailed, run_job
+from training.launch.job import PINNED_CONFIG_NAME
+from training.launch.processes import child_env
+
+RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 
 
-def write_config(path: Path, **fields: object) -> Path:
-    path.write_text(yaml.safe_dump(fields))
-    return path
+def local_job(num_processes: int, attempts: int = 1) -> LaunchConfig:
+    return LaunchConfig(num_processes_per_node=num_processes, timeout_s=300,
+                        retry=RetryPolicy(attempts=attempts, backoff_s=0))
 
 
 @pytest.mark.slow
@@ -24,38 +43,183 @@ def test_two_rank_ddp_run_gives_equal_batches_per_rank(
     """Both ranks train the same positive number of batches (DDP never waits on a missing
     one), validation covers every holdout row once, and macro F1 is a number in [0, 1]."""
     root = make_dataset(2000, holdout_rows=301, num_shards=4, row_group_size=128)
-    config = write_config(
-        tmp_path / "train.yaml",
-        dataset=root,
-        output_dir=str(tmp_path / "run"),
-        max_epochs=2,
-        process_group_timeout_s=120,
-        loader={"batch_size": 64, "num_workers": 1},
-    )
-    summary = launch_local(config, nproc_per_node=2, timeout_s=300)
+    cfg = TrainConfig(dataset=root, output_dir=str(tmp_path / "run"), max_epochs=2,
+                      process_group_timeout_s=120,
+                      loader=LoaderConfig(batch_size=64, num_workers=1))
+    summary = run_job(cfg, local_job(2))
     assert summary["world_size"] == 2
     assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
     assert sum(map(sum, summary["confusion_matrix"])) == 301
     assert 0.0 <= summary["val_macro_f1"] <= 1.0 and not math.isnan(summary["val_macro_f1"])
+    assert [attempt["returncode"] for attempt in summary["attempts"]] == [0]
+
+
+def test_a_missing_dataset_fails_before_any_rank_starts(tmp_path: Path) -> None:
+    """A dataset that is not a ballast version is refused by the launcher itself, naming
+    it, before a rank starts or a config is written."""
+    cfg = TrainConfig(dataset=str(tmp_path / "nowhere"), output_dir=str(tmp_path / "run"))
+    with pytest.raises(ManifestError, match=r"nowhere: no _MANIFEST\.json"):
+        run_job(cfg, local_job(1, attempts=3))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
-def test_failed_launch_raises_with_the_output_tail(tmp_path: Path) -> None:
-    """A job that cannot start fails with TrainingFailed carrying the ranks' own error."""
-    config = write_config(
-        tmp_path / "train.yaml", dataset=str(tmp_path / "nowhere"), output_dir=str(tmp_path)
-    )
-    with pytest.raises(TrainingFailed, match=r"no _MANIFEST\.json") as raised:
-        launch_local(config, nproc_per_node=1, timeout_s=120)
-    assert raised.value.returncode not in (0, None)
+def test_a_data_error_on_the_ranks_fails_once_in_one_line(
+    dataset_cache: Callable[..., str], tmp_path: Path
+) -> None:
+    """A train split smaller than one global batch is a data error: both ranks exit with
+    the config-error status, the job is not retried although the policy allows 3
+    attempts, and TrainingFailed reads as one line naming the cause and the log that
+    holds the traceback."""
+    cfg = TrainConfig(dataset=dataset_cache(40, row_group_size=8),
+                      output_dir=str(tmp_path / "run"), loader=LoaderConfig(batch_size=64))
+    with pytest.raises(TrainingFailed) as raised:
+        run_job(cfg, local_job(2, attempts=3))
+    failure = raised.value
+    assert len(failure.attempts) == 1 and failure.returncode not in (0, None)
+    assert "fewer than one global batch" in str(failure) and "\n" not in str(failure)
+    assert failure.config_error is not None and "error on 2 ranks:" in str(failure)
+    log = tmp_path / "run" / "errors" / "rank-0.log"
+    assert f"(traceback: {log})" in failure.config_error
+    assert "Traceback (most recent call last)" in log.read_text()
 
 
-def test_torchrun_command_lines() -> None:
-    """One node: standalone rendezvous; several: c10d at the given endpoint; never restarts."""
-    one = torchrun_command("c.yaml", 2)
-    assert "--standalone" in one and one[-4:] == ["-m", "training", "--config", "c.yaml"]
-    many = torchrun_command("c.yaml", 4, nnodes=2, rdzv_endpoint="host:29400")
-    assert many[many.index("--rdzv-endpoint") + 1] == "host:29400" and "--standalone" not in many
-    assert all(c[c.index("--max-restarts") + 1] == "0" for c in (one, many))
-    with pytest.raises(ValueError, match="rdzv_endpoint"):
-        torchrun_command("c.yaml", 4, nnodes=2)
+def test_a_rank_exits_2_on_a_config_error_with_its_cause_in_one_line(tmp_path: Path) -> None:
+    """`python -m training` with an invalid config exits with status 2 (not 1, which any
+    crash gives), prints the cause naming the field in its last stderr line, and keeps the
+    traceback in the log file that line names."""
+    config = tmp_path / "train.yaml"
+    config.write_text(f"dataset: x\noutput_dir: {tmp_path}\nmax_epochs: 0\n")
+    done = subprocess.run([sys.executable, "-m", "training", "--config", str(config)],
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("config or data error on rank 0: ValidationError:")
+    assert "max_epochs" in last
+    log = Path(last.rsplit("(traceback: ", 1)[1].rstrip(")"))
+    assert "Traceback (most recent call last)" in log.read_text()
+
+
+class VersionCommitter(threading.Thread):
+    """Commits a second version (twice the rows) into `root` once the launcher has pinned
+    the job, i.e. while its ranks start; records when `_CURRENT` moved."""
+
+    def __init__(self, root: Path, pinned_config: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.pinned_config = root, pinned_config
+        self.committed_at: float | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.pinned_config.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        write_dataset(self.root, 1280, row_group_size=32)
+        self.committed_at = time.time()
+
+
+@pytest.mark.slow
+def test_every_rank_reads_the_version_pinned_at_launch(tmp_path: Path) -> None:
+    """A version committed while the job starts (after the launcher resolved `_CURRENT`,
+    before any rank trained) changes nothing: the job names the version current at
+    launch, and both ranks train that version's batch count, not the new one's."""
+    root, records = tmp_path / "data", tmp_path / "records"
+    records.mkdir()
+    write_dataset(root, 640, row_group_size=32)
+    pinned_version = resolve_manifest_uri(str(root))
+    cfg = TrainConfig(dataset=str(root), output_dir=str(tmp_path / "run"), max_epochs=1,
+                      loader=LoaderConfig(batch_size=32),
+                      model=ModelConfig(class_path=RECORDING_MODEL, hidden_sizes=[8],
+                                        options={"record_dir": str(records)}))
+    committer = VersionCommitter(root, tmp_path / "run" / PINNED_CONFIG_NAME)
+    committer.start()
+    summary = run_job(cfg, local_job(2))
+    committer.join()
+    assert committer.committed_at is not None
+    assert read_current_version(str(root)) == "test1280x0x3x32"  # the commit landed
+    started = min((records / f"pid-rank{rank}").stat().st_mtime for rank in range(2))
+    assert committer.committed_at < started, "the ranks started before the commit"
+    assert summary["manifest_uri"] == pinned_version
+    assert summary["batches_per_rank"] == [640 // 64] * 2
+
+
+class BasicAuthProxy(ThreadingHTTPServer):
+    """A loopback HTTP proxy in front of `upstream` that answers 401 to any request without
+    Basic auth for `credentials` (user:password), and counts both kinds of request."""
+
+    def __init__(self, upstream: str, credentials: str) -> None:
+        super().__init__(("127.0.0.1", 0), ForwardingHandler)
+        self.upstream = upstream
+        self.expected = "Basic " + base64.b64encode(credentials.encode()).decode()
+        self.counts = {"authorized": 0, "rejected": 0}
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+class ForwardingHandler(BaseHTTPRequestHandler):
+    """Checks the Authorization header, then replays the request upstream."""
+
+    server: BasicAuthProxy
+
+    def forward(self) -> None:
+        if self.headers.get("Authorization") != self.server.expected:
+            self.server.counts["rejected"] += 1
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.server.counts["authorized"] += 1
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() not in ("host", "authorization", "connection")}
+        request = urllib.request.Request(self.server.upstream + self.path, data=body or None,
+                                         headers=headers, method=self.command)
+        try:
+            response = urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as error:
+            response = error
+        with response:
+            payload = response.read()
+            self.send_response(response.status)
+            for key, value in response.headers.items():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test reads the counts."""
+
+
+@pytest.mark.slow
+def test_tracking_credentials_reach_the_ranks_but_no_file(
+    mlflow_uri: str, dataset_cache: Callable[..., str], tmp_path: Path
+) -> None:
+    """With a tracking URI holding user:password, in front of a server that refuses any
+    request without them: the job's run is created and its metrics arrive (every request,
+    the ranks' included, authenticated: none refused), and no file the job wrote, the
+    pinned config first, holds the password."""
+    password = f"pw-{uuid.uuid4().hex}"
+    proxy = BasicAuthProxy(mlflow_uri, f"ada:{password}")
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        tracking = TrackingConfig(tracking_uri=f"http://ada:{password}@{proxy.address}",
+                                  experiment="credentials", registered_model_name=None)
+        cfg = TrainConfig(dataset=dataset_cache(256, row_group_size=32), max_epochs=1,
+                          output_dir=str(tmp_path / "run"), loader=LoaderConfig(batch_size=32),
+                          tracking=tracking)
+        summary = run_job(cfg, local_job(1))
+    finally:
+        proxy.shutdown()
+    assert proxy.counts["rejected"] == 0 and proxy.counts["authorized"] > 0
+    assert summary["tracking_delivery"]["undelivered"] == 0
+    assert "train_loss" in MlflowClient(mlflow_uri).get_run(summary["run_id"]).data.metrics
+    pinned = load_train_config(tmp_path / "run" / PINNED_CONFIG_NAME)
+    assert pinned.tracking is not None
+    assert pinned.tracking.tracking_uri == f"http://{proxy.address}"
+    written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert written and not [p for p in written if password.encode() in p.read_bytes()]

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from tracking.config import TrackingConfig
-from training.config import LoaderConfig, TrainConfig, TransformerConfig
+from tracking.run import create_run
+from training.config import LoaderConfig, TransformerConfig
 from training.data.loader import ShardStream
-from training.launch import child_env, create_tracking_run
+from training.launch.processes import child_env
 from training.models.tokens import TokenDatasetSpec, write_token_dataset
 from training.models.transformer import TokenTransformer
 
@@ -49,10 +50,10 @@ def run_suite(
 def tracked_runs(tmp_path: Path, names: list[str]) -> dict[str, Any]:
     """A sqlite MLflow store with one run per name, made before any rank starts."""
     uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts")
-    cfg = TrainConfig(dataset="-", output_dir="-", tracking=TrackingConfig(
-        tracking_uri=uri, experiment="strategies", artifact_location=artifacts))
+    tracking = TrackingConfig(tracking_uri=uri, experiment="strategies",
+                              artifact_location=artifacts)
     return {"tracking_uri": uri, "artifact_location": artifacts,
-            "run_ids": {name: create_tracking_run(cfg) for name in names}}
+            "run_ids": {name: create_run(tracking) for name in names}}
 
 
 def holdout_confusion(tracking_uri: str, model_uri: str, dataset: str) -> np.ndarray:

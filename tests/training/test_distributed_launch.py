@@ -1,5 +1,6 @@
 """Launch topologies and faults on this machine: two torchrun "nodes" meeting at a c10d
-rendezvous on localhost, and one rank SIGKILLed mid-epoch, recovered by a job-level retry."""
+rendezvous on localhost, and one rank SIGKILLed mid-epoch, recovered by the launcher's
+retry, which resumes on the version pinned at launch although a newer one was committed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import pytest
 import yaml
 
 from tests.services import free_port
-from training.launch import child_env, launch_with_retries, stop_process_group
-from training.launchers import LaunchConfig, TorchrunLauncher
+from tests.training.conftest import write_dataset
+from training.config import load_train_config
+from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch.launchers import MultiNodeTorchrunLauncher
+from training.launch.processes import child_env, stop_process_group
 from training.summary import read_summary
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
@@ -39,9 +43,9 @@ def test_two_torchrun_nodes_on_localhost_train_the_same_steps(
         output_dir=str(tmp_path / "run"), max_epochs=1, process_group_timeout_s=60,
         loader={"batch_size": 32}, model={"hidden_sizes": [16]},
     )
-    spec = LaunchConfig(nnodes=2, nproc_per_node=1, job_name="two-nodes",
-                        rdzv_endpoint=f"127.0.0.1:{free_port()}")
-    command = TorchrunLauncher(spec).command(str(config))
+    spec = LaunchConfig(kind="multinode", num_nodes=2, num_processes_per_node=1,
+                        job_name="two-nodes", rdzv_endpoint=f"127.0.0.1:{free_port()}")
+    command = MultiNodeTorchrunLauncher(spec).command(str(config))
     logs = [open(tmp_path / f"node{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     nodes = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
                               start_new_session=True) for log in logs]
@@ -67,11 +71,12 @@ def read_records(path: Path) -> list[tuple[str, int, list[int]]]:
 
 
 class RankKiller(threading.Thread):
-    """SIGKILLs rank 1 once its records show two steps past the first checkpoint (5)."""
+    """SIGKILLs rank 1 once its records show two steps past the first checkpoint (5), then
+    commits a newer version (twice the rows) into the dataset root, before the retry."""
 
-    def __init__(self, records: Path, checkpoint: Path) -> None:
+    def __init__(self, records: Path, checkpoint: Path, root: Path) -> None:
         super().__init__(daemon=True)
-        self.records, self.checkpoint = records, checkpoint
+        self.records, self.checkpoint, self.root = records, checkpoint, root
         self.killed_at: float | None = None
 
     def run(self) -> None:
@@ -82,41 +87,42 @@ class RankKiller(threading.Thread):
             if steps and max(steps) >= 7 and self.checkpoint.exists():
                 os.kill(int((self.records / "pid-rank1").read_text()), signal.SIGKILL)
                 self.killed_at = time.time()
+                write_dataset(self.root, 2400, num_shards=4, row_group_size=32)
                 return
             time.sleep(0.02)
 
 
-def retried_by_prefect(config: Path) -> dict[str, Any]:
-    """The flows' training task with one Prefect retry, in a flow on a temporary API; the
-    run is opened first, as the flows do."""
+JOB = LaunchConfig(num_processes_per_node=2, timeout_s=300,
+                   retry=RetryPolicy(attempts=2, backoff_s=0))
+
+
+def through_the_flow_task(config: Path) -> dict[str, Any]:
+    """The flows' training task, in a flow on a temporary API: it runs the job through the
+    launcher, whose policy retries; the task itself has no retries."""
     from prefect import flow
     from prefect.testing.utilities import prefect_test_harness
 
     from flows import tasks
-    from training.config import load_train_config
-    from training.launch import create_tracking_run
+
+    assert tasks.train.retries == 0
 
     @flow
-    def retried() -> dict[str, Any]:
-        cfg = load_train_config(config)
-        assert cfg.tracking is not None
-        tracking = cfg.tracking.model_copy(update={"run_id": create_tracking_run(cfg)})
-        task = tasks.train.with_options(retries=1, retry_delay_seconds=0)
-        return task(cfg.model_copy(update={"tracking": tracking}), num_processes=2,
-                    timeout_s=300)
+    def train() -> dict[str, Any]:
+        return tasks.train(load_train_config(config), JOB)
 
     with prefect_test_harness(server_startup_timeout=120):
-        return retried()
+        return train()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("retried_by", ["launcher", "prefect"])
+@pytest.mark.parametrize("launched_by", ["launcher", "flow task"])
 def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
-    dataset_cache: Callable[..., str], tmp_path: Path, retried_by: str
+    make_dataset: Callable[..., str], tmp_path: Path, launched_by: str
 ) -> None:
     """A rank SIGKILLed mid-epoch ends its attempt well within the process-group timeout (no
-    hang); the retry (of `launch_with_retries`, or of the flows' Prefect task) resumes from
-    the last checkpoint into the same MLflow run and ends at the step count of an
+    hang); the launcher's retry (called directly, or by the flows' task) resumes from the
+    last checkpoint into the same MLflow run, on the dataset version pinned at launch
+    although a newer one was committed after the kill, and ends at the step count of an
     uninterrupted epoch; over both attempts every sample of the epoch is trained exactly
     once (the steps after the checkpoint are redone, none is skipped)."""
     from mlflow.tracking import MlflowClient
@@ -124,8 +130,9 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     records, out = tmp_path / "records", tmp_path / "run"
     records.mkdir()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    root = make_dataset(1200, num_shards=4, row_group_size=32)
     config = write_config(
-        tmp_path / "train.yaml", dataset=dataset_cache(1200, num_shards=4, row_group_size=32),
+        tmp_path / "train.yaml", dataset=root,
         output_dir=str(out), max_epochs=1, process_group_timeout_s=30,
         checkpoint_every_n_steps=5, loader={"batch_size": 8},
         model={"class_path": RECORDING_MODEL, "hidden_sizes": [16],
@@ -133,19 +140,19 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
         tracking={"tracking_uri": uri, "experiment": "retry", "registered_model_name": None,
                   "artifact_location": str(tmp_path / "artifacts")},
     )
-    killer = RankKiller(records, out / "checkpoints" / "last.ckpt")
+    killer = RankKiller(records, out / "checkpoints" / "last.ckpt", Path(root))
     killer.start()
-    if retried_by == "prefect":
-        summary = retried_by_prefect(config)
+    if launched_by == "flow task":
+        summary = through_the_flow_task(config)
     else:
-        summary = launch_with_retries(config, nproc_per_node=2, retries=1, timeout_s=300)
+        summary = run_job(load_train_config(config), JOB)
     killer.join()
     assert killer.killed_at is not None, "the job ended before a rank could be killed"
-    if retried_by == "launcher":
-        first, second = summary["attempts"]
-        assert first["returncode"] != 0 and second["returncode"] == 0
-        failed_after_s = first["ended_at"] - killer.killed_at
-        assert failed_after_s < 30, f"the attempt ended {failed_after_s:.1f} s after the kill"
+    first, second = summary["attempts"]
+    assert first["returncode"] != 0 and second["returncode"] == 0
+    assert (first["resume"], second["resume"]) == (False, True)
+    failed_after_s = first["ended_at"] - killer.killed_at
+    assert failed_after_s < 30, f"the attempt ended {failed_after_s:.1f} s after the kill"
     assert summary["global_step"] == 1200 // 16 and summary["resumed_from"].endswith("last.ckpt")
     trained = []
     for rank in range(2):

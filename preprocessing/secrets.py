@@ -1,0 +1,51 @@
+"""Credentials inside values: redact them in text, and lift them out of URIs.
+
+    redact("http://ada:hunter2@mlflow:5000/api?token=abc")
+    # -> "http://ada:***@mlflow:5000/api?token=***"
+    split_credentials("http://ada:hunter2@mlflow:5000")
+    # -> ("http://mlflow:5000", "ada", "hunter2")
+
+Every layer may import this module (like `preprocessing/manifest.py`), so it
+depends on the standard library only. Whatever ballast writes or prints that may
+hold a URI or an option (configs on disk, error tails, logs) goes through
+`redact`; a secret the job needs travels in the environment instead.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+REDACTED = "***"
+# A name that says it holds a credential (a config key, a query parameter, a header).
+SECRET_NAME = re.compile(
+    r"secret|password|passwd|token|credential|access_key|api_key|signature", re.IGNORECASE)
+# scheme://user:password@ -- the password ends at the last "@" before the host part.
+_URI_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*):[^\s/?#]*@")
+# ?name=value / &name=value where the name looks like a credential.
+_QUERY_SECRET = re.compile(r"(?P<head>[?&;](?P<name>[^\s=&#?;]+)=)(?P<value>[^\s&#;]*)")
+
+
+def redact(text: str) -> str:
+    """`text` with URI passwords and credential-named query values replaced by ***."""
+    text = _URI_PASSWORD.sub(lambda match: f"{match['head']}:{REDACTED}@", text)
+    return _QUERY_SECRET.sub(_redact_query_value, text)
+
+
+def _redact_query_value(match: re.Match[str]) -> str:
+    if SECRET_NAME.search(match["name"]) and match["value"]:
+        return f"{match['head']}{REDACTED}"
+    return match[0]
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(the URI without user and password, the user, the password), both decoded from
+    %-escapes; a URI without a password comes back unchanged, with (None, None)."""
+    parts = urlsplit(uri)
+    if not parts.scheme or parts.password is None:
+        return uri, None, None
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port is not None else ""
+    user = unquote(parts.username) if parts.username else None
+    return urlunsplit(parts._replace(netloc=netloc)), user, unquote(parts.password)

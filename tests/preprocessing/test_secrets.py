@@ -1,0 +1,30 @@
+"""Credentials inside values: what `redact` hides and keeps, and how `split_credentials`
+moves a password out of a URI."""
+
+from __future__ import annotations
+
+from preprocessing.secrets import redact, split_credentials
+
+
+def test_redact_hides_uri_passwords_and_credential_query_values_only() -> None:
+    """Invariant: a password in a URI's user part and the value of a query parameter whose
+    name says credential become ***; the user, host, path and other parameters stay, and
+    text without credentials comes back unchanged."""
+    text = ("MlflowException: http://ada:p%40ss:w0rd@mlflow.internal:5000/api/2.0 failed; "
+            "s3://bucket/key?X-Amz-Signature=abc123&X-Amz-Date=20260101 and "
+            "https://host/x?token=t0k&page=2")
+    assert redact(text) == (
+        "MlflowException: http://ada:***@mlflow.internal:5000/api/2.0 failed; "
+        "s3://bucket/key?X-Amz-Signature=***&X-Amz-Date=20260101 and "
+        "https://host/x?token=***&page=2")
+    plain = "sqlite:///tmp/mlflow.db http://host:5000/path@v2 s3://b/k ratio 1:2@3"
+    assert redact(plain) == plain
+
+
+def test_split_credentials_gives_a_uri_without_them() -> None:
+    """Invariant: the URI loses user and password and keeps scheme, host, port, path and
+    query; both come back %-decoded; a URI without a password is returned as it is."""
+    uri, user, password = split_credentials("https://ada%40corp:p%40ss@[::1]:5000/ml?x=1")
+    assert (uri, user, password) == ("https://[::1]:5000/ml?x=1", "ada@corp", "p@ss")
+    for same in ("sqlite:///tmp/mlflow.db", "http://ada@host:5000", "/local/path"):
+        assert split_credentials(same) == (same, None, None)

@@ -1,0 +1,78 @@
+"""`python -m training.launch render|launch --config URI [--kind slurm --num-nodes 2 ...]`.
+
+`render` prints what would start one attempt (a torchrun line, an sbatch script, or a
+ConfigMap and a PyTorchJob) for the config as given; `launch` runs the job through
+`run_job` (pinned, retried, resumed) and prints its summary as JSON. Every field of
+`LaunchConfig` is a flag (`--num-processes-per-node`, `--attempts`, `--backoff-s`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from training.config import load_train_config
+from training.launch.config import LaunchConfig, RetryPolicy
+from training.launch.failures import CONFIG_ERROR_STATUS, TrainingFailed
+from training.launch.job import make_launcher, run_job
+
+PROG = "python -m training.launch"
+NESTED = {"retry": RetryPolicy}
+SKIPPED = {"env", *NESTED}
+PARSERS: dict[Any, Callable[[str], Any]] = {int: int, float: float}
+
+
+def add_field_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
+                    skipped: set[str]) -> None:
+    """One flag per scalar field; left out, the field keeps its default."""
+    for name, field in model.model_fields.items():
+        if name not in skipped:
+            parse = PARSERS.get(field.annotation, str)
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=parse,
+                                help=f"{field.description} (default: {field.default})")
+
+
+def parse_spec(argv: list[str] | None) -> tuple[str, str, bool, LaunchConfig]:
+    """(action, config URI, resume, the LaunchConfig the flags describe)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["render", "launch"])
+    parser.add_argument("--config", required=True, help="The job's TrainConfig (path or URI).")
+    parser.add_argument("--resume", action="store_true", help="Resume from the last checkpoint.")
+    add_field_flags(parser, LaunchConfig, SKIPPED)
+    for nested in NESTED.values():
+        add_field_flags(parser, nested, set())
+    args = {key: value for key, value in vars(parser.parse_args(argv)).items()
+            if value is not None}
+    action, config, resume = args.pop("action"), args.pop("config"), args.pop("resume")
+    fields: dict[str, Any] = {name: {key: args.pop(key) for key in list(args)
+                                     if key in model.model_fields}
+                              for name, model in NESTED.items()}
+    return action, config, resume, LaunchConfig.model_validate(fields | args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        action, config, resume, spec = parse_spec(argv)
+        if action == "render":
+            print(make_launcher(spec).render(config, resume), end="")
+            return 0
+        cfg = load_train_config(config)
+        summary = run_job(cfg.model_copy(update={"resume": cfg.resume or resume}), spec)
+    except (ValidationError, ValueError) as error:
+        print(f"{PROG}: {' '.join(str(error).split())}", file=sys.stderr)
+        return CONFIG_ERROR_STATUS
+    except TrainingFailed as failure:
+        print(f"{PROG}: {failure}", file=sys.stderr)
+        return CONFIG_ERROR_STATUS if failure.config_error else 1
+    print(json.dumps(summary, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""Run a training job: pin what every attempt shares, then attempt under one retry policy.
+
+    summary = run_job(train_config, LaunchConfig(kind="slurm", num_nodes=4, ...))
+
+`pin_job` fixes, once per job, what every rank of every attempt must agree on and
+writes it to `<output_dir>/train-config.pinned.yaml`:
+- the dataset version: `_CURRENT` is resolved once to the version's manifest URI,
+  so a version committed while the job starts, or between attempts, changes nothing;
+- the MLflow run: created now, with its lineage, when the config names none, so
+  every attempt logs into one run, and a fresh sqlite store is made before ranks
+  race on it (docs/architecture.md M6);
+- the tracking credentials: a password in the tracking URI moves into the ranks'
+  environment (MLFLOW_TRACKING_USERNAME/PASSWORD, which MLflow reads), so no
+  config written to disk holds it.
+
+`run_job` is the one place a job is retried and the one place that decides to
+resume: the first attempt resumes only if the config says so, every retry resumes
+from the last checkpoint (docs/architecture.md M7). A config or data error that a
+rank reports fails the job at once (training/launch/failures.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from preprocessing.manifest import MANIFEST_NAME, Manifest, read_manifest
+from preprocessing.secrets import split_credentials
+from tracking.config import TrackingConfig
+from training.config import TrainConfig, dump_train_config
+from training.launch.config import LaunchConfig
+from training.launch.failures import TrainingFailed, clear_error_logs, read_config_errors
+from training.launch.kubernetes import KubernetesLauncher
+from training.launch.launchers import Launcher, LocalTorchrunLauncher, MultiNodeTorchrunLauncher
+from training.launch.processes import read_tail
+from training.launch.slurm import SlurmLauncher
+from training.summary import read_summary
+
+PINNED_CONFIG_NAME = "train-config.pinned.yaml"
+LAUNCHERS: dict[str, type[Launcher]] = {
+    "local": LocalTorchrunLauncher, "multinode": MultiNodeTorchrunLauncher,
+    "slurm": SlurmLauncher, "kubernetes": KubernetesLauncher,
+}
+ERROR_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class PinnedJob:
+    """The config every attempt runs (as written at `config_uri`) and the secrets its
+    ranks get in their environment."""
+
+    config: TrainConfig
+    config_uri: str
+    secret_env: dict[str, str]
+
+
+def make_launcher(spec: LaunchConfig) -> Launcher:
+    """The launcher of `spec.kind`."""
+    return LAUNCHERS[spec.kind](spec)
+
+
+def run_job(cfg: TrainConfig, job: LaunchConfig) -> dict[str, Any]:
+    """Pin the job, run it, retry it under `job.retry`; its summary.json, plus `attempts`
+    (status, resume, seconds, end time and error of each), `run_id` and `manifest_uri`."""
+    pinned = pin_job(cfg, job)
+    launcher = make_launcher(job)
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(job.retry.attempts):
+        resume = cfg.resume or attempt > 0  # the one place that decides to resume
+        started = time.monotonic()
+        try:
+            summary = run_attempt(launcher, pinned, resume)
+        except TrainingFailed as failure:
+            attempts.append(attempt_record(started, resume, failure))
+            if not job.retry.should_retry(failure, attempt):
+                failure.attempts = attempts
+                raise
+            time.sleep(job.retry.delay_s(attempt))
+            continue
+        attempts.append(attempt_record(started, resume))
+        tracking = pinned.config.tracking
+        return summary | {"attempts": attempts, "manifest_uri": pinned.config.dataset,
+                          "run_id": tracking.run_id if tracking else None}
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str, Any]:
+    """One attempt: the summary rank 0 wrote, or TrainingFailed naming why there is none."""
+    output_dir = pinned.config.output_dir
+    clear_error_logs(output_dir)
+    with tempfile.TemporaryFile() as log:
+        returncode = launcher.run(pinned.config_uri, resume, pinned.secret_env, log)
+        tail = read_tail(log)
+    if returncode == 0:
+        return read_summary(output_dir)
+    causes = read_config_errors(output_dir)
+    if causes:
+        ranks = f" on {len(causes)} ranks" if len(causes) > 1 else ""
+        raise TrainingFailed(f"training stopped on a config or data error{ranks}",
+                             returncode, tail, config_error=causes[0])
+    if returncode is None:
+        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s", None, tail)
+    raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
+
+
+def attempt_record(started: float, resume: bool,
+                   failure: TrainingFailed | None = None) -> dict[str, Any]:
+    """What `attempts` keeps of one attempt (an error as its cause or its output's tail)."""
+    record: dict[str, Any] = {
+        "returncode": 0 if failure is None else failure.returncode, "resume": resume,
+        "elapsed_s": round(time.monotonic() - started, 3), "ended_at": time.time()}
+    if failure is not None:
+        record["error"] = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
+    return record
+
+
+def pin_job(cfg: TrainConfig, job: LaunchConfig) -> PinnedJob:
+    """Resolve the dataset version, open the MLflow run, take the credentials out of the
+    tracking URI; write the result where every node reads it (see the module)."""
+    if job.kind == "multinode":
+        check_pinned_for_nodes(cfg)
+    manifest, manifest_uri = read_manifest(cfg.dataset)
+    pinned = cfg.model_copy(update={"dataset": manifest_uri})
+    secret_env: dict[str, str] = {}
+    if cfg.tracking is not None:
+        tracking, secret_env = pin_tracking(pinned, cfg.tracking, manifest, job)
+        pinned = pinned.model_copy(update={"tracking": tracking})
+    uri = dump_train_config(pinned, f"{cfg.output_dir.rstrip('/')}/{PINNED_CONFIG_NAME}")
+    return PinnedJob(pinned, uri, secret_env)
+
+
+def pin_tracking(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
+                 job: LaunchConfig) -> tuple[TrackingConfig, dict[str, str]]:
+    """The job's run (opened now if the config names none) and a tracking URI without
+    credentials, with the environment that carries them to the ranks."""
+    run_id = tracking.run_id or open_job_run(cfg, tracking, manifest, job)
+    uri, username, password = split_credentials(tracking.tracking_uri)
+    env = {} if password is None else {
+        "MLFLOW_TRACKING_USERNAME": username or "", "MLFLOW_TRACKING_PASSWORD": password}
+    return tracking.model_copy(update={"run_id": run_id, "tracking_uri": uri}), env
+
+
+def open_job_run(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
+                 job: LaunchConfig) -> str:
+    """Create the job's MLflow run with its params, tags and dataset lineage (the pinned
+    version) before any rank starts."""
+    from tracking.run import start_run
+
+    params = {"train": cfg.model_dump(mode="json", exclude={"tracking"}),
+              "dataset": manifest.config, "num_processes": job.world_size}
+    tags = {"ballast.strategy": cfg.strategy, "ballast.world_size": str(job.world_size)}
+    return start_run(tracking, manifest, cfg.dataset, params, tags)
+
+
+def check_pinned_for_nodes(cfg: TrainConfig) -> None:
+    """Each node of a multinode job pins on its own: they agree only if the config names
+    the version and the run already (e.g. a `train-config.pinned.yaml` of a local pin)."""
+    if not cfg.dataset.rstrip("/").endswith(MANIFEST_NAME):
+        raise ValueError(f"dataset: a multinode job needs a version's {MANIFEST_NAME} URI, not "
+                         f"{cfg.dataset}: every node must read the same version")
+    if cfg.tracking is not None and cfg.tracking.run_id is None:
+        raise ValueError("tracking.run_id: a multinode job needs its run created beforehand "
+                         "(every node must log into one run)")
