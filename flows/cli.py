@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from preprocessing.secrets import redact
+
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 
 
@@ -101,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         output = _dispatch(args)
     except (ValidationError, FileNotFoundError, ValueError) as error:
-        print(f"ballast {args.command}: {error}", file=sys.stderr)
+        print(redact(f"ballast {args.command}: {error}"), file=sys.stderr)
         return 2
     if output:
-        print(output, end="" if output.endswith("\n") else "\n")
+        print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
-
 from flows import tasks
 from flows.params import (
     EvaluateParams,
@@ -19,6 +17,7 @@ from flows.params import (
     PipelineParams,
     ReshardParams,
     TrainParams,
+    ballast_flow,
 )
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
@@ -51,7 +50,7 @@ def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str) -> dict[s
     return summary
 
 
-@flow(name="reshard", log_prints=True)
+@ballast_flow("reshard")
 def reshard_flow(params: ReshardParams) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset = _reshard(params.reshard, params.dask)
@@ -59,7 +58,7 @@ def reshard_flow(params: ReshardParams) -> dict[str, Any]:
     return dataset
 
 
-@flow(name="train", log_prints=True)
+@ballast_flow("train")
 def train_flow(params: TrainParams) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
     summary = _tracked_job(params.train, params.job, params.train.dataset)
@@ -68,7 +67,7 @@ def train_flow(params: TrainParams) -> dict[str, Any]:
     return summary
 
 
-@flow(name="evaluate", log_prints=True)
+@ballast_flow("evaluate")
 def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline) on a held-out split."""
     models = {"model": params.model_uri}
@@ -78,7 +77,7 @@ def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
             for name, uri in models.items()}
 
 
-@flow(name="batch_inference", log_prints=True)
+@ballast_flow("batch_inference")
 def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
     inputs = list(params.inputs)
@@ -90,7 +89,7 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
                          params.feature_column, params.output_root, params.dask)
 
 
-@flow(name="pipeline", log_prints=True)
+@ballast_flow("pipeline")
 def pipeline(params: PipelineParams) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model."""
     dataset = _reshard(params.reshard, params.dask)

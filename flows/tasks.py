@@ -17,6 +17,7 @@ from preprocessing.executor import DaskConfig, dask_client
 from preprocessing.manifest import read_manifest, shard_uri
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard
+from preprocessing.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.registry import register_and_promote
@@ -49,7 +50,8 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[st
                                          100 * (stages[stage] + done / total) / 3)
         except Exception as error:
             reporting[0] = False
-            print(f"reshard progress no longer reported (the Prefect API failed: {error})")
+            print(redact(f"reshard progress no longer reported (the Prefect API failed: "
+                         f"{error})"))
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report)

@@ -22,6 +22,7 @@ from preprocessing.config import load_reshard_config
 from preprocessing.executor import DaskConfig, StorageNotShared
 from preprocessing.manifest import CommitConflict, ManifestError
 from preprocessing.reshard import InputsUnreadable, TooManyRejected, run_reshard
+from preprocessing.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     except InputsUnreadable as error:
         return _fail(args.config, error, status=4)
     state = "already committed" if result.reused else "committed"
-    print(f"{state}: {result.manifest_uri}")
+    print(f"{state}: {redact(result.manifest_uri)}")
     return 0
 
 
 def _fail(source: str, error: Exception, status: int = 2) -> int:
-    print(f"{source}: {error}", file=sys.stderr)
+    print(redact(f"{source}: {error}"), file=sys.stderr)
     return status
 
 

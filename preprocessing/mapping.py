@@ -30,6 +30,7 @@ from preprocessing.manifest import (
     shard_name,
 )
 from preprocessing.retry import RetryPolicy, retrying
+from preprocessing.secrets import redact_value
 from preprocessing.sources import iter_batches
 from preprocessing.staging import VersionAttempt
 
@@ -103,7 +104,7 @@ def _manifest(version_id: str, inputs: list[str], spec: OutputSpec,
     return Manifest(
         version_id=version_id, label_column=spec.label_column, source_column="",
         id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,
-        sources=[], arrow_schema=[], seed=0, config=spec.config,
+        sources=[], arrow_schema=[], seed=0, config=redact_value(spec.config),
         splits={"predictions": SplitEntry(sum(e.num_rows for e in entries), entries)},
         input_fingerprint=hashlib.sha256("\n".join(inputs).encode()).hexdigest(),
         input_class_counts={}, input_source_counts={}, code_version=code_version(),

@@ -62,6 +62,7 @@ from preprocessing.scan import (
     overlapping_id_groups,
     scan_file,
 )
+from preprocessing.secrets import redact, redact_value
 from preprocessing.staging import VersionAttempt, collect_expired
 
 Progress = Callable[[str, int, int], None]
@@ -90,7 +91,8 @@ class ReshardResult:
 
 def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
     """Hash of inputs + output-relevant config + code version (16 hex digits)."""
-    settings = config.model_dump(mode="json", exclude=_OUTPUT_NEUTRAL_FIELDS)
+    # Redacted: a hash of a password would let anyone holding the id test guesses at it.
+    settings = redact_value(config.model_dump(mode="json", exclude=_OUTPUT_NEUTRAL_FIELDS))
     payload = json.dumps([fingerprint, settings, code_version()], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -188,10 +190,10 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
         raise InputsUnreadable(
             f"{len(unreadable)} input files could not be read, for reasons that may pass; "
             "nothing is committed, rerun once the store answers: "
-            + "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable))
+            + redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable)))
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
-        details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
+        details = redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected))
         raise TooManyRejected(
             f"{len(rejected)} of {len(scans)} input files rejected, more than "
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
@@ -321,10 +323,11 @@ def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: l
         classes=sorted(labels, key=_json_sort_key),
         sources=sorted({source for _, source in train.strata}, key=_json_sort_key),
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
+        splits=splits, seed=config.seed, config=redact_value(config.model_dump(mode="json")),
         input_fingerprint=fingerprint, input_class_counts=input_classes,
         input_source_counts=input_sources,
-        rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
+        rejected=[RejectedFile(redact(s.file.uri), redact(s.reason)) for s in scans
+                  if s.reason is not None],
         features=features,
         timings_s=timings, code_version=code_version(),
     )

@@ -50,6 +50,7 @@ from preprocessing.profile import (
 )
 from preprocessing.resample import holdout_mask
 from preprocessing.retry import CorruptInput, RetryPolicy, call_with_retries, is_permanent
+from preprocessing.secrets import redact
 from preprocessing.sources import FORMATS, Footer, iter_batches, read_footer, stream_schema
 
 _GLOB_CHARS = set("*?[")
@@ -90,7 +91,7 @@ def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[Inp
         for item in call_with_retries(_list_root, root, policy=retry or RetryPolicy()):
             found.setdefault(item.uri, item)
     if not found:
-        raise FileNotFoundError(f"dataset.inputs matched no files: {spec.inputs}")
+        raise FileNotFoundError(f"dataset.inputs matched no files: {redact(str(spec.inputs))}")
     return [found[uri] for uri in sorted(found)]
 
 
@@ -119,7 +120,8 @@ def fingerprint_inputs(files: list[InputFile]) -> str:
     """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
     digest = hashlib.sha256()
     for item in files:
-        digest.update(f"{item.uri}\0{item.num_bytes}\0{item.content_tag}\n".encode())
+        # Redacted URIs: the digest is stored, and a hash of a password is a way to test it.
+        digest.update(f"{redact(item.uri)}\0{item.num_bytes}\0{item.content_tag}\n".encode())
     return digest.hexdigest()
 
 

@@ -4,7 +4,6 @@ rerun after a restart reuses it. A real `prefect server start` process on loopba
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,18 +14,7 @@ import pytest
 import yaml
 
 from preprocessing.manifest import read_current_version, read_manifest
-from tests.services import free_port, stop_server, wait_for_http
-
-
-def start_prefect_server(env: dict[str, str], port: int) -> subprocess.Popen:
-    """`prefect server start` on `port`, its database under PREFECT_HOME; once healthy."""
-    log = (Path(env["PREFECT_HOME"]) / "server.log").open("ab")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                               "127.0.0.1", "--port", str(port)], env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
-    log.close()
-    wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=180)
-    return server
+from tests.services import free_port, prefect_env, start_prefect_server, stop_server
 
 
 def wait_for_staging(output_root: Path, flow: subprocess.Popen, timeout_s: float) -> None:
@@ -58,13 +46,9 @@ def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, t
         "dataset": {"inputs": [str(tiny_raw)]}, "output_root": str(output_root),
         "target_shard_rows": 600}, "dask": {"kind": "local", "num_workers": 1}}))
     port = free_port()
-    home = tmp_path / "prefect-home"
-    home.mkdir()
     # One client retry per request: the flow gives up on the stopped server in seconds
     # (the default, five with backoff, takes about a minute per request).
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-           "PREFECT_CLIENT_MAX_RETRIES": "1"}
+    env = {**prefect_env(tmp_path / "prefect-home", port), "PREFECT_CLIENT_MAX_RETRIES": "1"}
     command = [sys.executable, "-m", "flows", "run", "reshard", "--config", str(config)]
     server = start_prefect_server(env, port)
     log = (tmp_path / "flow.log").open("wb")
