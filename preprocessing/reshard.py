@@ -57,12 +57,11 @@ from preprocessing.scan import (
     count_records,
     duplicate_ids,
     feature_state,
-    fingerprint_inputs,
-    list_inputs,
     overlapping_id_groups,
     scan_file,
 )
 from preprocessing.secrets import redact, redact_value
+from preprocessing.sources import fingerprint_inputs, list_inputs
 from preprocessing.staging import VersionAttempt, collect_expired
 
 Progress = Callable[[str, int, int], None]

@@ -1,15 +1,15 @@
 """Listing and scanning raw inputs: footers, the label/source/id columns, and the feature
 columns the codec needs statistics of.
 
-`list_inputs` expands roots, directories and globs through fsspec into a sorted,
-fingerprinted listing (Parquet, CSV, JSON Lines). `scan_file` (one Dask task per file)
+The listing of the inputs is `preprocessing/sources.py: list_inputs`. `scan_file` (one
+Dask task per file)
 reads a file's footer, its label, source and id columns and its feature columns but
 fixed-size lists free of nulls by the footer, and returns row counts per (piece, split,
 class, source) of the rows a `drop_row` policy keeps, the feature columns' profiles
 (preprocessing/profile.py) and the dropped rows, or the reason the file is rejected: a
 missing or internal column name, a feature type no kind encodes, null or NaN labels,
 null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
-that do not decode. The listing and each file's scan are retried on transient errors
+that do not decode. Each file's scan is retried on transient errors
 (preprocessing/retry.py); a file still unreadable for one after every try comes back
 `transient`, which fails the run rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
@@ -24,7 +24,6 @@ columns in 1.4-1.6 s (0.1-0.3 s), most of it decoding the feature columns.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +31,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
 from preprocessing.features import kind_of
@@ -50,22 +48,16 @@ from preprocessing.profile import (
 )
 from preprocessing.resample import holdout_mask
 from preprocessing.retry import CorruptInput, RetryPolicy, call_with_retries, is_permanent
-from preprocessing.secrets import redact
-from preprocessing.sources import FORMATS, Footer, iter_batches, read_footer, stream_schema
+from preprocessing.sources import (
+    FORMATS,
+    Footer,
+    InputFile,
+    iter_batches,
+    read_footer,
+    stream_schema,
+)
 
-_GLOB_CHARS = set("*?[")
 INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One raw file: its URI, the input root it came from, and what identifies its content."""
-
-    uri: str
-    root: str
-    relative_path: str
-    num_bytes: int
-    content_tag: str
 
 
 @dataclass(frozen=True)
@@ -81,48 +73,6 @@ class FileScan:
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
     dropped_rows: int = 0  # rows left out by a `drop_row` null policy
     id_range: tuple[int, int] | None = None
-
-
-def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[InputFile]:
-    """Every input file under the configured roots, sorted by URI, without duplicates;
-    each root's listing is retried on transient errors."""
-    found: dict[str, InputFile] = {}
-    for root in spec.inputs:
-        for item in call_with_retries(_list_root, root, policy=retry or RetryPolicy()):
-            found.setdefault(item.uri, item)
-    if not found:
-        raise FileNotFoundError(f"dataset.inputs matched no files: {redact(str(spec.inputs))}")
-    return [found[uri] for uri in sorted(found)]
-
-
-def _list_root(root: str) -> list[InputFile]:
-    """The files of one root: a glob, a directory (searched for known formats) or a file."""
-    fs, path = url_to_fs(root)
-    if _GLOB_CHARS & set(path):
-        matches = sorted(fs.glob(path))
-        base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
-    elif fs.isdir(path):
-        matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
-        base = path
-    else:
-        matches, base = [path], path.rsplit("/", 1)[0]
-    files = []
-    for match in matches:
-        info = fs.info(match)
-        tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
-        relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
-        files.append(InputFile(fs.unstrip_protocol(match), root, relative, int(info["size"]),
-                               tag))
-    return files
-
-
-def fingerprint_inputs(files: list[InputFile]) -> str:
-    """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
-    digest = hashlib.sha256()
-    for item in files:
-        # Redacted URIs: the digest is stored, and a hash of a password is a way to test it.
-        digest.update(f"{redact(item.uri)}\0{item.num_bytes}\0{item.content_tag}\n".encode())
-    return digest.hexdigest()
 
 
 def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,

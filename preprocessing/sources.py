@@ -4,7 +4,8 @@ Parquet, CSV and JSON Lines are read through fsspec in batches, so no reader
 holds more than one batch beyond what its caller keeps. A file is cut into
 pieces (row ranges): Parquet pieces follow row groups, split when a row group
 is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
-`max_piece_rows` rows. `read_rows` returns one piece.
+`max_piece_rows` rows. `read_rows` returns one piece. `list_inputs` expands roots,
+directories and globs into a sorted, fingerprinted listing, retried on transient errors.
 
 Every read goes through `open_input`, which tells the store's errors from the
 decoder's (preprocessing/retry.py): a read that returns fewer bytes than the object
@@ -14,6 +15,7 @@ holds is `TruncatedRead`, and an error pyarrow raises on bytes read in full is
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,11 +28,73 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from preprocessing.retry import DECODE_ERRORS, CorruptInput, TruncatedRead
+from preprocessing.config import DatasetSpec
+from preprocessing.retry import (
+    DECODE_ERRORS,
+    CorruptInput,
+    RetryPolicy,
+    TruncatedRead,
+    call_with_retries,
+)
+from preprocessing.secrets import redact
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
 _BATCH_ROWS = 65_536
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One raw file: its URI, the input root it came from, and what identifies its content."""
+
+    uri: str
+    root: str
+    relative_path: str
+    num_bytes: int
+    content_tag: str
+
+
+def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[InputFile]:
+    """Every input file under the configured roots, sorted by URI, without duplicates;
+    each root's listing is retried on transient errors."""
+    found: dict[str, InputFile] = {}
+    for root in spec.inputs:
+        for item in call_with_retries(_list_root, root, policy=retry or RetryPolicy()):
+            found.setdefault(item.uri, item)
+    if not found:
+        raise FileNotFoundError(f"dataset.inputs matched no files: {redact(str(spec.inputs))}")
+    return [found[uri] for uri in sorted(found)]
+
+
+def _list_root(root: str) -> list[InputFile]:
+    """The files of one root: a glob, a directory (searched for known formats) or a file."""
+    fs, path = url_to_fs(root)
+    if _GLOB_CHARS & set(path):
+        matches = sorted(fs.glob(path))
+        base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+    elif fs.isdir(path):
+        matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
+        base = path
+    else:
+        matches, base = [path], path.rsplit("/", 1)[0]
+    files = []
+    for match in matches:
+        info = fs.info(match)
+        tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
+        relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
+        files.append(InputFile(fs.unstrip_protocol(match), root, relative, int(info["size"]),
+                               tag))
+    return files
+
+
+def fingerprint_inputs(files: list[InputFile]) -> str:
+    """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
+    digest = hashlib.sha256()
+    for item in files:
+        # Redacted URIs: the digest is stored, and a hash of a password is a way to test it.
+        digest.update(f"{redact(item.uri)}\0{item.num_bytes}\0{item.content_tag}\n".encode())
+    return digest.hexdigest()
 
 
 def file_format(uri: str) -> str:
