@@ -21,9 +21,14 @@ finished children) is printed beside rows/s: on a shared machine it moves less.
 Also: time to the first batch, fresh and after `load_state_dict` at mid-epoch,
 for the real dataset and for a synthetic manifest of `--num-shards` (1e5)
 entries, each a symlink to one of 4 real 20-row shard files (a distinct file
-the reader must open); and the steady-state stall of a training loop (an MLP
-step per batch: 1 - in-memory loop time / loader loop time, and the loader's
-own data-wait fraction). Timings on a shared 2-core machine are noisy.
+the reader must open); the stall of a training loop (an MLP step per batch:
+1 - in-memory loop time / loader loop time, and the loader's own data-wait
+fraction) over a whole epoch, its first batches and a steady stretch; and
+(benchmarks/loader_scale.py) rows decoded and served per rank at `--ranks` (1, 2,
+4) ranks, S3 bytes per rank with `--s3`, and shuffle quality against a uniform
+shuffle; and the tabular case (benchmarks/tabular_case.py: 20 scalar columns and 2
+categories with nulls filled, through the feature codec, against a fixed-size-list
+column of the same width). Timings on a shared 2-core machine are noisy.
 
     .venv/bin/python benchmarks/loader_bench.py --rows 1000000 --work-dir /tmp/loader-bench
 """
@@ -46,12 +51,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
 import preprocessing.manifest as contract
+from benchmarks.tabular_case import tabular_report
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.reshard import run_reshard
-from preprocessing.sample import SampleSpec, sample_table, write_sample
+from preprocessing.sample import SampleSpec, write_sample
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadConfig
@@ -116,45 +123,6 @@ def cpu_seconds() -> float:
 def train_shards(root: str) -> list[str]:
     manifest, location = contract.read_manifest(root)
     return [contract.shard_uri(location, entry) for entry in manifest.split("train").shards]
-
-
-def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20) -> str:
-    """A committed version of `num_shards` entries, symlinks to 4 real shard files."""
-    root = work_dir / f"many-{num_shards}"
-    if not (root / "_CURRENT").exists():
-        directory = root / "v-many"
-        directory.mkdir(parents=True, exist_ok=True)
-        spec = SampleSpec(num_features=NUM_FEATURES, num_classes=NUM_CLASSES)
-        rng = np.random.default_rng(0)
-        real = [write_real_shard(directory / f"real-{k}.parquet",
-                                 sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec))
-                for k in range(4)]
-        entries = [link_entry(directory, index, *real[index % 4]) for index in range(num_shards)]
-        contract.commit_version(str(root), many_manifest(pq.read_schema(real[0][0]), entries))
-    return str(root)
-
-
-def write_real_shard(path: Path, table: pa.Table) -> tuple[Path, int, str, int]:
-    pq.write_table(table, path, row_group_size=len(table), compression="zstd")
-    return path, path.stat().st_size, contract.file_sha256(str(path)), len(table)
-
-
-def link_entry(directory: Path, index: int, path: Path, size: int, digest: str,
-               rows: int) -> contract.ShardEntry:
-    """Shard `index` of the split: a symlink to a real file, and its manifest entry."""
-    name = contract.shard_name("train", index)
-    os.symlink(path.name, directory / name)
-    return contract.ShardEntry(name, rows, size, 1, rows, digest, {}, {})
-
-
-def many_manifest(schema: pa.Schema, entries: list[contract.ShardEntry]) -> contract.Manifest:
-    num_rows = sum(entry.num_rows for entry in entries)
-    return contract.Manifest(
-        version_id="many", label_column="label", source_column="source", id_column="id",
-        feature_columns=["features"], classes=list(range(NUM_CLASSES)), sources=["source-0"],
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits={"train": contract.SplitEntry(num_rows, entries)}, seed=0, config={},
-        input_fingerprint="synthetic", input_class_counts={}, input_source_counts={})
 
 
 def bench_raw(paths: list[str]) -> Result:
@@ -241,22 +209,6 @@ def bench_litdata(python: str, paths: list[str], limit: int) -> Result | str:
                   figures["seconds"], figures["first"])
 
 
-def first_batch_s(root: str, position: int | None = None) -> float:
-    """Seconds to build a stream and loader (resumed at `position`) and get one batch."""
-    started = time.perf_counter()
-    loader = make_loader(root, num_workers=0)
-    if position is not None:
-        loader.load_state_dict({"epoch": 0, "samples_consumed": position})
-    next(iter(loader))
-    return time.perf_counter() - started
-
-
-def start_up(root: str) -> tuple[float, float]:
-    """(first batch, first batch after resuming at mid-epoch) in seconds."""
-    num_rows = contract.read_manifest(root)[0].split("train").num_rows
-    return first_batch_s(root), first_batch_s(root, num_rows // 2 // BATCH * BATCH)
-
-
 def mlp_step() -> Callable[[dict[str, torch.Tensor]], None]:
     """One AdamW step of a 64-256-256-10 MLP on a batch."""
     model = torch.nn.Sequential(torch.nn.Linear(NUM_FEATURES, 256), torch.nn.ReLU(),
@@ -271,22 +223,26 @@ def mlp_step() -> Callable[[dict[str, torch.Tensor]], None]:
     return step
 
 
-def stall(root: str, num_workers: int, num_batches: int, ahead: int) -> tuple[float, float]:
-    """Steady state, after the first batch: (1 - in-memory loop time / loader loop time, with
-    the in-memory loop run just before and just after; the loader's data-wait fraction)."""
+def stall(root: str, num_workers: int, ahead: int, skip: int, num_batches: int | None
+          ) -> tuple[float, float]:
+    """After `skip` batches (trained, untimed), `num_batches` (None: the rest of the epoch):
+    (1 - in-memory loop time / loader loop time, with the in-memory loop run just before
+    and just after; the loader's data-wait fraction)."""
+    loader = make_loader(root, num_workers, batches=ahead)
+    count = num_batches or len(loader) - skip
     step, fixed = mlp_step(), next(iter(make_loader(root, 0)))
 
     def in_memory() -> float:
         started = time.perf_counter()
-        for _ in range(num_batches):
+        for _ in range(count):
             step(fixed)
         return time.perf_counter() - started
 
-    before, loader = in_memory(), make_loader(root, num_workers, batches=ahead)
-    batches = iter(loader)
-    step(next(batches))
+    before, batches = in_memory(), iter(loader)
+    for _ in range(skip):
+        step(next(batches))
     started, waited = time.perf_counter(), loader.metrics()
-    for _ in range(num_batches):
+    for _ in range(count):
         step(next(batches))
     with_loader = time.perf_counter() - started
     wait_fraction = interval(waited, loader.metrics())["data_wait_fraction"]
@@ -303,10 +259,6 @@ def report(results: list[Result], skipped: list[str]) -> None:
               f"{r.rows_per_cpu_s / raw.rows_per_cpu_s:7.0%}")
     for line in skipped:
         print(f"  {line}")
-
-
-def check(label: str, ok: bool, detail: str) -> None:
-    print(f"  [{'ok' if ok else 'MISSED'}] {label}: {detail}")
 
 
 def compare_readers(
@@ -333,27 +285,51 @@ def compare_readers(
     return [best[index] for index in range(len(readers))]
 
 
-def median_stall(root: str, num_workers: int, ahead: int,
-                 args: argparse.Namespace) -> tuple[float, float]:
-    """The run of median stall among `--repeat` runs."""
-    runs = sorted(stall(root, num_workers, args.stall_batches, ahead)
-                  for _ in range(args.repeat))
+def median_stall(root: str, num_workers: int, ahead: int, skip: int,
+                 num_batches: int | None, repeat: int) -> tuple[float, float]:
+    """The run of median stall among `repeat` runs."""
+    runs = sorted(stall(root, num_workers, ahead, skip, num_batches) for _ in range(repeat))
     return runs[len(runs) // 2]
 
 
-def start_up_report(root: str, num_shards: int, work: Path) -> float:
-    """Print first-batch and resume times; returns the worst of them at `num_shards`."""
-    real_first, real_resume = start_up(root)
-    many = synthetic_manifest(work, num_shards)
-    started = time.perf_counter()
-    contract.read_manifest(many)
-    manifest_s = time.perf_counter() - started
-    many_first, many_resume = start_up(many)
-    print(f"\nstart-up, {len(train_shards(root))} shards: first batch {real_first:.2f}s, "
-          f"resume at mid-epoch {real_resume:.2f}s")
-    print(f"start-up, {num_shards:,} shards (manifest read {manifest_s:.2f}s): first batch "
-          f"{many_first:.2f}s, resume at mid-epoch {many_resume:.2f}s")
-    return max(many_first, many_resume)
+def readers_section(root: str, paths: list[str], args: argparse.Namespace) -> list[Result]:
+    bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
+    found = compare_readers(root, paths, args)
+    results = [r for r in found if isinstance(r, Result)]
+    skipped = ["Mosaic Streaming: "
+               "skipped (needs its own 5.5 GB environment, docs/architecture.md M13)"]
+    report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
+    return results
+
+
+def stall_section(root: str, args: argparse.Namespace) -> float:
+    """Print the stalls: with the defaults over a whole epoch (the target's figure), its
+    first batches (after the first one; every window opens then) and a steady stretch
+    from the middle; then other settings over the first batches. Returns the epoch's."""
+    first, partitions = (1, args.stall_batches), LoaderConfig().num_partitions
+    runs = {"defaults, whole epoch": (0, 0, 0, None),
+            f"defaults, batches 1-{args.stall_batches}": (0, 0, *first),
+            f"defaults, {args.stall_batches} batches after {8 * partitions}":
+                (0, 0, 8 * partitions, args.stall_batches),
+            "2 batches ahead, first batches": (0, 2, *first),
+            "1 worker, first batches": (1, 0, *first)}
+    stalls = {name: median_stall(root, *run, args.repeat) for name, run in runs.items()}
+    for name, (fraction, waited) in stalls.items():
+        print(f"training-loop stall, {name}: {fraction:.1%} (loader's data-wait fraction "
+              f"{waited:.1%})")
+    return stalls["defaults, whole epoch"][0]
+
+
+def scale_section(root: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Decode share per rank (on moto S3 with --s3) and shuffle quality: (worst excess of
+    rows decoded over 1/W of the split, distinct batch-mates relative to uniform)."""
+    worlds = [int(w) for w in args.ranks.split(",")]
+    if args.s3:
+        with on_s3(root) as remote:
+            excess = share_report(remote, worlds)
+    else:
+        excess = share_report(root, worlds)
+    return excess, quality_report(root, args.quality_epochs)
 
 
 def main() -> None:
@@ -362,28 +338,33 @@ def main() -> None:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     root = args.dataset or prepare_dataset(work, args.rows)
-    paths = train_shards(root)
-    bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
-    found = compare_readers(root, paths, args)
-    results = [r for r in found if isinstance(r, Result)]
-    skipped = ["Mosaic Streaming: "
-               "skipped (needs its own 5.5 GB environment, docs/architecture.md M13)"]
-    report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
-    worst_start = start_up_report(root, args.num_shards, work)
-    stalls = {(workers, ahead): median_stall(root, workers, ahead, args)
-              for workers, ahead in ((0, 0), (0, 2), (1, 0))}
-    for (workers, ahead), (fraction, waited) in stalls.items():
-        print(f"training-loop stall, {workers} workers, {ahead} batches ahead: {fraction:.1%} "
-              f"(loader's data-wait fraction {waited:.1%})")
+    parts, checks = args.parts.split(","), []
+    if "readers" in parts:
+        results = readers_section(root, train_shards(root), args)
+        ratio, cpu_ratio = (getattr(results[1], k) / getattr(results[0], k)
+                            for k in ("rows_per_s", "rows_per_cpu_s"))
+        checks.append((">= 90% of raw decode rate per process", ratio >= 0.9, f"{ratio:.0%} of "
+                       f"rows/s, {cpu_ratio:.0%} of rows per CPU-second (defaults, 0 workers)"))
+    if "startup" in parts:
+        worst = start_up_report(root, args.num_shards, work)
+        checks.append((f"first batch and resume < 5 s at {args.num_shards:,} shards", worst < 5,
+                       f"worst {worst:.2f}s"))
+    if "stall" in parts:
+        fraction = stall_section(root, args)
+        checks.append(("stall <= 5%", fraction <= 0.05, f"{fraction:.1%} (defaults, whole epoch)"))
+    if "scale" in parts:
+        excess, distinct = scale_section(root, args)
+        checks.append(("rows decoded per rank <= (1/W + 0.05) x split", excess <= 0.05,
+                       f"worst 1/W + {excess:.3f}"))
+        checks.append(("distinct batch-mates within 10% of uniform", distinct >= 0.9,
+                       f"{distinct:.1%} of uniform's"))
+    if "tabular" in parts:
+        share = tabular_report(work, args.tabular_rows, args.repeat)
+        checks.append(("codec costs <= 10% of rows/s (tabular case)", share >= 0.9,
+                       f"{share:.0%} of the fixed-size-list path's rows/s"))
     print("\ntargets:")
-    ratio, cpu_ratio = (getattr(results[1], k) / getattr(results[0], k)
-                        for k in ("rows_per_s", "rows_per_cpu_s"))
-    check(">= 90% of raw decode rate per process", ratio >= 0.9,
-          f"{ratio:.0%} of rows/s, {cpu_ratio:.0%} of rows per CPU-second (defaults, 0 workers)")
-    fraction = stalls[(0, 0)][0]
-    check("stall <= 5%", fraction <= 0.05, f"{fraction:.1%} (defaults, 0 workers)")
-    check(f"first batch and resume < 5 s at {args.num_shards:,} shards", worst_start < 5,
-          f"worst {worst_start:.2f}s")
+    for label, ok, detail in checks:
+        print(f"  [{'ok' if ok else 'MISSED'}] {label}: {detail}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -391,12 +372,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="Raw rows to generate.")
     parser.add_argument("--dataset", help="An existing dataset root or manifest to read instead.")
     parser.add_argument("--work-dir", default="/tmp/ballast-loader-bench")
+    parser.add_argument("--parts", default="readers,startup,stall,scale,tabular",
+                        help="Sections to run.")
     parser.add_argument("--num-shards", type=int, default=100_000)
     parser.add_argument("--peer-rows", type=int, default=300_000)
+    parser.add_argument("--tabular-rows", type=int, default=400_000,
+                        help="Rows of the tabular case.")
     parser.add_argument("--stall-batches", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
     parser.add_argument("--litdata-python", default="/tmp/litdata-venv/bin/python")
+    parser.add_argument("--ranks", default="1,2,4", help="World sizes of the decode-share pass.")
+    parser.add_argument("--quality-epochs", type=int, default=4)
+    parser.add_argument("--s3", action="store_true", help="Decode-share pass on moto S3.")
     return parser.parse_args()
 
 

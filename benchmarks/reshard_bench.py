@@ -9,7 +9,10 @@ marker skips regeneration), then rewrites it into about `--shards` balanced file
   input rows, holdout 0, 2 Dask workers);
 - pyarrow `dataset.write_dataset(max_rows_per_file=..., max_rows_per_group=...)`;
 - DuckDB `COPY (SELECT * FROM read_parquet(...)) TO ...`, plain and `ORDER BY random()`;
-- Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`.
+- Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`;
+- `floor`: the CPU floor of any reshard (docs/architecture.md M17): every input row
+  group decoded once and encoded once with ballast's writer settings, on 2 processes,
+  nothing written; its CPU seconds are reported too, and ballast's ratio to its time.
 
 Every tool runs in its own subprocess, writing to a fresh directory; the parent samples
 the RSS of that subprocess and all its descendants every 50 ms and reports the peak of
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,9 @@ SAMPLE_INTERVAL_S = 0.05
 GB = 1e9
 BALLAST_MODES = ("stratified", "global", "block", "none")
 TOOLS = (*(f"ballast-{mode}" for mode in BALLAST_MODES),
-         "pyarrow-write_dataset", "duckdb-copy", "duckdb-order-random", "dask-repartition")
+         "pyarrow-write_dataset", "duckdb-copy", "duckdb-order-random", "dask-repartition",
+         "floor")
+FLOOR_PROCESSES = 2
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("uid", pa.string()), ("label", pa.int64()), ("source", pa.string()),
     ("features", pa.list_(pa.float32(), NUM_FEATURES)),
@@ -196,6 +201,31 @@ def run_dask(job: dict[str, Any]) -> dict[str, Any]:
     return {"wall_s": time.perf_counter() - start}
 
 
+def encode_row_group(path: str, group: int, row_group_rows: int) -> float:
+    """Decode one row group and encode it as a ballast shard is encoded; CPU seconds."""
+    from preprocessing.config import DatasetSpec
+    from preprocessing.exchange import _parquet_bytes
+
+    start = time.process_time()
+    table = pq.ParquetFile(path).read_row_group(group)
+    _parquet_bytes(table, row_group_rows, DatasetSpec(inputs=[path]))
+    return time.process_time() - start
+
+
+def run_floor(job: dict[str, Any]) -> dict[str, Any]:
+    """The CPU floor: every input row group decoded and encoded once, FLOOR_PROCESSES at
+    a time (the cores ballast's two workers use); nothing is shuffled or written."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    groups = [(str(path), group) for path in sorted(Path(job["input"]).glob("*.parquet"))
+              for group in range(pq.ParquetFile(path).num_row_groups)]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(FLOOR_PROCESSES) as pool:
+        cpu = sum(pool.map(encode_row_group, *zip(*groups, strict=True),
+                           [job["row_group_rows"]] * len(groups)))
+    return {"wall_s": time.perf_counter() - start, "cpu_s": cpu}
+
+
 def run_child(job_path: str) -> None:
     """Child process entry: run one tool on one job and write its result next to the job."""
     job = json.loads(Path(job_path).read_text())
@@ -206,6 +236,8 @@ def run_child(job_path: str) -> None:
         result = run_pyarrow(job)
     elif tool.startswith("duckdb-"):
         result = run_duckdb(job, order_random=tool == "duckdb-order-random")
+    elif tool == "floor":
+        result = run_floor(job)
     else:
         result = run_dask(job)
     Path(job["result"]).write_text(json.dumps(result))
@@ -216,11 +248,18 @@ def run_child(job_path: str) -> None:
 
 @dataclass
 class MemoryPeaks:
-    """Peak RSS in bytes: sum over the process tree, the driver alone, any one descendant."""
+    """Peak RSS in bytes: sum over the process tree, the driver alone, any one descendant;
+    and CPU seconds of the tree (each process's last sample: a loaded machine stretches
+    wall times, much less CPU times)."""
 
     total: int = 0
     driver: int = 0
     descendant: int = 0
+    cpu: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
 
     def sample(self, root: Any) -> None:
         import psutil
@@ -233,6 +272,8 @@ class MemoryPeaks:
         for process in processes:
             try:
                 sizes[process.pid] = process.memory_info().rss
+                times = process.cpu_times()
+                self.cpu[process.pid] = times.user + times.system
             except psutil.NoSuchProcess:
                 continue
         self.total = max(self.total, sum(sizes.values()))
@@ -270,7 +311,7 @@ def output_stats(output: Path, expected_type: pa.DataType) -> dict[str, Any]:
 
 
 def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
-             keep: bool) -> dict[str, Any]:
+             keep: bool, schema: pa.Schema = SCHEMA) -> dict[str, Any]:
     """Measure one tool end to end: fresh output directory, result, memory, output stats."""
     output = work_dir / "out" / tool
     shutil.rmtree(output, ignore_errors=True)
@@ -279,9 +320,11 @@ def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
                "result": f"{scratch}/{tool}.result.json"}
         result, peaks = measure(job, Path(scratch))
     row = {"tool": tool, **result, "peak_total": peaks.total, "peak_driver": peaks.driver,
-           "peak_worker": peaks.descendant}
+           "peak_worker": peaks.descendant, "tree_cpu_s": peaks.cpu_s}
+    if tool == "floor":
+        return row
     if "error" not in result:
-        row.update(output_stats(output, SCHEMA.field("features").type))
+        row.update(output_stats(output, schema.field("features").type))
     if not keep:
         shutil.rmtree(output, ignore_errors=True)
     return row
@@ -294,7 +337,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """One line per tool; ratios are to the pyarrow copy's wall time."""
     baseline = next((r["wall_s"] for r in rows
                      if r["tool"] == "pyarrow-write_dataset" and "wall_s" in r), None)
-    header = (f"{'tool':<22} {'wall s':>7} {'x pyarrow':>9} {'RSS sum GB':>10} "
+    header = (f"{'tool':<22} {'wall s':>7} {'CPU s':>6} {'x pyarrow':>9} {'RSS sum GB':>10} "
               f"{'driver GB':>9} {'1 proc GB':>9} {'files':>5} {'rows/file min..max':>19} "
               f"{'rows out':>10} schema")
     lines = [header, "-" * len(header)]
@@ -303,9 +346,15 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{row['tool']:<22} FAILED: {row['error']}")
             continue
         ratio = f"{row['wall_s'] / baseline:.2f}" if baseline else "-"
+        if "cpu_s" in row:  # the floor writes nothing
+            lines.append(f"{row['tool']:<22} {row['wall_s']:>7.1f} {row['tree_cpu_s']:>6.1f} "
+                         f"{ratio:>9} {row['peak_total'] / GB:>10.2f}   (decode + encode "
+                         f"{row['cpu_s']:.1f} CPU-s)")
+            continue
         span = f"{row['min_rows']:,}..{row['max_rows']:,}"
         lines.append(
-            f"{row['tool']:<22} {row['wall_s']:>7.1f} {ratio:>9} {row['peak_total'] / GB:>10.2f} "
+            f"{row['tool']:<22} {row['wall_s']:>7.1f} {row['tree_cpu_s']:>6.1f} {ratio:>9} "
+            f"{row['peak_total'] / GB:>10.2f} "
             f"{row['peak_driver'] / GB:>9.2f} {row['peak_worker'] / GB:>9.2f} "
             f"{row['num_files']:>5} {span:>19} {row['rows_out']:>10,} "
             f"{'kept' if row['schema_kept'] else 'CHANGED'}")
@@ -315,17 +364,31 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def format_targets(rows: list[dict[str, Any]]) -> str:
     """Whether ballast meets the targets of this benchmark."""
     wall = {row["tool"]: row.get("wall_s") for row in rows}
+    peak = {row["tool"]: row.get("peak_total") for row in rows}
     stratified, copy = wall.get("ballast-stratified"), wall.get("pyarrow-write_dataset")
-    shuffled = wall.get("duckdb-order-random")
+    shuffled, floor = wall.get("duckdb-order-random"), wall.get("floor")
     workers = max((r["peak_worker"] for r in rows
                    if r["tool"].startswith("ballast-") and "error" not in r), default=None)
     checks = []
     if stratified and copy:
         checks.append(("stratified <= 1.2x pyarrow copy", stratified <= 1.2 * copy,
                        f"{stratified / copy:.2f}x"))
+    if stratified and floor:
+        checks.append(("stratified <= 1.5x the CPU floor", stratified <= 1.5 * floor,
+                       f"{stratified / floor:.2f}x ({stratified:.1f} s vs {floor:.1f} s)"))
+        cpu = {row["tool"]: row.get("tree_cpu_s", 0.0) for row in rows}
+        floor_cpu = next(row["cpu_s"] for row in rows if row["tool"] == "floor")
+        checks.append(("stratified CPU-s <= 1.5x the floor's decode + encode CPU-s",
+                       cpu["ballast-stratified"] <= 1.5 * floor_cpu,
+                       f"{cpu['ballast-stratified'] / floor_cpu:.2f}x "
+                       f"({cpu['ballast-stratified']:.1f} vs {floor_cpu:.1f} CPU-s)"))
     if stratified and shuffled:
-        checks.append(("stratified faster than DuckDB ORDER BY random()",
-                       stratified < shuffled, f"{stratified:.1f} s vs {shuffled:.1f} s"))
+        memory = peak["ballast-stratified"] / peak["duckdb-order-random"]
+        checks.append(("stratified <= 0.75x DuckDB ORDER BY random()",
+                       stratified <= 0.75 * shuffled,
+                       f"{stratified / shuffled:.2f}x ({stratified:.1f} s vs {shuffled:.1f} s)"))
+        checks.append(("stratified RSS < 1/3 of DuckDB ORDER BY random()", memory < 1 / 3,
+                       f"{memory:.2f}x"))
     if workers is not None:
         checks.append(("peak RSS per Dask worker <= 1 GB (all ballast modes)",
                        workers <= GB, f"{workers / GB:.2f} GB"))
@@ -384,6 +447,7 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return runs[0]
     peaks = {key: max(run[key] for run in done)
              for key in ("peak_total", "peak_driver", "peak_worker")}
+    peaks["tree_cpu_s"] = min(run["tree_cpu_s"] for run in done)
     return {**min(done, key=lambda run: run["wall_s"]), **peaks}
 
 

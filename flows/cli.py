@@ -5,6 +5,11 @@
     ballast serve --work-dir /data                 serve the scheduled deployments (no pool)
     ballast deployments > infra/prefect.yaml       the same deployments for `prefect deploy`
     ballast status --config nightly --work-dir /data   newest versions and the champion
+    ballast init --inputs /data/raw [--label COL] > pipeline.yaml   a starter config
+    ballast inspect /data/datasets                 a version's classes, shards, null policies
+
+A command that fails ends with its cause on one line and the path of a log file that
+holds the traceback; a config or data error exits 2, anything else 1.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,6 +30,33 @@ from pydantic import ValidationError
 from preprocessing.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
+# flows.params.PRESETS_DIR; not imported from there, which would load every config model
+# (and seconds of imports) before `--help` can answer.
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def presets_help() -> str:
+    """The shipped presets, each with the first line of its header comment."""
+    lines = ["presets (--config NAME; or give any YAML file):"]
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        header = next((line for line in path.read_text().splitlines()
+                       if line.startswith("#")), "#")
+        lines.append(f"  {path.stem:<16} {header.lstrip('# ').rstrip(' :->')}")
+    return "\n".join(lines)
+
+
+def describe_error(error: Exception) -> str:
+    """One line per problem; a validation error as `field.path: message (got value)`,
+    without pydantic's links to its documentation."""
+    if not isinstance(error, ValidationError):
+        return str(error)
+    lines = [f"invalid {error.title} ({error.error_count()} problem(s)):"]
+    for problem in error.errors(include_url=False):
+        field = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        value = problem.get("input")
+        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+        lines.append(f"  {field}: {problem['msg']}{shown}")
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="generate a skewed sample and run the pipeline")
     demo.add_argument("--work-dir", default="demo-output", help="where everything is written")
     demo.add_argument("--rows", type=int, default=120_000, help="rows of generated raw data")
-    run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset")
+    run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset",
+                              epilog=presets_help(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("flow", choices=FLOW_NAMES, help="the flow to run")
     _config_arguments(run)
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -42,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
                              help="fills ${WORK_DIR} in the presets")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
+    init = commands.add_parser("init", help="print a starter pipeline config for your files")
+    init.add_argument("--inputs", required=True, help="directory, file or glob of raw files")
+    init.add_argument("--label", help="the label column (default: label, target, class, y)")
+    inspect = commands.add_parser("inspect", help="what a committed dataset version holds")
+    inspect.add_argument("dataset", help="a manifest, version directory or output root")
     return parser
 
 
@@ -88,12 +131,19 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         from flows.status import describe_status
 
         return describe_status(args.config, args.work_dir)
+    if args.command in ("init", "inspect"):
+        from flows.dataset_cli import describe_inputs, describe_version
+
+        if args.command == "init":
+            return describe_inputs(args.inputs, args.label)
+        return describe_version(args.dataset)
     from prefect import serve
 
-    from flows.deployments import build_deployments
+    from flows.deployments import build_deployments, serve_stopped_message
 
-    serve(*build_deployments(args.work_dir))
-    return None
+    deployments = build_deployments(args.work_dir)
+    serve(*deployments)  # returns once interrupted (Ctrl-C, SIGTERM)
+    return serve_stopped_message(deployments)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,12 +152,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         output = _dispatch(args)
-    except (ValidationError, FileNotFoundError, ValueError) as error:
-        print(redact(f"ballast {args.command}: {error}"), file=sys.stderr)
-        return 2
+    except Exception as error:
+        log = write_error_log(args.command, error)
+        print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
+              file=sys.stderr)
+        return 2 if is_deterministic(error) else 1
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
+
+
+def is_deterministic(error: BaseException) -> bool:
+    """A config or data error (or a training job that stopped on one): it fails again."""
+    from training.launch.failures import TrainingFailed, is_config_error
+
+    if isinstance(error, TrainingFailed):
+        return error.config_error is not None
+    return isinstance(error, FileNotFoundError) or is_config_error(error)
+
+
+def one_line(error: BaseException, max_chars: int = 600) -> str:
+    """The cause on one line: each invalid field with its message (no documentation
+    links), or the error's message up to a launcher's output tail."""
+    if isinstance(error, ValidationError):
+        fields = [f"{'.'.join(str(p) for p in item['loc']) or 'config'}: {item['msg']}"
+                  + (f" (got {item['input']!r})" if item["type"] != "missing" else "")
+                  for item in error.errors(include_url=False)]
+        text = f"invalid config: {'; '.join(fields)}"
+    else:
+        message = str(error).split("\n--- last output ---", 1)[0]
+        text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        text = text or type(error).__name__
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+
+
+def write_error_log(command: str, error: BaseException) -> Path:
+    """The full traceback in a new file under $BALLAST_LOG_DIR (default: a `ballast`
+    directory in the system's temporary directory); its path."""
+    directory = Path(os.environ.get("BALLAST_LOG_DIR") or Path(tempfile.gettempdir()) / "ballast")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text(redact("".join(traceback.format_exception(error))))
+    return path
 
 
 if __name__ == "__main__":

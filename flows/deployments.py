@@ -85,6 +85,16 @@ def build_deployments(work_dir: str | Path) -> list[RunnerDeployment]:
     return [cast(RunnerDeployment, deployment) for deployment in deployments]
 
 
+def serve_stopped_message(deployments: list[RunnerDeployment]) -> str:
+    """What stopping `ballast serve` did: Prefect pauses the deployments it served and
+    removes their scheduled runs (docs/architecture.md M16), so nothing runs until served
+    again or resumed."""
+    names = ", ".join(deployment.full_name for deployment in deployments)
+    return (f"ballast serve stopped: paused the deployments it served ({names}) and removed "
+            "their scheduled runs; nothing runs on their schedules until `ballast serve` "
+            "runs again.")
+
+
 def _yaml_entry(spec: DeploymentSpec, work_dir: str) -> dict[str, Any]:
     flow_object = FLOWS[spec.flow][0]
     entry: dict[str, Any] = {

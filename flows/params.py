@@ -54,6 +54,8 @@ class EvaluateParams(BaseModel):
     tracking: TrackingConfig
     baseline_model_uri: str | None = Field(None, description="A model to compare against.")
     split: str = Field("holdout", description="The split of the version to score on.")
+    dask: DaskConfig = Field(default_factory=DaskConfig,
+                             description="Where Dask runs (one task per shard).")
 
 
 class InferenceParams(BaseModel):
@@ -66,8 +68,8 @@ class InferenceParams(BaseModel):
     dataset: str | None = Field(None, description="A dataset version to predict on.")
     inputs: list[str] = Field(default_factory=list, description="Or any Parquet files/globs.")
     split: str = Field("train", description="Split of `dataset` to predict on.")
-    id_column: str = Field("id", description="Row id column carried to the predictions.")
-    feature_column: str = Field("features", description="The model's input column.")
+    id_column: str = Field("id", description="Row id column carried to the predictions; "
+                           "the feature columns are those of the model's codec.")
     output_root: str = Field(description="Predictions are committed as versions here.")
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
 

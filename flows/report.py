@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.summary import class_rows_after, how_to_open_run
 from preprocessing.manifest import Manifest
 from tracking.run import run_page_url, ui_command
@@ -19,7 +20,8 @@ def publish_dataset(manifest: Manifest) -> None:
     create_table_artifact(
         [{"class": str(label), "input rows": manifest.input_class_counts.get(str(label), 0),
           "training rows": after.get(str(label), 0)} for label in manifest.classes],
-        key="class-mix", description=f"dataset version {manifest.version_id}: rows per class")
+        key="class-mix", description=f"dataset version {manifest.version_id}: rows per class "
+        "in the input and in the training split")
     sources: dict[str, int] = {}
     for shard in manifest.split("train").shards:
         for source, count in shard.source_counts.items():
@@ -27,13 +29,63 @@ def publish_dataset(manifest: Manifest) -> None:
     create_table_artifact(
         [{"source": source, "input rows": manifest.input_source_counts.get(source, 0),
           "training rows": sources.get(source, 0)} for source in sorted(sources)],
-        key="source-mix", description="rows per source")
+        key="source-mix", description=f"dataset version {manifest.version_id}: rows per "
+        "source in the input and in the training split")
     create_table_artifact(
         [{"split": name, "shards": len(split.shards),
           "min rows": min(s.num_rows for s in split.shards),
           "max rows": max(s.num_rows for s in split.shards)}
          for name, split in manifest.splits.items()],
-        key="shard-balance", description="rows per shard, per split")
+        key="shard-balance", description=f"dataset version {manifest.version_id}: shards and "
+        "the fewest and most rows in one, per split")
+    create_markdown_artifact(increment_summary(manifest), key="increment",
+                             description=f"dataset version {manifest.version_id}: files read "
+                             "and skipped, shards reused from its parent")
+
+
+def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
+    """A Markdown table: one column per arm, one row per figure, on the same held-out rows."""
+    arms = list(evaluations)
+    num_rows = next(iter(evaluations.values()))["num_rows"]
+    lines = [f"| held-out ({num_rows} rows) | {' | '.join(arms)} |",
+             f"|---|{'---|' * len(arms)}"]
+    by_arm = {arm: figures(evaluation) for arm, evaluation in evaluations.items()}
+    for name in FIGURE_NAMES:
+        lines.append(f"| {name} | "
+                     f"{' | '.join(_cell(by_arm[arm][name]) for arm in arms)} |")
+    worst = [worst_class(evaluation) for evaluation in evaluations.values()]
+    lines.append(f"| worst class | {' | '.join(w[0] if w else 'n/a' for w in worst)} |")
+    return lines
+
+
+def _cell(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _description(result: dict[str, Any]) -> str:
+    arms = " and ".join(result.get("evaluations") or {}) or "no held-out evaluation"
+    version = result.get("version_id") or result["training"].get("manifest_uri")
+    return (f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
+            f"and worst-class recall ({arms}), the registration and the MLflow run")
+
+
+def increment_summary(manifest: Manifest) -> str:
+    """Markdown: what this version read and what it took from its parent unread."""
+    if not manifest.deltas:
+        return f"# Dataset version {manifest.version_id}\n\n- no lineage recorded"
+    own = manifest.deltas[-1]
+    listed_bytes = sum(record.num_bytes for record in manifest.inputs)
+    reused = sum(entry.version is not None for entry in manifest.split("train").shards)
+    return "\n".join([
+        f"# Dataset version {manifest.version_id}", "",
+        f"- parent: {manifest.parent_version or 'none (a full reshard)'}; chain of "
+        f"{len(manifest.deltas)} versions",
+        f"- input files: {own.num_files} read (new), "
+        f"{len(manifest.inputs) - own.num_files} skipped of {len(manifest.inputs)}",
+        f"- input bytes: {own.num_bytes} read, {listed_bytes - own.num_bytes} skipped",
+        f"- training rows added: {own.added_rows()} of {manifest.split('train').num_rows}",
+        f"- training shards: {reused} reused from earlier versions, "
+        f"{len(manifest.split('train').shards) - reused} written"])
 
 
 def run_link_line(result: dict[str, Any], tracking_uri: str) -> str:
@@ -50,19 +102,19 @@ def run_link_line(result: dict[str, Any], tracking_uri: str) -> str:
 
 
 def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
-    """Markdown: figures of the job, evaluations, registration and the MLflow run link."""
+    """Markdown: figures of the job, both arms side by side, registration and the run link."""
     training = result["training"]
     lines = ["# Training summary", "",
-             f"- ranks: {training['world_size']}, batches per rank: "
-             f"{training['batches_per_rank']}",
-             f"- validation macro-F1: {training['val_macro_f1']:.4f}"]
-    for name, evaluation in (result.get("evaluations") or {}).items():
-        lines.append(f"- {name}: macro-F1 {evaluation['macro_f1']:.4f} on "
-                     f"{evaluation['num_rows']} held-out rows")
+             f"- ranks: {training['world_size']}, epochs: {training.get('epochs')}, "
+             f"batches per rank: {training['batches_per_rank']}",
+             f"- validation macro-F1: {_cell(training.get('val_macro_f1'))}"]
+    if result.get("evaluations"):
+        lines += ["", *comparison_lines(result["evaluations"]), ""]
     if result.get("registration"):
         registration = result["registration"]
         lines.append(f"- registered {registration['name']} v{registration['version']} as "
                      f"`{registration['alias']}`")
     if result.get("run_id") and tracking_uri:
         lines.append(run_link_line(result, tracking_uri))
-    create_markdown_artifact("\n".join(lines), key="training-summary")
+    create_markdown_artifact("\n".join(lines), key="training-summary",
+                             description=_description(result))

@@ -1,5 +1,6 @@
-"""`ballast status`: the newest dataset versions under a config's output root, and the
-current champion model in MLflow."""
+"""`ballast status`: the newest dataset versions under a config's output root, the lineage
+of the current one (a chain of incremental versions: version, parent, rows added, when),
+and the current champion model in MLflow."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from flows.params import load_preset
-from preprocessing.manifest import ManifestError, read_current_version, read_manifest
+from preprocessing.manifest import (
+    ManifestError,
+    read_current_version,
+    read_manifest,
+    version_dir,
+)
 from tracking.run import champion
 from tracking.server import TrackingUnavailable
 
@@ -23,8 +29,17 @@ def dataset_versions(root: str, limit: int = 5) -> list[dict[str, Any]]:
         except ManifestError:
             continue
         found.append({"version": manifest.version_id, "created": manifest.created_at,
-                      "train rows": manifest.split("train").num_rows})
+                      "train rows": manifest.split("train").num_rows,
+                      "parent": manifest.parent_version})
     return sorted(found, key=lambda v: str(v["created"]), reverse=True)[:limit]
+
+
+def lineage_lines(root: str, version_id: str) -> list[str]:
+    """One line per version of the chain that ends at `version_id`, oldest first."""
+    manifest, _ = read_manifest(version_dir(root, version_id))
+    return [f"  {delta.version_id}  parent {delta.parent_version or '-':16}  "
+            f"+{delta.added_rows()} training rows from {delta.num_files} files  "
+            f"{delta.created_at}" for delta in manifest.lineage()]
 
 
 def describe_champion(tracking_uri: str, name: str) -> str:
@@ -48,7 +63,11 @@ def describe_status(config: str, work_dir: str) -> str:
         current = read_current_version(root)
         lines.append(f"dataset versions under {root}:")
         lines += [f"  {'*' if v['version'] == current else ' '} {v['version']}  {v['created']}"
-                  f"  {v['train rows']} training rows" for v in dataset_versions(root)]
+                  f"  {v['train rows']} training rows"
+                  + (f"  (appends to {v['parent']})" if v["parent"] else "")
+                  for v in dataset_versions(root)]
+        if current:
+            lines += [f"lineage of {current}:", *lineage_lines(root, current)]
     tracking = values.get("train", {}).get("tracking") or values.get("tracking")
     if tracking and tracking.get("registered_model_name"):
         name = tracking["registered_model_name"]

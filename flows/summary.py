@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flows.arms import worst_class
 from preprocessing.manifest import Manifest
 from tracking.run import how_to_open
 
@@ -48,9 +49,10 @@ def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
 def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for name, evaluation in evaluations.items():
-        worst = min((r for r in evaluation["recall"].values() if r is not None), default=0.0)
-        lines.append(f"  {name:<28} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
-                     f"{evaluation['balanced_accuracy']:.3f}, worst class recall {worst:.3f}")
+        worst = worst_class(evaluation)
+        lines.append(f"  {name:<12} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
+                     f"{evaluation['balanced_accuracy']:.3f}, worst-class recall "
+                     f"{f'{worst[1]:.3f} ({worst[0]})' if worst else 'n/a'}")
     return lines
 
 

@@ -1,5 +1,7 @@
 """Prefect tasks: each calls one function of preprocessing/, training/ or tracking/ and
-passes URIs and small dicts, never data. Names are those of the functions they wrap."""
+passes URIs and small dicts, never data. A task run is named by what it does and for which
+arm of the pipeline (`reshard[natural-mix]`, `train[rebalanced]`), so the two arms can be told
+apart in the Prefect UI; the results come back as values that the flows log."""
 
 from __future__ import annotations
 
@@ -11,19 +13,38 @@ from uuid import UUID
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 
 from preprocessing.config import ReshardConfig
 from preprocessing.executor import DaskConfig, dask_client
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.manifest import read_manifest
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard
 from preprocessing.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
+from tracking.inference import split_uris as split_uris
 from tracking.registry import register_and_promote
 from tracking.run import finish_run
 from training.config import TrainConfig
 from training.launch import LaunchConfig, run_job
+from training.launch.failures import is_config_error
+
+
+def is_transient(_: Any, __: Any, state: State[Any]) -> bool:
+    """Retry a task only on a failure that may pass: not a config or data error
+    (training/launch/failures.py decides which is which, for the launcher as well)."""
+    try:
+        state.result()
+    except BaseException as error:
+        return not is_config_error(error)
+    return False
+
+
+# I/O tasks (object store, Dask, MLflow) retry a transient failure twice; a config or data
+# error fails once. `train` has its own retries in the launcher (job.retry), never here.
+TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
+                                     "retry_condition_fn": is_transient}
 
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
@@ -31,12 +52,15 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
     return f"reshard-{parameters['version_id']}"
 
 
-@task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30))
-def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[str, Any]:
+@task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
+      task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
+def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
+            arm: str) -> dict[str, Any]:
     """Make the dataset version (a cache hit on its version id skips it entirely).
     `version_id` is `version_id_for(config)`, computed once by the caller: listing a
     large input is not free."""
-    progress_id = create_progress_artifact(0.0, description="reshard: scan, exchange, write")
+    progress_id = create_progress_artifact(
+        0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
     reporting = [True]
@@ -59,42 +83,48 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str) -> dict[st
             "reused": result.reused}
 
 
-@task(cache_policy=NO_CACHE)
-def train(config: TrainConfig, job: LaunchConfig) -> dict[str, Any]:
+@task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
+def train(config: TrainConfig, job: LaunchConfig, arm: str = "adhoc") -> dict[str, Any]:
     """Run the training job through its launcher, which pins the dataset version and the
     MLflow run and retries under `job.retry`, each retry resuming. The task itself is
     never retried, so retries do not multiply."""
     return run_job(config, job)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="close-run[{arm}]")
 def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
-              manifest_uri: str, checkpoint_uri: str) -> None:
+              manifest_uri: str, checkpoint_uri: str, arm: str) -> None:
     """Attach the summary, plots and checkpoints to the run and mark it finished."""
     manifest, _ = read_manifest(manifest_uri)
     finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
-@task(cache_policy=NO_CACHE)
-def register(tracking: TrackingConfig, name: str, model_uri: str,
-             score: float) -> dict[str, Any]:
-    """Register a model version; it becomes champion only if it beats the current one."""
-    return register_and_promote(tracking, model_uri, name, score)
+@task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
+def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
+             beats_baseline: bool, arm: str) -> dict[str, Any]:
+    """Register a model version; it becomes champion only if it beats the class-prior
+    baseline and the current champion."""
+    return register_and_promote(tracking, model_uri, name, score, beats_baseline)
 
 
-@task(cache_policy=NO_CACHE)
-def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str,
-             split: str) -> dict[str, Any]:
-    """Macro-F1 and per-class recall of one model on a held-out split."""
-    return evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
+@task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
+def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
+             dask: DaskConfig, arm: str) -> dict[str, Any]:
+    """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
+    split, one task per shard on Dask, with the class-prior baseline."""
+    with dask_client(dask, storage=[dataset]) as client:
+        def dask_map(function: Any, uris: list[str]) -> list[Any]:
+            return list(client.gather(client.map(function, uris, pure=False)))
+
+        return evaluate_model(model_uri, tracking.tracking_uri, dataset, split, dask_map)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
-            feature_column: str, output_root: str, dask: DaskConfig) -> dict[str, Any]:
+            output_root: str, dask: DaskConfig) -> dict[str, Any]:
     """Map the model over the inputs on Dask; commit the predictions as a version."""
     transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
-                        id_column=id_column, feature_column=feature_column)
+                        id_column=id_column)
     spec = OutputSpec(id_column=id_column, label_column="predicted",
                       feature_columns=["probabilities"], classes=[],
                       config={"model_uri": model_uri, "inputs": inputs})
@@ -103,8 +133,3 @@ def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_colu
     return {"manifest_uri": location, "version_id": manifest.version_id,
             "num_rows": manifest.split("predictions").num_rows}
 
-
-def split_uris(dataset: str, split: str) -> list[str]:
-    """The shard URIs of a split of a version, read through its manifest."""
-    manifest, location = read_manifest(dataset)
-    return [shard_uri(location, entry) for entry in manifest.split(split).shards]

@@ -3,11 +3,16 @@
 By default on a local cluster of the config's `num_workers` processes; `--scheduler
 ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskConfig`.
 
+`--compact` reshards every input into one flat version whatever the config's `mode`
+(the compaction of a chain of incremental versions: preprocessing/increment.py).
+
 Exit status: 0 when the version is committed (by this run, or found committed: then
 it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
-manifest), 3 when another run moved `_CURRENT` during this one (the version is
-written; rerun to make it current if it is the newer one), 4 when input files could not
-be read for a reason that may pass (S3 503, resets, ...: nothing is committed; rerun).
+manifest, changed inputs an incremental run refuses), 3 when another run moved
+`_CURRENT` during this one (a flat version is written: rerun to make it current if it
+is the newer one; a chain's child is withdrawn: rerun to append to the new current), 4
+when input files could not be read for a reason that may pass (S3 503, resets, ...:
+nothing is committed; rerun).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pydantic import ValidationError
 
 from preprocessing.config import load_reshard_config
 from preprocessing.executor import DaskConfig, StorageNotShared
+from preprocessing.increment import InputsChanged
 from preprocessing.manifest import CommitConflict, ManifestError
 from preprocessing.reshard import InputsUnreadable, TooManyRejected, run_reshard
 from preprocessing.secrets import redact
@@ -29,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m preprocessing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML file of a ReshardConfig")
+    parser.add_argument("--compact", action="store_true",
+                        help="a full reshard into one flat version (mode: full)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", help="address of a running Dask scheduler")
     where.add_argument("--dask", help="YAML file of a DaskConfig (kind, address, options)")
@@ -38,16 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as error:
         return _fail(args.dask or "--scheduler", error)
     try:
-        result = run_reshard(load_reshard_config(args.config), executor)
+        config = load_reshard_config(args.config)
+        if args.compact:
+            config = config.model_copy(update={"mode": "full"})
+        result = run_reshard(config, executor)
     except (ValidationError, FileNotFoundError, TooManyRejected, StorageNotShared,
-            ManifestError) as error:
+            ManifestError, InputsChanged) as error:
         return _fail(args.config, error)
     except CommitConflict as error:
         return _fail(args.config, error, status=3)
     except InputsUnreadable as error:
         return _fail(args.config, error, status=4)
     state = "already committed" if result.reused else "committed"
-    print(f"{state}: {redact(result.manifest_uri)}")
+    print(f"{state}: {redact(result.manifest_uri)} ({result.how})")
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -11,6 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from preprocessing.retry import RetryPolicy
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
+
+# Settings that change how fast, where or by which route a version is made, never what a
+# flat version holds: the chain settings decide whether a run appends, and a child's id
+# hashes its parent's instead (preprocessing/reshard.py: compute_version_id).
+OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "retry", "mode",
+                                   "on_changed_inputs", "max_chain_length",
+                                   "max_small_shard_fraction",
+                                   "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",
+                                   "max_tasks_in_flight"})
 
 
 class DatasetSpec(BaseModel):
@@ -133,6 +142,48 @@ class ReshardConfig(BaseModel):
         default_factory=RetryPolicy, description="Retries of reads that failed for a reason "
         "that may pass (S3 503 / 500, resets, timeouts, bodies cut short): "
         "preprocessing/retry.py.")
+    # The exchange's shape (docs/architecture.md 3, M24): how fast and in how many requests a
+    # version is made, never what is in it, so none of these changes the version id.
+    exchange_task_bytes: int = Field(
+        64 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "
+        "pieces are grouped up to this size; merge and write tasks hold about as much.")
+    exchange_fan_in: int | None = Field(
+        None, ge=2, description="Most staged objects a merge or write task reads from; None: "
+        "exchange_task_bytes / 1 MiB, between 2 and 64 (a merge read is task bytes / fan-in).")
+    exchange_rounds: int | None = Field(
+        None, ge=1, description="Rounds of reads of staged objects: 1 = the shard writes read "
+        "the map outputs; None: the fewest whose reads stay within the fan-in.")
+    max_tasks_in_flight: int | None = Field(
+        None, gt=0, description="Tasks submitted to Dask and not yet done, at most; None: "
+        "4 per worker thread, at least 8.")
+    # How a run relates to the version `_CURRENT` names (preprocessing/increment.py).
+    mode: Literal["full", "incremental"] = Field(
+        "full", description="`full`: reshard every input into one flat version (run it to "
+        "compact a chain); `incremental`: when the inputs are the current version's plus new "
+        "files, reshard only the new files into a child version that lists the parent's "
+        "shards without copying them.")
+    on_changed_inputs: Literal["refuse", "rebuild"] = Field(
+        "refuse", description="`incremental` only: when an input of the current version was "
+        "rewritten or removed (or the settings or ballast's version differ), `refuse` fails "
+        "naming them, `rebuild` makes a full version instead.")
+    max_chain_length: int = Field(
+        16, ge=1, description="`incremental` only: most versions in a chain, its flat base "
+        "included; a run that would make a longer one compacts (a full reshard) instead.")
+    max_small_shard_fraction: float = Field(
+        0.25, ge=0, le=1, description="`incremental` only: when more than this fraction of "
+        "the current chain's training shards hold under half the rows of its largest, the "
+        "run compacts (a full reshard) instead of appending.")
+
+    @model_validator(mode="after")
+    def _incremental_total_not_fixed(self) -> ReshardConfig:
+        if self.mode == "incremental" and self.num_output_rows is not None:
+            raise ValueError("num_output_rows fixes the total rows, which appending new files "
+                             "cannot keep: leave it unset with mode 'incremental'")
+        return self
+
+    def output_settings(self) -> dict[str, Any]:
+        """The settings that decide a flat version's content: part of its version id."""
+        return self.model_dump(mode="json", exclude=set(OUTPUT_NEUTRAL_FIELDS))
 
 
 def load_reshard_config(path: str | Path) -> ReshardConfig:

@@ -1,10 +1,15 @@
-"""The row exchange: map tasks route a piece's rows to shard buckets, reduce tasks write shards.
+"""The row exchange: map tasks route pieces' rows to destinations, write tasks make shards.
 
-A map task reads one piece (a row range of one file) and writes one Arrow IPC file to the
-staging area holding one record batch per destination (split, shard). A reduce
-task reads its batch from every piece file, orders the rows by their keyed
-position and writes one zstd Parquet shard. Peak memory per task is about one
-piece (times its oversampling factor) or one output shard.
+A map task reads a group of consecutive pieces (row ranges of input files), routes all
+their rows to their destinations (shards of the splits, numbered across splits) in one
+vectorised pass and writes one staged object with the rows grouped by destination
+(`preprocessing/staged.py`); merge rounds, if any, combine such objects
+(`preprocessing/rounds.py`). A write task takes a run of consecutive shards, reads their
+range of each object of the last round (one ranged read each), orders each shard's rows
+by their keyed position and writes it as zstd Parquet. Rows are ordered by distinct keys,
+so a shard's bytes do not depend on how pieces were grouped, how many rounds there were,
+or which worker ran what. Peak memory per task is about `exchange_task_bytes` of rows
+(a map task's pieces times their oversampling, a write task's shards).
 """
 
 from __future__ import annotations
@@ -23,11 +28,18 @@ from preprocessing.config import DatasetSpec
 from preprocessing.manifest import ShardEntry
 from preprocessing.plan import SplitPlan
 from preprocessing.profile import drop_row_columns, null_rows
-from preprocessing.resample import holdout_mask, route_rows, small_ints
+from preprocessing.resample import holdout_mask, route_pieces, small_ints
+from preprocessing.rounds import ExchangeLayout
 from preprocessing.scan import INTERNAL_PREFIX, InputFile, row_sources
 from preprocessing.sources import read_rows
+from preprocessing.staged import (
+    StagedObject,
+    StagedWriter,
+    merge_staged,
+    read_batches,
+    read_destinations,
+)
 
-SHARD_COLUMN = f"{INTERNAL_PREFIX}shard"
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 DERIVED_SOURCE_COLUMN = "source"
 
@@ -41,22 +53,83 @@ class PieceTask:
     first_row: int
     num_rows: int
     offsets: dict[str, dict[int, int]]
-    staging_uri: str
 
 
 @dataclass(frozen=True)
-class Bucket:
-    """Rows of piece file `uri`, batch `batch`, destined for shard `shard` of `split`."""
+class MapTask:
+    """Consecutive pieces whose rows go into the staged object `output`."""
 
-    split: str
-    shard: int
+    pieces: list[PieceTask]
+    output: StagedObject
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where a run's staged objects are, their layout and their rows' schema: all a merge
+    or write task needs to find what it reads (shipped once to every worker)."""
+
     uri: str
-    batch: int
+    layout: ExchangeLayout
+    schema: pa.Schema
+
+    def object(self, round_index: int, object_id: int) -> StagedObject:
+        first, stop = self.layout.object_destinations(round_index, object_id)
+        return StagedObject(f"{self.uri}/round-{round_index}/part-{object_id:07d}.arrow",
+                            first, stop - first)
 
 
-def map_piece(task: PieceTask, plans: dict[str, SplitPlan], spec: DatasetSpec, seed: int,
-              holdout_fraction: float) -> list[Bucket]:
-    """Route one piece's rows to (split, shard) buckets in one staged IPC file."""
+@dataclass(frozen=True)
+class Destinations:
+    """What every map task shares: the plans (without piece offsets), the first
+    destination number of each split, and the schema of staged rows."""
+
+    plans: dict[str, SplitPlan]
+    first: dict[str, int]
+    count: int
+    schema: pa.Schema
+
+
+def staged_schema(schema: pa.Schema) -> pa.Schema:
+    """The output schema with dictionaries decoded (every piece has its own) plus the
+    order key; write tasks cast back to `schema`."""
+    fields = [pa.field(f.name, f.type.value_type, f.nullable)
+              if pa.types.is_dictionary(f.type) else f for f in schema]
+    return pa.schema([*fields, pa.field(ORDER_COLUMN, pa.uint64())])
+
+
+def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int,
+               holdout_fraction: float) -> int:
+    """Route a group of pieces' rows into one staged object, grouped by destination; the
+    object's size in bytes."""
+    read = [read_piece(piece, destinations, spec, seed, holdout_fraction)
+            for piece in task.pieces]
+    tables = [table for table, _ in read]
+    table = pa.concat_tables(tables) if tables else _payload_schema(destinations).empty_table()
+    held_out = np.concatenate([mask for _, mask in read]) if read else np.zeros(0, dtype=bool)
+    piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
+    pieces = np.array([piece.piece for piece in task.pieces], dtype=np.int64)
+    rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
+    for split, plan in destinations.plans.items():
+        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
+        if len(members):
+            routing = route_pieces(stratum_codes(table, plan, spec, members), piece_of[members],
+                                   _offsets(task.pieces, plan), plan, seed, pieces)
+            rows.append(members[routing.rows])
+            targets.append(routing.shards + destinations.first[split])
+            keys.append(routing.order_keys)
+    target = np.concatenate(targets)
+    by_target = np.argsort(small_ints(target), kind="stable")
+    grouped = table.take(pa.array(np.concatenate(rows)[by_target]))
+    order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
+    grouped = grouped.append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
+    return _write_grouped(grouped.combine_chunks(), target[by_target], task.output,
+                          destinations.schema)
+
+
+def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, seed: int,
+               holdout_fraction: float) -> tuple[pa.Table, np.ndarray]:
+    """One piece's rows in the staged schema (without the order key), and which of them
+    are held out."""
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
@@ -65,74 +138,91 @@ def map_piece(task: PieceTask, plans: dict[str, SplitPlan], spec: DatasetSpec, s
     kept = ~null_rows(table, drop_row_columns(spec))  # as the scan counted them
     if not kept.all():
         table, held_out = table.filter(pa.array(kept)), held_out[kept]
-    parts = []
-    for split, plan in plans.items():
-        in_split = held_out if split == "holdout" else ~held_out
-        if in_split.all():  # no copy when the whole piece belongs to one split
-            parts.append((split, _route_split(table, plan, spec, task, seed)))
-        elif in_split.any():
-            rows = pa.array(np.flatnonzero(in_split))
-            parts.append((split, _route_split(table.take(rows), plan, spec, task, seed)))
-    return _write_buckets(parts, f"{task.staging_uri}/piece-{task.piece:06d}.arrow")
+    return table.select(_payload_schema(destinations).names).cast(
+        _payload_schema(destinations)), held_out
 
 
-def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec) -> np.ndarray:
-    """Stratum index of every row, by dictionary lookup (vectorised, no Python loop)."""
+def _payload_schema(destinations: Destinations) -> pa.Schema:
+    schema = destinations.schema
+    return schema.remove(schema.get_field_index(ORDER_COLUMN))
+
+
+def _offsets(pieces: list[PieceTask], plan: SplitPlan) -> np.ndarray:
+    """[piece, stratum] within-stratum offset of each piece's first row of the stratum."""
+    offsets = np.zeros((len(pieces), len(plan.strata)), dtype=np.int64)
+    for row, piece in enumerate(pieces):
+        for stratum, offset in piece.offsets.get(plan.name, {}).items():
+            offsets[row, stratum] = offset
+    return offsets
+
+
+def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
+                  rows: np.ndarray | None = None) -> np.ndarray:
+    """Stratum index of every row (or of `rows`), by dictionary lookup (vectorised)."""
     labels = sorted({label for label, _ in plan.strata}, key=str)
     sources = sorted({source for _, source in plan.strata}, key=str)
-    lookup = np.full((len(labels), len(sources)), -1, dtype=np.int64)
+    lookup = np.full((len(labels) + 1, len(sources) + 1), -1, dtype=np.int64)
     for index, (label, source) in enumerate(plan.strata):
         lookup[labels.index(label), sources.index(source)] = index
     source_name = spec.source_column or DERIVED_SOURCE_COLUMN
-    label_code = pc.index_in(table.column(spec.label_column), pa.array(labels))
-    source_code = pc.index_in(table.column(source_name), pa.array(sources))
-    codes = lookup[label_code.to_numpy(zero_copy_only=False),
-                   source_code.to_numpy(zero_copy_only=False)]
-    if (codes < 0).any():
+    codes = []
+    for name, values in ((spec.label_column, labels), (source_name, sources)):
+        code = pc.index_in(table.column(name), pa.array(values)).fill_null(len(values))
+        codes.append(code.to_numpy())
+    found = lookup[codes[0], codes[1]] if rows is None else lookup[codes[0][rows],
+                                                                     codes[1][rows]]
+    if (found < 0).any():
         raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
-    return codes
+    return found
 
 
-def _route_split(table: pa.Table, plan: SplitPlan, spec: DatasetSpec, task: PieceTask,
-                 seed: int) -> pa.Table:
-    offsets = np.zeros(len(plan.strata), dtype=np.int64)
-    for stratum, offset in task.offsets.get(plan.name, {}).items():
-        offsets[stratum] = offset
-    routing = route_rows(stratum_codes(table, plan, spec), offsets, plan, seed, task.piece)
-    by_shard = np.argsort(small_ints(routing.shards), kind="stable")  # rows grouped by shard
-    routed = table.take(pa.array(routing.rows[by_shard]))
-    routed = routed.append_column(SHARD_COLUMN, pa.array(routing.shards[by_shard], pa.int32()))
-    return routed.append_column(ORDER_COLUMN,
-                                pa.array(routing.order_keys[by_shard], pa.uint64()))
+def _write_grouped(grouped: pa.Table, targets: np.ndarray, output: StagedObject,
+                   schema: pa.Schema) -> int:
+    """Rows sorted by destination, one record batch per destination that has rows."""
+    batch = grouped.to_batches()[0] if grouped.num_rows else None
+    bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
+    writer = StagedWriter(output, schema)
+    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        writer.add_batches([batch.slice(start, stop - start)] if stop > start and batch else [])
+    return writer.close()
 
 
-def _write_buckets(parts: list[tuple[str, pa.Table]], uri: str) -> list[Bucket]:
-    buckets: list[Bucket] = []
-    if not parts:
-        return buckets
-    fs, path = url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "wb") as sink, pa.ipc.new_file(sink, parts[0][1].schema) as writer:
-        for split, table in parts:
-            shards = table.column(SHARD_COLUMN).to_numpy()
-            starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
-            for start, stop in zip(starts, np.r_[starts[1:], len(shards)], strict=True):
-                piece = table.slice(start, stop - start).combine_chunks()
-                writer.write_batch(piece.to_batches()[0])
-                buckets.append(Bucket(split, int(shards[start]), uri, len(buckets)))
-    return buckets
+def merge_task(round_index: int, task: int, staging: Staging) -> int:
+    """Merge task `task` of a round: its block of each of its inputs into one object."""
+    inputs = [staging.object(round_index - 1, item)
+              for item in staging.layout.merge_inputs(round_index, task)]
+    return merge_staged(inputs, staging.object(round_index, task), staging.schema)
 
 
-def reduce_shard(buckets: list[Bucket], expected_rows: int, uri: str, schema: pa.Schema,
-                 spec: DatasetSpec, rows_per_row_group: int) -> ShardEntry:
-    """Assemble one shard from its buckets in keyed order and write it as zstd Parquet."""
-    batches = [_read_bucket(bucket) for bucket in buckets]
-    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
+                 schema: pa.Schema, spec: DatasetSpec,
+                 rows_per_row_group: int) -> list[ShardEntry]:
+    """Write the shards of destinations [first, first + len(shards)) ((planned rows, URI)
+    each): one range read per last-round object, then each shard in keyed order."""
+    last = len(staging.layout.rounds) - 1
+    stop = first + len(shards)
+    ranges = [read_destinations(staging.object(last, item), first, stop)
+              for item in staging.layout.write_inputs(first)]
+    entries = []
+    for index, (rows, uri) in enumerate(shards):
+        batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
+                   for batch in read_batches(data[offsets[index]:offsets[index + 1]],
+                                             staging.schema)]
+        entries.append(_write_shard(batches, rows, uri, staging.schema, schema, spec,
+                                    rows_per_row_group))
+    return entries
+
+
+def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
+                 staged: pa.Schema, schema: pa.Schema, spec: DatasetSpec,
+                 rows_per_row_group: int) -> ShardEntry:
+    table = pa.Table.from_batches(batches, schema=staged)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct
-    table = table.take(pa.array(order)).drop_columns([SHARD_COLUMN, ORDER_COLUMN])
-    table = table.select(schema.names).cast(schema)
+    # One chunk whatever the number of inputs: the encoder's pages follow the chunks.
+    table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
+    table = table.cast(schema)
     payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec))
     _write_file(uri, payload)
     source_name = spec.source_column or DERIVED_SOURCE_COLUMN
@@ -144,14 +234,6 @@ def reduce_shard(buckets: list[Bucket], expected_rows: int, uri: str, schema: pa
         class_counts=_histogram(table.column(spec.label_column)),
         source_counts=_histogram(table.column(source_name)),
     )
-
-
-def _read_bucket(bucket: Bucket) -> pa.RecordBatch:
-    fs, path = url_to_fs(bucket.uri)
-    if isinstance(fs, LocalFileSystem):  # mapped: no copy until the shard's sort
-        return pa.ipc.open_file(pa.memory_map(path)).get_batch(bucket.batch)
-    with fs.open(path, "rb") as handle:
-        return pa.ipc.open_file(handle).get_batch(bucket.batch)
 
 
 def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) -> pa.Buffer:
@@ -169,9 +251,10 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
 
 
 def _write_file(uri: str, payload: memoryview) -> None:
+    # s3fs sends a body of 100 MiB or more as a multipart upload.
     fs, path = url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if isinstance(fs, LocalFileSystem):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with open(path, "wb") as sink:
             sink.write(payload)
     else:

@@ -1,10 +1,13 @@
 """The dataset version contract: names, the manifest, `_CURRENT`, and the version commit.
 
 The one module of `preprocessing/` that `training/` and `tracking/` may import
-(docs/architecture.md): standard library and fsspec only. Under an output root:
+(docs/architecture.md): standard library and fsspec only (its lineage records and storage
+primitives, preprocessing/lineage.py and preprocessing/storage.py, are reached through
+it). Under an output root:
 
     <root>/v-<version_id>/shard-00000.parquet ...     training split (holdout-*: held out)
     <root>/v-<version_id>/_MANIFEST.json              written last = the commit
+    <root>/v-<child_id>/...                           a chain's child: the new shards only
     <root>/_CURRENT                                   newest committed version id
     <root>/_staging/<version_id>/<attempt>/           one run's scratch (preprocessing/staging.py)
 
@@ -12,19 +15,18 @@ Readers open a version only through `read_manifest`, never by listing files. A m
 is untrusted input: its version id must match its directory, shard paths must be plain
 file names, digests hex, and `_CURRENT` a version id; all checked before any read. Writers
 commit only through `commit_version`, whose every step a rerun finishes (docs/reliability.md).
+A chain's child (preprocessing/increment.py) lists its parent's shards without copying
+them: each such entry names by `version` the ancestor whose directory holds it, a version
+id checked against the manifest's own lineage, never a path.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import re
 import signal
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -33,7 +35,12 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-FORMAT_VERSION = 1
+from preprocessing.lineage import Delta, InputRecord, lineage_problem
+from preprocessing.storage import file_lock, is_local, write_atomically
+from preprocessing.storage import file_sha256 as file_sha256  # part of the contract's API
+
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # 1: no input listing and no lineage (read with their defaults)
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
 SPLIT_PREFIX = {"train": "shard", "holdout": "holdout", "predictions": "part"}
@@ -66,6 +73,7 @@ class ShardEntry:
     sha256: str
     class_counts: dict[str, int]
     source_counts: dict[str, int]
+    version: str | None = None  # the ancestor whose directory holds it; None: this version
 
     def row_group_sizes(self) -> list[int]:
         full, last = divmod(self.num_rows, self.rows_per_row_group)
@@ -114,6 +122,9 @@ class Manifest:
     code_version: str = ""
     created_at: str = ""  # ISO 8601, stamped by commit_version when empty
     format_version: int = FORMAT_VERSION
+    parent_version: str | None = None  # a chain's child: the version it appends to
+    inputs: list[InputRecord] = field(default_factory=list)  # empty: not recorded
+    deltas: list[Delta] = field(default_factory=list)  # the lineage, oldest first, this last
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True, default=str)
@@ -122,14 +133,16 @@ class Manifest:
     def from_json(cls, text: str, origin: str) -> Manifest:
         raw = json.loads(text)
         found = raw.get("format_version")
-        if found != FORMAT_VERSION:
+        if found not in READABLE_FORMATS:
             raise ManifestError(f"{origin}: manifest format_version {found!r} is not supported "
-                                f"(this ballast reads format_version {FORMAT_VERSION})")
+                                f"(this ballast reads format_version {READABLE_FORMATS})")
         raw["splits"] = {
             name: SplitEntry(split["num_rows"], [ShardEntry(**s) for s in split["shards"]])
             for name, split in raw["splits"].items()
         }
         raw["rejected"] = [RejectedFile(**r) for r in raw.get("rejected", [])]
+        raw["inputs"] = [InputRecord(**r) for r in raw.get("inputs", [])]
+        raw["deltas"] = [Delta(**d) for d in raw.get("deltas", [])]
         return check_contents(cls(**raw), origin)
 
     def split(self, name: str) -> SplitEntry:
@@ -137,6 +150,12 @@ class Manifest:
             raise ManifestError(f"version {self.version_id} has no split {name!r}: "
                                 f"{list(self.splits)}")
         return self.splits[name]
+
+    def lineage(self) -> list[Delta]:
+        """The deltas oldest first, this version's own stamped with the manifest's time."""
+        if not self.deltas:
+            return []
+        return [*self.deltas[:-1], replace(self.deltas[-1], created_at=self.created_at)]
 
 
 def code_version() -> str:
@@ -156,13 +175,16 @@ def check_version_id(value: Any, origin: str) -> str:
 
 
 def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
-    """`entry` if its path is a plain file name and its sha256 64 lowercase hex digits."""
+    """`entry` if its path is a plain file name, its sha256 64 lowercase hex digits and
+    its `version` (if any) a version id."""
     if not isinstance(entry.path, str) or not _FILE_NAME.fullmatch(entry.path):
         raise ManifestError(f"{origin}: shard path {entry.path!r} is not a plain file name in "
                             f"the version directory (no '/', '..', scheme or absolute path)")
     if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
         raise ManifestError(f"{origin}: shard {entry.path!r} has sha256 {entry.sha256!r}, "
                             f"not 64 lowercase hex digits")
+    if entry.version is not None:
+        check_version_id(entry.version, f"{origin}: shard {entry.path!r} version")
     return entry
 
 
@@ -177,11 +199,16 @@ def check_manifest(manifest: Manifest, location: str) -> Manifest:
 
 
 def check_contents(manifest: Manifest, origin: str) -> Manifest:
-    """`manifest` if its version id is one and every shard entry passes `check_entry`
-    (a copy kept elsewhere, such as a run's artifact, is checked this far)."""
+    """`manifest` if its version id is one, every shard entry passes `check_entry` and its
+    lineage holds together (`lineage_problem`); a copy kept elsewhere, such as a run's
+    artifact, is checked this far."""
     check_version_id(manifest.version_id, f"{origin}: version_id")
-    for entry in (entry for split in manifest.splits.values() for entry in split.shards):
+    entries = [entry for split in manifest.splits.values() for entry in split.shards]
+    for entry in entries:
         check_entry(entry, origin)
+    if problem := lineage_problem(manifest.version_id, manifest.parent_version,
+                                  manifest.deltas, [(e.path, e.version) for e in entries]):
+        raise ManifestError(f"{origin}: {problem}")
     return manifest
 
 
@@ -199,8 +226,13 @@ def manifest_uri(root: str, version_id: str) -> str:
 
 
 def shard_uri(manifest_location: str, entry: ShardEntry) -> str:
-    """Absolute URI of a shard, given the URI of the manifest that lists it."""
-    return f"{manifest_location.rsplit('/', 1)[0]}/{check_entry(entry, manifest_location).path}"
+    """Absolute URI of a shard, given the URI of the manifest that lists it: in the
+    manifest's directory, or in the sibling directory of the ancestor its entry names."""
+    directory = manifest_location.rsplit("/", 1)[0]
+    check_entry(entry, manifest_location)
+    if entry.version is not None:
+        directory = f"{directory.rsplit('/', 1)[0]}/v-{entry.version}"
+    return f"{directory}/{entry.path}"
 
 
 def resolve_manifest_uri(uri: str) -> str:
@@ -354,56 +386,3 @@ def _swap_s3(fs: Any, root: str, pointer: str, version_id: str, expected: str | 
             raise CommitConflict(f"{root}: another commit moved _CURRENT ({error})") from error
     finally:
         fs.invalidate_cache(pointer)
-
-
-@contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    """An exclusive lock on the local file `path` shared by every process on this host."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    return bool({"file", "local"} & set(protocols))
-
-
-def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
-                     only_if_absent: bool = False) -> None:
-    """Readers see the old file or the new one, never half (rename locally; one PUT on S3).
-    `only_if_absent`: FileExistsError if `path` exists, decided atomically (a hard link
-    locally, a conditional PUT on S3), so of two writers exactly one succeeds."""
-    if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if not only_if_absent:
-            os.replace(temp, path)
-            return
-        try:
-            os.link(temp, path)
-        finally:
-            os.remove(temp)
-    elif only_if_absent and hasattr(fs, "call_s3"):
-        bucket, key, _ = fs.split_path(path)
-        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        fs.invalidate_cache(path)
-    else:
-        fs.pipe_file(path, data)
-
-
-def file_sha256(uri: str) -> str:
-    """Checksum of a whole file, streamed, as recorded per shard in the manifest."""
-    digest = hashlib.sha256()
-    with fsspec.open(uri, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()

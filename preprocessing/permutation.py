@@ -13,6 +13,7 @@ average (a balanced network needs the next even power, up to 4n).
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 import numpy as np
 
@@ -60,14 +61,14 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     used = np.bincount(groups, minlength=len(domains)) > 0
     if (domains[used] <= 0).any():
         raise ValueError(f"permutation domains must be positive, got {domains[used].min()}")
-    bits = np.array([max(2, (int(n) - 1).bit_length()) for n in domains], dtype=np.uint64)
+    bits = _domain_bits(domains.tobytes())
     right_bits_of = bits // np.uint64(2)
     one = np.uint64(1)
     right_bits = right_bits_of[groups]
     right_mask = (one << right_bits) - one
     left_mask = (one << (bits - right_bits_of)[groups]) - one
-    round_keys = [np.array([derive_key(int(key), r) for key in keys], dtype=np.uint64)[groups]
-                  for r in range(_NUM_ROUNDS)]
+    table = _round_keys(np.asarray(keys, dtype=np.uint64).tobytes())
+    round_keys = [table[r][groups] for r in range(_NUM_ROUNDS)]
     limit = domains[groups].astype(np.uint64)
     result = _feistel(np.asarray(indices, dtype=np.uint64), right_bits, left_mask, right_mask,
                       round_keys)
@@ -79,6 +80,23 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     return result.astype(np.int64)
 
 
+# A map task permutes every piece with the same few keys and domains: hashing them once per
+# piece cost more than the permutation of a small piece.
+@lru_cache(maxsize=256)
+def _domain_bits(domains: bytes) -> np.ndarray:
+    """Bits of the Feistel domain (at least 2) of each permutation domain."""
+    values = np.frombuffer(domains, dtype=np.int64)
+    return np.array([max(2, (int(n) - 1).bit_length()) for n in values], dtype=np.uint64)
+
+
+@lru_cache(maxsize=256)
+def _round_keys(keys: bytes) -> np.ndarray:
+    """[round, key] table of the Feistel round keys of each permutation key."""
+    values = np.frombuffer(keys, dtype=np.uint64)
+    return np.array([[derive_key(int(key), r) for key in values] for r in range(_NUM_ROUNDS)],
+                    dtype=np.uint64).reshape(_NUM_ROUNDS, len(values))
+
+
 def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
     """Image of `indices` (each in [0, n)) under the keyed bijection of [0, n)."""
     if n <= 0:
@@ -88,6 +106,10 @@ def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
                         np.array([key], dtype=np.uint64))
 
 
+@lru_cache(maxsize=256)
 def derive_keys(count: int, *parts: object) -> np.ndarray:
-    """`derive_key(*parts, i)` for i in range(count): one key per stratum or group."""
-    return np.array([derive_key(*parts, i) for i in range(count)], dtype=np.uint64)
+    """`derive_key(*parts, i)` for i in range(count): one key per stratum or group (cached:
+    read-only)."""
+    keys = np.array([derive_key(*parts, i) for i in range(count)], dtype=np.uint64)
+    keys.setflags(write=False)
+    return keys

@@ -14,7 +14,7 @@ scan (which counts only the kept rows, so the plan stays exact) and by the map s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -232,3 +232,19 @@ def _category_spec(base: ColumnSpec, profile: ColumnProfile, spec: DatasetSpec) 
 def features_record(codec: FeatureCodec, dropped_rows: dict[str, int]) -> dict[str, Any]:
     """The manifest's `features` field: the codec's state and the rows dropped per file."""
     return {"columns": codec.to_json(), "dropped_rows": dropped_rows}
+
+
+def profiles_record(profiles: dict[str, ColumnProfile], spec: DatasetSpec) -> dict[str, Any]:
+    """The merged profiles as the `features` field's `profiles`, which a chain's child
+    folds its new files into (`earlier_profiles`). Distinct strings are kept only up to
+    `max_categories`: past it the codec hashes or fails whatever a later file adds."""
+    return {name: {**asdict(profile), "values": sorted(profile.values)
+                   if profile.values is not None and len(profile.values) <= spec.max_categories
+                   else None} for name, profile in profiles.items()}
+
+
+def earlier_profiles(features: dict[str, Any]) -> dict[str, ColumnProfile]:
+    """The merged profiles a `features_record` holds ({} for a record without them)."""
+    return {name: ColumnProfile(**{**raw, "values": None if raw["values"] is None
+                                   else set(raw["values"])})
+            for name, raw in features.get("profiles", {}).items()}

@@ -3,8 +3,9 @@
 `run_reshard(config)` is the whole stage; Dask only executes the pure steps of
 `scan`, `plan`, `resample` and `exchange`. The version id hashes the input
 listing, the config (minus settings that cannot change the output) and the code
-version, so re-running on unchanged inputs finds the committed manifest and
-does no work. Each run stages in its own attempt directory
+version (and a chain's child its parent's id: preprocessing/increment.py decides
+whether a run appends), so re-running on unchanged inputs finds the committed
+manifest and does no work. Each run stages in its own attempt directory
 (`preprocessing/staging.py`) and commits through `commit_version` (shards, the
 manifest last, then `_CURRENT`): a run killed at any point leaves no visible
 version, and the rerun finishes whatever step it died after.
@@ -14,27 +15,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from distributed import Client, as_completed
-from tqdm import tqdm
+from distributed import Client
 
 from preprocessing.config import ReshardConfig
 from preprocessing.exchange import (
     DERIVED_SOURCE_COLUMN,
-    Bucket,
+    Destinations,
+    MapTask,
     PieceTask,
-    map_piece,
-    reduce_shard,
+    Staging,
+    map_pieces,
+    merge_task,
+    staged_schema,
+    write_shards,
 )
 from preprocessing.executor import DaskConfig, Executor, dask_client
+from preprocessing.increment import (
+    Increment,
+    append_to,
+    check_schema,
+    commit_following,
+    delta_of,
+    earlier_scans,
+    input_records,
+    plan_increment,
+)
 from preprocessing.manifest import (
+    Delta,
     Manifest,
     ManifestError,
     RejectedFile,
@@ -50,6 +64,7 @@ from preprocessing.manifest import (
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.profile import InputError
 from preprocessing.retry import retrying
+from preprocessing.rounds import ExchangeLayout, group_pieces, plan_exchange
 from preprocessing.scan import (
     FileScan,
     check_classes,
@@ -63,11 +78,7 @@ from preprocessing.scan import (
 from preprocessing.secrets import redact, redact_value
 from preprocessing.sources import fingerprint_inputs, list_inputs
 from preprocessing.staging import VersionAttempt, collect_expired
-
-Progress = Callable[[str, int, int], None]
-
-# Settings that change how fast or where a version is made, never what is in it.
-_OUTPUT_NEUTRAL_FIELDS = {"num_workers", "output_root", "retry"}
+from preprocessing.waves import Progress, StageProgress, run_in_waves
 
 
 class TooManyRejected(RuntimeError):
@@ -81,25 +92,39 @@ class InputsUnreadable(RuntimeError):
 
 @dataclass(frozen=True)
 class ReshardResult:
-    """The committed version, where its manifest is, and whether this run made it."""
+    """The committed version, where its manifest is, whether this run made it, and how
+    it relates to the version that was current (`how`: full, appended, reused, and why)."""
 
     manifest: Manifest
     manifest_uri: str
     reused: bool
+    how: str = ""
 
 
-def compute_version_id(fingerprint: str, config: ReshardConfig) -> str:
-    """Hash of inputs + output-relevant config + code version (16 hex digits)."""
+def compute_version_id(fingerprint: str, config: ReshardConfig, parent: str | None = None) -> str:
+    """Hash of inputs + output-relevant config + code version (+ a child's parent id), 16
+    hex digits: a flat version's id never depends on the chain it replaces."""
     # Redacted: a hash of a password would let anyone holding the id test guesses at it.
-    settings = redact_value(config.model_dump(mode="json", exclude=_OUTPUT_NEUTRAL_FIELDS))
-    payload = json.dumps([fingerprint, settings, code_version()], sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    payload = [fingerprint, redact_value(config.output_settings()), code_version(),
+               *([parent] if parent else [])]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def version_id_for(config: ReshardConfig) -> str:
-    """The id the version of `config` has or will have: lists the inputs, reads no data."""
-    return compute_version_id(fingerprint_inputs(list_inputs(config.dataset, config.retry)),
-                              config)
+    """The id the version of `config` has or will have: lists the inputs and reads the
+    current manifest (in `incremental` mode), reads no data."""
+    files = list_inputs(config.dataset, config.retry)
+    fingerprint = fingerprint_inputs(files)
+    increment = plan_increment(config, files, fingerprint,
+                               read_current_version(config.output_root))
+    return _version_id(fingerprint, config, increment)
+
+
+def _version_id(fingerprint: str, config: ReshardConfig, increment: Increment) -> str:
+    if increment.kind == "reuse" and increment.parent is not None:
+        return increment.parent.version_id
+    parent = increment.parent.version_id if increment.parent is not None else None
+    return compute_version_id(fingerprint, config, parent if increment.kind == "append" else None)
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -117,39 +142,52 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
     a dead attempt) is finished first.
     """
+    root = config.output_root
     files = list_inputs(config.dataset, config.retry)
     fingerprint = fingerprint_inputs(files)
-    version_id = compute_version_id(fingerprint, config)
-    previous = read_current_version(config.output_root)
-    existing = _committed(config.output_root, version_id)
+    previous = read_current_version(root)
+    increment = plan_increment(config, files, fingerprint, previous)
+    version_id = _version_id(fingerprint, config, increment)
+    existing = _committed(root, version_id)
     if existing is not None:
-        collect_expired(config.output_root)
-        commit = commit_version(config.output_root, existing, expected=previous)
-        return ReshardResult(commit.manifest, commit.location, reused=True)
-    with VersionAttempt(config.output_root, version_id) as attempt:
-        manifest = _make_version(config, files, fingerprint, attempt, executor, progress)
-        commit = attempt.commit(manifest, expected=previous)
-    return ReshardResult(commit.manifest, commit.location, reused=not commit.written)
+        collect_expired(root)
+        commit = commit_following(root, existing, previous, lambda expected: commit_version(
+            root, existing, expected=expected))
+        return ReshardResult(commit.manifest, commit.location, True, increment.reason)
+    with VersionAttempt(root, version_id) as attempt:
+        manifest = _make_version(config, files, increment, fingerprint, attempt, executor,
+                                 progress)
+        commit = commit_following(root, manifest, previous, lambda expected: attempt.commit(
+            manifest, expected=expected))
+    return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
 
 
-def _make_version(config: ReshardConfig, files: list[Any], fingerprint: str,
-                  attempt: VersionAttempt, executor: Executor | None,
+def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
+                  fingerprint: str, attempt: VersionAttempt, executor: Executor | None,
                   progress: Progress | None) -> Manifest:
-    """Scan, plan, exchange and write the shards into `attempt`; the version's manifest."""
+    """Scan, plan, exchange and write the shards into `attempt` (of every input, or of the
+    new files when appending); the version's manifest."""
     timings: dict[str, float] = {}
+    parent = increment.parent if increment.kind == "append" else None
+    files = increment.new_files if parent else files
+    earlier = earlier_scans(parent) if parent else []
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as dask:
-        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress))
-        features = feature_state(scans, config.dataset)
+        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
+        features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
+        if parent:
+            check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        buckets = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, config, attempt, progress))
+        staging = _timed(timings, "exchange_s", lambda: _exchange(
+            dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, buckets, schema, config, attempt, progress))
-    return _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
-                     timings, features)
+            dask, plans, staging, schema, config, attempt, progress))
+    delta = delta_of(attempt.version_id, parent, scans, len(pieces), plans)
+    manifest = _manifest(config, attempt.version_id, fingerprint, scans, schema, plans, splits,
+                         timings, features, delta)
+    return append_to(parent, manifest, _json_sort_key) if parent else manifest
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -166,24 +204,23 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _progress(futures: list[Any], stage: str, progress: Progress | None) -> list[Any]:
-    """Gather futures in submission order; a progress bar when run from a terminal, and
-    `progress(stage, done, total)` for an orchestrator."""
-    bar = tqdm(total=len(futures), desc=stage, unit="task", disable=not sys.stderr.isatty())
-    for done, _ in enumerate(as_completed(futures), start=1):
-        bar.update(1)
-        if progress is not None:
-            progress(stage, done, len(futures))
-    bar.close()
-    return [future.result() for future in futures]
-
-
-def _scan(dask: Client, files: list[Any], config: ReshardConfig,
-          progress: Progress | None) -> list[FileScan]:
-    futures = dask.map(scan_file, files, spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction,
-                       max_piece_rows=config.max_piece_rows, retry=config.retry, pure=False)
-    scans = check_schemas(_progress(futures, "scan", progress))
+def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progress | None,
+          earlier: list[FileScan]) -> list[FileScan]:
+    """Scan `files`; the checks across files also see the `earlier` files of a parent
+    (preprocessing/increment.py), whose ids are read again only where ranges overlap."""
+    # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
+    # file (5,000 files of 58 KB: 47 s one task each, on two workers).
+    threads = max(1, sum(dask.nthreads().values()))
+    bounds = group_pieces(np.array([f.num_bytes for f in files]), config.exchange_task_bytes,
+                          4 * threads).tolist()
+    counter = StageProgress("scan", len(bounds) - 1, progress)
+    groups = run_in_waves(dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
+                          len(bounds) - 1, _in_flight(config, threads), counter,
+                          spec=config.dataset, seed=config.seed,
+                          holdout_fraction=config.holdout_fraction,
+                          max_piece_rows=config.max_piece_rows, retry=config.retry)
+    counter.close()
+    scans = check_schemas([scan for group in groups for scan in group])
     unreadable = [scan for scan in scans if scan.transient]
     if unreadable:
         raise InputsUnreadable(
@@ -197,13 +234,22 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig,
             f"{len(rejected)} of {len(scans)} input files rejected, more than "
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
         )
-    check_classes(scans, config.dataset)
-    groups = overlapping_id_groups(scans)
+    check_classes([*scans, *earlier], config.dataset)
+    new = {scan.file.uri for scan in scans}
+    groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
     found = dask.gather(dask.map(retrying(duplicate_ids, config.retry), groups,
                                  id_column=config.dataset.id_column, pure=False)) if groups else []
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
+
+
+def _in_flight(config: ReshardConfig, threads: int) -> int:
+    return config.max_tasks_in_flight or max(8, 4 * threads)
+
+
+def _scan_files(files: list[Any], **settings: Any) -> list[FileScan]:
+    return [scan_file(file, **settings) for file in files]
 
 
 def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
@@ -242,53 +288,112 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-def _piece_tasks(scans: list[FileScan], plans: dict[str, SplitPlan],
-                 pieces: list[tuple[int, int]], staging: str) -> list[PieceTask]:
-    tasks = []
-    for piece, (scan_index, index_in_file) in enumerate(pieces):
-        scan = scans[scan_index]
-        first_row = int(np.sum(scan.piece_rows[:index_in_file]))
-        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        tasks.append(PieceTask(piece, scan.file, first_row, scan.piece_rows[index_in_file],
-                               offsets, staging))
-    return tasks
-
-
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], config: ReshardConfig, attempt: VersionAttempt,
-              progress: Progress | None) -> list[Bucket]:
-    # Map tasks need the layout, not every piece's offsets: ship that once per worker.
-    slim = {name: _without_offsets(plan) for name, plan in plans.items()}
-    shared = dask.scatter(slim, broadcast=True)
-    tasks = _piece_tasks(scans, plans, pieces, attempt.uri)
-    futures = dask.map(retrying(map_piece, config.retry), tasks, plans=shared,
-                       spec=config.dataset, seed=config.seed,
-                       holdout_fraction=config.holdout_fraction, pure=False)
-    return [bucket for result in _progress(futures, "exchange", progress) for bucket in result]
+              pieces: list[tuple[int, int]], schema: pa.Schema, config: ReshardConfig,
+              staging_uri: str, progress: Progress | None) -> Staging:
+    """The map round and any merge rounds; tasks get piece lists or two integers, and the
+    driver keeps nothing per staged object."""
+    destinations = _destinations(plans, schema)
+    threads = max(1, sum(dask.nthreads().values()))
+    layout = exchange_layout(scans, plans, pieces, config, threads)
+    staging = Staging(staging_uri, layout, destinations.schema)
+    limit = _in_flight(config, threads)
+    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
+    # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
+    first_rows = _piece_rows(scans, pieces)[0]
+    tasks = ((_map_task(scans, plans, pieces, first_rows, staging, task),)
+             for task in range(layout.num_map_tasks))
+    run_in_waves(dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks, limit,
+                 counter,
+                 destinations=dask.scatter(destinations, broadcast=True, hash=False),
+                 spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
+    shared = dask.scatter(staging, broadcast=True, hash=False)
+    for index in range(1, len(layout.rounds)):
+        run_in_waves(dask, retrying(merge_task, config.retry), ((index, task) for task in range(
+            layout.rounds[index].num_objects)), layout.rounds[index].num_objects, limit,
+            counter, staging=shared)
+    counter.close()
+    return staging
 
 
-def _without_offsets(plan: SplitPlan) -> SplitPlan:
-    return replace(plan, piece_offsets={})
+def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
+                    pieces: list[tuple[int, int]], config: ReshardConfig,
+                    threads: int) -> ExchangeLayout:
+    """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
+    _, rows, piece_bytes = _piece_rows(scans, pieces)
+    # Bytes per output row as stored in the input: what sizes a shard's write task.
+    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
+    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
+    return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
+                         min_tasks=4 * threads, fan_in=config.exchange_fan_in,
+                         rounds=config.exchange_rounds)
 
 
-def _reduce(dask: Client, plans: dict[str, SplitPlan], buckets: list[Bucket], schema: pa.Schema,
+def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
+    """Destinations are the shards of every split, numbered one split after the other."""
+    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
+                     strict=False))
+    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
+    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
+                        staged_schema(schema))
+
+
+def _piece_rows(scans: list[FileScan],
+                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first row in its file, rows, input bytes) of every piece; a piece's bytes are its
+    file's in proportion to its rows."""
+    first, rows, sizes = (np.empty(len(pieces), dtype=dtype)
+                          for dtype in (np.int64, np.int64, np.float64))
+    start = 0
+    while start < len(pieces):  # one file's pieces at a time: they are consecutive
+        scan = scans[pieces[start][0]]
+        count = len(scan.piece_rows)
+        rows[start:start + count] = scan.piece_rows
+        first[start:start + count] = np.cumsum(scan.piece_rows) - scan.piece_rows
+        sizes[start:start + count] = (scan.file.num_bytes * rows[start:start + count]
+                                      / max(1, int(rows[start:start + count].sum())))
+        start += count
+    return first, rows, sizes
+
+
+def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
+              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
+    members = []
+    bounds = staging.layout.map_bounds
+    for piece in range(int(bounds[task]), int(bounds[task + 1])):
+        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
+        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
+        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
+                                 scan.piece_rows[index_in_file], offsets))
+    return MapTask(members, staging.object(0, task))
+
+
+def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
             config: ReshardConfig, attempt: VersionAttempt,
             progress: Progress | None) -> dict[str, SplitEntry]:
-    by_shard: dict[tuple[str, int], list[Bucket]] = {}
-    for bucket in buckets:
-        by_shard.setdefault((bucket.split, bucket.shard), []).append(bucket)
-    futures, names = [], []
-    for split, plan in plans.items():
-        for shard, rows in enumerate(plan.shard_rows()):
-            uri = attempt.shard_uri(shard_name(split, shard))
-            futures.append(dask.submit(
-                retrying(reduce_shard, config.retry), by_shard.get((split, shard), []),
-                int(rows), uri, schema,
-                config.dataset, config.rows_per_row_group, pure=False))
-            names.append(split)
-    entries = _progress(futures, "write", progress)
-    return {split: _split_entry([e for e, n in zip(entries, names, strict=True) if n == split])
-            for split in plans}
+    """Write tasks over runs of consecutive shards, each reading one range of each of the
+    last round's objects that cover them."""
+    shards = _shard_jobs(plans, attempt)
+    bounds = staging.layout.write_bounds.tolist()
+    tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
+    threads = max(1, sum(dask.nthreads().values()))
+    counter = StageProgress("write", len(tasks), progress)
+    entries = run_in_waves(dask, retrying(write_shards, config.retry), tasks, len(tasks),
+                           _in_flight(config, threads), counter,
+                           staging=dask.scatter(staging, broadcast=True, hash=False),
+                           schema=dask.scatter(schema, broadcast=True, hash=False),
+                           spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
+    counter.close()
+    flat = iter([entry for group in entries for entry in group])
+    return {split: _split_entry([next(flat) for _ in range(plan.num_shards)])
+            for split, plan in plans.items()}
+
+
+def _shard_jobs(plans: dict[str, SplitPlan], attempt: VersionAttempt) -> list[tuple[int, str]]:
+    """(planned rows, URI the attempt writes it to) of every shard, in destination order."""
+    return [(int(rows), attempt.shard_uri(shard_name(split, shard)))
+            for split, plan in plans.items()
+            for shard, rows in enumerate(plan.shard_rows())]
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
@@ -307,7 +412,7 @@ def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, 
 
 def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: list[FileScan],
               schema: pa.Schema, plans: dict[str, SplitPlan], splits: dict[str, SplitEntry],
-              timings: dict[str, float], features: dict[str, Any]) -> Manifest:
+              timings: dict[str, float], features: dict[str, Any], delta: Delta) -> Manifest:
     input_classes, input_sources = _input_histograms(scans)
     train = plans["train"]
     # Every class of any split: a class whose rows were all held out is still one the
@@ -328,7 +433,8 @@ def _manifest(config: ReshardConfig, version_id: str, fingerprint: str, scans: l
         rejected=[RejectedFile(redact(s.file.uri), redact(s.reason)) for s in scans
                   if s.reason is not None],
         features=features,
-        timings_s=timings, code_version=code_version(),
+        timings_s=timings, code_version=code_version(), inputs=input_records(scans),
+        deltas=[delta],
     )
 
 

@@ -40,11 +40,13 @@ from preprocessing.profile import (
     InputError,
     build_codec,
     drop_row_columns,
+    earlier_profiles,
     features_record,
     merge_profiles,
     new_profiles,
     null_rows,
     profile_batch,
+    profiles_record,
 )
 from preprocessing.resample import holdout_mask
 from preprocessing.retry import CorruptInput, RetryPolicy, call_with_retries, is_permanent
@@ -356,14 +358,18 @@ def duplicate_ids(uris: list[str], id_column: str) -> str | None:
             f"and {uris[second]}; ids must be unique across the input files")
 
 
-def feature_state(scans: list[FileScan], spec: DatasetSpec) -> dict[str, Any]:
-    """The manifest's `features` field from the accepted files' profiles; `InputError` for
+def feature_state(scans: list[FileScan], spec: DatasetSpec,
+                  earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest's `features` field from the accepted files' profiles, folded into the
+    `earlier` version's (a chain's parent: its files are not read again); `InputError` for
     nulls under the `error` policy, unsupported policies or too many categories."""
     accepted = [scan for scan in scans if scan.reason is None]
-    profiles = merge_profiles([scan.profiles for scan in accepted])
+    earlier = earlier or {}
+    profiles = merge_profiles([earlier_profiles(earlier), *(scan.profiles for scan in accepted)])
     files_with_nulls = {name: [scan.file.uri for scan in accepted
                                if scan.profiles[name].null_rows]
                         for name in spec.feature_columns}
     codec = build_codec(profiles, files_with_nulls, spec)
-    dropped = {scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows}
-    return features_record(codec, dropped)
+    dropped = {**earlier.get("dropped_rows", {}),
+               **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows}}
+    return {**features_record(codec, dropped), "profiles": profiles_record(profiles, spec)}

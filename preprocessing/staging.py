@@ -153,6 +153,8 @@ class VersionAttempt:
         os.makedirs(target, exist_ok=True)
         for split in manifest.splits.values():
             for entry in split.shards:
+                if entry.version is not None:  # an ancestor's shard, in its own directory
+                    continue
                 _link_once(f"{self._path}/{entry.path}", f"{target}/{entry.path}", entry.sha256)
 
 

@@ -1,6 +1,6 @@
 """Helpers for the tests that follow rows from raw files through the codec: reshard a
-directory, read a split back through the training loader, and a torch network trained
-on it that predicts the way MLflow's pyfunc wrapper of a torch model does."""
+directory, read a split back through the training loader, a torch network trained on
+it, and that network behind its version's codec as the registered model wraps it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import torch
 from distributed import Client
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.features import FeatureCodec
+from preprocessing.manifest import read_manifest
 from preprocessing.reshard import ReshardResult, run_reshard
+from tracking.pyfunc import CodecClassifier
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 from training.models.classifier import build_mlp, weighted_cross_entropy
@@ -41,16 +44,12 @@ def loader_rows(dataset: str, split: str) -> dict[int, tuple[np.ndarray, int]]:
     return found
 
 
-class TorchPredictor:
-    """A network's logits from a float32 matrix: what `mlflow.pyfunc` gives for a logged
-    torch model, without a tracking server."""
-
-    def __init__(self, network: torch.nn.Module) -> None:
-        self.network = network.eval()
-
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return self.network(torch.from_numpy(np.ascontiguousarray(features))).numpy()
+def codec_classifier(network: torch.nn.Module, dataset: str) -> CodecClassifier:
+    """`network` behind the codec and classes of `dataset`: the registered model's
+    Python object, without a tracking server."""
+    manifest, _ = read_manifest(dataset)
+    return CodecClassifier(network.eval(), FeatureCodec.from_manifest(manifest),
+                           [str(label) for label in manifest.classes])
 
 
 def train_mlp(dataset: str, epochs: int, seed: int = 0) -> torch.nn.Module:

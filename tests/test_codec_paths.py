@@ -1,6 +1,7 @@
 """Property: the feature codec gives bit-identical arrays to the training loader, to
-evaluation (tracking.inference.split_features) and to predictions on the raw rows, for
-any mix of column kinds, widths, nulls and null policies."""
+evaluation (tracking.inference.evaluate_classifier) and inside the registered model
+(`CodecClassifier.predict` on a pandas DataFrame of the raw rows), for any mix of column
+kinds, widths, nulls and null policies."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,8 @@ from preprocessing.profile import (
     profile_batch,
 )
 from tests.feature_data import loader_rows
-from tracking.inference import split_features
+from tracking.inference import evaluate_classifier
+from tracking.pyfunc import CodecClassifier
 
 Maker = Callable[[np.random.Generator, int, np.ndarray], pa.Array]
 
@@ -108,6 +111,25 @@ def write_version(root: Path, table: pa.Table, spec: DatasetSpec) -> tuple[str, 
     return str(root), codec
 
 
+class RecordingNetwork(torch.nn.Module):
+    """Keeps every matrix it is given; answers class 0 for every row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[np.ndarray] = []
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(features.numpy().copy())
+        return torch.zeros(len(features), 3)
+
+
+def seen_rows(network: RecordingNetwork, ids: list[int]) -> dict[int, np.ndarray]:
+    """The rows the network was given, by id (`ids` in the order they were passed)."""
+    matrix = np.concatenate(network.inputs)
+    network.inputs.clear()
+    return dict(zip(ids, matrix, strict=True))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(datasets())
 def test_loader_evaluation_and_raw_rows_encode_identically(
@@ -119,16 +141,27 @@ def test_loader_evaluation_and_raw_rows_encode_identically(
                        sequence_length=sequence_length)
     dropped = null_rows(table, drop_row_columns(spec))
     assume(not dropped.all())
+    kept = table.filter(pa.array(~dropped))  # the raw rows a version holds
     with tempfile.TemporaryDirectory() as work:
         root, codec = write_version(Path(work), table, spec)
         loaded = loader_rows(root, "train")
-        evaluated = {int(row_id): features
-                     for shard, matrix in split_features(root, "train")
-                     for row_id, features in zip(shard.column("id").to_pylist(), matrix,
-                                                 strict=True)}
-    kept = table.filter(pa.array(~dropped))  # the raw rows a version holds
-    raw = dict(zip(kept.column("id").to_pylist(), codec.encode(kept), strict=True))
+        network = RecordingNetwork()
+        model = CodecClassifier(network, codec, ["0", "1", "2"])
+        evaluate_classifier(model, root, "train")
+        shard_ids = [row_id for shard in split_ids(root) for row_id in shard]
+        evaluated = seen_rows(network, shard_ids)
+    model.predict(None, kept.to_pandas())
+    served = seen_rows(network, kept.column("id").to_pylist())
     assert set(loaded) == set(evaluated)
     for row_id, (features, _) in loaded.items():
         assert features.dtype == np.float32 and features.shape == (codec.width,)
-        assert features.tobytes() == evaluated[row_id].tobytes() == raw[row_id].tobytes()
+        assert features.tobytes() == evaluated[row_id].tobytes() == served[row_id].tobytes()
+
+
+def split_ids(root: str) -> list[list[int]]:
+    """The ids of each train shard of the version, in shard order."""
+    from preprocessing.manifest import read_manifest, shard_uri
+
+    manifest, location = read_manifest(root)
+    return [pq.read_table(shard_uri(location, entry)).column("id").to_pylist()
+            for entry in manifest.split("train").shards]

@@ -22,7 +22,7 @@ import pytest
 from preprocessing.features import FeatureCodec
 from preprocessing.resample import holdout_mask
 from tests.feature_data import (
-    TorchPredictor,
+    codec_classifier,
     loader_rows,
     prior_macro_f1,
     reshard,
@@ -70,12 +70,14 @@ def test_wine_csv_with_nulls_trains_a_model_that_beats_the_class_prior(wine) -> 
     assert specs["proline"]["scale"] > 100 and specs["hue"]["scale"] < 1
     network = train_mlp(result.manifest_uri, epochs=30)
     assert network[0].in_features == 14
-    classes = [str(c) for c in result.manifest.classes]
-    scores = evaluate_classifier(TorchPredictor(network), classes, result.manifest_uri)
+    scores = evaluate_classifier(codec_classifier(network, result.manifest_uri),
+                                 result.manifest_uri)
     holdout = loader_rows(result.manifest_uri, "holdout")
     assert scores["num_rows"] == len(holdout) == result.manifest.split("holdout").num_rows
     baseline = prior_macro_f1([label for _, label in holdout.values()])
     assert scores["macro_f1"] >= 0.92 and baseline < 0.25
+    assert scores["class_prior_baseline"]["macro_f1"] >= baseline
+    assert scores["beats_class_prior"]
 
 
 def test_wine_predictions_on_raw_csv_rows_equal_those_on_loader_batches(wine) -> None:
@@ -83,46 +85,53 @@ def test_wine_predictions_on_raw_csv_rows_equal_those_on_loader_batches(wine) ->
     loader's exact features, so every row's prediction is the same on both paths."""
     _, raw, result = wine
     network = train_mlp(result.manifest_uri, epochs=3)
-    model, classes = TorchPredictor(network), [str(c) for c in result.manifest.classes]
-    codec = FeatureCodec.from_manifest(result.manifest)
-    predicted = predictions(model, classes, raw, codec, "id")
+    model = codec_classifier(network, result.manifest_uri)
+    codec, classes = model.codec, model.classes
+    predicted = predictions(model, raw, "id")
     by_id = dict(zip(predicted.column("id").to_pylist(),
                      predicted.column("predicted").to_pylist(), strict=True))
     encoded = dict(zip(raw.column("id").to_pylist(), codec.encode(raw), strict=True))
     for split in ("train", "holdout"):
         for row_id, (features, _) in loader_rows(result.manifest_uri, split).items():
             assert np.array_equal(encoded[row_id], features)
-            assert by_id[row_id] == classes[int(model.predict(features[None]).argmax())]
+            assert by_id[row_id] == classes[int(model.probabilities_of(features[None]).argmax())]
 
 
 def test_wine_through_a_logged_mlflow_model(wine, tmp_path) -> None:
-    """Invariant: a torch model logged to MLflow (sqlite store) and loaded back predicts on
-    raw rows (`predict_table` with the version's codec) and scores a split
-    (`evaluate_model`) exactly as the same network does in process."""
+    """Invariants: the logged pyfunc model, loaded back from MLflow (sqlite store), predicts
+    on a pandas DataFrame read from the raw CSV files (NaN for the nulls, no id or label)
+    the same labels and probabilities as the network behind the version's codec in
+    process; its signature names the 13 input columns, the nullable integer one as double;
+    `evaluate_model` gives the in-process scores."""
     import mlflow
+    import pandas as pd
 
     from tracking.config import TrackingConfig
-    from tracking.inference import evaluate_model, predict_table
+    from tracking.inference import evaluate_model
     from tracking.registry import log_model
 
-    _, raw, result = wine
+    work, raw, result = wine
     network = train_mlp(result.manifest_uri, epochs=5)
-    classes = [str(c) for c in result.manifest.classes]
     tracking_uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run() as run:
         pass
-    example = FeatureCodec.from_manifest(result.manifest).encode(raw.slice(0, 5))
     model_uri = log_model(TrackingConfig(tracking_uri=tracking_uri), run.info.run_id, network,
-                          example, classes)
-    served = predict_table(raw, model_uri, tracking_uri, "id",
-                           codec=result.manifest.features["columns"])
-    local = predictions(TorchPredictor(network), classes, raw,
-                        FeatureCodec.from_manifest(result.manifest), "id")
-    assert served.column("predicted").equals(local.column("predicted"))
+                          result.manifest_uri)
+    loaded = mlflow.pyfunc.load_model(model_uri)
+    inputs = {spec.name: spec.type for spec in loaded.metadata.get_input_schema().inputs}
+    assert list(inputs) == result.manifest.feature_columns
+    assert (inputs["magnesium"].name, inputs["proline"].name) == ("double", "long")
+    frame = pd.concat(pd.read_csv(path) for path in sorted((work / "raw").iterdir()))
+    served = loaded.predict(frame.drop(columns=["id", "target"]))
+    local = predictions(codec_classifier(network, result.manifest_uri), raw, "id")
+    assert served["predicted"].tolist() == local.column("predicted").to_pylist()
+    np.testing.assert_allclose(np.stack(served["probabilities"]),
+                               np.stack(local.column("probabilities").to_numpy(
+                                   zero_copy_only=False)), rtol=1e-6)
     scored = evaluate_model(model_uri, tracking_uri, result.manifest_uri)
     assert scored == {"model_uri": model_uri, **evaluate_classifier(
-        TorchPredictor(network), classes, result.manifest_uri)}
+        codec_classifier(network, result.manifest_uri), result.manifest_uri)}
 
 
 POLICIES = {"i8": "error", "u16": "drop_row", "i64": "fill_zero", "f32": "fill_mean",
@@ -237,7 +246,8 @@ def test_a_string_categorical_feature_is_one_hot_with_unseen_values_out_of_vocab
     unseen = codec.encode(pa.table({"city": ["atlantis"], "x": [0.0]}))
     assert unseen[0, :7].tolist() == [1, 0, 0, 0, 0, 0, 0]
     network = train_mlp(result.manifest_uri, epochs=15)
-    scores = evaluate_classifier(TorchPredictor(network), ["0", "1", "2"], result.manifest_uri)
+    scores = evaluate_classifier(codec_classifier(network, result.manifest_uri),
+                                 result.manifest_uri)
     assert scores["macro_f1"] >= 0.95
 
 
@@ -292,8 +302,7 @@ def test_json_lines_with_a_string_label(tmp_path, dask_client) -> None:
         assert classes[label] == rows[row_id]["label"]
     network = train_mlp(result.manifest_uri, epochs=20)
     raw = pa.Table.from_pylist(rows)
-    predicted = predictions(TorchPredictor(network), classes, raw,
-                            FeatureCodec.from_manifest(result.manifest), "id")
+    predicted = predictions(codec_classifier(network, result.manifest_uri), raw, "id")
     holdout = loader_rows(result.manifest_uri, "holdout")
     right = [predicted.column("predicted")[i].as_py() == rows[i]["label"] for i in holdout]
     assert set(predicted.column("predicted").to_pylist()) <= set(classes)

@@ -46,3 +46,18 @@ def per_class_recall(cm: np.ndarray) -> np.ndarray:
     support = cm.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(support > 0, np.diag(cm) / support, np.nan)
+
+
+def class_prior_baseline(support: np.ndarray) -> dict[str, float]:
+    """The best macro-F1 and balanced accuracy of a guess that knows only the class
+    frequencies of these rows (`support`: rows per true class): always the most frequent
+    class, or each class at random with its frequency (the expected confusion matrix)."""
+    support = np.asarray(support, dtype=np.float64)
+    if not support.sum():
+        return {"macro_f1": 0.0, "balanced_accuracy": 0.0}
+    majority = np.zeros((len(support), len(support)))
+    majority[:, int(support.argmax())] = support
+    stratified = np.outer(support, support / support.sum())
+    guesses = [majority, stratified]
+    return {"macro_f1": max(macro_f1(cm) for cm in guesses),
+            "balanced_accuracy": max(float(np.nanmean(per_class_recall(cm))) for cm in guesses)}

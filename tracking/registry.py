@@ -1,75 +1,119 @@
 """Logging the trained model to its run, registering it, and moving the `champion` alias.
 
-The model is logged as a plain `torch.nn.Module` (the network without Lightning), with a
-signature and an input example, so `mlflow.pyfunc.load_model("models:/<name>@champion")`
-predicts class logits from a float32 feature matrix anywhere torch is installed. The class
-labels travel as model metadata. A new version becomes `champion` only if its validation
-macro-F1 (tracking.run.SCORE_TAG) beats the current champion's; otherwise it is the
-`challenger`. A model the server cannot take is saved in the run's spool as an MLflow
-model (it loads from there as it is) and logged when the spool is delivered.
+The model is logged as a pyfunc `CodecClassifier` (tracking/pyfunc.py): the network
+without Lightning plus its dataset's feature codec, with a signature naming the original
+input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
+"models:/<name>@champion").predict(df)` takes rows as the input files hold them. The
+class labels travel as model metadata too. A new version becomes `champion` only if it
+beats the class-prior baseline on held-out rows and its macro-F1 (tracking.run.SCORE_TAG)
+beats the current champion's; otherwise it is the `challenger` (below the baseline: no
+alias). A model the server cannot take is saved in the run's spool as an MLflow model
+(it loads from there as it is) and logged when the spool is delivered.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
 import torch
-from mlflow.models import Model, infer_signature
+from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
+from preprocessing.features import FeatureCodec
+from preprocessing.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
+from tracking.pyfunc import (
+    CODEC_ARTIFACT,
+    NETWORK_ARTIFACT,
+    CodecClassifier,
+    mlflow_type,
+    signature,
+)
 from tracking.run import SCORE_TAG, champion, deliver, send_or_keep
 from tracking.server import TrackingUnavailable
 from tracking.spool import Spool
 
-_EXAMPLE_FILE = "example.npy"
+BASELINE_TAG = "ballast.beats_class_prior"
+NUM_EXAMPLE_ROWS = 5
+_REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
 
 
 def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
-              example: np.ndarray, classes: list[str]) -> str:
-    """Log `network` under the run; returns the model URI to register: `models:/...`, or
-    the local path of the model kept in the run's spool when the server cannot take it
-    (waiting up to `config.delivery_wait_s` first)."""
-    network = network.eval().cpu()
+              dataset: str) -> str:
+    """Log `network` with the codec and classes of `dataset` (the version it was trained
+    on) under the run; returns the model URI to register: `models:/...`, or the local
+    path of the model kept in the run's spool when the server cannot take it (waiting up
+    to `config.delivery_wait_s` first)."""
+    manifest, _ = read_manifest(dataset)
+    codec = FeatureCodec.from_manifest(manifest)
+    model = CodecClassifier(network.eval().cpu(), codec,
+                            [str(label) for label in manifest.classes])
+    example = example_rows(dataset, codec)
+    extra = {"dataset_version": manifest.version_id}
     return send_or_keep(
         config, run_id, "the model",
-        send=lambda _: _log_to_run(config, run_id, network, example, classes),
-        keep=lambda spool: _keep_model(spool, network, example, classes),
+        send=lambda _: _log_to_run(config, run_id, model, example, extra),
+        keep=lambda spool: _keep_model(spool, model, example, extra),
         wait_s=config.delivery_wait_s)
 
 
-def _model_arguments(network: torch.nn.Module, example: np.ndarray,
-                     classes: list[str]) -> dict[str, Any]:
-    """What the model is logged (or saved) with: signature, example, labels, requirements."""
-    with torch.no_grad():
-        output = network(torch.from_numpy(example)).numpy()
-    return {"signature": infer_signature(example, output), "input_example": example,
-            "metadata": {"classes": classes},
-            "pip_requirements": [f"torch=={torch.__version__.split('+')[0]}"]}
+def example_rows(dataset: str, codec: FeatureCodec) -> pd.DataFrame:
+    """The first rows of the version's first train shard, feature columns only, as the
+    input files held them (an integer column declared `double` as floats)."""
+    manifest, location = read_manifest(dataset)
+    first = manifest.split("train").shards[0]
+    table = pq.read_table(shard_uri(location, first), columns=codec.names)
+    frame = table.slice(0, NUM_EXAMPLE_ROWS).to_pandas()
+    for spec in codec.columns:
+        if mlflow_type(spec) == "double":
+            frame[spec.name] = frame[spec.name].astype("float64")
+    return frame
 
 
-def _log_to_run(config: TrackingConfig, run_id: str, network: torch.nn.Module,
-                example: np.ndarray, classes: list[str]) -> str:
+@contextmanager
+def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
+                     extra: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """What the model is logged (or saved) with: the network and codec as artifacts,
+    signature, example, labels, requirements."""
+    assert model.codec is not None
+    with tempfile.TemporaryDirectory() as work:
+        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json", NETWORK_ARTIFACT: f"{work}/net.pt"}
+        Path(artifacts[CODEC_ARTIFACT]).write_text(json.dumps(
+            {"columns": model.codec.to_json(), "classes": model.classes}, indent=1))
+        torch.save(model.network, artifacts[NETWORK_ARTIFACT])
+        yield {"python_model": CodecClassifier(), "artifacts": artifacts,
+               "signature": signature(model.codec), "input_example": example,
+               "metadata": {**extra, "classes": model.classes},
+               "pip_requirements": [f"{name}=={package_version(name).split('+')[0]}"
+                                    for name in _REQUIREMENTS]}
+
+
+def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
+                example: pd.DataFrame, extra: dict[str, Any]) -> str:
     mlflow.set_tracking_uri(config.tracking_uri)
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.pytorch.log_model(network, name="model",
-                                        **_model_arguments(network, example, classes))
+    with mlflow.start_run(run_id=run_id), _model_arguments(model, example, extra) as arguments:
+        info = mlflow.pyfunc.log_model(name="model", **arguments)
     return str(info.model_uri)
 
 
-def _keep_model(spool: Spool, network: torch.nn.Module, example: np.ndarray,
-                classes: list[str]) -> str:
+def _keep_model(spool: Spool, model: CodecClassifier, example: pd.DataFrame,
+                extra: dict[str, Any]) -> str:
     """Save the model into the spool (through a temporary directory and a rename)."""
     target = spool.model_dir
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by a crash
-    mlflow.pytorch.save_model(network, str(partial),
-                              **_model_arguments(network, example, classes))
-    np.save(partial / _EXAMPLE_FILE, example)
+    with _model_arguments(model, example, extra) as arguments:
+        mlflow.pyfunc.save_model(str(partial), **arguments)
     shutil.rmtree(target, ignore_errors=True)  # a retried job's model replaces the first
     partial.rename(target)
     spool.mark("model_uri", None)
@@ -78,10 +122,11 @@ def _keep_model(spool: Spool, network: torch.nn.Module, example: np.ndarray,
 
 def log_kept_model(config: TrackingConfig, run_id: str, spool: Spool) -> str:
     """Log the model kept in `spool` to the run exactly as `log_model` would have."""
-    network = mlflow.pytorch.load_model(str(spool.model_dir))
-    example = np.load(spool.model_dir / _EXAMPLE_FILE)
-    classes = (Model.load(str(spool.model_dir)).metadata or {})["classes"]
-    return _log_to_run(config, run_id, network, example, classes)
+    saved = Model.load(str(spool.model_dir))
+    model = mlflow.pyfunc.load_model(str(spool.model_dir)).unwrap_python_model()
+    example = saved.load_input_example(str(spool.model_dir))
+    extra = {k: v for k, v in (saved.metadata or {}).items() if k != "classes"}
+    return _log_to_run(config, run_id, model, example, extra)
 
 
 def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
@@ -102,15 +147,20 @@ def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
 
 
 def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
-                         score: float) -> dict[str, Any]:
-    """Register `model_uri` as a new version of `name`; alias it champion if it wins."""
+                         score: float, beats_baseline: bool = True) -> dict[str, Any]:
+    """Register `model_uri` as a new version of `name`; alias it champion if it wins. A
+    model that does not beat the class-prior baseline gets no alias at all."""
     model_uri = sent_model_uri(config, model_uri)
     client = MlflowClient(config.tracking_uri)
     mlflow.set_tracking_uri(config.tracking_uri)
-    version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: str(score)})
+    version = mlflow.register_model(model_uri, name, tags={
+        SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower()})
     current = champion(config.tracking_uri, name)
     previous = current["score"] if current else None
-    alias = "champion" if previous is None or score > previous else "challenger"
-    client.set_registered_model_alias(name, alias, version.version)
+    alias: str | None = None
+    if beats_baseline:
+        alias = "champion" if previous is None or score > previous else "challenger"
+        client.set_registered_model_alias(name, alias, version.version)
     return {"name": name, "version": int(version.version), "alias": alias,
-            "score": score, "previous_champion_score": previous}
+            "score": score, "beats_class_prior": beats_baseline,
+            "previous_champion_score": previous}

@@ -131,15 +131,19 @@ def git_sha() -> str:
 
 
 def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
-    """The version as an MLflow dataset input: source = manifest URI, digest = version id."""
+    """The version as an MLflow dataset input: source = manifest URI, digest = version id,
+    its parent (a chain's child) as a tag and in the profile."""
     profile = {name: split.num_rows for name, split in manifest.splits.items()}
+    lineage = [InputTag("ballast.parent_version", manifest.parent_version or "none")]
     dataset = Dataset(
         name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
         source_type="ballast-manifest", source=json.dumps({"uri": manifest_uri}),
         schema=json.dumps({"fields": manifest.arrow_schema}),
-        profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes)}),
+        profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes),
+                            "parent_version": manifest.parent_version,
+                            "chain_length": len(manifest.deltas)}),
     )
-    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training"), *lineage])
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
@@ -158,7 +162,8 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
               params: dict[str, Any], tags: dict[str, str]) -> str:
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
-    all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(), **tags}
+    all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(),
+                "ballast.dataset_parent_version": manifest.parent_version or "none", **tags}
     run_id = create_run(config, all_tags)
     flat = flatten(params)
 

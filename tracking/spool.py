@@ -10,7 +10,7 @@ One directory per run, `<spool_dir>/<run key>/`, where the key is the server's r
     artifacts/          files to log, at their artifact paths
     metrics/<w>.jsonl   metric values, one file per writer (the rank-0 logger, each node's
                         system-metrics sampler), so writers never interleave
-    model/              the trained model as an MLflow model (loadable as it is), example.npy
+    model/              the trained model as an MLflow model (loadable as it is)
     finish.json         the job's summary and checkpoint location, when the run was closed
     progress.json       what has been sent, so a repeated upload sends nothing twice
 

@@ -39,6 +39,22 @@ class LoaderConfig(BaseModel):
         description="Samples left over after the last full global batch: `drop` them, or `pad` "
         "the last global batch with repeats that carry weight 0 (used for validation).",
     )
+    num_partitions: int = Field(
+        16,
+        gt=0,
+        description="Parts the epoch's stream is cut into (training/data/partition.py); "
+        "world size x max(num_workers, 1) must divide it, and each rank's workers then "
+        "decode only their partitions' rows. It orders the epoch: a run resumes only with "
+        "the value it was saved with, on any world size and worker count dividing it. "
+        "Memory: each worker holds one shuffle window per partition it serves.",
+    )
+    shuffle_window_row_groups: int = Field(
+        4,
+        gt=0,
+        description="Rows shuffled together inside a partition, in row groups: a batch "
+        "takes its rows from about this many row groups of different shards. Part of the "
+        "epoch's order, like num_partitions; read-ahead covers one window.",
+    )
 
 
 class TransformerConfig(BaseModel):

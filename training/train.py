@@ -86,9 +86,8 @@ def log_trained_model(cfg: TrainConfig, job: TrainingJob, run_id: str | None) ->
 
     network = cast(torch.nn.Module, build_model(cfg.model, data.num_features, data.classes).net)
     network.load_state_dict(state)
-    example = getattr(model, "example_features", torch.zeros(1, data.num_features))
-    classes = [str(value) for value in data.classes]
-    return log_model(cfg.tracking, run_id, network, example.float().numpy(), classes)
+    # The version's codec and classes go with the network: the model predicts on raw rows.
+    return log_model(cfg.tracking, run_id, network, cfg.dataset)
 
 
 def close_process_group(wait_for_peers: bool = True) -> None:

@@ -1,12 +1,53 @@
-"""One Prefect test harness (a temporary API and database) for every flow test."""
+"""One Prefect test harness (a temporary API and database) for every flow test, and one
+pipeline run with both arms on tiny data that the tests of its results and of what the
+Prefect API shows of it read."""
+
+from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from prefect.client.schemas.objects import State
 from prefect.testing.utilities import prefect_test_harness
+
+from flows.params import PipelineParams
+from flows.pipeline import pipeline
+from preprocessing.config import DatasetSpec, ReshardConfig
+from tracking.config import TrackingConfig
+from training.config import LoaderConfig, TrainConfig
+from training.launch import LaunchConfig, RetryPolicy
 
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> PipelineParams:
+    work = tmp_path_factory.mktemp("pipeline")
+    return PipelineParams(
+        reshard=ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                              output_root=str(work / "datasets"), target_shard_rows=600),
+        train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
+                          max_epochs=2, loader=LoaderConfig(batch_size=32),
+                          tracking=TrackingConfig(tracking_uri=f"sqlite:///{work}/mlflow.db",
+                                                  experiment="e2e",
+                                                  registered_model_name="e2e-classifier")),
+        job=LaunchConfig(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
+        compare_with_natural_mix=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def first_state(prefect_harness: None, params: PipelineParams) -> State:
+    """The final state of the first pipeline run (both arms), which the other tests read."""
+    return pipeline(params, return_state=True)
+
+
+@pytest.fixture(scope="session")
+def first_run(first_state: State) -> dict[str, Any]:
+    return first_state.result()

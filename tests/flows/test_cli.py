@@ -59,3 +59,23 @@ def test_overrides_set_nested_fields_parsed_as_yaml() -> None:
     assert values == {"a": {"x": False, "b": {"c": [1, 2]}}}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         apply_override(values, "no-equals-sign")
+
+
+def test_run_help_lists_every_shipped_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: `ballast run --help` names each preset in flows/presets/."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert all(f"  {path.stem} " in shown for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def test_validation_errors_name_each_field_without_documentation_links(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: every bad field is one `field.path: problem (got value)` line, and no
+    pydantic documentation link is printed."""
+    code = main(["run", "pipeline", "--config", "demo", "--work-dir", "/tmp/w",
+                 "--set", "train.max_epochs=-1", "--set", "reshard.bogus=1"])
+    error = capsys.readouterr().err
+    assert code == 2 and "errors.pydantic.dev" not in error and "http" not in error
+    assert "  train.max_epochs: Input should be greater than 0 (got -1)" in error
+    assert "  reshard.bogus: Extra inputs are not permitted (got 1)" in error

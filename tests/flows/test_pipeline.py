@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,35 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.params import EvaluateParams, InferenceParams, PipelineParams
+from flows.params import EvaluateParams, InferenceParams
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
 from flows.summary import format_summary
-from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.manifest import read_manifest, shard_uri
-from tracking.config import TrackingConfig
 from tracking.inference import load_classifier
-from training.config import LoaderConfig, TrainConfig
-from training.launch import LaunchConfig, RetryPolicy
-
-
-@pytest.fixture(scope="module")
-def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> PipelineParams:
-    work = tmp_path_factory.mktemp("pipeline")
-    return PipelineParams(
-        reshard=ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                              output_root=str(work / "datasets"), target_shard_rows=600),
-        train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
-                          max_epochs=2, loader=LoaderConfig(batch_size=32),
-                          tracking=TrackingConfig(tracking_uri=f"sqlite:///{work}/mlflow.db",
-                                                  experiment="e2e",
-                                                  registered_model_name="e2e-classifier")),
-        job=LaunchConfig(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
-    )
-
-
-@pytest.fixture(scope="module")
-def first_run(prefect_harness: None, params: PipelineParams) -> dict[str, Any]:
-    return pipeline(params)
 
 
 def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, params) -> None:
@@ -67,8 +42,9 @@ def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
     the version id: same version, no reshard work (state Cached), no new version dir."""
     root = Path(params.reshard.output_root)
     before = sorted(p.name for p in root.iterdir())
-    again = pipeline(params.model_copy(update={"train": params.train.model_copy(
-        update={"max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}))
+    again = pipeline(params.model_copy(update={"compare_with_natural_mix": False,
+                                               "train": params.train.model_copy(update={
+        "max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}))
     assert again["cached"] and again["version_id"] == first_run["version_id"]
     assert sorted(p.name for p in root.iterdir()) == before
 
@@ -84,6 +60,7 @@ def test_evaluate_flow_scores_the_model_on_held_out_rows(first_run, params) -> N
     assert result["model"]["num_rows"] == manifest.split("holdout").num_rows
     assert 0 <= result["model"]["macro_f1"] <= 1
     assert result["model"] == result["baseline"]
+    assert result["model"]["class_prior_baseline"]["balanced_accuracy"] == pytest.approx(0.25)
 
 
 def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_path) -> None:
@@ -101,10 +78,9 @@ def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_pa
     inputs = pa.concat_tables(pq.read_table(shard_uri(source_location, s))
                               for s in source.split("holdout").shards)
     assert predictions.column("id").to_pylist() == inputs.column("id").to_pylist()
-    model, classes = load_classifier(model_uri, tracking.tracking_uri)
-    features = np.stack(inputs.column("features").to_numpy(zero_copy_only=False))
-    one_by_one = [classes[int(np.argmax(model.predict(row[None].astype(np.float32))))]
-                  for row in features]
+    model = load_classifier(model_uri, tracking.tracking_uri)
+    one_by_one = [model.classes[int(np.argmax(model.probabilities(inputs.slice(i, 1))))]
+                  for i in range(inputs.num_rows)]
     assert predictions.column("predicted").to_pylist() == one_by_one
 
 

@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -21,10 +23,9 @@ from tests.services import free_port, stop_server, wait_for_http
 TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@contextmanager
+def prefect_server(home: Path) -> Iterator[dict[str, str]]:
     """A `prefect server` with its own home and database; yields the env that points at it."""
-    home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
@@ -38,6 +39,12 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     finally:
         stop_server(server)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +104,65 @@ def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -
                 for _ in range(2)]
         states = asyncio.run(wait_for_states([run.id for run in runs]))
     assert sorted(states) == ["CANCELLED", "COMPLETED"]
+
+
+async def scheduled_runs(deployment_id) -> int:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+    return len(runs)
+
+
+async def wait_until_polled(name: str, timeout_s: float = 120) -> Any:
+    """The deployment once a runner has polled it for runs (status READY): a serve stopped
+    before its runner started exits without pausing anything."""
+    async with get_client() as client:
+        for _ in range(int(timeout_s)):
+            deployment = await client.read_deployment_by_name(name)
+            if deployment.status is not None and deployment.status.value == "READY":
+                return deployment
+            await asyncio.sleep(1)
+    raise AssertionError(f"no runner polled {name} within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_stopping_serve_pauses_its_deployments_and_says_so(tmp_path: Path) -> None:
+    """Invariants: once `ballast serve` is stopped (SIGTERM) the nightly deployment is paused
+    with no scheduled runs left, and serve printed that, naming the deployments it served.
+    Its own server: a runner serving the same deployments would mark them polled first."""
+    (tmp_path / "home").mkdir()
+    with prefect_server(tmp_path / "home") as prefect_api:
+        output = stop_serve_after_it_polled(prefect_api, tmp_path)
+    assert "paused the deployments it served (pipeline/nightly, reshard/adhoc" in output, output
+    assert "removed their scheduled runs" in output
+
+
+def stop_serve_after_it_polled(prefect_api: dict[str, str], work_dir: Path) -> str:
+    """Start `ballast serve`, SIGTERM it once its runner polled, check what it left on the
+    server; its output."""
+    process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir",
+                                str(work_dir)], env=prefect_api, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_api["PREFECT_API_URL"]}):
+            asyncio.run(wait_for_deployments(["pipeline/nightly"]))
+            nightly = asyncio.run(wait_until_polled("pipeline/nightly"))
+            process.terminate()
+            output, _ = process.communicate(timeout=60)
+            assert asyncio.run(wait_for_deployments(["pipeline/nightly"])
+                               )["pipeline/nightly"].paused
+            assert asyncio.run(scheduled_runs(nightly.id)) == 0
+    finally:
+        stop_server(process)
+    return output

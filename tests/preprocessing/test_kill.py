@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from distributed import Client, LocalCluster
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.manifest import (
@@ -163,3 +164,33 @@ def test_two_reshards_of_one_config_race_and_both_exit_zero(small_raw, tmp_path)
     assert len({out.strip().split(": ", 1)[1] for out, _ in outputs}) == 1
     assert most_attempts == 2, "the two runs did not overlap"
     assert_committed(root, version_id)
+
+
+def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
+                                                           dask_client) -> None:
+    """Invariant: SIGKILL of one of two workers while exchange tasks are in flight (its
+    nanny restarts it, Dask reruns its tasks) still commits the version a clean run makes,
+    with byte-identical shards: a rerun task rewrites the same staged object."""
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                           output_root=str(tmp_path / "killed"), target_shard_rows=300,
+                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
+                           max_tasks_in_flight=4)
+    killed: list[tuple[int, int]] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        victim = min(client.run(os.getpid).values())
+
+        def kill_one(stage: str, done: int, total: int) -> None:
+            if stage == "exchange" and done >= total // 3 and not killed:
+                os.kill(victim, signal.SIGKILL)
+                killed.append((done, total))
+
+        result = run_reshard(config, client, progress=kill_one)
+        assert victim not in client.run(os.getpid).values()
+    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
+                        dask_client)
+    assert killed and killed[0][0] < killed[0][1]  # killed with exchange tasks left
+    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
+                         for s in r.manifest.split(split).shards]
+    assert result.manifest.version_id == clean.manifest.version_id
+    assert digests(result) == digests(clean)

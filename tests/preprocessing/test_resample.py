@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
 from preprocessing.plan import SHUFFLE_MODES, CountRecord, plan_split
-from preprocessing.resample import holdout_mask, route_rows
+from preprocessing.resample import holdout_mask, route_pieces, route_rows
 
 
 def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,
@@ -103,3 +103,26 @@ def test_none_mode_keeps_input_order(labels, output, cuts) -> None:
     _, ids, shards, keys = route_all(labels, cuts, output, 50, "none")
     order = np.lexsort((keys, shards))
     assert np.all(np.diff(ids[order]) >= 0)
+
+
+@given(labels=labels_strategy, cuts=st.lists(st.integers(1, 599), max_size=8),
+       output=st.integers(1, 2_000), mode=st.sampled_from(SHUFFLE_MODES))
+@settings(max_examples=60, deadline=None)
+def test_routing_many_pieces_at_once_equals_one_at_a_time(labels, cuts, output, mode) -> None:
+    """Invariant: `route_pieces` over all pieces of a map task gives every row the same
+    (shard, order key) copies as `route_rows` piece by piece, in every mode."""
+    plan, ids, shards, keys = route_all(labels, [c for c in cuts if c < len(labels)], output,
+                                        97, mode)
+    bounds = [0, *sorted({c for c in cuts if c < len(labels)}), len(labels)]
+    pieces = [(a, b) for a, b in pairwise(bounds) if b > a]
+    index = {stratum: i for i, stratum in enumerate(plan.strata)}
+    offsets = np.zeros((len(pieces), len(plan.strata)), dtype=np.int64)
+    for p in range(len(pieces)):
+        for stratum, offset in plan.piece_offsets.get(p, {}).items():
+            offsets[p, stratum] = offset
+    codes = np.array([index[(int(label), "s")] for label in labels])
+    piece_of = np.repeat(np.arange(len(pieces)), [b - a for a, b in pieces])
+    routing = route_pieces(codes, piece_of, offsets, plan, 5, np.arange(len(pieces)))
+    batched = sorted(zip(routing.rows.tolist(), routing.shards.tolist(),
+                         routing.order_keys.tolist(), strict=True))
+    assert batched == sorted(zip(ids.tolist(), shards.tolist(), keys.tolist(), strict=True))

@@ -69,3 +69,50 @@ def test_two_concurrent_commits_to_one_s3_root_exactly_one_wins(bucket) -> None:
     winners = [v for v, outcome in outcomes.items() if outcome == "won"]
     assert len(outcomes) == 4 and len(winners) == 1
     assert read_current_version(root) == winners[0]
+
+
+def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
+        tiny_raw, bucket, tmp_path) -> None:
+    """Invariants on S3 (where shards go straight to their final keys): a child that finds
+    `_CURRENT` moved on while it ran raises CommitConflict and removes its manifest and
+    every shard object it wrote; from the parent again, the child commits, and its
+    parent's entries resolve to the parent's objects with their checksums."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from preprocessing.sample import SampleSpec, sample_table
+
+    fs = fsspec.filesystem("s3")
+    fs.put(f"{tiny_raw}/", f"{bucket}/raw/", recursive=True)
+    root = f"s3://{bucket}/datasets"
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+                           output_root=root, target_shard_rows=800, num_workers=1,
+                           mode="incremental")
+    base = run_reshard(config).manifest.version_id
+    table = sample_table(np.random.default_rng(0), 90_000, 300, 0, SampleSpec(num_features=4))
+    pq.write_table(table, tmp_path / "night.parquet")
+    fs.put(str(tmp_path / "night.parquet"), f"{bucket}/raw/night.parquet")
+
+    def others() -> list[str]:
+        fs.invalidate_cache()
+        return [path for path in fs.find(f"{bucket}/datasets")
+                if f"/v-{base}/" not in path and "_CURRENT" not in path]
+
+    written: list[str] = []
+
+    def move_current(stage: str, done: int, total: int) -> None:
+        if stage == "write" and done == total and read_current_version(root) == base:
+            written.extend(others())
+            swap_current(root, "elsewhere0", expected=base)
+
+    with pytest.raises(CommitConflict, match="elsewhere0"):
+        run_reshard(config, progress=move_current)
+    assert any(path.endswith(".parquet") for path in written) and others() == []
+    swap_current(root, base, expected="elsewhere0")
+    child = run_reshard(config)
+    manifest, location = read_manifest(root)
+    assert manifest.version_id == child.manifest.version_id and manifest.parent_version == base
+    parents = [e for e in manifest.split("train").shards if e.version is not None]
+    assert parents and all(f"/v-{base}/" in shard_uri(location, e) for e in parents)
+    assert all(file_sha256(shard_uri(location, e)) == e.sha256
+               for split in manifest.splits.values() for e in split.shards)

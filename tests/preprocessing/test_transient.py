@@ -126,7 +126,7 @@ def test_transient_errors_are_retried_until_the_last_try() -> None:
 def test_faults_in_scan_map_and_reduce_reads_change_no_shard(raw_bucket, proxy) -> None:
     """Fault: each raw file fails its first GETs of the scan (503 x7, 500 x2, reset x6,
     body cut short x6), every raw file fails 2 GETs more once the scan is done (the map
-    reads) and every staged piece fails 6 once the exchange is done (the reduce reads).
+    reads) and every staged object fails 6 once the exchange is done (the write reads).
     Invariant: the run commits, rejects nothing, and every shard's sha256 equals a clean
     run's under the same version id."""
     clean = run_reshard(config_for(raw_bucket, "clean"))
@@ -138,14 +138,14 @@ def test_faults_in_scan_map_and_reduce_reads_change_no_shard(raw_bucket, proxy) 
         if stage == "scan" and done == total:
             proxy.inject(f"{raw_bucket}/raw/*", "500", 2)
         if stage == "exchange" and done == total:
-            proxy.inject(f"{raw_bucket}/faulty/_staging/*/piece-*", "truncate", 6)
+            proxy.inject(f"{raw_bucket}/faulty/_staging/*/round-*/part-*", "truncate", 6)
 
     faulty = run_reshard(config_for(raw_bucket, "faulty"), progress=arm)
     assert faulty.manifest.version_id == clean.manifest.version_id and not faulty.reused
     assert faulty.manifest.rejected == [] and digests(faulty) == digests(clean)
     kinds = {fault for (_, fault) in proxy.served}
     assert kinds == {"503", "500", "reset", "truncate"}
-    assert any("/_staging/" in key for (key, _) in proxy.served)  # the reduce reads failed
+    assert any("/_staging/" in key for (key, _) in proxy.served)  # the write reads failed
     assert sum(proxy.served.values()) >= 7 + 2 + 6 + 6 + 6 * 2
 
 

@@ -129,7 +129,7 @@ def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path
         delivery.add({"train_loss": 1.0 / (step + 1)}, step)
     delivery.close()
     network, example = tiny_network(4, 4), np.ones((2, 4), dtype=np.float32)
-    kept_uri = log_model(config, run_id, network, example, ["0", "1", "2", "3"])
+    kept_uri = log_model(config, run_id, network, result.manifest_uri)
     assert finish_run(config, run_id, {"val_macro_f1": 0.5}, result.manifest) == run_id
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spool = Spool.of_run(config, run_id)
@@ -144,9 +144,11 @@ def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path
     assert "training/summary.json" in {a.path for a in client.list_artifacts(sent_id,
                                                                              "training")}
     mlflow.set_tracking_uri(store)
-    uploaded = mlflow.pytorch.load_model(spool.progress()["model_uri"])
+    uploaded = mlflow.pyfunc.load_model(spool.progress()["model_uri"]).unwrap_python_model()
+    assert uploaded.classes == [str(c) for c in result.manifest.classes]
     with torch.no_grad():
-        assert torch.equal(uploaded(torch.from_numpy(example)), network(torch.from_numpy(example)))
+        assert torch.equal(uploaded.network(torch.from_numpy(example)),
+                           network(torch.from_numpy(example)))
     registered = register_and_promote(config.model_copy(update={"tracking_uri": store}),
                                       kept_uri, "spooled-clf", 0.5)
     assert registered["alias"] == "champion"

@@ -1,11 +1,13 @@
-"""One rank of the kill-and-resume DDP test (test_ddp_kill_resume.py), started by torchrun.
+"""One rank of the DDP resume tests (test_ddp_kill_resume.py, test_elastic_resume.py),
+started by torchrun.
 
 Trains one epoch of the feature classifier on a StreamDataModule with mid-epoch
 checkpoints (every `--every-n-steps` optimizer steps, plus last.ckpt), and
 appends to `<out>/ids-<phase>-rank<r>.txt`, after every training step, a line
 "<global step> <sample ids of the batch>": what this rank's step consumed.
 `--step-sleep-s` slows the steps so that the test can kill the job between
-checkpoints; `--phase resume` starts from `last.ckpt`.
+checkpoints; `--max-steps` ends it after that many steps; `--phase resume` starts
+from `last.ckpt`, or from `--ckpt` when given (any phase).
 """
 
 from __future__ import annotations
@@ -51,10 +53,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--num-partitions", type=int, default=16)
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--ckpt", default=None)
     args = parser.parse_args()
     out, rank = Path(args.out), int(os.environ["RANK"])
     lightning.seed_everything(0)
-    loader = LoaderConfig(batch_size=args.batch_size, num_workers=args.num_workers)
+    loader = LoaderConfig(batch_size=args.batch_size, num_workers=args.num_workers,
+                          num_partitions=args.num_partitions)
     data = StreamDataModule(args.dataset, loader, seed=5)
     model = FeatureClassifier(data.num_features, data.classes, {"hidden_sizes": [16]})
     checkpoint = ModelCheckpoint(
@@ -64,6 +70,7 @@ def main() -> None:
     recorder = ConsumedIds(out / f"ids-{args.phase}-rank{rank}.txt", args.step_sleep_s)
     trainer = lightning.Trainer(
         accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), max_epochs=1,
+        max_steps=args.max_steps,
         strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
         callbacks=[checkpoint, recorder, DataWaitCallback()], logger=False,
         use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False,
@@ -71,7 +78,8 @@ def main() -> None:
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
-        trainer.fit(model, datamodule=data, ckpt_path="last" if args.phase == "resume" else None)
+        resume_from = args.ckpt or ("last" if args.phase == "resume" else None)
+        trainer.fit(model, datamodule=data, ckpt_path=resume_from)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ def fit(
     return trainer, ids, model
 
 
+def stream_state(samples_consumed: int, rank_batches: int) -> dict[str, int]:
+    """The train stream's state in epoch 0 (default partitions and window)."""
+    return {"epoch": 0, "samples_consumed": samples_consumed, "rank_batches": rank_batches,
+            "batch_size": BATCH_SIZE, "num_partitions": 16, "shuffle_window_row_groups": 4}
+
+
 def flat(steps: list[tuple[int, list[int]]], up_to: int | None = None) -> list[int]:
     return [i for step, ids in steps if up_to is None or step <= up_to for i in ids]
 
@@ -87,7 +93,7 @@ def test_mid_epoch_checkpoint_resumes_exactly(
         checkpoint = torch.load(path, weights_only=False)
         step = checkpoint["global_step"]
         position = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
-        assert position == {"epoch": 0, "samples_consumed": step * BATCH_SIZE, "rank_batches": step}
+        assert position == stream_state(step * BATCH_SIZE, step)
     middle = tmp_path / "full" / f"epoch=0-step={2 * EVERY_N_STEPS}.ckpt"
     _, resumed, _ = fit(source(), tmp_path / "resumed", ckpt=str(middle))
     assert flat(full.steps, 2 * EVERY_N_STEPS) + flat(resumed.steps) == flat(full.steps)

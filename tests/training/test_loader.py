@@ -1,5 +1,6 @@
-"""ShardStream: every sample once per epoch on any world size and worker count, equal
-batch counts on every rank, and an order that depends on (seed, epoch) only."""
+"""ShardStream: every sample once per epoch on any world size and worker count dividing the
+partition count, equal batch counts on every rank, an order that depends on (seed, epoch)
+only, each rank and worker decoding only its share, and batches that mix row groups."""
 
 from __future__ import annotations
 
@@ -62,10 +63,20 @@ def global_ids(per_rank: list[list[Batch]], real_only: bool = True) -> list[int]
 
 
 def stream_factory(
-    root: str, batch_size: int, remainder: str, seed: int = 7
+    root: str, batch_size: int, remainder: str, seed: int = 7, **order: int
 ) -> Callable[[], ShardStream]:
-    config = LoaderConfig(batch_size=batch_size, remainder=remainder)
+    config = LoaderConfig(batch_size=batch_size, remainder=remainder, **order)
     return lambda: ShardStream(root, "train", config, seed)
+
+
+def position(epoch: int, samples_consumed: int, rank_batches: int, batch_size: int) -> dict:
+    """A stream's state: its position, and the order fields (partitions and window default)."""
+    return {"epoch": epoch, "samples_consumed": samples_consumed, "rank_batches": rank_batches,
+            "batch_size": batch_size, "num_partitions": 16, "shuffle_window_row_groups": 4}
+
+
+def divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,8 +84,9 @@ def stream_factory(
     num_rows=st.integers(1, 150),
     num_shards=st.integers(1, 3),
     row_group_size=st.sampled_from([3, 8, 40]),
-    world_size=st.integers(1, 4),
-    num_workers=st.integers(1, 3),
+    num_partitions=st.sampled_from([1, 2, 4, 6, 12]),
+    window=st.integers(1, 3),
+    split=st.data(),
     batch_size=st.integers(1, 9),
     remainder=st.sampled_from(["drop", "pad"]),
 )
@@ -83,16 +95,21 @@ def test_epoch_covers_every_sample_once_on_any_world_and_workers(
     num_rows: int,
     num_shards: int,
     row_group_size: int,
-    world_size: int,
-    num_workers: int,
+    num_partitions: int,
+    window: int,
+    split: st.DataObject,
     batch_size: int,
     remainder: str,
 ) -> None:
-    """drop: the ranks' ids together are distinct, floor(N/G)*G of them; pad: each id has
+    """For any world size and worker count whose product divides the partition count,
+    drop: the ranks' ids together are distinct, floor(N/G)*G of them; pad: each id has
     weight 1 exactly once and padding only repeats real ids. Every rank yields the same
     number of full batches, and the global order is the world-size-1 order."""
+    world_size = split.draw(st.sampled_from(divisors(num_partitions)), "world_size")
+    num_workers = split.draw(st.sampled_from(divisors(num_partitions // world_size)), "workers")
     root = dataset_cache(num_rows, num_shards=num_shards, row_group_size=row_group_size)
-    make = stream_factory(root, batch_size, remainder)
+    make = stream_factory(root, batch_size, remainder, num_partitions=num_partitions,
+                          shuffle_window_row_groups=window)
     per_rank = all_ranks(make, world_size, num_workers)
     lengths = {len(batches) for batches in per_rank}
     assert lengths == {make().num_batches(world_size)}
@@ -143,7 +160,7 @@ def test_exhausted_epoch_moves_to_the_next(dataset_cache: Callable[..., str]) ->
     root = dataset_cache(300, row_group_size=16)
     stream = stream_factory(root, 10, "drop")()
     first = [b["id"].tolist() for b in stream]
-    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}
+    assert stream.state_dict() == position(1, 0, 0, 10)
     second = [b["id"].tolist() for b in stream]
     reference = stream_factory(root, 10, "drop")()
     reference.set_epoch(1)
@@ -155,9 +172,9 @@ def test_set_epoch_keeps_a_resumed_position(dataset_cache: Callable[..., str]) -
     stream = stream_factory(dataset_cache(300, row_group_size=16), 10, "drop")()
     stream.load_state_dict({"epoch": 2, "samples_consumed": 40})
     stream.set_epoch(2)
-    assert stream.state_dict() == {"epoch": 2, "samples_consumed": 40, "rank_batches": 0}
+    assert stream.state_dict() == position(2, 40, 0, 10)
     stream.set_epoch(3)
-    assert stream.state_dict() == {"epoch": 3, "samples_consumed": 0, "rank_batches": 0}
+    assert stream.state_dict() == position(3, 0, 0, 10)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -245,9 +262,9 @@ def test_last_batch_handed_out_ends_the_epoch(
     for _ in range(len(loader) - 1):
         next(batches)
     last = len(loader) - 1
-    assert stream.state_dict() == {"epoch": 0, "samples_consumed": last * 7, "rank_batches": last}
+    assert stream.state_dict() == position(0, last * 7, last, 7)
     next(batches)
-    assert stream.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}
+    assert stream.state_dict() == position(1, 0, 0, 7)
 
 
 def test_a_batch_is_one_buffer(dataset_cache: Callable[..., str]) -> None:

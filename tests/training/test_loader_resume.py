@@ -1,5 +1,6 @@
-"""Resuming a ShardStream from its state_dict, with another world size or worker count,
-continues the same global stream: no sample lost, none repeated."""
+"""Resuming a ShardStream from its state_dict, with another world size or worker count
+(dividing the partition count), continues the same global stream: no sample lost, none
+repeated."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def global_order(per_rank: list[list[Batch]]) -> list[Batch]:
 
 
 def make_streams(root: str, remainder: str, world_size: int) -> list[ShardStream]:
-    config = LoaderConfig(batch_size=5, remainder=remainder)
+    config = LoaderConfig(batch_size=5, remainder=remainder, num_partitions=12)
     return [ShardStream(root, "train", config, seed=3) for _ in range(world_size)]
 
 
@@ -42,7 +43,9 @@ def test_resume_with_another_world_size_continues_the_stream(
     k = 7
     head = [list(itertools.islice(s.iterate((r, 2)), k)) for r, s in enumerate(first)]
     states = [stream.state_dict() for stream in first]
-    assert states == [{"epoch": epoch, "samples_consumed": k * 2 * 5, "rank_batches": k}] * 2
+    position = {"epoch": epoch, "samples_consumed": k * 2 * 5, "rank_batches": k}
+    order = {"batch_size": 5, "num_partitions": 12, "shuffle_window_row_groups": 4}
+    assert states == [position | order] * 2
     second = make_streams(root, remainder, new_world)
     for stream in second:
         stream.load_state_dict(states[0])
@@ -70,7 +73,8 @@ def test_loader_with_workers_records_position_and_resumes(
     loader = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=2)
     head = list(itertools.islice(iter(loader), 9))
     state = loader.state_dict()
-    assert state == {"epoch": 0, "samples_consumed": 45, "rank_batches": 9}
+    assert state == {"epoch": 0, "samples_consumed": 45, "rank_batches": 9, "batch_size": 5,
+                     "num_partitions": 16, "shuffle_window_row_groups": 4}
     resumed = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=0)
     resumed.load_state_dict(state)
     tail = list(resumed)
@@ -78,4 +82,4 @@ def test_loader_with_workers_records_position_and_resumes(
     assert torch.equal(
         torch.cat([b["id"] for b in head + tail]), torch.cat([b["id"] for b in reference])
     )
-    assert resumed.state_dict() == {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}
+    assert resumed.state_dict() == state | {"epoch": 1, "samples_consumed": 0, "rank_batches": 0}

@@ -21,8 +21,9 @@ from training.data.shards import ShardMissingError
 
 
 def make_stream(root: str, batch_size: int, depth: int, remainder: str = "pad") -> ShardStream:
-    """`depth` row groups read ahead and `depth` batches assembled ahead (0: on demand)."""
-    config = LoaderConfig(batch_size=batch_size, remainder=remainder)
+    """`depth` row groups read ahead and `depth` batches assembled ahead (0: on demand);
+    36 partitions serve every world size x worker count the tests draw (up to 3 x 3)."""
+    config = LoaderConfig(batch_size=batch_size, remainder=remainder, num_partitions=36)
     read = ReadConfig(prefetch_row_groups=depth, prefetch_batches=depth)
     return ShardStream(root, "train", config, seed=11, read=read)
 

@@ -75,7 +75,8 @@ def test_resume_from_last_checkpoint_matches_an_uninterrupted_run(
     run_training(base.model_copy(update={"output_dir": split_dir, "max_epochs": 1}))
     checkpoint = torch.load(Path(split_dir) / "checkpoints" / "last.ckpt", weights_only=False)
     positions = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert positions == [{"epoch": 1, "samples_consumed": 0, "rank_batches": 0}]
+    order = {"batch_size": 32, "num_partitions": 16, "shuffle_window_row_groups": 4}
+    assert positions == [{"epoch": 1, "samples_consumed": 0, "rank_batches": 0} | order]
     resumed = run_training(
         base.model_copy(update={"output_dir": split_dir, "max_epochs": 2}), ckpt_path="last"
     )

@@ -6,18 +6,24 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
 `batch_size=None`; `StreamLoader` is that DataLoader. The contract
 (docs/architecture.md):
 
-- The order of an epoch depends on (seed, epoch) only: the row groups of all
-  the split's shards in a permuted order, rows permuted within each row group.
-- Global step t covers stream positions [start + t*G, start + (t+1)*G) with
-  G = world_size * batch_size; rank r takes positions [r*B, (r+1)*B) of it.
-  Every rank yields the same number of batches, so DDP never waits on a
-  missing one (docs/architecture.md M8). `remainder="drop"` leaves out the last partial
-  global batch; `"pad"` fills it with repeats of a real sample of weight 0.
+- The order of an epoch depends on (seed, epoch) and the loader's order fields
+  (batch_size, num_partitions, shuffle_window_row_groups) only: a stream of units
+  of batch_size rows, each from one partition's shuffle window
+  (training/data/partition.py).
+- Global step t covers units [start + t*W, start + (t+1)*W) at world size W;
+  rank r takes unit r of them. Every rank yields the same number of batches, so
+  DDP never waits on a missing one (docs/architecture.md M8). `remainder="drop"`
+  leaves out the last partial global batch; `"pad"` fills it with repeats of the
+  epoch's last sample, of weight 0.
 - Worker w of a rank yields the rank's steps t with t % num_workers == w;
-  DataLoader's in-order round robin then restores the rank's order.
+  DataLoader's in-order round robin then restores the rank's order. World size x
+  workers must divide num_partitions: each worker then serves whole partitions
+  and decodes only their row groups (about 1/(W x workers) of the split, plus the
+  two row groups at the ends of its run); other counts are refused with an error.
 - The position (epoch, samples consumed) is global, independent of the world
   size and worker count, so a run resumes with either changed. An exhausted
-  epoch moves the stream to the start of the next one.
+  epoch moves the stream to the start of the next one. The state also records
+  the order fields, and a checkpoint resumed with other values is refused.
 - `len()` is the epoch's length as a trainer counts it: the batches each rank
   took before the saved position (`rank_batches` in the state) plus those left
   at the current world size. Lightning restores its own batch count on a
@@ -26,27 +32,31 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
   were taken before the checkpoint (seen with Lightning 2.6).
 
 Start-up reads the manifest only (training/data/shards.py). Each iterator reads the
-row groups its batches need, `ReadConfig.prefetch_row_groups` of them ahead in
-background threads (training/data/readahead.py), optionally through a local disk
-cache (training/data/cache.py). Rank, world size and worker are read when iteration
+row groups its batches need, at least one shuffle window of them ahead when
+`ReadConfig.prefetch_row_groups` is not 0, in background threads
+(training/data/readahead.py), optionally through a local disk cache
+(training/data/cache.py). Rank, world size and worker are read when iteration
 starts, never at import or construction.
 
-Cost model (benchmarks/loader_bench.py): every rank and every worker decodes
-each row group that one of its batches touches, so with row groups larger than
-a global batch they all decode most groups; and a batch leaves a worker process
-as one shared-memory segment (its tensors are views of one buffer). For rows of
-a few hundred bytes both cost more than a worker saves: `num_workers=0` with
-read-ahead threads (pyarrow decodes without the GIL) is the fast setting.
+Cost model (benchmarks/loader_bench.py): each row group is decoded by the one
+worker that serves it (two at the ends of a worker's run), once per epoch, and
+held from its first batch to its last: a worker holds about one shuffle window per
+partition it serves, and opens them all in its first batches of an epoch (or of a
+resume), which wait longer for data than later ones (docs/architecture.md M26). A
+batch leaves a worker process as one shared-memory segment (its tensors are views of
+one buffer); for rows of a few hundred bytes that costs more than a worker saves, so
+`num_workers=0` with read-ahead threads (pyarrow decodes without the GIL) is the fast
+setting.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
-from itertools import pairwise
+from itertools import pairwise, tee
 
 import numpy as np
 import torch
@@ -56,11 +66,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from preprocessing.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.cache import ShardCache
+from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
-from training.data.shards import Columns, Layout, Rows, ShardFiles, read_layout, read_row_group
+from training.data.shards import Columns, Rows, ShardFiles, read_layout, read_row_group
 from training.data.wait import DataWaitMeter
 
 Batch = dict[str, torch.Tensor]
+# The loader fields the order of an epoch depends on (training/data/partition.py).
+ORDER_FIELDS = ("batch_size", "num_partitions", "shuffle_window_row_groups")
 
 
 def current_rank_world() -> tuple[int, int]:
@@ -80,16 +93,6 @@ def num_steps(num_rows: int, start: int, global_batch: int, remainder: str) -> i
     """Global steps left in an epoch of `num_rows` samples from position `start`."""
     left = max(num_rows - start, 0)
     return -(-left // global_batch) if remainder == "pad" else left // global_batch
-
-
-def group_order(seed: int, epoch: int, num_groups: int) -> np.ndarray:
-    """The permuted order in which an epoch visits the row groups of a split."""
-    return np.random.default_rng([seed, epoch, 0, 0]).permutation(num_groups)
-
-
-def row_order(seed: int, epoch: int, group: int, num_rows: int) -> np.ndarray:
-    """The permuted order of the rows of row group `group` in an epoch."""
-    return np.random.default_rng([seed, epoch, 1, group]).permutation(num_rows)
 
 
 @dataclass(frozen=True)
@@ -124,41 +127,23 @@ def empty_batch(batch_size: int, num_features: int) -> Batch:
     return batch
 
 
-class EpochPlan:
-    """The sample order of one epoch: which row group (slot) holds each stream position."""
-
-    def __init__(self, layout: Layout, seed: int, epoch: int) -> None:
-        self.layout, self.seed, self.epoch = layout, seed, epoch
-        self.order = group_order(seed, epoch, len(layout.group_rows))
-        self.ends = np.cumsum(layout.group_rows[self.order])
-        self.num_rows = int(self.ends[-1]) if len(self.ends) else 0
-
-    def slot(self, position: int) -> int:
-        clamped = min(position, self.num_rows - 1)
-        return int(np.searchsorted(self.ends, clamped, side="right"))
-
-    def slots_needed(self, firsts: Iterable[int], batch_size: int) -> Iterator[int]:
-        """The slots that batches starting at `firsts` read, in order, each once."""
-        done = -1
-        for first in firsts:
-            last = self.slot(first + batch_size - 1)
-            yield from range(max(self.slot(first), done + 1), last + 1)
-            done = max(done, last)
-
-    def batch(self, positions: np.ndarray, group: Callable[[int], ShuffledGroup]) -> Batch:
-        """The batch at ascending stream `positions`; those past the end repeat the last sample."""
-        batch = empty_batch(len(positions), self.layout.num_features)
-        out = Rows(batch["features"].numpy(), batch["label"].numpy(), batch["id"].numpy())
-        clamped = np.minimum(positions, self.num_rows - 1)
-        slots = np.searchsorted(self.ends, clamped, side="right")
-        cuts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), len(slots)]
-        for begin, end in pairwise(cuts):  # slots ascend: one run of positions each
-            slot = int(slots[begin])
-            group_start = self.ends[slot] - self.layout.group_rows[self.order[slot]]
-            part = Rows(out.features[begin:end], out.label[begin:end], out.id[begin:end])
-            group(slot).take_into(clamped[begin:end] - group_start, part)
-        batch["weight"].numpy()[:] = positions < self.num_rows
-        return batch
+def assemble(recipe: Recipe, groups: dict[int, ShuffledGroup], num_features: int) -> Batch:
+    """The batch of `recipe` from the decoded groups it names: real rows slot by slot (one
+    run per slot, as the recipe sorts them), then the padding, of weight 0."""
+    num_real = len(recipe.slots)
+    batch = empty_batch(num_real + recipe.num_pad, num_features)
+    out = Rows(batch["features"].numpy(), batch["label"].numpy(), batch["id"].numpy())
+    slots = recipe.slots
+    cuts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), num_real]
+    runs = [(begin, end, int(slots[begin]), recipe.rows[begin:end])
+            for begin, end in pairwise(cuts) if end > begin]
+    if recipe.pad is not None:
+        runs.append((num_real, len(out.id), recipe.pad[0], np.full(recipe.num_pad, recipe.pad[1])))
+    for begin, end, slot, rows in runs:
+        part = Rows(out.features[begin:end], out.label[begin:end], out.id[begin:end])
+        groups[slot].take_into(rows, part)
+    batch["weight"].numpy()[:] = np.arange(len(out.id)) < num_real
+    return batch
 
 
 class ShardStream(IterableDataset):
@@ -182,6 +167,7 @@ class ShardStream(IterableDataset):
         self.files = ShardFiles(self.layout, open_cache(self.read))
         self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
+        self.rows_decoded = 0  # by this process's iterators: the decode share it measures
 
     @property
     def num_rows(self) -> int:
@@ -192,7 +178,9 @@ class ShardStream(IterableDataset):
         return self.layout.num_features
 
     def num_batches(self, world_size: int) -> int:
-        """Batches every rank yields for the rest of the current epoch."""
+        """Batches every rank yields for the rest of the current epoch (a world size that
+        does not divide the partition count is refused here, before any training)."""
+        check_share(self.config.num_partitions, world_size, 1)
         global_batch = world_size * self.config.batch_size
         return num_steps(self.num_rows, self._consumed, global_batch, self.config.remainder)
 
@@ -210,19 +198,32 @@ class ShardStream(IterableDataset):
             self.load_state_dict({"epoch": epoch, "samples_consumed": 0})
 
     def state_dict(self) -> dict[str, int]:
-        """The global position (independent of world size and worker count), and the batches
-        each rank took to reach it."""
+        """The global position (independent of world size and worker count), the batches
+        each rank took to reach it, and the loader fields the epoch's order depends on."""
         return {
             "epoch": self._epoch,
             "samples_consumed": self._consumed,
             "rank_batches": self._taken,
+            **{name: getattr(self.config, name) for name in ORDER_FIELDS},
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Move to a saved position; refused when it was saved under another order (the
+        rest of its epoch would skip and repeat samples) or off a unit boundary."""
         epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
         taken = int(state.get("rank_batches", 0))
         if min(epoch, consumed, taken) < 0:
             raise ValueError(f"invalid stream state {state}")
+        for name in ORDER_FIELDS:
+            if name in state and int(state[name]) != getattr(self.config, name):
+                raise ValueError(
+                    f"the saved stream position was ordered with loader.{name}={state[name]}, "
+                    f"this run has {getattr(self.config, name)}; resuming would skip and repeat "
+                    f"samples of epoch {epoch}: set loader.{name} to {state[name]}"
+                )
+        if consumed % self.config.batch_size:
+            raise ValueError(f"samples_consumed {consumed} of the saved stream position is not "
+                             f"a multiple of loader.batch_size {self.config.batch_size}")
         self._epoch, self._consumed, self._taken = epoch, consumed, taken
 
     def __iter__(self) -> Iterator[Batch]:
@@ -242,21 +243,22 @@ class ShardStream(IterableDataset):
         worker_id, num_workers = worker or current_worker()
         if not (0 <= rank < world_size and 0 <= worker_id < num_workers):
             raise ValueError(f"rank {rank} of {world_size}, worker {worker_id} of {num_workers}")
+        check_share(self.config.num_partitions, world_size, num_workers)
         steps = range(worker_id, self.num_batches(world_size), num_workers)
         return self._generate(steps, rank, world_size, record=num_workers == 1)
 
     def _generate(self, steps: range, rank: int, world_size: int, record: bool) -> Iterator[Batch]:
         epoch, start, taken = self._epoch, self._consumed, self._taken
-        batch_size, global_batch = self.config.batch_size, world_size * self.config.batch_size
-        first = start + rank * batch_size
-        firsts = range(first + steps.start * global_batch, first + steps.stop * global_batch,
-                       steps.step * global_batch)
-        plan = EpochPlan(self.layout, self.seed, epoch)
-        needed = plan.slots_needed(firsts, batch_size)
-        depth = self.read.prefetch_row_groups
-        with ReadAhead(partial(self.load_group, plan), needed, depth) as groups, closing(
-            prefetched((plan.batch(np.arange(p, p + batch_size), groups.get) for p in firsts),
-                       self.read.prefetch_batches)) as batches:
+        global_batch = world_size * self.config.batch_size
+        first = start // self.config.batch_size + rank  # the unit of step 0
+        units = range(first + steps.start * world_size, first + steps.stop * world_size,
+                      steps.step * world_size)
+        plan = EpochPlan(self.layout, self.seed, epoch, self.config)
+        ahead, recipes = tee(Schedule(plan, units))
+        keys = (slot for recipe in ahead for slot in recipe.load)
+        with ReadAhead(partial(self.load_group, plan), keys, self.read_depth()) as reads, closing(
+            prefetched(self._assembled(recipes, reads), self.read.prefetch_batches)
+        ) as batches:
             for step, batch in zip(steps, batches, strict=True):
                 if record:
                     done = start + (step + 1) * global_batch
@@ -265,11 +267,31 @@ class ShardStream(IterableDataset):
         if record:
             self.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
 
+    def read_depth(self) -> int:
+        """Row groups read ahead: a window's groups are first needed together, so at least
+        one window (and the group it straddles) when reading ahead at all."""
+        depth = self.read.prefetch_row_groups
+        return max(depth, self.config.shuffle_window_row_groups + 1) if depth else 0
+
+    def _assembled(
+        self, recipes: Iterator[Recipe], reads: ReadAhead[ShuffledGroup]
+    ) -> Iterator[Batch]:
+        """Batches of `recipes`, each slot's group held from its first batch to its last."""
+        groups: dict[int, ShuffledGroup] = {}
+        for recipe in recipes:
+            for slot in recipe.load:
+                groups[slot] = reads.get(slot)
+                self.rows_decoded += len(groups[slot].order)
+            yield assemble(recipe, groups, self.layout.num_features)
+            for slot in recipe.free:
+                del groups[slot]
+
     def load_group(self, plan: EpochPlan, slot: int) -> ShuffledGroup:
-        """Read and decode the row group at `slot` of the plan, with its row order."""
+        """Read and decode the row group at `slot` of the plan."""
         group = int(plan.order[slot])
         rows = read_row_group(self.layout, group, self.columns, self.files)
-        return ShuffledGroup(rows, row_order(self.seed, plan.epoch, group, len(rows.label)))
+        # Rows are taken in file order: the recipe's window already shuffled them.
+        return ShuffledGroup(rows, np.arange(len(rows.label)))
 
     def record_progress(
         self, epoch: int, samples_consumed: int, world_size: int, rank_batches: int
@@ -314,8 +336,10 @@ class StreamLoader(DataLoader):
         if self.rewind:
             self.stream.load_state_dict({"epoch": 0, "samples_consumed": 0})
         state = self.stream.state_dict()
-        batches = super().__iter__()
         world_size = current_rank_world()[1]
+        # Refused here, in the rank's process, rather than in each worker.
+        check_share(self.stream.config.num_partitions, world_size, self.num_workers)
+        batches = super().__iter__()
         return self.meter.timed(self._recorded(batches, state, world_size))
 
     def _recorded(

@@ -60,8 +60,6 @@ class Classifier(lightning.LightningModule):
         self.classes = [str(value) for value in classes]
         self.net = self.build_network(num_features, len(self.classes))
         self.last_confusion: np.ndarray | None = None
-        # A few real inputs, kept as the logged model's input example.
-        self.example_features = torch.zeros(1, num_features)
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
 
@@ -87,8 +85,6 @@ class Classifier(lightning.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         real = batch["weight"] > 0
-        if batch_idx == 0:
-            self.example_features = batch["features"][:5].detach().cpu()
         pred = self(batch["features"]).argmax(dim=1)[real]
         target = batch["label"][real]
         num_classes = len(self.classes)

@@ -1,0 +1,314 @@
+"""Scale benchmark of the exchange: many pieces, bookkeeping at PB shapes, sizes, S3 requests.
+
+- `pieces` (a): 5,000 Parquet files of 2,000 small rows (id, label of 16 long-tailed
+  classes, source of 3, 4 float32 features) resharded, stratified, into 2,000 shards of
+  5,000 rows, against pyarrow `write_dataset` on the same input: wall and CPU seconds,
+  driver and per-worker peak RSS. Target: within 2x pyarrow's time, driver under 1 GB.
+- `bookkeeping` (b): the driver's work without row data, at `--bookkeeping` shapes
+  (pieces x shards, default 1e5 x 1e4 and 1e6 x 1e5): synthetic scans (one piece per
+  file, 4 of 16 classes per piece, train and holdout), the plan, the exchange layout, and
+  every task's descriptor of every round made and pickled as `run_in_waves` would send
+  it, with results standing in for the tasks'. Peak RSS and seconds per phase. Target
+  at 1e6 x 1e5: under 2 GB and 120 s.
+- `sizes` (c): ballast stratified at `--gb` and 4x `--gb` (default 1 and 4 GB) with the
+  same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
+- `s3` (d): a reshard from S3 to S3 on moto's server, every request counted
+  (`tests/preprocessing/s3_requests.py`): requests per GB, median bytes per request,
+  multipart uploads, and the bound 2 (P + S) F R + 64 (P pieces, S shards, F fan-in,
+  R read rounds).
+
+Each case prints its figures and [PASS] / [FAIL] lines. The machine may be shared: compare
+within one run, and see the CPU seconds, which load stretches far less than wall time.
+
+    .venv/bin/python benchmarks/scale_bench.py --cases pieces bookkeeping sizes s3
+    .venv/bin/python benchmarks/scale_bench.py --cases bookkeeping --bookkeeping 100000x10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import shutil
+import statistics
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from plan_bench import RssSampler
+from reshard_bench import GB, base_job, dir_bytes, format_table, prepare, run_tool, warm_up
+
+from preprocessing.exchange import Staging
+from preprocessing.sample import class_probabilities
+
+SMALL_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64()), ("source", pa.string()),
+                          ("features", pa.list_(pa.float32(), 4))])
+NUM_CLASSES, NUM_SOURCES = 16, 3
+MARKER = "_GENERATED.json"
+
+
+# ---------------------------------------------------------------- (a) many pieces
+
+
+def ensure_small_files(directory: Path, num_files: int, rows_per_file: int, seed: int) -> Path:
+    """`num_files` files of `rows_per_file` rows, one source each (marker: skip if there)."""
+    spec = {"num_files": num_files, "rows_per_file": rows_per_file, "seed": seed}
+    marker = directory / MARKER
+    if marker.exists() and json.loads(marker.read_text()) == spec:
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    probabilities = class_probabilities(NUM_CLASSES, 50.0)
+    for index in range(num_files):
+        labels = rng.choice(NUM_CLASSES, rows_per_file, p=probabilities)
+        features = rng.standard_normal((rows_per_file, 4), dtype=np.float32)
+        table = pa.table([
+            pa.array(np.arange(index * rows_per_file, (index + 1) * rows_per_file)),
+            pa.array(labels), pa.array([f"source-{index % NUM_SOURCES}"] * rows_per_file),
+            pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), 4),
+        ], schema=SMALL_SCHEMA)
+        pq.write_table(table, directory / f"part-{index:05d}.parquet")
+    marker.write_text(json.dumps(spec))
+    return directory
+
+
+def case_pieces(args: argparse.Namespace) -> None:
+    raw = ensure_small_files(Path(args.work_dir) / "raw-pieces", args.files,
+                             args.rows_per_file, args.seed)
+    num_rows = args.files * args.rows_per_file
+    job = {"num_rows": num_rows, "shard_rows": args.shard_rows,
+           "num_shards": -(-num_rows // args.shard_rows), "row_group_rows": 8_192,
+           "holdout_fraction": 0.0}
+    print(f"(a) {args.files:,} files x {args.rows_per_file:,} rows, "
+          f"{dir_bytes(raw) / GB:.3f} GB, into {job['num_shards']:,} shards", flush=True)
+    rows = [run_tool(tool, raw, Path(args.work_dir), job, keep=False, schema=SMALL_SCHEMA)
+            for tool in ("ballast-stratified", "pyarrow-write_dataset")]
+    print(format_table(rows))
+    ballast, copy = rows
+    if "error" not in ballast:
+        report("(a) ballast within 2x pyarrow write_dataset", ballast["wall_s"]
+               <= 2 * copy["wall_s"], f"{ballast['wall_s'] / copy['wall_s']:.2f}x")
+        report("(a) driver RSS under 1 GB", ballast["peak_driver"] < GB,
+               f"{ballast['peak_driver'] / GB:.2f} GB")
+        print(f"    ballast stages: {ballast['timings_s']}")
+
+
+# ---------------------------------------------------------------- (b) bookkeeping
+
+
+def synthetic_scans(num_pieces: int, rows_per_piece: int, piece_bytes: int,
+                    strata_per_piece: int, seed: int) -> list[Any]:
+    """What a scan of `num_pieces` single-piece files would return."""
+    from preprocessing.scan import FileScan, InputFile
+
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, NUM_CLASSES, num_pieces)
+    held = max(1, rows_per_piece // 10 // strata_per_piece)
+    kept = rows_per_piece // strata_per_piece - held
+    scans = []
+    for piece in range(num_pieces):
+        source = f"source-{piece % NUM_SOURCES}"
+        labels = [int(first[piece] + step) % NUM_CLASSES for step in range(strata_per_piece)]
+        counts = [(0, split, label, source, n) for label in labels
+                  for split, n in (("train", kept), ("holdout", held))]
+        uri = f"s3://bucket/raw/part-{piece:07d}.parquet"
+        scans.append(FileScan(InputFile(uri, "s3://bucket/raw", uri[19:], piece_bytes, "tag"),
+                              None, [rows_per_piece], counts))
+    return scans
+
+
+def case_bookkeeping(args: argparse.Namespace) -> None:
+    for shape in args.bookkeeping:
+        num_pieces, num_shards = (int(float(part)) for part in shape.split("x"))
+        print(f"\n(b) bookkeeping at {num_pieces:,} pieces x {num_shards:,} shards", flush=True)
+        start = time.perf_counter()
+        with RssSampler() as sampler:
+            bookkeeping(num_pieces, num_shards, args, sampler)
+        wall = time.perf_counter() - start
+        peak = max_rss_bytes()
+        print(f"    whole: {wall:.1f} s, process peak RSS {peak / GB:.2f} GB")
+        if num_pieces >= 1_000_000:
+            report("(b) under 2 GB and 120 s at 1e6 x 1e5", peak < 2 * GB and wall < 120,
+                   f"{peak / GB:.2f} GB, {wall:.0f} s")
+
+
+def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
+                sampler: RssSampler) -> None:
+    """Plan, layout and every descriptor of every round, as the driver makes them."""
+    from preprocessing import reshard
+    from preprocessing.config import DatasetSpec, ReshardConfig
+
+    rows_per_piece = 10_000
+    config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"]),
+                           output_root="s3://bucket/out",
+                           target_shard_rows=num_pieces * rows_per_piece // num_shards)
+    with sampler.phase("synthetic scans"):
+        scans = synthetic_scans(num_pieces, rows_per_piece, args.piece_mb << 20, 4, args.seed)
+    with sampler.phase("plan (count records, plan both splits)"):
+        plans, pieces = reshard._plan(scans, config)
+    with sampler.phase("exchange layout"):
+        destinations = reshard._destinations(plans, SMALL_SCHEMA)
+        layout = reshard.exchange_layout(scans, plans, pieces, config, threads=2)
+        staging = Staging("s3://bucket/out/_staging/0123456789abcdef", layout,
+                          destinations.schema)
+    print(f"    {layout.num_map_tasks:,} map tasks, {destinations.count:,} destinations, "
+          f"fan-in {layout.fan_in}, {layout.num_read_rounds} read rounds, tasks per round "
+          f"{[r.num_objects for r in layout.rounds]}; shared once per worker: plans "
+          f"{sum_pickled([destinations]) / 1e6:.1f} MB, layout "
+          f"{sum_pickled([staging]) / 1e6:.1f} MB", flush=True)
+    with sampler.phase("map descriptors"):
+        first_rows = reshard._piece_rows(scans, pieces)[0]
+        sent = [sum_pickled(reshard._map_task(scans, plans, pieces, first_rows, staging, task)
+                            for task in range(layout.num_map_tasks))]
+    for index in range(1, len(layout.rounds)):
+        with sampler.phase(f"merge round {index} descriptors"):
+            sent.append(sum_pickled((index, task)
+                                    for task in range(layout.rounds[index].num_objects)))
+    with sampler.phase("write descriptors"):
+        shards = reshard._shard_jobs(plans, "s3://bucket/out/v-0123")
+        sent.append(sum_pickled((first, shards[first:stop])
+                                for first, stop in pairwise(layout.write_bounds.tolist())))
+    print(f"    descriptor bytes sent per round: {[f'{b / 1e6:.0f} MB' for b in sent]}")
+
+
+def sum_pickled(arguments: Any) -> int:
+    return sum(len(pickle.dumps(item, protocol=5)) for item in arguments)
+
+
+def max_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---------------------------------------------------------------- (c) sizes
+
+
+def case_sizes(args: argparse.Namespace) -> None:
+    rows, shard_rows = [], None
+    for gb in (args.gb, 4 * args.gb):
+        raw, spec = prepare(gb, args)
+        warm_up(["ballast-stratified"], args)
+        shard_rows = shard_rows or -(-spec.num_rows // args.shards)
+        row = run_tool("ballast-stratified", raw, Path(args.work_dir),
+                       base_job(spec.num_rows, shard_rows, args), keep=False)
+        rows.append({**row, "tool": f"stratified@{gb:g}GB", "gb": dir_bytes(raw) / GB})
+    print(format_table(rows))
+    if any("error" in row for row in rows):
+        return
+    per_gb = [row["wall_s"] / row["gb"] for row in rows]
+    cpu_per_gb = [row["tree_cpu_s"] / row["gb"] for row in rows]
+    workers = [row["peak_worker"] for row in rows]
+    print(f"    s/GB {per_gb[0]:.1f} -> {per_gb[1]:.1f}; CPU-s/GB {cpu_per_gb[0]:.1f} -> "
+          f"{cpu_per_gb[1]:.1f}; worker RSS {workers[0] / GB:.2f} -> {workers[1] / GB:.2f} GB")
+    report("(c) seconds per GB flat within 15%", per_gb[1] <= 1.15 * per_gb[0],
+           f"{per_gb[1] / per_gb[0]:.2f}x")
+    report("(c) per-worker RSS flat within 15%", workers[1] <= 1.15 * workers[0],
+           f"{workers[1] / workers[0]:.2f}x")
+
+
+# ---------------------------------------------------------------- (d) S3 requests
+
+
+def case_s3(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import fsspec
+
+    from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
+    from preprocessing.reshard import run_reshard
+    from tests.preprocessing.s3_requests import counted_s3
+
+    raw, spec = prepare(args.s3_gb, args)
+    num_bytes = dir_bytes(raw)
+    for task_mb in args.s3_task_mb:
+        with counted_s3() as log:
+            fs = fsspec.filesystem("s3")
+            fs.mkdir("bench")
+            fs.put(f"{raw}/", "bench/raw/", recursive=True)
+            log.clear()
+            config = ReshardConfig(
+                dataset=DatasetSpec(inputs=["s3://bench/raw/*.parquet"]),
+                output_root="s3://bench/out", mix=MixConfig(class_weighting="uniform"),
+                target_shard_rows=-(-spec.num_rows // args.shards), holdout_fraction=0.0,
+                exchange_task_bytes=task_mb << 20, num_workers=2)
+            start = time.perf_counter()
+            manifest = run_reshard(config).manifest
+            wall = time.perf_counter() - start
+        s3_report(log.requests, raw, manifest, config, num_bytes, wall)
+
+
+def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int,
+              wall: float) -> None:
+    """Requests per GB, per stage, the median bytes, and the bound of the issue."""
+    from preprocessing import reshard
+    from preprocessing.scan import check_schemas, scan_file
+    from preprocessing.sources import list_inputs
+
+    local = config.model_copy(update={"dataset": config.dataset.model_copy(
+        update={"inputs": [str(raw)]})})
+    scans = check_schemas([scan_file(file, local.dataset, local.seed, local.holdout_fraction,
+                                     local.max_piece_rows) for file in list_inputs(local.dataset)])
+    plans, pieces = reshard._plan(scans, local)
+    layout = reshard.exchange_layout(scans, plans, pieces, local, threads=2)
+    shards = sum(len(split.shards) for split in manifest.splits.values())
+    bound = 2 * (len(pieces) + shards) * layout.fan_in * layout.num_read_rounds + 64
+    staging = [r for r in requests if "/_staging/" in r.path]
+    multipart = sum("uploads" in r.query for r in requests)
+    median = statistics.median(r.bytes_moved for r in requests)
+    staged = statistics.median(r.bytes_moved for r in staging)
+    print(f"\n(d) S3 -> S3 on moto, {num_bytes / GB:.2f} GB, task "
+          f"{config.exchange_task_bytes >> 20} MiB: {len(pieces)} pieces, {shards} shards, "
+          f"{layout.num_map_tasks} map tasks, fan-in {layout.fan_in}, "
+          f"{layout.num_read_rounds} read rounds, {wall:.0f} s")
+    print(f"    {len(requests):,} requests ({len(requests) / (num_bytes / GB):,.0f} per GB), "
+          f"{len(staging):,} on staging; median {median:,.0f} bytes per request, staging "
+          f"median {staged:,.0f}; multipart starts {multipart}")
+    report("(d) requests <= 2 (P + S) F R + 64", len(requests) <= bound,
+           f"{len(requests):,} <= {bound:,}")
+
+
+def report(name: str, ok: bool, detail: str) -> None:
+    print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", default=["pieces", "bookkeeping", "sizes", "s3"],
+                        choices=["pieces", "bookkeeping", "sizes", "s3"])
+    parser.add_argument("--work-dir", default="/tmp/ballast-bench")
+    parser.add_argument("--files", type=int, default=5_000, help="(a) input files")
+    parser.add_argument("--rows-per-file", type=int, default=2_000, help="(a)")
+    parser.add_argument("--shard-rows", type=int, default=5_000, help="(a) rows per shard")
+    parser.add_argument("--bookkeeping", nargs="+", default=["1e5x1e4", "1e6x1e5"],
+                        help="(b) PIECESxSHARDS shapes")
+    parser.add_argument("--piece-mb", type=int, default=64,
+                        help="(b) bytes per piece, MiB: 64 = one map task per piece")
+    parser.add_argument("--gb", type=float, default=1.0, help="(c) the smaller size, GB")
+    parser.add_argument("--s3-gb", type=float, default=0.25, help="(d) input size, GB")
+    parser.add_argument("--s3-task-mb", type=int, nargs="+", default=[64, 4],
+                        help="(d) exchange_task_bytes in MiB, one run each (small: rounds)")
+    parser.add_argument("--shards", type=int, default=24, help="(c, d) output shards")
+    parser.add_argument("--row-group-rows", type=int, default=8_192)
+    parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
+    parser.add_argument("--holdout-fraction", type=float, default=0.0)
+    parser.add_argument("--keep-outputs", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    cases = {"pieces": case_pieces, "bookkeeping": case_bookkeeping, "sizes": case_sizes,
+             "s3": case_s3}
+    for name in args.cases:
+        cases[name](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""What ballast says in the Prefect run log: one line per result a person acts on.
+
+preprocessing/, training/ and tracking/ never import prefect: their results come back to
+the flow as values, and the flow logs them here through Prefect's run logger, so the log
+tab of a flow run says which dataset version was made (rows in and out, shards, rejected
+files), how training went (epochs, attempts, validation figures), what each arm scored on
+held-out rows and what the registry did with the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger
+
+from flows.arms import worst_class
+from preprocessing.manifest import Manifest
+
+MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def log_reshard_start(arm: str, version_id: str, inputs: list[str], mix: str) -> None:
+    get_run_logger().info("reshard[%s]: dataset version %s from %s (%s class mix)",
+                          arm, version_id, ", ".join(inputs), mix)
+
+
+def log_dataset(arm: str, manifest: Manifest, reused: bool, cached: bool) -> None:
+    """Rows in and out, shards per split and every rejected input file (with its reason)."""
+    logger = get_run_logger()
+    how = " (cached: no resharding)" if cached else " (reused)" if reused else ""
+    splits = "; ".join(f"{name} {split.num_rows} rows in {len(split.shards)} shards of "
+                       f"{min(s.num_rows for s in split.shards)}.."
+                       f"{max(s.num_rows for s in split.shards)}"
+                       for name, split in manifest.splits.items())
+    rows_out = sum(split.num_rows for split in manifest.splits.values())
+    logger.info("reshard[%s]: dataset version %s%s: %d rows in -> %d rows out (%s); "
+                "%d rejected input files", arm, manifest.version_id, how,
+                sum(manifest.input_class_counts.values()), rows_out, splits,
+                len(manifest.rejected))
+    for rejected in manifest.rejected[:MAX_REJECTED_LINES]:
+        logger.warning("reshard[%s]: rejected %s: %s", arm, rejected.path, rejected.reason)
+    if len(manifest.rejected) > MAX_REJECTED_LINES:
+        logger.warning("reshard[%s]: %d more rejected files are listed in the manifest",
+                       arm, len(manifest.rejected) - MAX_REJECTED_LINES)
+
+
+def log_training(arm: str, summary: dict[str, Any]) -> None:
+    """Epochs, ranks, attempts and the validation figures of a finished job."""
+    attempts = summary.get("attempts") or []
+    get_run_logger().info(
+        "train[%s]: %s epochs on %s ranks, batches per rank %s, %d attempt(s); validation "
+        "macro-F1 %s, validation loss %s; MLflow run %s", arm, summary.get("epochs"),
+        summary.get("world_size"), summary.get("batches_per_rank"), len(attempts),
+        _number(summary.get("val_macro_f1")), _number(summary.get("val_loss")),
+        summary.get("run_id") or "none (tracking off)")
+
+
+def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
+    """Macro-F1, balanced accuracy and the worst class's recall on held-out rows."""
+    worst = worst_class(evaluation)
+    get_run_logger().info(
+        "evaluate[%s]: %d held-out rows of version %s: macro-F1 %s, balanced accuracy %s, "
+        "worst-class recall %s", arm, evaluation["num_rows"], evaluation["dataset_version"],
+        _number(evaluation["macro_f1"]), _number(evaluation["balanced_accuracy"]),
+        f"{worst[1]:.4f} ({worst[0]})" if worst else "n/a")
+
+
+def log_registration(arm: str, registration: dict[str, Any]) -> None:
+    """Which version was registered and whether it became the champion, and why."""
+    previous = registration.get("previous_champion_score")
+    versus = ("no champion before" if previous is None
+              else f"champion's held-out macro-F1 was {previous:.4f}")
+    get_run_logger().info(
+        "register[%s]: %s v%s is `%s` (held-out macro-F1 %.4f; %s)", arm,
+        registration["name"], registration["version"], registration["alias"],
+        registration["score"], versus)
+
+
+def log_predictions(output: dict[str, Any]) -> None:
+    get_run_logger().info("predict: %d predictions committed as version %s at %s",
+                          output["num_rows"], output["version_id"], output["manifest_uri"])

@@ -1,0 +1,146 @@
+"""Staged objects of the exchange: rows grouped by destination, with their index inside.
+
+One object covers destinations [first, first + n) and is laid out as
+
+    header   MAGIC, then n as a little-endian uint64
+    index    n + 1 little-endian int64: where each destination's messages start in the
+             object, then where they end
+    stream   an Arrow IPC stream: the schema, one empty record batch, destination first's
+             record batches, then first + 1's, ..., and the end-of-stream marker
+
+The index sits at a fixed place, so a reader of destinations [lo, hi) needs only the
+object's name and first destination, both of which follow from the exchange's layout:
+it reads index entries lo..hi (one ranged read), then the bytes from the first to the
+last (one ranged read), two requests per reader and object however many rows or
+destinations there are, and the driver keeps nothing per object. Local files are
+memory-mapped instead of read. A merge copies message bytes from several objects into
+one, destination by destination; nothing is decoded. Objects are written whole: a local
+file streamed from the batches (the index filled in last), or one PUT on an object store
+(s3fs turns a body of 100 MiB or more into a multipart upload), so a reader never sees
+half an object once its task has returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+MAGIC = b"BLSTIDX2"
+_INDEX_ITEM = np.dtype("<i8")
+_HEADER_BYTES = len(MAGIC) + 8
+
+
+@dataclass(frozen=True)
+class StagedObject:
+    """Where a staged object is and which destinations it covers."""
+
+    uri: str
+    first_destination: int
+    num_destinations: int
+
+
+class StagedWriter:
+    """Writes one staged object; each `add_*` call holds the next destination's rows."""
+
+    def __init__(self, staged: StagedObject, schema: pa.Schema) -> None:
+        self.staged = staged
+        self._fs, self._path = url_to_fs(staged.uri)
+        index_bytes = _HEADER_BYTES + _INDEX_ITEM.itemsize * (staged.num_destinations + 1)
+        if isinstance(self._fs, LocalFileSystem):
+            self._fs.makedirs(self._path.rsplit("/", 1)[0], exist_ok=True)
+            self._file: Any = open(self._path, "w+b")  # noqa: SIM115 - closed in close()
+            self._sink: Any = pa.PythonFile(self._file, mode="w")
+        else:  # object stores have no directories (and a check is a request)
+            self._file = None
+            self._sink = pa.BufferOutputStream()
+        self._sink.write(bytes(index_bytes))  # filled in by close()
+        self._writer = pa.ipc.new_stream(self._sink, schema)
+        # The stream header is written with the first batch: an empty one puts it here.
+        self._writer.write_batch(pa.record_batch([pa.array([], f.type) for f in schema],
+                                                 schema=schema))
+        self._offsets = [self._sink.tell()]
+
+    def add_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """The next destination's rows, as record batches (none: no rows)."""
+        for batch in batches:
+            self._writer.write_batch(batch)
+        self._offsets.append(self._sink.tell())
+
+    def add_messages(self, chunks: Iterable[Any]) -> None:
+        """The next destination's rows, as IPC messages copied from other staged objects."""
+        for chunk in chunks:
+            self._sink.write(chunk)
+        self._offsets.append(self._sink.tell())
+
+    def close(self) -> int:
+        """Finish the object; its size in bytes."""
+        if len(self._offsets) != self.staged.num_destinations + 1:
+            if self._file is not None:
+                self._file.close()
+            raise ValueError(f"{self.staged.uri}: {len(self._offsets) - 1} destinations "
+                             f"written, {self.staged.num_destinations} expected")
+        self._writer.close()  # the end-of-stream marker
+        size = self._sink.tell()
+        header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
+        index = header + np.asarray(self._offsets, dtype=_INDEX_ITEM).tobytes()
+        if self._file is not None:
+            self._file.seek(0)
+            self._file.write(index)
+            self._file.close()
+        else:
+            body = self._sink.getvalue()
+            self._fs.pipe_file(self._path, b"".join([index, memoryview(body)[len(index):]]))
+        return int(size)
+
+
+def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:
+    """The message bytes of destinations [first, stop) of `staged`, and where each
+    destination starts in them (stop - first + 1 offsets, the last the length)."""
+    if not (staged.first_destination <= first <= stop
+            <= staged.first_destination + staged.num_destinations):
+        raise ValueError(f"{staged.uri}: destinations [{first}, {stop}) are outside "
+                         f"[{staged.first_destination}, "
+                         f"{staged.first_destination + staged.num_destinations})")
+    position = _HEADER_BYTES + _INDEX_ITEM.itemsize * (first - staged.first_destination)
+    raw = _read_range(staged.uri, position, position + _INDEX_ITEM.itemsize * (stop - first + 1))
+    index = np.frombuffer(raw, dtype=_INDEX_ITEM)
+    if len(index) != stop - first + 1 or (np.diff(index) < 0).any() or index[0] < position:
+        raise ValueError(f"{staged.uri}: corrupt staged index at destination {first}")
+    if index[-1] == index[0]:
+        return b"", np.zeros(len(index), dtype=np.int64)
+    return _read_range(staged.uri, int(index[0]), int(index[-1])), index - index[0]
+
+
+def read_batches(data: Any, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """The record batches of a run of IPC messages (zero-copy views of `data`)."""
+    if not len(data):
+        return []
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+    return [pa.ipc.read_record_batch(message, schema) for message in reader]
+
+
+def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
+                 schema: pa.Schema) -> int:
+    """Write `output` with, for each of its destinations, those rows of every input (in
+    input order); its size in bytes."""
+    first, stop = output.first_destination, output.first_destination + output.num_destinations
+    ranges = [read_destinations(staged, first, stop) for staged in inputs]
+    views = [(memoryview(data) if len(data) else b"", offsets) for data, offsets in ranges]
+    writer = StagedWriter(output, schema)
+    for index in range(stop - first):
+        writer.add_messages(view[offsets[index]:offsets[index + 1]]
+                            for view, offsets in views if offsets[index + 1] > offsets[index])
+    return writer.close()
+
+
+def _read_range(uri: str, start: int, stop: int) -> Any:
+    fs, path = url_to_fs(uri)
+    if isinstance(fs, LocalFileSystem):  # mapped: no copy, pages come from the cache
+        return pa.memory_map(path).read_at(stop - start, start)
+    return pa.py_buffer(fs.cat_file(path, start=start, end=stop))

@@ -1,0 +1,70 @@
+"""Storage primitives of every writer: an atomic write (optionally only if absent), a
+host-wide file lock, whether a filesystem is local disk, and a streamed sha256.
+
+fsspec and the standard library only; preprocessing/manifest.py builds the version
+commit on them and re-exports them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import fsspec
+
+
+@contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """An exclusive lock on the local file `path` shared by every process on this host."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return bool({"file", "local"} & set(protocols))
+
+
+def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
+                     only_if_absent: bool = False) -> None:
+    """Readers see the old file or the new one, never half (rename locally; one PUT on S3).
+    `only_if_absent`: FileExistsError if `path` exists, decided atomically (a hard link
+    locally, a conditional PUT on S3), so of two writers exactly one succeeds."""
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if not only_if_absent:
+            os.replace(temp, path)
+            return
+        try:
+            os.link(temp, path)
+        finally:
+            os.remove(temp)
+    elif only_if_absent and hasattr(fs, "call_s3"):
+        bucket, key, _ = fs.split_path(path)
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        fs.invalidate_cache(path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def file_sha256(uri: str) -> str:
+    """Checksum of a whole file, streamed, as recorded per shard in the manifest."""
+    digest = hashlib.sha256()
+    with fsspec.open(uri, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,382 @@
+"""Incremental versions on a real Dask LocalCluster: three nightly runs each adding 10% new
+files, what they read, the chain's mix and row counts, the loader over the chain,
+changed inputs, compaction, and two runs racing from one parent.
+
+Old input files are overwritten with zeros of the same size and their mtime restored
+after each run: the listing is unchanged, so a run that read any of them would fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.increment import InputsChanged
+from preprocessing.manifest import (
+    COMMIT_STEPS,
+    CURRENT_NAME,
+    KILL_AT_ENV,
+    CommitConflict,
+    Manifest,
+    file_lock,
+    read_current_version,
+    read_manifest,
+    shard_uri,
+    version_dir,
+)
+from preprocessing.resample import holdout_mask
+from preprocessing.reshard import ReshardResult, run_reshard, version_id_for
+from preprocessing.sample import SampleSpec, sample_table, write_sample
+from preprocessing.staging import STAGING_DIR
+from tests.preprocessing.test_kill import assert_committed, kill_session, output, start_reshard
+from training.config import LoaderConfig
+from training.data.loader import ShardStream
+
+SPEC = SampleSpec(num_rows=3_000, num_files=10, num_classes=4, num_sources=2, num_features=4,
+                  class_ratio=8.0, seed=3)
+NIGHT_ROWS, NIGHT_ROW_GROUP = 300, 100  # 10% of the rows, in one file of 3 row groups
+
+
+def config_for(raw: Path, root: Path, **overrides) -> ReshardConfig:
+    values = {"dataset": DatasetSpec(inputs=[str(raw)]), "output_root": str(root),
+              "target_shard_rows": 300, "rows_per_row_group": 64, "mode": "incremental",
+              **overrides}
+    return ReshardConfig(**values)
+
+
+def add_night(raw: Path, night: int) -> Path:
+    """One new input file: 10% more rows, ids after every earlier file's."""
+    rng = np.random.default_rng(100 + night)
+    path = raw / f"night-{night}.parquet"
+    pq.write_table(sample_table(rng, 100_000 * (night + 1), NIGHT_ROWS, night % 2, SPEC), path,
+                   row_group_size=NIGHT_ROW_GROUP)
+    return path
+
+
+def spoil(raw: Path, pristine: Path) -> None:
+    """Keep a copy of each input file, then fill it with zeros, its size and mtime kept."""
+    pristine.mkdir(exist_ok=True)
+    for path in sorted(raw.glob("*.parquet")):
+        if (pristine / path.name).exists():
+            continue
+        shutil.copy2(path, pristine / path.name)
+        stat = path.stat()
+        path.write_bytes(bytes(stat.st_size))
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def restore(raw: Path, pristine: Path) -> None:
+    for path in pristine.glob("*.parquet"):
+        shutil.copy2(path, raw / path.name)
+
+
+@dataclass(frozen=True)
+class Chain:
+    raw: Path
+    pristine: Path
+    root: Path
+    results: list[ReshardResult]  # the base, then one per night
+    files: list[list[str]]  # the input file names each run added
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, dask_client) -> Chain:
+    """A base version of 10 files, then three nightly runs each adding one file (10%)."""
+    base = tmp_path_factory.mktemp("nightly")
+    raw, pristine, root = base / "raw", base / "pristine", base / "out"
+    write_sample(raw, SPEC)
+    results = [run_reshard(config_for(raw, root), dask_client)]
+    files = [sorted(p.name for p in raw.glob("*.parquet"))]
+    for night in range(3):
+        spoil(raw, pristine)
+        files.append([add_night(raw, night).name])
+        results.append(run_reshard(config_for(raw, root), dask_client))
+    spoil(raw, pristine)
+    restore(raw, pristine)
+    return Chain(raw, pristine, root, results, files)
+
+
+def read_ids(manifest: Manifest, location: str, split: str) -> Counter[int]:
+    tables = [pq.read_table(shard_uri(location, entry), columns=["id"])
+              for entry in manifest.split(split).shards]
+    return Counter(pa.concat_tables(tables).column("id").to_pylist())
+
+
+def test_each_night_reads_only_its_new_file_and_appends_a_child(chain: Chain) -> None:
+    """Invariants: every night commits a child of the night before with one delta more;
+    it read one file (the new one: the others are zeros) in as many pieces as the file
+    has row groups; the parent's shards are listed in the parent's directories, not
+    copied; `_CURRENT` names the newest child."""
+    base, *nights = chain.results
+    assert base.manifest.parent_version is None and len(base.manifest.deltas) == 1
+    for index, (previous, result) in enumerate(zip(chain.results, nights, strict=False)):
+        manifest = result.manifest
+        assert not result.reused and manifest.parent_version == previous.manifest.version_id
+        assert [d.version_id for d in manifest.deltas] == [
+            r.manifest.version_id for r in chain.results[:index + 2]]
+        own = manifest.deltas[-1]
+        new_file = chain.pristine / chain.files[index + 1][0]
+        assert (own.num_files, own.num_bytes) == (1, new_file.stat().st_size)
+        assert own.num_pieces == pq.ParquetFile(new_file).metadata.num_row_groups == 3
+        older = manifest.split("train").shards[:len(previous.manifest.split("train").shards)]
+        assert all(entry.version is not None for entry in older)
+        own_dir = Path(version_dir(str(chain.root), manifest.version_id))
+        assert {p.name for p in own_dir.glob("*.parquet")} == {
+            e.path for split in manifest.splits.values() for e in split.shards
+            if e.version is None}
+    assert read_current_version(str(chain.root)) == nights[-1].manifest.version_id
+
+
+def test_the_chain_meets_the_uniform_mix(chain: Chain) -> None:
+    """Invariants: each delta's classes get equal training rows (+-1); over the chain's
+    shards the classes are within one row per delta of each other."""
+    manifest = chain.results[-1].manifest
+    for delta in manifest.deltas:
+        per_class = Counter()
+        for label, _, _, output_rows in delta.strata["train"]:
+            per_class[label] += output_rows
+        assert len(per_class) == SPEC.num_classes
+        assert max(per_class.values()) - min(per_class.values()) <= 1
+    union = Counter()
+    for shard in manifest.split("train").shards:
+        union.update(shard.class_counts)
+    assert max(union.values()) - min(union.values()) <= len(manifest.deltas)
+
+
+def test_every_input_row_appears_as_often_as_its_delta_planned(chain: Chain) -> None:
+    """Invariants, per delta and stratum: the recorded input rows are the training rows of
+    that delta's files; each such row appears in the chain's training shards floor or ceil
+    of output/input times, together exactly the planned output; held-out rows appear once,
+    in the holdout shards, never in training."""
+    manifest, location = read_manifest(chain.results[-1].manifest_uri)
+    train, holdout = read_ids(manifest, location, "train"), read_ids(manifest, location, "holdout")
+    for names, delta in zip(chain.files, manifest.deltas, strict=True):
+        strata: dict[tuple, list[int]] = {}
+        for name in names:
+            table = pq.read_table(chain.pristine / name, columns=["id", "label", "source"])
+            held = holdout_mask(name, 0, table.num_rows, manifest.seed, 0.1)
+            for row, (row_id, label, source) in enumerate(zip(*(
+                    table.column(c).to_pylist() for c in ("id", "label", "source")),
+                    strict=True)):
+                if held[row]:
+                    assert holdout[row_id] == 1 and train[row_id] == 0
+                else:
+                    strata.setdefault((label, source), []).append(train[row_id])
+        planned = {(label, source): (n, k) for label, source, n, k in delta.strata["train"]}
+        assert set(planned) == set(strata)
+        for stratum, counts in strata.items():
+            n, k = planned[stratum]
+            assert len(counts) == n and sum(counts) == k
+            assert set(counts) <= {k // n, -(-k // n)}
+
+
+def test_the_loader_streams_the_chain_as_a_function_of_seed_and_epoch(chain: Chain) -> None:
+    """Invariants: an epoch over the chain yields every training row once (ids as often as
+    the shards hold them) on 1 and 2 ranks, with equal batch counts per rank and the same
+    global order; another stream of the same seed repeats it; the next epoch differs."""
+    location = chain.results[-1].manifest_uri
+    manifest, _ = read_manifest(location)
+    config = LoaderConfig(batch_size=16, remainder="pad")
+
+    def epoch(world_size: int, number: int = 0) -> list[int]:
+        per_rank = []
+        for rank in range(world_size):
+            stream = ShardStream(location, "train", config, seed=5)
+            stream.set_epoch(number)
+            per_rank.append(list(stream.iterate((rank, world_size), (0, 1))))
+        assert len({len(batches) for batches in per_rank}) == 1
+        return [int(i) for step in zip(*per_rank, strict=True) for batch in step
+                for i in batch["id"][batch["weight"] > 0].tolist()]
+
+    one, two = epoch(1), epoch(2)
+    assert Counter(one) == read_ids(manifest, location, "train")
+    assert one == two == epoch(1)
+    assert epoch(1, number=1) != one
+
+
+def test_compaction_equals_a_full_reshard_byte_for_byte(chain: Chain, tmp_path,
+                                                       dask_client) -> None:
+    """Invariants: `mode: full` on the chain's root commits one flat version (no parent,
+    one delta, every shard in its own directory) with the id and the shard bytes of a
+    full reshard of the same inputs into an empty root."""
+    compacted = run_reshard(config_for(chain.raw, chain.root, mode="full"), dask_client)
+    fresh = run_reshard(config_for(chain.raw, tmp_path / "fresh", mode="full"), dask_client)
+    manifest = compacted.manifest
+    assert manifest.parent_version is None and len(manifest.deltas) == 1
+    assert manifest.version_id == fresh.manifest.version_id
+    for split in ("train", "holdout"):
+        entries = manifest.split(split).shards
+        assert all(entry.version is None for entry in entries)
+        assert [e.sha256 for e in entries] == [e.sha256 for e in fresh.manifest.split(split).shards]
+        assert sum(e.num_rows for e in entries) == chain.results[-1].manifest.split(split).num_rows
+    assert read_current_version(str(chain.root)) == manifest.version_id
+
+
+@pytest.fixture
+def base_version(tmp_path, dask_client) -> tuple[Path, Path, ReshardResult]:
+    raw, root = tmp_path / "raw", tmp_path / "out"
+    write_sample(raw, SPEC)
+    return raw, root, run_reshard(config_for(raw, root), dask_client)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "removed"])
+def test_a_changed_input_is_refused_naming_it(change, base_version, dask_client) -> None:
+    """Invariants: with `on_changed_inputs: refuse` a rewritten or removed input (with a new
+    file beside it) fails the run naming the file and the fix; `_CURRENT` is unchanged and
+    nothing is staged."""
+    raw, root, base = base_version
+    add_night(raw, 0)
+    victim = raw / "raw-002.parquet"
+    if change == "rewritten":
+        pq.write_table(pq.read_table(victim).slice(1), victim)
+    else:
+        victim.unlink()
+    with pytest.raises(InputsChanged, match=rf"raw-002\.parquet {change}.*on_changed_inputs"):
+        run_reshard(config_for(raw, root), dask_client)
+    assert read_current_version(str(root)) == base.manifest.version_id
+    assert not (root / STAGING_DIR).exists()
+
+
+def test_a_changed_input_is_rebuilt_in_full_when_asked(base_version, tmp_path,
+                                                      dask_client) -> None:
+    """Invariant: with `on_changed_inputs: rebuild` a rewritten input makes a flat version
+    equal to a full reshard of the inputs as they are now."""
+    raw, root, _ = base_version
+    victim = raw / "raw-002.parquet"
+    pq.write_table(pq.read_table(victim).slice(1), victim)
+    rebuilt = run_reshard(config_for(raw, root, on_changed_inputs="rebuild"), dask_client)
+    fresh = run_reshard(config_for(raw, tmp_path / "fresh", mode="full"), dask_client)
+    assert rebuilt.manifest.parent_version is None and rebuilt.how.startswith("rebuild:")
+    assert rebuilt.manifest.version_id == fresh.manifest.version_id
+
+
+def test_other_settings_are_a_change_too(base_version, dask_client) -> None:
+    """Invariant: appending under another seed would mix two seeds' rows: it is refused."""
+    raw, root, _ = base_version
+    add_night(raw, 0)
+    with pytest.raises(InputsChanged, match=r"setting 'seed' is 1, was 0"):
+        run_reshard(config_for(raw, root, seed=1), dask_client)
+
+
+@pytest.mark.parametrize("threshold", [{"max_chain_length": 2},
+                                       {"max_small_shard_fraction": 0.1,
+                                        "target_shard_rows": 700}])
+def test_a_chain_past_its_threshold_is_compacted(threshold, tmp_path, dask_client) -> None:
+    """Invariants: the first night appends (a child); the second would pass the chain
+    length, or finds the chain's small shards (a night's 270 rows against 675-row shards)
+    over the fraction, and makes one flat version of every input instead."""
+    raw, root = tmp_path / "raw", tmp_path / "out"
+    write_sample(raw, SPEC)
+    base = run_reshard(config_for(raw, root, **threshold), dask_client)
+    add_night(raw, 0)
+    child = run_reshard(config_for(raw, root, **threshold), dask_client)
+    assert child.manifest.parent_version == base.manifest.version_id
+    add_night(raw, 1)
+    compacted = run_reshard(config_for(raw, root, **threshold), dask_client)
+    assert compacted.how.startswith("compaction:"), compacted.how
+    assert compacted.manifest.parent_version is None
+    assert len(compacted.manifest.inputs) == SPEC.num_files + 2
+
+
+def test_two_children_of_one_parent_one_commits_the_other_leaves_nothing(
+        base_version, dask_client) -> None:
+    """Fault: run A lists the inputs (parent P current) and is held at its first progress
+    report; a file is added and run B commits a child of P; A resumes. Invariants: A fails
+    with CommitConflict naming P and B; `_CURRENT` names B; A's version has no directory
+    and no staging; B's version reads back."""
+    raw, root, base = base_version
+    add_night(raw, 0)
+    reached, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold(stage: str, done: int, total: int) -> None:
+        reached.set()
+        release.wait(120)
+
+    def run_a() -> None:
+        try:
+            outcome["a"] = run_reshard(config_for(raw, root), dask_client, progress=hold)
+        except CommitConflict as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run_a)
+    thread.start()
+    assert reached.wait(120)
+    add_night(raw, 1)
+    winner = run_reshard(config_for(raw, root), dask_client)
+    release.set()
+    thread.join(120)
+    assert "a" not in outcome, "both children committed"
+    message = str(outcome["error"])
+    assert base.manifest.version_id in message and winner.manifest.version_id in message
+    assert read_current_version(str(root)) == winner.manifest.version_id
+    assert {p.name for p in root.glob("v-*")} == {
+        f"v-{base.manifest.version_id}", f"v-{winner.manifest.version_id}"}
+    assert not (root / STAGING_DIR).exists()
+    assert read_manifest(str(root))[0].parent_version == base.manifest.version_id
+
+
+def test_a_child_that_loses_the_swap_is_withdrawn(base_version, dask_client) -> None:
+    """Fault: `_CURRENT`'s lock is held while a child commits, so its manifest is written
+    and its swap waits; `_CURRENT` is moved to another version meanwhile. Invariants:
+    CommitConflict; the child's manifest, shards and directory are gone; `_CURRENT` keeps
+    the other version."""
+    raw, root, base = base_version
+    add_night(raw, 0)
+    outcome: dict[str, object] = {}
+
+    def run_child() -> None:
+        try:
+            outcome["result"] = run_reshard(config_for(raw, root), dask_client)
+        except CommitConflict as error:
+            outcome["error"] = error
+
+    with file_lock(str(root / f"{CURRENT_NAME}.lock")):
+        thread = threading.Thread(target=run_child)
+        thread.start()
+        for _ in range(1200):
+            written = [p for p in root.glob("v-*/_MANIFEST.json")
+                       if p.parent.name != f"v-{base.manifest.version_id}"]
+            if written:
+                break
+            thread.join(0.1)
+        assert written, "the child never wrote its manifest"
+        (root / CURRENT_NAME).write_text("another0version\n")
+    thread.join(120)
+    assert isinstance(outcome.get("error"), CommitConflict)
+    assert not written[0].parent.exists()
+    assert (root / CURRENT_NAME).read_text().strip() == "another0version"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", COMMIT_STEPS)
+def test_a_child_killed_after_each_commit_step_is_finished_by_the_rerun(
+        step, base_version, tmp_path, dask_client) -> None:
+    """Fault: `python -m preprocessing` appending a night SIGKILLs itself right after `step`
+    of the commit. Invariants: until the rerun `_CURRENT` names the parent, or (after the
+    swap) the complete child; the rerun commits that child from the parent, `_CURRENT`
+    names it, every shard of the chain checks out, and no staging is left."""
+    raw, root, base = base_version
+    add_night(raw, 0)
+    config = config_for(raw, root)
+    child_id = version_id_for(config)
+    process = start_reshard(config, tmp_path, **{KILL_AT_ENV: step})
+    assert process.wait(timeout=300) == -signal.SIGKILL, output(tmp_path)[1]
+    kill_session(process)
+    expected = child_id if step == "swap" else base.manifest.version_id
+    assert read_current_version(str(root)) == expected
+    rerun = run_reshard(config, dask_client)
+    assert rerun.manifest.version_id == child_id
+    assert rerun.manifest.parent_version == base.manifest.version_id
+    assert_committed(root, child_id)
