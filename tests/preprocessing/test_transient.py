@@ -123,7 +123,7 @@ def test_transient_errors_are_retried_until_the_last_try() -> None:
 
 
 @pytest.mark.slow
-def test_faults_in_scan_map_and_reduce_reads_change_no_shard(raw_bucket, proxy) -> None:
+def test_faults_in_scan_map_and_write_reads_change_no_shard(raw_bucket, proxy) -> None:
     """Fault: each raw file fails its first GETs of the scan (503 x7, 500 x2, reset x6,
     body cut short x6), every raw file fails 2 GETs more once the scan is done (the map
     reads) and every staged object fails 6 once the exchange is done (the write reads).
