@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv demo test lint format clean
+.PHONY: help venv demo test lint audit format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -28,6 +28,12 @@ lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of docs/architectu
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# --strict: a pin that cannot be looked up fails the audit instead of passing unaudited.
+audit: $(STAMP)  ## known vulnerabilities of every pin in constraints.txt (needs PyPI's JSON API)
+	@test -x $(BIN)/pip-audit || $(BIN)/pip install --quiet --disable-pip-version-check pip-audit
+	$(BIN)/pip-audit --requirement constraints.txt --disable-pip --no-deps --strict \
+		--progress-spinner off
 
 format: $(STAMP)  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

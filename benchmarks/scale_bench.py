@@ -247,7 +247,8 @@ def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_by
               wall: float) -> None:
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
     from preprocessing import reshard
-    from preprocessing.scan import check_schemas, list_inputs, scan_file
+    from preprocessing.scan import check_schemas, scan_file
+    from preprocessing.sources import list_inputs
 
     local = config.model_copy(update={"dataset": config.dataset.model_copy(
         update={"inputs": [str(raw)]})})

@@ -27,6 +27,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from preprocessing.secrets import redact
+
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 # flows.params.PRESETS_DIR; not imported from there, which would load every config model
 # (and seconds of imports) before `--help` can answer.
@@ -138,10 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = _dispatch(args)
     except Exception as error:
         log = write_error_log(args.command, error)
-        print(f"ballast {args.command}: {one_line(error)} (traceback: {log})", file=sys.stderr)
+        print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
+              file=sys.stderr)
         return 2 if is_deterministic(error) else 1
     if output:
-        print(output, end="" if output.endswith("\n") else "\n")
+        print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
 
 
@@ -181,7 +184,7 @@ def write_error_log(command: str, error: BaseException) -> Path:
     directory = Path(os.environ.get("BALLAST_LOG_DIR") or Path(tempfile.gettempdir()) / "ballast")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text("".join(traceback.format_exception(error)))
+    path.write_text(redact("".join(traceback.format_exception(error))))
     return path
 
 

@@ -23,8 +23,7 @@ import yaml
 from preprocessing.config import DatasetSpec
 from preprocessing.features import kind_of
 from preprocessing.manifest import read_manifest
-from preprocessing.scan import list_inputs
-from preprocessing.sources import iter_batches, read_footer
+from preprocessing.sources import iter_batches, list_inputs, read_footer
 
 SAMPLE_ROWS = 10_000  # per CSV / JSON file: what `init` reads for types and null counts
 LABEL_NAMES = ("label", "target", "class", "y")

@@ -1,19 +1,25 @@
-"""Flow parameters: pydantic models, so the Prefect UI renders forms and rejects bad input."""
+"""Flow parameters: pydantic models, so the Prefect UI renders forms and rejects bad input,
+and the flow type that records them in Prefect with their credentials redacted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import yaml
+from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field
 
 from preprocessing.config import ReshardConfig
 from preprocessing.executor import DaskConfig
+from preprocessing.secrets import redact_value
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig
 
+P = ParamSpec("P")
+R = TypeVar("R")
 PRESETS_DIR = Path(__file__).parent / "presets"
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 JOB_DESCRIPTION = ("Where the training job runs and how it is retried (training/launch/): "
@@ -96,3 +102,17 @@ def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[s
     if work_dir is not None:
         text = text.replace(WORK_DIR_PLACEHOLDER, str(Path(work_dir).resolve()))
     return dict(yaml.safe_load(text) or {})
+
+
+class RedactingFlow(Flow[P, R]):
+    """A flow whose parameters Prefect records (the flow run in its database and UI) with
+    every credential redacted (preprocessing/secrets.py); the flow itself gets them whole.
+    Prefect records no values of task parameters, only which upstream results they are."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return dict(redact_value(super().serialize_parameters(parameters)))
+
+
+def ballast_flow(name: str) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
+    """`@flow(name=..., log_prints=True)`, recording its parameters redacted."""
+    return lambda function: RedactingFlow(function, name=name, log_prints=True)

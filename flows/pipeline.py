@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
@@ -23,6 +23,7 @@ from flows.params import (
     PipelineParams,
     ReshardParams,
     TrainParams,
+    ballast_flow,
 )
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
@@ -65,7 +66,7 @@ def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str,
     return summary
 
 
-@flow(name="reshard", log_prints=True)
+@ballast_flow("reshard")
 def reshard_flow(params: ReshardParams) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     arm = arm_for(params.reshard.mix.class_weighting)
@@ -74,7 +75,7 @@ def reshard_flow(params: ReshardParams) -> dict[str, Any]:
     return dataset
 
 
-@flow(name="train", log_prints=True)
+@ballast_flow("train")
 def train_flow(params: TrainParams) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
     manifest, _ = read_manifest(params.train.dataset)
@@ -85,7 +86,7 @@ def train_flow(params: TrainParams) -> dict[str, Any]:
     return summary
 
 
-@flow(name="evaluate", log_prints=True)
+@ballast_flow("evaluate")
 def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
@@ -99,7 +100,7 @@ def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
     return evaluations
 
 
-@flow(name="batch_inference", log_prints=True)
+@ballast_flow("batch_inference")
 def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
     inputs = list(params.inputs)
@@ -114,7 +115,7 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     return output
 
 
-@flow(name="pipeline", log_prints=True)
+@ballast_flow("pipeline")
 def pipeline(params: PipelineParams) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model."""
     arm = arm_for(params.reshard.mix.class_weighting)

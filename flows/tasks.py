@@ -20,6 +20,7 @@ from preprocessing.executor import DaskConfig, dask_client
 from preprocessing.manifest import read_manifest
 from preprocessing.mapping import OutputSpec, map_to_version
 from preprocessing.reshard import run_reshard
+from preprocessing.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.inference import split_uris as split_uris
@@ -62,9 +63,19 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
         0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
+    reporting = [True]
+
     def report(stage: str, done: int, total: int) -> None:
-        update_progress_artifact(cast(UUID, progress_id),
-                                 100 * (stages[stage] + done / total) / 3)
+        # Progress is for people: an API server gone mid-run must not stop the reshard
+        # (its commit is what a rerun reuses), so the first failed update ends reporting.
+        try:
+            if reporting[0]:
+                update_progress_artifact(cast(UUID, progress_id),
+                                         100 * (stages[stage] + done / total) / 3)
+        except Exception as error:
+            reporting[0] = False
+            print(redact(f"reshard progress no longer reported (the Prefect API failed: "
+                         f"{error})"))
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report)

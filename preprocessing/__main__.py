@@ -10,7 +10,9 @@ Exit status: 0 when the version is committed (by this run, or found committed: t
 it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
 manifest, changed inputs an incremental run refuses), 3 when another run moved
 `_CURRENT` during this one (a flat version is written: rerun to make it current if it
-is the newer one; a chain's child is withdrawn: rerun to append to the new current).
+is the newer one; a chain's child is withdrawn: rerun to append to the new current), 4
+when input files could not be read for a reason that may pass (S3 503, resets, ...:
+nothing is committed; rerun).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from preprocessing.config import load_reshard_config
 from preprocessing.executor import DaskConfig, StorageNotShared
 from preprocessing.increment import InputsChanged
 from preprocessing.manifest import CommitConflict, ManifestError
-from preprocessing.reshard import TooManyRejected, run_reshard
+from preprocessing.reshard import InputsUnreadable, TooManyRejected, run_reshard
+from preprocessing.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,13 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.config, error)
     except CommitConflict as error:
         return _fail(args.config, error, status=3)
+    except InputsUnreadable as error:
+        return _fail(args.config, error, status=4)
     state = "already committed" if result.reused else "committed"
-    print(f"{state}: {result.manifest_uri} ({result.how})")
+    print(f"{state}: {redact(result.manifest_uri)} ({result.how})")
     return 0
 
 
 def _fail(source: str, error: Exception, status: int = 2) -> int:
-    print(f"{source}: {error}", file=sys.stderr)
+    print(redact(f"{source}: {error}"), file=sys.stderr)
     return status
 
 

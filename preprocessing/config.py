@@ -8,13 +8,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.retry import RetryPolicy
+
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
 # Settings that change how fast, where or by which route a version is made, never what a
 # flat version holds: the chain settings decide whether a run appends, and a child's id
 # hashes its parent's instead (preprocessing/increment.py: version_id_of).
-OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "mode", "on_changed_inputs",
-                                   "max_chain_length", "max_small_shard_fraction",
+OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "retry", "mode",
+                                   "on_changed_inputs", "max_chain_length",
+                                   "max_small_shard_fraction",
                                    "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",
                                    "max_tasks_in_flight"})
 
@@ -135,6 +138,10 @@ class ReshardConfig(BaseModel):
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
     num_workers: int = Field(2, gt=0, description="Dask worker processes of a local cluster.")
+    retry: RetryPolicy = Field(
+        default_factory=RetryPolicy, description="Retries of reads that failed for a reason "
+        "that may pass (S3 503 / 500, resets, timeouts, bodies cut short): "
+        "preprocessing/retry.py.")
     # The exchange's shape (docs/architecture.md 3, M24): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(

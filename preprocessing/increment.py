@@ -75,7 +75,9 @@ from preprocessing.manifest import (
 )
 from preprocessing.plan import SplitPlan
 from preprocessing.profile import InputError
-from preprocessing.scan import FileScan, InputFile, fingerprint_inputs
+from preprocessing.scan import FileScan
+from preprocessing.secrets import redact, redact_value
+from preprocessing.sources import InputFile, fingerprint_inputs
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted
 
@@ -124,7 +126,8 @@ def version_id_of(fingerprint: str, config: ReshardConfig, increment: Increment)
         return increment.parent.version_id
     appended = increment.kind == "append" and increment.parent is not None
     parent = [increment.parent.version_id] if appended and increment.parent else []
-    payload = [fingerprint, config.output_settings(), code_version(), *parent]
+    # Redacted: a hash of a password would let anyone holding the id test guesses at it.
+    payload = [fingerprint, redact_value(config.output_settings()), code_version(), *parent]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -158,7 +161,7 @@ def check_listing(parent: Manifest, location: str) -> None:
 
 def setting_changes(parent: Manifest, config: ReshardConfig) -> list[str]:
     """Settings (and the code version) that differ from the ones `parent` was made with."""
-    now = config.output_settings()
+    now = redact_value(config.output_settings())  # the manifest keeps them redacted
     then = {name: value for name, value in parent.config.items() if name in now}
     changed = [f"setting {name!r} is {now[name]!r}, was {then.get(name)!r}"
                for name in sorted(now) if now[name] != then.get(name)]
@@ -271,10 +274,11 @@ def _flat_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
         classes=sorted(labels, key=json_sort_key),
         sources=sorted({source for _, source in train.strata}, key=json_sort_key),
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits, seed=config.seed, config=config.model_dump(mode="json"),
+        splits=splits, seed=config.seed, config=redact_value(config.model_dump(mode="json")),
         input_fingerprint=fingerprint, input_class_counts=input_classes,
         input_source_counts=input_sources,
-        rejected=[RejectedFile(s.file.uri, s.reason) for s in scans if s.reason is not None],
+        rejected=[RejectedFile(redact(s.file.uri), redact(s.reason)) for s in scans
+                  if s.reason is not None],
         features=features,
         timings_s=timings, code_version=code_version(), inputs=input_records(scans),
         deltas=[delta],

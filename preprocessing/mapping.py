@@ -3,7 +3,8 @@
 Used for batch inference: the caller passes a picklable `transform` (pyarrow Table in,
 Table out, e.g. predictions); this module knows nothing about models. Each task reads
 one input file row group by row group (bounded memory), writes one output part into the
-run's own attempt (`preprocessing/staging.py`), and returns its manifest entry; the
+run's own attempt (`preprocessing/staging.py`), and returns its manifest entry (a task
+that fails for a reason that may pass is run again: preprocessing/retry.py); the
 version is committed through `commit_version`, exactly as for a reshard.
 """
 
@@ -28,6 +29,8 @@ from preprocessing.manifest import (
     read_current_version,
     shard_name,
 )
+from preprocessing.retry import RetryPolicy, retrying
+from preprocessing.secrets import redact_value
 from preprocessing.sources import iter_batches
 from preprocessing.staging import VersionAttempt
 
@@ -88,8 +91,8 @@ def map_to_version(inputs: list[str], transform: Transform, output_root: str,
     with VersionAttempt(output_root, version_id) as attempt, \
             dask_client(executor, storage=[output_root]) as client:
         outputs = [attempt.shard_uri(shard_name("predictions", i)) for i in range(len(inputs))]
-        futures = client.map(map_file, inputs, outputs, transform=transform,
-                             label_column=spec.label_column,
+        futures = client.map(retrying(map_file, RetryPolicy()), inputs, outputs,
+                             transform=transform, label_column=spec.label_column,
                              rows_per_row_group=rows_per_row_group, pure=False)
         entries: list[ShardEntry] = client.gather(futures)
         commit = attempt.commit(_manifest(version_id, inputs, spec, entries), expected=previous)
@@ -101,7 +104,7 @@ def _manifest(version_id: str, inputs: list[str], spec: OutputSpec,
     return Manifest(
         version_id=version_id, label_column=spec.label_column, source_column="",
         id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,
-        sources=[], arrow_schema=[], seed=0, config=spec.config,
+        sources=[], arrow_schema=[], seed=0, config=redact_value(spec.config),
         splits={"predictions": SplitEntry(sum(e.num_rows for e in entries), entries)},
         input_fingerprint=hashlib.sha256("\n".join(inputs).encode()).hexdigest(),
         input_class_counts={}, input_source_counts={}, code_version=code_version(),

@@ -29,6 +29,7 @@ from preprocessing.features import (
     kind_of,
     seconds,
 )
+from preprocessing.retry import PermanentInputError
 
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
 CATEGORY_COUNT_CAP = 100_000
@@ -37,9 +38,9 @@ _POLICIES_OF = {"vector": _LIST_POLICIES, "sequence": _LIST_POLICIES,
                 "category": _LIST_POLICIES}
 
 
-class InputError(ValueError):
+class InputError(PermanentInputError):
     """Raw inputs that cannot make a version; the message names the file, the column, the
-    count and the fix."""
+    count and the fix. Permanent: no retry reads them differently."""
 
 
 @dataclass

@@ -57,6 +57,7 @@ from preprocessing.manifest import (
 )
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.profile import InputError
+from preprocessing.retry import retrying
 from preprocessing.rounds import ExchangeLayout, group_pieces, plan_exchange
 from preprocessing.scan import (
     FileScan,
@@ -65,17 +66,22 @@ from preprocessing.scan import (
     count_records,
     duplicate_ids,
     feature_state,
-    fingerprint_inputs,
-    list_inputs,
     overlapping_id_groups,
     scan_file,
 )
+from preprocessing.secrets import redact
+from preprocessing.sources import fingerprint_inputs, list_inputs
 from preprocessing.staging import VersionAttempt, collect_expired
 from preprocessing.waves import Progress, StageProgress, run_in_waves
 
 
 class TooManyRejected(RuntimeError):
     """More input files were bad than `max_rejected_fraction` allows."""
+
+
+class InputsUnreadable(RuntimeError):
+    """Input files still unreadable after every try, for reasons that may pass: no version
+    is committed without them (a rerun reads them again)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class ReshardResult:
 def version_id_for(config: ReshardConfig) -> str:
     """The id the version of `config` has or will have: lists the inputs and reads the
     current manifest (in `incremental` mode), reads no data."""
-    files = list_inputs(config.dataset)
+    files = list_inputs(config.dataset, config.retry)
     increment = plan_increment(config, files, read_current_version(config.output_root))
     return version_id_of(fingerprint_inputs(files), config, increment)
 
@@ -114,7 +120,7 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     only the files new since the current version (preprocessing/increment.py).
     """
     root = config.output_root
-    files = list_inputs(config.dataset)
+    files = list_inputs(config.dataset, config.retry)
     fingerprint = fingerprint_inputs(files)
     previous = read_current_version(root)
     increment = plan_increment(config, files, previous)
@@ -187,12 +193,18 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progr
                           len(bounds) - 1, _in_flight(config, threads), counter,
                           spec=config.dataset, seed=config.seed,
                           holdout_fraction=config.holdout_fraction,
-                          max_piece_rows=config.max_piece_rows)
+                          max_piece_rows=config.max_piece_rows, retry=config.retry)
     counter.close()
     scans = check_schemas([scan for group in groups for scan in group])
+    unreadable = [scan for scan in scans if scan.transient]
+    if unreadable:
+        raise InputsUnreadable(
+            f"{len(unreadable)} input files could not be read, for reasons that may pass; "
+            "nothing is committed, rerun once the store answers: "
+            + redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable)))
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
-        details = "; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected)
+        details = redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected))
         raise TooManyRejected(
             f"{len(rejected)} of {len(scans)} input files rejected, more than "
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
@@ -200,8 +212,8 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progr
     check_classes([*scans, *earlier], config.dataset)
     new = {scan.file.uri for scan in scans}
     groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
-    found = dask.gather(dask.map(duplicate_ids, groups, id_column=config.dataset.id_column,
-                                 pure=False)) if groups else []
+    found = dask.gather(dask.map(retrying(duplicate_ids, config.retry), groups,
+                                 id_column=config.dataset.id_column, pure=False)) if groups else []
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
@@ -266,12 +278,13 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
     first_rows = _piece_rows(scans, pieces)[0]
     tasks = ((_map_task(scans, plans, pieces, first_rows, staging, task),)
              for task in range(layout.num_map_tasks))
-    run_in_waves(dask, map_pieces, tasks, layout.num_map_tasks, limit, counter,
+    run_in_waves(dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks, limit,
+                 counter,
                  destinations=dask.scatter(destinations, broadcast=True, hash=False),
                  spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
     shared = dask.scatter(staging, broadcast=True, hash=False)
     for index in range(1, len(layout.rounds)):
-        run_in_waves(dask, merge_task, ((index, task) for task in range(
+        run_in_waves(dask, retrying(merge_task, config.retry), ((index, task) for task in range(
             layout.rounds[index].num_objects)), layout.rounds[index].num_objects, limit,
             counter, staging=shared)
     counter.close()
@@ -340,8 +353,8 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema:
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
     threads = max(1, sum(dask.nthreads().values()))
     counter = StageProgress("write", len(tasks), progress)
-    entries = run_in_waves(dask, write_shards, tasks, len(tasks), _in_flight(config, threads),
-                           counter,
+    entries = run_in_waves(dask, retrying(write_shards, config.retry), tasks, len(tasks),
+                           _in_flight(config, threads), counter,
                            staging=dask.scatter(staging, broadcast=True, hash=False),
                            schema=dask.scatter(schema, broadcast=True, hash=False),
                            spec=config.dataset, rows_per_row_group=config.rows_per_row_group)

@@ -1,14 +1,17 @@
 """Listing and scanning raw inputs: footers, the label/source/id columns, and the feature
 columns the codec needs statistics of.
 
-`list_inputs` expands roots, directories and globs through fsspec into a sorted,
-fingerprinted listing (Parquet, CSV, JSON Lines). `scan_file` (one Dask task per file)
+The listing of the inputs is `preprocessing/sources.py: list_inputs`. `scan_file` (one
+Dask task per file)
 reads a file's footer, its label, source and id columns and its feature columns but
 fixed-size lists free of nulls by the footer, and returns row counts per (piece, split,
 class, source) of the rows a `drop_row` policy keeps, the feature columns' profiles
 (preprocessing/profile.py) and the dropped rows, or the reason the file is rejected: a
 missing or internal column name, a feature type no kind encodes, null or NaN labels,
-null, duplicate or non-integer ids, too many label values, null fixed-size lists.
+null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
+that do not decode. Each file's scan is retried on transient errors
+(preprocessing/retry.py); a file still unreadable for one after every try comes back
+`transient`, which fails the run rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
 `check_classes`, `duplicate_ids` (only files whose id ranges overlap are read again)
 and `feature_state`, the manifest's codec, raise `InputError` before anything is written.
@@ -21,7 +24,6 @@ columns in 1.4-1.6 s (0.1-0.3 s), most of it decoding the feature columns.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +31,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
 from preprocessing.features import kind_of
@@ -48,21 +49,17 @@ from preprocessing.profile import (
     profiles_record,
 )
 from preprocessing.resample import holdout_mask
-from preprocessing.sources import FORMATS, Footer, iter_batches, read_footer, stream_schema
+from preprocessing.retry import CorruptInput, RetryPolicy, call_with_retries, is_permanent
+from preprocessing.sources import (
+    FORMATS,
+    Footer,
+    InputFile,
+    iter_batches,
+    read_footer,
+    stream_schema,
+)
 
-_GLOB_CHARS = set("*?[")
 INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One raw file: its URI, the input root it came from, and what identifies its content."""
-
-    uri: str
-    root: str
-    relative_path: str
-    num_bytes: int
-    content_tag: str
 
 
 @dataclass(frozen=True)
@@ -74,51 +71,34 @@ class FileScan:
     piece_rows: list[int] = field(default_factory=list)
     counts: list[tuple[int, str, Any, Any, int]] = field(default_factory=list)
     reason: str | None = None
+    transient: bool = False  # `reason` is an error that may pass: the file is not rejected
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
     dropped_rows: int = 0  # rows left out by a `drop_row` null policy
     id_range: tuple[int, int] | None = None
 
 
-def list_inputs(spec: DatasetSpec) -> list[InputFile]:
-    """Every input file under the configured roots, sorted by URI, without duplicates."""
-    found: dict[str, InputFile] = {}
-    for root in spec.inputs:
-        fs, path = url_to_fs(root)
-        if _GLOB_CHARS & set(path):
-            matches = sorted(fs.glob(path))
-            base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
-        elif fs.isdir(path):
-            matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
-            base = path
-        else:
-            matches, base = [path], path.rsplit("/", 1)[0]
-        for match in matches:
-            info = fs.info(match)
-            uri = fs.unstrip_protocol(match)
-            tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
-            relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
-            found.setdefault(uri, InputFile(uri, root, relative, int(info["size"]), tag))
-    if not found:
-        raise FileNotFoundError(f"dataset.inputs matched no files: {spec.inputs}")
-    return [found[uri] for uri in sorted(found)]
-
-
-def fingerprint_inputs(files: list[InputFile]) -> str:
-    """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
-    digest = hashlib.sha256()
-    for item in files:
-        digest.update(f"{item.uri}\0{item.num_bytes}\0{item.content_tag}\n".encode())
-    return digest.hexdigest()
-
-
 def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
-              max_piece_rows: int) -> FileScan:
-    """Count rows per (piece, split, class, source); reject the file with a reason on error."""
+              max_piece_rows: int, retry: RetryPolicy | None = None) -> FileScan:
+    """Count rows per (piece, split, class, source), trying again on transient errors; a
+    file whose bytes do not decode is rejected with the reason, one still unreadable for
+    a transient reason after every try comes back `transient` (never rejected)."""
+    policy = retry or RetryPolicy()
     try:
-        return _scan(file, spec, seed, holdout_fraction, max_piece_rows)
-    except (OSError, pa.ArrowException, ValueError) as error:
+        return call_with_retries(_scan, file, spec, seed, holdout_fraction, max_piece_rows,
+                                 policy=policy)
+    except Exception as error:
         kind = FORMATS.get("." + file.uri.rsplit(".", 1)[-1].lower(), "file")
-        return FileScan(file, reason=f"unreadable {kind}: {type(error).__name__}: {error}")
+        if is_permanent(error):
+            return FileScan(file, reason=f"unreadable {kind}: {_cause(error)}")
+        return FileScan(file, transient=True, reason=(
+            f"not read after {policy.attempts} tries, for a reason that may pass: "
+            f"{type(error).__name__}: {error}"))
+
+
+def _cause(error: Exception) -> str:
+    """The decoder's own error behind a `CorruptInput`, or the error itself."""
+    cause = error.__cause__ if isinstance(error, CorruptInput) and error.__cause__ else error
+    return f"{type(cause).__name__}: {cause}"
 
 
 def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
@@ -148,10 +128,10 @@ def _read_rows(tally: _Tally, file: InputFile, spec: DatasetSpec, footer: Footer
             if reason := row_problem(batch, spec, tally.num_rows):
                 return reason
             tally.add(batch, file, spec, seed, holdout_fraction, max_piece_rows)
-    except pa.ArrowInvalid as error:
+    except CorruptInput as error:
         if "Expected all lists to be of size" not in str(error):
             raise
-        return _null_lists_reason(tally.profiles, error)
+        return _null_lists_reason(tally.profiles, error.__cause__ or error)
     if tally.num_rows == 0:
         return "empty file (0 rows)"
     return tally.problem(spec)
@@ -250,7 +230,7 @@ def _too_many_classes(spec: DatasetSpec, count: int) -> str:
             "classifiers: bin the values into classes, or raise max_classes)")
 
 
-def _null_lists_reason(profiles: dict[str, ColumnProfile], error: Exception) -> str:
+def _null_lists_reason(profiles: dict[str, ColumnProfile], error: BaseException) -> str:
     lists = [name for name, profile in profiles.items() if profile.kind == "vector"]
     return (f"fixed-size list columns {lists} hold null lists, which pyarrow cannot read "
             f"back (docs/architecture.md M20: {error}): write the file with those rows "

@@ -2,6 +2,8 @@
 
     redact("http://ada:hunter2@mlflow:5000/api?token=abc")
     # -> "http://ada:***@mlflow:5000/api?token=***"
+    redact_value({"env": {"API_TOKEN": "abc"}, "uri": "http://ada:hunter2@mlflow"})
+    # -> {"env": {"API_TOKEN": "***"}, "uri": "http://ada:***@mlflow"}
     split_credentials("http://ada:hunter2@mlflow:5000")
     # -> ("http://mlflow:5000", "ada", "hunter2")
 
@@ -14,6 +16,7 @@ hold a URI or an option (configs on disk, error tails, logs) goes through
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 REDACTED = "***"
@@ -30,6 +33,18 @@ def redact(text: str) -> str:
     """`text` with URI passwords and credential-named query values replaced by ***."""
     text = _URI_PASSWORD.sub(lambda match: f"{match['head']}:{REDACTED}@", text)
     return _QUERY_SECRET.sub(_redact_query_value, text)
+
+
+def redact_value(value: Any) -> Any:
+    """A JSON-like value (dicts, lists, strings, numbers) with every string redacted and
+    every string held under a credential-named key (`API_TOKEN`, `password`) replaced by
+    ***; numbers and flags stay whatever their key (`max_tokens` is no secret)."""
+    if isinstance(value, dict):
+        return {key: REDACTED if isinstance(item, str) and item and SECRET_NAME.search(str(key))
+                else redact_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_value(item) for item in value]
+    return redact(value) if isinstance(value, str) else value
 
 
 def _redact_query_value(match: re.Match[str]) -> str:

@@ -4,13 +4,22 @@ Parquet, CSV and JSON Lines are read through fsspec in batches, so no reader
 holds more than one batch beyond what its caller keeps. A file is cut into
 pieces (row ranges): Parquet pieces follow row groups, split when a row group
 is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
-`max_piece_rows` rows. `read_rows` returns one piece.
+`max_piece_rows` rows. `read_rows` returns one piece. `list_inputs` expands roots,
+directories and globs into a sorted, fingerprinted listing, retried on transient errors.
+
+Every read goes through `open_input`, which tells the store's errors from the
+decoder's (preprocessing/retry.py): a read that returns fewer bytes than the object
+holds is `TruncatedRead`, and an error pyarrow raises on bytes read in full is
+`CorruptInput`, the one permanent kind.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,9 +28,73 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
+from preprocessing.config import DatasetSpec
+from preprocessing.retry import (
+    DECODE_ERRORS,
+    CorruptInput,
+    RetryPolicy,
+    TruncatedRead,
+    call_with_retries,
+)
+from preprocessing.secrets import redact
+
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
 _BATCH_ROWS = 65_536
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One raw file: its URI, the input root it came from, and what identifies its content."""
+
+    uri: str
+    root: str
+    relative_path: str
+    num_bytes: int
+    content_tag: str
+
+
+def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[InputFile]:
+    """Every input file under the configured roots, sorted by URI, without duplicates;
+    each root's listing is retried on transient errors."""
+    found: dict[str, InputFile] = {}
+    for root in spec.inputs:
+        for item in call_with_retries(_list_root, root, policy=retry or RetryPolicy()):
+            found.setdefault(item.uri, item)
+    if not found:
+        raise FileNotFoundError(f"dataset.inputs matched no files: {redact(str(spec.inputs))}")
+    return [found[uri] for uri in sorted(found)]
+
+
+def _list_root(root: str) -> list[InputFile]:
+    """The files of one root: a glob, a directory (searched for known formats) or a file."""
+    fs, path = url_to_fs(root)
+    if _GLOB_CHARS & set(path):
+        matches = sorted(fs.glob(path))
+        base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+    elif fs.isdir(path):
+        matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
+        base = path
+    else:
+        matches, base = [path], path.rsplit("/", 1)[0]
+    files = []
+    for match in matches:
+        info = fs.info(match)
+        tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
+        relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
+        files.append(InputFile(fs.unstrip_protocol(match), root, relative, int(info["size"]),
+                               tag))
+    return files
+
+
+def fingerprint_inputs(files: list[InputFile]) -> str:
+    """A digest of the listing (paths, sizes, etags/mtimes): changes when any input does."""
+    digest = hashlib.sha256()
+    for item in files:
+        # Redacted URIs: the digest is stored, and a hash of a password is a way to test it.
+        digest.update(f"{redact(item.uri)}\0{item.num_bytes}\0{item.content_tag}\n".encode())
+    return digest.hexdigest()
 
 
 def file_format(uri: str) -> str:
@@ -30,6 +103,76 @@ def file_format(uri: str) -> str:
         if uri.lower().endswith(suffix):
             return name
     raise ValueError(f"{uri}: unsupported file type (expected one of {sorted(FORMATS)})")
+
+
+class _CheckedReads:
+    """A file for pyarrow that notes every error of the store and checks that each read
+    returns all the bytes the object held at open from there on (a body cut short, or a
+    file cut short while read, is not a short file)."""
+
+    mode = "rb"
+
+    def __init__(self, handle: Any, uri: str) -> None:
+        self.handle, self.uri = handle, uri
+        self.store_error: BaseException | None = None
+        self.num_bytes = self._call(self._size)
+
+    def _call(self, action: Any, *args: Any) -> Any:
+        try:
+            return action(*args)
+        except Exception as error:
+            self.store_error = error
+            raise
+
+    def _size(self) -> int:
+        size = getattr(self.handle, "size", None)
+        if size is None:
+            here = self.handle.tell()
+            size = self.handle.seek(0, 2)
+            self.handle.seek(here)
+        return int(size)
+
+    def read(self, num_bytes: int = -1) -> bytes:
+        offset = self._call(self.handle.tell)
+        data = self._call(self.handle.read, num_bytes)
+        expected = self.num_bytes - offset
+        expected = expected if num_bytes is None or num_bytes < 0 else min(num_bytes, expected)
+        if len(data) < expected:
+            self.store_error = TruncatedRead(
+                f"{self.uri}: read {len(data)} of {expected} bytes at offset {offset} (the "
+                f"object holds {self.num_bytes}): the body was cut short")
+            raise self.store_error
+        return bytes(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 2:  # the end as it was at open: a file cut short since reads short
+            offset, whence = self.num_bytes + offset, 0
+        return int(self._call(self.handle.seek, offset, whence))
+
+    def tell(self) -> int:
+        return int(self._call(self.handle.tell))
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.handle.closed)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+@contextmanager
+def open_input(uri: str) -> Iterator[_CheckedReads]:
+    """A file to hand pyarrow, open for the block; an error pyarrow raises in the block on
+    bytes the store delivered in full becomes `CorruptInput`, the store's own pass as is."""
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as handle:
+        source = _CheckedReads(handle, uri)
+        try:
+            yield source
+        except DECODE_ERRORS as error:
+            if source.store_error is not None:
+                raise
+            raise CorruptInput(f"{uri}: {type(error).__name__}: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -47,8 +190,7 @@ def read_footer(uri: str, max_piece_rows: int) -> Footer | None:
     """Parquet only: schema, piece start rows and null counts (None for other formats)."""
     if file_format(uri) != "parquet":
         return None
-    fs, path = url_to_fs(uri)
-    with fs.open(path, "rb") as handle:
+    with open_input(uri) as handle:
         metadata = pq.ParquetFile(handle).metadata
         schema = metadata.schema.to_arrow_schema()
     starts: list[int] = []
@@ -92,9 +234,8 @@ def _num_leaves(arrow_type: pa.DataType) -> int:
 
 def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Every row of the file in order, as record batches of at most ~64k rows."""
-    fs, path = url_to_fs(uri)
     kind = file_format(uri)
-    with fs.open(path, "rb") as handle:
+    with open_input(uri) as handle:
         if kind == "parquet":
             yield from pq.ParquetFile(handle).iter_batches(_BATCH_ROWS, columns=columns)
         elif kind == "csv":
@@ -108,9 +249,8 @@ def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.Reco
 
 def stream_schema(uri: str) -> pa.Schema:
     """The schema a streaming read of the whole file produces."""
-    fs, path = url_to_fs(uri)
     kind = file_format(uri)
-    with fs.open(path, "rb") as handle:
+    with open_input(uri) as handle:
         if kind == "parquet":
             return pq.ParquetFile(handle).schema_arrow
         if kind == "csv":
@@ -141,8 +281,7 @@ def _whole_row_groups(uri: str, first_row: int, num_rows: int) -> pa.Table | Non
     """The fast path: a Parquet range made of whole row groups, decoded in one call."""
     if file_format(uri) != "parquet":
         return None
-    fs, path = url_to_fs(uri)
-    with fs.open(path, "rb") as handle:
+    with open_input(uri) as handle:
         parquet = pq.ParquetFile(handle)
         sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         bounds = np.cumsum([0, *sizes])
@@ -161,8 +300,7 @@ def _batches_from(uri: str, first_row: int) -> Iterator[tuple[pa.RecordBatch, in
             yield batch, position
             position += batch.num_rows
         return
-    fs, path = url_to_fs(uri)
-    with fs.open(path, "rb") as handle:
+    with open_input(uri) as handle:
         parquet = pq.ParquetFile(handle)
         sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         starts = np.concatenate([[0], np.cumsum(sizes)])

@@ -45,6 +45,7 @@ from preprocessing.manifest import (
     version_dir,
     write_atomically,
 )
+from preprocessing.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ class VersionAttempt:
             try:
                 self.renew()
             except OSError as error:  # the next beat may get through; expiry allows 30 misses
-                log.warning("staging lease %s not renewed: %s", self.uri, error)
+                log.warning("staging lease %s not renewed: %s", redact(self.uri),
+                            redact(str(error)))
 
     def _publish(self, manifest: Manifest) -> None:
         target = url_to_fs(version_dir(self.root, self.version_id))[1]

@@ -50,6 +50,28 @@ def start_mlflow_server(directory: Path, port: int,
     return process
 
 
+def start_prefect_server(env: dict[str, str], port: int) -> subprocess.Popen:
+    """`prefect server start` on `port` with the environment `env` (its database under
+    `PREFECT_HOME`, which a restart on the same port reuses); returns once healthy."""
+    log = (Path(env["PREFECT_HOME"]) / "server.log").open("ab")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                               "127.0.0.1", "--port", str(port)], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    log.close()
+    wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=180)
+    return server
+
+
+def prefect_env(home: Path, port: int) -> dict[str, str]:
+    """This process's environment pointed at a Prefect server on `port` with home `home`."""
+    import os
+
+    home.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+
+
 def stop_server(process: subprocess.Popen) -> None:
     process.terminate()
     try:

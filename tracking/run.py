@@ -19,6 +19,7 @@ server is back, `python -m tracking upload <dir>` when a person does.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -187,6 +188,9 @@ def _close(client: MlflowClient, run_id: str, summary: dict[str, Any],
         log_plots(client, run_id, manifest, summary)
     if checkpoint_dir is not None:
         log_checkpoints(client, run_id, checkpoint_dir)
+    # MLflow would print the run's URL with the tracking URI's password in it; the job's
+    # summary links the run without it (run_page_url).
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     client.set_terminated(run_id, status="FINISHED")
 
 

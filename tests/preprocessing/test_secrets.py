@@ -3,7 +3,7 @@ moves a password out of a URI."""
 
 from __future__ import annotations
 
-from preprocessing.secrets import redact, split_credentials
+from preprocessing.secrets import redact, redact_value, split_credentials
 
 
 def test_redact_hides_uri_passwords_and_credential_query_values_only() -> None:
@@ -28,3 +28,17 @@ def test_split_credentials_gives_a_uri_without_them() -> None:
     assert (uri, user, password) == ("https://[::1]:5000/ml?x=1", "ada@corp", "p@ss")
     for same in ("sqlite:///tmp/mlflow.db", "http://ada@host:5000", "/local/path"):
         assert split_credentials(same) == (same, None, None)
+
+
+def test_redact_value_hides_credential_strings_at_any_depth() -> None:
+    """Invariant: in nested dicts and lists, a string under a credential-named key becomes
+    *** and every other string is redacted as text; numbers, flags, None and keys stay."""
+    value = {"tracking": {"tracking_uri": "http://ada:hunter2@mlflow:5000", "run_id": None},
+             "dask": {"options": {"env": {"API_TOKEN": "t0k", "HOME": "/home/ada"}}},
+             "inputs": ["s3://b/raw", "https://host/x?access_token=t0k&page=2"],
+             "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""}}
+    assert redact_value(value) == {
+        "tracking": {"tracking_uri": "http://ada:***@mlflow:5000", "run_id": None},
+        "dask": {"options": {"env": {"API_TOKEN": "***", "HOME": "/home/ada"}}},
+        "inputs": ["s3://b/raw", "https://host/x?access_token=***&page=2"],
+        "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""}}

@@ -22,7 +22,7 @@ from preprocessing.manifest import (
     shard_uri,
     version_dir,
 )
-from preprocessing.scan import InputFile, fingerprint_inputs
+from preprocessing.sources import InputFile, fingerprint_inputs
 from tests.preprocessing.version_writer import manifest_of, shard_bytes, write_shard
 
 PARENT, CHILD = "parent1", "child1"

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.secrets import SECRET_NAME
 from training.launch.failures import TrainingFailed
 
 
@@ -81,4 +82,14 @@ class LaunchConfig(BaseModel):
                              f"{self.num_nodes} nodes meet")
         if self.kind == "kubernetes" and self.image is None:
             raise ValueError("image: a Kubernetes job needs a container image")
+        return self.written_env_holds_no_secret()
+
+    def written_env_holds_no_secret(self) -> LaunchConfig:
+        """`env` is written into the sbatch script or the PyTorchJob: no credential there."""
+        secret = sorted(name for name in self.env if SECRET_NAME.search(name))
+        if secret and self.kind in ("slurm", "kubernetes"):
+            where = ("a Kubernetes Secret named in secret_env" if self.kind == "kubernetes"
+                     else "the environment of sbatch, which passes it to the job")
+            raise ValueError(f"env: {secret} look like credentials, and a {self.kind} job "
+                             f"writes env into its files; put them in {where}")
         return self
