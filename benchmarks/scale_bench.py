@@ -229,12 +229,13 @@ def case_s3(args: argparse.Namespace) -> None:
     for task_mb in args.s3_task_mb:
         with counted_s3() as log:
             fs = fsspec.filesystem("s3")
-            fs.mkdir("bench")
-            fs.put(f"{raw}/", "bench/raw/", recursive=True)
+            bucket = f"bench-{task_mb}"  # moto's buckets outlive its server in this process
+            fs.mkdir(bucket)
+            fs.put(f"{raw}/", f"{bucket}/raw/", recursive=True)
             log.clear()
             config = ReshardConfig(
-                dataset=DatasetSpec(inputs=["s3://bench/raw/*.parquet"]),
-                output_root="s3://bench/out", mix=MixConfig(class_weighting="uniform"),
+                dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+                output_root=f"s3://{bucket}/out", mix=MixConfig(class_weighting="uniform"),
                 target_shard_rows=-(-spec.num_rows // args.shards), holdout_fraction=0.0,
                 exchange_task_bytes=task_mb << 20, num_workers=2)
             start = time.perf_counter()
