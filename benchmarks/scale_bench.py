@@ -43,7 +43,6 @@ import pyarrow.parquet as pq
 from plan_bench import RssSampler
 from reshard_bench import GB, base_job, dir_bytes, format_table, prepare, run_tool, warm_up
 
-from preprocessing.exchange import Staging
 from preprocessing.sample import class_probabilities
 
 SMALL_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64()), ("source", pa.string()),
@@ -141,7 +140,7 @@ def case_bookkeeping(args: argparse.Namespace) -> None:
 def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
                 sampler: RssSampler) -> None:
     """Plan, layout and every descriptor of every round, as the driver makes them."""
-    from preprocessing import reshard
+    from preprocessing import exchange, reshard
     from preprocessing.config import DatasetSpec, ReshardConfig
 
     rows_per_piece = 10_000
@@ -153,9 +152,9 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
     with sampler.phase("plan (count records, plan both splits)"):
         plans, pieces = reshard._plan(scans, config)
     with sampler.phase("exchange layout"):
-        destinations = reshard._destinations(plans, SMALL_SCHEMA)
-        layout = reshard.exchange_layout(scans, plans, pieces, config, threads=2)
-        staging = Staging("s3://bucket/out/_staging/0123456789abcdef", layout,
+        destinations = exchange.destinations_for(plans, SMALL_SCHEMA)
+        layout = exchange.exchange_layout(scans, plans, pieces, config, threads=2)
+        staging = exchange.Staging("s3://bucket/out/_staging/0123456789abcdef", layout,
                           destinations.schema)
     print(f"    {layout.num_map_tasks:,} map tasks, {destinations.count:,} destinations, "
           f"fan-in {layout.fan_in}, {layout.num_read_rounds} read rounds, tasks per round "
@@ -163,15 +162,15 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
           f"{sum_pickled([destinations]) / 1e6:.1f} MB, layout "
           f"{sum_pickled([staging]) / 1e6:.1f} MB", flush=True)
     with sampler.phase("map descriptors"):
-        first_rows = reshard._piece_rows(scans, pieces)[0]
-        sent = [sum_pickled(reshard._map_task(scans, plans, pieces, first_rows, staging, task)
+        first_rows = exchange.piece_rows(scans, pieces)[0]
+        sent = [sum_pickled(exchange.map_task(scans, plans, pieces, first_rows, staging, task)
                             for task in range(layout.num_map_tasks))]
     for index in range(1, len(layout.rounds)):
         with sampler.phase(f"merge round {index} descriptors"):
             sent.append(sum_pickled((index, task)
                                     for task in range(layout.rounds[index].num_objects)))
     with sampler.phase("write descriptors"):
-        shards = reshard._shard_jobs(plans, "s3://bucket/out/v-0123")
+        shards = exchange.shard_jobs(plans, lambda name: f"s3://bucket/out/v-0123/{name}")
         sent.append(sum_pickled((first, shards[first:stop])
                                 for first, stop in pairwise(layout.write_bounds.tolist())))
     print(f"    descriptor bytes sent per round: {[f'{b / 1e6:.0f} MB' for b in sent]}")
@@ -229,12 +228,13 @@ def case_s3(args: argparse.Namespace) -> None:
     for task_mb in args.s3_task_mb:
         with counted_s3() as log:
             fs = fsspec.filesystem("s3")
-            fs.mkdir("bench")
-            fs.put(f"{raw}/", "bench/raw/", recursive=True)
+            bucket = f"bench-{task_mb}"  # moto's buckets outlive its server in this process
+            fs.mkdir(bucket)
+            fs.put(f"{raw}/", f"{bucket}/raw/", recursive=True)
             log.clear()
             config = ReshardConfig(
-                dataset=DatasetSpec(inputs=["s3://bench/raw/*.parquet"]),
-                output_root="s3://bench/out", mix=MixConfig(class_weighting="uniform"),
+                dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+                output_root=f"s3://{bucket}/out", mix=MixConfig(class_weighting="uniform"),
                 target_shard_rows=-(-spec.num_rows // args.shards), holdout_fraction=0.0,
                 exchange_task_bytes=task_mb << 20, num_workers=2)
             start = time.perf_counter()
@@ -246,7 +246,7 @@ def case_s3(args: argparse.Namespace) -> None:
 def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int,
               wall: float) -> None:
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
-    from preprocessing import reshard
+    from preprocessing import exchange, reshard
     from preprocessing.scan import check_schemas, scan_file
     from preprocessing.sources import list_inputs
 
@@ -255,7 +255,7 @@ def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_by
     scans = check_schemas([scan_file(file, local.dataset, local.seed, local.holdout_fraction,
                                      local.max_piece_rows) for file in list_inputs(local.dataset)])
     plans, pieces = reshard._plan(scans, local)
-    layout = reshard.exchange_layout(scans, plans, pieces, local, threads=2)
+    layout = exchange.exchange_layout(scans, plans, pieces, local, threads=2)
     shards = sum(len(split.shards) for split in manifest.splits.values())
     bound = 2 * (len(pieces) + shards) * layout.fan_in * layout.num_read_rounds + 64
     staging = [r for r in requests if "/_staging/" in r.path]

@@ -9,13 +9,17 @@ range of each object of the last round (one ranged read each), orders each shard
 by their keyed position and writes it as zstd Parquet. Rows are ordered by distinct keys,
 so a shard's bytes do not depend on how pieces were grouped, how many rounds there were,
 or which worker ran what. Peak memory per task is about `exchange_task_bytes` of rows
-(a map task's pieces times their oversampling, a write task's shards).
+(a map task's pieces times their oversampling, a write task's shards). The driver makes
+each task's descriptor here too (`exchange_layout`, `map_task`, `shard_jobs`), one per
+task, never one per (piece, shard) pair.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
@@ -24,13 +28,13 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from preprocessing.config import DatasetSpec
-from preprocessing.manifest import ShardEntry
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.manifest import ShardEntry, shard_name
 from preprocessing.plan import SplitPlan
 from preprocessing.profile import drop_row_columns, null_rows
 from preprocessing.resample import holdout_mask, route_pieces, small_ints
-from preprocessing.rounds import ExchangeLayout
-from preprocessing.scan import INTERNAL_PREFIX, InputFile, row_sources
+from preprocessing.rounds import ExchangeLayout, plan_exchange
+from preprocessing.scan import INTERNAL_PREFIX, FileScan, InputFile, row_sources
 from preprocessing.sources import read_rows
 from preprocessing.staged import (
     StagedObject,
@@ -95,6 +99,68 @@ def staged_schema(schema: pa.Schema) -> pa.Schema:
     fields = [pa.field(f.name, f.type.value_type, f.nullable)
               if pa.types.is_dictionary(f.type) else f for f in schema]
     return pa.schema([*fields, pa.field(ORDER_COLUMN, pa.uint64())])
+
+
+def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
+                    pieces: list[tuple[int, int]], config: ReshardConfig,
+                    threads: int) -> ExchangeLayout:
+    """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
+    _, rows, piece_bytes = piece_rows(scans, pieces)
+    # Bytes per output row as stored in the input: what sizes a shard's write task.
+    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
+    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
+    return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
+                         min_tasks=4 * threads, fan_in=config.exchange_fan_in,
+                         rounds=config.exchange_rounds)
+
+
+def destinations_for(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
+    """Destinations are the shards of every split, numbered one split after the other."""
+    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
+                     strict=False))
+    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
+    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
+                        staged_schema(schema))
+
+
+def piece_rows(scans: list[FileScan],
+                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first row in its file, rows, input bytes) of every piece, in one vectorised pass
+    over the accepted files' pieces (`pieces` lists them file by file); a piece's bytes
+    are its file's in proportion to its rows."""
+    accepted = [scan for scan in scans if scan.reason is None]
+    counts = np.array([len(scan.piece_rows) for scan in accepted], dtype=np.int64)
+    rows = np.fromiter(chain.from_iterable(scan.piece_rows for scan in accepted), np.int64,
+                       int(counts.sum()))
+    if len(rows) != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces planned, {len(rows)} scanned")
+    file_of = np.repeat(np.arange(len(accepted)), counts)
+    file_start = np.cumsum(counts) - counts
+    before = np.cumsum(rows) - rows
+    file_rows = np.add.reduceat(rows, file_start) if len(rows) else rows
+    file_bytes = np.array([scan.file.num_bytes for scan in accepted], dtype=np.float64)
+    sizes = file_bytes[file_of] * rows / np.maximum(file_rows[file_of], 1)
+    return before - before[file_start][file_of], rows, sizes
+
+
+def map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
+              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
+    members = []
+    bounds = staging.layout.map_bounds
+    for piece in range(int(bounds[task]), int(bounds[task + 1])):
+        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
+        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
+        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
+                                 scan.piece_rows[index_in_file], offsets))
+    return MapTask(members, staging.object(0, task))
+
+
+def shard_jobs(plans: dict[str, SplitPlan],
+               shard_uri: Callable[[str], str]) -> list[tuple[int, str]]:
+    """(planned rows, URI to write it to) of every shard, in destination order;
+    `shard_uri` maps a shard's name to where this attempt writes it."""
+    return [(int(rows), shard_uri(shard_name(split, shard))) for split, plan in plans.items()
+            for shard, rows in enumerate(plan.shard_rows())]
 
 
 def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int,

@@ -14,7 +14,7 @@ version, and the rerun finishes whatever step it died after.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -25,13 +25,14 @@ from distributed import Client
 from preprocessing.config import ReshardConfig
 from preprocessing.exchange import (
     DERIVED_SOURCE_COLUMN,
-    Destinations,
-    MapTask,
-    PieceTask,
     Staging,
+    destinations_for,
+    exchange_layout,
     map_pieces,
+    map_task,
     merge_task,
-    staged_schema,
+    piece_rows,
+    shard_jobs,
     write_shards,
 )
 from preprocessing.executor import DaskConfig, Executor, dask_client
@@ -52,13 +53,12 @@ from preprocessing.manifest import (
     commit_version,
     read_current_version,
     read_manifest,
-    shard_name,
     version_dir,
 )
 from preprocessing.plan import SplitPlan, plan_split
 from preprocessing.profile import InputError
 from preprocessing.retry import retrying
-from preprocessing.rounds import ExchangeLayout, group_pieces, plan_exchange
+from preprocessing.rounds import group_pieces
 from preprocessing.scan import (
     FileScan,
     check_classes,
@@ -268,15 +268,15 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
               staging_uri: str, progress: Progress | None) -> Staging:
     """The map round and any merge rounds; tasks get piece lists or two integers, and the
     driver keeps nothing per staged object."""
-    destinations = _destinations(plans, schema)
+    destinations = destinations_for(plans, schema)
     threads = max(1, sum(dask.nthreads().values()))
     layout = exchange_layout(scans, plans, pieces, config, threads)
     staging = Staging(staging_uri, layout, destinations.schema)
     limit = _in_flight(config, threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
-    first_rows = _piece_rows(scans, pieces)[0]
-    tasks = ((_map_task(scans, plans, pieces, first_rows, staging, task),)
+    first_rows = piece_rows(scans, pieces)[0]
+    tasks = ((map_task(scans, plans, pieces, first_rows, staging, task),)
              for task in range(layout.num_map_tasks))
     run_in_waves(dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks, limit,
                  counter,
@@ -291,64 +291,12 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
     return staging
 
 
-def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
-                    pieces: list[tuple[int, int]], config: ReshardConfig,
-                    threads: int) -> ExchangeLayout:
-    """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
-    _, rows, piece_bytes = _piece_rows(scans, pieces)
-    # Bytes per output row as stored in the input: what sizes a shard's write task.
-    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
-    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
-    return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
-                         min_tasks=4 * threads, fan_in=config.exchange_fan_in,
-                         rounds=config.exchange_rounds)
-
-
-def _destinations(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
-    """Destinations are the shards of every split, numbered one split after the other."""
-    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
-                     strict=False))
-    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
-    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
-                        staged_schema(schema))
-
-
-def _piece_rows(scans: list[FileScan],
-                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first row in its file, rows, input bytes) of every piece; a piece's bytes are its
-    file's in proportion to its rows."""
-    first, rows, sizes = (np.empty(len(pieces), dtype=dtype)
-                          for dtype in (np.int64, np.int64, np.float64))
-    start = 0
-    while start < len(pieces):  # one file's pieces at a time: they are consecutive
-        scan = scans[pieces[start][0]]
-        count = len(scan.piece_rows)
-        rows[start:start + count] = scan.piece_rows
-        first[start:start + count] = np.cumsum(scan.piece_rows) - scan.piece_rows
-        sizes[start:start + count] = (scan.file.num_bytes * rows[start:start + count]
-                                      / max(1, int(rows[start:start + count].sum())))
-        start += count
-    return first, rows, sizes
-
-
-def _map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
-              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
-    members = []
-    bounds = staging.layout.map_bounds
-    for piece in range(int(bounds[task]), int(bounds[task + 1])):
-        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
-        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
-                                 scan.piece_rows[index_in_file], offsets))
-    return MapTask(members, staging.object(0, task))
-
-
 def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
             config: ReshardConfig, attempt: VersionAttempt,
             progress: Progress | None) -> dict[str, SplitEntry]:
     """Write tasks over runs of consecutive shards, each reading one range of each of the
     last round's objects that cover them."""
-    shards = _shard_jobs(plans, attempt)
+    shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
     threads = max(1, sum(dask.nthreads().values()))
@@ -362,13 +310,6 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema:
     flat = iter([entry for group in entries for entry in group])
     return {split: _split_entry([next(flat) for _ in range(plan.num_shards)])
             for split, plan in plans.items()}
-
-
-def _shard_jobs(plans: dict[str, SplitPlan], attempt: VersionAttempt) -> list[tuple[int, str]]:
-    """(planned rows, URI the attempt writes it to) of every shard, in destination order."""
-    return [(int(rows), attempt.shard_uri(shard_name(split, shard)))
-            for split, plan in plans.items()
-            for shard, rows in enumerate(plan.shard_rows())]
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
