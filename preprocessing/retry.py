@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from preprocessing.manifest import ManifestError
+
 T = TypeVar("T")
 
 # What pyarrow raises when bytes do not decode (a corrupt page is a plain OSError, e.g.
@@ -68,8 +70,9 @@ class RetryPolicy(BaseModel):
 
 
 def is_permanent(error: BaseException) -> bool:
-    """Whether `error` says the input itself is bad; any other error may pass."""
-    return isinstance(error, PermanentInputError)
+    """Whether `error` says the input itself is bad (or a dataset disagrees with its
+    manifest, which no retry changes); any other error may pass."""
+    return isinstance(error, PermanentInputError | ManifestError)
 
 
 def backoff_s(policy: RetryPolicy, attempt: int) -> float:

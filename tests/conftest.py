@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import s3fs
 from distributed import Client
 
 from preprocessing.executor import local_cluster
 from preprocessing.sample import SampleSpec, write_sample
+from tests.fault_proxy import FaultyS3Proxy
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -55,3 +57,15 @@ def s3_endpoint() -> Iterator[str]:
 
     with moto_s3() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultyS3Proxy]:
+    """The fault-injecting proxy in front of moto (tests/fault_proxy.py); this process and
+    the workers it starts go through it."""
+    with FaultyS3Proxy(s3_endpoint) as running:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", running.url)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield running
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
 import pyarrow.parquet as pq
 import pytest
-import s3fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.manifest import read_current_version, read_manifest
@@ -31,20 +29,8 @@ from preprocessing.retry import (
     is_permanent,
 )
 from preprocessing.sources import open_input, read_footer
-from tests.fault_proxy import FaultyS3Proxy
 
 FAST_RETRIES = RetryPolicy(attempts=4, first_delay_s=0.1, max_delay_s=0.4)
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultyS3Proxy]:
-    """The proxy in front of moto; this process and the workers it starts go through it."""
-    with FaultyS3Proxy(s3_endpoint) as running:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", running.url)
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-        s3fs.S3FileSystem.clear_instance_cache()
-        yield running
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture

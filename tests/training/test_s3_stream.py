@@ -12,9 +12,13 @@ import fsspec
 import pytest
 
 from preprocessing.manifest import ManifestError, read_manifest
+from preprocessing.retry import RetryPolicy
+from tests.fault_proxy import FaultyS3Proxy
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadConfig
+
+FAST_RETRIES = RetryPolicy(attempts=4, first_delay_s=0.1, max_delay_s=0.4)
 
 
 @pytest.fixture
@@ -67,3 +71,30 @@ def test_unknown_manifest_format_on_s3_names_the_uri(
     expected = f"{remote}/{Path(location).parent.name}/{Path(location).name}"
     with pytest.raises(ManifestError, match=rf"{re.escape(expected)}.*format_version 7"):
         ShardStream(remote, "train", LoaderConfig(batch_size=8), seed=2)
+
+
+def test_shard_reads_that_fail_for_a_while_cost_retries_not_rows(
+    make_dataset: Callable[..., str], bucket: str, proxy: FaultyS3Proxy
+) -> None:
+    """Fault: the proxy answers a shard's next 7 GETs with 503 SlowDown (more than s3fs's
+    own tries) and cuts another's next 6 bodies short. Invariant: the loader's stream of
+    ids equals the local one, and the faults were served (the retries did the work)."""
+    local = make_dataset(400, num_shards=3, row_group_size=16)
+    remote = upload(local, bucket)
+    proxy.inject(f"{bucket}/ds/v-*/shard-00000.parquet", "503", 7)
+    proxy.inject(f"{bucket}/ds/v-*/shard-00001.parquet", "truncate", 6)
+    read = ReadConfig(prefetch_row_groups=0, retry=FAST_RETRIES)
+    assert stream_ids(remote, read) == stream_ids(local, ReadConfig())
+    assert {fault for (_, fault) in proxy.served} == {"503", "truncate"}
+
+
+def test_a_shard_unreadable_on_every_try_fails_naming_the_tries(
+    make_dataset: Callable[..., str], bucket: str, proxy: FaultyS3Proxy
+) -> None:
+    """Fault: every GET of one shard answers 503. Invariant: the stream fails (no batch
+    silently short of that shard's rows) after the policy's tries, and says so."""
+    remote = upload(make_dataset(400, num_shards=3, row_group_size=16), bucket)
+    proxy.inject(f"{bucket}/ds/v-*/shard-00000.parquet", "503", 10_000)
+    with pytest.raises(OSError) as raised:
+        stream_ids(remote, ReadConfig(prefetch_row_groups=0, retry=FAST_RETRIES))
+    assert "try 4 of 4" in " ".join(getattr(raised.value, "__notes__", []))

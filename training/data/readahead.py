@@ -29,6 +29,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from preprocessing.retry import RetryPolicy
+
 T = TypeVar("T")
 
 
@@ -57,6 +59,9 @@ class ReadConfig(BaseModel):
         "row groups of all shards in random order: a cache smaller than the split downloads "
         "shards again within an epoch.",
     )
+    retry: RetryPolicy = Field(
+        default_factory=RetryPolicy, description="Tries of a row group's read that failed "
+        "for a reason that may pass (a 503, a reset, a body cut short) before the rank fails.")
 
 
 class ReadAhead(Generic[T]):

@@ -15,6 +15,11 @@ row group's own size must equal the manifest's at every read (a mismatch
 raises ManifestError naming the shard); the sha256 of a whole shard is checked
 when it enters the disk cache (training/data/cache.py), not on range reads.
 
+A read that fails for a reason that may pass (an S3 503 or reset, a body cut short) is
+tried again under the reshard's retry policy (preprocessing/retry.py,
+`ReadConfig.retry`): one throttled request costs seconds, not a restart of every rank
+from the last checkpoint. A disagreement with the manifest is never retried.
+
 Features are encoded by the dataset's feature codec (preprocessing/features.py, its
 state read from the manifest), the one evaluation and batch inference use too: a lone
 `fixed_size_list<float32>` column becomes an [n, D] matrix without a copy. Labels become
@@ -36,12 +41,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.features import FeatureCodec, FeatureError, label_indices
 from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
+from preprocessing.retry import RetryPolicy, call_with_retries
 from training.data.cache import ShardCache
 
 FOOTERS_KEPT = 256
 
 
-class ShardMissingError(FileNotFoundError):
+class ShardMissingError(FileNotFoundError, ManifestError):
     """A shard listed in the manifest cannot be opened."""
 
 
@@ -120,8 +126,9 @@ class ShardFiles:
     from the disk cache when there is one. Keeps the last FOOTERS_KEPT footers parsed, so
     reading another row group of a shard costs no footer read (one request less on S3)."""
 
-    def __init__(self, layout: Layout, cache: ShardCache | None = None) -> None:
-        self.layout, self.cache = layout, cache
+    def __init__(self, layout: Layout, cache: ShardCache | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        self.layout, self.cache, self.retry = layout, cache, retry or RetryPolicy()
         self._footers: dict[int, pq.FileMetaData] = {}
 
     def footer(self, shard: int) -> pq.FileMetaData | None:
@@ -155,16 +162,23 @@ def open_range_reader(uri: str) -> Any:
 
 def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> Rows:
     """Read and decode row group `group` of the layout, checking its footer on the way."""
+    table = call_with_retries(read_group_table, layout, group, columns, files,
+                              policy=files.retry)
+    try:
+        return decode_rows(table, columns)
+    except FeatureError as error:  # the shard disagrees with the manifest's codec
+        raise ManifestError(f"shard {layout.entries[int(layout.group_shard[group])].path}: "
+                            f"{error}") from error
+
+
+def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> pa.Table:
+    """One try at row group `group`'s columns, footer checked against the manifest."""
     shard = int(layout.group_shard[group])
     with files.open(shard) as handle:
         parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True)
         check_footer(parquet.metadata, layout, group)
         files.keep_footer(shard, parquet.metadata)
-        table = parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
-    try:
-        return decode_rows(table, columns)
-    except FeatureError as error:  # the shard disagrees with the manifest's codec
-        raise ManifestError(f"shard {layout.entries[shard].path}: {error}") from error
+        return parquet.read_row_group(int(layout.group_index[group]), columns=columns.names)
 
 
 def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
