@@ -137,7 +137,7 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
     lineage = [InputTag("ballast.parent_version", manifest.parent_version or "none")]
     dataset = Dataset(
         name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
-        source_type="ballast-manifest", source=json.dumps({"uri": manifest_uri}),
+        source_type="ballast-manifest", source=json.dumps({"uri": redact(manifest_uri)}),
         schema=json.dumps({"fields": manifest.arrow_schema}),
         profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes),
                             "parent_version": manifest.parent_version,
@@ -155,7 +155,8 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
 def _log_lineage(client: MlflowClient, run_id: str, manifest: Manifest,
                  manifest_uri: str) -> None:
     client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
-    client.log_text(run_id, manifest.to_json(), "dataset/_MANIFEST.json")
+    # Input URIs may carry credentials (http://user:password@host/...): never sent as is.
+    client.log_text(run_id, redact(manifest.to_json()), "dataset/_MANIFEST.json")
 
 
 def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
@@ -173,7 +174,7 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
 
     def keep(spool: Spool) -> None:
         spool.add_params(flat)
-        spool.set_lineage(manifest_uri, manifest.to_json())
+        spool.set_lineage(manifest_uri, redact(manifest.to_json()))
 
     send_or_keep(config, run_id, "its params and lineage", send, keep)
     return run_id
