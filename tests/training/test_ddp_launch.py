@@ -51,6 +51,7 @@ def test_two_rank_ddp_run_gives_equal_batches_per_rank(
     assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
     assert sum(map(sum, summary["confusion_matrix"])) == 301
     assert 0.0 <= summary["val_macro_f1"] <= 1.0 and not math.isnan(summary["val_macro_f1"])
+    assert math.isfinite(summary["val_loss"]) and summary["val_loss"] > 0
     assert [attempt["returncode"] for attempt in summary["attempts"]] == [0]
 
 

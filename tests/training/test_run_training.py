@@ -4,6 +4,7 @@ once, and writes a summary that agrees with the stream."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,8 @@ def test_single_process_run_writes_a_consistent_summary(
     make_dataset: Callable[..., str], tmp_path: Path
 ) -> None:
     """batches_per_rank = epochs x batches per epoch; the confusion matrix counts every
-    holdout row once (padding excluded); the classifier learns the separable classes."""
+    holdout row once (padding excluded); the classifier learns the separable classes (its
+    validation loss below the log(10) of guessing among the 10 classes)."""
     root = make_dataset(640, holdout_rows=203, row_group_size=64)
     cfg = TrainConfig(
         dataset=root,
@@ -34,6 +36,7 @@ def test_single_process_run_writes_a_consistent_summary(
     assert summary["classes"] == [str(10 * k + 3) for k in range(10)]
     assert 0.5 < summary["val_macro_f1"] <= 1.0
     assert summary["epochs"] == 2 and summary["train_loss"] > 0
+    assert 0 < summary["val_loss"] < math.log(10)
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
 
 
@@ -55,6 +58,7 @@ def test_tracked_run_logs_metrics_to_its_mlflow_run(
     summary = run_training(cfg)
     metrics = MlflowClient(uri).get_run(summary["run_id"]).data.metrics
     assert metrics["val_macro_f1"] == pytest.approx(summary["val_macro_f1"])
+    assert metrics["val_loss"] == pytest.approx(summary["val_loss"]) and metrics["val_loss"] > 0
     assert {"train_loss", "train_loss_step"} <= set(metrics)
     assert {name for name in metrics if name.startswith("val_recall/")} == {
         f"val_recall/{name}" for name, value in summary["val_recall"].items() if value is not None

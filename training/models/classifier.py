@@ -2,8 +2,9 @@
 
 `Classifier` is the task shared by the built-in models: cross-entropy weighted
 by `batch["weight"]` (padding samples carry weight 0 and count for nothing);
-validation accumulates a confusion matrix summed over all ranks at the end of
-the epoch, from which macro F1 and per-class recall are computed. Subclasses
+validation accumulates a confusion matrix and the summed cross-entropy of the real
+samples over all ranks at the end of the epoch, from which macro F1, per-class recall
+and `val_loss` (the mean over every real validation sample) are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
 logits (it is what gets logged to MLflow). `num_features` is the width of the
 dataset's feature codec (preprocessing/features.py: one value per scalar column, one
@@ -62,6 +63,7 @@ class Classifier(lightning.LightningModule):
         self.last_confusion: np.ndarray | None = None
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
+        self._loss_sum = torch.zeros(2, dtype=torch.float64)  # summed loss, real samples
 
     def build_network(self, num_features: int, num_classes: int) -> nn.Module:
         raise NotImplementedError
@@ -82,11 +84,14 @@ class Classifier(lightning.LightningModule):
         self._confusion = torch.zeros(
             num_classes, num_classes, dtype=torch.long, device=self.device
         )
+        self._loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         real = batch["weight"] > 0
-        pred = self(batch["features"]).argmax(dim=1)[real]
-        target = batch["label"][real]
+        logits = self(batch["features"])[real]
+        pred, target = logits.argmax(dim=1), batch["label"][real]
+        loss = F.cross_entropy(logits.float(), target, reduction="sum").detach()
+        self._loss_sum += torch.stack([loss.double(), real.sum().double()])
         num_classes = len(self.classes)
         counts = torch.bincount(target * num_classes + pred, minlength=num_classes**2)
         self._confusion += counts.view(num_classes, num_classes)
@@ -97,6 +102,10 @@ class Classifier(lightning.LightningModule):
         self.last_confusion = total.cpu().numpy()
         for name, value in validation_metrics(self.last_confusion, self.classes).items():
             self.log(name, value, sync_dist=True)
+        losses = cast(torch.Tensor, self.all_gather(self._loss_sum))
+        summed = losses.sum(dim=0) if losses.dim() == 2 else losses
+        # The same mean over every rank's samples on each rank (the sync averages equals).
+        self.log("val_loss", float(summed[0] / summed[1].clamp_min(1.0)), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         config = self.config
