@@ -78,9 +78,12 @@ class CodecClassifier(PythonModel):
 
 def dataset_types(table: pa.Table, codec: FeatureCodec) -> pa.Table:
     """Scalar and string columns cast to the dataset's Arrow types (pandas turns an
-    integer column with nulls into floats, a date into a timestamp)."""
+    integer column with nulls into floats, a date into a timestamp), and a column of
+    nulls only (pandas gives it Arrow's null type) to a type its kind encodes."""
     for index, spec in enumerate(codec.columns):
         target = _arrow_type(spec)
+        if pa.types.is_null(table.column(index).type):
+            target = target or _list_type(spec)
         if target is None or table.column(index).type == target:
             continue
         try:
@@ -99,6 +102,13 @@ def _arrow_type(spec: ColumnSpec) -> pa.DataType | None:
         return pa.type_for_alias(spec.arrow_type)
     except (ValueError, KeyError):
         return None  # lists and dictionary types are encoded as they come
+
+
+def _list_type(spec: ColumnSpec) -> pa.DataType:
+    """A list type for a vector or sequence column the rows give no type for."""
+    if spec.kind == "vector" and spec.size:
+        return pa.list_(pa.float32(), spec.size)
+    return pa.list_(pa.float32())
 
 
 def signature(codec: FeatureCodec) -> ModelSignature:
