@@ -103,19 +103,22 @@ def case_pieces(args: argparse.Namespace) -> None:
 
 def synthetic_scans(num_pieces: int, rows_per_piece: int, piece_bytes: int,
                     strata_per_piece: int, seed: int) -> list[Any]:
-    """What a scan of `num_pieces` single-piece files would return."""
+    """What a scan of `num_pieces` single-piece files would return: each file's counts
+    its own small table, as they arrive from the workers."""
+    from preprocessing.counts import COUNT_DTYPE, Counts
     from preprocessing.scan import FileScan, InputFile
 
     rng = np.random.default_rng(seed)
     first = rng.integers(0, NUM_CLASSES, num_pieces)
     held = max(1, rows_per_piece // 10 // strata_per_piece)
-    kept = rows_per_piece // strata_per_piece - held
+    template = np.zeros(2 * strata_per_piece, dtype=COUNT_DTYPE)
+    template["holdout"] = [False, True] * strata_per_piece
+    template["label"] = np.repeat(np.arange(strata_per_piece), 2)
+    template["num_rows"] = [rows_per_piece // strata_per_piece - held, held] * strata_per_piece
     scans = []
     for piece in range(num_pieces):
-        source = f"source-{piece % NUM_SOURCES}"
-        labels = [int(first[piece] + step) % NUM_CLASSES for step in range(strata_per_piece)]
-        counts = [(0, split, label, source, n) for label in labels
-                  for split, n in (("train", kept), ("holdout", held))]
+        labels = tuple(int(first[piece] + step) % NUM_CLASSES for step in range(strata_per_piece))
+        counts = Counts(template.tobytes(), labels, (f"source-{piece % NUM_SOURCES}",))
         uri = f"s3://bucket/raw/part-{piece:07d}.parquet"
         scans.append(FileScan(InputFile(uri, "s3://bucket/raw", uri[19:], piece_bytes, "tag"),
                               None, [rows_per_piece], counts))

@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
+from preprocessing.counts import Counts, concat_counts
 from preprocessing.features import kind_of
-from preprocessing.plan import CountRecord
 from preprocessing.profile import (
     ColumnProfile,
     InputError,
@@ -69,7 +69,7 @@ class FileScan:
     file: InputFile
     schema: pa.Schema | None = None
     piece_rows: list[int] = field(default_factory=list)
-    counts: list[tuple[int, str, Any, Any, int]] = field(default_factory=list)
+    counts: Counts = field(default_factory=lambda: Counts.of([]))
     reason: str | None = None
     transient: bool = False  # `reason` is an error that may pass: the file is not rejected
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
@@ -115,7 +115,7 @@ def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float
     bounds = (np.r_[starts, tally.num_rows] if starts is not None
               else np.r_[np.arange(0, tally.num_rows, max_piece_rows), tally.num_rows])
     return FileScan(file, schema, np.diff(bounds).tolist(),
-                    [(*key, n) for key, n in sorted(tally.counts.items(), key=lambda kv: kv[0][0])],
+                    Counts.of((*key, n) for key, n in tally.counts.items()),
                     profiles=tally.profiles, dropped_rows=tally.dropped,
                     id_range=tally.id_range())
 
@@ -304,23 +304,23 @@ def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
     return f"schema drift: unexpected columns {extra}"
 
 
-def count_records(scans: list[FileScan]) -> tuple[list[CountRecord], list[tuple[int, int]]]:
-    """Count records over global pieces, and each piece's (scan index, piece in file)."""
-    records: list[CountRecord] = []
-    pieces: list[tuple[int, int]] = []
-    for scan_index, scan in enumerate(scans):
-        if scan.reason is not None:
-            continue
-        first_piece = len(pieces)
-        pieces.extend((scan_index, piece) for piece in range(len(scan.piece_rows)))
-        records.extend(CountRecord(first_piece + piece, split, label, source, n)
-                       for piece, split, label, source, n in scan.counts)
-    return records, pieces
+def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
+    """The accepted files' counts over global pieces (files in order), and each piece's
+    (scan index, piece in file) as a [pieces, 2] array."""
+    accepted = [index for index, scan in enumerate(scans) if scan.reason is None]
+    num_pieces = np.fromiter((len(scans[index].piece_rows) for index in accepted), np.int64,
+                             len(accepted))
+    first_pieces = np.cumsum(num_pieces) - num_pieces
+    counts = concat_counts([scans[index].counts for index in accepted], first_pieces)
+    pieces = np.empty((int(num_pieces.sum()), 2), dtype=np.int64)
+    pieces[:, 0] = np.repeat(np.array(accepted, dtype=np.int64), num_pieces)
+    pieces[:, 1] = np.arange(len(pieces)) - np.repeat(first_pieces, num_pieces)
+    return counts, pieces
 
 
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
     """The accepted files together must hold at most `max_classes` label values."""
-    labels = {label for scan in scans if scan.reason is None for _, _, label, _, _ in scan.counts}
+    labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
     if len(labels) > spec.max_classes:
         raise InputError(_too_many_classes(spec, len(labels)))
 
