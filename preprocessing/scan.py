@@ -25,12 +25,14 @@ columns in 1.4-1.6 s (0.1-0.3 s), most of it decoding the feature columns.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
 from preprocessing.counts import Counts, concat_counts
@@ -54,8 +56,11 @@ from preprocessing.sources import (
     FORMATS,
     Footer,
     InputFile,
+    file_format,
+    footer_of,
     iter_batches,
-    read_footer,
+    open_input,
+    parquet_batches,
     stream_schema,
 )
 
@@ -103,13 +108,29 @@ def _cause(error: Exception) -> str:
 
 def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
           max_piece_rows: int) -> FileScan:
-    footer = read_footer(file.uri, max_piece_rows)
-    schema = footer.schema if footer else stream_schema(file.uri)
+    settings = (spec, seed, holdout_fraction, max_piece_rows)
+    if file_format(file.uri) != "parquet":
+        return _scan_rows(file, None, stream_schema(file.uri),
+                          lambda columns: iter_batches(file.uri, columns), *settings)
+    with open_input(file.uri) as source:  # one open for the footer and the columns
+        parquet = pq.ParquetFile(source)
+        footer = footer_of(parquet, max_piece_rows)
+        return _scan_rows(file, footer, footer.schema,
+                          lambda columns: parquet_batches(source, parquet, columns), *settings)
+
+
+def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
+               batches: Callable[[list[str]], Iterator[pa.RecordBatch]], spec: DatasetSpec,
+               seed: int, holdout_fraction: float, max_piece_rows: int) -> FileScan:
+    """The scan of a file whose footer (Parquet) and schema are read: `batches(columns)`
+    reads its rows."""
     if reason := schema_problem(schema, spec):
         return FileScan(file, schema, reason=reason)
     tally = _Tally(new_profiles(schema, spec.feature_columns),
                    np.array(footer.piece_starts, dtype=np.int64) if footer else None)
-    if reason := _read_rows(tally, file, spec, footer, seed, holdout_fraction, max_piece_rows):
+    columns = scan_columns(spec, tally.profiles, footer)
+    if reason := _read_rows(tally, batches(columns), file, spec, seed, holdout_fraction,
+                            max_piece_rows):
         return FileScan(file, schema, reason=reason)
     starts = tally.starts
     bounds = (np.r_[starts, tally.num_rows] if starts is not None
@@ -120,11 +141,12 @@ def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float
                     id_range=tally.id_range())
 
 
-def _read_rows(tally: _Tally, file: InputFile, spec: DatasetSpec, footer: Footer | None,
-               seed: int, holdout_fraction: float, max_piece_rows: int) -> str | None:
+def _read_rows(tally: _Tally, batches: Iterator[pa.RecordBatch], file: InputFile,
+               spec: DatasetSpec, seed: int, holdout_fraction: float,
+               max_piece_rows: int) -> str | None:
     """Read the scan's columns into `tally`; the reason to reject the file, or None."""
     try:
-        for batch in iter_batches(file.uri, columns=scan_columns(spec, tally.profiles, footer)):
+        for batch in batches:
             if reason := row_problem(batch, spec, tally.num_rows):
                 return reason
             tally.add(batch, file, spec, seed, holdout_fraction, max_piece_rows)
