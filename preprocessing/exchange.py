@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
@@ -44,6 +43,7 @@ from preprocessing.staged import (
     read_batches,
     read_destinations,
 )
+from preprocessing.storage import DEFAULT_PART_BYTES, write_object
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 DERIVED_SOURCE_COLUMN = "source"
@@ -77,11 +77,12 @@ class Staging:
     uri: str
     layout: ExchangeLayout
     schema: pa.Schema
+    part_bytes: int = DEFAULT_PART_BYTES  # of multipart uploads: staged objects and shards
 
     def object(self, round_index: int, object_id: int) -> StagedObject:
         first, stop = self.layout.object_destinations(round_index, object_id)
         return StagedObject(f"{self.uri}/round-{round_index}/part-{object_id:07d}.arrow",
-                            first, stop - first)
+                            first, stop - first, self.part_bytes)
 
 
 @dataclass(frozen=True)
@@ -270,15 +271,15 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
         batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
                    for batch in read_batches(data[offsets[index]:offsets[index + 1]],
                                              staging.schema)]
-        entries.append(_write_shard(batches, rows, uri, staging.schema, schema, spec,
+        entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
                                     rows_per_row_group))
     return entries
 
 
 def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
-                 staged: pa.Schema, schema: pa.Schema, spec: DatasetSpec,
+                 staging: Staging, schema: pa.Schema, spec: DatasetSpec,
                  rows_per_row_group: int) -> ShardEntry:
-    table = pa.Table.from_batches(batches, schema=staged)
+    table = pa.Table.from_batches(batches, schema=staging.schema)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct
@@ -286,7 +287,8 @@ def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
     table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
     table = table.cast(schema)
     payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec))
-    _write_file(uri, payload)
+    fs, path = url_to_fs(uri)
+    write_object(fs, path, payload, staging.part_bytes)
     source_name = spec.source_column or DERIVED_SOURCE_COLUMN
     return ShardEntry(
         path=uri.rsplit("/", 1)[-1], num_rows=table.num_rows, num_bytes=payload.nbytes,
@@ -310,17 +312,6 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
     pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
                    write_statistics=scalar, use_dictionary=dictionary)
     return sink.getvalue()
-
-
-def _write_file(uri: str, payload: memoryview) -> None:
-    # s3fs sends a body of 100 MiB or more as a multipart upload.
-    fs, path = url_to_fs(uri)
-    if isinstance(fs, LocalFileSystem):
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with open(path, "wb") as sink:
-            sink.write(payload)
-    else:
-        fs.pipe_file(path, payload.tobytes())
 
 
 def _histogram(column: pa.ChunkedArray) -> dict[str, int]:

@@ -272,7 +272,7 @@ def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
     destinations = destinations_for(plans, schema)
     threads = max(1, sum(dask.nthreads().values()))
     layout = exchange_layout(scans, plans, pieces, config, threads)
-    staging = Staging(staging_uri, layout, destinations.schema)
+    staging = Staging(staging_uri, layout, destinations.schema, config.upload_part_bytes)
     limit = _in_flight(config, threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
