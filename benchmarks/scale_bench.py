@@ -4,17 +4,21 @@
   classes, source of 3, 4 float32 features) resharded, stratified, into 2,000 shards of
   5,000 rows, against pyarrow `write_dataset` on the same input: wall and CPU seconds,
   driver and per-worker peak RSS. Target: within 2x pyarrow's time, driver under 1 GB.
+  Measured (2 cores, load 6-7): 3.3-4.2x (50.6-67.4 s against 14.3-16.0 s; 37-44 against
+  12-13 CPU-s), missed; driver 0.17 GB, met (docs/architecture.md M18).
 - `bookkeeping` (b): the driver's work without row data, at `--bookkeeping` shapes
   (pieces x shards, default 1e5 x 1e4 and 1e6 x 1e5): synthetic scans (one piece per
   file, 4 of 16 classes per piece, train and holdout), the plan, the exchange layout, and
   every task's descriptor of every round made and pickled as `run_in_waves` would send
   it, with results standing in for the tasks'. Peak RSS and seconds per phase. Target
-  at 1e6 x 1e5: under 2 GB and 120 s.
+  at 1e6 x 1e5: under 2 GB and 120 s. Measured (load 6-7): 1.81-1.82 GB, 66-78 s, met;
+  1e5 x 1e4: 0.29 GB, 7.6 s (docs/architecture.md M28).
 - `sizes` (c): ballast stratified at `--gb` and 4x `--gb` (default 1 and 4 GB) with the
   same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
 - `s3` (d): a reshard from S3 to S3 on moto's server, every request counted
   (`tests/preprocessing/s3_requests.py`): requests per GB, median bytes per request,
-  multipart uploads, and the bound 2 (P + S) F R + 64 (P pieces, S shards, F fan-in,
+  multipart uploads (objects of 2 x `upload_part_bytes` and more; none at the default
+  64 MiB on this data), and the bound 2 (P + S) F R + 64 (P pieces, S shards, F fan-in,
   R read rounds).
 
 Each case prints its figures and [PASS] / [FAIL] lines. The machine may be shared: compare
