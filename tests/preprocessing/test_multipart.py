@@ -1,12 +1,16 @@
 """Large objects go to S3 (moto's server on loopback) as multipart uploads in parts of the
-configured size, small ones in one PUT, and either reads back byte for byte."""
+configured size, small ones in one PUT, and either reads back byte for byte; the part
+size is a checked setting that never changes a version id."""
 
 from __future__ import annotations
 
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pytest
+from pydantic import ValidationError
 
+from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.staged import StagedObject, StagedWriter, read_batches, read_destinations
 from preprocessing.storage import MIN_PART_BYTES, write_object
 from tests.preprocessing.s3_requests import Request, counted_s3
@@ -69,3 +73,13 @@ def test_a_large_staged_object_is_a_multipart_upload_read_back_by_range() -> Non
     assert size > 2 * MIN_PART_BYTES
     assert (starts, completions) == (1, 1) and len(parts) == 3
     assert [table.equals(back) for table, back in zip(tables, read, strict=True)] == [True, True]
+
+
+def test_the_part_size_is_checked_and_never_changes_the_version_id() -> None:
+    """Invariant: `upload_part_bytes` below S3's 5 MiB part is refused naming the field,
+    and another part size leaves the settings a version id hashes unchanged."""
+    base = ReshardConfig(dataset=DatasetSpec(inputs=["s3://b/raw"]), output_root="s3://b/out")
+    with pytest.raises(ValidationError, match="upload_part_bytes"):
+        base.model_validate({**base.model_dump(), "upload_part_bytes": MIN_PART_BYTES - 1})
+    other = base.model_copy(update={"upload_part_bytes": MIN_PART_BYTES})
+    assert other.output_settings() == base.output_settings()
