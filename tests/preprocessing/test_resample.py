@@ -128,3 +128,14 @@ def test_routing_many_pieces_at_once_equals_one_at_a_time(labels, cuts, output, 
     batched = sorted(zip(routing.rows.tolist(), routing.shards.tolist(),
                          routing.order_keys.tolist(), strict=True))
     assert batched == sorted(zip(ids.tolist(), shards.tolist(), keys.tolist(), strict=True))
+
+
+def test_a_map_task_may_hold_a_piece_without_rows_of_a_split_in_contiguous_modes() -> None:
+    """Invariant: in `none` mode a task whose pieces 0 and 1 only piece 0 has holdout rows
+    in routes piece 0's 3 rows to positions 0, 1, 2 (piece 1 has a start too; a start
+    missing for it raised KeyError once)."""
+    records = Counts.of([(0, "holdout", 0, "s", 3), (1, "train", 0, "s", 4)])
+    plan = plan_split(records, "holdout", None, None, 100, "none", 0)
+    routing = route_pieces(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64),
+                           np.zeros((2, 1), dtype=np.int64), plan, 0, np.array([0, 1]))
+    assert routing.rows.tolist() == [0, 1, 2] and routing.order_keys.tolist() == [0, 1, 2]
