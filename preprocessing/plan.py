@@ -190,7 +190,7 @@ def piece_starts(counts: SplitCounts, input_rows: np.ndarray, output_rows: np.nd
 
 def split_counts(counts: Counts, split: str, num_pieces: int | None = None) -> SplitCounts:
     """The records of `split` in piece order, their strata (sorted) and each record's
-    stratum index; `num_pieces` defaults to one past the last piece counted."""
+    stratum index; `num_pieces` defaults to one past the last piece counted (any split)."""
     members = np.flatnonzero(counts.rows["holdout"] == (split == "holdout"))
     piece = counts.rows["piece"][members]
     if np.any(piece[1:] < piece[:-1]):
@@ -206,10 +206,10 @@ def split_counts(counts: Counts, split: str, num_pieces: int | None = None) -> S
     order = sorted(range(len(pairs)), key=lambda i: _stratum_sort_key(pairs[i]))
     stratum_of = np.zeros(len(counts.labels) * num_sources, dtype=np.int32)
     stratum_of[present[order]] = np.arange(len(order))
-    total = int(piece[-1]) + 1 if len(piece) else 0
+    if num_pieces is None:
+        num_pieces = int(counts.rows["piece"].max()) + 1 if len(counts.rows) else 0
     return SplitCounts([pairs[i] for i in order], piece, stratum_of[pair],
-                       counts.rows["num_rows"][members],
-                       total if num_pieces is None else num_pieces)
+                       counts.rows["num_rows"][members], num_pieces)
 
 
 def plan_split(counts: Counts, split: str, mix: MixConfig | None,
