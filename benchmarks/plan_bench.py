@@ -2,11 +2,11 @@
 
 Synthesises the counts a scan of `--files` single-piece files would return (each file
 one source of 3, `--strata-per-piece` of 16 classes, deterministic from `--seed`),
-builds them as `CountRecord`s exactly as `scan.count_records` does, and times, each on
-its own: building the records, `plan_split` of the training split per shuffle mode
+builds the columnar table `scan.count_records` makes of them, and times, each on its
+own: building the table, `plan_split` of the training split per shuffle mode
 (uniform class mix, 50,000-row shards) and of the (empty) holdout split, which
 `run_reshard` always plans too. Memory is the process RSS, sampled every 20 ms: the
-records' footprint, and each phase's peak above what it started with. Target: plan_split
+table's footprint, and each phase's peak above what it started with. Target: plan_split
 under 60 s and the whole process under 4 GB. `--profile` prints cProfile's top entries.
 
     .venv/bin/python benchmarks/plan_bench.py --files 1000000
@@ -28,7 +28,8 @@ import numpy as np
 import psutil
 
 from preprocessing.config import MixConfig
-from preprocessing.plan import SHUFFLE_MODES, CountRecord, plan_split
+from preprocessing.counts import COUNT_DTYPE, Counts
+from preprocessing.plan import SHUFFLE_MODES, plan_split
 
 GB = 1e9
 NUM_CLASSES = 16
@@ -71,24 +72,25 @@ class RssSampler:
 
 
 def synthetic_counts(num_files: int, strata_per_piece: int,
-                     seed: int) -> tuple[list[int], list[int], list[str], list[int]]:
+                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(piece, label, source, rows) columns: each file's distinct classes and row counts."""
     rng = np.random.default_rng(seed)
     pieces = np.repeat(np.arange(num_files), strata_per_piece)
     first = rng.integers(0, NUM_CLASSES, num_files)
     step = np.arange(strata_per_piece)  # distinct classes per piece: first + 0, 1, 2 ...
     labels = (first[:, None] + step[None, :]).reshape(-1) % NUM_CLASSES
-    names = np.array([f"source-{s}" for s in range(NUM_SOURCES)], dtype=object)
-    sources = names[pieces % NUM_SOURCES]
     rows = rng.integers(1, 5_000, len(pieces))
-    return pieces.tolist(), labels.tolist(), sources.tolist(), rows.tolist()
+    return pieces, labels, pieces % NUM_SOURCES, rows
 
 
-def build_records(columns: tuple[list[int], list[int], list[str], list[int]]
-                  ) -> list[CountRecord]:
-    """The records `scan.count_records` would make from those counts."""
-    return [CountRecord(piece, "train", label, source, n)
-            for piece, label, source, n in zip(*columns, strict=True)]
+def build_records(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> Counts:
+    """The table `scan.count_records` would make from those counts (source code s is
+    `source-s`)."""
+    table = np.zeros(len(columns[0]), dtype=COUNT_DTYPE)
+    for name, column in zip(("piece", "label", "source", "num_rows"), columns, strict=True):
+        table[name] = column
+    return Counts(table.tobytes(), tuple(range(NUM_CLASSES)),
+                  tuple(f"source-{s}" for s in range(NUM_SOURCES)))
 
 
 def profile(call: Callable[[], Any], top: int) -> None:
@@ -103,16 +105,16 @@ def profile(call: Callable[[], Any], top: int) -> None:
 def run(args: argparse.Namespace) -> None:
     mix = MixConfig(class_weighting="uniform")
     with RssSampler() as sampler:
-        with sampler.phase("synthesise counts (numpy -> lists)"):
+        with sampler.phase("synthesise counts (numpy)"):
             columns = synthetic_counts(args.files, args.strata_per_piece, args.seed)
-        with sampler.phase(f"build {len(columns[0]):,} CountRecords"):
+        with sampler.phase(f"build {len(columns[0]):,} count records"):
             records = build_records(columns)
         del columns
         for mode in args.modes:
             with sampler.phase(f"plan_split train {mode}"):
                 plan = plan_split(records, "train", mix, None, SHARD_ROWS, mode, args.seed)
             print(f"  -> {plan.num_shards} shards, {plan.num_output_rows:,} rows, "
-                  f"{len(plan.piece_offsets):,} pieces with offsets", flush=True)
+                  f"{len(plan.piece_offsets.offsets):,} piece offsets", flush=True)
             del plan
         with sampler.phase("plan_split holdout (empty)"):
             plan_split(records, "holdout", None, None, SHARD_ROWS, "stratified", args.seed)

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preprocessing.retry import RetryPolicy
+from preprocessing.storage import DEFAULT_PART_BYTES, MIN_PART_BYTES
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -19,7 +20,7 @@ OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "retry", "mode"
                                    "on_changed_inputs", "max_chain_length",
                                    "max_small_shard_fraction",
                                    "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",
-                                   "max_tasks_in_flight"})
+                                   "max_tasks_in_flight", "upload_part_bytes"})
 
 
 class DatasetSpec(BaseModel):
@@ -156,6 +157,11 @@ class ReshardConfig(BaseModel):
     max_tasks_in_flight: int | None = Field(
         None, gt=0, description="Tasks submitted to Dask and not yet done, at most; None: "
         "4 per worker thread, at least 8.")
+    upload_part_bytes: int = Field(
+        DEFAULT_PART_BYTES, ge=MIN_PART_BYTES, description="Part size of multipart uploads "
+        "to S3: a staged object or shard of at least twice this goes up in parts of this "
+        "size, sent concurrently, a smaller one in one PUT; at least 5 MiB (S3's smallest "
+        "part).")
     # How a run relates to the version `_CURRENT` names (preprocessing/increment.py).
     mode: Literal["full", "incremental"] = Field(
         "full", description="`full`: reshard every input into one flat version (run it to "

@@ -26,13 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
 from preprocessing.manifest import ShardEntry, shard_name
 from preprocessing.plan import SplitPlan
 from preprocessing.profile import drop_row_columns, null_rows
-from preprocessing.resample import holdout_mask, route_pieces, small_ints
+from preprocessing.resample import holdout_mask, route_pieces
 from preprocessing.rounds import ExchangeLayout, plan_exchange
 from preprocessing.scan import INTERNAL_PREFIX, FileScan, InputFile, row_sources
 from preprocessing.sources import read_rows
@@ -43,6 +43,7 @@ from preprocessing.staged import (
     read_batches,
     read_destinations,
 )
+from preprocessing.storage import DEFAULT_PART_BYTES, write_object
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 DERIVED_SOURCE_COLUMN = "source"
@@ -50,21 +51,22 @@ DERIVED_SOURCE_COLUMN = "source"
 
 @dataclass(frozen=True)
 class PieceTask:
-    """One row range of one input file, with its plan offsets for each split."""
+    """One row range of one input file."""
 
     piece: int
     file: InputFile
     first_row: int
     num_rows: int
-    offsets: dict[str, dict[int, int]]
 
 
 @dataclass(frozen=True)
 class MapTask:
-    """Consecutive pieces whose rows go into the staged object `output`."""
+    """Consecutive pieces whose rows go into the staged object `output`, with each
+    split's within-stratum offsets of the pieces' first rows (`PieceOffsets.flat`)."""
 
     pieces: list[PieceTask]
     output: StagedObject
+    offsets: dict[str, OffsetLists]
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,12 @@ class Staging:
     uri: str
     layout: ExchangeLayout
     schema: pa.Schema
+    part_bytes: int = DEFAULT_PART_BYTES  # of multipart uploads: staged objects and shards
 
     def object(self, round_index: int, object_id: int) -> StagedObject:
         first, stop = self.layout.object_destinations(round_index, object_id)
         return StagedObject(f"{self.uri}/round-{round_index}/part-{object_id:07d}.arrow",
-                            first, stop - first)
+                            first, stop - first, self.part_bytes)
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def staged_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
-                    pieces: list[tuple[int, int]], config: ReshardConfig,
+                    pieces: np.ndarray, config: ReshardConfig,
                     threads: int) -> ExchangeLayout:
     """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
     _, rows, piece_bytes = piece_rows(scans, pieces)
@@ -118,13 +121,14 @@ def destinations_for(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinat
     """Destinations are the shards of every split, numbered one split after the other."""
     first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
                      strict=False))
-    slim = {name: replace(plan, piece_offsets={}) for name, plan in plans.items()}
+    slim = {name: replace(plan, piece_offsets=PieceOffsets.empty())
+            for name, plan in plans.items()}
     return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
                         staged_schema(schema))
 
 
 def piece_rows(scans: list[FileScan],
-                pieces: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               pieces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first row in its file, rows, input bytes) of every piece, in one vectorised pass
     over the accepted files' pieces (`pieces` lists them file by file); a piece's bytes
     are its file's in proportion to its rows."""
@@ -143,16 +147,17 @@ def piece_rows(scans: list[FileScan],
     return before - before[file_start][file_of], rows, sizes
 
 
-def map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: list[tuple[int, int]],
-              first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
-    members = []
-    bounds = staging.layout.map_bounds
-    for piece in range(int(bounds[task]), int(bounds[task + 1])):
-        scan, index_in_file = scans[pieces[piece][0]], pieces[piece][1]
-        offsets = {name: plan.piece_offsets.get(piece, {}) for name, plan in plans.items()}
-        members.append(PieceTask(piece, scan.file, int(first_rows[piece]),
-                                 scan.piece_rows[index_in_file], offsets))
-    return MapTask(members, staging.object(0, task))
+def map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: np.ndarray,
+             first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
+    """Map task `task`'s descriptor: its pieces ((scan index, piece in file) in `pieces`)
+    and their offsets."""
+    first, stop = (int(bound) for bound in staging.layout.map_bounds[task:task + 2])
+    members = [PieceTask(piece, scans[scan_index].file, int(first_rows[piece]),
+                         scans[scan_index].piece_rows[index_in_file])
+               for piece, (scan_index, index_in_file)
+               in enumerate(pieces[first:stop].tolist(), start=first)]
+    offsets = {name: plan.piece_offsets.flat(first, stop) for name, plan in plans.items()}
+    return MapTask(members, staging.object(0, task), offsets)
 
 
 def shard_jobs(plans: dict[str, SplitPlan],
@@ -179,7 +184,8 @@ def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, see
         members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
         if len(members):
             routing = route_pieces(stratum_codes(table, plan, spec, members), piece_of[members],
-                                   _offsets(task.pieces, plan), plan, seed, pieces)
+                                   dense_offsets(task.offsets[split], len(plan.strata)),
+                                   plan, seed, pieces)
             rows.append(members[routing.rows])
             targets.append(routing.shards + destinations.first[split])
             keys.append(routing.order_keys)
@@ -211,15 +217,6 @@ def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, s
 def _payload_schema(destinations: Destinations) -> pa.Schema:
     schema = destinations.schema
     return schema.remove(schema.get_field_index(ORDER_COLUMN))
-
-
-def _offsets(pieces: list[PieceTask], plan: SplitPlan) -> np.ndarray:
-    """[piece, stratum] within-stratum offset of each piece's first row of the stratum."""
-    offsets = np.zeros((len(pieces), len(plan.strata)), dtype=np.int64)
-    for row, piece in enumerate(pieces):
-        for stratum, offset in piece.offsets.get(plan.name, {}).items():
-            offsets[row, stratum] = offset
-    return offsets
 
 
 def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
@@ -274,15 +271,15 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
         batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
                    for batch in read_batches(data[offsets[index]:offsets[index + 1]],
                                              staging.schema)]
-        entries.append(_write_shard(batches, rows, uri, staging.schema, schema, spec,
+        entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
                                     rows_per_row_group))
     return entries
 
 
 def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
-                 staged: pa.Schema, schema: pa.Schema, spec: DatasetSpec,
+                 staging: Staging, schema: pa.Schema, spec: DatasetSpec,
                  rows_per_row_group: int) -> ShardEntry:
-    table = pa.Table.from_batches(batches, schema=staged)
+    table = pa.Table.from_batches(batches, schema=staging.schema)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct
@@ -290,7 +287,8 @@ def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
     table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
     table = table.cast(schema)
     payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec))
-    _write_file(uri, payload)
+    fs, path = url_to_fs(uri)
+    write_object(fs, path, payload, staging.part_bytes)
     source_name = spec.source_column or DERIVED_SOURCE_COLUMN
     return ShardEntry(
         path=uri.rsplit("/", 1)[-1], num_rows=table.num_rows, num_bytes=payload.nbytes,
@@ -314,17 +312,6 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
     pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
                    write_statistics=scalar, use_dictionary=dictionary)
     return sink.getvalue()
-
-
-def _write_file(uri: str, payload: memoryview) -> None:
-    # s3fs sends a body of 100 MiB or more as a multipart upload.
-    fs, path = url_to_fs(uri)
-    if isinstance(fs, LocalFileSystem):
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with open(path, "wb") as sink:
-            sink.write(payload)
-    else:
-        fs.pipe_file(path, payload.tobytes())
 
 
 def _histogram(column: pa.ChunkedArray) -> dict[str, int]:

@@ -56,6 +56,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
+from preprocessing.counts import Counts
 from preprocessing.exchange import DERIVED_SOURCE_COLUMN
 from preprocessing.manifest import (
     MANIFEST_NAME,
@@ -202,8 +203,8 @@ def earlier_scans(parent: Manifest) -> list[FileScan]:
                       id_range=(int(r.id_range[0]), int(r.id_range[1])))
              for r in parent.inputs if r.id_range is not None]
     if scans:
-        scans[0] = replace(scans[0], counts=[(0, "train", label, None, 0)
-                                             for label in parent.classes])
+        scans[0] = replace(scans[0], counts=Counts.of((0, "train", label, None, 0)
+                                                      for label in parent.classes))
     return scans
 
 
@@ -237,9 +238,9 @@ def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, 
     classes: dict[str, int] = {}
     sources: dict[str, int] = {}
     for scan in scans:
-        for _, _, label, source, n in scan.counts if scan.reason is None else []:
-            classes[str(label)] = classes.get(str(label), 0) + n
-            sources[str(source)] = sources.get(str(source), 0) + n
+        for totals, column in ((classes, "label"), (sources, "source")):
+            for value, n in scan.counts.rows_by(column).items() if scan.reason is None else ():
+                totals[str(value)] = totals.get(str(value), 0) + n
     return classes, sources
 
 

@@ -33,6 +33,7 @@ from preprocessing.retry import RetryPolicy, retrying
 from preprocessing.secrets import redact_value
 from preprocessing.sources import iter_batches
 from preprocessing.staging import VersionAttempt
+from preprocessing.storage import write_object
 
 Transform = Callable[[pa.Table], pa.Table]
 
@@ -66,8 +67,7 @@ def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
     writer.close()
     payload = sink.getvalue()
     fs, path = url_to_fs(out_uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(path, payload)
+    write_object(fs, path, payload)
     return ShardEntry(path=out_uri.rsplit("/", 1)[-1], num_rows=num_rows,
                       num_bytes=len(payload), num_row_groups=-(-num_rows // rows_per_row_group),
                       rows_per_row_group=rows_per_row_group,

@@ -1,7 +1,7 @@
 """Planning a reshard: a pure function from scanned counts to exact output layout (no I/O).
 
-Input: row counts per (piece, split, class, source), where a piece is one row
-group of one input file in global order. Output, per split: the exact number of
+Input: row counts per (piece, split, class, source) (`preprocessing/counts.py`), where
+a piece is one row group of one input file in global order. Output, per split: the exact number of
 output rows of every stratum (a (class, source) pair), how many shards there
 are and how many rows of each class group every shard receives, and for every
 piece the within-stratum offset of its first row. Cost is O(count records +
@@ -11,29 +11,18 @@ strata x shards), independent of the number of rows.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from preprocessing.config import MixConfig
+from preprocessing.counts import Counts, PieceOffsets, SplitCounts, piece_offsets
 from preprocessing.permutation import derive_key, mix64
 
 SPLITS = ("train", "holdout")
 SHUFFLE_MODES = ("stratified", "global", "block", "none")
 CONTIGUOUS_MODES = ("block", "none")
-
-
-@dataclass(frozen=True)
-class CountRecord:
-    """`num_rows` rows of `piece` belong to `split` and to stratum (label, source)."""
-
-    piece: int
-    split: str
-    label: Any
-    source: Any
-    num_rows: int
 
 
 @dataclass(frozen=True)
@@ -49,10 +38,11 @@ class SplitPlan:
     group_rows: np.ndarray
     group_start: np.ndarray
     shard_alloc: np.ndarray  # [num_shards, num_groups]
-    piece_offsets: dict[int, dict[int, int]]
+    piece_offsets: PieceOffsets
     mode: str = "stratified"
-    # Contiguous modes only: first output position of each piece (pieces in output order).
-    piece_starts: dict[int, int] | None = None
+    # Contiguous modes only: first output position of each piece (0 for a piece without
+    # rows of the split).
+    piece_starts: np.ndarray | None = None
 
     @property
     def num_shards(self) -> int:
@@ -170,20 +160,6 @@ def allocate_shards(group_rows: np.ndarray, num_shards: int) -> np.ndarray:
     return alloc
 
 
-def piece_offsets(records: Iterable[CountRecord], split: str,
-                  stratum_index: dict[tuple[Any, Any], int]) -> dict[int, dict[int, int]]:
-    """Within-stratum index of each piece's first row of each stratum (pieces in order)."""
-    running: dict[int, int] = defaultdict(int)
-    offsets: dict[int, dict[int, int]] = defaultdict(dict)
-    for record in sorted(records, key=lambda r: r.piece):
-        if record.split != split:
-            continue
-        stratum = stratum_index[(record.label, record.source)]
-        offsets[record.piece][stratum] = running[stratum]
-        running[stratum] += record.num_rows
-    return dict(offsets)
-
-
 def contiguous_rows(first: Any, count: Any, n: Any, k: Any) -> Any:
     """Output rows of stratum rows [first, first + count) under systematic resampling.
 
@@ -195,37 +171,55 @@ def contiguous_rows(first: Any, count: Any, n: Any, k: Any) -> Any:
     return (k // n) * count + (first + count) * rest // n - first * rest // n
 
 
-def piece_starts(records: Sequence[CountRecord], split: str, strata: list[tuple[Any, Any]],
-                 input_rows: np.ndarray, output_rows: np.ndarray,
-                 offsets: dict[int, dict[int, int]], shuffled: bool,
-                 seed_key: int) -> dict[int, int]:
-    """First output position of every piece, pieces in input order or in keyed random order."""
-    index = {stratum: i for i, stratum in enumerate(strata)}
-    sizes: dict[int, int] = defaultdict(int)
-    for record in records:
-        if record.split == split:
-            s = index[(record.label, record.source)]
-            first = offsets[record.piece][s]
-            sizes[record.piece] += int(contiguous_rows(
-                np.int64(first), np.int64(record.num_rows), input_rows[s], output_rows[s]))
-    order = sorted(sizes)
+def piece_starts(counts: SplitCounts, input_rows: np.ndarray, output_rows: np.ndarray,
+                 offsets: PieceOffsets, shuffled: bool, seed_key: int) -> np.ndarray:
+    """First output position of every piece, pieces in input order or in keyed random
+    order (0 for a piece without rows of the split)."""
+    sizes = contiguous_rows(offsets.offsets, counts.num_rows, input_rows[counts.stratum],
+                            output_rows[counts.stratum])
+    present = np.unique(counts.piece)
+    first_record = np.searchsorted(counts.piece, present)
+    piece_sizes = np.add.reduceat(sizes, first_record) if len(sizes) else sizes
+    order = np.arange(len(present))
     if shuffled:
-        ranks = mix64(np.array(order, dtype=np.uint64), seed_key)
-        order = [order[i] for i in np.argsort(ranks, kind="stable")]
-    starts = np.cumsum([0, *(sizes[p] for p in order)])[:-1]
-    return {piece: int(start) for piece, start in zip(order, starts, strict=True)}
+        order = np.argsort(mix64(present.astype(np.uint64), seed_key), kind="stable")
+    starts = np.zeros(counts.num_pieces, dtype=np.int64)
+    starts[present[order]] = np.cumsum(piece_sizes[order]) - piece_sizes[order]
+    return starts
 
 
-def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None,
+def split_counts(counts: Counts, split: str, num_pieces: int | None = None) -> SplitCounts:
+    """The records of `split` in piece order, their strata (sorted) and each record's
+    stratum index; `num_pieces` defaults to one past the last piece counted (any split)."""
+    members = np.flatnonzero(counts.rows["holdout"] == (split == "holdout"))
+    piece = counts.rows["piece"][members]
+    if np.any(piece[1:] < piece[:-1]):
+        members = members[np.argsort(piece, kind="stable")]
+        piece = counts.rows["piece"][members]
+    num_sources = len(counts.sources)
+    pair = counts.rows["label"][members].astype(np.int64) * num_sources
+    pair += counts.rows["source"][members]
+    # (label, source) codes are few and dense: a lookup table, not a sort of the records.
+    present = np.flatnonzero(np.bincount(pair, minlength=len(counts.labels) * num_sources))
+    pairs = [(counts.labels[code // num_sources], counts.sources[code % num_sources])
+             for code in present.tolist()]
+    order = sorted(range(len(pairs)), key=lambda i: _stratum_sort_key(pairs[i]))
+    stratum_of = np.zeros(len(counts.labels) * num_sources, dtype=np.int32)
+    stratum_of[present[order]] = np.arange(len(order))
+    if num_pieces is None:
+        num_pieces = int(counts.rows["piece"].max()) + 1 if len(counts.rows) else 0
+    return SplitCounts([pairs[i] for i in order], piece, stratum_of[pair],
+                       counts.rows["num_rows"][members], num_pieces)
+
+
+def plan_split(counts: Counts, split: str, mix: MixConfig | None,
                num_output_rows: int | None, target_shard_rows: int,
-               mode: str = "stratified", seed: int = 0) -> SplitPlan:
-    """The layout of one split; `mix=None` keeps every row exactly once (the holdout)."""
-    totals: dict[tuple[Any, Any], int] = defaultdict(int)
-    for record in records:
-        if record.split == split:
-            totals[(record.label, record.source)] += record.num_rows
-    strata = sorted(totals, key=_stratum_sort_key)
-    input_rows = np.array([totals[s] for s in strata], dtype=np.int64)
+               mode: str = "stratified", seed: int = 0,
+               num_pieces: int | None = None) -> SplitPlan:
+    """The layout of one split; `mix=None` keeps every row exactly once (the holdout).
+    `num_pieces`: pieces the counts' piece numbers range over (default: the last + 1)."""
+    records = split_counts(counts, split, num_pieces)
+    strata, input_rows = records.strata, records.stratum_rows()
     if mix is None:
         output_rows = input_rows.copy()
     else:
@@ -239,13 +233,13 @@ def plan_split(records: Sequence[CountRecord], split: str, mix: MixConfig | None
                    stratified=mode == "stratified")
     if mode not in CONTIGUOUS_MODES:
         return plan
-    starts = piece_starts(records, split, strata, input_rows, output_rows, plan.piece_offsets,
+    starts = piece_starts(records, input_rows, output_rows, plan.piece_offsets,
                           shuffled=mode == "block", seed_key=derive_key(seed, split, "blocks"))
     return replace(plan, mode=mode, piece_starts=starts)
 
 
 def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
-            output_rows: np.ndarray, records: Sequence[CountRecord], target_shard_rows: int,
+            output_rows: np.ndarray, records: SplitCounts, target_shard_rows: int,
             stratified: bool) -> SplitPlan:
     labels = sorted({label for label, _ in strata}, key=_stratum_sort_key)
     group_of = np.array([labels.index(label) if stratified else 0 for label, _ in strata],
@@ -259,13 +253,12 @@ def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
         offset_in_group[members] = np.concatenate([[0], np.cumsum(output_rows[members])[:-1]])
     total = int(output_rows.sum())
     num_shards = max(1, -(-total // target_shard_rows))
-    index = {stratum: i for i, stratum in enumerate(strata)}
     return SplitPlan(
         name=split, strata=strata, input_rows=input_rows, output_rows=output_rows,
         group_of=group_of, offset_in_group=offset_in_group, group_rows=group_rows,
         group_start=np.concatenate([[0], np.cumsum(group_rows)[:-1]]).astype(np.int64),
         shard_alloc=allocate_shards(group_rows, num_shards),
-        piece_offsets=piece_offsets(records, split, index),
+        piece_offsets=piece_offsets(records),
         mode="stratified" if stratified else "global",
     )
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from preprocessing.counts import small_ints
 from preprocessing.permutation import (
     derive_key,
     derive_keys,
@@ -43,16 +44,10 @@ class Routing:
 def holdout_mask(file_key: str, first_row: int, num_rows: int, seed: int,
                  fraction: float) -> np.ndarray:
     """True for rows held out; a function of (seed, file, row index in file) only."""
+    if fraction <= 0:  # the draws are in [0, 1): none is below 0, and hashing costs 0.1 us/row
+        return np.zeros(num_rows, dtype=bool)
     row_index = np.arange(first_row, first_row + num_rows, dtype=np.uint64)
     return unit_interval(row_index, derive_key(seed, "holdout", file_key)) < fraction
-
-
-def small_ints(values: np.ndarray) -> np.ndarray:
-    """`values` as uint16 when they fit: numpy's stable sort is then a radix sort, several
-    times faster than the merge sort it uses for 64-bit integers."""
-    if len(values) and values.min() >= 0 and values.max() < 1 << 16:
-        return values.astype(np.uint16)
-    return values
 
 
 def rank_within_stratum(strata: np.ndarray, offsets: np.ndarray,
@@ -103,8 +98,7 @@ def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
     in piece order. The same fates as one piece at a time, in one vectorised pass."""
     index = rank_within_stratum(strata, offsets, piece_of)
     if plan.piece_starts is not None:
-        starts = np.array([plan.piece_starts[int(p)] for p in pieces], dtype=np.int64)
-        return route_contiguous(strata, index, piece_of, starts, plan, seed)
+        return route_contiguous(strata, index, piece_of, plan.piece_starts[pieces], plan, seed)
     source_row, output = stratum_outputs(strata, index, plan, seed)
     groups = plan.group_of[strata[source_row]]
     within_group = plan.offset_in_group[strata[source_row]] + output

@@ -239,14 +239,15 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
 
 
 def _plan(scans: list[FileScan],
-          config: ReshardConfig) -> tuple[dict[str, SplitPlan], list[tuple[int, int]]]:
-    records, pieces = count_records(scans)
+          config: ReshardConfig) -> tuple[dict[str, SplitPlan], np.ndarray]:
+    """Both splits' plans, and each piece's (scan index, piece in file)."""
+    counts, pieces = count_records(scans)
     shard_rows = shard_rows_target(scans, config)
     plans = {
-        "train": plan_split(records, "train", config.mix, config.num_output_rows, shard_rows,
-                            config.shuffle, config.seed),
-        "holdout": plan_split(records, "holdout", None, None, shard_rows, config.shuffle,
-                              config.seed),
+        "train": plan_split(counts, "train", config.mix, config.num_output_rows, shard_rows,
+                            config.shuffle, config.seed, len(pieces)),
+        "holdout": plan_split(counts, "holdout", None, None, shard_rows, config.shuffle,
+                              config.seed, len(pieces)),
     }
     if plans["train"].num_output_rows == 0:
         raise ValueError("no training rows: every accepted input row was held out or rejected")
@@ -264,14 +265,14 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
 
 
 def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: list[tuple[int, int]], schema: pa.Schema, config: ReshardConfig,
+              pieces: np.ndarray, schema: pa.Schema, config: ReshardConfig,
               staging_uri: str, progress: Progress | None) -> Staging:
     """The map round and any merge rounds; tasks get piece lists or two integers, and the
     driver keeps nothing per staged object."""
     destinations = destinations_for(plans, schema)
     threads = max(1, sum(dask.nthreads().values()))
     layout = exchange_layout(scans, plans, pieces, config, threads)
-    staging = Staging(staging_uri, layout, destinations.schema)
+    staging = Staging(staging_uri, layout, destinations.schema, config.upload_part_bytes)
     limit = _in_flight(config, threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.

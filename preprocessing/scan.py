@@ -25,16 +25,18 @@ columns in 1.4-1.6 s (0.1-0.3 s), most of it decoding the feature columns.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
+from preprocessing.counts import Counts, concat_counts
 from preprocessing.features import kind_of
-from preprocessing.plan import CountRecord
 from preprocessing.profile import (
     ColumnProfile,
     InputError,
@@ -54,8 +56,11 @@ from preprocessing.sources import (
     FORMATS,
     Footer,
     InputFile,
+    file_format,
+    footer_of,
     iter_batches,
-    read_footer,
+    open_input,
+    parquet_batches,
     stream_schema,
 )
 
@@ -69,7 +74,7 @@ class FileScan:
     file: InputFile
     schema: pa.Schema | None = None
     piece_rows: list[int] = field(default_factory=list)
-    counts: list[tuple[int, str, Any, Any, int]] = field(default_factory=list)
+    counts: Counts = field(default_factory=lambda: Counts.of([]))
     reason: str | None = None
     transient: bool = False  # `reason` is an error that may pass: the file is not rejected
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
@@ -103,28 +108,45 @@ def _cause(error: Exception) -> str:
 
 def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
           max_piece_rows: int) -> FileScan:
-    footer = read_footer(file.uri, max_piece_rows)
-    schema = footer.schema if footer else stream_schema(file.uri)
+    settings = (spec, seed, holdout_fraction, max_piece_rows)
+    if file_format(file.uri) != "parquet":
+        return _scan_rows(file, None, stream_schema(file.uri),
+                          lambda columns: iter_batches(file.uri, columns), *settings)
+    with open_input(file.uri) as source:  # one open for the footer and the columns
+        parquet = pq.ParquetFile(source)
+        footer = footer_of(parquet, max_piece_rows)
+        return _scan_rows(file, footer, footer.schema,
+                          lambda columns: parquet_batches(source, parquet, columns), *settings)
+
+
+def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
+               batches: Callable[[list[str]], Iterator[pa.RecordBatch]], spec: DatasetSpec,
+               seed: int, holdout_fraction: float, max_piece_rows: int) -> FileScan:
+    """The scan of a file whose footer (Parquet) and schema are read: `batches(columns)`
+    reads its rows."""
     if reason := schema_problem(schema, spec):
         return FileScan(file, schema, reason=reason)
     tally = _Tally(new_profiles(schema, spec.feature_columns),
                    np.array(footer.piece_starts, dtype=np.int64) if footer else None)
-    if reason := _read_rows(tally, file, spec, footer, seed, holdout_fraction, max_piece_rows):
+    columns = scan_columns(spec, tally.profiles, footer)
+    if reason := _read_rows(tally, batches(columns), file, spec, seed, holdout_fraction,
+                            max_piece_rows):
         return FileScan(file, schema, reason=reason)
     starts = tally.starts
     bounds = (np.r_[starts, tally.num_rows] if starts is not None
               else np.r_[np.arange(0, tally.num_rows, max_piece_rows), tally.num_rows])
     return FileScan(file, schema, np.diff(bounds).tolist(),
-                    [(*key, n) for key, n in sorted(tally.counts.items(), key=lambda kv: kv[0][0])],
+                    Counts.of((*key, n) for key, n in tally.counts.items()),
                     profiles=tally.profiles, dropped_rows=tally.dropped,
                     id_range=tally.id_range())
 
 
-def _read_rows(tally: _Tally, file: InputFile, spec: DatasetSpec, footer: Footer | None,
-               seed: int, holdout_fraction: float, max_piece_rows: int) -> str | None:
+def _read_rows(tally: _Tally, batches: Iterator[pa.RecordBatch], file: InputFile,
+               spec: DatasetSpec, seed: int, holdout_fraction: float,
+               max_piece_rows: int) -> str | None:
     """Read the scan's columns into `tally`; the reason to reject the file, or None."""
     try:
-        for batch in iter_batches(file.uri, columns=scan_columns(spec, tally.profiles, footer)):
+        for batch in batches:
             if reason := row_problem(batch, spec, tally.num_rows):
                 return reason
             tally.add(batch, file, spec, seed, holdout_fraction, max_piece_rows)
@@ -304,23 +326,23 @@ def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
     return f"schema drift: unexpected columns {extra}"
 
 
-def count_records(scans: list[FileScan]) -> tuple[list[CountRecord], list[tuple[int, int]]]:
-    """Count records over global pieces, and each piece's (scan index, piece in file)."""
-    records: list[CountRecord] = []
-    pieces: list[tuple[int, int]] = []
-    for scan_index, scan in enumerate(scans):
-        if scan.reason is not None:
-            continue
-        first_piece = len(pieces)
-        pieces.extend((scan_index, piece) for piece in range(len(scan.piece_rows)))
-        records.extend(CountRecord(first_piece + piece, split, label, source, n)
-                       for piece, split, label, source, n in scan.counts)
-    return records, pieces
+def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
+    """The accepted files' counts over global pieces (files in order), and each piece's
+    (scan index, piece in file) as a [pieces, 2] array."""
+    accepted = [index for index, scan in enumerate(scans) if scan.reason is None]
+    num_pieces = np.fromiter((len(scans[index].piece_rows) for index in accepted), np.int64,
+                             len(accepted))
+    first_pieces = np.cumsum(num_pieces) - num_pieces
+    counts = concat_counts([scans[index].counts for index in accepted], first_pieces)
+    pieces = np.empty((int(num_pieces.sum()), 2), dtype=np.int64)
+    pieces[:, 0] = np.repeat(np.array(accepted, dtype=np.int64), num_pieces)
+    pieces[:, 1] = np.arange(len(pieces)) - np.repeat(first_pieces, num_pieces)
+    return counts, pieces
 
 
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
     """The accepted files together must hold at most `max_classes` label values."""
-    labels = {label for scan in scans if scan.reason is None for _, _, label, _, _ in scan.counts}
+    labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
     if len(labels) > spec.max_classes:
         raise InputError(_too_many_classes(spec, len(labels)))
 

@@ -15,9 +15,9 @@ last (one ranged read), two requests per reader and object however many rows or
 destinations there are, and the driver keeps nothing per object. Local files are
 memory-mapped instead of read. A merge copies message bytes from several objects into
 one, destination by destination; nothing is decoded. Objects are written whole: a local
-file streamed from the batches (the index filled in last), or one PUT on an object store
-(s3fs turns a body of 100 MiB or more into a multipart upload), so a reader never sees
-half an object once its task has returned.
+file streamed from the batches (the index filled in last), or on an object store one PUT
+or, from twice the object's `part_bytes`, a multipart upload (`storage.write_object`), so
+a reader never sees half an object once its task has returned.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from preprocessing.storage import DEFAULT_PART_BYTES, write_object
+
 MAGIC = b"BLSTIDX2"
 _INDEX_ITEM = np.dtype("<i8")
 _HEADER_BYTES = len(MAGIC) + 8
@@ -38,11 +40,13 @@ _HEADER_BYTES = len(MAGIC) + 8
 
 @dataclass(frozen=True)
 class StagedObject:
-    """Where a staged object is and which destinations it covers."""
+    """Where a staged object is, which destinations it covers, and the part size of its
+    multipart upload to an object store."""
 
     uri: str
     first_destination: int
     num_destinations: int
+    part_bytes: int = DEFAULT_PART_BYTES
 
 
 class StagedWriter:
@@ -95,7 +99,8 @@ class StagedWriter:
             self._file.close()
         else:
             body = self._sink.getvalue()
-            self._fs.pipe_file(self._path, b"".join([index, memoryview(body)[len(index):]]))
+            write_object(self._fs, self._path, b"".join([index, memoryview(body)[len(index):]]),
+                         self.staged.part_bytes)
         return int(size)
 
 

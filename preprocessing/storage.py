@@ -1,5 +1,6 @@
 """Storage primitives of every writer: an atomic write (optionally only if absent), a
-host-wide file lock, whether a filesystem is local disk, and a streamed sha256.
+whole object (a multipart upload on S3 when it is large), a host-wide file lock, whether
+a filesystem is local disk, and a streamed sha256.
 
 fsspec and the standard library only; preprocessing/manifest.py builds the version
 commit on them and re-exports them.
@@ -15,6 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import fsspec
+
+DEFAULT_PART_BYTES = 64 << 20
+MIN_PART_BYTES = 5 << 20  # S3's smallest part (all but the last)
 
 
 @contextmanager
@@ -59,6 +63,24 @@ def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
         fs.invalidate_cache(path)
     else:
         fs.pipe_file(path, data)
+
+
+def write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview,
+                 part_bytes: int = DEFAULT_PART_BYTES) -> None:
+    """Write a whole object: a local file (directories made), or on S3 one PUT when it is
+    under 2 x `part_bytes` and a multipart upload in parts of `part_bytes` (sent
+    concurrently) from there; other stores get one `pipe_file`. A reader never sees part
+    of it: S3 shows a multipart object only once it is complete."""
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return
+    body = bytes(data)  # s3fs slices the body into parts, which botocore sends as bytes only
+    if hasattr(fs, "call_s3"):  # s3fs: `chunksize` is its part size and half its threshold
+        fs.pipe_file(path, body, chunksize=max(part_bytes, MIN_PART_BYTES))
+    else:
+        fs.pipe_file(path, body)
 
 
 def file_sha256(uri: str) -> str:

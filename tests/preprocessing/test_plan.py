@@ -6,9 +6,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
+from preprocessing.counts import Counts, dense_offsets
 from preprocessing.plan import (
     SHUFFLE_MODES,
-    CountRecord,
     allocate_shards,
     apportion,
     contiguous_rows,
@@ -18,14 +18,14 @@ from preprocessing.plan import (
 stratum_counts = st.lists(st.integers(1, 2_000), min_size=1, max_size=12)
 
 
-def records_from(counts: list[int], num_pieces: int = 3) -> list[CountRecord]:
+def records_from(counts: list[int], num_pieces: int = 3) -> Counts:
     """Stratum i = (class i // 2, source i % 2), its rows spread over `num_pieces` pieces."""
     records = []
     for stratum, total in enumerate(counts):
         shares = apportion(total, np.ones(num_pieces))
-        records += [CountRecord(piece, "train", stratum // 2, stratum % 2, int(n))
+        records += [(piece, "train", stratum // 2, stratum % 2, int(n))
                     for piece, n in enumerate(shares) if n]
-    return records
+    return Counts.of(records)
 
 
 @given(total=st.integers(0, 10**9), weights=st.lists(st.floats(0.01, 100), min_size=1,
@@ -89,10 +89,38 @@ def test_explicit_weights_must_name_every_class() -> None:
 
 def test_piece_offsets_are_running_totals_in_piece_order() -> None:
     """Invariant: a piece's offset for a stratum is the stratum's rows in earlier pieces."""
-    records = [CountRecord(2, "train", 0, "a", 5), CountRecord(0, "train", 0, "a", 3),
-               CountRecord(1, "train", 0, "a", 4)]
+    records = Counts.of([(2, "train", 0, "a", 5), (0, "train", 0, "a", 3),
+                         (1, "train", 0, "a", 4)])
     plan = plan_split(records, "train", MixConfig(), None, 100)
-    assert plan.piece_offsets == {0: {0: 0}, 1: {0: 3}, 2: {0: 7}}
+    assert [plan.piece_offsets.of_piece(p) for p in range(3)] == [{0: 0}, {0: 3}, {0: 7}]
+
+
+def test_piece_offsets_skip_pieces_and_strata_without_rows() -> None:
+    """Invariant: with two strata and pieces lacking one or both, each piece's offset of a
+    stratum is that stratum's rows in earlier pieces; a piece without rows has none, and
+    the dense [piece, stratum] view holds 0 there."""
+    records = Counts.of([(0, "train", 0, "a", 3), (0, "train", 1, "a", 2),
+                         (2, "train", 1, "a", 4), (3, "train", 0, "a", 6),
+                         (3, "holdout", 1, "a", 9), (3, "train", 1, "a", 1)])
+    plan = plan_split(records, "train", MixConfig(), None, 100, num_pieces=5)
+    assert [plan.piece_offsets.of_piece(p) for p in range(5)] == [
+        {0: 0, 1: 0}, {}, {1: 2}, {0: 3, 1: 6}, {}]
+    dense = dense_offsets(plan.piece_offsets.flat(1, 4), 2)
+    assert dense.tolist() == [[0, 0], [0, 2], [3, 6]]
+
+
+@pytest.mark.parametrize("mode", ["none", "block"])
+def test_contiguous_piece_starts_cover_every_piece_with_rows(mode: str) -> None:
+    """Invariant: in contiguous modes the pieces with rows of a split get disjoint runs of
+    output positions that tile [0, output rows) (input order in `none`), and a piece
+    without rows of the split (here piece 1, holdout only) gets a start too."""
+    records = Counts.of([(0, "train", 0, "a", 3), (1, "holdout", 0, "a", 5),
+                         (2, "train", 0, "a", 4), (2, "train", 1, "a", 2)])
+    plan = plan_split(records, "train", MixConfig(), 18, 100, mode, seed=3)
+    assert plan.piece_starts is not None and len(plan.piece_starts) == 3
+    # Piece 0 makes 3 output rows, piece 2 15 (7 rows of class 0 and 2 of class 1 to 9 each).
+    starts = plan.piece_starts[[0, 2]].tolist()
+    assert starts == [0, 3] if mode == "none" else starts in ([0, 3], [15, 0])
 
 
 def test_allocation_deals_extras_round_robin() -> None:
