@@ -13,8 +13,10 @@ batches, one process unless a worker count is named:
 - a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
   pyarrow tables in memory (the read of every table counts as its start-up);
 - LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
-  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists.
-  Mosaic Streaming is left out: it needs its own 5.5 GB environment.
+  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists;
+  its decode share per rank beside ballast's (benchmarks/litdata_share.py). Mosaic
+  Streaming is left out: it does not read Parquet (the rows would be converted to MDS
+  first), and its environment needs the CUDA torch build and torchvision (M13).
 
 Peers stop after `--peer-rows` rows. Rows per CPU-second (this process and its
 finished children) is printed beside rows/s: on a shared machine it moves less.
@@ -51,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from litdata_share import share_report as litdata_share
 from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
@@ -296,8 +299,8 @@ def readers_section(root: str, paths: list[str], args: argparse.Namespace) -> li
     bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
     found = compare_readers(root, paths, args)
     results = [r for r in found if isinstance(r, Result)]
-    skipped = ["Mosaic Streaming: "
-               "skipped (needs its own 5.5 GB environment, docs/architecture.md M13)"]
+    skipped = ["Mosaic Streaming: skipped (needs its own environment with the CUDA torch "
+               "build and torchvision, and MDS shards: docs/architecture.md M13)"]
     report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
     return results
 
@@ -329,6 +332,8 @@ def scale_section(root: str, args: argparse.Namespace) -> tuple[float, float]:
             excess = share_report(remote, worlds)
     else:
         excess = share_report(root, worlds)
+    peer = litdata_share(args.litdata_python, train_shards(root), worlds)
+    print(f"LitData: worst 1/W + {peer:.3f}" if isinstance(peer, float) else f"LitData: {peer}")
     return excess, quality_report(root, args.quality_epochs)
 
 
