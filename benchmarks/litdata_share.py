@@ -85,15 +85,17 @@ def litdata_share(python: str, paths: list[str], worlds: list[int]) -> dict[int,
                 for world in worlds}
 
 
-def share_report(python: str, paths: list[str], worlds: list[int]) -> float | str:
-    """Print LitData's per-rank figures; returns its worst excess of rows decoded over 1/W
-    of the split, or why it did not run."""
+def share_report(python: str, paths: list[str], worlds: list[int]) -> float | None:
+    """Print LitData's per-rank figures and its worst excess of rows decoded over 1/W of
+    the split (returned), or why it did not run (None)."""
     if not Path(python).exists():
-        return f"skipped: {python} not found (see docs/architecture.md M13)"
+        print(f"LitData: skipped: {python} not found (see docs/architecture.md M13)")
+        return None
     try:
         figures = litdata_share(python, paths, worlds)
     except (RuntimeError, subprocess.CalledProcessError) as error:
-        return f"failed: {error}"
+        print(f"LitData: failed: {error}")
+        return None
     split = sum(pq.ParquetFile(path).metadata.num_rows for path in paths)
     print(f"\nLitData {'ranks':>5} {'rank':>4} {'served':>9} {'decoded':>9} {'decoded/split':>13}")
     worst = -1.0
@@ -102,6 +104,7 @@ def share_report(python: str, paths: list[str], worlds: list[int]) -> float | st
             worst = max(worst, r["decoded"] / split - 1 / world)
             print(f"        {world:5d} {rank:4d} {r['served']:9d} {r['decoded']:9d} "
                   f"{r['decoded'] / split:13.3f}")
+    print(f"LitData: worst 1/W + {worst:.3f}")
     return worst
 
 
@@ -109,5 +112,4 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
     from loader_bench import train_shards
 
-    print(share_report(sys.argv[1], train_shards(sys.argv[2]),
-                       [int(w) for w in sys.argv[3].split(",")]))
+    share_report(sys.argv[1], train_shards(sys.argv[2]), [int(w) for w in sys.argv[3].split(",")])

@@ -8,16 +8,14 @@ batches, one process unless a worker count is named:
 
 - raw pyarrow `ParquetFile.iter_batches` to numpy over the shards in order (the
   ceiling: no shuffle, no class mapping, no tensors);
-- ballast `StreamLoader` with 0 and 2 DataLoader workers (the defaults: read-ahead 2
-  row groups, 2 batches assembled ahead), and 0 workers with no read-ahead or no batch
-  assembled ahead;
+- ballast `StreamLoader` with 0 and 2 DataLoader workers (defaults: read-ahead 2 row
+  groups and 2 batches), and 0 workers with no read-ahead or no batch ahead;
 - a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
   pyarrow tables in memory (the read of every table counts as its start-up);
 - LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
   environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists;
   its decode share per rank beside ballast's (benchmarks/litdata_share.py). Mosaic
-  Streaming is left out: it does not read Parquet (the rows would be converted to MDS
-  first), and its environment needs the CUDA torch build and torchvision (M13).
+  Streaming is left out: it reads no Parquet, and needs the CUDA torch build (M13).
 
 Peers stop after `--peer-rows` rows. Rows per CPU-second (this process and its
 finished children) is printed beside rows/s: on a shared machine it moves less.
@@ -70,6 +68,7 @@ from training.data.wait import interval
 
 BATCH, NUM_FEATURES, NUM_CLASSES = 1024, 64, 10
 COLUMNS = ["id", "label", "features"]
+DEFAULT_READ = ReadConfig()
 
 
 @dataclass
@@ -139,9 +138,6 @@ def bench_raw(paths: list[str]) -> Result:
     started = time.perf_counter()
     return timed_pass("pyarrow iter_batches (ceiling)", batches(), lambda b: len(b[1]), 2**62,
                       started)
-
-
-DEFAULT_READ = ReadConfig()
 
 
 def make_loader(root: str, num_workers: int, depth: int = DEFAULT_READ.prefetch_row_groups,
@@ -339,8 +335,7 @@ def scale_section(root: str, args: argparse.Namespace) -> tuple[float, float]:
             excess = share_report(remote, worlds)
     else:
         excess = share_report(root, worlds)
-    peer = litdata_share(args.litdata_python, train_shards(root), worlds)
-    print(f"LitData: worst 1/W + {peer:.3f}" if isinstance(peer, float) else f"LitData: {peer}")
+    litdata_share(args.litdata_python, train_shards(root), worlds)
     return excess, quality_report(root, args.quality_epochs)
 
 
