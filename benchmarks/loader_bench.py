@@ -8,13 +8,14 @@ batches, one process unless a worker count is named:
 
 - raw pyarrow `ParquetFile.iter_batches` to numpy over the shards in order (the
   ceiling: no shuffle, no class mapping, no tensors);
-- ballast `StreamLoader` with 0 and 2 DataLoader workers (read-ahead 2), and 0
-  workers with read-ahead 0;
+- ballast `StreamLoader` with 0 and 2 DataLoader workers (defaults: read-ahead 2 row
+  groups and 2 batches), and 0 workers with no read-ahead or no batch ahead;
 - a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
   pyarrow tables in memory (the read of every table counts as its start-up);
 - LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
-  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists.
-  Mosaic Streaming is left out: it needs its own 5.5 GB environment.
+  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists;
+  its decode share per rank beside ballast's (benchmarks/litdata_share.py). Mosaic
+  Streaming is left out: it reads no Parquet, and needs the CUDA torch build (M13).
 
 Peers stop after `--peer-rows` rows. Rows per CPU-second (this process and its
 finished children) is printed beside rows/s: on a shared machine it moves less.
@@ -51,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from litdata_share import share_report as litdata_share
 from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
@@ -66,6 +68,7 @@ from training.data.wait import interval
 
 BATCH, NUM_FEATURES, NUM_CLASSES = 1024, 64, 10
 COLUMNS = ["id", "label", "features"]
+DEFAULT_READ = ReadConfig()
 
 
 @dataclass
@@ -137,13 +140,15 @@ def bench_raw(paths: list[str]) -> Result:
                       started)
 
 
-def make_loader(root: str, num_workers: int, depth: int = 2, batches: int = 0) -> StreamLoader:
+def make_loader(root: str, num_workers: int, depth: int = DEFAULT_READ.prefetch_row_groups,
+                batches: int = DEFAULT_READ.prefetch_batches) -> StreamLoader:
     read = ReadConfig(prefetch_row_groups=depth, prefetch_batches=batches)
     stream = ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0, read=read)
     return StreamLoader(stream, num_workers=num_workers)
 
 
-def bench_ballast(root: str, num_workers: int, depth: int = 2, batches: int = 0) -> Result:
+def bench_ballast(root: str, num_workers: int, depth: int = DEFAULT_READ.prefetch_row_groups,
+                  batches: int = DEFAULT_READ.prefetch_batches) -> Result:
     started = time.perf_counter()
     loader = make_loader(root, num_workers, depth, batches)
     name = f"ballast StreamLoader, {num_workers} workers, read-ahead {depth}+{batches} batches"
@@ -269,7 +274,7 @@ def compare_readers(
     readers: list[Callable[[], Result | str]] = [
         lambda: bench_raw(paths), lambda: bench_ballast(root, 0), lambda: bench_ballast(root, 2),
         lambda: bench_ballast(root, 0, depth=0, batches=0),
-        lambda: bench_ballast(root, 0, batches=2),
+        lambda: bench_ballast(root, 0, batches=0),
         lambda: bench_map_style(paths, 0, args.peer_rows),
         lambda: bench_litdata(args.litdata_python, paths, args.peer_rows)]
     best: dict[int, Result | str] = {}
@@ -296,8 +301,8 @@ def readers_section(root: str, paths: list[str], args: argparse.Namespace) -> li
     bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
     found = compare_readers(root, paths, args)
     results = [r for r in found if isinstance(r, Result)]
-    skipped = ["Mosaic Streaming: "
-               "skipped (needs its own 5.5 GB environment, docs/architecture.md M13)"]
+    skipped = ["Mosaic Streaming: skipped (needs its own environment with the CUDA torch "
+               "build and torchvision, and MDS shards: docs/architecture.md M13)"]
     report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
     return results
 
@@ -307,12 +312,13 @@ def stall_section(root: str, args: argparse.Namespace) -> float:
     first batches (after the first one; every window opens then) and a steady stretch
     from the middle; then other settings over the first batches. Returns the epoch's."""
     first, partitions = (1, args.stall_batches), LoaderConfig().num_partitions
-    runs = {"defaults, whole epoch": (0, 0, 0, None),
-            f"defaults, batches 1-{args.stall_batches}": (0, 0, *first),
+    ahead = DEFAULT_READ.prefetch_batches
+    runs = {"defaults, whole epoch": (0, ahead, 0, None),
+            f"defaults, batches 1-{args.stall_batches}": (0, ahead, *first),
             f"defaults, {args.stall_batches} batches after {8 * partitions}":
-                (0, 0, 8 * partitions, args.stall_batches),
-            "2 batches ahead, first batches": (0, 2, *first),
-            "1 worker, first batches": (1, 0, *first)}
+                (0, ahead, 8 * partitions, args.stall_batches),
+            "no batch ahead, whole epoch": (0, 0, 0, None),
+            "1 worker, first batches": (1, ahead, *first)}
     stalls = {name: median_stall(root, *run, args.repeat) for name, run in runs.items()}
     for name, (fraction, waited) in stalls.items():
         print(f"training-loop stall, {name}: {fraction:.1%} (loader's data-wait fraction "
@@ -329,6 +335,7 @@ def scale_section(root: str, args: argparse.Namespace) -> tuple[float, float]:
             excess = share_report(remote, worlds)
     else:
         excess = share_report(root, worlds)
+    litdata_share(args.litdata_python, train_shards(root), worlds)
     return excess, quality_report(root, args.quality_epochs)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -106,16 +107,21 @@ def partition_rows(num_rows: int, batch_size: int, num_partitions: int) -> np.nd
 @dataclass(frozen=True)
 class Recipe:
     """One batch of a consumer: its real rows by (slot, row), ascending (a batch's rows
-    are a set: gathered in file order, each group's rows are read in one forward pass), then
-    `num_pad` copies of the row `pad` (weight 0); the slots to read before it, in order,
-    and those to release after it."""
+    are a set: gathered in file order, each group's rows are read in one forward pass), as
+    `runs` of (slot, begin, end): rows[begin:end] are rows of slot `slot`; then `num_pad`
+    copies of the row `pad` (weight 0); the slots to read before it, in order, and those
+    to release after it."""
 
-    slots: np.ndarray
+    runs: tuple[tuple[int, int, int], ...]
     rows: np.ndarray
     num_pad: int
     pad: tuple[int, int] | None
     load: tuple[int, ...]
     free: tuple[int, ...]
+
+    @property
+    def num_real(self) -> int:
+        return len(self.rows)
 
 
 class EpochPlan:
@@ -236,19 +242,26 @@ class Schedule:
         slots, rows = plan.locate(ascending)
         num_pad = plan.batch_size - len(slots)
         pad = plan.pad_row() if num_pad else None
-        first_of_run = np.ones(len(slots), bool)  # slots ascend: one run each
-        first_of_run[1:] = slots[1:] != slots[:-1]
-        needed = slots[first_of_run].tolist() + ([pad[0]] if pad else [])
+        runs = slot_runs(slots)
+        needed = [slot for slot, _, _ in runs] + ([pad[0]] if pad else [])
         load = tuple(dict.fromkeys(s for s in needed if s not in self._live))
         for slot in load:
             self._live.add(slot)
             self._expiry[max(self.last_batch(slot), batch)].append(slot)
         free = tuple(self._expiry.pop(batch, ()))
         self._live.difference_update(free)
-        return Recipe(slots, rows, num_pad, pad, load, free)
+        return Recipe(runs, rows, num_pad, pad, load, free)
 
     def last_batch(self, slot: int) -> int:
         """This consumer's last batch that may read `slot` (its final batch at most)."""
         step = self.units.step if len(self.units) > 1 else 1
         last = self.plan.last_unit(slot, self.units.start, step)
         return min((last - self.units.start) // step, len(self.units) - 1)
+
+
+def slot_runs(slots: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """(slot, begin, end) of each run of equal values in ascending `slots`: built once per
+    batch here, so assembling the batch loops over a few runs, not over its rows."""
+    cuts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), len(slots)]
+    return tuple((int(slots[begin]), begin, end)
+                 for begin, end in pairwise(cuts) if end > begin)

@@ -43,11 +43,11 @@ class ReadConfig(BaseModel):
         2, ge=0, description="Row groups read ahead in background threads; 0 reads on demand."
     )
     prefetch_batches: int = Field(
-        0, ge=0, description="Batches assembled ahead in a background thread; 0 assembles "
-        "each batch when it is asked for. Worth 2 where the step runs on an accelerator: "
-        "it halved the loader's data wait here (5.4-6.4% -> 2.3-2.7% of the loop), but on a "
-        "CPU-only host the thread competes with the step (stall 3.5-9.6% over four runs, "
-        "against 2.9-7.9% without it)."
+        2, ge=0, description="Batches assembled ahead in a background thread, so assembling "
+        "one overlaps the training step; 0 assembles each batch in the consumer's thread "
+        "when it is asked for. On a 2-core host (1,024-row batches, an MLP step) 2 cut the "
+        "data wait of a whole epoch to 2.0-2.8% from 6.2-7.8% and shortened the loop in 3 of "
+        "3 paired runs at load 1.4; at load 6-9 it gave 8.2-10.9% against 9.4-13.3%."
     )
     cache_dir: str | None = Field(
         None, description="Local directory for verified copies of whole shards; None: no cache."
