@@ -99,12 +99,15 @@ def wait_for_peer_logs(output_dir: str, world_size: int,
     """Return once every rank's error log exists, or after `timeout_s` (a rank that did
     not fail never writes one, and is stopped by torchrun when this rank exits)."""
     fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
-    deadline = time.monotonic() + timeout_s
+    deadline, pause_s = time.monotonic() + timeout_s, 0.1
+    # Doubling pauses: about 7 listings per rank however long the wait, so a large job's
+    # ranks list the shared directory a few thousand times at most, not every 0.2 s each.
     while time.monotonic() < deadline:
         if len(fs.glob(f"{path}/rank-*.log")) >= world_size:
             return
         fs.invalidate_cache()
-        time.sleep(0.2)
+        time.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
+        pause_s *= 2
 
 
 def read_config_errors(output_dir: str) -> list[str]:

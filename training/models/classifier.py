@@ -63,7 +63,7 @@ class Classifier(lightning.LightningModule):
         self.last_confusion: np.ndarray | None = None
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
-        self._loss_sum = torch.zeros(2, dtype=torch.float64)  # summed loss, real samples
+        self._loss_sum = torch.zeros(())  # of the real samples; their count: the confusion's
 
     def build_network(self, num_features: int, num_classes: int) -> nn.Module:
         raise NotImplementedError
@@ -84,14 +84,14 @@ class Classifier(lightning.LightningModule):
         self._confusion = torch.zeros(
             num_classes, num_classes, dtype=torch.long, device=self.device
         )
-        self._loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self._loss_sum = torch.zeros((), device=self.device)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         real = batch["weight"] > 0
         logits = self(batch["features"])[real]
         pred, target = logits.argmax(dim=1), batch["label"][real]
         loss = F.cross_entropy(logits.float(), target, reduction="sum").detach()
-        self._loss_sum += torch.stack([loss.double(), real.sum().double()])
+        self._loss_sum += loss
         num_classes = len(self.classes)
         counts = torch.bincount(target * num_classes + pred, minlength=num_classes**2)
         self._confusion += counts.view(num_classes, num_classes)
@@ -102,10 +102,9 @@ class Classifier(lightning.LightningModule):
         self.last_confusion = total.cpu().numpy()
         for name, value in validation_metrics(self.last_confusion, self.classes).items():
             self.log(name, value, sync_dist=True)
-        losses = cast(torch.Tensor, self.all_gather(self._loss_sum))
-        summed = losses.sum(dim=0) if losses.dim() == 2 else losses
+        summed = cast(torch.Tensor, self.all_gather(self._loss_sum)).sum()
         # The same mean over every rank's samples on each rank (the sync averages equals).
-        self.log("val_loss", float(summed[0] / summed[1].clamp_min(1.0)), sync_dist=True)
+        self.log("val_loss", float(summed) / max(1, int(total.sum())), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         config = self.config
