@@ -41,43 +41,78 @@ def unit_interval(values: np.ndarray, key: int) -> np.ndarray:
     return (mix64(values, key) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def _feistel(values: np.ndarray, right_bits: np.ndarray, left_mask: np.ndarray,
-             right_mask: np.ndarray, round_keys: list[np.ndarray]) -> np.ndarray:
+def _mix64_into(values: np.ndarray, key: int) -> np.ndarray:
+    """`mix64(values, key)` for one key, in a new array with every step in place: half
+    the passes over memory of the general form."""
+    z = values + np.uint64(key)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _feistel(values: np.ndarray, bits: int, round_keys: list[int]) -> np.ndarray:
+    """One pass of the Feistel network on a domain of `bits` bits (one permutation)."""
+    right_bits = np.uint64(bits // 2)
+    right_mask = np.uint64((1 << (bits // 2)) - 1)
+    left_mask = np.uint64((1 << (bits - bits // 2)) - 1)
     left = values >> right_bits
     right = values & right_mask
     for round_index, round_key in enumerate(round_keys):
         if round_index % 2 == 0:
-            left ^= mix64(right, round_key) & left_mask
+            left ^= _mix64_into(right, round_key) & left_mask
         else:
-            right ^= mix64(left, round_key) & right_mask
-    return (left << right_bits) | right
+            right ^= _mix64_into(left, round_key) & right_mask
+    left <<= right_bits
+    left |= right
+    return left
+
+
+def _permute_one(values: np.ndarray, domain: int, bits: int,
+                 round_keys: list[int]) -> np.ndarray:
+    """The keyed bijection of [0, domain) applied to `values`, cycle walking included."""
+    with np.errstate(over="ignore"):
+        result = _feistel(values, bits, round_keys)
+        limit = np.uint64(domain)
+        outside = np.flatnonzero(result >= limit)
+        while len(outside):  # cycle walking: re-encrypt until the value is back in range
+            result[outside] = _feistel(result[outside], bits, round_keys)
+            outside = outside[result[outside] >= limit]
+    return result
+
+
+def group_runs(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds): `order` lists the rows group by group (stably), group g's rows
+    are order[bounds[g]:bounds[g + 1]]."""
+    narrow = groups.astype(np.int16 if num_groups < 1 << 15 else np.int64, copy=False)
+    order = np.argsort(narrow, kind="stable")  # a radix sort on narrow integers
+    bounds = np.r_[0, np.cumsum(np.bincount(groups, minlength=num_groups))]
+    return order, bounds
 
 
 def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
                  keys: np.ndarray) -> np.ndarray:
-    """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i in one
-    vectorised pass: a piece's rows of all strata at once, no Python loop per stratum."""
+    """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i: a
+    piece's rows of all strata at once. Rows are taken group by group, so that each
+    group's network runs with scalar keys and masks (about half the time of per-row
+    key arrays, docs/architecture.md M31)."""
     domains = np.asarray(domains, dtype=np.int64)
-    used = np.bincount(groups, minlength=len(domains)) > 0
-    if (domains[used] <= 0).any():
-        raise ValueError(f"permutation domains must be positive, got {domains[used].min()}")
+    order, bounds = group_runs(groups, len(domains))
+    present = np.flatnonzero(np.diff(bounds))
+    if (domains[present] <= 0).any():
+        raise ValueError(f"permutation domains must be positive, got {domains[present].min()}")
     bits = _domain_bits(domains.tobytes())
-    right_bits_of = bits // np.uint64(2)
-    one = np.uint64(1)
-    right_bits = right_bits_of[groups]
-    right_mask = (one << right_bits) - one
-    left_mask = (one << (bits - right_bits_of)[groups]) - one
     table = _round_keys(np.asarray(keys, dtype=np.uint64).tobytes())
-    round_keys = [table[r][groups] for r in range(_NUM_ROUNDS)]
-    limit = domains[groups].astype(np.uint64)
-    result = _feistel(np.asarray(indices, dtype=np.uint64), right_bits, left_mask, right_mask,
-                      round_keys)
-    outside = np.flatnonzero(result >= limit)
-    while len(outside):  # cycle walking: re-encrypt until the value is back in [0, n)
-        result[outside] = _feistel(result[outside], right_bits[outside], left_mask[outside],
-                                   right_mask[outside], [key[outside] for key in round_keys])
-        outside = outside[result[outside] >= limit[outside]]
-    return result.astype(np.int64)
+    values = np.asarray(indices).astype(np.uint64)[order]
+    for group in present.tolist():
+        run = slice(bounds[group], bounds[group + 1])
+        values[run] = _permute_one(values[run], int(domains[group]), int(bits[group]),
+                                   [int(key) for key in table[:, group]])
+    result = np.empty(len(values), dtype=np.int64)
+    result[order] = values
+    return result
 
 
 # A map task permutes every piece with the same few keys and domains: hashing them once per

@@ -25,6 +25,7 @@ from preprocessing.counts import small_ints
 from preprocessing.permutation import (
     derive_key,
     derive_keys,
+    group_runs,
     mix64,
     permute_many,
     unit_interval,
@@ -104,14 +105,21 @@ def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
     within_group = plan.offset_in_group[strata[source_row]] + output
     keys = derive_keys(len(plan.group_rows), seed, plan.name, "position")
     position = permute_many(within_group, groups, plan.group_rows, keys)
-    shards = np.empty(len(output), dtype=np.int64)
-    cumulative = np.cumsum(plan.shard_alloc, axis=0)
-    for group in np.unique(groups):  # one searchsorted per class present: few
-        members = groups == group
-        shards[members] = np.searchsorted(cumulative[:, group], position[members], side="right")
+    shards = shards_of(position, groups, np.cumsum(plan.shard_alloc, axis=0))
     global_position = plan.group_start[groups] + position
     order_keys = mix64(global_position.astype(np.uint64), derive_key(seed, plan.name, "order"))
     return Routing(rows=source_row, shards=shards, order_keys=order_keys)
+
+
+def shards_of(position: np.ndarray, groups: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
+    """The shard of each output row from its position in its group: `cumulative[s, g]`
+    is the rows of group g in shards 0..s. One search per group present."""
+    order, bounds = group_runs(groups, cumulative.shape[1])
+    shards = np.empty(len(position), dtype=np.int64)
+    for group in np.flatnonzero(np.diff(bounds)).tolist():
+        rows = order[bounds[group]:bounds[group + 1]]
+        shards[rows] = np.searchsorted(cumulative[:, group], position[rows], side="right")
+    return shards
 
 
 def route_contiguous(strata: np.ndarray, index: np.ndarray, piece_of: np.ndarray,
