@@ -40,6 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # starts (a nanny keeps values it finds in its own environment over its defaults).
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 256 << 20}
 
+# Dask's statistical profiler samples every worker thread's stack every 10 ms (for the
+# dashboard's Profile page): 1.5-2 of 27 worker CPU-s of a reshard of 5,000 small files
+# (docs/architecture.md M31). Off on the local workers ballast starts unless
+# `dask.worker_profile` turns it on.
+PROFILE_KEY = "distributed.worker.profile.enabled"
+
 # kind -> (module, cluster class, the package and ballast extra that install it)
 _EXTERNAL = {
     "kubernetes": ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", "kubernetes"),
@@ -75,6 +81,9 @@ class DaskConfig(BaseModel):
         "(`local`), `make_cluster_spec` and KubeCluster (`kubernetes`: `image` with ballast "
         "installed is required; `namespace`, `resources`, `env`), SLURMCluster / PBSCluster "
         "(`cores`, `memory`, `queue`, `account`, `walltime`, `job_script_prologue`).")
+    worker_profile: bool = Field(
+        False, description="Dask's statistical profiler (the dashboard's Profile page) on the "
+        "workers of kind `local`; it costs about 6% of their CPU.")
 
     @model_validator(mode="after")
     def _settings_of_the_kind(self) -> DaskConfig:
@@ -122,7 +131,8 @@ def build_cluster(config: DaskConfig) -> Any:
     """The cluster object of a kind ballast starts, workers not requested yet (no job is
     submitted and no pod created until it is scaled)."""
     if config.kind == "local":
-        return local_cluster(config.num_workers, **config.options)
+        return local_cluster(config.num_workers, config.worker_profile,
+                             **config.options)
     if config.kind == "kubernetes":
         return _kubernetes_cluster(config)
     if config.kind in ("slurm", "pbs"):
@@ -130,11 +140,13 @@ def build_cluster(config: DaskConfig) -> Any:
     raise ValueError(f"dask.kind={config.kind!r} joins a running cluster; nothing to build")
 
 
-def local_cluster(num_workers: int, **options: Any) -> LocalCluster:
-    """A LocalCluster of single-threaded worker processes with the allocator settings."""
+def local_cluster(num_workers: int, worker_profile: bool = False,
+                  **options: Any) -> LocalCluster:
+    """A LocalCluster of single-threaded worker processes with the allocator settings and,
+    unless `worker_profile`, without Dask's statistical profiler."""
     environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
                for name, value in WORKER_MALLOC_ENV.items()}
-    with dask.config.set(environ):
+    with dask.config.set({**environ, PROFILE_KEY: worker_profile}):
         return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
                             dashboard_address=":0", **options)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import dask
 import pytest
 import yaml
 from distributed import Client
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from preprocessing.__main__ import main as preprocessing_main
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.executor import (
+    PROFILE_KEY,
     WORKER_MALLOC_ENV,
     DaskConfig,
     StorageNotShared,
@@ -188,6 +190,19 @@ def test_workers_without_the_allocator_settings_are_named_with_the_exact_variabl
             joining:
         pass
     assert "1 of 1 Dask workers (tcp://127.0.0.2:" in str(record[0].message)
+
+
+@pytest.mark.parametrize("worker_profile", [False, True])
+def test_local_workers_run_dasks_profiler_only_when_asked(worker_profile: bool) -> None:
+    """Invariant: the local workers ballast starts sample their stacks (Dask's `profile`
+    callback) exactly when `dask.worker_profile` is set; the driver's own Dask config is
+    left as it was."""
+    before = dask.config.get(PROFILE_KEY)
+    config = DaskConfig(num_workers=1, worker_profile=worker_profile)
+    with dask_client(config) as client:
+        callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+    assert [("profile" in names) for names in callbacks.values()] == [worker_profile]
+    assert dask.config.get(PROFILE_KEY) == before
 
 
 @pytest.mark.slow
