@@ -13,8 +13,10 @@
   it, with results standing in for the tasks'. Peak RSS and seconds per phase. Target
   at 1e6 x 1e5: under 2 GB and 120 s. Measured (load 6-7): 1.81-1.82 GB, 66-78 s, met;
   1e5 x 1e4: 0.29 GB, 7.6 s (docs/architecture.md M28).
-- `sizes` (c): ballast stratified at `--gb` and 4x `--gb` (default 1 and 4 GB) with the
+- `sizes` (c): ballast stratified at each of `--sizes` (default 1, 4 and 16 GB) with the
   same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
+  A size needs about 3.2x its bytes of free disk (input, staged objects, shards) and is
+  skipped, with a line saying so, where the disk has less.
 - `s3` (d): a reshard from S3 to S3 on moto's server, every request counted
   (`tests/preprocessing/s3_requests.py`): requests per GB, median bytes per request,
   multipart uploads (objects of 2 x `upload_part_bytes` and more; none at the default
@@ -213,9 +215,20 @@ def max_rss_bytes() -> int:
 # ---------------------------------------------------------------- (c) sizes
 
 
+# Input, staged objects and shards are each about the input's size on disk, plus room.
+DISK_PER_INPUT_BYTE = 3.2
+
+
 def case_sizes(args: argparse.Namespace) -> None:
-    rows, shard_rows = [], None
-    for gb in (args.gb, 4 * args.gb):
+    rows: list[dict[str, Any]] = []
+    shard_rows = None
+    for gb in args.sizes:
+        free = shutil.disk_usage(Path(args.work_dir).anchor).free
+        if not Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}").exists() \
+                and free < DISK_PER_INPUT_BYTE * gb * GB:
+            print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.0f} GB of free "
+                  f"disk (input, staging, shards), {free / GB:.0f} GB free", flush=True)
+            continue
         raw, spec = prepare(gb, args)
         warm_up(["ballast-stratified"], args)
         shard_rows = shard_rows or -(-spec.num_rows // args.shards)
@@ -223,17 +236,20 @@ def case_sizes(args: argparse.Namespace) -> None:
                        base_job(spec.num_rows, shard_rows, args), keep=False)
         rows.append({**row, "tool": f"stratified@{gb:g}GB", "gb": dir_bytes(raw) / GB})
     print(format_table(rows))
-    if any("error" in row for row in rows):
+    if len(rows) < 2 or any("error" in row for row in rows):
         return
-    per_gb = [row["wall_s"] / row["gb"] for row in rows]
-    cpu_per_gb = [row["tree_cpu_s"] / row["gb"] for row in rows]
-    workers = [row["peak_worker"] for row in rows]
-    print(f"    s/GB {per_gb[0]:.1f} -> {per_gb[1]:.1f}; CPU-s/GB {cpu_per_gb[0]:.1f} -> "
-          f"{cpu_per_gb[1]:.1f}; worker RSS {workers[0] / GB:.2f} -> {workers[1] / GB:.2f} GB")
-    report("(c) seconds per GB flat within 15%", per_gb[1] <= 1.15 * per_gb[0],
-           f"{per_gb[1] / per_gb[0]:.2f}x")
-    report("(c) per-worker RSS flat within 15%", workers[1] <= 1.15 * workers[0],
-           f"{workers[1] / workers[0]:.2f}x")
+    for row in rows:
+        print(f"    {row['tool']}: {row['wall_s'] / row['gb']:.1f} s/GB, "
+              f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
+              f"{row['peak_worker'] / GB:.2f} GB")
+    first, largest = rows[0], rows[-1]
+    growth = (largest["wall_s"] / largest["gb"]) / (first["wall_s"] / first["gb"])
+    report(f"(c) seconds per GB flat within 15% ({first['tool']} -> {largest['tool']})",
+           all(r["wall_s"] / r["gb"] <= 1.15 * first["wall_s"] / first["gb"] for r in rows),
+           f"{growth:.2f}x")
+    report("(c) per-worker RSS flat within 15%",
+           all(r["peak_worker"] <= 1.15 * first["peak_worker"] for r in rows),
+           f"{largest['peak_worker'] / first['peak_worker']:.2f}x")
 
 
 # ---------------------------------------------------------------- (d) S3 requests
@@ -315,7 +331,9 @@ def parse_args() -> argparse.Namespace:
                         help="(b) PIECESxSHARDS shapes")
     parser.add_argument("--piece-mb", type=int, default=64,
                         help="(b) bytes per piece, MiB: 64 = one map task per piece")
-    parser.add_argument("--gb", type=float, default=1.0, help="(c) the smaller size, GB")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0, 16.0],
+                        help="(c) input sizes, GB; one that does not fit the free disk is "
+                        "skipped, said so")
     parser.add_argument("--s3-gb", type=float, default=0.25, help="(d) input size, GB")
     parser.add_argument("--s3-task-mb", type=int, nargs="+", default=[64, 4],
                         help="(d) exchange_task_bytes in MiB, one run each (small: rounds)")
