@@ -204,11 +204,11 @@ def run_dask(job: dict[str, Any]) -> dict[str, Any]:
 def encode_row_group(path: str, group: int, row_group_rows: int) -> float:
     """Decode one row group and encode it as a ballast shard is encoded; CPU seconds."""
     from preprocessing.config import DatasetSpec
-    from preprocessing.exchange import EncodeScratch, _parquet_bytes
+    from preprocessing.exchange import _parquet_bytes
 
     start = time.process_time()
     table = pq.ParquetFile(path).read_row_group(group)
-    _parquet_bytes(table, row_group_rows, DatasetSpec(inputs=[path]), EncodeScratch())
+    _parquet_bytes(table, row_group_rows, DatasetSpec(inputs=[path]))
     return time.process_time() - start
 
 

@@ -266,31 +266,27 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
     stop = first + len(shards)
     ranges = [read_destinations(staging.object(last, item), first, stop)
               for item in staging.layout.write_inputs(first)]
-    entries, scratch = [], EncodeScratch()
+    entries = []
     for index, (rows, uri) in enumerate(shards):
         batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
                    for batch in read_batches(data[offsets[index]:offsets[index + 1]],
                                              staging.schema)]
-        table = _shard_table(batches, rows, uri, staging, schema)
-        entries.append(_write_shard(table, uri, staging, spec, rows_per_row_group, scratch))
+        entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
+                                    rows_per_row_group))
     return entries
 
 
-def _shard_table(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
-                 staging: Staging, schema: pa.Schema) -> pa.Table:
-    """A shard's rows in keyed order, in the output schema."""
+def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
+                 staging: Staging, schema: pa.Schema, spec: DatasetSpec,
+                 rows_per_row_group: int) -> ShardEntry:
     table = pa.Table.from_batches(batches, schema=staging.schema)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
     order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct
     # One chunk whatever the number of inputs: the encoder's pages follow the chunks.
     table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
-    return table.cast(schema)
-
-
-def _write_shard(table: pa.Table, uri: str, staging: Staging, spec: DatasetSpec,
-                 rows_per_row_group: int, scratch: EncodeScratch) -> ShardEntry:
-    payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec, scratch))
+    table = table.cast(schema)
+    payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec))
     fs, path = url_to_fs(uri)
     write_object(fs, path, payload, staging.part_bytes)
     source_name = spec.source_column or DERIVED_SOURCE_COLUMN
@@ -304,45 +300,18 @@ def _write_shard(table: pa.Table, uri: str, staging: Staging, spec: DatasetSpec,
     )
 
 
-@dataclass
-class EncodeScratch:
-    """One write task's output buffer, reused for each of its shards. Encoding into a
-    growing stream reallocated it about log2(size) times, each time onto fresh pages the
-    kernel zeroes: 7% of a write task's CPU (docs/architecture.md M31)."""
-
-    buffer: pa.Buffer | None = None
-
-    def room_for(self, num_bytes: int) -> pa.Buffer:
-        if self.buffer is None or self.buffer.size < num_bytes:
-            self.buffer = None  # freed before the larger one is allocated
-            self.buffer = pa.allocate_buffer(num_bytes)
-        return self.buffer
-
-
-def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec,
-                   scratch: EncodeScratch | None = None) -> pa.Buffer:
-    """The shard's Parquet bytes: a view of `scratch`, valid until its next use."""
+def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) -> pa.Buffer:
     # Dictionary-encode only the low-cardinality label and source columns: on float and id
-    # columns the dictionary is useless and made writing about 3x slower.
+    # columns the dictionary is useless and made writing about 3x slower. An Arrow buffer,
+    # not BytesIO: no regrowth copies and no copy out.
     # Statistics on scalar columns only: min/max over the elements of a list column (an
     # embedding) prune nothing, and skipping them made encoding about 6% faster.
     dictionary = [spec.label_column, spec.source_column or DERIVED_SOURCE_COLUMN]
     scalar = [field.name for field in table.schema if not pa.types.is_nested(field.type)]
-    options = {"row_group_size": rows_per_row_group, "compression": "zstd",
-               "write_statistics": scalar, "use_dictionary": dictionary}
-    if scratch is not None:
-        # Encoded, a table takes at most its decoded size plus page headers and levels
-        # (zstd grows incompressible data by under 0.01%); one that still does not fit
-        # is encoded again into a growing stream.
-        sink = pa.FixedSizeBufferWriter(scratch.room_for(int(table.nbytes * 1.1) + (1 << 20)))
-        try:
-            pq.write_table(table, sink, **options)
-            return scratch.room_for(0).slice(0, sink.tell())
-        except OSError:  # "Write out of bounds": the only error writing to memory
-            pass
-    stream = pa.BufferOutputStream()
-    pq.write_table(table, stream, **options)
-    return stream.getvalue()
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
+                   write_statistics=scalar, use_dictionary=dictionary)
+    return sink.getvalue()
 
 
 def _histogram(column: pa.ChunkedArray) -> dict[str, int]:

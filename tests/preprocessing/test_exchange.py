@@ -8,15 +8,12 @@ import tempfile
 from pathlib import Path
 
 import fsspec
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from distributed import Client, LocalCluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.exchange import EncodeScratch, _parquet_bytes
 from preprocessing.manifest import Manifest
 from preprocessing.reshard import run_reshard
 from preprocessing.sources import read_footer
@@ -106,25 +103,3 @@ def test_s3_requests_stay_under_a_formula_in_pieces_and_shards(tiny_raw, s3_endp
     assert len(puts) <= pieces * rounds + shards
     assert len(gets) <= 2 * fan_in * (pieces + shards) * rounds
     assert len(log.requests) <= 2 * (pieces + shards) * fan_in * rounds + 64
-
-
-class _SmallScratch(EncodeScratch):
-    """A scratch buffer too small for any shard: what a shard that encodes larger than
-    its bound meets."""
-
-    def room_for(self, num_bytes: int) -> pa.Buffer:
-        return super().room_for(min(num_bytes, 256))
-
-
-def test_a_shard_larger_than_its_encode_buffer_gets_the_same_bytes(tiny_raw) -> None:
-    """Invariant: encoding into a reused buffer and, when a shard does not fit it, into a
-    growing stream give the same bytes as encoding with no buffer at all; a second shard
-    encoded into the same buffer does not change the first's bytes once copied out."""
-    table = pq.read_table(sorted(tiny_raw.glob("*.parquet"))[0])
-    spec = DatasetSpec(inputs=[str(tiny_raw)])
-    expected = _parquet_bytes(table, 128, spec).to_pybytes()
-    scratch = EncodeScratch()
-    first = _parquet_bytes(table, 128, spec, scratch).to_pybytes()
-    assert _parquet_bytes(table.slice(0, 10), 128, spec, scratch).to_pybytes() != first
-    assert first == expected
-    assert _parquet_bytes(table, 128, spec, _SmallScratch()).to_pybytes() == expected
