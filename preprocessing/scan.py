@@ -113,7 +113,7 @@ def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float
         return _scan_rows(file, None, stream_schema(file.uri),
                           lambda columns: iter_batches(file.uri, columns), *settings)
     with open_input(file.uri) as source:  # one open for the footer and the columns
-        parquet = pq.ParquetFile(source)
+        parquet = pq.ParquetFile(source.reader)
         footer = footer_of(parquet, max_piece_rows)
         return _scan_rows(file, footer, footer.schema,
                           lambda columns: parquet_batches(source, parquet, columns), *settings)

@@ -63,3 +63,38 @@ def test_pieces_smaller_than_row_groups_change_nothing_in_the_output(tmp_path,
     assert digests(whole) == digests(cut)
     assert read_rows(str(raw / "big.parquet"), 1_400, 700).column("id").to_pylist() == \
         list(range(1_400, 2_100))
+
+
+def test_a_small_object_is_read_in_one_request_a_large_one_in_ranges(tmp_path) -> None:
+    """Invariants: scanning an S3 object of at most WHOLE_READ_BYTES costs one GET of its
+    whole body (no footer and column-chunk round trips); a larger one is streamed, its
+    footer fetched before its data; both scans count the same rows as the local files
+    do."""
+    import fsspec
+
+    from preprocessing.scan import scan_file
+    from preprocessing.sources import WHOLE_READ_BYTES, list_inputs
+    from tests.preprocessing.s3_requests import counted_s3
+
+    local = tmp_path / "raw"
+    local.mkdir()
+    pq.write_table(flat_table(0, 2_000, 1), local / "small.parquet")
+    pq.write_table(flat_table(2_000, 200_000, 2), local / "large.parquet", row_group_size=50_000)
+    sizes = {path.name: path.stat().st_size for path in local.iterdir()}
+    assert sizes["small.parquet"] <= WHOLE_READ_BYTES < sizes["large.parquet"]
+    spec = flat_spec(local)
+    expected = {Path(f.uri).name: scan_file(f, spec, 0, 0.0, 100_000).counts
+                for f in list_inputs(spec)}
+    with counted_s3() as log:
+        fsspec.filesystem("s3").mkdir("whole")
+        fsspec.filesystem("s3").put(f"{local}/", "whole/raw/", recursive=True)
+        s3_spec = DatasetSpec(inputs=["s3://whole/raw/*.parquet"], feature_columns=["f0", "f1"])
+        for file in list_inputs(s3_spec):
+            name = Path(file.uri).name
+            log.clear()
+            assert scan_file(file, s3_spec, 0, 0.0, 100_000).counts == expected[name]
+            gets = [r for r in log.requests if r.method == "GET" and name in r.path]
+            if name == "small.parquet":
+                assert [r.bytes_moved for r in gets] == [sizes[name]]
+            else:
+                assert len(gets) > 1 and gets[0].bytes_moved < sizes[name]

@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 
 import fsspec
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -28,7 +30,7 @@ from preprocessing.retry import (
     call_with_retries,
     is_permanent,
 )
-from preprocessing.sources import open_input, read_footer
+from preprocessing.sources import WHOLE_READ_BYTES, open_input, read_footer
 
 FAST_RETRIES = RetryPolicy(attempts=4, first_delay_s=0.1, max_delay_s=0.4)
 
@@ -70,15 +72,18 @@ def test_a_corrupt_file_is_permanent_and_read_once(tiny_raw, tmp_path) -> None:
     assert is_permanent(raised.value) and len(tries) == 1
 
 
-def test_a_file_cut_short_under_the_reader_is_transient(tiny_raw, tmp_path) -> None:
-    """Fault: the file is truncated on disk after it was opened. Invariant: the read that
-    comes back short raises TruncatedRead (transient), never a decode error."""
+def test_a_file_cut_short_under_the_reader_is_transient(tmp_path) -> None:
+    """Fault: a file too large to be read whole at open is truncated on disk after it was
+    opened. Invariant: the read that comes back short raises TruncatedRead (transient),
+    never a decode error."""
     path = tmp_path / "shrinking.parquet"
-    path.write_bytes(next(tiny_raw.glob("*.parquet")).read_bytes())
+    values = np.random.default_rng(0).integers(0, 1 << 62, 400_000)
+    pq.write_table(pa.table({"id": values}), path, row_group_size=100_000)
+    assert path.stat().st_size > WHOLE_READ_BYTES
     with open_input(str(path)) as source:
         os.truncate(path, source.num_bytes // 3)
         with pytest.raises(TruncatedRead, match="cut short") as raised:
-            pq.ParquetFile(source).read()
+            pq.ParquetFile(source.reader).read()
     assert not is_permanent(raised.value)
 
 
