@@ -10,7 +10,8 @@ directories and globs into a sorted, fingerprinted listing, retried on transient
 Every read goes through `open_input`, which tells the store's errors from the
 decoder's (preprocessing/retry.py): a read that returns fewer bytes than the object
 holds is `TruncatedRead`, and an error pyarrow raises on bytes read in full is
-`CorruptInput`, the one permanent kind.
+`CorruptInput`, the one permanent kind. An object of at most `WHOLE_READ_BYTES` is read
+in one such checked request and decoded from memory.
 """
 
 from __future__ import annotations
