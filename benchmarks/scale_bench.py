@@ -224,8 +224,9 @@ DISK_PER_INPUT_BYTE = 3.2
 def case_sizes(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     shard_rows = None
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     for gb in args.sizes:
-        free = shutil.disk_usage(Path(args.work_dir).anchor).free
+        free = shutil.disk_usage(args.work_dir).free  # the work directory's filesystem
         if not Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}").exists() \
                 and free < DISK_PER_INPUT_BYTE * gb * GB:
             print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.0f} GB of free "

@@ -28,29 +28,21 @@ def derive_key(*parts: object) -> int:
 
 def mix64(values: np.ndarray, key: int | np.ndarray) -> np.ndarray:
     """splitmix64 finaliser of `values + key`: a keyed 64-bit hash, elementwise (`key` may
-    be one key or one per value)."""
+    be one key or one per value), in a new array with every step in place (half the
+    passes over memory of one temporary per step)."""
     with np.errstate(over="ignore"):
-        z = values.astype(np.uint64) + np.asarray(key, dtype=np.uint64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        z = np.add(values, np.asarray(key, dtype=np.uint64), dtype=np.uint64, casting="unsafe")
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return z
 
 
 def unit_interval(values: np.ndarray, key: int) -> np.ndarray:
     """Keyed uniform floats in [0, 1) from integer indices (53 bits of the hash)."""
     return (mix64(values, key) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-def _mix64_into(values: np.ndarray, key: int) -> np.ndarray:
-    """`mix64(values, key)` for one key, in a new array with every step in place: half
-    the passes over memory of the general form."""
-    z = values + np.uint64(key)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
 
 
 def _feistel(values: np.ndarray, bits: int, round_keys: list[int]) -> np.ndarray:
@@ -62,9 +54,9 @@ def _feistel(values: np.ndarray, bits: int, round_keys: list[int]) -> np.ndarray
     right = values & right_mask
     for round_index, round_key in enumerate(round_keys):
         if round_index % 2 == 0:
-            left ^= _mix64_into(right, round_key) & left_mask
+            left ^= mix64(right, round_key) & left_mask
         else:
-            right ^= _mix64_into(left, round_key) & right_mask
+            right ^= mix64(left, round_key) & right_mask
     left <<= right_bits
     left |= right
     return left
@@ -93,13 +85,15 @@ def group_runs(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndar
 
 
 def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
-                 keys: np.ndarray) -> np.ndarray:
+                 keys: np.ndarray,
+                 runs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i: a
-    piece's rows of all strata at once. Rows are taken group by group, so that each
-    group's network runs with scalar keys and masks (about half the time of per-row
-    key arrays, docs/architecture.md M31)."""
+    piece's rows of all strata at once. Rows are taken group by group (`runs`, as
+    `group_runs` makes them, when the caller has them already), so that each group's
+    network runs with scalar keys and masks (about half the time of per-row key arrays,
+    docs/architecture.md M31)."""
     domains = np.asarray(domains, dtype=np.int64)
-    order, bounds = group_runs(groups, len(domains))
+    order, bounds = runs if runs is not None else group_runs(groups, len(domains))
     present = np.flatnonzero(np.diff(bounds))
     if (domains[present] <= 0).any():
         raise ValueError(f"permutation domains must be positive, got {domains[present].min()}")

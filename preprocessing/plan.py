@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,13 @@ class SplitPlan:
 
     def shard_rows(self) -> np.ndarray:
         return np.asarray(self.shard_alloc.sum(axis=1))
+
+    @cached_property
+    def shard_bounds(self) -> np.ndarray:
+        """[group, shard]: rows of the group in shards 0..shard, each group's row
+        contiguous. Made once per process that holds the plan (a worker keeps the shared
+        plan for all its map tasks), not once per map task: O(shards x groups) each."""
+        return np.ascontiguousarray(np.cumsum(self.shard_alloc, axis=0).T)
 
 
 def apportion(total: int, fractions: np.ndarray) -> np.ndarray:

@@ -104,21 +104,24 @@ def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
     groups = plan.group_of[strata[source_row]]
     within_group = plan.offset_in_group[strata[source_row]] + output
     keys = derive_keys(len(plan.group_rows), seed, plan.name, "position")
-    position = permute_many(within_group, groups, plan.group_rows, keys)
-    shards = shards_of(position, groups, np.cumsum(plan.shard_alloc, axis=0))
+    runs = group_runs(groups, len(plan.group_rows))
+    position = permute_many(within_group, groups, plan.group_rows, keys, runs)
+    shards = shards_of(position, runs, plan.shard_bounds)
     global_position = plan.group_start[groups] + position
     order_keys = mix64(global_position.astype(np.uint64), derive_key(seed, plan.name, "order"))
     return Routing(rows=source_row, shards=shards, order_keys=order_keys)
 
 
-def shards_of(position: np.ndarray, groups: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
-    """The shard of each output row from its position in its group: `cumulative[s, g]`
-    is the rows of group g in shards 0..s. One search per group present."""
-    order, bounds = group_runs(groups, cumulative.shape[1])
+def shards_of(position: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
+              shard_bounds: np.ndarray) -> np.ndarray:
+    """The shard of each output row from its position in its group: `runs` lists the rows
+    group by group (`group_runs`), `shard_bounds[g, s]` is the rows of group g in shards
+    0..s. One search per group present."""
+    order, bounds = runs
     shards = np.empty(len(position), dtype=np.int64)
     for group in np.flatnonzero(np.diff(bounds)).tolist():
         rows = order[bounds[group]:bounds[group + 1]]
-        shards[rows] = np.searchsorted(cumulative[:, group], position[rows], side="right")
+        shards[rows] = np.searchsorted(shard_bounds[group], position[rows], side="right")
     return shards
 
 
