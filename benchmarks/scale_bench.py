@@ -229,8 +229,8 @@ def case_sizes(args: argparse.Namespace) -> None:
         free = shutil.disk_usage(args.work_dir).free  # the work directory's filesystem
         if not Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}").exists() \
                 and free < DISK_PER_INPUT_BYTE * gb * GB:
-            print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.0f} GB of free "
-                  f"disk (input, staging, shards), {free / GB:.0f} GB free", flush=True)
+            print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.1f} GB of free "
+                  f"disk (input, staging, shards), {free / GB:.1f} GB free", flush=True)
             continue
         raw, spec = prepare(gb, args)
         warm_up(["ballast-stratified"], args)
