@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/comm_bench.py                 # about 6-10 min on 2 cores
     .venv/bin/python benchmarks/comm_bench.py --steps 40      # a quicker look
 
-Generates a token dataset (training/models/tokens.py) sized for `--steps` optimizer steps
+Generates a token dataset (preprocessing/synthetic/tokens.py) sized for `--steps` optimizer steps
 per epoch, then trains the built-in transformer (default sizes: 4 blocks, width 256,
 vocabulary 4096: 4.3 M parameters, 17 MB of fp32 gradient per step) for 2 epochs on 2
 ranks, once per DDP comm option: none, fp16, bf16, PowerSGD rank 1 and 4, post-local
@@ -31,9 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
 from training.config import TrainConfig
 from training.launch.processes import child_env
-from training.models.tokens import TokenDatasetSpec, write_token_dataset
 
 BATCH_SIZE, WORLD_SIZE = 16, 2
 DDP_RUNS: dict[str, dict[str, Any]] = {

@@ -29,7 +29,7 @@ WORK=$(mktemp -d -t ballast-gpu-check-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-timeout 120 "$PY" -m training.models.tokens --out "$WORK/tokens" --rows "$ROWS" --holdout-rows 4096 \
+timeout 120 "$PY" -m preprocessing.synthetic.tokens --out "$WORK/tokens" --rows "$ROWS" --holdout-rows 4096 \
     --seq-len "$SEQ" --vocab-size "$VOCAB" --num-classes 8 --rows-per-shard 32768 \
     --rows-per-row-group 2048 >/dev/null
 

@@ -33,11 +33,11 @@ from distributed import Client
 
 from benchmarks.reshard_bench import GB, RawSpec, dir_bytes, ensure_raw, prepare, write_raw_file
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-from preprocessing.executor import local_cluster
-from preprocessing.increment import withdraw_version
-from preprocessing.manifest import Manifest, swap_current
-from preprocessing.reshard import ReshardResult, run_reshard
-from preprocessing.sample import file_sizes
+from preprocessing.contract.manifest import Manifest, swap_current
+from preprocessing.driver.cluster import local_cluster
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.synthetic.tabular import file_sizes
+from preprocessing.versions.incremental import withdraw_version
 
 
 def linked_inputs(raw: Path, directory: Path) -> Path:

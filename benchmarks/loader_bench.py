@@ -1,6 +1,6 @@
 """Loader benchmark: ballast's StreamLoader against what a user would pick instead, in one run.
 
-Data: `preprocessing.sample` raw files (64 float32 features per row, 10 classes)
+Data: `preprocessing.synthetic.tabular` raw files (64 float32 features per row, 10 classes)
 resharded by `run_reshard` into shards of 65,536 rows in row groups of 8,192
 (reused from `--work-dir` when present; `--dataset ROOT` reads an existing
 version instead). Rows per second over one epoch (start-up included), 1024-row
@@ -56,11 +56,11 @@ from litdata_share import share_report as litdata_share
 from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
-import preprocessing.manifest as contract
+import preprocessing.contract.manifest as contract
 from benchmarks.tabular_case import tabular_report
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import run_reshard
-from preprocessing.sample import SampleSpec, write_sample
+from preprocessing.driver.reshard import run_reshard
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadConfig

@@ -41,8 +41,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import preprocessing.manifest as contract
-from preprocessing.sample import SampleSpec, sample_table
+import preprocessing.contract.manifest as contract
+from preprocessing.synthetic.tabular import SampleSpec, sample_table
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.partition import EpochPlan
@@ -265,7 +265,7 @@ def on_s3(dataset: str) -> Iterator[str]:
     import fsspec
     from moto.server import ThreadedMotoServer
 
-    from preprocessing.manifest import read_manifest
+    from preprocessing.contract.manifest import read_manifest
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)

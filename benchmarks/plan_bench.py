@@ -1,4 +1,4 @@
-"""Planning micro-benchmark: `preprocessing.plan.plan_split` over footer counts of 1e6 files.
+"""Planning micro-benchmark: `preprocessing.plan.split.plan_split` over footer counts of 1e6 files.
 
 Synthesises the counts a scan of `--files` single-piece files would return (each file
 one source of 3, `--strata-per-piece` of 16 classes, deterministic from `--seed`),
@@ -28,8 +28,8 @@ import numpy as np
 import psutil
 
 from preprocessing.config import MixConfig
-from preprocessing.counts import COUNT_DTYPE, Counts
-from preprocessing.plan import SHUFFLE_MODES, plan_split
+from preprocessing.plan.counts import COUNT_DTYPE, Counts
+from preprocessing.plan.split import SHUFFLE_MODES, plan_split
 
 GB = 1e9
 NUM_CLASSES = 16

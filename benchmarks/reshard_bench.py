@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.sample import class_probabilities, file_sizes
+from preprocessing.synthetic.tabular import class_probabilities, file_sizes
 
 MARKER = "_GENERATED.json"
 NUM_FEATURES = 64
@@ -146,7 +146,7 @@ def dir_bytes(directory: Path) -> int:
 def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
     """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-    from preprocessing.reshard import run_reshard
+    from preprocessing.driver.reshard import run_reshard
 
     config = ReshardConfig(
         dataset=DatasetSpec(inputs=[job["input"]]), output_root=job["output"],
@@ -204,7 +204,7 @@ def run_dask(job: dict[str, Any]) -> dict[str, Any]:
 def encode_row_group(path: str, group: int, row_group_rows: int) -> float:
     """Decode one row group and encode it as a ballast shard is encoded; CPU seconds."""
     from preprocessing.config import DatasetSpec
-    from preprocessing.exchange import _parquet_bytes
+    from preprocessing.exchange.tasks import _parquet_bytes
 
     start = time.process_time()
     table = pq.ParquetFile(path).read_row_group(group)

@@ -61,7 +61,7 @@ from reshard_bench import (
     warm_up,
 )
 
-from preprocessing.sample import class_probabilities
+from preprocessing.synthetic.tabular import class_probabilities
 
 SMALL_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64()), ("source", pa.string()),
                           ("features", pa.list_(pa.float32(), 4))])
@@ -130,8 +130,8 @@ def synthetic_scans(num_pieces: int, rows_per_piece: int, piece_bytes: int,
                     strata_per_piece: int, seed: int) -> list[Any]:
     """What a scan of `num_pieces` single-piece files would return: each file's counts
     its own small table, as they arrive from the workers."""
-    from preprocessing.counts import COUNT_DTYPE, Counts
-    from preprocessing.scan import FileScan, InputFile
+    from preprocessing.plan.counts import COUNT_DTYPE, Counts
+    from preprocessing.scan.inputs import FileScan, InputFile
 
     rng = np.random.default_rng(seed)
     first = rng.integers(0, NUM_CLASSES, num_pieces)
@@ -168,8 +168,9 @@ def case_bookkeeping(args: argparse.Namespace) -> None:
 def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
                 sampler: RssSampler) -> None:
     """Plan, layout and every descriptor of every round, as the driver makes them."""
-    from preprocessing import exchange, reshard
     from preprocessing.config import DatasetSpec, ReshardConfig
+    from preprocessing.driver import reshard
+    from preprocessing.exchange import tasks as exchange
 
     rows_per_piece = 10_000
     config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"]),
@@ -263,7 +264,7 @@ def case_s3(args: argparse.Namespace) -> None:
     import fsspec
 
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-    from preprocessing.reshard import run_reshard
+    from preprocessing.driver.reshard import run_reshard
     from tests.preprocessing.s3_requests import counted_s3
 
     raw, spec = prepare(args.s3_gb, args)
@@ -289,9 +290,10 @@ def case_s3(args: argparse.Namespace) -> None:
 def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int,
               wall: float) -> None:
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
-    from preprocessing import exchange, reshard
-    from preprocessing.scan import check_schemas, scan_file
-    from preprocessing.sources import list_inputs
+    from preprocessing.driver import reshard
+    from preprocessing.exchange import tasks as exchange
+    from preprocessing.scan.inputs import check_schemas, scan_file
+    from preprocessing.storage.sources import list_inputs
 
     local = config.model_copy(update={"dataset": config.dataset.model_copy(
         update={"inputs": [str(raw)]})})

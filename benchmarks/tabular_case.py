@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.features import FeatureCodec
-from preprocessing.manifest import read_manifest
-from preprocessing.reshard import run_reshard
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.driver.reshard import run_reshard
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 

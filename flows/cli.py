@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from preprocessing.secrets import redact
+from preprocessing.contract.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 # flows.params.PRESETS_DIR; not imported from there, which would load every config model

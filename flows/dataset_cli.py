@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import yaml
 
 from preprocessing.config import DatasetSpec
-from preprocessing.features import kind_of
-from preprocessing.manifest import read_manifest
-from preprocessing.sources import iter_batches, list_inputs, read_footer
+from preprocessing.contract.codec import kind_of
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.storage.sources import iter_batches, list_inputs, read_footer
 
 SAMPLE_ROWS = 10_000  # per CSV / JSON file: what `init` reads for types and null counts
 LABEL_NAMES = ("label", "target", "class", "y")

@@ -8,8 +8,8 @@ from pathlib import Path
 from flows.params import PipelineParams, load_preset
 from flows.pipeline import pipeline
 from flows.summary import format_summary
-from preprocessing.manifest import read_manifest
-from preprocessing.sample import SampleSpec, write_sample
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
 
 
 def run_demo(work_dir: str | Path, num_rows: int = 120_000, seed: int = 0) -> str:

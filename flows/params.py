@@ -12,8 +12,8 @@ from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field
 
 from preprocessing.config import ReshardConfig
-from preprocessing.executor import DaskConfig
-from preprocessing.secrets import redact_value
+from preprocessing.contract.secrets import redact_value
+from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig
@@ -106,7 +106,7 @@ def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[s
 
 class RedactingFlow(Flow[P, R]):
     """A flow whose parameters Prefect records (the flow run in its database and UI) with
-    every credential redacted (preprocessing/secrets.py); the flow itself gets them whole.
+    every credential redacted (preprocessing/contract/secrets.py); the flow itself gets them whole.
     Prefect records no values of task parameters, only which upstream results they are."""
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:

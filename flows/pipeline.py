@@ -27,9 +27,9 @@ from flows.params import (
 )
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
-from preprocessing.executor import DaskConfig
-from preprocessing.manifest import Manifest, read_manifest
-from preprocessing.reshard import version_id_for, version_is_committed
+from preprocessing.contract.manifest import Manifest, read_manifest
+from preprocessing.driver.cluster import DaskConfig
+from preprocessing.driver.reshard import version_id_for, version_is_committed
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.summary import class_rows_after, how_to_open_run
-from preprocessing.manifest import Manifest
+from preprocessing.contract.manifest import Manifest
 from tracking.run import run_page_url, ui_command
 from tracking.spool import is_local_run
 

@@ -14,7 +14,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from flows.arms import worst_class
-from preprocessing.manifest import Manifest
+from preprocessing.contract.manifest import Manifest
 
 MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
 

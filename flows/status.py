@@ -9,7 +9,7 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from flows.params import load_preset
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     ManifestError,
     read_current_version,
     read_manifest,

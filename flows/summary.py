@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.arms import worst_class
-from preprocessing.manifest import Manifest
+from preprocessing.contract.manifest import Manifest
 from tracking.run import how_to_open
 
 

@@ -16,11 +16,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
 from preprocessing.config import ReshardConfig
-from preprocessing.executor import DaskConfig, dask_client
-from preprocessing.manifest import read_manifest
-from preprocessing.mapping import OutputSpec, map_to_version
-from preprocessing.reshard import run_reshard
-from preprocessing.secrets import redact
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.contract.secrets import redact
+from preprocessing.driver.cluster import DaskConfig, dask_client
+from preprocessing.driver.map_files import OutputSpec, map_to_version
+from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.inference import split_uris as split_uris

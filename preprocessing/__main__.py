@@ -4,7 +4,7 @@ By default on a local cluster of the config's `num_workers` processes; `--schedu
 ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskConfig`.
 
 `--compact` reshards every input into one flat version whatever the config's `mode`
-(the compaction of a chain of incremental versions: preprocessing/increment.py).
+(the compaction of a chain of incremental versions: preprocessing/versions/incremental.py).
 
 Exit status: 0 when the version is committed (by this run, or found committed: then
 it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
@@ -24,11 +24,11 @@ import yaml
 from pydantic import ValidationError
 
 from preprocessing.config import load_reshard_config
-from preprocessing.executor import DaskConfig, StorageNotShared
-from preprocessing.increment import InputsChanged
-from preprocessing.manifest import CommitConflict, ManifestError
-from preprocessing.reshard import InputsUnreadable, TooManyRejected, run_reshard
-from preprocessing.secrets import redact
+from preprocessing.contract.manifest import CommitConflict, ManifestError
+from preprocessing.contract.secrets import redact
+from preprocessing.driver.cluster import DaskConfig, StorageNotShared
+from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected, run_reshard
+from preprocessing.versions.incremental import InputsChanged
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,14 +8,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.retry import RetryPolicy
-from preprocessing.storage import DEFAULT_PART_BYTES, MIN_PART_BYTES
+from preprocessing.contract.faults import RetryPolicy
+from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
 # Settings that change how fast, where or by which route a version is made, never what a
 # flat version holds: the chain settings decide whether a run appends, and a child's id
-# hashes its parent's instead (preprocessing/increment.py: version_id_of).
+# hashes its parent's instead (preprocessing/versions/incremental.py: version_id_of).
 OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "retry", "mode",
                                    "on_changed_inputs", "max_chain_length",
                                    "max_small_shard_fraction",
@@ -41,7 +41,7 @@ class DatasetSpec(BaseModel):
     feature_columns: list[str] = Field(
         default_factory=lambda: ["features"], description="Columns the model reads: numbers, "
         "booleans, timestamps and dates, fixed-size or variable-length lists of numbers, "
-        "strings (categories); preprocessing/features.py says how each is encoded."
+        "strings (categories); preprocessing/contract/codec.py says how each is encoded."
     )
     nulls: dict[str, NullPolicy] = Field(
         default_factory=dict, description="Null policy per feature column: `error` (the "
@@ -142,7 +142,7 @@ class ReshardConfig(BaseModel):
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy, description="Retries of reads that failed for a reason "
         "that may pass (S3 503 / 500, resets, timeouts, bodies cut short): "
-        "preprocessing/retry.py.")
+        "preprocessing/contract/faults.py.")
     # The exchange's shape (docs/architecture.md 3, M24): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
@@ -162,7 +162,7 @@ class ReshardConfig(BaseModel):
         "to S3: a staged object or shard of at least twice this goes up in parts of this "
         "size, sent concurrently, a smaller one in one PUT; at least 5 MiB (S3's smallest "
         "part).")
-    # How a run relates to the version `_CURRENT` names (preprocessing/increment.py).
+    # How a run relates to the version `_CURRENT` names (preprocessing/versions/incremental.py).
     mode: Literal["full", "incremental"] = Field(
         "full", description="`full`: reshard every input into one flat version (run it to "
         "compact a chain); `incremental`: when the inputs are the current version's plus new "

@@ -11,8 +11,8 @@ import pytest
 import s3fs
 from distributed import Client
 
-from preprocessing.executor import local_cluster
-from preprocessing.sample import SampleSpec, write_sample
+from preprocessing.driver.cluster import local_cluster
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.fault_proxy import FaultyS3Proxy
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

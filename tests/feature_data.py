@@ -12,9 +12,9 @@ import torch
 from distributed import Client
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.features import FeatureCodec
-from preprocessing.manifest import read_manifest
-from preprocessing.reshard import ReshardResult, run_reshard
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.driver.reshard import ReshardResult, run_reshard
 from tracking.pyfunc import CodecClassifier
 from training.config import LoaderConfig
 from training.data.loader import ShardStream

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
-from preprocessing.features import FeatureCodec
-from preprocessing.manifest import (
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
@@ -27,7 +27,7 @@ from preprocessing.manifest import (
     shard_name,
     version_dir,
 )
-from preprocessing.profile import (
+from preprocessing.scan.feature_stats import (
     build_codec,
     drop_row_columns,
     features_record,
@@ -170,7 +170,7 @@ def test_loader_evaluation_and_raw_rows_encode_identically(
 
 def split_ids(root: str) -> list[list[int]]:
     """The ids of each train shard of the version, in shard order."""
-    from preprocessing.manifest import read_manifest, shard_uri
+    from preprocessing.contract.manifest import read_manifest, shard_uri
 
     manifest, location = read_manifest(root)
     return [pq.read_table(shard_uri(location, entry)).column("id").to_pylist()

@@ -19,8 +19,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.features import FeatureCodec
-from preprocessing.resample import holdout_mask
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.plan.row_fates import holdout_mask
 from tests.feature_data import (
     codec_classifier,
     loader_rows,

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import run_reshard
+from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port, mlflow_server, prefect_env, start_prefect_server, stop_server
 from tracking.config import TrackingConfig
 from training.config import TrainConfig

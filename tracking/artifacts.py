@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 from fsspec.core import url_to_fs
 from mlflow.tracking import MlflowClient
 
-from preprocessing.manifest import Manifest
+from preprocessing.contract.manifest import Manifest
 from tracking.plots import run_figures
 
 LOSS_METRICS = ("train_loss_step", "train_loss")

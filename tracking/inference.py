@@ -5,7 +5,7 @@ through the codec logged with it, the one its training loader used, so a model s
 same numbers here as in training and behind `pyfunc.predict`. The feature columns are
 the codec's (the manifest's), never a setting. `predict_table` is the per-batch function
 a Dask map runs for batch inference (flows pass it to
-`preprocessing.mapping.map_to_version`); `shard_confusion` the per-shard function of an
+`preprocessing.driver.map_files.map_to_version`); `shard_confusion` the per-shard function of an
 evaluation, whose confusion matrices `evaluation` sums into scores. The model is loaded
 once per process. Every score comes with the class-prior baseline (tracking/metrics.py)
 and whether the model beats it.
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.features import label_indices
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.codec import label_indices
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.metrics import (
     class_prior_baseline,
     confusion_matrix,

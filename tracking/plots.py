@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from preprocessing.manifest import Manifest
+from preprocessing.contract.manifest import Manifest
 
 
 def split_histogram(manifest: Manifest, field: str, split: str = "train") -> dict[str, int]:

@@ -4,7 +4,7 @@
 DataFrame of the dataset's original feature columns (nulls, strings, dates and lists as
 they came) and returns one row per input row: `predicted` (the class label) and
 `probabilities` (one float per class, in the order of the model metadata's `classes`).
-The codec (preprocessing/features.py: vocabularies, fill values, scaling, column order)
+The codec (preprocessing/contract/codec.py: vocabularies, fill values, scaling, column order)
 is an artifact of the model (`codec.json`), so rows are encoded exactly as the training
 loader encoded them. Torch is imported only when the model is loaded.
 
@@ -26,7 +26,7 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types.schema import Array, ColSpec, Schema
 
-from preprocessing.features import FILL_POLICIES, ColumnSpec, FeatureCodec, FeatureError
+from preprocessing.contract.codec import FILL_POLICIES, ColumnSpec, FeatureCodec, FeatureError
 
 CODEC_ARTIFACT = "codec"
 NETWORK_ARTIFACT = "network"

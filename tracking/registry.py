@@ -29,8 +29,8 @@ import torch
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
-from preprocessing.features import FeatureCodec
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.pyfunc import (
     CODEC_ARTIFACT,

@@ -31,8 +31,8 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from preprocessing.manifest import Manifest
-from preprocessing.secrets import REDACTED, SECRET_NAME, redact
+from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
 from tracking.server import (
     TrackingUnavailable,

@@ -18,7 +18,7 @@ from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
 
-from preprocessing.secrets import split_credentials
+from preprocessing.contract.secrets import split_credentials
 
 PROBE_TIMEOUT_S = 5.0
 _RETRY_CODES = {"REQUEST_LIMIT_EXCEEDED", "TEMPORARILY_UNAVAILABLE"}

@@ -29,7 +29,7 @@ from typing import Any
 
 from mlflow.entities import Metric
 
-from preprocessing.secrets import redact
+from preprocessing.contract.secrets import redact
 from tracking.config import TrackingConfig
 
 LOCAL_PREFIX = "local-"

@@ -14,7 +14,7 @@ from prefect.states import Failed
 from flows.cli import main
 from flows.params import PipelineParams
 from flows.tasks import is_transient
-from preprocessing.profile import InputError
+from preprocessing.scan.feature_stats import InputError
 from tests.feature_data import reshard
 
 

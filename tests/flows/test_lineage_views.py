@@ -14,8 +14,8 @@ import yaml
 from flows.report import increment_summary
 from flows.status import describe_status
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import ReshardResult, run_reshard
-from preprocessing.sample import SampleSpec, sample_table, write_sample
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
 from tracking.run import dataset_input
 
 SPEC = SampleSpec(num_rows=2_000, num_files=8, num_classes=3, num_sources=2, num_features=4,

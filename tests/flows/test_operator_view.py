@@ -28,8 +28,8 @@ from flows.params import ReshardParams
 from flows.pipeline import reshard_flow
 from flows.report import run_link_line
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.executor import DaskConfig
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.driver.cluster import DaskConfig
 from tests.preprocessing.test_executor import dask_processes, worker_env
 
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from flows.params import EvaluateParams, InferenceParams
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
 from flows.summary import format_summary
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.inference import load_classifier
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from preprocessing.manifest import read_current_version, read_manifest
+from preprocessing.contract.manifest import read_current_version, read_manifest
 from tests.services import free_port, prefect_env, start_prefect_server, stop_server
 
 

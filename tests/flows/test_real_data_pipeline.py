@@ -17,7 +17,7 @@ from flows.arms import NATURAL_MIX
 from flows.params import InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.launch import LaunchConfig, RetryPolicy

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.reshard import ReshardResult, run_reshard
-from preprocessing.sample import write_sample
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.synthetic.tabular import write_sample
 from tests.preprocessing.nightly import SPEC, config_for
 
 

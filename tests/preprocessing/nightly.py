@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.sample import SampleSpec, sample_table
+from preprocessing.synthetic.tabular import SampleSpec, sample_table
 
 SPEC = SampleSpec(num_rows=3_000, num_files=10, num_classes=4, num_sources=2, num_features=4,
                   class_ratio=8.0, seed=3)

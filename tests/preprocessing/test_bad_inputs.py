@@ -16,8 +16,8 @@ from distributed import Client
 from pydantic import ValidationError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.profile import InputError
-from preprocessing.reshard import TooManyRejected, run_reshard
+from preprocessing.driver.reshard import TooManyRejected, run_reshard
+from preprocessing.scan.feature_stats import InputError
 
 
 def rows(first_id: int, num_rows: int, seed: int = 0) -> pa.Table:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     COMMIT_STEPS,
     KILL_AT_ENV,
     MANIFEST_NAME,
@@ -24,7 +24,7 @@ from preprocessing.manifest import (
     shard_uri,
     version_dir,
 )
-from preprocessing.staging import STAGING_DIR, collect_expired
+from preprocessing.versions.attempt import STAGING_DIR, collect_expired
 
 REPO = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).with_name("version_writer.py")

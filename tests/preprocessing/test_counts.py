@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.counts import Counts, concat_counts
+from preprocessing.plan.counts import Counts, concat_counts
 
 record = st.tuples(st.integers(0, 3), st.sampled_from(["train", "holdout"]),
                    st.sampled_from([0, 1, 7, 12]), st.sampled_from(["a", "b", None]),

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import Manifest
-from preprocessing.reshard import run_reshard
-from preprocessing.sources import read_footer
+from preprocessing.contract.manifest import Manifest
+from preprocessing.driver.reshard import run_reshard
+from preprocessing.storage.sources import read_footer
 from tests.preprocessing.s3_requests import counted_s3
 
 SHAPE = {"target_shard_rows": 300, "rows_per_row_group": 128, "max_piece_rows": 120}

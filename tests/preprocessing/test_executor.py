@@ -24,7 +24,8 @@ from pydantic import ValidationError
 
 from preprocessing.__main__ import main as preprocessing_main
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.executor import (
+from preprocessing.contract.manifest import read_current_version, read_manifest, version_dir
+from preprocessing.driver.cluster import (
     PROFILE_KEY,
     WORKER_MALLOC_ENV,
     DaskConfig,
@@ -34,8 +35,7 @@ from preprocessing.executor import (
     dask_client,
     kubernetes_cluster_spec,
 )
-from preprocessing.manifest import read_current_version, read_manifest, version_dir
-from preprocessing.reshard import run_reshard, version_id_for
+from preprocessing.driver.reshard import run_reshard, version_id_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASK_CLI = str(Path(sys.executable).parent / "dask")
@@ -206,7 +206,7 @@ def test_local_workers_run_dasks_profiler_only_when_asked(worker_profile: bool) 
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::preprocessing.executor.WorkerEnvironmentWarning")
+@pytest.mark.filterwarnings("ignore::preprocessing.driver.cluster.WorkerEnvironmentWarning")
 def test_local_output_that_workers_on_other_hosts_cannot_see_is_refused(
         tiny_raw, unshared_dir, foreign_cluster) -> None:
     """Invariant: a local output root that a worker on another host does not see (its own

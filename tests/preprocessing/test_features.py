@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
-from preprocessing.features import ColumnSpec, FeatureCodec, FeatureError
-from preprocessing.profile import (
+from preprocessing.contract.codec import ColumnSpec, FeatureCodec, FeatureError
+from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
     build_codec,

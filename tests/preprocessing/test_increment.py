@@ -20,18 +20,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.increment import InputsChanged
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Manifest,
     read_current_version,
     read_manifest,
     shard_uri,
     version_dir,
 )
-from preprocessing.resample import holdout_mask
-from preprocessing.reshard import ReshardResult, run_reshard
-from preprocessing.sample import write_sample
-from preprocessing.staging import STAGING_DIR
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.plan.row_fates import holdout_mask
+from preprocessing.synthetic.tabular import write_sample
+from preprocessing.versions.attempt import STAGING_DIR
+from preprocessing.versions.incremental import InputsChanged
 from tests.preprocessing.nightly import SPEC, add_night, config_for, restore, spoil
 from training.config import LoaderConfig
 from training.data.loader import ShardStream

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     COMMIT_STEPS,
     CURRENT_NAME,
     KILL_AT_ENV,
@@ -17,8 +17,8 @@ from preprocessing.manifest import (
     read_current_version,
     read_manifest,
 )
-from preprocessing.reshard import run_reshard, version_id_for
-from preprocessing.staging import STAGING_DIR
+from preprocessing.driver.reshard import run_reshard, version_id_for
+from preprocessing.versions.attempt import STAGING_DIR
 from tests.preprocessing.nightly import add_night, config_for
 from tests.preprocessing.test_kill import assert_committed, kill_session, output, start_reshard
 

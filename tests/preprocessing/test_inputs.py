@@ -10,8 +10,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import run_reshard
-from preprocessing.sources import read_rows
+from preprocessing.driver.reshard import run_reshard
+from preprocessing.storage.sources import read_rows
 
 
 def flat_table(first_id: int, num_rows: int, seed: int) -> pa.Table:
@@ -72,8 +72,8 @@ def test_a_small_object_is_read_in_one_request_a_large_one_in_ranges(tmp_path) -
     do."""
     import fsspec
 
-    from preprocessing.scan import scan_file
-    from preprocessing.sources import WHOLE_READ_BYTES, list_inputs
+    from preprocessing.scan.inputs import scan_file
+    from preprocessing.storage.sources import WHOLE_READ_BYTES, list_inputs
     from tests.preprocessing.s3_requests import counted_s3
 
     local = tmp_path / "raw"

@@ -17,7 +17,7 @@ import yaml
 from distributed import Client, LocalCluster
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     COMMIT_STEPS,
     KILL_AT_ENV,
     MANIFEST_NAME,
@@ -26,9 +26,9 @@ from preprocessing.manifest import (
     read_manifest,
     shard_uri,
 )
-from preprocessing.reshard import run_reshard, version_id_for
-from preprocessing.sample import SampleSpec, write_sample
-from preprocessing.staging import STAGING_DIR
+from preprocessing.driver.reshard import run_reshard, version_id_for
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from preprocessing.versions.attempt import STAGING_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # whole reshards, each in its own process with its own cluster

@@ -11,8 +11,13 @@ import pytest
 from pydantic import ValidationError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.staged import StagedObject, StagedWriter, read_batches, read_destinations
-from preprocessing.storage import MIN_PART_BYTES, write_object
+from preprocessing.exchange.staged_objects import (
+    StagedObject,
+    StagedWriter,
+    read_batches,
+    read_destinations,
+)
+from preprocessing.storage.objects import MIN_PART_BYTES, write_object
 from tests.preprocessing.s3_requests import Request, counted_s3
 
 

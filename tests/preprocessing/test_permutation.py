@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.permutation import derive_key, permute, unit_interval
+from preprocessing.plan.permutation import derive_key, permute, unit_interval
 
 
 @given(n=st.integers(1, 5_000), seed=st.integers(0, 2**32))

@@ -6,8 +6,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.counts import Counts, dense_offsets
-from preprocessing.plan import (
+from preprocessing.plan.counts import Counts, dense_offsets
+from preprocessing.plan.split import (
     SHUFFLE_MODES,
     allocate_shards,
     apportion,

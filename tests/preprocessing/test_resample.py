@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.counts import Counts
-from preprocessing.plan import SHUFFLE_MODES, plan_split
-from preprocessing.resample import holdout_mask, route_pieces, route_rows
+from preprocessing.plan.counts import Counts
+from preprocessing.plan.row_fates import holdout_mask, route_pieces, route_rows
+from preprocessing.plan.split import SHUFFLE_MODES, plan_split
 
 
 def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,

@@ -11,8 +11,13 @@ import pytest
 from distributed import Client
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import file_sha256, read_current_version, read_manifest, shard_uri
-from preprocessing.reshard import TooManyRejected, run_reshard
+from preprocessing.contract.manifest import (
+    file_sha256,
+    read_current_version,
+    read_manifest,
+    shard_uri,
+)
+from preprocessing.driver.reshard import TooManyRejected, run_reshard
 
 
 def config_for(inputs: Path, output: Path, **overrides) -> ReshardConfig:

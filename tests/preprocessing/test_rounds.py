@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.rounds import (
+from preprocessing.plan.layout import (
     ExchangeLayout,
     group_pieces,
     merge_rounds_needed,

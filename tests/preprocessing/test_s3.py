@@ -9,7 +9,7 @@ import fsspec
 import pytest
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     CommitConflict,
     file_sha256,
     read_current_version,
@@ -17,7 +17,7 @@ from preprocessing.manifest import (
     shard_uri,
     swap_current,
 )
-from preprocessing.reshard import run_reshard
+from preprocessing.driver.reshard import run_reshard
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
     import numpy as np
     import pyarrow.parquet as pq
 
-    from preprocessing.sample import SampleSpec, sample_table
+    from preprocessing.synthetic.tabular import SampleSpec, sample_table
 
     fs = fsspec.filesystem("s3")
     fs.put(f"{tiny_raw}/", f"{bucket}/raw/", recursive=True)

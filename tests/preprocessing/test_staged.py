@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.staged import (
+from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
     merge_staged,

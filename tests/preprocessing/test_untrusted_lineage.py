@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.increment import differences
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Delta,
     InputRecord,
     ManifestError,
@@ -22,7 +21,8 @@ from preprocessing.manifest import (
     shard_uri,
     version_dir,
 )
-from preprocessing.sources import InputFile, fingerprint_inputs
+from preprocessing.storage.sources import InputFile, fingerprint_inputs
+from preprocessing.versions.incremental import differences
 from tests.preprocessing.version_writer import manifest_of, shard_bytes, write_shard
 
 PARENT, CHILD = "parent1", "child1"

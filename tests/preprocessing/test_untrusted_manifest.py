@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     CURRENT_NAME,
     MANIFEST_NAME,
     ManifestError,

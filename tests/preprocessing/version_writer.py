@@ -7,7 +7,7 @@ with the `_CURRENT` it saw at start) and prints `committed` or `already committe
 `--hold`: take the attempt, print `holding <staging uri>`, and sleep until killed.
 `--start-at`: wait for this unix time first, so racing writers start together.
 The rows depend on the version id only, so every attempt of one version writes the same
-bytes, as a reshard does. BALLAST_KILL_AT (preprocessing.manifest) kills it mid-commit.
+bytes, as a reshard does. BALLAST_KILL_AT (preprocessing.contract.manifest) kills it mid-commit.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
     read_current_version,
     shard_name,
 )
-from preprocessing.staging import VersionAttempt
+from preprocessing.versions.attempt import VersionAttempt
 
 NUM_SHARDS, ROWS_PER_SHARD = 2, 50
 

@@ -14,8 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import read_manifest, shard_uri
-from preprocessing.reshard import run_reshard
+from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote
 from tracking.run import finish_run, flatten, start_run

@@ -20,8 +20,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.manifest import Manifest, read_manifest, shard_uri
-from preprocessing.reshard import run_reshard
+from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
+from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port, start_mlflow_server, stop_server
 from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote

@@ -8,7 +8,7 @@ import uuid
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import run_reshard
+from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.run import finish_run, flatten, start_run
 

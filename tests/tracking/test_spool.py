@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.reshard import run_reshard
+from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port
 from tracking.__main__ import main as tracking_cli
 from tracking.config import TrackingConfig

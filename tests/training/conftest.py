@@ -1,5 +1,5 @@
 """Tiny generated datasets for training tests: shards written with pyarrow, committed
-with the real commit helper (`preprocessing.manifest.commit_version`)."""
+with the real commit helper (`preprocessing.contract.manifest.commit_version`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,

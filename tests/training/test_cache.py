@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from training.config import LoaderConfig
 from training.data.cache import ShardCache, ShardChecksumError
 from training.data.loader import ShardStream, StreamLoader

@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from preprocessing.manifest import ManifestError, read_current_version, resolve_manifest_uri
+from preprocessing.contract.manifest import (
+    ManifestError,
+    read_current_version,
+    resolve_manifest_uri,
+)
 from tests.training.conftest import write_dataset
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig, load_train_config

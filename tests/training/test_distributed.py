@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
 from tracking.config import TrackingConfig
 from tracking.run import create_run
 from training.config import LoaderConfig, TransformerConfig
 from training.data.loader import ShardStream
 from training.launch.processes import child_env
-from training.models.tokens import TokenDatasetSpec, write_token_dataset
 from training.models.transformer import TokenTransformer
 
 JOB = Path(__file__).with_name("distributed_job.py")

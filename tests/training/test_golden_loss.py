@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from training.config import LoaderConfig
 from training.data.loader import Batch, ShardStream, StreamLoader
 from training.data.readahead import ReadAhead, ReadConfig, prefetched

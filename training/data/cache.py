@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from preprocessing.manifest import ShardEntry, check_entry, file_lock
+from preprocessing.contract.manifest import ShardEntry, check_entry, file_lock
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import lightning
 
-from preprocessing.manifest import read_manifest
+from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadConfig

@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from preprocessing.manifest import read_manifest
+from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.cache import ShardCache
 from training.data.partition import EpochPlan, Recipe, Schedule, check_share

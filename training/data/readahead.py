@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocessing.retry import RetryPolicy
+from preprocessing.contract.faults import RetryPolicy
 
 T = TypeVar("T")
 

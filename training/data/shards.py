@@ -16,11 +16,11 @@ raises ManifestError naming the shard); the sha256 of a whole shard is checked
 when it enters the disk cache (training/data/cache.py), not on range reads.
 
 A read that fails for a reason that may pass (an S3 503 or reset, a body cut short) is
-tried again under the reshard's retry policy (preprocessing/retry.py,
+tried again under the reshard's retry policy (preprocessing/contract/faults.py,
 `ReadConfig.retry`): one throttled request costs seconds, not a restart of every rank
 from the last checkpoint. A disagreement with the manifest is never retried.
 
-Features are encoded by the dataset's feature codec (preprocessing/features.py, its
+Features are encoded by the dataset's feature codec (preprocessing/contract/codec.py, its
 state read from the manifest), the one evaluation and batch inference use too: a lone
 `fixed_size_list<float32>` column becomes an [n, D] matrix without a copy. Labels become
 class indices in the order of `manifest.classes`.
@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from preprocessing.features import FeatureCodec, FeatureError, label_indices
-from preprocessing.manifest import Manifest, ManifestError, ShardEntry, shard_uri
-from preprocessing.retry import RetryPolicy, call_with_retries
+from preprocessing.contract.codec import FeatureCodec, FeatureError, label_indices
+from preprocessing.contract.faults import RetryPolicy, call_with_retries
+from preprocessing.contract.manifest import Manifest, ManifestError, ShardEntry, shard_uri
 from training.data.cache import ShardCache
 
 FOOTERS_KEPT = 256

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.secrets import SECRET_NAME
+from preprocessing.contract.secrets import SECRET_NAME
 from training.launch.failures import TrainingFailed
 
 

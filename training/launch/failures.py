@@ -26,7 +26,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.secrets import redact
+from preprocessing.contract.secrets import redact
 
 CONFIG_ERROR_STATUS = 2
 ERRORS_DIR = "errors"
@@ -37,7 +37,7 @@ PEER_LOG_WAIT_S = 10.0
 class TrainingFailed(RuntimeError):
     """The job failed. `config_error`: the one-line cause a rank reported for a config or
     data error (never retried), else None; `output_tail`: the end of the launcher's
-    output. Both are redacted (preprocessing/secrets.py)."""
+    output. Both are redacted (preprocessing/contract/secrets.py)."""
 
     def __init__(self, message: str, returncode: int | None, output_tail: str,
                  config_error: str | None = None) -> None:

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from preprocessing.manifest import MANIFEST_NAME, Manifest, read_manifest
-from preprocessing.secrets import split_credentials
+from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manifest
+from preprocessing.contract.secrets import split_credentials
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config
 from training.launch.config import LaunchConfig

@@ -7,7 +7,7 @@ samples over all ranks at the end of the epoch, from which macro F1, per-class r
 and `val_loss` (the mean over every real validation sample) are computed. Subclasses
 only build `self.net`, the network that maps a float32 feature matrix to class
 logits (it is what gets logged to MLflow). `num_features` is the width of the
-dataset's feature codec (preprocessing/features.py: one value per scalar column, one
+dataset's feature codec (preprocessing/contract/codec.py: one value per scalar column, one
 per vector element, a one-hot block per string column, values and mask per sequence).
 `FeatureClassifier` is an MLP over the feature vector;
 `training.models.transformer.TokenClassifier` a transformer.

@@ -2,7 +2,7 @@
 
 Input: the loader's `features`, float32 [B, S], whose values are token ids (a
 Parquet column `tokens` of type fixed_size_list<int32>[S], as written by
-training/models/tokens.py). The loader yields every feature column as float32, which
+preprocessing/synthetic/tokens.py). The loader yields every feature column as float32, which
 holds integers below 2^24 exactly, so `TokenTransformer.forward` casts them
 back to int64 ids; the logged network therefore takes the same float32 matrix
 as the classifier does. Token and position embeddings, `num_layers`

@@ -4,7 +4,7 @@ Per file, `profile_batch` folds each batch of the feature columns into one
 `ColumnProfile` per column (null rows, count / mean / squared deviations of the numbers,
 the longest list, the distinct strings up to a cap). The driver merges the files'
 profiles (`merge_profiles`) and `build_codec` turns them into the codec's specs
-(preprocessing/features.py) under the dataset's settings, or raises `InputError` naming
+(preprocessing/contract/codec.py) under the dataset's settings, or raises `InputError` naming
 the column, the count, the first files and the fix, before any shard is written.
 
 `null_rows` is the one definition of a row that a `drop_row` policy drops, used by the
@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
-from preprocessing.features import (
+from preprocessing.contract.codec import (
     SCALAR_KINDS,
     ColumnSpec,
     FeatureCodec,
     kind_of,
     seconds,
 )
-from preprocessing.retry import PermanentInputError
+from preprocessing.contract.faults import PermanentInputError
 
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
 CATEGORY_COUNT_CAP = 100_000

@@ -8,7 +8,7 @@ pass with exponential backoff and jitter, and stops at once on what cannot:
 - permanent: `PermanentInputError`, raised only on positive evidence that the input
   itself is bad. `CorruptInput`: every byte the store holds was read in full (the reader
   checks each read against the object's size) and pyarrow cannot decode it: a corrupt
-  or truncated file. `preprocessing.profile.InputError`: the rows break a rule of the
+  or truncated file. `preprocessing.scan.feature_stats.InputError`: the rows break a rule of the
   dataset. Retrying reads the same bytes again.
 - transient: everything else. An S3 503 SlowDown or 500, a connection reset, a timeout,
   a body cut short (`TruncatedRead`, or the HTTP client's own length check), a missing
@@ -32,8 +32,6 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocessing.manifest import ManifestError
-
 T = TypeVar("T")
 
 # What pyarrow raises when bytes do not decode (a corrupt page is a plain OSError, e.g.
@@ -43,7 +41,12 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (
     pa.ArrowIndexError, pa.ArrowSerializationError, OSError)
 
 
-class PermanentInputError(ValueError):
+class PermanentError(Exception):
+    """Trying again cannot change the outcome (bad input, a dataset that disagrees with
+    its manifest): every retry loop stops at once on it."""
+
+
+class PermanentInputError(PermanentError, ValueError):
     """The input itself is bad: reading it again cannot change the outcome."""
 
 
@@ -72,7 +75,7 @@ class RetryPolicy(BaseModel):
 def is_permanent(error: BaseException) -> bool:
     """Whether `error` says the input itself is bad (or a dataset disagrees with its
     manifest, which no retry changes); any other error may pass."""
-    return isinstance(error, PermanentInputError | ManifestError)
+    return isinstance(error, PermanentError)
 
 
 def backoff_s(policy: RetryPolicy, attempt: int) -> float:

@@ -2,7 +2,7 @@
 whole object (a multipart upload on S3 when it is large), a host-wide file lock, whether
 a filesystem is local disk, and a streamed sha256.
 
-fsspec and the standard library only; preprocessing/manifest.py builds the version
+fsspec and the standard library only; preprocessing/contract/manifest.py builds the version
 commit on them and re-exports them.
 """
 
@@ -17,8 +17,7 @@ from contextlib import contextmanager
 
 import fsspec
 
-DEFAULT_PART_BYTES = 64 << 20
-MIN_PART_BYTES = 5 << 20  # S3's smallest part (all but the last)
+from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 
 
 @contextmanager

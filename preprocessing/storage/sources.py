@@ -8,7 +8,7 @@ is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
 directories and globs into a sorted, fingerprinted listing, retried on transient errors.
 
 Every read goes through `open_input`, which tells the store's errors from the
-decoder's (preprocessing/retry.py): a read that returns fewer bytes than the object
+decoder's (preprocessing/contract/faults.py): a read that returns fewer bytes than the object
 holds is `TruncatedRead`, and an error pyarrow raises on bytes read in full is
 `CorruptInput`, the one permanent kind. An object of at most `WHOLE_READ_BYTES` is read
 in one such checked request and decoded from memory.
@@ -30,14 +30,14 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
-from preprocessing.retry import (
+from preprocessing.contract.faults import (
     DECODE_ERRORS,
     CorruptInput,
     RetryPolicy,
     TruncatedRead,
     call_with_retries,
 )
-from preprocessing.secrets import redact
+from preprocessing.contract.secrets import redact
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}

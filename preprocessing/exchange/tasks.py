@@ -3,8 +3,8 @@
 A map task reads a group of consecutive pieces (row ranges of input files), routes all
 their rows to their destinations (shards of the splits, numbered across splits) in one
 vectorised pass and writes one staged object with the rows grouped by destination
-(`preprocessing/staged.py`); merge rounds, if any, combine such objects
-(`preprocessing/rounds.py`). A write task takes a run of consecutive shards, reads their
+(`preprocessing/exchange/staged_objects.py`); merge rounds, if any, combine such objects
+(`preprocessing/plan/layout.py`). A write task takes a run of consecutive shards, reads their
 range of each object of the last round (one ranged read each), orders each shard's rows
 by their keyed position and writes it as zstd Parquet. Rows are ordered by distinct keys,
 so a shard's bytes do not depend on how pieces were grouped, how many rounds there were,
@@ -28,22 +28,22 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
-from preprocessing.manifest import ShardEntry, shard_name
-from preprocessing.plan import SplitPlan
-from preprocessing.profile import drop_row_columns, null_rows
-from preprocessing.resample import holdout_mask, route_pieces
-from preprocessing.rounds import ExchangeLayout, plan_exchange
-from preprocessing.scan import INTERNAL_PREFIX, FileScan, InputFile, row_sources
-from preprocessing.sources import read_rows
-from preprocessing.staged import (
+from preprocessing.contract.manifest import ShardEntry, shard_name
+from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
     merge_staged,
     read_batches,
     read_destinations,
 )
-from preprocessing.storage import DEFAULT_PART_BYTES, write_object
+from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
+from preprocessing.plan.layout import ExchangeLayout, plan_exchange
+from preprocessing.plan.row_fates import holdout_mask, route_pieces
+from preprocessing.plan.split import SplitPlan
+from preprocessing.scan.feature_stats import drop_row_columns, null_rows
+from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
+from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
+from preprocessing.storage.sources import read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 DERIVED_SOURCE_COLUMN = "source"

@@ -12,8 +12,8 @@ at most F objects that cover their shard. Every task of a round holds about
 and a round has about as many tasks as the map round, so the requests of the exchange
 are O((pieces + shards) x F x rounds), never pieces x shards. Which objects a task reads
 follows from this layout alone, and where rows sit inside an object is that object's own
-index (`preprocessing/staged.py`): the driver sends a merge or write task a few integers
-and keeps nothing per object.
+index (`preprocessing/exchange/staged_objects.py`): the driver sends a merge or write task a
+few integers and keeps nothing per object.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Used for batch inference: the caller passes a picklable `transform` (pyarrow Table in,
 Table out, e.g. predictions); this module knows nothing about models. Each task reads
 one input file row group by row group (bounded memory), writes one output part into the
-run's own attempt (`preprocessing/staging.py`), and returns its manifest entry (a task
-that fails for a reason that may pass is run again: preprocessing/retry.py); the
+run's own attempt (`preprocessing/versions/attempt.py`), and returns its manifest entry (a task
+that fails for a reason that may pass is run again: preprocessing/contract/faults.py); the
 version is committed through `commit_version`, exactly as for a reshard.
 """
 
@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from preprocessing.executor import Executor, dask_client
-from preprocessing.manifest import (
+from preprocessing.contract.faults import RetryPolicy, retrying
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
@@ -29,11 +29,11 @@ from preprocessing.manifest import (
     read_current_version,
     shard_name,
 )
-from preprocessing.retry import RetryPolicy, retrying
-from preprocessing.secrets import redact_value
-from preprocessing.sources import iter_batches
-from preprocessing.staging import VersionAttempt
-from preprocessing.storage import write_object
+from preprocessing.contract.secrets import redact_value
+from preprocessing.driver.cluster import Executor, dask_client
+from preprocessing.storage.objects import write_object
+from preprocessing.storage.sources import iter_batches
+from preprocessing.versions.attempt import VersionAttempt
 
 Transform = Callable[[pa.Table], pa.Table]
 

@@ -1,7 +1,7 @@
-"""The lineage records a manifest carries (preprocessing/manifest.py re-exports them).
+"""The lineage records a manifest carries (preprocessing/contract/manifest.py re-exports them).
 
 `InputRecord`: one input file as it was listed, so a later run can tell new files from
-rewritten or removed ones (preprocessing/increment.py). `Delta`: what one version of a
+rewritten or removed ones (preprocessing/versions/incremental.py). `Delta`: what one version of a
 chain added; a flat version is one delta of every input, a chain's child lists its
 ancestors' deltas and its own last; `lineage_problem` is the rule a manifest's lineage
 keeps. Standard library only.
@@ -17,7 +17,7 @@ from typing import Any
 @dataclass(frozen=True)
 class InputRecord:
     """One input file as listed when the version was made; (uri, num_bytes, content_tag)
-    identify its content, as in the input fingerprint (preprocessing/scan.py)."""
+    identify its content, as in the input fingerprint (preprocessing/scan/inputs.py)."""
 
     uri: str
     num_bytes: int

@@ -7,7 +7,7 @@
     split_credentials("http://ada:hunter2@mlflow:5000")
     # -> ("http://mlflow:5000", "ada", "hunter2")
 
-Every layer may import this module (like `preprocessing/manifest.py`), so it
+Every layer may import this module (like `preprocessing/contract/manifest.py`), so it
 depends on the standard library only. Whatever ballast writes or prints that may
 hold a URI or an option (configs on disk, error tails, logs) goes through
 `redact`; a secret the job needs travels in the environment instead.

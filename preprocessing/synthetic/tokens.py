@@ -1,9 +1,9 @@
 """Generate a token-sequence dataset version for the built-in transformer.
 
-    python -m training.models.tokens --out /tmp/tokens --rows 20000 --seq-len 64 --vocab-size 4096
+    python -m preprocessing.synthetic.tokens --out /tmp/tok --rows 20000 --vocab-size 4096
 
 writes a committed ballast version (shards, then `_MANIFEST.json` and `_CURRENT`
-through `preprocessing.manifest.commit_version`, so the loader reads it like any other):
+through `preprocessing.contract.manifest.commit_version`, so the loader reads it like any other):
 column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
 0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
 a sequence is uniform random tokens with a fraction `signal` of its positions
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
@@ -160,7 +160,8 @@ def manifest_of(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.models.tokens", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m preprocessing.synthetic.tokens",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="Output root (local path or URI).")
     for name, field in TokenDatasetSpec.model_fields.items():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preprocessing.counts import small_ints
-from preprocessing.permutation import (
+from preprocessing.plan.counts import small_ints
+from preprocessing.plan.permutation import (
     derive_key,
     derive_keys,
     group_runs,
@@ -30,7 +30,7 @@ from preprocessing.permutation import (
     permute_many,
     unit_interval,
 )
-from preprocessing.plan import SplitPlan, contiguous_rows
+from preprocessing.plan.split import SplitPlan, contiguous_rows
 
 
 @dataclass(frozen=True)

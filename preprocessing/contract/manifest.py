@@ -1,21 +1,21 @@
 """The dataset version contract: names, the manifest, `_CURRENT`, and the version commit.
 
-The one module of `preprocessing/` that `training/` and `tracking/` may import
-(docs/architecture.md): standard library and fsspec only (its lineage records and storage
-primitives, preprocessing/lineage.py and preprocessing/storage.py, are reached through
-it). Under an output root:
+Part of `preprocessing/contract/`, the one room of `preprocessing/` that `training/` and
+`tracking/` may import (docs/architecture.md): standard library and fsspec only (its lineage
+records and storage primitives, `contract/lineage.py` and `storage/objects.py`, are reached
+through it). Under an output root:
 
     <root>/v-<version_id>/shard-00000.parquet ...     training split (holdout-*: held out)
     <root>/v-<version_id>/_MANIFEST.json              written last = the commit
     <root>/v-<child_id>/...                           a chain's child: the new shards only
     <root>/_CURRENT                                   newest committed version id
-    <root>/_staging/<version_id>/<attempt>/           one run's scratch (preprocessing/staging.py)
+    <root>/_staging/<version_id>/<attempt>/           one run's scratch (versions/attempt.py)
 
 Readers open a version only through `read_manifest`, never by listing files. A manifest
 is untrusted input: its version id must match its directory, shard paths must be plain
 file names, digests hex, and `_CURRENT` a version id; all checked before any read. Writers
 commit only through `commit_version`, whose every step a rerun finishes (docs/reliability.md).
-A chain's child (preprocessing/increment.py) lists its parent's shards without copying
+A chain's child (preprocessing/versions/incremental.py) lists its parent's shards without copying
 them: each such entry names by `version` the ancestor whose directory holds it, a version
 id checked against the manifest's own lineage, never a path.
 """
@@ -35,9 +35,10 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from preprocessing.lineage import Delta, InputRecord, lineage_problem
-from preprocessing.storage import file_lock, is_local, write_atomically
-from preprocessing.storage import file_sha256 as file_sha256  # part of the contract's API
+from preprocessing.contract.faults import PermanentError
+from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
+from preprocessing.storage.objects import file_lock, is_local, write_atomically
+from preprocessing.storage.objects import file_sha256 as file_sha256  # part of the contract's API
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # 1: no input listing and no lineage (read with their defaults)
@@ -52,7 +53,7 @@ _FILE_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class ManifestError(ValueError):
+class ManifestError(PermanentError, ValueError):
     """A manifest that is missing, unreadable, of an unknown format, or inconsistent."""
 
 
@@ -115,7 +116,7 @@ class Manifest:
     input_class_counts: dict[str, int]
     input_source_counts: dict[str, int]
     rejected: list[RejectedFile] = field(default_factory=list)
-    # The feature codec's state and the record of nulls (preprocessing/features.py):
+    # The feature codec's state and the record of nulls (preprocessing/contract/codec.py):
     # {"columns": [one ColumnSpec as a dict per feature column], "dropped_rows": {file: n}}.
     features: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)

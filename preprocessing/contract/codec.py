@@ -3,7 +3,7 @@
 Every reader of a version encodes rows through this module: the training loader
 (training/data/shards.py), evaluation and batch inference (tracking/inference.py). Its
 state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
-(preprocessing/profile.py) and stored in the manifest (`Manifest.features["columns"]`),
+(preprocessing/scan/feature_stats.py) and stored in the manifest (`Manifest.features["columns"]`),
 so the same row gives the same numbers everywhere. It depends on the standard library,
 numpy and pyarrow only (docs/architecture.md 1). Column kinds, and what each becomes:
 
@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from preprocessing.manifest import Manifest, ManifestError
+from preprocessing.contract.manifest import Manifest, ManifestError
 
 SCALAR_KINDS = ("numeric", "boolean", "temporal")
 FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
@@ -232,7 +232,7 @@ def _encode_scalar(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
         array = array.dictionary_decode()
     values = seconds(array) if spec.kind == "temporal" else array.cast(pa.float64())
     numbers = values.to_numpy(zero_copy_only=False)  # a null is NaN here
-    # NaN is a null too, as in the scan's counts (preprocessing/profile.py).
+    # NaN is a null too, as in the scan's counts (preprocessing/scan/feature_stats.py).
     may_be_null = values.null_count or pa.types.is_floating(array.type)
     nulls = np.isnan(numbers) if may_be_null else np.zeros(len(numbers), dtype=bool)
     num_nulls = int(nulls.sum()) if may_be_null else 0

@@ -31,7 +31,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from preprocessing.storage import DEFAULT_PART_BYTES, write_object
+from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 
 MAGIC = b"BLSTIDX2"
 _INDEX_ITEM = np.dtype("<i8")

@@ -37,7 +37,7 @@ reshard's. What the union of the deltas meets, per weighting:
 - `max_oversample`: a bound per delta, so a bound of the union.
 
 The feature codec is a full reshard's: the parent stores its merged profiles, and the
-child folds its new files into them (preprocessing/profile.py), as a full reshard folds
+child folds its new files into them (preprocessing/scan/feature_stats.py), as a full reshard folds
 every file (the same vocabularies, lengths and null counts; means and deviations equal
 to float rounding, as the files are folded in another order). Ids are checked unique
 against the parent's files by their recorded id ranges.
@@ -56,9 +56,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
-from preprocessing.counts import Counts
-from preprocessing.exchange import DERIVED_SOURCE_COLUMN
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     MANIFEST_NAME,
     Commit,
     CommitConflict,
@@ -74,11 +72,13 @@ from preprocessing.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.plan import SplitPlan
-from preprocessing.profile import InputError
-from preprocessing.scan import FileScan
-from preprocessing.secrets import redact, redact_value
-from preprocessing.sources import InputFile, fingerprint_inputs
+from preprocessing.contract.secrets import redact, redact_value
+from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
+from preprocessing.plan.counts import Counts
+from preprocessing.plan.split import SplitPlan
+from preprocessing.scan.feature_stats import InputError
+from preprocessing.scan.inputs import FileScan
+from preprocessing.storage.sources import InputFile, fingerprint_inputs
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted
 

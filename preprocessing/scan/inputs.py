@@ -1,16 +1,16 @@
 """Listing and scanning raw inputs: footers, the label/source/id columns, and the feature
 columns the codec needs statistics of.
 
-The listing of the inputs is `preprocessing/sources.py: list_inputs`. `scan_file` (one
+The listing of the inputs is `preprocessing/storage/sources.py: list_inputs`. `scan_file` (one
 Dask task per file)
 reads a file's footer, its label, source and id columns and its feature columns but
 fixed-size lists free of nulls by the footer, and returns row counts per (piece, split,
 class, source) of the rows a `drop_row` policy keeps, the feature columns' profiles
-(preprocessing/profile.py) and the dropped rows, or the reason the file is rejected: a
+(preprocessing/scan/feature_stats.py) and the dropped rows, or the reason the file is rejected: a
 missing or internal column name, a feature type no kind encodes, null or NaN labels,
 null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
 that do not decode. Each file's scan is retried on transient errors
-(preprocessing/retry.py); a file still unreadable for one after every try comes back
+(preprocessing/contract/faults.py); a file still unreadable for one after every try comes back
 `transient`, which fails the run rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
 `check_classes`, `duplicate_ids` (only files whose id ranges overlap are read again)
@@ -35,9 +35,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.counts import Counts, concat_counts
-from preprocessing.features import kind_of
-from preprocessing.profile import (
+from preprocessing.contract.codec import kind_of
+from preprocessing.contract.faults import CorruptInput, RetryPolicy, call_with_retries, is_permanent
+from preprocessing.plan.counts import Counts, concat_counts
+from preprocessing.plan.row_fates import holdout_mask
+from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
     build_codec,
@@ -50,9 +52,7 @@ from preprocessing.profile import (
     profile_batch,
     profiles_record,
 )
-from preprocessing.resample import holdout_mask
-from preprocessing.retry import CorruptInput, RetryPolicy, call_with_retries, is_permanent
-from preprocessing.sources import (
+from preprocessing.storage.sources import (
     FORMATS,
     Footer,
     InputFile,

@@ -34,7 +34,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.manifest import (
+from preprocessing.contract.manifest import (
     ANY_PREVIOUS,
     Commit,
     Manifest,
@@ -45,7 +45,7 @@ from preprocessing.manifest import (
     version_dir,
     write_atomically,
 )
-from preprocessing.secrets import redact
+from preprocessing.contract.secrets import redact
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Planning a reshard: a pure function from scanned counts to exact output layout (no I/O).
 
-Input: row counts per (piece, split, class, source) (`preprocessing/counts.py`), where
+Input: row counts per (piece, split, class, source) (`preprocessing/plan/counts.py`), where
 a piece is one row group of one input file in global order. Output, per split: the exact number of
 output rows of every stratum (a (class, source) pair), how many shards there
 are and how many rows of each class group every shard receives, and for every
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from preprocessing.config import MixConfig
-from preprocessing.counts import Counts, PieceOffsets, SplitCounts, piece_offsets
-from preprocessing.permutation import derive_key, mix64
+from preprocessing.plan.counts import Counts, PieceOffsets, SplitCounts, piece_offsets
+from preprocessing.plan.permutation import derive_key, mix64
 
 SPLITS = ("train", "holdout")
 SHUFFLE_MODES = ("stratified", "global", "block", "none")

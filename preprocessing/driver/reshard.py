@@ -3,10 +3,10 @@
 `run_reshard(config)` is the whole stage; Dask only executes the pure steps of
 `scan`, `plan`, `resample` and `exchange`. The version id hashes the input
 listing, the config (minus settings that cannot change the output) and the code
-version (and a chain's child its parent's id: preprocessing/increment.py decides
+version (and a chain's child its parent's id: preprocessing/versions/incremental.py decides
 whether a run appends), so re-running on unchanged inputs finds the committed
 manifest and does no work. Each run stages in its own attempt directory
-(`preprocessing/staging.py`) and commits through `commit_version` (shards, the
+(`preprocessing/versions/attempt.py`) and commits through `commit_version` (shards, the
 manifest last, then `_CURRENT`): a run killed at any point leaves no visible
 version, and the rerun finishes whatever step it died after.
 """
@@ -23,7 +23,21 @@ import pyarrow as pa
 from distributed import Client
 
 from preprocessing.config import ReshardConfig
-from preprocessing.exchange import (
+from preprocessing.contract.faults import retrying
+from preprocessing.contract.manifest import (
+    Manifest,
+    ManifestError,
+    ShardEntry,
+    SplitEntry,
+    commit_version,
+    read_current_version,
+    read_manifest,
+    version_dir,
+)
+from preprocessing.contract.secrets import redact
+from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
+from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
+from preprocessing.exchange.tasks import (
     DERIVED_SOURCE_COLUMN,
     Staging,
     destinations_for,
@@ -35,31 +49,10 @@ from preprocessing.exchange import (
     shard_jobs,
     write_shards,
 )
-from preprocessing.executor import DaskConfig, Executor, dask_client
-from preprocessing.increment import (
-    Increment,
-    check_schema,
-    commit_following,
-    earlier_scans,
-    plan_increment,
-    version_id_of,
-    version_manifest,
-)
-from preprocessing.manifest import (
-    Manifest,
-    ManifestError,
-    ShardEntry,
-    SplitEntry,
-    commit_version,
-    read_current_version,
-    read_manifest,
-    version_dir,
-)
-from preprocessing.plan import SplitPlan, plan_split
-from preprocessing.profile import InputError
-from preprocessing.retry import retrying
-from preprocessing.rounds import group_pieces
-from preprocessing.scan import (
+from preprocessing.plan.layout import group_pieces
+from preprocessing.plan.split import SplitPlan, plan_split
+from preprocessing.scan.feature_stats import InputError
+from preprocessing.scan.inputs import (
     FileScan,
     check_classes,
     check_schemas,
@@ -69,10 +62,17 @@ from preprocessing.scan import (
     overlapping_id_groups,
     scan_file,
 )
-from preprocessing.secrets import redact
-from preprocessing.sources import fingerprint_inputs, list_inputs
-from preprocessing.staging import VersionAttempt, collect_expired
-from preprocessing.waves import Progress, StageProgress, run_in_waves
+from preprocessing.storage.sources import fingerprint_inputs, list_inputs
+from preprocessing.versions.attempt import VersionAttempt, collect_expired
+from preprocessing.versions.incremental import (
+    Increment,
+    check_schema,
+    commit_following,
+    earlier_scans,
+    plan_increment,
+    version_id_of,
+    version_manifest,
+)
 
 
 class TooManyRejected(RuntimeError):
@@ -117,7 +117,7 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     called as tasks finish (an orchestrator shows it). A version found committed is
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
     a dead attempt) is finished first. In `mode: incremental` a run that can append reads
-    only the files new since the current version (preprocessing/increment.py).
+    only the files new since the current version (preprocessing/versions/incremental.py).
     """
     root = config.output_root
     files = list_inputs(config.dataset, config.retry)
@@ -182,7 +182,7 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
 def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progress | None,
           earlier: list[FileScan]) -> list[FileScan]:
     """Scan `files`; the checks across files also see the `earlier` files of a parent
-    (preprocessing/increment.py), whose ids are read again only where ranges overlap."""
+    (preprocessing/versions/incremental.py), whose ids are read again only where ranges overlap."""
     # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
     threads = max(1, sum(dask.nthreads().values()))

@@ -1,0 +1,2 @@
+"""The dataset contract: all that training/ and tracking/ may import (manifest, codec,
+secrets, faults)."""

@@ -1,0 +1,1 @@
+"""The drivers: the reshard and the file map on a Dask cluster, tasks in waves."""

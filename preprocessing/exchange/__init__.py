@@ -1,0 +1,1 @@
+"""The row exchange: map and write tasks, and the staged objects between them."""

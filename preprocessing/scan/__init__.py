@@ -1,0 +1,1 @@
+"""Listing and scanning inputs: footers, class/source counts, feature statistics."""

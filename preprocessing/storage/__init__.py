@@ -1,0 +1,1 @@
+"""Reading raw files and writing objects: sources, atomic writes, multipart, locks, sha256."""

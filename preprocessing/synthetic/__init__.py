@@ -1,0 +1,1 @@
+"""Generated datasets (skewed tabular, tokens) for the demo, tests and benchmarks."""

@@ -1,0 +1,1 @@
+"""Versions and incremental chains: a run's leased attempt, flat and incremental manifests."""
