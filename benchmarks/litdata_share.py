@@ -1,7 +1,7 @@
 """LitData's decode share per rank, for benchmarks/loader_bench.py: the same shards, W ranks.
 
 LitData 0.2.76 (`StreamingDataset` + `ParquetLoader`, shuffled, 1024-row batches, 0
-workers) runs in its own virtual environment (docs/architecture.md M13), one process per
+workers) runs in its own virtual environment (benchmarks/RESULTS.md M13), one process per
 rank with a gloo process group, which is how LitData learns its rank. Each rank counts the
 rows pyarrow decodes for it (every `ParquetFile.read_row_group` call of its ParquetLoader)
 and the rows it serves, so its decode share is measured the way ballast's is
@@ -89,7 +89,7 @@ def share_report(python: str, paths: list[str], worlds: list[int]) -> float | No
     """Print LitData's per-rank figures and its worst excess of rows decoded over 1/W of
     the split (returned), or why it did not run (None)."""
     if not Path(python).exists():
-        print(f"LitData: skipped: {python} not found (see docs/architecture.md M13)")
+        print(f"LitData: skipped: {python} not found (see benchmarks/RESULTS.md M13)")
         return None
     try:
         figures = litdata_share(python, paths, worlds)

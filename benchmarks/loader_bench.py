@@ -13,7 +13,7 @@ batches, one process unless a worker count is named:
 - a plain torch `DataLoader(shuffle=True)` over a map-style dataset holding the
   pyarrow tables in memory (the read of every table counts as its start-up);
 - LitData 0.2.76 `StreamingDataset` + `ParquetLoader`, in its own virtual
-  environment (docs/architecture.md M13) as a subprocess, when `--litdata-python` exists;
+  environment (benchmarks/RESULTS.md M13) as a subprocess, when `--litdata-python` exists;
   its decode share per rank beside ballast's (benchmarks/litdata_share.py). Mosaic
   Streaming is left out: it reads no Parquet, and needs the CUDA torch build (M13).
 
@@ -200,7 +200,7 @@ print(json.dumps({"rows": rows, "seconds": time.perf_counter() - started, "first
 def bench_litdata(python: str, paths: list[str], limit: int) -> Result | str:
     """LitData in its own environment; returns why not when it cannot run."""
     if not Path(python).exists():
-        return f"skipped: {python} not found (see docs/architecture.md M13)"
+        return f"skipped: {python} not found (see benchmarks/RESULTS.md M13)"
     with tempfile.TemporaryDirectory() as scratch:
         (source := Path(scratch) / "shards").mkdir()
         for path in paths:
@@ -302,7 +302,7 @@ def readers_section(root: str, paths: list[str], args: argparse.Namespace) -> li
     found = compare_readers(root, paths, args)
     results = [r for r in found if isinstance(r, Result)]
     skipped = ["Mosaic Streaming: skipped (needs its own environment with the CUDA torch "
-               "build and torchvision, and MDS shards: docs/architecture.md M13)"]
+               "build and torchvision, and MDS shards: benchmarks/RESULTS.md M13)"]
     report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
     return results
 

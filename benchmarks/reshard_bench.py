@@ -10,7 +10,7 @@ marker skips regeneration), then rewrites it into about `--shards` balanced file
 - pyarrow `dataset.write_dataset(max_rows_per_file=..., max_rows_per_group=...)`;
 - DuckDB `COPY (SELECT * FROM read_parquet(...)) TO ...`, plain and `ORDER BY random()`;
 - Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`;
-- `floor`: the CPU floor of any reshard (docs/architecture.md M17): every input row
+- `floor`: the CPU floor of any reshard (benchmarks/RESULTS.md M17): every input row
   group decoded once and encoded once with ballast's writer settings, on 2 processes,
   nothing written; its CPU seconds are reported too, and ballast's ratio to its time.
 

@@ -5,14 +5,14 @@
   5,000 rows, against pyarrow `write_dataset` on the same input: wall and CPU seconds,
   driver and per-worker peak RSS. Target: within 2x pyarrow's time, driver under 1 GB.
   Measured (2 cores, quiet host, `--repeat 2`): 2.64x (16.9 s against 6.4 s; 31.9
-  against 11.6 CPU-s), missed; driver 0.17 GB, met (docs/architecture.md M18, M31).
+  against 11.6 CPU-s), missed; driver 0.17 GB, met (benchmarks/RESULTS.md M18, M31).
 - `bookkeeping` (b): the driver's work without row data, at `--bookkeeping` shapes
   (pieces x shards, default 1e5 x 1e4 and 1e6 x 1e5): synthetic scans (one piece per
   file, 4 of 16 classes per piece, train and holdout), the plan, the exchange layout, and
   every task's descriptor of every round made and pickled as `run_in_waves` would send
   it, with results standing in for the tasks'. Peak RSS and seconds per phase. Target
   at 1e6 x 1e5: under 2 GB and 120 s. Measured (load 6-7): 1.81-1.82 GB, 66-78 s, met
-  (quiet host: 1.79 GB, 38 s); 1e5 x 1e4: 0.29 GB, 7.6 s (docs/architecture.md M28).
+  (quiet host: 1.79 GB, 38 s); 1e5 x 1e4: 0.29 GB, 7.6 s (benchmarks/RESULTS.md M28).
 - `sizes` (c): ballast stratified at each of `--sizes` (default 1, 4 and 16 GB) with the
   same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
   A size needs about 3.2x its bytes of free disk (input, staged objects, shards) and is

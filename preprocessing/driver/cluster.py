@@ -42,7 +42,7 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_
 
 # Dask's statistical profiler samples every worker thread's stack every 10 ms (for the
 # dashboard's Profile page): 1.5-2 of 27 worker CPU-s of a reshard of 5,000 small files
-# (docs/architecture.md M31). Off on the local workers ballast starts unless
+# (benchmarks/RESULTS.md M31). Off on the local workers ballast starts unless
 # `dask.worker_profile` turns it on.
 PROFILE_KEY = "distributed.worker.profile.enabled"
 

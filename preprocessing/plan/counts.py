@@ -5,7 +5,7 @@ code, source code, rows) with the file's label and source values; the driver joi
 files' arrays into one table over global pieces (`concat_counts`) and the plan keeps each
 piece's within-stratum offsets in compressed rows (`PieceOffsets`). At 1e6 pieces the
 Python objects they replace (a tuple per record, a dict per piece) held 3.8 GB of the
-driver and took most of its 120 s; these hold about 0.3 GB (docs/architecture.md M18).
+driver and took most of its 120 s; these hold about 0.3 GB (benchmarks/RESULTS.md M18).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     piece's rows of all strata at once. Rows are taken group by group (`runs`, as
     `group_runs` makes them, when the caller has them already), so that each group's
     network runs with scalar keys and masks (about half the time of per-row key arrays,
-    docs/architecture.md M31)."""
+    benchmarks/RESULTS.md M31)."""
     domains = np.asarray(domains, dtype=np.int64)
     order, bounds = runs if runs is not None else group_runs(groups, len(domains))
     present = np.flatnonzero(np.diff(bounds))

@@ -44,12 +44,12 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "js
 _BATCH_ROWS = 65_536
 # Parquet decodes on the calling thread: a Dask worker of ballast's has one thread per
 # core, and pyarrow's pool cost 0.17 of 0.43 ms per small file scanned
-# (docs/architecture.md M18).
+# (benchmarks/RESULTS.md M18).
 _THREADS = False
 _GLOB_CHARS = set("*?[")
 # pyarrow reads a Parquet file through a Python file in several calls (footer, then each
 # column chunk): 0.64-0.69 ms per 58 KB file against 0.44-0.50 ms decoded from one read
-# (docs/architecture.md M31). Larger objects are streamed, so that a map task reading one
+# (benchmarks/RESULTS.md M31). Larger objects are streamed, so that a map task reading one
 # piece of a file does not fetch the rest.
 WHOLE_READ_BYTES = 1 << 20
 

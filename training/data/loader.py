@@ -42,7 +42,7 @@ Cost model (benchmarks/loader_bench.py): each row group is decoded by the one
 worker that serves it (two at the ends of a worker's run), once per epoch, and
 held from its first batch to its last: a worker holds about one shuffle window per
 partition it serves, and opens them all in its first batches of an epoch (or of a
-resume), which wait longer for data than later ones (docs/architecture.md M26). A
+resume), which wait longer for data than later ones (benchmarks/RESULTS.md M26). A
 batch leaves a worker process as one shared-memory segment (its tensors are views of
 one buffer); for rows of a few hundred bytes that costs more than a worker saves, so
 `num_workers=0` with read-ahead threads (pyarrow decodes without the GIL) is the fast

@@ -45,9 +45,7 @@ class ReadConfig(BaseModel):
     prefetch_batches: int = Field(
         2, ge=0, description="Batches assembled ahead in a background thread, so assembling "
         "one overlaps the training step; 0 assembles each batch in the consumer's thread "
-        "when it is asked for. On a 2-core host (1,024-row batches, an MLP step) 2 cut the "
-        "data wait of a whole epoch to 2.0-2.8% from 6.2-7.8% and shortened the loop in 3 of "
-        "3 paired runs at load 1.4; at load 6-9 it gave 8.2-10.9% against 9.4-13.3%."
+        "when it is asked for (measured: benchmarks/RESULTS.md M26)."
     )
     cache_dir: str | None = Field(
         None, description="Local directory for verified copies of whole shards; None: no cache."
