@@ -1,7 +1,8 @@
 """The Lightning callbacks of a training job: which ones a job has, and the small ones.
 
 - `JobCallbacks`: a job's callbacks from its config (checkpoints, counting, data
-  wait, clipping, communication), kept by name for the summary.
+  wait, clipping, communication, per-rank step times (training/distributed/rank_time.py),
+  the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -29,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from training.config import TrainConfig
 from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
+from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
 
 
@@ -39,7 +41,8 @@ class JobCallbacks:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
-        extra: list[lightning.Callback] = [DataWaitCallback()]
+        self.ranks = RankTimes(meter)
+        extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
         if cfg.gradient_clip_norm is not None:
             extra.append(GradientClipping(cfg.gradient_clip_norm))
         self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]
