@@ -42,7 +42,6 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from training.config import CommConfig
 
 
-
 class Span(NamedTuple):
     """One all-reduce: launched, completed (perf_counter seconds), and whether a comm hook
     launched it during backward."""

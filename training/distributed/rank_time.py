@@ -141,7 +141,9 @@ class RankTimes(lightning.Callback):
         self.interval.add(self.pending)
         self.total.add(self.pending)
         self.pending = StepTotals()
-        if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0:
+        # Set on the Trainer by its logger connector (the Trainer class does not declare it).
+        every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
+        if trainer.global_step % every == 0:
             self.log_interval(trainer)
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
