@@ -32,17 +32,20 @@ from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
+from training.distributed.watchdog import HangWatchdog
 
 
 class JobCallbacks:
     """The callbacks of a job, kept by name for the summary."""
 
-    def __init__(self, cfg: TrainConfig, strategy: Any) -> None:
+    def __init__(self, cfg: TrainConfig, strategy: Any, world_size: int = 1) -> None:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
         self.ranks = RankTimes(meter)
         extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
+        if world_size > 1:  # one process has no peer to hang on, nor a collective timeout
+            extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
         if cfg.gradient_clip_norm is not None:
             extra.append(GradientClipping(cfg.gradient_clip_norm))
         self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]
