@@ -11,13 +11,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.data.loader import ShardStream
 from training.distributed.hangs import take_hang_reports, write_hang_report
+from training.distributed.watchdog import KEY, stuck_peers
 from training.launch import LaunchConfig, RetryPolicy, run_job
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
@@ -121,3 +124,34 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
         assert before + after == reference_ids(root, cfg, rank)
         consumed += before + after
     assert len(consumed) == len(set(consumed)) == NUM_ROWS // (2 * BATCH_SIZE) * 2 * BATCH_SIZE
+
+
+def test_the_stuck_peers_are_the_silent_the_behind_and_the_unheard(tmp_path: Path) -> None:
+    """Read from a real TCPStore while rank 0 waits at step 7: rank 1's heartbeat does not
+    move (silent), rank 2 beats at step 7 (alive, not named), rank 3 beats at step 6
+    (behind), rank 4 never published; with no peer to blame the line says so."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    store.set(KEY.format(rank=1), "7 3")
+    stop = threading.Event()
+
+    def beat() -> None:
+        count = 0
+        while not stop.wait(0.05):
+            count += 1
+            store.set(KEY.format(rank=2), f"7 {count}")
+            store.set(KEY.format(rank=3), f"6 {count}")
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        time.sleep(0.1)
+        named = stuck_peers(store, 0, 5, 7, 0.3)
+        three = stuck_peers(store, 0, 3, 7, 0.3)
+    finally:
+        stop.set()
+        beater.join()
+    assert named == ("rank 1 (silent for 0.3 s; last heartbeat at step 7), rank 3 (behind, at "
+                     "step 6), rank 4 (no heartbeat readable)")
+    assert three == "rank 1 (silent for 0.3 s; last heartbeat at step 7)"
+    assert stuck_peers(store, 0, 1, 7, 0.01).startswith("no peer is silent or behind")

@@ -161,7 +161,8 @@ def stuck_peers(store: dist.Store | None, rank: int, world_size: int, step: int,
         if peer not in after:
             named.append(f"rank {peer} (no heartbeat readable)")
         elif before.get(peer) == after[peer]:
-            named.append(f"rank {peer} (silent for {wait_s:g} s, at step {after[peer][0]})")
+            named.append(f"rank {peer} (silent for {wait_s:g} s; last heartbeat at step "
+                         f"{after[peer][0]})")
         elif after[peer][0] < step:
             named.append(f"rank {peer} (behind, at step {after[peer][0]})")
     if named:
