@@ -13,7 +13,8 @@
   averaging) blocks the step all along;
 - `compute_s`: the batch's own time (forward, backward, optimizer step) less the
   blocked all-reduce; measured apart from the step, so `step_s` ~ `data_wait_s` +
-  `compute_s` + `allreduce_blocked_s` is a check, the rest being the loop's overhead;
+  `compute_s` + `allreduce_blocked_s` is a check, the rest being the loop's overhead
+  (Lightning's own, callbacks after this one, checkpoints written between steps);
 - `samples`: rows of the batch, hence `samples_per_s`.
 
 In synchronous DDP every rank's step takes as long as the slowest rank's: a straggler

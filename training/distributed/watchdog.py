@@ -37,6 +37,7 @@ from training.distributed.hangs import HANG_STATUS, write_hang_report
 
 KEY = "ballast/heartbeat/{rank}"
 STORE_TIMEOUT_S = 10.0
+REPORT_GRACE_S = 30.0
 
 
 class HangWatchdog(lightning.Callback):
@@ -108,6 +109,9 @@ class Watchdog(threading.Thread):
         line = (f"hang on rank {self.rank}: no train step for {self.timeout_s:g} s after "
                 f"global step {self.step}; stuck: {stuck}")
         print(line, file=sys.stderr, flush=True)
+        # The report goes to output_dir, maybe object storage: a write that hangs too must
+        # not keep the process alive.
+        threading.Timer(REPORT_GRACE_S, os._exit, args=(HANG_STATUS,)).start()
         try:
             write_hang_report(self.output_dir, self.rank, line)
         finally:
