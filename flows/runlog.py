@@ -57,6 +57,23 @@ def log_training(arm: str, summary: dict[str, Any]) -> None:
         summary.get("world_size"), summary.get("batches_per_rank"), len(attempts),
         _number(summary.get("val_macro_f1")), _number(summary.get("val_loss")),
         summary.get("run_id") or "none (tracking off)")
+    if (ranks := straggler_line(summary)) is not None:
+        get_run_logger().info("train[%s]: %s", arm, ranks)
+
+
+def straggler_line(summary: dict[str, Any]) -> str | None:
+    """The slowest rank, its slowdown against the median and the share of the step lost
+    to it, with every rank's step and blocked all-reduce time; None when not measured."""
+    found = summary.get("straggler")
+    if not found:
+        return None
+    per_step = ", ".join(
+        f"rank {rank} {step * 1000:.1f} ms ({blocked * 1000:.1f} ms blocked in all-reduce)"
+        for rank, (step, blocked) in enumerate(zip(
+            summary["step_s_per_rank"], summary["allreduce_blocked_s_per_rank"], strict=True)))
+    return (f"slowest rank {found['rank']}, {found['slowdown_vs_median']:.2f}x the median "
+            f"rank's busy time; the job loses {found['lost_share']:.1%} of each step waiting "
+            f"for it; step time per rank: {per_step}")
 
 
 def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """The Lightning callbacks of a training job: which ones a job has, and the small ones.
 
 - `JobCallbacks`: a job's callbacks from its config (checkpoints, counting, data
-  wait, clipping, communication), kept by name for the summary.
+  wait, clipping, communication, per-rank step times (training/distributed/rank_time.py),
+  the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -29,17 +30,22 @@ from torch.distributed.tensor import DTensor
 from training.config import TrainConfig
 from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
+from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
+from training.distributed.watchdog import HangWatchdog
 
 
 class JobCallbacks:
     """The callbacks of a job, kept by name for the summary."""
 
-    def __init__(self, cfg: TrainConfig, strategy: Any) -> None:
+    def __init__(self, cfg: TrainConfig, strategy: Any, world_size: int = 1) -> None:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
-        extra: list[lightning.Callback] = [DataWaitCallback()]
+        self.ranks = RankTimes(meter)
+        extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
+        if world_size > 1:  # one process has no peer to hang on, nor a collective timeout
+            extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
         if cfg.gradient_clip_norm is not None:
             extra.append(GradientClipping(cfg.gradient_clip_norm))
         self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]

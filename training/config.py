@@ -177,6 +177,13 @@ class TrainConfig(BaseModel):
     process_group_timeout_s: int = Field(
         120, gt=0, description="A peer silent this long fails the job instead of hanging it."
     )
+    hang_timeout_s: float | None = Field(
+        None, gt=0, description="A rank of a job of several that finishes no train step for "
+        "this long fails the attempt, naming the stuck ranks, and the launcher retries it "
+        "(training/distributed/watchdog.py); it must exceed the longest step and checkpoint "
+        "write. None: 90 % of process_group_timeout_s, so that it fires before the "
+        "collective's own timeout, which cannot say which rank is stuck.",
+    )
     comm: CommConfig = Field(default_factory=CommConfig, description="DDP gradient comm.")
     loader: LoaderConfig = Field(default_factory=LoaderConfig, description="Streaming.")
     read: ReadConfig = Field(default_factory=ReadConfig, description="Read-ahead and cache.")
@@ -193,6 +200,11 @@ class TrainConfig(BaseModel):
         if self.comm.hook != "none" and self.strategy not in ("ddp", "auto"):
             raise ValueError(f"comm.hook: {self.comm.hook} applies to ddp, not {self.strategy}")
         return self
+
+    @property
+    def watchdog_timeout_s(self) -> float:
+        """Seconds without a train step before a rank's watchdog fails the attempt."""
+        return self.hang_timeout_s or 0.9 * self.process_group_timeout_s
 
     @property
     def checkpoint_uri(self) -> str:

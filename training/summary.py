@@ -3,7 +3,9 @@
 Rank 0 writes it under the run's `output_dir` (training/train.py); the launcher
 reads it back (training/launch/job.py). `summarise` gathers the figures of a finished
 fit: steps and batches of every rank, losses, the confusion summary, communication
-totals, and every rank's parameter, optimizer-state and peak memory bytes. It is
+totals, every rank's parameter, optimizer-state and peak memory bytes, and where every
+rank's step time went (`<figure>_per_rank`, per optimizer step, and `straggler`:
+training/distributed/rank_time.py). It is
 a collective (every rank calls it, in the same order of gathers).
 
 Light at import on purpose (json, numpy, fsspec): a flow reading a summary through
@@ -69,6 +71,7 @@ def summarise(
     summary |= step_figures(trainer, callbacks.counter.count) | loss_figures(trainer)
     for name, value in memory_figures(model, trainer).items():
         summary[f"{name}_per_rank"] = gather_counts(trainer, value)
+    summary |= rank_time_figures(trainer, callbacks)
     return summary | confusion_summary(getattr(model, "last_confusion", None), classes)
 
 
@@ -82,6 +85,16 @@ def step_figures(trainer: lightning.Trainer, num_batches: int) -> dict[str, Any]
         "node_rank_per_rank": gather_counts(trainer, trainer.node_rank),
         "epochs": trainer.current_epoch,
     }
+
+
+def rank_time_figures(trainer: lightning.Trainer, callbacks: JobCallbacks) -> dict[str, Any]:
+    """Every rank's step, data-wait, compute and all-reduce seconds per optimizer step and
+    samples/s, as `<figure>_per_rank`, and the straggler among them (a gather)."""
+    from training.distributed.rank_time import straggler
+
+    per_rank = callbacks.ranks.per_rank(trainer)
+    return {f"{name}_per_rank": values for name, values in per_rank.items()} | {
+        "straggler": straggler(per_rank)}
 
 
 def loss_figures(trainer: lightning.Trainer) -> dict[str, float | None]:

@@ -16,7 +16,9 @@ actually all-reduces and times each all-reduce from launch to completion:
   `MeteredAverager`, whose all-reduce is counted the same way.
 
 `CommMeter` keeps the totals; training/callbacks.py logs them per step as
-`comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`.
+`comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`. It also
+keeps each all-reduce's (launch, completion) span, which training/distributed/rank_time.py
+splits into the part hidden behind backward and the part the step is blocked on.
 Bytes are the payload each rank contributes (a ring all-reduce moves about
 twice that over the wire). Seconds add up each all-reduce's launch-to-completion
 time, which overlaps backward compute; on CUDA, futures complete when NCCL
@@ -29,7 +31,7 @@ work is enqueued on the stream, so the figure is a lower bound there.
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,6 +40,16 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from training.config import CommConfig
+
+
+class Span(NamedTuple):
+    """One all-reduce: launched, completed (perf_counter seconds), and whether a comm hook
+    launched it during backward."""
+
+    started: float
+    ended: float
+    in_backward: bool
+
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,6 +62,7 @@ class CommMeter:
         self._lock = threading.Lock()
         self.bytes, self.seconds = 0, 0.0
         self.total_bytes, self.total_seconds = 0, 0.0
+        self.spans: list[Span] = []
 
     def add(self, num_bytes: int = 0, seconds: float = 0.0) -> None:
         with self._lock:
@@ -57,6 +70,18 @@ class CommMeter:
             self.seconds += seconds
             self.total_bytes += num_bytes
             self.total_seconds += seconds
+
+    def add_span(self, started: float, ended: float, in_backward: bool) -> None:
+        """One all-reduce from launch to completion (perf_counter seconds). `in_backward`:
+        launched by a comm hook, so it may overlap backward; else the step waits all of it."""
+        with self._lock:
+            self.spans.append(Span(started, ended, in_backward))
+
+    def take_spans(self) -> list[Span]:
+        """The spans since the previous call; resets them."""
+        with self._lock:
+            taken, self.spans = self.spans, []
+            return taken
 
     def take(self) -> tuple[int, float]:
         """(bytes, seconds) since the previous call; resets them."""
@@ -77,7 +102,9 @@ class CommMeter:
         started = time.perf_counter() if started is None else started
 
         def done(fut: torch.futures.Future[Any]) -> Any:
-            self.add(seconds=time.perf_counter() - started)
+            ended = time.perf_counter()
+            self.add(seconds=ended - started)
+            self.add_span(started, ended, in_backward=True)
             value = fut.value()
             return value[0] if isinstance(value, list) else value
 
@@ -172,5 +199,6 @@ class MeteredAverager(PeriodicModelAverager):
         started = time.perf_counter()
         super().average_parameters(params)
         if due:
-            sent = sum(p.numel() * p.element_size() for p in params)
-            self.meter.add(sent, time.perf_counter() - started)
+            sent, ended = sum(p.numel() * p.element_size() for p in params), time.perf_counter()
+            self.meter.add(sent, ended - started)
+            self.meter.add_span(started, ended, in_backward=False)

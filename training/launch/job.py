@@ -30,6 +30,7 @@ from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manife
 from preprocessing.contract.secrets import split_credentials
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config
+from training.distributed.hangs import take_hang_reports
 from training.launch.config import LaunchConfig
 from training.launch.failures import TrainingFailed, clear_error_logs, read_config_errors
 from training.launch.kubernetes import KubernetesLauncher
@@ -100,6 +101,9 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
         ranks = f" on {len(causes)} ranks" if len(causes) > 1 else ""
         raise TrainingFailed(f"training stopped on a config or data error{ranks}",
                              returncode, tail, config_error=causes[0])
+    hangs = take_hang_reports(output_dir)  # a hang is retried, unlike a config error
+    if hangs:
+        raise TrainingFailed(f"training hung: {hangs[0]}", returncode, tail)
     if returncode is None:
         raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s", None, tail)
     raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
@@ -112,6 +116,7 @@ def attempt_record(started: float, resume: bool,
         "returncode": 0 if failure is None else failure.returncode, "resume": resume,
         "elapsed_s": round(time.monotonic() - started, 3), "ended_at": time.time()}
     if failure is not None:
+        record["cause"] = str(failure).split("\n", 1)[0]  # e.g. which rank hung
         record["error"] = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
     return record
 
