@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger
+from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
@@ -29,7 +30,7 @@ from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_manifest
 from preprocessing.driver.cluster import DaskConfig
-from preprocessing.driver.reshard import version_id_for, version_is_committed
+from preprocessing.driver.reshard import list_once, version_id_for, version_is_committed
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig
@@ -39,12 +40,15 @@ def _reshard(config: ReshardConfig, dask: DaskConfig,
              arm: str) -> tuple[dict[str, Any], Manifest]:
     """The version of `config` (made, reused or a cache hit), logged; and its manifest."""
     # The cache is keyed by version id; a version deleted since it was cached is made again.
-    version_id = version_id_for(config)
+    # The inputs are listed once, here: the reshard task gets the listing.
+    listing = list_once(config)
+    version_id = version_id_for(config, listing)
     runlog.log_reshard_start(arm, version_id, config.dataset.inputs,
                              config.mix.class_weighting)
     committed = version_is_committed(config.output_root, version_id)
     task = tasks.reshard.with_options(refresh_cache=not committed)
-    state = task(config, dask, version_id, arm, return_state=True)
+    # quote(): Prefect would otherwise walk every input file looking for upstream results.
+    state = task(config, dask, version_id, arm, quote(listing), return_state=True)
     dataset: dict[str, Any] = state.result()
     cached = state.name == "Cached"
     dataset = {**dataset, "reused": dataset["reused"] or cached, "cached": cached}
