@@ -94,9 +94,9 @@ class PipelineParams(BaseModel):
 def preset_location(name_or_path: str) -> str:
     """The file of a shipped preset named `name_or_path` (`demo`), else `name_or_path`
     itself: a YAML file's path or fsspec URI."""
-    if Path(name_or_path).suffix or "://" in name_or_path:
+    if "://" in name_or_path:
         return name_or_path
-    path = PRESETS_DIR / f"{name_or_path}.yaml"
+    path = Path(name_or_path) if Path(name_or_path).suffix else PRESETS_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
         raise FileNotFoundError(f"config {name_or_path}: no such file or preset {shipped}")
