@@ -3,7 +3,7 @@ per rank, shuffle quality.
 
 Start-up: time to the first batch, fresh and after `load_state_dict` at mid-epoch,
 for the real dataset and for a synthetic manifest of `--num-shards` entries, each a
-symlink to one of 4 real 20-row shard files (a distinct file the reader must open).
+hard link to one of 4 real 20-row shard files (a distinct file the reader must open).
 
 Decode share: W = 1, 2, 4 ranks as processes on one host, no process group (each
 process reads RANK / WORLD_SIZE; nothing but the loader runs, so its decode work
@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import preprocessing.contract.manifest as contract
+from preprocessing.contract.shards import write_shard
 from preprocessing.synthetic.tabular import SampleSpec, sample_table
+from preprocessing.versions.attempt import VersionAttempt
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.partition import EpochPlan
@@ -58,32 +61,29 @@ def default_loader(root: str) -> StreamLoader:
 
 
 def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20) -> str:
-    """A committed version of `num_shards` entries, symlinks to 4 real shard files."""
+    """A committed version of `num_shards` entries, links to 4 real shard files (written and
+    committed as every version writer does: preprocessing/contract/shards.py)."""
     root = work_dir / f"many-{num_shards}"
     if not (root / "_CURRENT").exists():
-        directory = root / "v-many"
-        directory.mkdir(parents=True, exist_ok=True)
         spec = SampleSpec(num_features=NUM_FEATURES, num_classes=NUM_CLASSES)
         rng = np.random.default_rng(0)
-        real = [write_real_shard(directory / f"real-{k}.parquet",
-                                 sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec))
-                for k in range(4)]
-        entries = [link_entry(directory, index, *real[index % 4]) for index in range(num_shards)]
-        contract.commit_version(str(root), many_manifest(pq.read_schema(real[0][0]), entries))
+        with VersionAttempt(str(root), "many") as attempt:
+            real = [write_shard(attempt.shard_uri(f"real-{k}.parquet"),
+                                sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec),
+                                rows_per_shard, "label", "source") for k in range(4)]
+            entries = [link_entry(attempt, index, real[index % 4]) for index in range(num_shards)]
+            schema = pq.read_schema(attempt.shard_uri(real[0].path))
+            attempt.commit(many_manifest(schema, entries))
     return str(root)
 
 
-def write_real_shard(path: Path, table: pa.Table) -> tuple[Path, int, str, int]:
-    pq.write_table(table, path, row_group_size=len(table), compression="zstd")
-    return path, path.stat().st_size, contract.file_sha256(str(path)), len(table)
-
-
-def link_entry(directory: Path, index: int, path: Path, size: int, digest: str,
-               rows: int) -> contract.ShardEntry:
-    """Shard `index` of the split: a symlink to a real file, and its manifest entry."""
+def link_entry(attempt: VersionAttempt, index: int,
+               real: contract.ShardEntry) -> contract.ShardEntry:
+    """Shard `index` of the split: a hard link (in the attempt's staging) to a real file,
+    published as one more, and its manifest entry."""
     name = contract.shard_name("train", index)
-    os.symlink(path.name, directory / name)
-    return contract.ShardEntry(name, rows, size, 1, rows, digest, {}, {})
+    os.link(attempt.shard_uri(real.path), attempt.shard_uri(name))
+    return replace(real, path=name)
 
 
 def many_manifest(schema: pa.Schema, entries: list[contract.ShardEntry]) -> contract.Manifest:

@@ -93,13 +93,13 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
 
 def _run(args: argparse.Namespace) -> str:
     from flows.deployments import FLOWS
-    from flows.params import load_preset
+    from flows.params import load_preset, parse_params
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
         apply_override(values, assignment)
     flow, params_type = FLOWS[args.flow]
-    return yaml.safe_dump(flow(params_type.model_validate(values)), sort_keys=False)
+    return yaml.safe_dump(flow(parse_params(params_type, values, args.config)), sort_keys=False)
 
 
 def _dispatch(args: argparse.Namespace) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from flows.params import PipelineParams, load_preset
+from flows.params import PipelineParams, load_preset, parse_params
 from flows.pipeline import pipeline
 from flows.summary import format_summary
 from preprocessing.contract.manifest import read_manifest
@@ -19,7 +19,7 @@ def run_demo(work_dir: str | Path, num_rows: int = 120_000, seed: int = 0) -> st
     raw = work_dir / "raw"
     if not raw.exists():  # the sample is deterministic: an existing one is the same data
         write_sample(raw, SampleSpec(num_rows=num_rows, seed=seed))
-    params = PipelineParams.model_validate(load_preset("demo", work_dir))
+    params = parse_params(PipelineParams, load_preset("demo", work_dir), "demo")
     result = pipeline(params)
     manifest, _ = read_manifest(result["manifest_uri"])
     tracking = params.train.tracking.tracking_uri if params.train.tracking else None

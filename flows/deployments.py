@@ -24,6 +24,7 @@ from flows.params import (
     ReshardParams,
     TrainParams,
     load_preset,
+    parse_params,
 )
 from flows.pipeline import (
     batch_inference_flow,
@@ -65,7 +66,7 @@ DEPLOYMENTS = (
 def preset_parameters(spec: DeploymentSpec, work_dir: str | Path) -> dict[str, Any]:
     """The flow's parameters from its preset, validated (a bad preset fails here)."""
     _, params_type = FLOWS[spec.flow]
-    params = params_type.model_validate(load_preset(spec.preset, work_dir))
+    params = parse_params(params_type, load_preset(spec.preset, work_dir), spec.preset)
     return {"params": params.model_dump(mode="json")}
 
 

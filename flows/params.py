@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-import yaml
 from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field
 
 from preprocessing.config import ReshardConfig
+from preprocessing.contract.config_files import parse_config, read_config_file
 from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
@@ -20,6 +20,7 @@ from training.launch import LaunchConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=BaseModel)
 PRESETS_DIR = Path(__file__).parent / "presets"
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 JOB_DESCRIPTION = ("Where the training job runs and how it is retried (training/launch/): "
@@ -90,18 +91,30 @@ class PipelineParams(BaseModel):
         "evaluate both on the same held-out rows, to show what rebalancing bought.")
 
 
-def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[str, Any]:
-    """A shipped preset by name (`demo`) or a YAML file, with `${WORK_DIR}` filled in."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESETS_DIR / f"{name_or_path}.yaml"
+def preset_location(name_or_path: str) -> str:
+    """The file of a shipped preset named `name_or_path` (`demo`), else `name_or_path`
+    itself: a YAML file's path or fsspec URI."""
+    if "://" in name_or_path:
+        return name_or_path
+    path = Path(name_or_path) if Path(name_or_path).suffix else PRESETS_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
         raise FileNotFoundError(f"config {name_or_path}: no such file or preset {shipped}")
-    text = path.read_text()
-    if work_dir is not None:
-        text = text.replace(WORK_DIR_PLACEHOLDER, str(Path(work_dir).resolve()))
-    return dict(yaml.safe_load(text) or {})
+    return str(path)
+
+
+def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[str, Any]:
+    """A shipped preset by name (`demo`) or a YAML file (path or fsspec URI), with
+    `${WORK_DIR}` filled in; validate it with `parse_params`."""
+    filled = {} if work_dir is None else {WORK_DIR_PLACEHOLDER: str(Path(work_dir).resolve())}
+    return read_config_file(preset_location(name_or_path), filled)
+
+
+def parse_params(params_type: type[M], values: dict[str, Any], name_or_path: str) -> M:
+    """`values` (of preset or file `name_or_path`) as `params_type`; a ValidationError
+    titled with the file, naming the new place of a moved field and the closest known name
+    of a misspelt one (preprocessing/contract/config_files.py)."""
+    return parse_config(params_type, values, name_or_path)
 
 
 class RedactingFlow(Flow[P, R]):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger
+from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
@@ -29,22 +30,31 @@ from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_manifest
 from preprocessing.driver.cluster import DaskConfig
-from preprocessing.driver.reshard import version_id_for, version_is_committed
+from preprocessing.driver.reshard import (
+    Listing,
+    list_once,
+    version_id_for,
+    version_is_committed,
+)
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig
 
 
-def _reshard(config: ReshardConfig, dask: DaskConfig,
-             arm: str) -> tuple[dict[str, Any], Manifest]:
-    """The version of `config` (made, reused or a cache hit), logged; and its manifest."""
+def _reshard(config: ReshardConfig, dask: DaskConfig, arm: str,
+             listing: Listing | None = None) -> tuple[dict[str, Any], Manifest]:
+    """The version of `config` (made, reused or a cache hit), logged; and its manifest.
+    `listing`: `config`'s inputs as listed for another arm (the same inputs); else listed
+    here, once: the reshard task gets the listing."""
     # The cache is keyed by version id; a version deleted since it was cached is made again.
-    version_id = version_id_for(config)
+    listing = listing or list_once(config)
+    version_id = version_id_for(config, listing)
     runlog.log_reshard_start(arm, version_id, config.dataset.inputs,
                              config.mix.class_weighting)
     committed = version_is_committed(config.output_root, version_id)
     task = tasks.reshard.with_options(refresh_cache=not committed)
-    state = task(config, dask, version_id, arm, return_state=True)
+    # quote(): Prefect would otherwise walk every input file looking for upstream results.
+    state = task(config, dask, version_id, arm, quote(listing), return_state=True)
     dataset: dict[str, Any] = state.result()
     cached = state.name == "Cached"
     dataset = {**dataset, "reused": dataset["reused"] or cached, "cached": cached}
@@ -119,14 +129,15 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
 def pipeline(params: PipelineParams) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model."""
     arm = arm_for(params.reshard.mix.class_weighting)
-    dataset, manifest = _reshard(params.reshard, params.dask, arm)
+    listing = list_once(params.reshard)  # both arms read the same inputs
+    dataset, manifest = _reshard(params.reshard, params.dask, arm, listing)
     publish_dataset(manifest)
     summary = _tracked_job(params.train, params.job, dataset["manifest_uri"], arm)
     result: dict[str, Any] = {**dataset, "run_id": summary.pop("run_id"), "training": summary}
     tracking = params.train.tracking
     if tracking is not None and summary.get("model_uri"):
         result["evaluations"] = _evaluations(params, tracking, dataset["manifest_uri"],
-                                             summary["model_uri"], arm)
+                                             summary["model_uri"], arm, listing)
         if tracking.registered_model_name:
             result["registration"] = _register(tracking, summary["model_uri"],
                                                result["evaluations"][arm], arm)
@@ -135,14 +146,14 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
 
 
 def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri: str,
-                 model_uri: str, arm: str) -> dict[str, dict[str, Any]]:
+                 model_uri: str, arm: str, listing: Listing) -> dict[str, dict[str, Any]]:
     """The new model, and optionally one trained on the natural mix, on the same rows."""
     models = {arm: model_uri}
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
         get_run_logger().warning("compare_with_natural_mix: this run already trains on the "
                                  "natural class mix; there is no other arm to compare with")
     elif params.compare_with_natural_mix:
-        models[NATURAL_MIX] = _natural_mix_model(params, tracking)
+        models[NATURAL_MIX] = _natural_mix_model(params, tracking, listing)
     evaluations = {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout", params.dask,
                                         name) for name, uri in models.items()}
     for name, evaluation in evaluations.items():
@@ -161,13 +172,14 @@ def _register(tracking: TrackingConfig, model_uri: str, evaluation: dict[str, An
     return registration
 
 
-def _natural_mix_model(params: PipelineParams, tracking: TrackingConfig) -> str:
+def _natural_mix_model(params: PipelineParams, tracking: TrackingConfig,
+                       listing: Listing) -> str:
     """Train the same model on the data as it came (same held-out rows: same seed/files)."""
     natural = params.reshard.model_copy(update={
         "output_root": f"{params.reshard.output_root.rstrip('/')}-natural",
         "mix": params.reshard.mix.model_copy(update={"class_weighting": "natural"}),
         "num_output_rows": None})
-    dataset, _ = _reshard(natural, params.dask, NATURAL_MIX)
+    dataset, _ = _reshard(natural, params.dask, NATURAL_MIX, listing)
     # Its own outputs, checkpoints and run: sharing them, a retry would resume the other job.
     checkpoint_dir = params.train.checkpoint_dir
     train = params.train.model_copy(update={

@@ -20,7 +20,7 @@ from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
-from preprocessing.driver.reshard import run_reshard
+from preprocessing.driver.reshard import Listing, run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.inference import split_uris as split_uris
@@ -55,10 +55,10 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
 def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
-            arm: str) -> dict[str, Any]:
+            arm: str, listing: Listing | None = None) -> dict[str, Any]:
     """Make the dataset version (a cache hit on its version id skips it entirely).
-    `version_id` is `version_id_for(config)`, computed once by the caller: listing a
-    large input is not free."""
+    `version_id` is `version_id_for(config, listing)` and `listing` the caller's
+    `list_once(config)`: listing a large input is not free, so it is done once."""
     progress_id = create_progress_artifact(
         0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
@@ -78,7 +78,7 @@ def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
                          f"{error})"))
 
     with dask_client(dask) as client:
-        result = run_reshard(config, client, progress=report)
+        result = run_reshard(config, client, progress=report, listing=listing)
     return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id,
             "reused": result.reused}
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
 from pydantic import ValidationError
 
-from preprocessing.config import load_reshard_config
+from preprocessing.config import ReshardConfig
+from preprocessing.contract.config_files import ConfigFileError, load_config
 from preprocessing.contract.manifest import CommitConflict, ManifestError
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig, StorageNotShared
@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         executor = _executor(args)
-    except (ValidationError, FileNotFoundError) as error:
+    except (ValidationError, ConfigFileError, FileNotFoundError) as error:
         return _fail(args.dask or "--scheduler", error)
     try:
-        config = load_reshard_config(args.config)
+        config = load_config(ReshardConfig, args.config)
         if args.compact:
             config = config.model_copy(update={"mode": "full"})
         result = run_reshard(config, executor)
-    except (ValidationError, FileNotFoundError, TooManyRejected, StorageNotShared,
+    except (ValidationError, ConfigFileError, FileNotFoundError, TooManyRejected, StorageNotShared,
             ManifestError, InputsChanged) as error:
         return _fail(args.config, error)
     except CommitConflict as error:
@@ -72,8 +72,7 @@ def _executor(args: argparse.Namespace) -> DaskConfig | None:
     if args.scheduler:
         return DaskConfig(kind="address", address=args.scheduler)
     if args.dask:
-        with open(args.dask) as handle:
-            return DaskConfig.model_validate(yaml.safe_load(handle) or {})
+        return load_config(DaskConfig, args.dask)
     return None
 
 

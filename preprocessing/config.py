@@ -1,11 +1,11 @@
-"""Typed configuration of a reshard run, loaded from YAML by `python -m preprocessing`."""
+"""Typed configuration of a reshard run. Read from YAML (a path or any fsspec URI) by
+`preprocessing.contract.config_files.load_config(ReshardConfig, uri)`, which names the new
+place of every field in `ReshardConfig.RENAMED`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preprocessing.contract.faults import RetryPolicy
@@ -13,14 +13,18 @@ from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
-# Settings that change how fast, where or by which route a version is made, never what a
-# flat version holds: the chain settings decide whether a run appends, and a child's id
-# hashes its parent's instead (preprocessing/versions/incremental.py: version_id_of).
-OUTPUT_NEUTRAL_FIELDS = frozenset({"num_workers", "output_root", "retry", "mode",
-                                   "on_changed_inputs", "max_chain_length",
-                                   "max_small_shard_fraction",
-                                   "exchange_task_bytes", "exchange_fan_in", "exchange_rounds",
-                                   "max_tasks_in_flight", "upload_part_bytes"})
+# Marks a setting that changes how fast, where or by which route a version is made, never
+# what a flat version holds (the chain settings decide whether a run appends, and a
+# child's id hashes its parent's instead): `output_settings`, and so the version id
+# (preprocessing/versions/incremental.py: version_id_of), leave it out.
+OUTPUT_NEUTRAL: dict[str, Any] = {"output_neutral": True}
+
+
+def output_neutral_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` marked OUTPUT_NEUTRAL."""
+    return frozenset(name for name, field in model.model_fields.items()
+                     if isinstance(field.json_schema_extra, dict)
+                     and field.json_schema_extra.get("output_neutral") is True)
 
 
 class DatasetSpec(BaseModel):
@@ -105,13 +109,38 @@ class MixConfig(BaseModel):
         return self
 
 
+class IncrementalConfig(BaseModel):
+    """How a `mode: incremental` run treats the chain of versions it appends to
+    (preprocessing/versions/incremental.py); a `mode: full` run reads none of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_changed_inputs: Literal["refuse", "rebuild"] = Field(
+        "refuse", description="When an input of the current version was "
+        "rewritten or removed (or the settings or ballast's version differ), `refuse` fails "
+        "naming them, `rebuild` makes a full version instead.")
+    max_chain_length: int = Field(
+        16, ge=1, description="Most versions in a chain, its flat base "
+        "included; a run that would make a longer one compacts (a full reshard) instead.")
+    max_small_shard_fraction: float = Field(
+        0.25, ge=0, le=1, description="When more than this fraction of "
+        "the current chain's training shards hold under half the rows of its largest, the "
+        "run compacts (a full reshard) instead of appending.")
+
+
 class ReshardConfig(BaseModel):
     """One reshard: raw files in, one committed dataset version out."""
 
     model_config = ConfigDict(extra="forbid")
+    # Fields that moved: a config with an old name is refused naming the new place
+    # (preprocessing/contract/config_files.py).
+    RENAMED: ClassVar[dict[str, str]] = {
+        name: f"incremental.{name}"
+        for name in ("on_changed_inputs", "max_chain_length", "max_small_shard_fraction")}
 
     dataset: DatasetSpec
-    output_root: str = Field(description="Versions are written under this root (local or s3://).")
+    output_root: str = Field(json_schema_extra=OUTPUT_NEUTRAL, description="Versions are "
+                             "written under this root (local or s3://).")
     mix: MixConfig = Field(default_factory=MixConfig)
     shuffle: Literal["stratified", "global", "block", "none"] = Field(
         "stratified",
@@ -138,47 +167,44 @@ class ReshardConfig(BaseModel):
     max_rejected_fraction: float = Field(
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
-    num_workers: int = Field(2, gt=0, description="Dask worker processes of a local cluster.")
+    num_workers: int = Field(2, gt=0, json_schema_extra=OUTPUT_NEUTRAL,
+                             description="Dask worker processes of a local cluster.")
     retry: RetryPolicy = Field(
-        default_factory=RetryPolicy, description="Retries of reads that failed for a reason "
-        "that may pass (S3 503 / 500, resets, timeouts, bodies cut short): "
-        "preprocessing/contract/faults.py.")
-    # The exchange's shape (docs/architecture.md 3, M24): how fast and in how many requests a
+        default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
+        "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
+        "bodies cut short): preprocessing/contract/faults.py.")
+    # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
-        64 << 20, gt=0, description="Input bytes (as stored) one map task reads: consecutive "
-        "pieces are grouped up to this size; merge and write tasks hold about as much.")
+        64 << 20, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Input bytes (as "
+        "stored) one map task reads: consecutive pieces are grouped up to this size; merge "
+        "and write tasks hold about as much.")
     exchange_fan_in: int | None = Field(
-        None, ge=2, description="Most staged objects a merge or write task reads from; None: "
-        "exchange_task_bytes / 1 MiB, between 2 and 64 (a merge read is task bytes / fan-in).")
+        None, ge=2, json_schema_extra=OUTPUT_NEUTRAL, description="Most staged objects a "
+        "merge or write task reads from; None: exchange_task_bytes / 1 MiB, between 2 and 64 "
+        "(a merge read is task bytes / fan-in).")
     exchange_rounds: int | None = Field(
-        None, ge=1, description="Rounds of reads of staged objects: 1 = the shard writes read "
-        "the map outputs; None: the fewest whose reads stay within the fan-in.")
+        None, ge=1, json_schema_extra=OUTPUT_NEUTRAL, description="Rounds of reads of staged "
+        "objects: 1 = the shard writes read the map outputs; None: the fewest whose reads "
+        "stay within the fan-in.")
     max_tasks_in_flight: int | None = Field(
-        None, gt=0, description="Tasks submitted to Dask and not yet done, at most; None: "
-        "4 per worker thread, at least 8.")
+        None, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Tasks submitted to Dask "
+        "and not yet done, at most; None: 4 per worker thread, at least 8.")
     upload_part_bytes: int = Field(
-        DEFAULT_PART_BYTES, ge=MIN_PART_BYTES, description="Part size of multipart uploads "
-        "to S3: a staged object or shard of at least twice this goes up in parts of this "
-        "size, sent concurrently, a smaller one in one PUT; at least 5 MiB (S3's smallest "
-        "part).")
+        DEFAULT_PART_BYTES, ge=MIN_PART_BYTES, json_schema_extra=OUTPUT_NEUTRAL,
+        description="Part size of multipart uploads to S3: a staged object or shard of at "
+        "least twice this goes up in parts of this size, sent concurrently, a smaller one in "
+        "one PUT; at least 5 MiB (S3's smallest part).")
     # How a run relates to the version `_CURRENT` names (preprocessing/versions/incremental.py).
     mode: Literal["full", "incremental"] = Field(
-        "full", description="`full`: reshard every input into one flat version (run it to "
-        "compact a chain); `incremental`: when the inputs are the current version's plus new "
-        "files, reshard only the new files into a child version that lists the parent's "
-        "shards without copying them.")
-    on_changed_inputs: Literal["refuse", "rebuild"] = Field(
-        "refuse", description="`incremental` only: when an input of the current version was "
-        "rewritten or removed (or the settings or ballast's version differ), `refuse` fails "
-        "naming them, `rebuild` makes a full version instead.")
-    max_chain_length: int = Field(
-        16, ge=1, description="`incremental` only: most versions in a chain, its flat base "
-        "included; a run that would make a longer one compacts (a full reshard) instead.")
-    max_small_shard_fraction: float = Field(
-        0.25, ge=0, le=1, description="`incremental` only: when more than this fraction of "
-        "the current chain's training shards hold under half the rows of its largest, the "
-        "run compacts (a full reshard) instead of appending.")
+        "full", json_schema_extra=OUTPUT_NEUTRAL, description="`full`: reshard every input "
+        "into one flat version (run it to compact a chain); `incremental`: when the inputs "
+        "are the current version's plus new files, reshard only the new files into a child "
+        "version that lists the parent's shards without copying them (`incremental:` says "
+        "when it refuses or compacts instead).")
+    incremental: IncrementalConfig = Field(
+        default_factory=IncrementalConfig, json_schema_extra=OUTPUT_NEUTRAL,
+        description="How a `mode: incremental` run appends, refuses or compacts.")
 
     @model_validator(mode="after")
     def _incremental_total_not_fixed(self) -> ReshardConfig:
@@ -188,11 +214,7 @@ class ReshardConfig(BaseModel):
         return self
 
     def output_settings(self) -> dict[str, Any]:
-        """The settings that decide a flat version's content: part of its version id."""
-        return self.model_dump(mode="json", exclude=set(OUTPUT_NEUTRAL_FIELDS))
+        """The settings that decide a flat version's content (every field not marked
+        OUTPUT_NEUTRAL): part of its version id."""
+        return self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
 
-
-def load_reshard_config(path: str | Path) -> ReshardConfig:
-    """Read a YAML reshard config; validation errors name the bad field."""
-    with open(path) as handle:
-        return ReshardConfig.model_validate(yaml.safe_load(handle) or {})

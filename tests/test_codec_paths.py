@@ -18,15 +18,8 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.codec import FeatureCodec
-from preprocessing.contract.manifest import (
-    Manifest,
-    ShardEntry,
-    SplitEntry,
-    commit_version,
-    file_sha256,
-    shard_name,
-    version_dir,
-)
+from preprocessing.contract.manifest import Manifest, ShardEntry, SplitEntry, shard_name
+from preprocessing.contract.shards import write_shard
 from preprocessing.scan.feature_stats import (
     build_codec,
     drop_row_columns,
@@ -35,6 +28,7 @@ from preprocessing.scan.feature_stats import (
     null_rows,
     profile_batch,
 )
+from preprocessing.versions.attempt import VersionAttempt
 from tests.feature_data import loader_rows
 from tracking.inference import evaluate_classifier
 from tracking.pyfunc import CodecClassifier
@@ -91,24 +85,23 @@ def write_version(root: Path, table: pa.Table, spec: DatasetSpec) -> tuple[str, 
         profile_batch(profiles, batch, kept[:batch.num_rows])
     codec = build_codec(profiles, {name: ["generated"] for name in profiles}, spec)
     rows = table.filter(pa.array(kept))
-    directory = Path(version_dir(str(root), "prop"))
-    directory.mkdir(parents=True)
-    entries, half = [], -(-rows.num_rows // 2)
-    for index, part in enumerate([rows.slice(0, half), rows.slice(half)]):
-        path = directory / shard_name("train", index)
-        pq.write_table(part, path, row_group_size=7)
-        entries.append(ShardEntry(path.name, part.num_rows, path.stat().st_size,
-                                  -(-part.num_rows // 7) if part.num_rows else 0, 7,
-                                  file_sha256(str(path)), {}, {}))
-    manifest = Manifest(
+    half = -(-rows.num_rows // 2)
+    with VersionAttempt(str(root), "prop") as attempt:
+        entries = [write_shard(attempt.shard_uri(shard_name("train", index)), part, 7, "label")
+                   for index, part in enumerate([rows.slice(0, half), rows.slice(half)])]
+        attempt.commit(prop_manifest(table.schema, spec, rows.num_rows, entries, codec))
+    return str(root), codec
+
+
+def prop_manifest(schema: pa.Schema, spec: DatasetSpec, num_rows: int,
+                  entries: list[ShardEntry], codec: FeatureCodec) -> Manifest:
+    return Manifest(
         version_id="prop", label_column="label", source_column="source", id_column="id",
         feature_columns=spec.feature_columns, classes=[0, 1, 2], sources=[],
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in table.schema],
-        splits={"train": SplitEntry(rows.num_rows, entries)}, seed=0, config={},
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
+        splits={"train": SplitEntry(num_rows, entries)}, seed=0, config={},
         input_fingerprint="generated", input_class_counts={}, input_source_counts={},
         features=features_record(codec, {}))
-    commit_version(str(root), manifest)
-    return str(root), codec
 
 
 class RecordingNetwork(torch.nn.Module):

@@ -17,6 +17,7 @@ import yaml
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from preprocessing.contract.config_files import load_config
 from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 
@@ -212,11 +213,9 @@ class TrainConfig(BaseModel):
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    """Read a YAML training config from a path or any fsspec URI; validation errors name
-    the bad field."""
-    fs, location = url_to_fs(str(path))
-    with fs.open(location, "r") as handle:
-        return TrainConfig.model_validate(yaml.safe_load(handle) or {})
+    """Read a YAML training config from a path or any fsspec URI; errors name the file and
+    the bad field (an old field name: its new place)."""
+    return load_config(TrainConfig, path)
 
 
 def dump_train_config(cfg: TrainConfig, path: str | Path) -> str:

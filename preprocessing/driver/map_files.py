@@ -2,7 +2,8 @@
 
 Used for batch inference: the caller passes a picklable `transform` (pyarrow Table in,
 Table out, e.g. predictions); this module knows nothing about models. Each task reads
-one input file row group by row group (bounded memory), writes one output part into the
+one input file row group by row group (bounded input memory), writes one output part
+(`preprocessing/contract/shards.py`, row groups of `rows_per_row_group`) into the
 run's own attempt (`preprocessing/versions/attempt.py`), and returns its manifest entry (a task
 that fails for a reason that may pass is run again: preprocessing/contract/faults.py); the
 version is committed through `commit_version`, exactly as for a reshard.
@@ -11,14 +12,11 @@ version is committed through `commit_version`, exactly as for a reshard.
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from preprocessing.contract.faults import RetryPolicy, retrying
 from preprocessing.contract.manifest import (
@@ -30,8 +28,8 @@ from preprocessing.contract.manifest import (
     shard_name,
 )
 from preprocessing.contract.secrets import redact_value
+from preprocessing.contract.shards import ShardWriter
 from preprocessing.driver.cluster import Executor, dask_client
-from preprocessing.storage.objects import write_object
 from preprocessing.storage.sources import iter_batches
 from preprocessing.versions.attempt import VersionAttempt
 
@@ -51,28 +49,16 @@ class OutputSpec:
 
 def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
              rows_per_row_group: int) -> ShardEntry:
-    """Transform one file batch by batch into one zstd Parquet part."""
-    sink, writer = io.BytesIO(), None
-    num_rows = 0
-    counts: dict[str, int] = {}
+    """Transform one file batch by batch into one part (preprocessing/contract/shards.py)."""
+    writer = ShardWriter(out_uri, rows_per_row_group, label_column)
+    rows = 0
     for batch in iter_batches(uri):
         table = transform(pa.Table.from_batches([batch]))
-        writer = writer or pq.ParquetWriter(sink, table.schema, compression="zstd")
-        writer.write_table(table, row_group_size=rows_per_row_group)
-        num_rows += table.num_rows
-        for label in table.column(label_column).to_pylist():
-            counts[str(label)] = counts.get(str(label), 0) + 1
-    if writer is None:
+        writer.write(table)
+        rows += table.num_rows
+    if not rows:
         raise ValueError(f"{uri}: no rows to map")
-    writer.close()
-    payload = sink.getvalue()
-    fs, path = url_to_fs(out_uri)
-    write_object(fs, path, payload)
-    return ShardEntry(path=out_uri.rsplit("/", 1)[-1], num_rows=num_rows,
-                      num_bytes=len(payload), num_row_groups=-(-num_rows // rows_per_row_group),
-                      rows_per_row_group=rows_per_row_group,
-                      sha256=hashlib.sha256(payload).hexdigest(), class_counts=counts,
-                      source_counts={})
+    return writer.close()
 
 
 def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:

@@ -5,10 +5,13 @@
 listing, the config (minus settings that cannot change the output) and the code
 version (and a chain's child its parent's id: preprocessing/versions/incremental.py decides
 whether a run appends), so re-running on unchanged inputs finds the committed
-manifest and does no work. Each run stages in its own attempt directory
-(`preprocessing/versions/attempt.py`) and commits through `commit_version` (shards, the
-manifest last, then `_CURRENT`): a run killed at any point leaves no visible
-version, and the rerun finishes whatever step it died after.
+manifest and does no work. The inputs are listed once per run (`list_once`: at a
+petabyte a listing takes minutes and many requests); a caller that needs the version id
+before the run (an orchestrator's cache key) lists them and hands the `Listing` over.
+Each run stages in its own attempt directory (`preprocessing/versions/attempt.py`) and
+commits through `commit_version` (shards, the manifest last, then `_CURRENT`): a run
+killed at any point leaves no visible version, and the rerun finishes whatever step it
+died after.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from preprocessing.scan.inputs import (
     overlapping_id_groups,
     scan_file,
 )
-from preprocessing.storage.sources import fingerprint_inputs, list_inputs
+from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
 from preprocessing.versions.attempt import VersionAttempt, collect_expired
 from preprocessing.versions.incremental import (
     Increment,
@@ -95,12 +98,27 @@ class ReshardResult:
     how: str = ""
 
 
-def version_id_for(config: ReshardConfig) -> str:
-    """The id the version of `config` has or will have: lists the inputs and reads the
-    current manifest (in `incremental` mode), reads no data."""
+@dataclass(frozen=True)
+class Listing:
+    """The input files of a config as listed once, and their fingerprint (what the version
+    id hashes of the inputs)."""
+
+    files: list[InputFile]
+    fingerprint: str
+
+
+def list_once(config: ReshardConfig) -> Listing:
+    """List the inputs of `config` (each root's listing retried on transient errors)."""
     files = list_inputs(config.dataset, config.retry)
-    increment = plan_increment(config, files, read_current_version(config.output_root))
-    return version_id_of(fingerprint_inputs(files), config, increment)
+    return Listing(files, fingerprint_inputs(files))
+
+
+def version_id_for(config: ReshardConfig, listing: Listing | None = None) -> str:
+    """The id the version of `config` has or will have: from `listing` (else lists the
+    inputs) and the current manifest (in `incremental` mode); reads no data."""
+    listing = listing or list_once(config)
+    increment = plan_increment(config, listing.files, read_current_version(config.output_root))
+    return version_id_of(listing.fingerprint, config, increment)
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -109,7 +127,8 @@ def version_is_committed(output_root: str, version_id: str) -> bool:
 
 
 def run_reshard(config: ReshardConfig, executor: Executor | None = None,
-                progress: Progress | None = None) -> ReshardResult:
+                progress: Progress | None = None,
+                listing: Listing | None = None) -> ReshardResult:
     """Make (or find) the dataset version for `config` and commit it.
 
     `executor`: a Dask client, or the config of a cluster to start or join; by default a
@@ -118,13 +137,13 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     reused, and a commit an earlier attempt left unfinished (`_CURRENT` behind, staging of
     a dead attempt) is finished first. In `mode: incremental` a run that can append reads
     only the files new since the current version (preprocessing/versions/incremental.py).
+    `listing`: the inputs as the caller listed them (`list_once`); None lists them here.
     """
     root = config.output_root
-    files = list_inputs(config.dataset, config.retry)
-    fingerprint = fingerprint_inputs(files)
+    listing = listing or list_once(config)
     previous = read_current_version(root)
-    increment = plan_increment(config, files, previous)
-    version_id = version_id_of(fingerprint, config, increment)
+    increment = plan_increment(config, listing.files, previous)
+    version_id = version_id_of(listing.fingerprint, config, increment)
     existing = _committed(root, version_id)
     if existing is not None:
         collect_expired(root)
@@ -132,25 +151,39 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
             root, existing, expected=expected))
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
     with VersionAttempt(root, version_id) as attempt:
-        manifest = _make_version(config, files, increment, fingerprint, attempt, executor,
-                                 progress)
+        manifest = _make_version(config, listing, increment, attempt, executor, progress)
         commit = commit_following(root, manifest, previous, lambda expected: attempt.commit(
             manifest, expected=expected))
     return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
 
 
-def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
-                  fingerprint: str, attempt: VersionAttempt, executor: Executor | None,
+@dataclass(frozen=True)
+class _Cluster:
+    """A run's Dask client with its worker threads and task limit, counted once."""
+
+    dask: Client
+    threads: int
+    in_flight: int  # tasks submitted and not yet done, at most
+
+    @classmethod
+    def of(cls, dask: Client, config: ReshardConfig) -> _Cluster:
+        threads = max(1, sum(dask.nthreads().values()))
+        return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
+
+
+def _make_version(config: ReshardConfig, listing: Listing, increment: Increment,
+                  attempt: VersionAttempt, executor: Executor | None,
                   progress: Progress | None) -> Manifest:
     """Scan, plan, exchange and write the shards into `attempt` (of every input, or of the
     new files when appending); the version's manifest."""
     timings: dict[str, float] = {}
     parent = increment.parent if increment.kind == "append" else None
-    files = increment.new_files if parent else files
+    files = increment.new_files if parent else listing.files
     earlier = earlier_scans(parent) if parent else []
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
-    with dask_client(executor, storage=[config.output_root]) as dask:
+    with dask_client(executor, storage=[config.output_root]) as client:
+        dask = _Cluster.of(client, config)
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
@@ -161,7 +194,7 @@ def _make_version(config: ReshardConfig, files: list[Any], increment: Increment,
             dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, staging, schema, config, attempt, progress))
-    return version_manifest(config, attempt.version_id, fingerprint, scans, schema, plans,
+    return version_manifest(config, attempt.version_id, listing.fingerprint, scans, schema, plans,
                             splits, timings, features, parent, len(pieces))
 
 
@@ -179,18 +212,17 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progress | None,
-          earlier: list[FileScan]) -> list[FileScan]:
+def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
+          progress: Progress | None, earlier: list[FileScan]) -> list[FileScan]:
     """Scan `files`; the checks across files also see the `earlier` files of a parent
     (preprocessing/versions/incremental.py), whose ids are read again only where ranges overlap."""
     # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
-    threads = max(1, sum(dask.nthreads().values()))
     bounds = group_pieces(np.array([f.num_bytes for f in files]), config.exchange_task_bytes,
-                          4 * threads).tolist()
+                          4 * dask.threads).tolist()
     counter = StageProgress("scan", len(bounds) - 1, progress)
-    groups = run_in_waves(dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
-                          len(bounds) - 1, _in_flight(config, threads), counter,
+    groups = run_in_waves(dask.dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
+                          len(bounds) - 1, dask.in_flight, counter,
                           spec=config.dataset, seed=config.seed,
                           holdout_fraction=config.holdout_fraction,
                           max_piece_rows=config.max_piece_rows, retry=config.retry)
@@ -212,15 +244,12 @@ def _scan(dask: Client, files: list[Any], config: ReshardConfig, progress: Progr
     check_classes([*scans, *earlier], config.dataset)
     new = {scan.file.uri for scan in scans}
     groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
-    found = dask.gather(dask.map(retrying(duplicate_ids, config.retry), groups,
-                                 id_column=config.dataset.id_column, pure=False)) if groups else []
+    found = dask.dask.gather(dask.dask.map(
+        retrying(duplicate_ids, config.retry), groups, id_column=config.dataset.id_column,
+        pure=False)) if groups else []
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
-
-
-def _in_flight(config: ReshardConfig, threads: int) -> int:
-    return config.max_tasks_in_flight or max(8, 4 * threads)
 
 
 def _scan_files(files: list[Any], **settings: Any) -> list[FileScan]:
@@ -264,35 +293,33 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-def _exchange(dask: Client, scans: list[FileScan], plans: dict[str, SplitPlan],
+def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan],
               pieces: np.ndarray, schema: pa.Schema, config: ReshardConfig,
               staging_uri: str, progress: Progress | None) -> Staging:
     """The map round and any merge rounds; tasks get piece lists or two integers, and the
     driver keeps nothing per staged object."""
     destinations = destinations_for(plans, schema)
-    threads = max(1, sum(dask.nthreads().values()))
-    layout = exchange_layout(scans, plans, pieces, config, threads)
+    layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(staging_uri, layout, destinations.schema, config.upload_part_bytes)
-    limit = _in_flight(config, threads)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
     first_rows = piece_rows(scans, pieces)[0]
     tasks = ((map_task(scans, plans, pieces, first_rows, staging, task),)
              for task in range(layout.num_map_tasks))
-    run_in_waves(dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks, limit,
-                 counter,
-                 destinations=dask.scatter(destinations, broadcast=True, hash=False),
+    run_in_waves(dask.dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks,
+                 dask.in_flight, counter,
+                 destinations=dask.dask.scatter(destinations, broadcast=True, hash=False),
                  spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
-    shared = dask.scatter(staging, broadcast=True, hash=False)
+    shared = dask.dask.scatter(staging, broadcast=True, hash=False)
     for index in range(1, len(layout.rounds)):
-        run_in_waves(dask, retrying(merge_task, config.retry), ((index, task) for task in range(
-            layout.rounds[index].num_objects)), layout.rounds[index].num_objects, limit,
-            counter, staging=shared)
+        run_in_waves(dask.dask, retrying(merge_task, config.retry), ((index, task) for task in
+                     range(layout.rounds[index].num_objects)), layout.rounds[index].num_objects,
+                     dask.in_flight, counter, staging=shared)
     counter.close()
     return staging
 
 
-def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
+def _reduce(dask: _Cluster, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
             config: ReshardConfig, attempt: VersionAttempt,
             progress: Progress | None) -> dict[str, SplitEntry]:
     """Write tasks over runs of consecutive shards, each reading one range of each of the
@@ -300,12 +327,11 @@ def _reduce(dask: Client, plans: dict[str, SplitPlan], staging: Staging, schema:
     shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
-    threads = max(1, sum(dask.nthreads().values()))
     counter = StageProgress("write", len(tasks), progress)
-    entries = run_in_waves(dask, retrying(write_shards, config.retry), tasks, len(tasks),
-                           _in_flight(config, threads), counter,
-                           staging=dask.scatter(staging, broadcast=True, hash=False),
-                           schema=dask.scatter(schema, broadcast=True, hash=False),
+    entries = run_in_waves(dask.dask, retrying(write_shards, config.retry), tasks, len(tasks),
+                           dask.in_flight, counter,
+                           staging=dask.dask.scatter(staging, broadcast=True, hash=False),
+                           schema=dask.dask.scatter(schema, broadcast=True, hash=False),
                            spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
     counter.close()
     flat = iter([entry for group in entries for entry in group])

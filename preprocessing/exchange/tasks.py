@@ -4,19 +4,18 @@ A map task reads a group of consecutive pieces (row ranges of input files), rout
 their rows to their destinations (shards of the splits, numbered across splits) in one
 vectorised pass and writes one staged object with the rows grouped by destination
 (`preprocessing/exchange/staged_objects.py`); merge rounds, if any, combine such objects
-(`preprocessing/plan/layout.py`). A write task takes a run of consecutive shards, reads their
-range of each object of the last round (one ranged read each), orders each shard's rows
-by their keyed position and writes it as zstd Parquet. Rows are ordered by distinct keys,
-so a shard's bytes do not depend on how pieces were grouped, how many rounds there were,
-or which worker ran what. Peak memory per task is about `exchange_task_bytes` of rows
-(a map task's pieces times their oversampling, a write task's shards). The driver makes
-each task's descriptor here too (`exchange_layout`, `map_task`, `shard_jobs`), one per
-task, never one per (piece, shard) pair.
+(`preprocessing/plan/layout.py`). A write task takes a run of consecutive shards, reads
+their range of each object of the last round (one ranged read each), orders each shard's
+rows by their keyed position and writes it (`preprocessing/contract/shards.py`). Rows are
+ordered by distinct keys, so a shard's bytes do not depend on how pieces were grouped, how
+many rounds there were, or which worker ran what. Peak memory per task is about
+`exchange_task_bytes` of rows (a map task's pieces times their oversampling, a write
+task's shards). The driver makes each task's descriptor here too (`exchange_layout`,
+`map_task`, `shard_jobs`), one per task, never one per (piece, shard) pair.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -24,11 +23,10 @@ from itertools import chain
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, shard_name
+from preprocessing.contract.shards import write_shard
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
@@ -42,7 +40,7 @@ from preprocessing.plan.row_fates import holdout_mask, route_pieces
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import drop_row_columns, null_rows
 from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
-from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
+from preprocessing.storage.objects import DEFAULT_PART_BYTES
 from preprocessing.storage.sources import read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
@@ -286,34 +284,5 @@ def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
     # One chunk whatever the number of inputs: the encoder's pages follow the chunks.
     table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
     table = table.cast(schema)
-    payload = memoryview(_parquet_bytes(table, rows_per_row_group, spec))
-    fs, path = url_to_fs(uri)
-    write_object(fs, path, payload, staging.part_bytes)
-    source_name = spec.source_column or DERIVED_SOURCE_COLUMN
-    return ShardEntry(
-        path=uri.rsplit("/", 1)[-1], num_rows=table.num_rows, num_bytes=payload.nbytes,
-        num_row_groups=-(-table.num_rows // rows_per_row_group),
-        rows_per_row_group=rows_per_row_group,
-        sha256=hashlib.sha256(payload).hexdigest(),
-        class_counts=_histogram(table.column(spec.label_column)),
-        source_counts=_histogram(table.column(source_name)),
-    )
-
-
-def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) -> pa.Buffer:
-    # Dictionary-encode only the low-cardinality label and source columns: on float and id
-    # columns the dictionary is useless and made writing about 3x slower. An Arrow buffer,
-    # not BytesIO: no regrowth copies and no copy out.
-    # Statistics on scalar columns only: min/max over the elements of a list column (an
-    # embedding) prune nothing, and skipping them made encoding about 6% faster.
-    dictionary = [spec.label_column, spec.source_column or DERIVED_SOURCE_COLUMN]
-    scalar = [field.name for field in table.schema if not pa.types.is_nested(field.type)]
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
-                   write_statistics=scalar, use_dictionary=dictionary)
-    return sink.getvalue()
-
-
-def _histogram(column: pa.ChunkedArray) -> dict[str, int]:
-    counts = pc.value_counts(column).to_pylist()
-    return {str(item["values"]): int(item["counts"]) for item in counts}
+    return write_shard(uri, table, rows_per_row_group, spec.label_column,
+                       spec.source_column or DERIVED_SOURCE_COLUMN, staging.part_bytes)

@@ -2,8 +2,9 @@
 
     python -m preprocessing.synthetic.tokens --out /tmp/tok --rows 20000 --vocab-size 4096
 
-writes a committed ballast version (shards, then `_MANIFEST.json` and `_CURRENT`
-through `preprocessing.contract.manifest.commit_version`, so the loader reads it like any other):
+writes a committed ballast version (shards through `preprocessing.contract.shards`, then
+`_MANIFEST.json` and `_CURRENT` through `VersionAttempt.commit`, as every version writer
+does, so the loader reads it like any other):
 column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
 0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
 a sequence is uniform random tokens with a fraction `signal` of its positions
@@ -22,25 +23,24 @@ import argparse
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field
 
 from preprocessing.contract.manifest import (
     Manifest,
-    ShardEntry,
     SplitEntry,
     commit_version,
-    file_sha256,
     manifest_uri,
     read_manifest,
     shard_name,
-    version_dir,
 )
+from preprocessing.contract.shards import write_shard
+from preprocessing.versions.attempt import VersionAttempt
 
 
 class TokenDatasetSpec(BaseModel):
@@ -99,23 +99,14 @@ def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int)
     })
 
 
-def write_split(spec: TokenDatasetSpec, directory: str, split: str, table: pa.Table) -> SplitEntry:
-    """Write `table` as shards of `rows_per_shard`; the split's manifest entry."""
-    fs, path = url_to_fs(directory)
-    entries = []
-    for index, offset in enumerate(range(0, table.num_rows, spec.rows_per_shard)):
-        part, name = table.slice(offset, spec.rows_per_shard), shard_name(split, index)
-        with fs.open(f"{path}/{name}", "wb") as handle:
-            pq.write_table(part, handle, row_group_size=spec.rows_per_row_group,
-                           compression="zstd")
-        counts = Counter(str(value) for value in part.column("label").to_pylist())
-        entries.append(ShardEntry(
-            path=name, num_rows=part.num_rows, num_bytes=fs.size(f"{path}/{name}"),
-            num_row_groups=-(-part.num_rows // spec.rows_per_row_group),
-            rows_per_row_group=spec.rows_per_row_group,
-            sha256=file_sha256(f"{directory}/{name}"), class_counts=dict(counts),
-            source_counts={"synthetic": part.num_rows},
-        ))
+def write_split(spec: TokenDatasetSpec, shard_uri: Callable[[str], str], split: str,
+                table: pa.Table) -> SplitEntry:
+    """Write `table` as shards of `rows_per_shard` (shard `name` at `shard_uri(name)`);
+    the split's manifest entry."""
+    entries = [write_shard(shard_uri(shard_name(split, index)),
+                           table.slice(offset, spec.rows_per_shard), spec.rows_per_row_group,
+                           "label", "source")
+               for index, offset in enumerate(range(0, table.num_rows, spec.rows_per_shard))]
     return SplitEntry(num_rows=table.num_rows, shards=entries)
 
 
@@ -123,21 +114,22 @@ def write_token_dataset(root: str, spec: TokenDatasetSpec) -> str:
     """Write (or find) the version of `spec` under `root` and make it current; returns root."""
     location = manifest_uri(root, spec.version_id())
     fs, path = url_to_fs(location)
-    manifest = read_manifest(location)[0] if fs.exists(path) else write_shards(root, spec)
-    commit_version(root, manifest)
+    if fs.exists(path):
+        commit_version(root, read_manifest(location)[0])  # committed: made current again
+        return root
+    with VersionAttempt(root, spec.version_id()) as attempt:
+        attempt.commit(write_shards(attempt.shard_uri, spec))
     return root
 
 
-def write_shards(root: str, spec: TokenDatasetSpec) -> Manifest:
-    """Write the shards of `spec`'s version into its directory; their manifest."""
-    directory = version_dir(root, spec.version_id())
-    fs, path = url_to_fs(directory)
-    fs.makedirs(path, exist_ok=True)
+def write_shards(shard_uri: Callable[[str], str], spec: TokenDatasetSpec) -> Manifest:
+    """Write the shards of `spec`'s version (shard `name` at `shard_uri(name)`); their
+    manifest."""
     train = make_rows(spec, 0, spec.num_rows, stream=1)
-    splits = {"train": write_split(spec, directory, "train", train)}
+    splits = {"train": write_split(spec, shard_uri, "train", train)}
     if spec.holdout_rows:
         holdout = make_rows(spec, spec.num_rows, spec.holdout_rows, stream=2)
-        splits["holdout"] = write_split(spec, directory, "holdout", holdout)
+        splits["holdout"] = write_split(spec, shard_uri, "holdout", holdout)
     return manifest_of(spec, train.schema, splits)
 
 

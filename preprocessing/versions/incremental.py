@@ -15,11 +15,12 @@ naming the ancestor whose directory holds them, no copy) and the new shards, wit
 the inputs, the settings, the code version and the parent's id.
 
 A rewritten or removed input, other settings or another ballast version is a change: the
-run refuses naming it (`on_changed_inputs: refuse`) or makes a full version (`rebuild`),
-never a child that would hold stale rows. A run compacts (a full reshard of every input
-into one flat version, byte-identical to a fresh full reshard) when the chain would pass
-`max_chain_length`, or when more than `max_small_shard_fraction` of the current chain's
-training shards hold under half the rows of its largest; `mode: full` compacts on demand.
+run refuses naming it (`incremental.on_changed_inputs: refuse`) or makes a full version
+(`rebuild`), never a child that would hold stale rows. A run compacts (a full reshard of
+every input into one flat version, byte-identical to a fresh full reshard) when the chain
+would pass `incremental.max_chain_length`, or when more than
+`incremental.max_small_shard_fraction` of the current chain's training shards hold under
+half the rows of its largest; `mode: full` compacts on demand.
 
 The mix of a chain: every delta is planned on its own with the configured mix, and its
 holdout draw is per file and row as always, so the chain's holdout is exactly a full
@@ -109,7 +110,7 @@ def plan_increment(config: ReshardConfig, files: list[InputFile],
     parent, location = read_manifest(version_dir(config.output_root, current))
     new, changes = differences(parent, location, config, files)
     if changes:
-        if config.on_changed_inputs == "refuse":
+        if config.incremental.on_changed_inputs == "refuse":
             raise InputsChanged(_refusal(config.output_root, current, changes))
         return Increment("full", f"rebuild: {_listed(changes)}")
     if not new:
@@ -174,21 +175,21 @@ def setting_changes(parent: Manifest, config: ReshardConfig) -> list[str]:
 def compaction_reason(parent: Manifest, config: ReshardConfig) -> str | None:
     """Why appending to `parent` would pass a compaction threshold, or None."""
     length = len(parent.deltas) + 1
-    if length > config.max_chain_length:
+    if length > config.incremental.max_chain_length:
         return (f"compaction: a child would make a chain of {length} versions, more than "
-                f"max_chain_length={config.max_chain_length}")
+                f"incremental.max_chain_length={config.incremental.max_chain_length}")
     rows = [shard.num_rows for shard in parent.split("train").shards]
     small = sum(2 * n < max(rows) for n in rows) / len(rows)
-    if small > config.max_small_shard_fraction:
+    if small > config.incremental.max_small_shard_fraction:
         return (f"compaction: {small:.0%} of the chain's training shards hold under half the "
-                f"rows of its largest, more than max_small_shard_fraction="
-                f"{config.max_small_shard_fraction}")
+                f"rows of its largest, more than incremental.max_small_shard_fraction="
+                f"{config.incremental.max_small_shard_fraction}")
     return None
 
 
 def _refusal(root: str, current: str, changes: list[str]) -> str:
     return (f"{root}: cannot append to the current version {current}: {_listed(changes)}. "
-            f"Set on_changed_inputs: rebuild (or mode: full) to reshard every input")
+            f"Set incremental.on_changed_inputs: rebuild (or mode: full) to reshard every input")
 
 
 def _listed(changes: list[str]) -> str:

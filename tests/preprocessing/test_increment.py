@@ -181,9 +181,9 @@ def test_compaction_equals_a_full_reshard_byte_for_byte(chain: Chain, tmp_path,
 
 @pytest.mark.parametrize("change", ["rewritten", "removed"])
 def test_a_changed_input_is_refused_naming_it(change, base_version, dask_client) -> None:
-    """Invariants: with `on_changed_inputs: refuse` a rewritten or removed input (with a new
-    file beside it) fails the run naming the file and the fix; `_CURRENT` is unchanged and
-    nothing is staged."""
+    """Invariants: with `incremental.on_changed_inputs: refuse` a rewritten or removed input
+    (with a new file beside it) fails the run naming the file and the fix; `_CURRENT` is
+    unchanged and nothing is staged."""
     raw, root, base = base_version
     add_night(raw, 0)
     victim = raw / "raw-002.parquet"
@@ -199,12 +199,13 @@ def test_a_changed_input_is_refused_naming_it(change, base_version, dask_client)
 
 def test_a_changed_input_is_rebuilt_in_full_when_asked(base_version, tmp_path,
                                                       dask_client) -> None:
-    """Invariant: with `on_changed_inputs: rebuild` a rewritten input makes a flat version
-    equal to a full reshard of the inputs as they are now."""
+    """Invariant: with `incremental.on_changed_inputs: rebuild` a rewritten input makes a
+    flat version equal to a full reshard of the inputs as they are now."""
     raw, root, _ = base_version
     victim = raw / "raw-002.parquet"
     pq.write_table(pq.read_table(victim).slice(1), victim)
-    rebuilt = run_reshard(config_for(raw, root, on_changed_inputs="rebuild"), dask_client)
+    rebuilt = run_reshard(config_for(raw, root, incremental={"on_changed_inputs": "rebuild"}),
+                          dask_client)
     fresh = run_reshard(config_for(raw, tmp_path / "fresh", mode="full"), dask_client)
     assert rebuilt.manifest.parent_version is None and rebuilt.how.startswith("rebuild:")
     assert rebuilt.manifest.version_id == fresh.manifest.version_id
@@ -218,8 +219,8 @@ def test_other_settings_are_a_change_too(base_version, dask_client) -> None:
         run_reshard(config_for(raw, root, seed=1), dask_client)
 
 
-@pytest.mark.parametrize("threshold", [{"max_chain_length": 2},
-                                       {"max_small_shard_fraction": 0.1,
+@pytest.mark.parametrize("threshold", [{"incremental": {"max_chain_length": 2}},
+                                       {"incremental": {"max_small_shard_fraction": 0.1},
                                         "target_shard_rows": 700}])
 def test_a_chain_past_its_threshold_is_compacted(threshold, tmp_path, dask_client) -> None:
     """Invariants: the first night appends (a child); the second would pass the chain

@@ -15,32 +15,34 @@ from preprocessing.contract.manifest import (
     Delta,
     InputRecord,
     ManifestError,
-    commit_version,
     manifest_uri,
     read_manifest,
+    shard_name,
     shard_uri,
     version_dir,
 )
 from preprocessing.storage.sources import InputFile, fingerprint_inputs
+from preprocessing.versions.attempt import VersionAttempt
 from preprocessing.versions.incremental import differences
-from tests.preprocessing.version_writer import manifest_of, shard_bytes, write_shard
+from tests.preprocessing.version_writer import manifest_of, write_test_shard
 
 PARENT, CHILD = "parent1", "child1"
 
 
 def commit_of(root: Path, version_id: str, parent: str | None = None) -> None:
     """A two-shard version (a flat one, or a child listing the parent's shards too)."""
-    entries = [write_shard(f"{version_dir(str(root), version_id)}/shard-0000{i}.parquet",
-                           shard_bytes(version_id, i)) for i in range(2)]
-    manifest = manifest_of(version_id, entries)
-    lineage = [Delta(version_id, parent, "", 1, 1, 1)]
-    if parent is not None:
-        older, _ = read_manifest(version_dir(str(root), parent))
-        entries = [replace(e, version=parent) for e in older.split("train").shards] + entries
-        lineage = [*older.lineage(), *lineage]
-        manifest = replace(manifest, splits={"train": replace(
-            manifest.split("train"), num_rows=200, shards=entries)}, parent_version=parent)
-    commit_version(str(root), replace(manifest, deltas=lineage))
+    with VersionAttempt(str(root), version_id) as attempt:
+        entries = [write_test_shard(attempt.shard_uri(shard_name("train", i)), version_id, i)
+                   for i in range(2)]
+        manifest = manifest_of(version_id, entries)
+        lineage = [Delta(version_id, parent, "", 1, 1, 1)]
+        if parent is not None:
+            older, _ = read_manifest(version_dir(str(root), parent))
+            entries = [replace(e, version=parent) for e in older.split("train").shards] + entries
+            lineage = [*older.lineage(), *lineage]
+            manifest = replace(manifest, splits={"train": replace(
+                manifest.split("train"), num_rows=200, shards=entries)}, parent_version=parent)
+        attempt.commit(replace(manifest, deltas=lineage))
 
 
 @pytest.fixture

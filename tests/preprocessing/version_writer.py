@@ -2,8 +2,9 @@
 
     python version_writer.py ROOT VERSION_ID [--hold] [--heartbeat-s S] [--start-at T]
 
-Writes two small shards through the real path (`VersionAttempt`, then `commit_version`
-with the `_CURRENT` it saw at start) and prints `committed` or `already committed`.
+Writes two small shards through the real path (`preprocessing.contract.shards`, then
+`VersionAttempt.commit` with the `_CURRENT` it saw at start) and prints `committed` or
+`already committed`.
 `--hold`: take the attempt, print `holding <staging uri>`, and sleep until killed.
 `--start-at`: wait for this unix time first, so racing writers start together.
 The rows depend on the version id only, so every attempt of one version writes the same
@@ -14,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import sys
 import time
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import (
     Manifest,
@@ -29,6 +27,7 @@ from preprocessing.contract.manifest import (
     read_current_version,
     shard_name,
 )
+from preprocessing.contract.shards import write_shard
 from preprocessing.versions.attempt import VersionAttempt
 
 NUM_SHARDS, ROWS_PER_SHARD = 2, 50
@@ -41,18 +40,9 @@ def shard_table(version_id: str, index: int) -> pa.Table:
                      "x": pa.array([float(i) for i in range(ROWS_PER_SHARD)], pa.float32())})
 
 
-def shard_bytes(version_id: str, index: int) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(shard_table(version_id, index), sink)
-    return sink.getvalue()
-
-
-def write_shard(uri: str, payload: bytes) -> ShardEntry:
-    fs, path = url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(path, payload)
-    return ShardEntry(uri.rsplit("/", 1)[-1], ROWS_PER_SHARD, len(payload), 1, ROWS_PER_SHARD,
-                      hashlib.sha256(payload).hexdigest(), {}, {})
+def write_test_shard(uri: str, version_id: str, index: int) -> ShardEntry:
+    """Shard `index` of version `version_id`, written at `uri`; its manifest entry."""
+    return write_shard(uri, shard_table(version_id, index), ROWS_PER_SHARD, "label")
 
 
 def manifest_of(version_id: str, entries: list[ShardEntry]) -> Manifest:
@@ -79,9 +69,8 @@ def main() -> int:
         if args.hold:
             print(f"holding {attempt.uri}", flush=True)
             time.sleep(3600)
-        entries = [write_shard(attempt.shard_uri(shard_name("train", index)),
-                               shard_bytes(args.version_id, index))
-                   for index in range(NUM_SHARDS)]
+        entries = [write_test_shard(attempt.shard_uri(shard_name("train", index)),
+                                    args.version_id, index) for index in range(NUM_SHARDS)]
         commit = attempt.commit(manifest_of(args.version_id, entries), expected=previous)
     print("committed" if commit.written else "already committed", flush=True)
     return 0

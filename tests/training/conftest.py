@@ -1,5 +1,6 @@
-"""Tiny generated datasets for training tests: shards written with pyarrow, committed
-with the real commit helper (`preprocessing.contract.manifest.commit_version`)."""
+"""Tiny generated datasets for training tests: shards written and committed through the
+one path of every version writer (`preprocessing.contract.shards.write_shard`, then
+`VersionAttempt.commit`)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from preprocessing.contract.manifest import (
-    Manifest,
-    ShardEntry,
-    SplitEntry,
-    commit_version,
-    file_sha256,
-    shard_name,
-    version_dir,
-)
+from preprocessing.contract.manifest import Manifest, SplitEntry, shard_name
+from preprocessing.contract.shards import write_shard
+from preprocessing.versions.attempt import VersionAttempt
 
 # Label values differ from class indices, so the tests see the mapping work.
 CLASS_VALUES = [10 * k + 3 for k in range(10)]
@@ -42,27 +36,15 @@ def make_table(ids: np.ndarray, dim: int, classes: list[int], rng: np.random.Gen
 
 
 def write_split(
-    directory: Path, split: str, table: pa.Table, shard_rows: list[int], row_group_size: int
+    attempt: VersionAttempt, split: str, table: pa.Table, shard_rows: list[int],
+    row_group_size: int
 ) -> SplitEntry:
     """Write `table` as shards of the given sizes; the split's manifest entry."""
     entries, offset = [], 0
     for index, rows in enumerate(shard_rows):
-        name = shard_name(split, index)
-        pq.write_table(table.slice(offset, rows), directory / name, row_group_size=row_group_size)
+        entries.append(write_shard(attempt.shard_uri(shard_name(split, index)),
+                                   table.slice(offset, rows), row_group_size, "label", "source"))
         offset += rows
-        metadata = pq.read_metadata(directory / name)
-        entries.append(
-            ShardEntry(
-                path=name,
-                num_rows=rows,
-                num_bytes=(directory / name).stat().st_size,
-                num_row_groups=metadata.num_row_groups,
-                rows_per_row_group=row_group_size,
-                sha256=file_sha256(str(directory / name)),
-                class_counts={},
-                source_counts={},
-            )
-        )
     return SplitEntry(num_rows=offset, shards=entries)
 
 
@@ -86,19 +68,22 @@ def write_dataset(
     """A committed dataset version under `root` (train ids 0..N-1, holdout ids after)."""
     rng = np.random.default_rng(seed)
     version_id = f"test{num_rows}x{holdout_rows}x{num_shards}x{row_group_size}"
-    directory = Path(version_dir(str(root), version_id))
-    directory.mkdir(parents=True, exist_ok=True)
-    train = make_table(np.arange(num_rows), dim, CLASS_VALUES, rng)
-    splits = {
-        "train": write_split(
-            directory, "train", train, split_sizes(num_rows, num_shards), row_group_size
-        )
-    }
-    if holdout_rows:
-        holdout = make_table(np.arange(num_rows, num_rows + holdout_rows), dim, CLASS_VALUES, rng)
-        sizes = split_sizes(holdout_rows, 2)
-        splits["holdout"] = write_split(directory, "holdout", holdout, sizes, row_group_size)
-    manifest = Manifest(
+    with VersionAttempt(str(root), version_id) as attempt:
+        train = make_table(np.arange(num_rows), dim, CLASS_VALUES, rng)
+        splits = {"train": write_split(attempt, "train", train,
+                                       split_sizes(num_rows, num_shards), row_group_size)}
+        if holdout_rows:
+            holdout = make_table(np.arange(num_rows, num_rows + holdout_rows), dim,
+                                 CLASS_VALUES, rng)
+            sizes = split_sizes(holdout_rows, 2)
+            splits["holdout"] = write_split(attempt, "holdout", holdout, sizes, row_group_size)
+        attempt.commit(dataset_manifest(version_id, train.schema, splits, seed))
+    return str(root)
+
+
+def dataset_manifest(version_id: str, schema: pa.Schema, splits: dict[str, SplitEntry],
+                     seed: int) -> Manifest:
+    return Manifest(
         version_id=version_id,
         label_column="label",
         source_column="source",
@@ -106,7 +91,7 @@ def write_dataset(
         feature_columns=["features"],
         classes=list(CLASS_VALUES),
         sources=["s0", "s1", "s2"],
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in train.schema],
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
         splits=splits,
         seed=seed,
         config={},
@@ -114,8 +99,6 @@ def write_dataset(
         input_class_counts={},
         input_source_counts={},
     )
-    commit_version(str(root), manifest)
-    return str(root)
 
 
 @pytest.fixture(scope="session")

@@ -29,19 +29,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from preprocessing.contract.manifest import (
-    Manifest,
-    ShardEntry,
-    SplitEntry,
-    commit_version,
-    file_sha256,
-    shard_name,
-    version_dir,
-)
+from preprocessing.contract.manifest import Manifest, ShardEntry, SplitEntry, shard_name
+from preprocessing.contract.shards import write_shard
+from preprocessing.versions.attempt import VersionAttempt
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.models.classifier import FeatureClassifier
 from training.train import run_training
@@ -89,24 +82,22 @@ def golden_table() -> pa.Table:
 
 def write_golden_dataset(root: Path) -> str:
     """The table as one committed train shard (no holdout: the losses are the point)."""
-    table, name = golden_table(), shard_name("train", 0)
-    directory = Path(version_dir(str(root), "golden"))
-    directory.mkdir(parents=True)
-    pq.write_table(table, directory / name, row_group_size=BATCH_SIZE)
-    shard = ShardEntry(
-        path=name, num_rows=NUM_ROWS, num_bytes=(directory / name).stat().st_size,
-        num_row_groups=NUM_ROWS // BATCH_SIZE, rows_per_row_group=BATCH_SIZE,
-        sha256=file_sha256(str(directory / name)), class_counts={}, source_counts={},
-    )
-    manifest = Manifest(
+    table = golden_table()
+    with VersionAttempt(str(root), "golden") as attempt:
+        shard = write_shard(attempt.shard_uri(shard_name("train", 0)), table, BATCH_SIZE,
+                            "label", "source")
+        attempt.commit(golden_manifest(table.schema, shard))
+    return str(root)
+
+
+def golden_manifest(schema: pa.Schema, shard: ShardEntry) -> Manifest:
+    return Manifest(
         version_id="golden", label_column="label", source_column="source", id_column="id",
         feature_columns=["features"], classes=list(range(NUM_CLASSES)), sources=["s0"],
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in table.schema],
+        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
         splits={"train": SplitEntry(num_rows=NUM_ROWS, shards=[shard])}, seed=0, config={},
         input_fingerprint="golden", input_class_counts={}, input_source_counts={},
     )
-    commit_version(str(root), manifest)
-    return str(root)
 
 
 def golden_config(tmp_path: Path) -> TrainConfig:

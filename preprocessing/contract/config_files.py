@@ -1,0 +1,150 @@
+"""Every config file of ballast is read here: YAML from a local path or any fsspec URI
+(`s3://bucket/reshard.yaml`), validated into its pydantic model.
+
+A file that is missing, not YAML or not a mapping fails naming the file. A file that does
+not validate raises pydantic's ValidationError (so every caller that handles one handles
+this), titled with the model and the file, in which an unknown field says more than
+"Extra inputs are not permitted":
+
+- a field that moved is refused naming its new place. Each config model declares what
+  moved in its own table, `RENAMED: ClassVar[dict[str, str]]`, old field name -> new
+  dotted path, both relative to that model (`ReshardConfig.RENAMED["max_chain_length"] ==
+  "incremental.max_chain_length"`); a model nested anywhere in the one being loaded (a
+  member of a union included) is consulted where it sits, so another module extends the
+  refusals by declaring the table on its own model;
+- a name close to a known field says "did you mean ...".
+
+Lives in the contract room because training/ (TrainConfig, LaunchConfig) loads its configs
+through it too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from fsspec.core import url_to_fs
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read as a YAML mapping; the message names the file."""
+
+
+def read_config_file(uri: str | Path, substitutions: Mapping[str, str] | None = None
+                     ) -> dict[str, Any]:
+    """The YAML mapping in `uri` (path or fsspec URI), each `substitutions` key in its text
+    replaced by its value first (`${WORK_DIR}`)."""
+    fs, path = url_to_fs(str(uri))
+    try:
+        with fs.open(path, "r") as handle:
+            text = handle.read()
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"config {uri}: no such file") from error
+    for key, value in (substitutions or {}).items():
+        text = text.replace(key, value)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigFileError(f"config {uri}: not valid YAML ({error})") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"config {uri}: holds a {type(data).__name__}, not a mapping "
+                              f"of field names to values")
+    return data
+
+
+def load_config(model: type[M], uri: str | Path,
+                substitutions: Mapping[str, str] | None = None) -> M:
+    """Read `uri` (see `read_config_file`) and validate it as `model` (see `parse_config`)."""
+    return parse_config(model, read_config_file(uri, substitutions), str(uri))
+
+
+def parse_config(model: type[M], data: Mapping[str, Any], origin: str) -> M:
+    """`data` validated as `model`; a ValidationError titled with `origin` in which moved
+    and misspelt fields say where they belong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise explained(error, model, origin) from None
+
+
+def explained(error: ValidationError, model: type[BaseModel], origin: str) -> ValidationError:
+    """`error` again, titled `<model> in <origin>`, each unknown field's message replaced by
+    its new place (RENAMED) or the closest known name."""
+    details: list[InitErrorDetails] = []
+    for problem in error.errors(include_url=False):
+        loc = tuple(problem["loc"])
+        message = _unknown_field(model, loc) if problem["type"] == "extra_forbidden" else None
+        if message is None:
+            message = problem["msg"]
+        # The message is final: braces in it are not placeholders of a template.
+        template = message.replace("{", "{{").replace("}", "}}")
+        details.append(InitErrorDetails(type=PydanticCustomError(problem["type"], template),
+                                        loc=loc, input=problem.get("input")))
+    return ValidationError.from_exception_data(f"{model.__name__} in {origin}", details)
+
+
+def _unknown_field(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """What to say of the unknown field at `loc`: where it moved, or the known name it is
+    close to; None when nothing better than pydantic's message is known."""
+    if not loc:
+        return None
+    *parents, name = loc
+    candidates = _models_at(model, parents)
+    dotted = ".".join(str(part) for part in parents)
+    prefix = f"{dotted}." if dotted else ""
+    for candidate in candidates:
+        renamed = getattr(candidate, "RENAMED", {})
+        if name in renamed:
+            return (f"{prefix}{name} has moved: write it as {prefix}{renamed[name]}")
+    known = sorted({field for candidate in candidates for field in candidate.model_fields})
+    close = difflib.get_close_matches(str(name), known, n=1)
+    if close:
+        return f"unknown field {prefix}{name}; did you mean {prefix}{close[0]}?"
+    return None
+
+
+def _models_at(model: type[BaseModel], path: Iterable[Any]) -> list[type[BaseModel]]:
+    """The models that can sit at `path` (a validation error's location) under `model`:
+    fields descend into their models, a union's tag or class name picks its member, and a
+    list index or dict key stays with the models of the container's values."""
+    candidates = [model]
+    for part in path:
+        fields = [c.model_fields[part] for c in candidates
+                  if isinstance(part, str) and part in c.model_fields]
+        if fields:
+            candidates = [m for field in fields for m in _models_in(field.annotation)]
+            continue
+        tagged = [c for c in candidates if part == c.__name__ or part in _tags(c)]
+        candidates = tagged or candidates
+    return candidates
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds: itself, or those in its Optional, Union,
+    Annotated, list or dict arguments."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) is typing.Literal:
+        return []
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) or args:
+        return [model for arg in args for model in _models_in(arg)]
+    return []
+
+
+def _tags(model: type[BaseModel]) -> set[Any]:
+    """The values of `model`'s Literal fields: the tags a discriminated union names it by."""
+    return {value for field in model.model_fields.values()
+            if typing.get_origin(field.annotation) is typing.Literal
+            for value in typing.get_args(field.annotation)}
