@@ -127,9 +127,6 @@ class DriftReport:
             values[f"drift.feature.{column.name}.null_rate_change"] = column.null_rate_change
         return values
 
-    def largest(self, changes: list[ShareChange]) -> ShareChange | None:
-        return max(changes, key=lambda change: change.term, default=None)
-
 
 def share_changes(before: Mapping[str, int], after: Mapping[str, int]) -> list[ShareChange]:
     p, q, terms = shares(before), shares(after), psi_terms(before, after)

@@ -85,10 +85,10 @@ def drift_breaches(report: DriftReport, config: PromotionConfig) -> list[str]:
               ("source mix", report.source_psi, config.max_source_psi, report.sources)]
     for what, value, limit, changes in checks:
         if limit is not None and value > limit:
-            top = report.largest(changes)
-            moved = f" (most: {top.name!r} {top.before:.1%} -> {top.after:.1%})" if top else ""
+            top = sorted(changes, key=lambda change: -change.term)[:3]
+            moved = ", ".join(f"{c.name!r} {c.before:.1%} -> {c.after:.1%}" for c in top)
             found.append(f"{what} PSI {value:.3f} > {limit} against version "
-                         f"{report.parent}{moved}")
+                         f"{report.parent} (most moved: {moved})")
     for column in report.features:
         if config.max_feature_psi is not None and (column.psi or 0.0) > config.max_feature_psi:
             found.append(f"feature {column.name!r} PSI {column.psi:.3f} > "
