@@ -118,7 +118,7 @@ def register(tracking: TrackingConfig, name: str, model_uri: str, evaluation: di
 def record(tracking: TrackingConfig, run_id: str, registration: dict[str, Any],
            report: DriftReport | None, markdown: str | None, arm: str) -> None:
     """Scores, rows, reasons and drift metrics on the new model's MLflow run."""
-    log_promotion(tracking.tracking_uri, run_id, registration,
+    log_promotion(tracking, run_id, registration,
                   report.metrics() if report else {}, markdown)
 
 

@@ -22,13 +22,16 @@ which `ballast rollback --model` moves the alias back to: tracking/rollback.py).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracking.config import TrackingConfig
 from tracking.drift import DriftReport
+from tracking.spool import Spool, is_local_run
 
 PREVIOUS_CHAMPION_TAG = "ballast.previous_champion"
 DECISION_TAG = "ballast.promotion"
@@ -162,11 +165,28 @@ def apply_decision(client: MlflowClient, name: str, version: str, score: float,
             "reasons": decision.reasons, "held_back": decision.held_back}
 
 
-def log_promotion(tracking_uri: str, run_id: str, registration: dict[str, Any],
+def server_run_id(config: TrackingConfig, run_id: str) -> str | None:
+    """The run's id on the server: a `local-...` run's once its spool was delivered (the
+    registration delivers it), else None."""
+    if not is_local_run(run_id):
+        return run_id
+    spool = Spool.of_run(config, run_id)
+    sent = spool.run.get("run_id") if spool.exists() else None
+    return str(sent) if sent else None
+
+
+def log_promotion(config: TrackingConfig, run_id: str, registration: dict[str, Any],
                   metrics: dict[str, float], report_markdown: str | None) -> None:
     """Both scores, the rows they were computed on, the drift metrics and the report on
-    the new model's run."""
-    client = MlflowClient(tracking_uri)
+    the new model's run (a run not on the server gets them on the registered version's
+    tags only, with a warning)."""
+    found = server_run_id(config, run_id)
+    if found is None:
+        warnings.warn(f"run {run_id} is not on the tracking server: the promotion's scores "
+                      "are on the registered model version's tags only", RuntimeWarning,
+                      stacklevel=2)
+        return
+    run_id, client = found, MlflowClient(config.tracking_uri)
     same = registration.get("same_rows")
     values = {"promotion.challenger_macro_f1": registration["score"], **metrics}
     if same is not None:

@@ -7,8 +7,10 @@ input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
 class labels travel as model metadata too. A new version becomes `champion` only if it
 beats the class-prior baseline on held-out rows and its macro-F1 (tracking.run.SCORE_TAG)
 beats the current champion's; otherwise it is the `challenger` (below the baseline: no
-alias). A model the server cannot take is saved in the run's spool as an MLflow model
-(it loads from there as it is) and logged when the spool is delivered.
+alias). The pipeline passes a `Promotion` instead: then tracking/promotion.py decides, on
+the champion's score on the same held-out rows and the drift against the parent version.
+A model the server cannot take is saved in the run's spool as an MLflow model (it loads
+from there as it is) and logged when the spool is delivered.
 """
 
 from __future__ import annotations

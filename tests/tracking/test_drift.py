@@ -106,3 +106,20 @@ def test_holds_keep_the_challenger_unless_forced() -> None:
     assert decide(0.4, True, 1, _rows(0.5), ["class mix PSI 0.5"], True).alias == "challenger"
     moved = decide(0.99, True, 2, _rows(0.5, version=1), [], False)
     assert moved.alias == "challenger" and "v2 was not scored" in moved.reasons[0]
+
+
+def test_a_category_column_is_compared_by_its_shares_and_names_new_values() -> None:
+    """Invariants: a category column with counted shares gets their PSI (0 for the same
+    shares, > 0.25 when a new value takes half the rows), and the note names the value new
+    to the vocabulary; without counts its PSI is unknown (None), never a made-up 0."""
+    def with_vocabulary(version_id: str, vocabulary: list[str]) -> Manifest:
+        manifest = _manifest(version_id, {"a": 100})
+        column = {"name": "x", "kind": "category", "vocabulary": vocabulary}
+        return replace(manifest, features={"columns": [column], "dropped_rows": {}})
+
+    before, after = with_vocabulary("v1", ["p", "q"]), with_vocabulary("v2", ["p", "q", "r"])
+    same = drift_report(before, after, {"x": ({"p": 5, "q": 5}, {"p": 50, "q": 50})})
+    assert same.features[0].psi == pytest.approx(0.0) and "'r'" in same.features[0].note
+    moved = drift_report(before, after, {"x": ({"p": 5, "q": 5}, {"p": 5, "q": 5, "r": 10})})
+    assert moved.features[0].psi is not None and moved.features[0].psi > 0.25
+    assert drift_report(before, after).features[0].psi is None
