@@ -134,7 +134,7 @@ def test_an_easier_night_does_not_promote_a_worse_model(world) -> None:
     assert second["score"] > stored  # what the old rule compared: it promoted
     same = second["same_rows"]
     assert same["champion_score"] > second["score"] and second["alias"] == "challenger"
-    assert client.get_model_version_by_alias("same-rows", "champion").version == "1"
+    assert int(client.get_model_version_by_alias("same-rows", "champion").version) == 1
     holdout = manifest.split("holdout").num_rows
     assert (same["dataset_version"], same["split"], same["num_rows"]) == (
         manifest.version_id, "holdout", holdout)
@@ -166,7 +166,7 @@ def test_a_shifted_class_mix_registers_the_model_as_challenger_only(world) -> No
     reason = next(r for r in result["reasons"] if r.startswith("drift: class mix"))
     assert "'neg'" in reason and "'pos'" in reason
     client = MlflowClient(world["uri"])
-    assert client.get_model_version_by_alias("drift-model", "champion").version == "1"
+    assert int(client.get_model_version_by_alias("drift-model", "champion").version) == 1
     run = client.get_run(run2)
     assert run.data.metrics["drift.class_psi"] > 0.25
     report = client.download_artifacts(run2, "promotion/drift.md", str(world["work"]))
@@ -208,7 +208,7 @@ def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -
     args = ["rollback", "--model", "schema-model", "--tracking-uri", world["uri"],
             "--reason", "forced by mistake"]
     assert main(args) == 0 and main(args) == 0
-    assert client.get_model_version_by_alias("schema-model", "champion").version == "1"
+    assert int(client.get_model_version_by_alias("schema-model", "champion").version) == 1
     assert "forced by mistake" in client.get_registered_model("schema-model").tags[
         LAST_ROLLBACK_TAG]
     assert main(["rollback", "--model", "schema-model", "--to", "99",
