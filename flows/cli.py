@@ -7,6 +7,8 @@
     ballast status --config nightly --work-dir /data   newest versions and the champion
     ballast init --inputs /data/raw [--label COL] > pipeline.yaml   a starter config
     ballast inspect /data/datasets                 a version's classes, shards, null policies
+    ballast rollback --model NAME [--to VERSION] --tracking-uri URI   champion back
+    ballast rollback --dataset /data/datasets --to VERSION_ID         _CURRENT back
 
 A command that fails ends with its cause on one line and the path of a log file that
 holds the traceback; a config or data error exits 2, anything else 1.
@@ -59,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     _config_arguments(run)
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override one field, e.g. --set train.max_epochs=1")
+    run.add_argument("--force", action="store_true", help="pipeline: promote even when the "
+                     "champion cannot read the new rows or the data drifted past a threshold")
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
     deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
@@ -71,7 +75,21 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--label", help="the label column (default: label, target, class, y)")
     inspect = commands.add_parser("inspect", help="what a committed dataset version holds")
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
+    _rollback_arguments(commands.add_parser(
+        "rollback", help="move the champion alias or a dataset's _CURRENT back"))
     return parser
+
+
+def _rollback_arguments(rollback: argparse.ArgumentParser) -> None:
+    which = rollback.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="registered model whose `champion` alias moves back")
+    which.add_argument("--dataset", help="output root whose `_CURRENT` moves back")
+    rollback.add_argument("--to", help="model version (default: the previous champion) or "
+                          "dataset version id (required with --dataset)")
+    rollback.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                          help="with --model (default: $MLFLOW_TRACKING_URI)")
+    rollback.add_argument("--reason", default="rolled back by `ballast rollback`",
+                          help="why, recorded as a tag on the model")
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +116,10 @@ def _run(args: argparse.Namespace) -> str:
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
         apply_override(values, assignment)
+    if args.force:
+        if args.flow != "pipeline":
+            raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
+        values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
     return yaml.safe_dump(flow(parse_params(params_type, values, args.config)), sort_keys=False)
 
@@ -117,6 +139,10 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         from flows.status import describe_status
 
         return describe_status(args.config, args.work_dir)
+    if args.command == "rollback":
+        from flows.rollback_cli import rollback
+
+        return rollback(args.model, args.dataset, args.to, args.tracking_uri, args.reason)
     if args.command in ("init", "inspect"):
         from flows.dataset_cli import describe_inputs, describe_version
 

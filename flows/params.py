@@ -15,6 +15,7 @@ from preprocessing.contract.config_files import parse_config, read_config_file
 from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
+from tracking.promotion import PromotionConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig
 
@@ -89,6 +90,10 @@ class PipelineParams(BaseModel):
     compare_with_natural_mix: bool = Field(
         False, description="Also train on the un-rebalanced data (natural class mix) and "
         "evaluate both on the same held-out rows, to show what rebalancing bought.")
+    promotion: PromotionConfig = Field(
+        default_factory=PromotionConfig, description="When the night's model becomes "
+        "`champion`: it must beat the champion on the same held-out rows, and the data must "
+        "not drift past these thresholds against the parent version (else `challenger`).")
 
 
 def preset_location(name_or_path: str) -> str:

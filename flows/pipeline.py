@@ -26,9 +26,10 @@ from flows.params import (
     TrainParams,
     ballast_flow,
 )
+from flows.promotion import promote
 from flows.report import publish_dataset, publish_training
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.manifest import Manifest, read_manifest
+from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.reshard import (
     Listing,
@@ -130,6 +131,7 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model."""
     arm = arm_for(params.reshard.mix.class_weighting)
     listing = list_once(params.reshard)  # both arms read the same inputs
+    current_before = read_current_version(params.reshard.output_root)  # the drift's parent
     dataset, manifest = _reshard(params.reshard, params.dask, arm, listing)
     publish_dataset(manifest)
     summary = _tracked_job(params.train, params.job, dataset["manifest_uri"], arm)
@@ -139,7 +141,8 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
         result["evaluations"] = _evaluations(params, tracking, dataset["manifest_uri"],
                                              summary["model_uri"], arm, listing)
         if tracking.registered_model_name:
-            result["registration"] = _register(tracking, summary["model_uri"],
+            result["registration"] = _register(params, tracking, dataset, current_before,
+                                               result["run_id"], summary["model_uri"],
                                                result["evaluations"][arm], arm)
     publish_training(result, tracking.tracking_uri if tracking else None)
     return result
@@ -161,13 +164,13 @@ def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri:
     return evaluations
 
 
-def _register(tracking: TrackingConfig, model_uri: str, evaluation: dict[str, Any],
-              arm: str) -> dict[str, Any]:
-    """Register the model by its held-out macro-F1 (champion only if it beats the
-    class-prior baseline and the current champion), logged."""
-    name = str(tracking.registered_model_name)
-    registration: dict[str, Any] = tasks.register(
-        tracking, name, model_uri, evaluation["macro_f1"], evaluation["beats_class_prior"], arm)
+def _register(params: PipelineParams, tracking: TrackingConfig, dataset: dict[str, Any],
+              current_before: str | None, run_id: str, model_uri: str,
+              evaluation: dict[str, Any], arm: str) -> dict[str, Any]:
+    """Register the model; flows/promotion.py decides its alias on the same rows as the
+    champion's (and holds it back on drift against the parent version), logged."""
+    registration = promote(tracking, params.promotion, params.dask, dataset, current_before,
+                           run_id, model_uri, evaluation, arm)
     runlog.log_registration(arm, registration)
     return registration
 

@@ -8,6 +8,7 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.arms import FIGURE_NAMES, figures, worst_class
+from flows.promotion import promotion_lines
 from flows.summary import class_rows_after, how_to_open_run
 from preprocessing.contract.manifest import Manifest
 from tracking.run import run_page_url, ui_command
@@ -114,6 +115,7 @@ def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
         registration = result["registration"]
         lines.append(f"- registered {registration['name']} v{registration['version']} as "
                      f"`{registration['alias']}`")
+        lines += [f"  -{line[1:]}" for line in promotion_lines(registration)]
     if result.get("run_id") and tracking_uri:
         lines.append(run_link_line(result, tracking_uri))
     create_markdown_artifact("\n".join(lines), key="training-summary",

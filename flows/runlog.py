@@ -89,8 +89,9 @@ def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
 def log_registration(arm: str, registration: dict[str, Any]) -> None:
     """Which version was registered and whether it became the champion, and why."""
     previous = registration.get("previous_champion_score")
-    versus = ("no champion before" if previous is None
-              else f"champion's held-out macro-F1 was {previous:.4f}")
+    versus = (f"champion's held-out macro-F1 was {previous:.4f}" if previous is not None
+              else f"champion v{registration['previous_champion']} was not scored"
+              if registration.get("previous_champion") is not None else "no champion before")
     get_run_logger().info(
         "register[%s]: %s v%s is `%s` (held-out macro-F1 %.4f; %s)", arm,
         registration["name"], registration["version"], registration["alias"],

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.arms import worst_class
+from flows.promotion import promotion_lines
 from preprocessing.contract.manifest import Manifest
 from tracking.run import how_to_open
 
@@ -70,6 +71,7 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
         registration = result["registration"]
         lines.append(f"model {registration['name']} v{registration['version']}: "
                      f"{registration['alias']}")
+        lines += promotion_lines(registration)
     if result.get("run_id") and tracking_uri:
         lines.append(f"MLflow run {result['run_id']}:")
         lines.append(f"  {how_to_open_run(result, tracking_uri)}")

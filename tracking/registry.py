@@ -7,8 +7,10 @@ input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
 class labels travel as model metadata too. A new version becomes `champion` only if it
 beats the class-prior baseline on held-out rows and its macro-F1 (tracking.run.SCORE_TAG)
 beats the current champion's; otherwise it is the `challenger` (below the baseline: no
-alias). A model the server cannot take is saved in the run's spool as an MLflow model
-(it loads from there as it is) and logged when the spool is delivered.
+alias). The pipeline passes a `Promotion` instead: then tracking/promotion.py decides, on
+the champion's score on the same held-out rows and the drift against the parent version.
+A model the server cannot take is saved in the run's spool as an MLflow model (it loads
+from there as it is) and logged when the spool is delivered.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mlflow.tracking import MlflowClient
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
+from tracking.promotion import Promotion, apply_decision
 from tracking.pyfunc import (
     CODEC_ARTIFACT,
     NETWORK_ARTIFACT,
@@ -147,15 +150,21 @@ def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
 
 
 def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
-                         score: float, beats_baseline: bool = True) -> dict[str, Any]:
+                         score: float, beats_baseline: bool = True,
+                         promotion: Promotion | None = None) -> dict[str, Any]:
     """Register `model_uri` as a new version of `name`; alias it champion if it wins. A
-    model that does not beat the class-prior baseline gets no alias at all."""
+    model that does not beat the class-prior baseline gets no alias at all. With
+    `promotion` (the champion scored on the same rows, the drift holds), tracking/promotion.py
+    decides instead of the stored scores."""
     model_uri = sent_model_uri(config, model_uri)
     client = MlflowClient(config.tracking_uri)
     mlflow.set_tracking_uri(config.tracking_uri)
     version = mlflow.register_model(model_uri, name, tags={
         SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower()})
     current = champion(config.tracking_uri, name)
+    if promotion is not None:
+        return apply_decision(client, name, version.version, score, beats_baseline, current,
+                              promotion)
     previous = current["score"] if current else None
     alias: str | None = None
     if beats_baseline:

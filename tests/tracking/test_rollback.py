@@ -1,0 +1,37 @@
+"""`rollback_model` on a local MLflow store: refusals, an explicit target, idempotence."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tracking.config import TrackingConfig
+from tracking.registry import register_and_promote
+from tracking.rollback import ROLLED_BACK_TAG, RollbackRefused, rollback_model
+
+
+def test_rollback_refuses_what_does_not_exist_and_moves_once(tmp_path) -> None:
+    """Invariants: an unknown model, an unknown version, and a champion that replaced no
+    recorded one (no --to) are refused with the reason; `--to 1` moves the alias and tags
+    why on the version rolled back from; the same call again changes nothing."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run():
+        info = mlflow.pyfunc.log_model(name="model", python_model=mlflow.pyfunc.PythonModel())
+    config = TrackingConfig(tracking_uri=uri)
+    register_and_promote(config, info.model_uri, "m", 0.5)
+    assert register_and_promote(config, info.model_uri, "m", 0.7)["alias"] == "champion"
+    with pytest.raises(RollbackRefused, match="does not exist"):
+        rollback_model(uri, "nope")
+    with pytest.raises(RollbackRefused, match="no version 9"):
+        rollback_model(uri, "m", to=9)
+    with pytest.raises(RollbackRefused, match="give --to"):
+        rollback_model(uri, "m")
+    assert "from v2 back to v1" in rollback_model(uri, "m", to=1, reason="bad night")
+    client = MlflowClient(uri)
+    assert int(client.get_model_version_by_alias("m", "champion").version) == 1
+    assert "bad night" in client.get_model_version("m", "2").tags[ROLLED_BACK_TAG]
+    assert "nothing to do" in rollback_model(uri, "m", to=1)
+    assert "nothing to do" in rollback_model(uri, "m")
+    assert int(client.get_model_version_by_alias("m", "champion").version) == 1
