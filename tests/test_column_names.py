@@ -92,3 +92,22 @@ def test_codec_encodes_and_round_trips_columns_of_any_name(columns, seed) -> Non
     np.testing.assert_array_equal(stored.encode(table), reference)
     assert signature(stored).inputs.input_names() == columns
     assert dataset_types(table, stored).column_names == columns
+
+
+@settings(max_examples=30, deadline=None)
+@given(label=names)
+def test_a_class_label_of_any_text_stays_in_its_markdown_table_cell(label: str) -> None:
+    """Invariant: in the arms' comparison table (a Prefect markdown artifact) the worst
+    class, whatever its label, adds no column: every row splits into the same cells on
+    unescaped `|`, and no line break ends the row early."""
+    import re
+
+    from flows.report import comparison_lines
+
+    evaluation = {"num_rows": 3, "macro_f1": 0.5, "balanced_accuracy": 0.5,
+                  "recall": {label: 0.1, "other": 0.9}, "class_prior_baseline": {},
+                  "beats_class_prior": True}
+    lines = comparison_lines({"rebalanced": evaluation, "natural-mix": evaluation})
+    assert all("\n" not in line and "\r" not in line for line in lines)
+    cells = {len(re.split(r"(?<!\\)\|", line)) for line in lines}
+    assert cells == {5}  # two arms: "| figure | arm | arm |"
