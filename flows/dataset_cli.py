@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,7 +168,7 @@ def describe_inputs(inputs: str, label: str | None = None) -> str:
     if strings:
         lines.append(f"# CONFIRM: {strings} look like ids (unique, id-ish names), so they are "
                      "not features; add one to feature_columns if it is a feature")
-    body = yaml.safe_dump(config, sort_keys=False)
+    body = yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=1 << 16)
     return "\n".join(lines) + "\n" + _mark_confirm(body, survey, dataset)
 
 
@@ -185,7 +186,7 @@ def _mark_confirm(body: str, survey: InputSurvey, dataset: dict[str, Any]) -> st
     """The proposed null policies and class weighting, each with a CONFIRM comment."""
     out = []
     for line in body.splitlines():
-        name = line.strip().partition(": ")[0]
+        name = _yaml_key(line)
         if name in dataset["nulls"] and line.startswith("      "):
             line += (f"  # CONFIRM: {survey.nulls[name]} nulls; or error, drop_row, "
                      "fill_zero, fill_mean, indicator")
@@ -195,6 +196,16 @@ def _mark_confirm(body: str, survey: InputSurvey, dataset: dict[str, Any]) -> st
                      "them, natural keeps the mix")
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def _yaml_key(line: str) -> str:
+    """The mapping key a line of the dumped config starts with, unquoted (a column named
+    `a: b` is dumped as `'a: b': ...`)."""
+    key = line.strip().partition(": ")[0]
+    if key[:1] in ("'", '"'):
+        with suppress(yaml.YAMLError):
+            key = str(yaml.safe_load(line.strip().rsplit(": ", 1)[0]))
+    return key
 
 
 def describe_version(dataset: str) -> str:

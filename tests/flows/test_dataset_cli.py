@@ -144,3 +144,21 @@ def test_init_takes_a_unique_id_like_column_as_the_id_and_proposes_no_absent_one
     PipelineParams.model_validate(plain)
     assert "id_column" not in plain["reshard"]["dataset"]
     assert plain["reshard"]["dataset"]["feature_columns"] == ["weight"]
+
+
+def test_init_keeps_any_column_name_and_confirms_each_null_policy(tmp_path, capsys) -> None:
+    """Invariants: columns named with spaces, units, a colon, quotes, a pipe and non-ASCII
+    letters come back in the config as they are (readable, not escaped), and each column
+    with nulls gets its policy marked CONFIRM, a quoted YAML key included."""
+    names = ["Body Mass (g)", "a: b", 'bill "depth"', "ratio | %", "Île (région)"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pa_csv.write_csv(pa.table({**{name: pa.array([1.5, None, 2.5, 3.0]) for name in names},
+                               "label": ["x", "y", "x", "y"]}), raw / "odd.csv")
+    assert main(["init", "--inputs", str(raw)]) == 0
+    text = capsys.readouterr().out
+    config = yaml.safe_load(text.replace("${WORK_DIR}", str(tmp_path)))
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["feature_columns"] == names
+    assert "- Île (région)" in text
+    assert text.count("fill_mean  # CONFIRM: 1 nulls") == len(names)
