@@ -196,6 +196,7 @@ def test_a_null_policy_for_a_column_that_is_no_feature_is_a_config_error() -> No
         DatasetSpec(inputs=["x"], feature_columns=["dep_delay"], nulls={"dep_dealy": "drop_row"})
 
 
+@pytest.mark.slow
 def test_a_configured_column_no_file_has_is_one_error_naming_the_field(tmp_path,
                                                                        dask_client) -> None:
     """Invariant: a label and a feature column that no input file has fail the run once,
