@@ -70,7 +70,7 @@ def new_files(directory: Path, spec: RawSpec, fraction: float) -> list[Path]:
 def config_for(inputs: Path, root: Path, mode: str, shard_rows: int,
                args: argparse.Namespace) -> ReshardConfig:
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(inputs)]), output_root=str(root),
+        dataset=DatasetSpec(inputs=[str(inputs)], id_column="id"), output_root=str(root),
         mix=MixConfig(class_weighting="uniform"), target_shard_rows=shard_rows,
         rows_per_row_group=args.row_group_rows, holdout_fraction=args.holdout_fraction,
         num_workers=2, mode=mode)

@@ -110,7 +110,7 @@ def prepare_dataset(work_dir: Path, num_rows: int) -> str:
                           num_features=NUM_FEATURES, class_ratio=5.0, seed=0)
         write_sample(raw, spec)
         (raw / "_DONE").touch()
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]),
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
                            output_root=str(work_dir / f"dataset-{num_rows}"),
                            target_shard_rows=65_536, rows_per_row_group=8_192,
                            holdout_fraction=0.0, num_workers=2)

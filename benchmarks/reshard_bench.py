@@ -149,7 +149,7 @@ def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
     from preprocessing.driver.reshard import run_reshard
 
     config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[job["input"]]), output_root=job["output"],
+        dataset=DatasetSpec(inputs=[job["input"]], id_column="id"), output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"), shuffle=mode,
         num_output_rows=job["num_rows"], target_shard_rows=job["shard_rows"],
         rows_per_row_group=job["row_group_rows"], holdout_fraction=job["holdout_fraction"],
@@ -433,8 +433,7 @@ def warm_up(tools: list[str], args: argparse.Namespace) -> None:
     first imports or a cold page cache on its own."""
     spec = RawSpec(num_rows=20_000, seed=args.seed, row_group_rows=args.raw_row_group_rows)
     raw = ensure_raw(Path(args.work_dir) / "raw-warmup", spec)
-    job = {**base_job(spec.num_rows, -(-spec.num_rows // args.shards), args),
-           "holdout_fraction": max(args.holdout_fraction, 0.01)}  # see --holdout-fraction
+    job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
     print("warming up ...", flush=True)
     for tool in tools:
         run_tool(tool, raw, Path(args.work_dir), job, keep=False)
@@ -490,8 +489,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--holdout-fraction", type=float, default=0.0,
-                        help="ballast's holdout; a tiny value (2e-5) sidesteps the crash of "
-                        "`block` / `none` when the holdout split is empty")
+                        help="ballast's holdout (0: none; every shuffle mode works with an "
+                        "empty holdout split)")
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per tool; the table shows the fastest, the highest peaks")

@@ -173,7 +173,7 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
     from preprocessing.exchange import tasks as exchange
 
     rows_per_piece = 10_000
-    config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"]),
+    config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"], id_column="id"),
                            output_root="s3://bucket/out",
                            target_shard_rows=num_pieces * rows_per_piece // num_shards)
     with sampler.phase("synthetic scans"):
@@ -277,7 +277,7 @@ def case_s3(args: argparse.Namespace) -> None:
             fs.put(f"{raw}/", f"{bucket}/raw/", recursive=True)
             log.clear()
             config = ReshardConfig(
-                dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+                dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"], id_column="id"),
                 output_root=f"s3://{bucket}/out", mix=MixConfig(class_weighting="uniform"),
                 target_shard_rows=-(-spec.num_rows // args.shards), holdout_fraction=0.0,
                 exchange_task_bytes=task_mb << 20, num_workers=2)

@@ -49,7 +49,7 @@ def tabular_file(rng: np.random.Generator, first_id: int, num_rows: int) -> pa.T
 def tabular_spec(raw: Path) -> DatasetSpec:
     scalars = [f"x{index}" for index in range(NUM_SCALARS)]
     nulls = {name: "indicator" if i % 5 == 0 else "fill_mean" for i, name in enumerate(scalars)}
-    return DatasetSpec(inputs=[str(raw)], feature_columns=[*scalars, *CATEGORIES],
+    return DatasetSpec(inputs=[str(raw)], id_column="id", feature_columns=[*scalars, *CATEGORIES],
                        nulls={**nulls, **dict.fromkeys(CATEGORIES, "fill_zero")})
 
 
@@ -72,7 +72,7 @@ def prepare(work: Path, name: str, num_rows: int, spec_of: object, width: int | 
     raw = work / f"{name}-raw-{num_rows}"
     if not raw.exists():
         write_raw(raw, num_rows, width)
-    spec = spec_of(raw) if callable(spec_of) else DatasetSpec(inputs=[str(raw)])
+    spec = spec_of(raw) if callable(spec_of) else DatasetSpec(inputs=[str(raw)], id_column="id")
     config = ReshardConfig(dataset=spec, output_root=str(work / f"{name}-{num_rows}"),
                            target_shard_rows=65_536, rows_per_row_group=8_192,
                            holdout_fraction=0.0, num_workers=2, shuffle="global")

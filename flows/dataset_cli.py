@@ -11,7 +11,9 @@ are marked `CONFIRM` for the user to decide.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +29,8 @@ from preprocessing.storage.sources import iter_batches, list_inputs, read_footer
 
 SAMPLE_ROWS = 10_000  # per CSV / JSON file: what `init` reads for types and null counts
 LABEL_NAMES = ("label", "target", "class", "y")
-ID_NAMES = ("id", "row_id", "uid")
+# An id-ish name: `id`, `Id`, `uuid`, `stone_id`, `stoneId`, `row-key`, `GUID`.
+ID_NAME = re.compile(r"(?i:^(id|uuid|uid|guid|key)$)|(?i:[_\-. ](id|uuid|uid|guid|key)$)|[a-z]Id$")
 SOURCE_NAMES = ("source",)
 IMBALANCE_TO_REBALANCE = 2.0  # largest / smallest class count above which `uniform` is proposed
 
@@ -42,6 +45,7 @@ class InputSurvey:
     num_rows_seen: int = 0
     sampled: bool = False
     classes: Counter[Any] = field(default_factory=Counter)
+    ids: list[str] = field(default_factory=list)  # id-like columns: id-ish names, unique
 
 
 def survey_inputs(inputs: str, label: str | None) -> tuple[InputSurvey, str]:
@@ -59,10 +63,24 @@ def survey_inputs(inputs: str, label: str | None) -> tuple[InputSurvey, str]:
     if label is None or label not in survey.schema.names:
         raise ValueError(f"--label {label}: no such column in {files[0]}; the columns are "
                          f"{survey.schema.names}")
+    candidates = [f.name for f in survey.schema if f.name != label and ID_NAME.search(f.name)
+                  and (pa.types.is_integer(f.type) or pa.types.is_string(f.type))]
+    values: dict[str, list[Any]] = {name: [] for name in candidates}
     for uri in files:
-        for batch in iter_batches(uri, columns=[label]):
+        for batch in iter_batches(uri, columns=[label, *candidates]):
             survey.classes.update(batch.column(0).drop_null().to_pylist())
+            for index, name in enumerate(candidates, start=1):
+                values[name] += batch.column(index).to_pylist()
+    survey.ids = [name for name in candidates
+                  if None not in values[name] and len(set(values[name])) == len(values[name])]
     return survey, label
+
+
+def id_column_of(survey: InputSurvey) -> str | None:
+    """The id column `init` proposes: an id-like integer column (`id` first), or None."""
+    integers = [name for name in survey.ids if pa.types.is_integer(survey.schema.field(name).type)]
+    return next((name for name in integers if name.casefold() == "id"),
+                integers[0] if integers else None)
 
 
 def _file_columns(uri: str) -> tuple[pa.Schema, dict[str, int], int, bool]:
@@ -105,16 +123,16 @@ def proposed_policy(arrow_type: pa.DataType) -> str:
 
 def starter_config(survey: InputSurvey, label: str, inputs: str) -> dict[str, Any]:
     """The pipeline config `init` proposes (the shape of flows/presets/nightly.yaml)."""
-    id_column = _first_named(survey.schema, ID_NAMES)
+    id_column = id_column_of(survey)
     source = _first_named(survey.schema, SOURCE_NAMES)
-    taken = {label, id_column, source}
+    taken = {label, source, *survey.ids}  # an id is not a feature, integer or string
     features = [f.name for f in survey.schema if f.name not in taken and kind_of(f.type)]
     counts = sorted(survey.classes.values())
     uniform = len(counts) > 1 and counts[-1] / max(counts[0], 1) > IMBALANCE_TO_REBALANCE
     return {
         "reshard": {"dataset": {
             "inputs": [inputs], "label_column": label, "source_column": source,
-            "id_column": id_column or "id", "feature_columns": features,
+            **({"id_column": id_column} if id_column else {}), "feature_columns": features,
             "nulls": {name: proposed_policy(survey.schema.field(name).type)
                       for name in features if survey.nulls[name]}},
             "output_root": "${WORK_DIR}/datasets", "holdout_fraction": 0.1,
@@ -143,17 +161,23 @@ def describe_inputs(inputs: str, label: str | None = None) -> str:
                      f"{_role(item, dataset)}")
     lines += ["#", f"# classes of {label!r} (rows): " + ", ".join(
         f"{value}: {count}" for value, count in sorted(survey.classes.items(), key=str))]
-    if not _first_named(survey.schema, ID_NAMES):
-        lines.append("# CONFIRM: no id column found: add a unique integer id column to the "
-                     "files and name it in dataset.id_column")
-    body = yaml.safe_dump(config, sort_keys=False)
+    if "id_column" not in dataset:
+        lines.append("# no integer id column found: ballast derives a row id from each file's "
+                     "path and row (column __ballast_row_id)")
+    strings = [name for name in survey.ids if name != dataset.get("id_column")]
+    if strings:
+        lines.append(f"# CONFIRM: {strings} look like ids (unique, id-ish names), so they are "
+                     "not features; add one to feature_columns if it is a feature")
+    body = yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=1 << 16)
     return "\n".join(lines) + "\n" + _mark_confirm(body, survey, dataset)
 
 
 def _role(item: pa.Field, dataset: dict[str, Any]) -> str:
     for role in ("label_column", "id_column", "source_column"):
-        if dataset[role] == item.name:
+        if dataset.get(role) == item.name:
             return role.removesuffix("_column")
+    if item.name not in dataset["feature_columns"] and ID_NAME.search(item.name):
+        return "id-like (not a feature)"
     kind = kind_of(item.type)
     return f"feature ({kind})" if kind else "ignored (no codec reads this type)"
 
@@ -162,7 +186,7 @@ def _mark_confirm(body: str, survey: InputSurvey, dataset: dict[str, Any]) -> st
     """The proposed null policies and class weighting, each with a CONFIRM comment."""
     out = []
     for line in body.splitlines():
-        name = line.strip().partition(": ")[0]
+        name = _yaml_key(line)
         if name in dataset["nulls"] and line.startswith("      "):
             line += (f"  # CONFIRM: {survey.nulls[name]} nulls; or error, drop_row, "
                      "fill_zero, fill_mean, indicator")
@@ -172,6 +196,16 @@ def _mark_confirm(body: str, survey: InputSurvey, dataset: dict[str, Any]) -> st
                      "them, natural keeps the mix")
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def _yaml_key(line: str) -> str:
+    """The mapping key a line of the dumped config starts with, unquoted (a column named
+    `a: b` is dumped as `'a: b': ...`)."""
+    key = line.strip().partition(": ")[0]
+    if key[:1] in ("'", '"'):
+        with suppress(yaml.YAMLError):
+            key = str(yaml.safe_load(line.strip().rsplit(": ", 1)[0]))
+    return key
 
 
 def describe_version(dataset: str) -> str:

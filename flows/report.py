@@ -3,6 +3,7 @@ training and evaluation summary with the MLflow run link."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -55,12 +56,20 @@ def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"| {name} | "
                      f"{' | '.join(_cell(by_arm[arm][name]) for arm in arms)} |")
     worst = [worst_class(evaluation) for evaluation in evaluations.values()]
-    lines.append(f"| worst class | {' | '.join(w[0] if w else 'n/a' for w in worst)} |")
+    lines.append(f"| worst class | "
+                 f"{' | '.join(markdown_text(w[0]) if w else 'n/a' for w in worst)} |")
     return lines
 
 
 def _cell(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
+
+
+def markdown_text(value: object) -> str:
+    """A value of the data (a class label: any string) as literal Markdown text that fits
+    in a table cell: Markdown's punctuation escaped, `|` included, and no line breaks."""
+    text = " ".join(str(value).splitlines())
+    return re.sub(r"([\\`*_{}\[\]()<>#+\-.!|~])", r"\\\1", text)
 
 
 def _description(result: dict[str, Any]) -> str:

@@ -41,7 +41,11 @@ class DatasetSpec(BaseModel):
     source_column: str | None = Field(
         "source", description="The source of each row; None takes the input root as the source."
     )
-    id_column: str = Field("id", description="A unique row id, carried to every output row.")
+    id_column: str | None = Field(
+        None, description="A unique integer row id, carried to every output row; None (the "
+        "default): ballast derives one from each file's path relative to its input root and "
+        "the row's index in the file (preprocessing/plan/row_ids.py), written as the column "
+        "`__ballast_row_id`.")
     feature_columns: list[str] = Field(
         default_factory=lambda: ["features"], description="Columns the model reads: numbers, "
         "booleans, timestamps and dates, fixed-size or variable-length lists of numbers, "

@@ -24,7 +24,8 @@ from training.models.classifier import build_mlp, weighted_cross_entropy
 def reshard(raw: Path, out: Path, client: Client, dataset: dict[str, Any],
             **config: Any) -> ReshardResult:
     """One reshard of the files under `raw` (source: the input root)."""
-    spec = DatasetSpec.model_validate({"inputs": [str(raw)], "source_column": None, **dataset})
+    spec = DatasetSpec.model_validate({"inputs": [str(raw)], "source_column": None,
+                                       "id_column": "id", **dataset})
     settings = {"holdout_fraction": 0.25, "target_shard_rows": 300, "rows_per_row_group": 64,
                 **config}
     return run_reshard(ReshardConfig(dataset=spec, output_root=str(out), **settings), client)

@@ -60,7 +60,8 @@ def predictions(model: CodecClassifier, table: pa.Table, id_column: str) -> pa.T
     """The prediction table of `model` on `table`'s rows."""
     if id_column not in table.column_names:
         raise ModelError(f"id column {id_column!r} is not among the rows' columns "
-                         f"{table.column_names} (batch_inference `id_column`)")
+                         f"{table.column_names} (batch_inference `id_column`; a version "
+                         "resharded without dataset.id_column has `__ballast_row_id`)")
     probs = model.probabilities(table)
     flat = pa.array(probs.reshape(-1), pa.float32())
     return pa.table({

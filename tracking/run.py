@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 from preprocessing.contract.manifest import Manifest
 from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
+from tracking.param_keys import mlflow_params
 from tracking.server import (
     TrackingUnavailable,
     is_server,
@@ -104,14 +105,20 @@ def warn_kept(config: TrackingConfig, spool: Spool, what: str, reason: str) -> N
         RuntimeWarning, stacklevel=3)
 
 
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten(values: dict[str, Any]) -> dict[str, str]:
     """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
-    anything whose name looks like a credential, and any password in a URI, is redacted."""
+    anything whose name looks like a credential, and any password in a URI, is redacted.
+    Keys MLflow refuses (a column name `Body Mass (g)` in `dataset.nulls`) get a valid
+    form, their value the original key (tracking/param_keys.py)."""
+    return mlflow_params(_dotted(values), _MAX_PARAM_CHARS)
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
     flat: dict[str, str] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
+            flat.update(_dotted(value, f"{name}."))
         elif SECRET_NAME.search(name):
             flat[name] = REDACTED
         else:

@@ -53,7 +53,9 @@ from preprocessing.exchange.tasks import (
     write_shards,
 )
 from preprocessing.plan.layout import group_pieces
+from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split
+from preprocessing.scan.columns import absent_columns_error
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import (
     FileScan,
@@ -228,6 +230,9 @@ def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
                           max_piece_rows=config.max_piece_rows, retry=config.retry)
     counter.close()
     scans = check_schemas([scan for group in groups for scan in group])
+    # A column no file has is the config's mistake: one error naming the field.
+    if error := absent_columns_error([s.schema for s in scans if s.schema], config.dataset):
+        raise error
     unreadable = [scan for scan in scans if scan.transient]
     if unreadable:
         raise InputsUnreadable(
@@ -264,6 +269,8 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
             raise ValueError(f"dataset.source_column is None but inputs already have a "
                              f"'{DERIVED_SOURCE_COLUMN}' column; name it as source_column")
         schema = schema.append(pa.field(DERIVED_SOURCE_COLUMN, pa.string()))
+    if config.dataset.id_column is None:  # preprocessing/plan/row_ids.py
+        schema = schema.append(pa.field(DERIVED_ID_COLUMN, pa.int64()))
     return schema
 
 

@@ -37,6 +37,7 @@ from preprocessing.exchange.staged_objects import (
 from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
 from preprocessing.plan.layout import ExchangeLayout, plan_exchange
 from preprocessing.plan.row_fates import holdout_mask, route_pieces
+from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import drop_row_columns, null_rows
 from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
@@ -203,6 +204,9 @@ def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, s
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
+    if spec.id_column is None:
+        ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
+        table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
     held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
                             holdout_fraction)
     kept = ~null_rows(table, drop_row_columns(spec))  # as the scan counted them

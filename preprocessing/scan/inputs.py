@@ -9,9 +9,11 @@ class, source) of the rows a `drop_row` policy keeps, the feature columns' profi
 (preprocessing/scan/feature_stats.py) and the dropped rows, or the reason the file is rejected: a
 missing or internal column name, a feature type no kind encodes, null or NaN labels,
 null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
-that do not decode. Each file's scan is retried on transient errors
-(preprocessing/contract/faults.py); a file still unreadable for one after every try comes back
-`transient`, which fails the run rather than rejecting the file.
+that do not decode (preprocessing/scan/columns.py). Without `dataset.id_column` no id
+column is read: ids are derived from each file's path and row (preprocessing/plan/row_ids.py).
+Each file's scan is retried on transient errors (preprocessing/contract/faults.py); a file
+still unreadable for one after every try comes back `transient`, which fails the run
+rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
 `check_classes`, `duplicate_ids` (only files whose id ranges overlap are read again)
 and `feature_state`, the manifest's codec, raise `InputError` before anything is written.
@@ -35,10 +37,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.codec import kind_of
 from preprocessing.contract.faults import CorruptInput, RetryPolicy, call_with_retries, is_permanent
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.row_fates import holdout_mask
+from preprocessing.plan.row_ids import id_range
+from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
+from preprocessing.scan.columns import row_problem, schema_problem
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
@@ -63,8 +67,6 @@ from preprocessing.storage.sources import (
     parquet_batches,
     stream_schema,
 )
-
-INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
     return FileScan(file, schema, np.diff(bounds).tolist(),
                     Counts.of((*key, n) for key, n in tally.counts.items()),
                     profiles=tally.profiles, dropped_rows=tally.dropped,
-                    id_range=tally.id_range())
+                    id_range=tally.id_range(file))
 
 
 def _read_rows(tally: _Tally, batches: Iterator[pa.RecordBatch], file: InputFile,
@@ -186,7 +188,8 @@ class _Tally:
         if not kept.all():
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
         self.counts.update(_count_rows(table, spec, file, pieces, holdout))
-        self.ids.append(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
+        if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
+            self.ids.append(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
         self.dropped += int((~kept).sum())
 
@@ -195,55 +198,19 @@ class _Tally:
         labels = {key[2] for key in self.counts}
         if len(labels) > spec.max_classes:
             return _too_many_classes(spec, len(labels))
-        ids = np.sort(np.concatenate(self.ids))
+        ids = np.sort(np.concatenate(self.ids)) if self.ids else np.zeros(0, np.int64)
         repeated = ids[1:][ids[1:] == ids[:-1]]
         if repeated.size:
             return (f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
                     f"ids (e.g. {repeated[0]}); ids must be unique")
         return None
 
-    def id_range(self) -> tuple[int, int]:
+    def id_range(self, file: InputFile) -> tuple[int, int]:
+        """The file's lowest and highest id: of its id column, or of the ids derived."""
+        if not self.ids:
+            return id_range(file.relative_path, self.num_rows)
         ids = np.concatenate(self.ids)
         return int(ids.min()), int(ids.max())
-
-
-def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
-    """Why a file's columns cannot make rows of the version, or None."""
-    required = [spec.label_column, spec.id_column, *spec.feature_columns]
-    required += [spec.source_column] if spec.source_column else []
-    missing = [name for name in required if name not in schema.names]
-    if missing:
-        return f"schema drift: missing columns {missing}"
-    internal = [name for name in schema.names if name.startswith(INTERNAL_PREFIX)]
-    if internal:
-        return (f"columns {internal} collide with ballast's internal columns (names "
-                f"starting with '{INTERNAL_PREFIX}'): rename them")
-    id_type = schema.field(spec.id_column).type
-    if not pa.types.is_integer(id_type):
-        return (f"id column '{spec.id_column}' is {id_type}: ids must be integers (cast the "
-                "column, or name an integer column as dataset.id_column)")
-    unknown = [f"'{name}' ({schema.field(name).type})" for name in spec.feature_columns
-               if kind_of(schema.field(name).type) is None]
-    if unknown:
-        return (f"feature columns {', '.join(unknown)} have types no feature kind encodes "
-                "(numbers, booleans, timestamps and dates, lists of numbers, strings)")
-    return None
-
-
-def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str | None:
-    """Null or NaN labels, or null ids, in a batch starting at `first_row`, as a reason."""
-    labels, ids = batch.column(spec.label_column), batch.column(spec.id_column)
-    if labels.null_count:
-        return (f"{labels.null_count} null labels in column '{spec.label_column}' "
-                f"(rows from {first_row})")
-    if pa.types.is_floating(labels.type):
-        num_nan = int(pc.sum(pc.is_nan(labels)).as_py() or 0)
-        if num_nan:
-            return (f"{num_nan} NaN labels in column '{spec.label_column}' "
-                    f"(rows from {first_row})")
-    if ids.null_count:
-        return f"{ids.null_count} null ids in column '{spec.id_column}' (rows from {first_row})"
-    return None
 
 
 def _too_many_classes(spec: DatasetSpec, count: int) -> str:
@@ -264,7 +231,7 @@ def scan_columns(spec: DatasetSpec, profiles: dict[str, ColumnProfile],
     """The columns the scan reads: label, source and id, and the feature columns that
     need statistics; a fixed-size list whose footer shows no nulls is not read."""
     columns = [spec.label_column, *([spec.source_column] if spec.source_column else []),
-               spec.id_column]
+               *([spec.id_column] if spec.id_column else [])]
     columns += [name for name, profile in profiles.items()
                 if not (profile.kind == "vector" and footer is not None
                         and footer.null_counts.get(name) == 0)]
@@ -364,8 +331,13 @@ def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
     return [group for group in groups if len(group) > 1]
 
 
-def duplicate_ids(uris: list[str], id_column: str) -> str | None:
-    """An id held by two of `uris`, named with both files, or None (reads the id column)."""
+def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
+    """An id held by two of `uris`, named with both files, or None (reads the id column).
+    Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
+    if id_column is None:
+        return (f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
+                "those files have the same path relative to their input roots; list one "
+                "root that holds them all, or name an id column as dataset.id_column")
     ids = [np.concatenate([batch.column(0).to_numpy(zero_copy_only=False)
                            for batch in iter_batches(uri, columns=[id_column])])
            for uri in uris]

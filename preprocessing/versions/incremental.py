@@ -76,6 +76,7 @@ from preprocessing.contract.manifest import (
 from preprocessing.contract.secrets import redact, redact_value
 from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.counts import Counts
+from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan
@@ -271,7 +272,7 @@ def _flat_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
         version_id=version_id,
         label_column=config.dataset.label_column,
         source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
-        id_column=config.dataset.id_column,
+        id_column=config.dataset.id_column or DERIVED_ID_COLUMN,
         feature_columns=list(config.dataset.feature_columns),
         classes=sorted(labels, key=json_sort_key),
         sources=sorted({source for _, source in train.strata}, key=json_sort_key),

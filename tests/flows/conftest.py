@@ -30,7 +30,7 @@ def prefect_harness() -> Iterator[None]:
 def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> PipelineParams:
     work = tmp_path_factory.mktemp("pipeline")
     return PipelineParams(
-        reshard=ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+        reshard=ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
                               output_root=str(work / "datasets"), target_shard_rows=600),
         train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
                           max_epochs=2, loader=LoaderConfig(batch_size=32),

@@ -114,3 +114,51 @@ def test_prefect_retries_transient_failures_only() -> None:
     assert not is_transient(None, None, Failed(data=InputError("column 'x' holds 3 nulls")))
     assert not is_transient(None, None, Failed(data=ValueError("bad config")))
     assert is_transient(None, None, Failed(data=ConnectionError("store unreachable")))
+
+
+def test_init_takes_a_unique_id_like_column_as_the_id_and_proposes_no_absent_one(
+        tmp_path, capsys) -> None:
+    """Invariants: a unique integer column with an id-ish name (`stone_id`) is proposed as
+    `dataset.id_column` and is no feature, nor is a unique string `uuid`; a table without
+    such a column gets no `id_column` (ballast derives ids), never a column that is absent;
+    a non-unique `batch_id` stays a feature; the config validates either way."""
+    rng = np.random.default_rng(1)
+    raw = tmp_path / "stones"
+    raw.mkdir()
+    pa_csv.write_csv(pa.table({
+        "stone_id": rng.permutation(60) + 1000, "uuid": [f"u-{k:03d}" for k in range(60)],
+        "batch_id": np.arange(60) % 3, "weight": rng.normal(size=60),
+        "label": ["a", "b", "c"] * 20}), raw / "stones.csv")
+    assert main(["init", "--inputs", str(raw)]) == 0
+    text = capsys.readouterr().out
+    config = yaml.safe_load(text.replace("${WORK_DIR}", str(tmp_path)))
+    PipelineParams.model_validate(config)
+    dataset = config["reshard"]["dataset"]
+    assert dataset["id_column"] == "stone_id"
+    assert dataset["feature_columns"] == ["batch_id", "weight"]
+    assert "uuid" in text and "look like ids" in text
+    pa_csv.write_csv(pa.table({"weight": rng.normal(size=30), "label": ["a", "b"] * 15}),
+                     (tmp_path / "plain.csv"))
+    assert main(["init", "--inputs", str(tmp_path / "plain.csv")]) == 0
+    plain = yaml.safe_load(capsys.readouterr().out.replace("${WORK_DIR}", str(tmp_path)))
+    PipelineParams.model_validate(plain)
+    assert "id_column" not in plain["reshard"]["dataset"]
+    assert plain["reshard"]["dataset"]["feature_columns"] == ["weight"]
+
+
+def test_init_keeps_any_column_name_and_confirms_each_null_policy(tmp_path, capsys) -> None:
+    """Invariants: columns named with spaces, units, a colon, quotes, a pipe and non-ASCII
+    letters come back in the config as they are (readable, not escaped), and each column
+    with nulls gets its policy marked CONFIRM, a quoted YAML key included."""
+    names = ["Body Mass (g)", "a: b", 'bill "depth"', "ratio | %", "Île (région)"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pa_csv.write_csv(pa.table({**{name: pa.array([1.5, None, 2.5, 3.0]) for name in names},
+                               "label": ["x", "y", "x", "y"]}), raw / "odd.csv")
+    assert main(["init", "--inputs", str(raw)]) == 0
+    text = capsys.readouterr().out
+    config = yaml.safe_load(text.replace("${WORK_DIR}", str(tmp_path)))
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["feature_columns"] == names
+    assert "- Île (région)" in text
+    assert text.count("fill_mean  # CONFIRM: 1 nulls") == len(names)

@@ -19,7 +19,7 @@ NIGHT_ROWS, NIGHT_ROW_GROUP = 300, 100  # 10% of the rows, in one file of 3 row 
 
 
 def config_for(raw: Path, root: Path, **overrides) -> ReshardConfig:
-    values = {"dataset": DatasetSpec(inputs=[str(raw)]), "output_root": str(root),
+    values = {"dataset": DatasetSpec(inputs=[str(raw)], id_column="id"), "output_root": str(root),
               "target_shard_rows": 300, "rows_per_row_group": 64, "mode": "incremental",
               **overrides}
     return ReshardConfig(**values)

@@ -39,7 +39,7 @@ def write(directory: Path, name: str, table: pa.Table) -> None:
 
 
 def reshard(tmp_path: Path, client: Client, **dataset: object) -> None:
-    spec = {"inputs": [str(tmp_path / "raw")], "source_column": None,
+    spec = {"inputs": [str(tmp_path / "raw")], "source_column": None, "id_column": "id",
             "feature_columns": ["x"], **dataset}
     run_reshard(ReshardConfig(dataset=DatasetSpec.model_validate(spec),
                               output_root=str(tmp_path / "out"), holdout_fraction=0.2), client)
@@ -194,3 +194,23 @@ def test_a_null_policy_for_a_column_that_is_no_feature_is_a_config_error() -> No
     with pytest.raises(ValidationError, match=r"dataset.nulls names \['dep_dealy'\], which "
                        r"are not feature columns"):
         DatasetSpec(inputs=["x"], feature_columns=["dep_delay"], nulls={"dep_dealy": "drop_row"})
+
+
+@pytest.mark.slow
+def test_a_configured_column_no_file_has_is_one_error_naming_the_field(tmp_path,
+                                                                       dask_client) -> None:
+    """Invariant: a label and a feature column that no input file has fail the run once,
+    naming each config field, the closest column the files do have and their columns;
+    not one schema-drift rejection per file."""
+    for part in range(3):
+        write(tmp_path / "raw", f"{part}.parquet", rows(100 * part, 20).rename_columns(
+            ["id", "Species", "Body Mass (g)"]))
+    with pytest.raises(InputError) as raised:
+        reshard(tmp_path, dask_client, label_column="species",
+                feature_columns=["Body Mass (kg)"])
+    message = str(raised.value)
+    assert "dataset.label_column is 'species'" in message and "'Species'?" in message
+    assert "dataset.feature_columns[0] is 'Body Mass (kg)'" in message
+    assert "'Body Mass (g)'?" in message and "schema drift" not in message
+    assert message.count("dataset.") == 2
+    assert_nothing_written(tmp_path)

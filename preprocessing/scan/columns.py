@@ -1,0 +1,99 @@
+"""Which columns the config names, and whether the files have them.
+
+`schema_problem` and `row_problem` are one file's reasons to be rejected (a missing or
+internal column name, a feature type no kind encodes, null or NaN labels, null ids).
+`absent_columns_error` is the config's mistake, said once: a column the config names that
+no input file has is one `InputError` naming the config field, the columns the files do
+have and the closest of them, not a schema-drift rejection of every file.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from preprocessing.config import DatasetSpec
+from preprocessing.contract.codec import kind_of
+from preprocessing.scan.feature_stats import InputError
+
+INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
+_SHOWN_COLUMNS = 20
+
+
+def configured_columns(spec: DatasetSpec) -> dict[str, str]:
+    """Each config field that names a column, with the column it names."""
+    fields = {"dataset.label_column": spec.label_column}
+    if spec.source_column:
+        fields["dataset.source_column"] = spec.source_column
+    if spec.id_column:
+        fields["dataset.id_column"] = spec.id_column
+    fields.update({f"dataset.feature_columns[{index}]": name
+                   for index, name in enumerate(spec.feature_columns)})
+    return fields
+
+
+def closest_column(name: str, columns: list[str]) -> str | None:
+    """The column `name` most likely meant: one equal but for case, else difflib's best."""
+    same = [column for column in columns if column.casefold() == name.casefold()]
+    if same:
+        return same[0]
+    matches = difflib.get_close_matches(name, columns, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def absent_columns_error(schemas: list[pa.Schema], spec: DatasetSpec) -> InputError | None:
+    """One error for every configured column that none of `schemas` has, or None."""
+    present = list(dict.fromkeys(name for schema in schemas for name in schema.names))
+    if not schemas:
+        return None
+    problems = []
+    for field, name in configured_columns(spec).items():
+        if name in present:
+            continue
+        closest = closest_column(name, present)
+        hint = f"; did you mean {closest!r}?" if closest else ""
+        problems.append(f"{field} is {name!r}, a column no input file has{hint}")
+    if not problems:
+        return None
+    shown = present[:_SHOWN_COLUMNS] + (["..."] if len(present) > _SHOWN_COLUMNS else [])
+    return InputError(f"{'; '.join(problems)} (the files' columns: {shown})")
+
+
+def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
+    """Why a file's columns cannot make rows of the version, or None."""
+    missing = [name for name in configured_columns(spec).values() if name not in schema.names]
+    if missing:
+        return f"schema drift: missing columns {missing}"
+    internal = [name for name in schema.names if name.startswith(INTERNAL_PREFIX)]
+    if internal:
+        return (f"columns {internal} collide with ballast's internal columns (names "
+                f"starting with '{INTERNAL_PREFIX}'): rename them")
+    if spec.id_column and not pa.types.is_integer(id_type := schema.field(spec.id_column).type):
+        return (f"id column '{spec.id_column}' is {id_type}: ids must be integers (cast the "
+                "column, name an integer column as dataset.id_column, or leave it unset "
+                "for ids ballast derives)")
+    unknown = [f"'{name}' ({schema.field(name).type})" for name in spec.feature_columns
+               if kind_of(schema.field(name).type) is None]
+    if unknown:
+        return (f"feature columns {', '.join(unknown)} have types no feature kind encodes "
+                "(numbers, booleans, timestamps and dates, lists of numbers, strings)")
+    return None
+
+
+def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str | None:
+    """Null or NaN labels, or null ids, in a batch starting at `first_row`, as a reason."""
+    labels = batch.column(spec.label_column)
+    if labels.null_count:
+        return (f"{labels.null_count} null labels in column '{spec.label_column}' "
+                f"(rows from {first_row})")
+    if pa.types.is_floating(labels.type):
+        num_nan = int(pc.sum(pc.is_nan(labels)).as_py() or 0)
+        if num_nan:
+            return (f"{num_nan} NaN labels in column '{spec.label_column}' "
+                    f"(rows from {first_row})")
+    ids = batch.column(spec.id_column) if spec.id_column else None
+    if ids is not None and ids.null_count:
+        return f"{ids.null_count} null ids in column '{spec.id_column}' (rows from {first_row})"
+    return None
