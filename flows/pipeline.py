@@ -11,6 +11,7 @@ step produced is logged to the flow run's log (flows/runlog.py) as it comes back
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from distributed import Client
@@ -107,9 +108,12 @@ def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
     models = {"model": params.model_uri}
     if params.baseline_model_uri:
         models["baseline"] = params.baseline_model_uri
-    with dask_client(params.dask) as client:  # one cluster for both models
+    manifest, _ = read_manifest(params.dataset)
+    on_dask = manifest.split(params.split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
+    with dask_client(params.dask) if on_dask else nullcontext(params.dask) as dask:
+        # One cluster for both models, and none for a split scored in process.
         evaluations = {name: tasks.evaluate(uri, params.tracking, params.dataset,
-                                            params.split, client, name)
+                                            params.split, dask, name)
                        for name, uri in models.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)

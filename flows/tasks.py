@@ -47,6 +47,12 @@ TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
                                      "retry_condition_fn": is_transient}
 
 
+# Scoring a split this small takes about a second here, where the model is loaded anyway
+# (for its classes); on Dask every worker first imports torch and loads the model: 12-16 s
+# for each of the demo's two evaluations of 12 k rows (a shared 2-core machine).
+IN_PROCESS_EVALUATION_ROWS = 200_000
+
+
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
     """Cache key of a reshard: its dataset version id (inputs + config + code version)."""
     return f"reshard-{parameters['version_id']}"
@@ -112,13 +118,20 @@ def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
              dask: Executor, arm: str, run_id: str | None = None) -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
-    split, one task per shard on Dask (the flow's cluster, or one started for it), with
-    the class-prior baseline; logged as metrics of `run_id` (the model's run) if given."""
-    with dask_client(dask, storage=[dataset]) as client:
-        def dask_map(function: Any, uris: list[str]) -> list[Any]:
-            return list(client.gather(client.map(function, uris, pure=False)))
+    split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
+    if given. A split of up to `IN_PROCESS_EVALUATION_ROWS` rows is scored here, shard
+    after shard; a larger one one task per shard on Dask (the flow's cluster, or one
+    started for it)."""
+    manifest, _ = read_manifest(dataset)
+    if manifest.split(split).num_rows <= IN_PROCESS_EVALUATION_ROWS:
+        evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
+    else:
+        with dask_client(dask, storage=[dataset]) as client:
+            def dask_map(function: Any, uris: list[str]) -> list[Any]:
+                return list(client.gather(client.map(function, uris, pure=False)))
 
-        evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split, dask_map)
+            evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split,
+                                        dask_map)
     if run_id is not None:
         log_holdout(tracking, run_id, evaluation)
     return evaluation

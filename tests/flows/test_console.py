@@ -73,8 +73,10 @@ def test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json(
         "job": {"kind": "local", "num_processes_per_node": 1, "timeout_s": 900},
         "compare_with_natural_mix": True}
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "BALLAST_LOG_DIR": str(tmp_path / "logs")}
-    env.pop("PREFECT_API_URL", None)  # a temporary server, as for a new user
+    # A temporary Prefect server, as for a new user; a loaded test machine starts it slowly.
+    env = {**os.environ, "BALLAST_LOG_DIR": str(tmp_path / "logs"),
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env.pop("PREFECT_API_URL", None)
     run = subprocess.run(
         [sys.executable, "-m", "flows", "run", "pipeline", "--config",
          str(tmp_path / "pipeline.yaml"), "--result-file", str(tmp_path / "result.json")],
