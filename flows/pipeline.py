@@ -152,7 +152,8 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
     result: dict[str, Any] = {**dataset, "run_id": summary.pop("run_id"), "training": summary}
     tracking = params.train.tracking
     if tracking is not None and summary.get("model_uri"):
-        arms = {arm: summary, **_other_arms(params, tracking, arm, dask)}
+        arms = {arm: {**summary, "run_id": result["run_id"]},
+                **_other_arms(params, tracking, arm, dask)}
         result["runs"] = {name: job["run_id"] for name, job in arms.items()}
         result["evaluations"] = _evaluations(tracking, dataset["manifest_uri"], arms, dask)
         if tracking.registered_model_name:
