@@ -67,9 +67,10 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
                  f"{training['val_macro_f1']:.3f}")
     if result.get("evaluations"):
         first = next(iter(result["evaluations"].values()))
-        lines.append(f"held-out evaluation, every arm on the same {first['num_rows']} rows "
-                     f"(version {first['dataset_version']}'s holdout, which the natural-mix "
-                     "version shares: same files and seed):")
+        both = (", every arm on the same rows (the natural-mix version holds out the same "
+                "rows: same files and seed)" if len(result["evaluations"]) > 1 else "")
+        lines.append(f"held-out evaluation on {first['num_rows']} rows of version "
+                     f"{first['dataset_version']}{both}:")
         lines += evaluation_lines(result["evaluations"])
     if result.get("registration"):
         registration = result["registration"]
