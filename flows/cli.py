@@ -1,6 +1,7 @@
 """The `ballast` command line.
 
     ballast demo                                   generate a sample, run the whole pipeline
+    ballast run pipeline --config demo --output json   the full result (default: a table)
     ballast run pipeline --config nightly --work-dir /data --set train.max_epochs=1
     ballast serve --work-dir /data                 serve the scheduled deployments (no pool)
     ballast deployments > infra/prefect.yaml       the same deployments for `prefect deploy`
@@ -17,14 +18,14 @@ holds the traceback; a config or data error exits 2, anything else 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-import tempfile
-import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="generate a skewed sample and run the pipeline")
     demo.add_argument("--work-dir", default="demo-output", help="where everything is written")
     demo.add_argument("--rows", type=int, default=120_000, help="rows of generated raw data")
+    _output_arguments(demo)
     run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset",
                               epilog=presets_help(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="override one field, e.g. --set train.max_epochs=1")
     run.add_argument("--force", action="store_true", help="pipeline: promote even when the "
                      "champion cannot read the new rows or the data drifted past a threshold")
+    _output_arguments(run)
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
     deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
@@ -97,6 +100,16 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the config")
 
 
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", choices=("table", "json"), default="table",
+                        help="the result as a short table (default) or in full as JSON")
+    parser.add_argument("--result-file", metavar="PATH",
+                        help="also write the full result as JSON to this file")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="libraries' INFO lines (Dask, Prefect, MLflow) on the console "
+                        "too; they are always in the command's log file")
+
+
 def apply_override(values: dict[str, Any], assignment: str) -> None:
     """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML."""
     key, sep, raw = assignment.partition("=")
@@ -112,6 +125,7 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
 def _run(args: argparse.Namespace) -> str:
     from flows.deployments import FLOWS
     from flows.params import load_preset, parse_params
+    from flows.summary import format_result
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
@@ -121,14 +135,49 @@ def _run(args: argparse.Namespace) -> str:
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
         values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
-    return yaml.safe_dump(flow(parse_params(params_type, values, args.config)), sort_keys=False)
+    params = parse_params(params_type, values, args.config)
+    with _quiet(args):
+        result = cast(dict[str, Any], flow(params))
+    return _output(args, result, lambda: format_result(args.flow, params, result))
+
+
+def _demo(args: argparse.Namespace) -> str:
+    from flows.demo import demo_summary, run_demo
+
+    with _quiet(args):
+        params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
+    return _output(args, result, lambda: demo_summary(params, result, seconds))
+
+
+@contextmanager
+def _quiet(args: argparse.Namespace) -> Iterator[None]:
+    """The command's logging (flows/console.py): everything into its log file, the console
+    quiet unless `-v`. Entered once the flows are imported: libraries set up their
+    console handlers at import, and those are the ones made quiet."""
+    from flows.console import command_logging
+    from tracking.console import quiet_mlflow_events
+
+    with command_logging(args.log_path, args.verbose, stay_quiet=True), ExitStack() as stack:
+        if not args.verbose:
+            stack.enter_context(quiet_mlflow_events())
+        yield
+
+
+def _output(args: argparse.Namespace, result: Any, table: Callable[[], str]) -> str:
+    """The result as JSON or as `table()` (then with where the full result is), written
+    to `--result-file` too when given; the log file's path last."""
+    full = json.dumps(result, indent=1, default=str)
+    if args.result_file:
+        Path(args.result_file).write_text(full + "\n")
+    if args.output == "json":
+        return full
+    where = args.result_file or "--output json"
+    return f"{table()}\nfull result: {where}; log: {args.log_path}"
 
 
 def _dispatch(args: argparse.Namespace) -> str | None:
     if args.command == "demo":
-        from flows.demo import run_demo
-
-        return run_demo(args.work_dir, num_rows=args.rows)
+        return _demo(args)
     if args.command == "run":
         return _run(args)
     if args.command == "deployments":
@@ -162,10 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Ballast runs on machines without internet: Prefect's server would report failed pings.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.command in ("demo", "run"):
+        from flows.console import new_log_path
+
+        args.log_path = new_log_path(args.command)
     try:
         output = _dispatch(args)
     except Exception as error:
-        log = write_error_log(args.command, error)
+        log = write_error_log(args.command, error, getattr(args, "log_path", None))
         print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
               file=sys.stderr)
         return 2 if is_deterministic(error) else 1
@@ -204,13 +257,15 @@ def field_problem(problem: Any) -> str:
     return f"{field}: {problem['msg']}{shown}"
 
 
-def write_error_log(command: str, error: BaseException) -> Path:
-    """The full traceback in a new file under $BALLAST_LOG_DIR (default: a `ballast`
-    directory in the system's temporary directory); its path."""
-    directory = Path(os.environ.get("BALLAST_LOG_DIR") or Path(tempfile.gettempdir()) / "ballast")
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text(redact("".join(traceback.format_exception(error))))
+def write_error_log(command: str, error: BaseException, path: Path | None = None) -> Path:
+    """The full traceback at the end of the command's log file `path`, or in a new file
+    under $BALLAST_LOG_DIR (default: a `ballast` directory in the system's temporary
+    directory); its path."""
+    from flows.console import new_log_path
+
+    path = path or new_log_path(command)
+    with path.open("a") as log:
+        log.write(redact("".join(traceback.format_exception(error))))
     return path
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from flows.params import PipelineParams, load_preset, parse_params
 from flows.pipeline import pipeline
-from flows.summary import format_summary
-from preprocessing.contract.manifest import read_manifest
+from flows.summary import format_result
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 
 
-def run_demo(work_dir: str | Path, num_rows: int = 120_000, seed: int = 0) -> str:
-    """Write the sample under `work_dir`, run `pipeline`, return the printed summary."""
+def run_demo(work_dir: str | Path, num_rows: int = 120_000,
+             seed: int = 0) -> tuple[PipelineParams, dict[str, Any], float]:
+    """Write the sample under `work_dir`, run `pipeline`; its params, result and seconds."""
     work_dir = Path(work_dir).resolve()
     start = time.perf_counter()
     raw = work_dir / "raw"
@@ -21,7 +22,9 @@ def run_demo(work_dir: str | Path, num_rows: int = 120_000, seed: int = 0) -> st
         write_sample(raw, SampleSpec(num_rows=num_rows, seed=seed))
     params = parse_params(PipelineParams, load_preset("demo", work_dir), "demo")
     result = pipeline(params)
-    manifest, _ = read_manifest(result["manifest_uri"])
-    tracking = params.train.tracking.tracking_uri if params.train.tracking else None
-    summary = format_summary(manifest, result, tracking)
-    return f"{summary}\ndemo finished in {time.perf_counter() - start:.0f} s"
+    return params, result, time.perf_counter() - start
+
+
+def demo_summary(params: PipelineParams, result: dict[str, Any], seconds: float) -> str:
+    """The pipeline's summary, with how long the demo took."""
+    return f"{format_result('pipeline', params, result)}\ndemo finished in {seconds:.0f} s"

@@ -11,9 +11,12 @@ step produced is logged to the flow run's log (flows/runlog.py) as it comes back
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
+from distributed import Client
 from prefect import get_run_logger
+from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
@@ -27,10 +30,10 @@ from flows.params import (
     ballast_flow,
 )
 from flows.promotion import promote
-from flows.report import publish_dataset, publish_training
+from flows.report import publish_dataset, publish_training, version_description
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
-from preprocessing.driver.cluster import DaskConfig
+from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.reshard import (
     Listing,
     list_once,
@@ -42,7 +45,7 @@ from training.config import TrainConfig
 from training.launch import LaunchConfig
 
 
-def _reshard(config: ReshardConfig, dask: DaskConfig, arm: str,
+def _reshard(config: ReshardConfig, dask: Executor, arm: str,
              listing: Listing | None = None) -> tuple[dict[str, Any], Manifest]:
     """The version of `config` (made, reused or a cache hit), logged; and its manifest.
     `listing`: `config`'s inputs as listed for another arm (the same inputs); else listed
@@ -61,6 +64,7 @@ def _reshard(config: ReshardConfig, dask: DaskConfig, arm: str,
     dataset = {**dataset, "reused": dataset["reused"] or cached, "cached": cached}
     manifest, _ = read_manifest(dataset["manifest_uri"])
     runlog.log_dataset(arm, manifest, dataset["reused"], cached)
+    publish_dataset(manifest, arm)
     return dataset, manifest
 
 
@@ -68,8 +72,9 @@ def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str,
                  arm: str) -> dict[str, Any]:
     """Run the job on `dataset` (its launcher pins the version and opens the MLflow run),
     then close the run; the job's summary, with `run_id`."""
-    summary: dict[str, Any] = tasks.train(config.model_copy(update={"dataset": dataset}), job,
-                                          arm)
+    summary: dict[str, Any] = tasks.train(
+        config.model_copy(update={"dataset": dataset, "tracking": _run_named(config, arm)}),
+        job, arm)
     runlog.log_training(arm, summary)
     if config.tracking is not None:
         tasks.close_run(config.tracking, summary["run_id"], summary, summary["manifest_uri"],
@@ -77,12 +82,22 @@ def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str,
     return summary
 
 
+def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
+    """The job's tracking, its new run named `<flow run name>-<arm>` (`<run_name>-<arm>`
+    when the config names runs): one scheme for every arm, so a flow run's MLflow runs
+    are found by its name."""
+    tracking = config.tracking
+    if tracking is None or tracking.run_id is not None:
+        return tracking
+    base = tracking.run_name or flow_run.get_name() or "ballast"
+    return tracking.model_copy(update={"run_name": f"{base}-{arm}"})
+
+
 @ballast_flow("reshard")
 def reshard_flow(params: ReshardParams) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     arm = arm_for(params.reshard.mix.class_weighting)
-    dataset, manifest = _reshard(params.reshard, params.dask, arm)
-    publish_dataset(manifest)
+    dataset, _ = _reshard(params.reshard, params.dask, arm)
     return dataset
 
 
@@ -104,8 +119,13 @@ def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
     models = {"model": params.model_uri}
     if params.baseline_model_uri:
         models["baseline"] = params.baseline_model_uri
-    evaluations = {name: tasks.evaluate(uri, params.tracking, params.dataset, params.split,
-                                        params.dask, name) for name, uri in models.items()}
+    manifest, _ = read_manifest(params.dataset)
+    on_dask = manifest.split(params.split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
+    with dask_client(params.dask) if on_dask else nullcontext(params.dask) as dask:
+        # One cluster for both models, and none for a split scored in process.
+        evaluations = {name: tasks.evaluate(uri, params.tracking, params.dataset,
+                                            params.split, dask, name)
+                       for name, uri in models.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
@@ -128,66 +148,80 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
 
 @ballast_flow("pipeline")
 def pipeline(params: PipelineParams) -> dict[str, Any]:
-    """Reshard, train on the new version, evaluate on held-out rows, register the model."""
+    """Reshard, train on the new version, evaluate on held-out rows, register the model.
+    One Dask cluster serves every step of the run that needs one (both arms' reshards and
+    evaluations): starting a cluster costs seconds, and its workers keep the models they
+    loaded."""
+    with dask_client(params.dask) as client:
+        return _pipeline(params, client)
+
+
+def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
     arm = arm_for(params.reshard.mix.class_weighting)
     listing = list_once(params.reshard)  # both arms read the same inputs
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
-    dataset, manifest = _reshard(params.reshard, params.dask, arm, listing)
-    publish_dataset(manifest)
+    dataset, _ = _reshard(params.reshard, dask, arm, listing)
     summary = _tracked_job(params.train, params.job, dataset["manifest_uri"], arm)
     result: dict[str, Any] = {**dataset, "run_id": summary.pop("run_id"), "training": summary}
     tracking = params.train.tracking
     if tracking is not None and summary.get("model_uri"):
-        result["evaluations"] = _evaluations(params, tracking, dataset["manifest_uri"],
-                                             summary["model_uri"], arm, listing)
+        arms = {arm: {**summary, "run_id": result["run_id"]},
+                **_other_arms(params, tracking, arm, dask, listing)}
+        result["runs"] = {name: job["run_id"] for name, job in arms.items()}
+        result["evaluations"] = _evaluations(tracking, dataset["manifest_uri"], arms, dask)
         if tracking.registered_model_name:
-            result["registration"] = _register(params, tracking, dataset, current_before,
-                                               result["run_id"], summary["model_uri"],
-                                               result["evaluations"][arm], arm)
+            result["registration"] = _register(params, tracking, result, current_before, arm,
+                                               dask)
     publish_training(result, tracking.tracking_uri if tracking else None)
     return result
 
 
-def _evaluations(params: PipelineParams, tracking: TrackingConfig, manifest_uri: str,
-                 model_uri: str, arm: str, listing: Listing) -> dict[str, dict[str, Any]]:
-    """The new model, and optionally one trained on the natural mix, on the same rows."""
-    models = {arm: model_uri}
+def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Client,
+                listing: Listing) -> dict[str, dict[str, Any]]:
+    """The natural-mix arm's job summary, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
         get_run_logger().warning("compare_with_natural_mix: this run already trains on the "
                                  "natural class mix; there is no other arm to compare with")
-    elif params.compare_with_natural_mix:
-        models[NATURAL_MIX] = _natural_mix_model(params, tracking, listing)
-    evaluations = {name: tasks.evaluate(uri, tracking, manifest_uri, "holdout", params.dask,
-                                        name) for name, uri in models.items()}
+    if not params.compare_with_natural_mix or arm == NATURAL_MIX:
+        return {}
+    return {NATURAL_MIX: _natural_mix_job(params, tracking, dask, listing)}
+
+
+def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]],
+                 dask: Client) -> dict[str, dict[str, Any]]:
+    """Each arm's model on the same held-out rows (this run's version's), the figures
+    logged to the arm's MLflow run too."""
+    evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
+                                        dask, name, job.get("run_id"))
+                   for name, job in arms.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
 
 
-def _register(params: PipelineParams, tracking: TrackingConfig, dataset: dict[str, Any],
-              current_before: str | None, run_id: str, model_uri: str,
-              evaluation: dict[str, Any], arm: str) -> dict[str, Any]:
-    """Register the model; flows/promotion.py decides its alias on the same rows as the
-    champion's (and holds it back on drift against the parent version), logged."""
-    registration = promote(tracking, params.promotion, params.dask, dataset, current_before,
-                           run_id, model_uri, evaluation, arm)
+def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str, Any],
+              current_before: str | None, arm: str, dask: Client) -> dict[str, Any]:
+    """Register the model, described; flows/promotion.py decides its alias on the same
+    rows as the champion's (and holds it back on drift against the parent version)."""
+    registration = promote(tracking, params.promotion, dask, result, current_before, arm,
+                           version_description(result, arm, flow_run.get_name()))
     runlog.log_registration(arm, registration)
     return registration
 
 
-def _natural_mix_model(params: PipelineParams, tracking: TrackingConfig,
-                       listing: Listing) -> str:
-    """Train the same model on the data as it came (same held-out rows: same seed/files)."""
+def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Client,
+                     listing: Listing) -> dict[str, Any]:
+    """Train the same model on the data as it came (same held-out rows: same seed/files);
+    the job's summary, with `run_id`."""
     natural = params.reshard.model_copy(update={
         "output_root": f"{params.reshard.output_root.rstrip('/')}-natural",
         "mix": params.reshard.mix.model_copy(update={"class_weighting": "natural"}),
         "num_output_rows": None})
-    dataset, _ = _reshard(natural, params.dask, NATURAL_MIX, listing)
+    dataset, _ = _reshard(natural, dask, NATURAL_MIX, listing)
     # Its own outputs, checkpoints and run: sharing them, a retry would resume the other job.
     checkpoint_dir = params.train.checkpoint_dir
     train = params.train.model_copy(update={
         "output_dir": f"{params.train.output_dir.rstrip('/')}-natural",
         "checkpoint_dir": f"{checkpoint_dir.rstrip('/')}-natural" if checkpoint_dir else None,
-        "tracking": tracking.model_copy(update={"run_name": NATURAL_MIX, "run_id": None})})
-    summary = _tracked_job(train, params.job, dataset["manifest_uri"], NATURAL_MIX)
-    return str(summary["model_uri"])
+        "tracking": tracking.model_copy(update={"run_id": None})})
+    return _tracked_job(train, params.job, dataset["manifest_uri"], NATURAL_MIX)

@@ -26,10 +26,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.tasks import TRANSIENT_RETRIES
+from flows.tasks import IN_PROCESS_EVALUATION_ROWS, TRANSIENT_RETRIES
 from preprocessing.contract.codec import FeatureCodec, FeatureError
 from preprocessing.contract.manifest import Manifest, manifest_uri, read_manifest, shard_uri
-from preprocessing.driver.cluster import DaskConfig, dask_client
+from preprocessing.driver.cluster import Executor, dask_client
 from tracking.config import TrackingConfig
 from tracking.drift import DriftReport, ShareChange, drift_report
 from tracking.inference import ModelError, evaluate_model
@@ -84,7 +84,7 @@ def drift(location: str, parent: str, arm: str) -> DriftReport:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="score-champion[{arm}]", **TRANSIENT_RETRIES)
-def score_champion(tracking: TrackingConfig, name: str, location: str, dask: DaskConfig,
+def score_champion(tracking: TrackingConfig, name: str, location: str, dask: Executor,
                    arm: str) -> SameRows | None:
     """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
     current = champion(tracking.tracking_uri, name)
@@ -93,25 +93,34 @@ def score_champion(tracking: TrackingConfig, name: str, location: str, dask: Das
     manifest, _ = read_manifest(location)
     rows = dict(champion_version=current["version"], dataset_version=manifest.version_id,
                 split=SPLIT, num_rows=manifest.split(SPLIT).num_rows)
+    try:
+        scores = _evaluate(f"models:/{name}/{current['version']}", tracking, location, dask)
+    except UNREADABLE as error:
+        return SameRows(**rows, champion_score=None,
+                        problem=f"{type(error).__name__}: {error}"[:1000])
+    return SameRows(**rows, champion_score=scores["macro_f1"])
+
+
+def _evaluate(model_uri: str, tracking: TrackingConfig, location: str,
+              dask: Executor) -> dict[str, Any]:
+    """The same path as the evaluate task (flows/tasks.py): a small split in this process,
+    a large one one task per shard on Dask."""
+    if read_manifest(location)[0].split(SPLIT).num_rows <= IN_PROCESS_EVALUATION_ROWS:
+        return evaluate_model(model_uri, tracking.tracking_uri, location, SPLIT)
     with dask_client(dask, storage=[location]) as client:
         def dask_map(function: Any, uris: list[str]) -> list[Any]:
             return list(client.gather(client.map(function, uris, pure=False)))
 
-        try:
-            scores = evaluate_model(f"models:/{name}/{current['version']}",
-                                    tracking.tracking_uri, location, SPLIT, dask_map)
-        except UNREADABLE as error:
-            return SameRows(**rows, champion_score=None,
-                            problem=f"{type(error).__name__}: {error}"[:1000])
-    return SameRows(**rows, champion_score=scores["macro_f1"])
+        return evaluate_model(model_uri, tracking.tracking_uri, location, SPLIT, dask_map)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
 def register(tracking: TrackingConfig, name: str, model_uri: str, evaluation: dict[str, Any],
-             promotion: Promotion, arm: str) -> dict[str, Any]:
-    """Register the model; tracking/promotion.py decides its alias on the same rows."""
+             promotion: Promotion, arm: str, description: str = "") -> dict[str, Any]:
+    """Register the model (with `description`); tracking/promotion.py decides its alias on
+    the same rows."""
     return register_and_promote(tracking, model_uri, name, evaluation["macro_f1"],
-                                evaluation["beats_class_prior"], promotion)
+                                evaluation["beats_class_prior"], promotion, description)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="record-promotion[{arm}]", **TRANSIENT_RETRIES)
@@ -122,12 +131,14 @@ def record(tracking: TrackingConfig, run_id: str, registration: dict[str, Any],
                   report.metrics() if report else {}, markdown)
 
 
-def promote(tracking: TrackingConfig, config: PromotionConfig, dask: DaskConfig,
-            dataset: Mapping[str, Any], current_before: str | None, run_id: str,
-            model_uri: str, evaluation: dict[str, Any], arm: str) -> dict[str, Any]:
-    """Drift, champion on the same rows, registration: the registration's summary."""
+def promote(tracking: TrackingConfig, config: PromotionConfig, dask: Executor,
+            result: Mapping[str, Any], current_before: str | None, arm: str,
+            description: str = "") -> dict[str, Any]:
+    """Drift, champion on the same rows, registration (with `description`) of the model of
+    the pipeline's `result` so far: the registration's summary."""
     name = str(tracking.registered_model_name)
-    location = str(dataset["manifest_uri"])
+    location = str(result["manifest_uri"])
+    run_id, evaluation = str(result["run_id"]), result["evaluations"][arm]
     manifest, _ = read_manifest(location)
     parent = parent_of(manifest, current_before)
     report = drift(location, parent, arm) if parent else None
@@ -137,8 +148,8 @@ def promote(tracking: TrackingConfig, config: PromotionConfig, dask: DaskConfig,
         create_markdown_artifact(markdown, key="drift", description=f"dataset version "
                                  f"{report.version} against its parent {report.parent}")
     same_rows = score_champion(tracking, name, location, dask, arm)
-    registration = register(tracking, name, model_uri, evaluation,
-                            Promotion(same_rows, breaches, config.force), arm)
+    registration = register(tracking, name, result["training"]["model_uri"], evaluation,
+                            Promotion(same_rows, breaches, config.force), arm, description)
     record(tracking, run_id, registration, report, markdown, arm)
     log_promotion_lines(arm, registration, report)
     return {**registration, "drift": drift_summary(report, breaches) if report else None}

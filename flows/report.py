@@ -10,37 +10,40 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.promotion import promotion_lines
+from flows.runlog import count
 from flows.summary import class_rows_after, how_to_open_run
 from preprocessing.contract.manifest import Manifest
 from tracking.run import run_page_url, ui_command
 from tracking.spool import is_local_run
 
 
-def publish_dataset(manifest: Manifest) -> None:
-    """Tables of rows per class and per source before/after, and of shard sizes."""
+def publish_dataset(manifest: Manifest, arm: str) -> None:
+    """Tables of rows per class and per source before/after, and of shard sizes, keyed by
+    the arm (`rebalanced-class-mix`, `natural-mix-class-mix`): a pipeline run publishes
+    both arms' versions side by side."""
     after = class_rows_after(manifest)
     create_table_artifact(
         [{"class": str(label), "input rows": manifest.input_class_counts.get(str(label), 0),
           "training rows": after.get(str(label), 0)} for label in manifest.classes],
-        key="class-mix", description=f"dataset version {manifest.version_id}: rows per class "
-        "in the input and in the training split")
+        key=f"{arm}-class-mix", description=f"dataset version {manifest.version_id} "
+        f"({arm}): rows per class in the input and in the training split")
     sources: dict[str, int] = {}
     for shard in manifest.split("train").shards:
-        for source, count in shard.source_counts.items():
-            sources[source] = sources.get(source, 0) + count
+        for source, rows in shard.source_counts.items():
+            sources[source] = sources.get(source, 0) + rows
     create_table_artifact(
         [{"source": source, "input rows": manifest.input_source_counts.get(source, 0),
           "training rows": sources.get(source, 0)} for source in sorted(sources)],
-        key="source-mix", description=f"dataset version {manifest.version_id}: rows per "
-        "source in the input and in the training split")
+        key=f"{arm}-source-mix", description=f"dataset version {manifest.version_id} "
+        f"({arm}): rows per source in the input and in the training split")
     create_table_artifact(
         [{"split": name, "shards": len(split.shards),
           "min rows": min(s.num_rows for s in split.shards),
           "max rows": max(s.num_rows for s in split.shards)}
          for name, split in manifest.splits.items()],
-        key="shard-balance", description=f"dataset version {manifest.version_id}: shards and "
-        "the fewest and most rows in one, per split")
-    create_markdown_artifact(increment_summary(manifest), key="increment",
+        key=f"{arm}-shard-balance", description=f"dataset version {manifest.version_id} "
+        f"({arm}): shards and the fewest and most rows in one, per split")
+    create_markdown_artifact(increment_summary(manifest), key=f"{arm}-increment",
                              description=f"dataset version {manifest.version_id}: files read "
                              "and skipped, shards reused from its parent")
 
@@ -58,7 +61,31 @@ def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     worst = [worst_class(evaluation) for evaluation in evaluations.values()]
     lines.append(f"| worst class | "
                  f"{' | '.join(markdown_text(w[0]) if w else 'n/a' for w in worst)} |")
+    if len(arms) > 1:
+        lines += ["", same_rows_line(evaluations)]
     return lines
+
+
+def same_rows_line(evaluations: dict[str, dict[str, Any]]) -> str:
+    """Why the arms' figures compare: one set of held-out rows for all of them."""
+    first = next(iter(evaluations.values()))
+    return (f"All arms are scored on the same {first['num_rows']} held-out rows, those of "
+            f"version {first['dataset_version']}: the natural-mix version is cut from the "
+            "same input files with the same seed, so it holds out the same rows, and one "
+            "set of rows makes the figures differ by the model alone.")
+
+
+def version_description(result: dict[str, Any], arm: str, flow_run_name: str | None) -> str:
+    """The registered version's description: arm, dataset version, held-out figures."""
+    evaluation = result["evaluations"][arm]
+    scores = ", ".join(f"{name} {_cell(value)}" for name, value in figures(evaluation).items())
+    baseline = evaluation["class_prior_baseline"]
+    return (f"Arm `{arm}` of flow run `{flow_run_name}`, trained on dataset version "
+            f"{result['version_id']} (MLflow run {result['run_id']}). Held-out "
+            f"({evaluation['num_rows']} rows of version {evaluation['dataset_version']}): "
+            f"{scores}; the class-prior baseline on the same rows: macro-F1 "
+            f"{_cell(baseline['macro_f1'])}, balanced accuracy "
+            f"{_cell(baseline['balanced_accuracy'])}.")
 
 
 def _cell(value: float | None) -> str:
@@ -89,7 +116,7 @@ def increment_summary(manifest: Manifest) -> str:
     return "\n".join([
         f"# Dataset version {manifest.version_id}", "",
         f"- parent: {manifest.parent_version or 'none (a full reshard)'}; chain of "
-        f"{len(manifest.deltas)} versions",
+        f"{count(len(manifest.deltas), 'version')}",
         f"- input files: {own.num_files} read (new), "
         f"{len(manifest.inputs) - own.num_files} skipped of {len(manifest.inputs)}",
         f"- input bytes: {own.num_bytes} read, {listed_bytes - own.num_bytes} skipped",
@@ -98,16 +125,18 @@ def increment_summary(manifest: Manifest) -> str:
         f"{len(manifest.split('train').shards) - reused} written"])
 
 
-def run_link_line(result: dict[str, Any], tracking_uri: str) -> str:
-    """A link to the run on the configured server; with no server (a local store) or a run
-    not on it yet, no link but how to open (or send) it."""
-    run_id = result["run_id"]
+def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = None) -> str:
+    """A link to the run (`arm`'s, default the result's own) on the configured server;
+    with no server (a local store) or a run not on it yet, no link but how to open (or
+    send) it."""
+    run_id = result["runs"][arm] if arm else result["run_id"]
+    label = f"MLflow run ({arm})" if arm else "MLflow run"
     url = run_page_url(tracking_uri, run_id)
     if url is not None:
-        return f"- MLflow run: [{run_id}]({url})"
+        return f"- {label}: [{run_id}]({url})"
     if is_local_run(run_id):
-        return f"- MLflow run {run_id}: {how_to_open_run(result, tracking_uri)}"
-    return (f"- MLflow run {run_id}: no server to link to; open a UI on the store with "
+        return f"- {label} {run_id}: {how_to_open_run({**result, 'run_id': run_id}, tracking_uri)}"
+    return (f"- {label} {run_id}: no server to link to; open a UI on the store with "
             f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`")
 
 
@@ -126,6 +155,7 @@ def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
                      f"`{registration['alias']}`")
         lines += [f"  -{line[1:]}" for line in promotion_lines(registration)]
     if result.get("run_id") and tracking_uri:
-        lines.append(run_link_line(result, tracking_uri))
+        arms: list[str | None] = list(result.get("runs") or [None])
+        lines += [run_link_line(result, tracking_uri, arm) for arm in arms]
     create_markdown_artifact("\n".join(lines), key="training-summary",
                              description=_description(result))

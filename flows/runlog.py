@@ -19,6 +19,13 @@ from preprocessing.contract.manifest import Manifest
 MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
 
 
+def count(number: Any, noun: str) -> str:
+    """`1 epoch`, `2 epochs`; a missing number (`None`) as `? epochs`."""
+    if number is None:
+        return f"? {noun}s"
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
@@ -52,9 +59,10 @@ def log_training(arm: str, summary: dict[str, Any]) -> None:
     """Epochs, ranks, attempts and the validation figures of a finished job."""
     attempts = summary.get("attempts") or []
     get_run_logger().info(
-        "train[%s]: %s epochs on %s ranks, batches per rank %s, %d attempt(s); validation "
-        "macro-F1 %s, validation loss %s; MLflow run %s", arm, summary.get("epochs"),
-        summary.get("world_size"), summary.get("batches_per_rank"), len(attempts),
+        "train[%s]: %s on %s ranks, batches per rank %s, %s; validation "
+        "macro-F1 %s, validation loss %s; MLflow run %s", arm,
+        count(summary.get("epochs"), "epoch"), summary.get("world_size"),
+        summary.get("batches_per_rank"), count(len(attempts), "attempt"),
         _number(summary.get("val_macro_f1")), _number(summary.get("val_loss")),
         summary.get("run_id") or "none (tracking off)")
     if (ranks := straggler_line(summary)) is not None:

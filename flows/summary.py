@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
-from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.manifest import Manifest, read_manifest
 from tracking.run import how_to_open
 
 
@@ -65,7 +67,11 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
                  f"{training['batches_per_rank']}, validation macro-F1 "
                  f"{training['val_macro_f1']:.3f}")
     if result.get("evaluations"):
-        lines.append("held-out evaluation (same rows for both):")
+        first = next(iter(result["evaluations"].values()))
+        both = (", every arm on the same rows (the natural-mix version holds out the same "
+                "rows: same files and seed)" if len(result["evaluations"]) > 1 else "")
+        lines.append(f"held-out evaluation on {first['num_rows']} rows of version "
+                     f"{first['dataset_version']}{both}:")
         lines += evaluation_lines(result["evaluations"])
     if result.get("registration"):
         registration = result["registration"]
@@ -73,6 +79,33 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
                      f"{registration['alias']}")
         lines += promotion_lines(registration)
     if result.get("run_id") and tracking_uri:
-        lines.append(f"MLflow run {result['run_id']}:")
+        runs = result.get("runs") or {"run": result["run_id"]}
+        lines.append("MLflow runs: " + ", ".join(f"{arm} {run}" for arm, run in runs.items()))
         lines.append(f"  {how_to_open_run(result, tracking_uri)}")
     return "\n".join(lines)
+
+
+def format_result(flow: str, params: BaseModel, result: dict[str, Any]) -> str:
+    """A flow's result as a person reads it at the end of `ballast run`: the pipeline's
+    summary, a dataset version's class table, or the result's scalar fields."""
+    if flow == "pipeline" and result.get("training"):
+        tracking = getattr(getattr(params, "train", None), "tracking", None)
+        manifest, _ = read_manifest(result["manifest_uri"])
+        return format_summary(manifest, result, tracking.tracking_uri if tracking else None)
+    if flow == "reshard":
+        manifest, _ = read_manifest(result["manifest_uri"])
+        return "\n".join(dataset_lines(manifest, bool(result.get("reused"))))
+    return "\n".join(scalar_lines(result))
+
+
+def scalar_lines(result: dict[str, Any], indent: str = "") -> list[str]:
+    """`key: value` per scalar field; a nested dict one level down, longer ones counted."""
+    lines = []
+    for key, value in result.items():
+        if isinstance(value, dict) and not indent:
+            lines += [f"{key}:", *scalar_lines(value, "  ")]
+        elif isinstance(value, dict | list):
+            lines.append(f"{indent}{key}: ({len(value)} entries)")
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines

@@ -18,14 +18,14 @@ from prefect.client.schemas.objects import State
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.secrets import redact
-from preprocessing.driver.cluster import DaskConfig, dask_client
+from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
 from preprocessing.driver.reshard import Listing, run_reshard
 from tracking.config import TrackingConfig
 from tracking.inference import evaluate_model, predict_table
 from tracking.inference import split_uris as split_uris
 from tracking.registry import register_and_promote
-from tracking.run import finish_run
+from tracking.run import finish_run, log_holdout
 from training.config import TrainConfig
 from training.launch import LaunchConfig, run_job
 from training.launch.failures import is_config_error
@@ -47,6 +47,12 @@ TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
                                      "retry_condition_fn": is_transient}
 
 
+# Scoring a split this small takes about a second here, where the model is loaded anyway
+# (for its classes); on Dask every worker first imports torch and loads the model: 12-16 s
+# for each of the demo's two evaluations of 12 k rows (a shared 2-core machine).
+IN_PROCESS_EVALUATION_ROWS = 200_000
+
+
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
     """Cache key of a reshard: its dataset version id (inputs + config + code version)."""
     return f"reshard-{parameters['version_id']}"
@@ -54,7 +60,7 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
-def reshard(config: ReshardConfig, dask: DaskConfig, version_id: str,
+def reshard(config: ReshardConfig, dask: Executor, version_id: str,
             arm: str, listing: Listing | None = None) -> dict[str, Any]:
     """Make the dataset version (a cache hit on its version id skips it entirely).
     `version_id` is `version_id_for(config, listing)` and `listing` the caller's
@@ -101,27 +107,39 @@ def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
 
 @task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
 def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
-             beats_baseline: bool, arm: str) -> dict[str, Any]:
-    """Register a model version; it becomes champion only if it beats the class-prior
-    baseline and the current champion."""
-    return register_and_promote(tracking, model_uri, name, score, beats_baseline)
+             beats_baseline: bool, arm: str, description: str = "") -> dict[str, Any]:
+    """Register a model version (with `description`); it becomes champion only if it
+    beats the class-prior baseline and the current champion."""
+    return register_and_promote(tracking, model_uri, name, score, beats_baseline,
+                                description=description)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
-             dask: DaskConfig, arm: str) -> dict[str, Any]:
+             dask: Executor, arm: str, run_id: str | None = None) -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
-    split, one task per shard on Dask, with the class-prior baseline."""
-    with dask_client(dask, storage=[dataset]) as client:
-        def dask_map(function: Any, uris: list[str]) -> list[Any]:
-            return list(client.gather(client.map(function, uris, pure=False)))
+    split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
+    if given. A split of up to `IN_PROCESS_EVALUATION_ROWS` rows is scored here, shard
+    after shard; a larger one one task per shard on Dask (the flow's cluster, or one
+    started for it)."""
+    manifest, _ = read_manifest(dataset)
+    if manifest.split(split).num_rows <= IN_PROCESS_EVALUATION_ROWS:
+        evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
+    else:
+        with dask_client(dask, storage=[dataset]) as client:
+            def dask_map(function: Any, uris: list[str]) -> list[Any]:
+                return list(client.gather(client.map(function, uris, pure=False)))
 
-        return evaluate_model(model_uri, tracking.tracking_uri, dataset, split, dask_map)
+            evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split,
+                                        dask_map)
+    if run_id is not None:
+        log_holdout(tracking, run_id, evaluation)
+    return evaluation
 
 
 @task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
-            output_root: str, dask: DaskConfig) -> dict[str, Any]:
+            output_root: str, dask: Executor) -> dict[str, Any]:
     """Map the model over the inputs on Dask; commit the predictions as a version."""
     transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
                         id_column=id_column)

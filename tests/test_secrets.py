@@ -80,8 +80,8 @@ def test_no_file_or_output_of_a_pipeline_run_holds_a_credential(tiny_raw, tmp_pa
         server = start_prefect_server(env, port)
         try:
             run = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config",
-                                  str(config)], env=env, capture_output=True, text=True,
-                                 timeout=1200)
+                                  str(config), "--output", "json"], env=env,
+                                 capture_output=True, text=True, timeout=1200)
             parameters = asyncio.run(recorded_parameters(env))
         finally:
             stop_server(server)

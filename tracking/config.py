@@ -23,7 +23,8 @@ class TrackingConfig(BaseModel):
     )
     run_name: str | None = Field(None, description="Display name of a newly created run.")
     system_metrics_interval_s: float | None = Field(
-        10.0, gt=0, description="Sample each node's CPU/memory/GPU this often; None: off.")
+        2.0, gt=0, description="Sample each node's CPU/memory/GPU this often (seconds; a "
+        "job of a minute gets a curve of 30 points); None: off.")
     registered_model_name: str | None = Field(
         "ballast-classifier", description="Register trained models under this name; None "
         "skips registration. A version becomes `champion` only if it beats the current one.")

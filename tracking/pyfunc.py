@@ -64,10 +64,12 @@ class CodecClassifier(PythonModel):
             logits = self.network(torch.from_numpy(writable)).double()
         return torch.softmax(logits, dim=1).float().numpy()
 
-    def predict(self, context: Any, model_input, params: Any = None) -> pd.DataFrame:
+    def predict(self, context: Any, model_input: pd.DataFrame,
+                params: Any = None) -> pd.DataFrame:
         """`predicted` label and `probabilities` for each row of a DataFrame of raw rows.
-        (`model_input` has no type hint: MLflow would validate against the hint, not the
-        signature.)"""
+        (A DataFrame hint is one MLflow infers no schema from: the logged signature is
+        what inputs are checked against. Without a hint MLflow warns at every log and
+        load.)"""
         assert self.codec is not None, "the model's codec is not loaded"
         table = dataset_types(pa.Table.from_pandas(pd.DataFrame(model_input)[self.codec.names],
                                                    preserve_index=False), self.codec)

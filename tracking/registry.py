@@ -151,16 +151,20 @@ def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
 
 def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
                          score: float, beats_baseline: bool = True,
-                         promotion: Promotion | None = None) -> dict[str, Any]:
-    """Register `model_uri` as a new version of `name`; alias it champion if it wins. A
-    model that does not beat the class-prior baseline gets no alias at all. With
-    `promotion` (the champion scored on the same rows, the drift holds), tracking/promotion.py
-    decides instead of the stored scores."""
+                         promotion: Promotion | None = None,
+                         description: str = "") -> dict[str, Any]:
+    """Register `model_uri` as a new version of `name` (with `description`, what the
+    registry's UI shows on the version); alias it champion if it wins. A model that does
+    not beat the class-prior baseline gets no alias at all. With `promotion` (the champion
+    scored on the same rows, the drift holds), tracking/promotion.py decides instead of the
+    stored scores."""
     model_uri = sent_model_uri(config, model_uri)
     client = MlflowClient(config.tracking_uri)
     mlflow.set_tracking_uri(config.tracking_uri)
     version = mlflow.register_model(model_uri, name, tags={
         SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower()})
+    if description:
+        client.update_model_version(name, version.version, description=description)
     current = champion(config.tracking_uri, name)
     if promotion is not None:
         return apply_decision(client, name, version.version, score, beats_baseline, current,

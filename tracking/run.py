@@ -25,16 +25,20 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from pathlib import Path
 from typing import Any, TypeVar
 
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.manifest import Manifest, code_version
 from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
 from tracking.param_keys import mlflow_params
+from tracking.schema import mlflow_schema_json
 from tracking.server import (
     TrackingUnavailable,
     is_server,
@@ -128,13 +132,18 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def git_sha() -> str:
-    """The commit the code runs from, or `unknown` outside a git checkout."""
+    """The commit the code runs from (asked in the code's own directory: a job runs in its
+    work directory, which is rarely the checkout), or outside a git checkout (an installed
+    wheel) the package's version, `ballast==<version>`."""
     try:
         result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5, check=True)
+                                timeout=5, check=True, cwd=Path(__file__).parent)
         return result.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        try:
+            return f"ballast=={package_version('ballast')}"
+        except PackageNotFoundError:
+            return f"ballast (not installed; {code_version()})"
 
 
 def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
@@ -145,7 +154,7 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
     dataset = Dataset(
         name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
         source_type="ballast-manifest", source=json.dumps({"uri": redact(manifest_uri)}),
-        schema=json.dumps({"fields": manifest.arrow_schema}),
+        schema=mlflow_schema_json(manifest.arrow_schema),  # the UI's own format
         profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes),
                             "parent_version": manifest.parent_version,
                             "chain_length": len(manifest.deltas)}),
@@ -292,6 +301,31 @@ def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
                 if finish["manifest"] else None)
     _close(client, run_id, finish["summary"], manifest, finish["checkpoint_dir"])
     spool.mark("closed")
+
+
+def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+    """A model's held-out figures and the class-prior baseline's on the same rows, as the
+    metrics of its run (`holdout_...`, next to training's `val_...`)."""
+    baseline = evaluation["class_prior_baseline"]
+    metrics = {"holdout_macro_f1": evaluation["macro_f1"],
+               "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
+               "holdout_class_prior_macro_f1": baseline["macro_f1"],
+               "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
+               "holdout_rows": evaluation["num_rows"]}
+    recalls = [value for value in evaluation["recall"].values() if value is not None]
+    if recalls:
+        metrics["holdout_worst_class_recall"] = min(recalls)
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:
+    """Log `holdout_metrics` to the (closed) run, through a delivery that keeps what a
+    down server cannot take in the run's spool."""
+    from tracking.delivery import MetricDelivery
+
+    delivery = MetricDelivery(config, run_id, writer="holdout")
+    delivery.add(holdout_metrics(evaluation), 0)
+    delivery.close()
 
 
 def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:

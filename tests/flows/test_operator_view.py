@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -24,7 +26,7 @@ from prefect.client.schemas.objects import State
 from prefect.logging.handlers import APILogWorker
 
 from flows.arms import FIGURE_NAMES, NATURAL_MIX, REBALANCED, figures
-from flows.params import ReshardParams
+from flows.params import PipelineParams, ReshardParams
 from flows.pipeline import reshard_flow
 from flows.report import run_link_line
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -100,7 +102,8 @@ def test_task_runs_are_named_by_step_and_arm(first_state: State) -> None:
     and natural-mix runs of one step can be told apart."""
     names = set(asyncio.run(_task_run_names(flow_run_id(first_state))))
     expected = {f"{step}[{arm}]" for step in ("reshard", "train", "close-run", "evaluate")
-                for arm in (REBALANCED, NATURAL_MIX)} | {f"register[{REBALANCED}]"}
+                for arm in (REBALANCED, NATURAL_MIX)} | {
+        f"{step}[{REBALANCED}]" for step in ("score-champion", "register", "record-promotion")}
     assert names == expected
 
 
@@ -124,6 +127,65 @@ def test_training_summary_artifact_compares_both_arms_on_three_figures(
     assert first_run["run_id"] in run_line
     # A sqlite store has no server to link to: the line says how to open a UI on it.
     assert "](" not in run_line and "mlflow ui --backend-store-uri sqlite:///" in run_line
+
+
+async def _flow_run_name(run_id: UUID) -> str:
+    async with get_client() as client:
+        return str((await client.read_flow_run(run_id)).name)
+
+
+@pytest.mark.slow
+def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
+        first_state: State, first_run: dict[str, Any], params: PipelineParams) -> None:
+    """Invariants (what the MLflow UI shows, read through its client): each arm's run is
+    named `<flow run name>-<arm>`; each holds its held-out figures and the class-prior
+    baseline's as `holdout_...` metrics equal to the evaluations; the code version is a
+    commit or package version, never `unknown`; the registered version's description
+    names its arm, dataset version and held-out macro-F1; the dataset input's schema is
+    in MLflow's own format, one entry per column of the version."""
+    client = MlflowClient(params.train.tracking.tracking_uri)
+    name = asyncio.run(_flow_run_name(flow_run_id(first_state)))
+    assert set(first_run["runs"]) == {REBALANCED, NATURAL_MIX}
+    for arm, run_id in first_run["runs"].items():
+        run = client.get_run(run_id)
+        evaluation = first_run["evaluations"][arm]
+        assert run.info.run_name == f"{name}-{arm}"
+        assert run.data.metrics["holdout_macro_f1"] == pytest.approx(evaluation["macro_f1"])
+        assert run.data.metrics["holdout_balanced_accuracy"] == pytest.approx(
+            evaluation["balanced_accuracy"])
+        assert run.data.metrics["holdout_worst_class_recall"] == pytest.approx(
+            min(v for v in evaluation["recall"].values() if v is not None))
+        assert run.data.metrics["holdout_class_prior_macro_f1"] == pytest.approx(
+            evaluation["class_prior_baseline"]["macro_f1"])
+        assert run.data.tags["git_sha"] not in ("", "unknown")
+    registration = first_run["registration"]
+    version = client.get_model_version(registration["name"], str(registration["version"]))
+    assert f"`{REBALANCED}`" in version.description
+    assert first_run["version_id"] in version.description
+    assert f"macro-F1 {first_run['evaluations'][REBALANCED]['macro_f1']:.4f}" \
+        in version.description
+    manifest, _ = read_manifest(first_run["manifest_uri"])
+    dataset = client.get_run(first_run["run_id"]).inputs.dataset_inputs[0].dataset
+    columns = json.loads(dataset.schema)["mlflow_colspec"]
+    assert [column["name"] for column in columns] == [f["name"] for f in manifest.arrow_schema]
+
+
+@pytest.mark.slow
+def test_prefect_shows_tables_of_both_versions_and_links_both_runs(
+        first_state: State, first_run: dict[str, Any]) -> None:
+    """Invariants: the flow run holds the class, source and shard tables of both arms'
+    dataset versions (keyed by arm); the training summary links both arms' MLflow runs
+    and says in one line that both are scored on the same held-out rows."""
+    artifacts = asyncio.run(_artifacts(flow_run_id(first_state)))
+    keys = {artifact.key for artifact in artifacts}
+    for arm in (REBALANCED, NATURAL_MIX):
+        assert {f"{arm}-class-mix", f"{arm}-source-mix", f"{arm}-shard-balance"} <= keys
+    summary = next(a for a in artifacts if a.key == "training-summary").data
+    for arm, run_id in first_run["runs"].items():
+        assert any(line.startswith(f"- MLflow run ({arm}) {run_id}")
+                   for line in summary.splitlines())
+    rows = first_run["evaluations"][REBALANCED]["num_rows"]
+    assert f"All arms are scored on the same {rows} held-out rows" in summary
 
 
 def test_run_link_is_built_from_the_configured_tracking_server() -> None:

@@ -49,7 +49,8 @@ def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, t
     # One client retry per request: the flow gives up on the stopped server in seconds
     # (the default, five with backoff, takes about a minute per request).
     env = {**prefect_env(tmp_path / "prefect-home", port), "PREFECT_CLIENT_MAX_RETRIES": "1"}
-    command = [sys.executable, "-m", "flows", "run", "reshard", "--config", str(config)]
+    command = [sys.executable, "-m", "flows", "run", "reshard", "--config", str(config),
+               "--output", "json"]
     server = start_prefect_server(env, port)
     log = (tmp_path / "flow.log").open("wb")
     flow = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

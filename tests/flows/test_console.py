@@ -1,0 +1,93 @@
+"""What `ballast run` prints: ballast's progress and a short result, libraries' INFO lines
+only in the command's log file, the full result as JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.console import ProgressOnly, worker_logging
+
+MAX_CONSOLE_LINES = 40
+
+
+def _record(name: str, level: int, message: str) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+
+def test_a_quiet_console_keeps_progress_warnings_and_errors_only() -> None:
+    """Invariant: the quiet filter passes the flow's own lines, warnings and errors, and
+    drops libraries' INFO lines, Prefect's state lines and Dask's housekeeping warnings."""
+    quiet = ProgressOnly()
+    kept = [_record("prefect.flow_runs", logging.INFO, "reshard[rebalanced]: dataset ..."),
+            _record("prefect.task_runs", logging.INFO, "reshard progress no longer ..."),
+            _record("tracking.run", logging.WARNING, "MLflow could not take the run"),
+            _record("prefect.task_runs", logging.ERROR, "Finished in state Failed()"),
+            _record("distributed.worker", logging.ERROR, "Compute failed")]
+    dropped = [_record("distributed.scheduler", logging.INFO, "State start"),
+               _record("distributed.nanny", logging.WARNING, "Worker process still alive"),
+               _record("prefect", logging.INFO, "Starting temporary server"),
+               _record("prefect.task_runs", logging.INFO, "Finished in state Completed()"),
+               _record("mlflow.store.db.utils", logging.INFO, "Creating initial tables")]
+    assert all(quiet.filter(record) for record in kept)
+    assert not any(quiet.filter(record) for record in dropped)
+
+
+def test_dask_workers_log_into_the_command_file_and_errors_only_on_a_quiet_console(
+        tmp_path: Path) -> None:
+    """Invariant: the workers' logging config sends `distributed` to the log file and
+    to stderr at ERROR (INFO with -v), and leaves other loggers alone."""
+    quiet = worker_logging(tmp_path / "run.log", verbose=False)
+    handlers = quiet["handlers"]
+    assert isinstance(handlers, dict)
+    assert handlers["file"]["filename"] == str(tmp_path / "run.log")
+    assert handlers["console"]["level"] == "ERROR"
+    assert quiet["disable_existing_loggers"] is False
+    verbose = worker_logging(tmp_path / "run.log", verbose=True)["handlers"]
+    assert isinstance(verbose, dict) and verbose["console"]["level"] == "INFO"
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json(
+        tiny_raw: Path, tmp_path: Path) -> None:
+    """Invariants: `ballast run pipeline` of both arms prints at most 40 lines, none of them
+    Dask's INFO lines or MLflow's type-hint warning; the log file it names holds Dask's
+    lines; `--result-file` holds the full result (both arms' evaluations with per-class
+    recall, the registration)."""
+    work = tmp_path / "work"
+    config = {
+        "reshard": {"dataset": {"inputs": [str(tiny_raw)]}, "output_root": str(work / "data"),
+                    "target_shard_rows": 600},
+        "dask": {"kind": "local", "num_workers": 1},
+        "train": {"dataset": str(work / "data"), "output_dir": str(work / "job"),
+                  "max_epochs": 1, "loader": {"batch_size": 64},
+                  "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db",
+                               "experiment": "console", "registered_model_name": "console"}},
+        "job": {"kind": "local", "num_processes_per_node": 1, "timeout_s": 900},
+        "compare_with_natural_mix": True}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    # A temporary Prefect server, as for a new user; a loaded test machine starts it slowly.
+    env = {**os.environ, "BALLAST_LOG_DIR": str(tmp_path / "logs"),
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env.pop("PREFECT_API_URL", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "flows", "run", "pipeline", "--config",
+         str(tmp_path / "pipeline.yaml"), "--result-file", str(tmp_path / "result.json")],
+        env=env, capture_output=True, text=True, timeout=900)
+    printed = (run.stdout + run.stderr).splitlines()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(printed) <= MAX_CONSOLE_LINES, "\n".join(printed)
+    assert not [line for line in printed if "distributed." in line or "type hints" in line]
+    log = Path(run.stdout.rsplit("log: ", 1)[1].strip())
+    assert "distributed.scheduler" in log.read_text()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert set(result["evaluations"]) == {"rebalanced", "natural-mix"}
+    assert all(evaluation["recall"] for evaluation in result["evaluations"].values())
+    assert result["registration"]["version"] == 1
