@@ -18,6 +18,7 @@ from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
 
+from preprocessing.contract.faults import TransientError
 from preprocessing.contract.secrets import split_credentials
 
 PROBE_TIMEOUT_S = 5.0
@@ -28,8 +29,8 @@ _gave_up_at: dict[str, float] = {}
 _WAIT_AGAIN_AFTER_S = 600.0
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server could not be reached."""
+class TrackingUnavailable(TransientError, RuntimeError):
+    """The tracking server could not be reached (it may be back later)."""
 
 
 def is_server(tracking_uri: str) -> bool:
