@@ -41,6 +41,7 @@ class JobBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    kind: str = Field(description="Where the job runs: local, multinode, slurm, kubernetes.")
     num_processes_per_node: int = Field(2, gt=0, description="Ranks per node (one per GPU).")
     timeout_s: float = Field(86400.0, gt=0, description="Stop an attempt that runs this long.")
     env: dict[str, str] = Field(
@@ -115,13 +116,9 @@ class ScheduledJob(NodesJob):
         """`env` is written into the sbatch script or the PyTorchJob: no credential there."""
         secret = sorted(name for name in self.env if SECRET_NAME.search(name))
         if secret:
-            raise ValueError(f"env: {secret} look like credentials, and a {self.kind_name} job "
+            raise ValueError(f"env: {secret} look like credentials, and a {self.kind} job "
                              f"writes env into its files; put them in {self.secret_home}")
         return self
-
-    @property
-    def kind_name(self) -> str:
-        return str(getattr(self, "kind", "scheduled"))
 
     @property
     def secret_home(self) -> str:
