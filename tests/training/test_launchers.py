@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from preprocessing.contract.faults import backoff_s
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config, load_train_config
-from preprocessing.contract.faults import backoff_s
 from training.launch import (
     KubernetesJob,
     LocalJob,
@@ -28,8 +28,8 @@ from training.launch import (
     parse_launch,
     run_job,
 )
-from training.launch.config import job_retry
 from training.launch.__main__ import main as launch_main
+from training.launch.config import job_retry
 from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.slurm import SlurmLauncher
@@ -173,7 +173,7 @@ def test_a_job_is_retried_under_the_one_retry_policy() -> None:
     assert type(policy) is RetryPolicy and LocalJob().retry.attempts == 2
     waits = [backoff_s(policy, attempt) for attempt in (1, 2, 3)]
     assert 1.0 <= waits[0] <= 2.0 and 2.0 <= waits[1] <= 4.0 and 2.5 <= waits[2] <= 5.0
-    with pytest.raises(ValueError, match="retry.backoff_s is now retry.first_delay_s"):
+    with pytest.raises(ValueError, match=r"retry\.backoff_s is now retry\.first_delay_s"):
         parse_launch({"kind": "local", "retry": {"attempts": 2, "backoff_s": 5.0}})
     with pytest.raises(ValueError, match="whoever starts the nodes relaunches them all"):
         parse_launch({"kind": "multinode", "rdzv_endpoint": "h:1", "retry": {"attempts": 2}})
@@ -184,12 +184,12 @@ def test_each_kind_carries_only_its_own_settings() -> None:
     """Invariant: LaunchConfig is one model per kind: a SLURM job cannot carry a Kubernetes
     field (refused naming the kind it belongs to), nor a local job a SLURM one; a job
     without `kind` is local."""
-    with pytest.raises(ValueError, match="job.namespace: a setting of kubernetes jobs, not of "
-                       "a slurm job"):
+    with pytest.raises(ValueError, match=r"job\.namespace: a setting of kubernetes "
+                       r"jobs, not of a slurm job"):
         parse_launch({"kind": "slurm", "namespace": "ml"})
-    with pytest.raises(ValueError, match="job.partition: a setting of slurm jobs"):
+    with pytest.raises(ValueError, match=r"job\.partition: a setting of slurm jobs"):
         parse_launch({"partition": "gpu"})
-    with pytest.raises(ValueError, match="job.kind: one of local"):
+    with pytest.raises(ValueError, match=r"job\.kind: one of local"):
         parse_launch({"kind": "ray"})
     assert isinstance(parse_launch({"num_processes_per_node": 3}), LocalJob)
 
