@@ -46,6 +46,7 @@ class TrainingFailed(RetriesExhausted, RuntimeError):
     def __init__(self, message: str, returncode: int | None, output_tail: str,
                  config_error: str | None = None) -> None:
         self.returncode = returncode
+        self.message = redact(message)
         self.output_tail = redact(output_tail)
         self.config_error = config_error
         self.attempts: list[dict[str, Any]] = []

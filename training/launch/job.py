@@ -85,6 +85,7 @@ def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
             attempts.append(attempt_record(started, resume, resumed_from, failure))
             if failure.config_error is not None or attempt == policy.attempts:
                 failure.attempts = attempts
+                fail_job_run(pinned, failure)
                 raise
             time.sleep(backoff_s(policy, attempt))
             continue
@@ -112,6 +113,16 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
     if returncode is None:
         raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s", None, tail)
     raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
+
+
+def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:
+    """Close the job's MLflow run FAILED with the cause: no retry follows."""
+    tracking = pinned.config.tracking
+    if tracking is not None and tracking.run_id is not None:
+        from tracking.run import fail_run
+
+        cause = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
+        fail_run(tracking, tracking.run_id, f"{failure.message}: {cause}")
 
 
 def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str | None:
