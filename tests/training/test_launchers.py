@@ -245,3 +245,24 @@ def test_cli_render_takes_every_field_as_a_flag(config_path: str,
     assert capsys.readouterr().out == make_launcher(spec).render(config_path)
     assert launch_main(["render", "--config", config_path, "--num-nodes", "0"]) == 2
     assert "num_nodes" in capsys.readouterr().err
+
+
+def test_a_retry_that_finds_no_checkpoint_says_so(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariants: a retry (attempt 2) of a job whose failed attempt saved no checkpoint
+    prints that it trains from scratch, naming where it looked, and records no checkpoint
+    to resume from; with `last.ckpt` in place the retry resumes from it, silently; a first
+    attempt that does not resume looks for nothing."""
+    from training.launch.job import PinnedJob, checkpoint_to_resume
+
+    cfg = TrainConfig(dataset="s3://data/root", output_dir=str(tmp_path / "run"))
+    pinned = PinnedJob(cfg, str(tmp_path / "run" / "train-config.pinned.yaml"), {})
+    assert checkpoint_to_resume(pinned, resume=True, attempt=2) is None
+    printed = capsys.readouterr().err
+    assert f"no checkpoint at {cfg.last_checkpoint_uri}" in printed
+    assert "this attempt trains from scratch" in printed
+    Path(cfg.checkpoint_uri).mkdir(parents=True)
+    Path(cfg.last_checkpoint_uri).write_bytes(b"checkpoint")
+    assert checkpoint_to_resume(pinned, resume=True, attempt=2) == cfg.last_checkpoint_uri
+    assert checkpoint_to_resume(pinned, resume=False, attempt=1) is None
+    assert capsys.readouterr().err == ""
