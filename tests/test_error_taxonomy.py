@@ -15,6 +15,7 @@ from pathlib import Path
 import fsspec
 import pytest
 from botocore.exceptions import ClientError
+from s3fs.errors import translate_boto_error
 
 from preprocessing.contract.faults import (
     RetryPolicy,
@@ -56,15 +57,17 @@ def test_every_layers_errors_are_classed_by_what_fixes_them() -> None:
 
 
 def test_permission_quota_and_s3_refusals_are_permanent_everywhere() -> None:
-    """Invariant: EACCES, EPERM and EDQUOT, and S3's AccessDenied and QuotaExceeded, are
+    """Invariant: EACCES, EPERM and EDQUOT, and S3's AccessDenied and QuotaExceeded (as
+    botocore raises them and as s3fs translates them into OSErrors), are
     permanent for the reads' retries, for a rank (reported, not retried by the launcher)
     and for the tracking spool (not kept to send later), each naming its path."""
     refusals = [PermissionError(errno.EACCES, "Permission denied", "/data/raw/a.parquet"),
                 OSError(errno.EPERM, "Operation not permitted", "/data/raw/a.parquet"),
                 OSError(errno.EDQUOT, "Disk quota exceeded", "/data/raw/a.parquet")]
     for code in ("AccessDenied", "QuotaExceeded"):
-        refusals.append(ClientError({"Error": {"Code": code, "Message": "no"},
-                                     "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject"))
+        s3_error = ClientError({"Error": {"Code": code, "Message": "no"},
+                                "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")
+        refusals += [s3_error, translate_boto_error(s3_error)]  # as boto and s3fs raise it
     for error in refusals:
         assert classify(error) == "permanent" and is_config_error(error)
         assert not tracking_may_send_later(error)

@@ -136,22 +136,25 @@ class RetryPolicy(BaseModel):
 
 
 def error_errno(error: BaseException) -> int | None:
-    """The OS error number of `error`, also where pyarrow left it only in the text."""
+    """The OS error number of `error`, also where pyarrow left it only in the text, or
+    s3fs gave a PermissionError none (its translation of S3's AccessDenied)."""
     if not isinstance(error, OSError):
         return None
     if error.errno is not None:
         return int(error.errno)
     found = _ERRNO_IN_TEXT.search(str(error))
-    return int(found.group(1)) if found else None
+    if found:
+        return int(found.group(1))
+    return errno.EACCES if isinstance(error, PermissionError) else None
 
 
 def s3_error_code(error: BaseException) -> str | None:
     """The error code of a botocore ClientError (read from its response, so that this
-    module needs no S3 client), else None."""
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        return str(code) if code else None
+    module needs no S3 client), also behind the OSError s3fs translates it into."""
+    for candidate in (error, error.__cause__):
+        response = getattr(candidate, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code"):
+            return str(response["Error"]["Code"])
     return None
 
 

@@ -122,7 +122,10 @@ def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:
         from tracking.run import fail_run
 
         cause = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
-        fail_run(tracking, tracking.run_id, f"{failure.message}: {cause}")
+        try:
+            fail_run(tracking, tracking.run_id, f"{failure.message}: {cause}")
+        except Exception as error:  # the job's own failure is what the caller must see
+            failure.add_note(f"(its MLflow run could not be marked failed: {error})")
 
 
 def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str | None:
