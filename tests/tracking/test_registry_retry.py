@@ -53,13 +53,14 @@ def test_logging_the_model_keeps_the_run_open_and_a_retried_registration_reuses_
 
 def test_a_champion_scored_under_the_old_tag_still_compares(logged_model) -> None:
     """Invariant: a champion registered before the score tag was renamed (only
-    `ballast.val_macro_f1`) is read with its score, so a worse newcomer stays challenger."""
+    `ballast.val_macro_f1`) is read with that score, the one a newcomer is compared with."""
     config, run_id, model_uri = logged_model
     client = MlflowClient(config.tracking_uri)
     name = f"old-{uuid.uuid4().hex[:6]}"
     client.create_registered_model(name)
     old = client.create_model_version(name, model_uri, run_id=run_id,
-                                      tags={LEGACY_SCORE_TAG: "0.9"})
+                                      tags={LEGACY_SCORE_TAG: "0.9"},
+                                      model_id=model_uri.removeprefix("models:/"))
     client.set_registered_model_alias(name, "champion", old.version)
     assert champion(config.tracking_uri, name) == {"version": int(old.version),
                                                    "run_id": run_id, "score": 0.9}
