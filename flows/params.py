@@ -17,7 +17,7 @@ from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
 from tracking.promotion import PromotionConfig
 from training.config import TrainConfig
-from training.launch import LaunchConfig
+from training.launch import LaunchConfig, LocalJob
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -43,7 +43,7 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     train: TrainConfig
-    job: LaunchConfig = Field(default_factory=LaunchConfig, description=JOB_DESCRIPTION)
+    job: LaunchConfig = Field(default_factory=LocalJob, description=JOB_DESCRIPTION)
 
 
 class EvaluateParams(BaseModel):
@@ -86,7 +86,7 @@ class PipelineParams(BaseModel):
     train: TrainConfig = Field(
         description="Training job; its `dataset` is replaced by the version the reshard made."
     )
-    job: LaunchConfig = Field(default_factory=LaunchConfig, description=JOB_DESCRIPTION)
+    job: LaunchConfig = Field(default_factory=LocalJob, description=JOB_DESCRIPTION)
     compare_with_natural_mix: bool = Field(
         False, description="Also train on the un-rebalanced data (natural class mix) and "
         "evaluate both on the same held-out rows, to show what rebalancing bought.")

@@ -42,7 +42,7 @@ from preprocessing.driver.reshard import (
 )
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
-from training.launch import LaunchConfig
+from training.launch import AnyJob
 
 
 def _reshard(config: ReshardConfig, dask: Executor, arm: str,
@@ -68,7 +68,7 @@ def _reshard(config: ReshardConfig, dask: Executor, arm: str,
     return dataset, manifest
 
 
-def _tracked_job(config: TrainConfig, job: LaunchConfig, dataset: str,
+def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str,
                  arm: str) -> dict[str, Any]:
     """Run the job on `dataset` (its launcher pins the version and opens the MLflow run),
     then close the run; the job's summary, with `run_id`."""

@@ -1,7 +1,13 @@
 """Prefect tasks: each calls one function of preprocessing/, training/ or tracking/ and
 passes URIs and small dicts, never data. A task run is named by what it does and for which
 arm of the pipeline (`reshard[natural-mix]`, `train[rebalanced]`), so the two arms can be told
-apart in the Prefect UI; the results come back as values that the flows log."""
+apart in the Prefect UI; the results come back as values that the flows log.
+
+Retries are decided at one level per operation (docs/reliability.md, "Who retries
+what"): a reshard's and a batch inference's reads are retried inside them, per file or
+task (preprocessing/contract/faults.py), and a training job by its launcher, so those
+tasks are never retried here; only the tasks with no retry inside (registration,
+evaluation) are, and only for an error `classify` calls transient."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
 from preprocessing.config import ReshardConfig
+from preprocessing.contract.faults import classify
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import Executor, dask_client
@@ -27,22 +34,21 @@ from tracking.inference import split_uris as split_uris
 from tracking.registry import register_and_promote
 from tracking.run import finish_run, log_holdout
 from training.config import TrainConfig
-from training.launch import LaunchConfig, run_job
-from training.launch.failures import is_config_error
+from training.launch import AnyJob, run_job
 
 
 def is_transient(_: Any, __: Any, state: State[Any]) -> bool:
-    """Retry a task only on a failure that may pass: not a config or data error
-    (training/launch/failures.py decides which is which, for the launcher as well)."""
+    """Retry a task only on a failure that may pass (the one taxonomy of
+    preprocessing/contract/faults.py, which the reads and the launcher use as well)."""
     try:
         state.result()
     except BaseException as error:
-        return not is_config_error(error)
+        return classify(error) == "transient"
     return False
 
 
-# I/O tasks (object store, Dask, MLflow) retry a transient failure twice; a config or data
-# error fails once. `train` has its own retries in the launcher (job.retry), never here.
+# Tasks with no retry inside (MLflow's registry, an evaluation's reads) retry a transient
+# failure twice; a permanent or config error fails once.
 TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
                                      "retry_condition_fn": is_transient}
 
@@ -59,10 +65,11 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 
 
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
-      task_run_name="reshard[{arm}]", **TRANSIENT_RETRIES)
+      task_run_name="reshard[{arm}]")
 def reshard(config: ReshardConfig, dask: Executor, version_id: str,
             arm: str, listing: Listing | None = None) -> dict[str, Any]:
-    """Make the dataset version (a cache hit on its version id skips it entirely).
+    """Make the dataset version (a cache hit on its version id skips it entirely). Not
+    retried as a task: every read inside is, under `config.retry`.
     `version_id` is `version_id_for(config, listing)` and `listing` the caller's
     `list_once(config)`: listing a large input is not free, so it is done once."""
     progress_id = create_progress_artifact(
@@ -90,7 +97,7 @@ def reshard(config: ReshardConfig, dask: Executor, version_id: str,
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
-def train(config: TrainConfig, job: LaunchConfig, arm: str = "adhoc") -> dict[str, Any]:
+def train(config: TrainConfig, job: AnyJob, arm: str = "adhoc") -> dict[str, Any]:
     """Run the training job through its launcher, which pins the dataset version and the
     MLflow run and retries under `job.retry`, each retry resuming. The task itself is
     never retried, so retries do not multiply."""
@@ -109,7 +116,8 @@ def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
 def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
              beats_baseline: bool, arm: str, description: str = "") -> dict[str, Any]:
     """Register a model version (with `description`); it becomes champion only if it
-    beats the class-prior baseline and the current champion."""
+    beats the class-prior baseline and the current champion. Retried: a retry finds the
+    version of the first try by its run and reuses it (tracking/registry.py)."""
     return register_and_promote(tracking, model_uri, name, score, beats_baseline,
                                 description=description)
 
@@ -137,10 +145,11 @@ def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
     return evaluation
 
 
-@task(cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(cache_policy=NO_CACHE)
 def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
             output_root: str, dask: Executor) -> dict[str, Any]:
-    """Map the model over the inputs on Dask; commit the predictions as a version."""
+    """Map the model over the inputs on Dask; commit the predictions as a version. Not
+    retried as a task: each file's map is, inside `map_to_version`."""
     transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
                         id_column=id_column)
     spec = OutputSpec(id_column=id_column, label_column="predicted",

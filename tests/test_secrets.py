@@ -22,7 +22,7 @@ from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port, mlflow_server, prefect_env, start_prefect_server, stop_server
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
-from training.launch import LaunchConfig, make_launcher
+from training.launch import KubernetesJob, LocalJob, make_launcher, parse_launch
 from training.launch.job import pin_job
 
 PASSWORD = f"pw-{uuid.uuid4().hex}"
@@ -102,8 +102,8 @@ def test_a_credential_in_a_written_job_environment_is_refused() -> None:
     environment is never written, may carry it."""
     for kind, fix in (("kubernetes", "secret_env"), ("slurm", "environment of sbatch")):
         with pytest.raises(ValidationError, match=rf"HF_TOKEN.*{fix}"):
-            LaunchConfig(kind=kind, image="ballast:test", env={"HF_TOKEN": TOKEN})
-    assert LaunchConfig(kind="local", env={"HF_TOKEN": TOKEN}).env == {"HF_TOKEN": TOKEN}
+            parse_launch({"kind": kind, "image": "ballast:test", "env": {"HF_TOKEN": TOKEN}})
+    assert LocalJob(kind="local", env={"HF_TOKEN": TOKEN}).env == {"HF_TOKEN": TOKEN}
 
 
 def test_kubernetes_manifests_of_a_job_hold_no_tracking_password(tiny_raw, tmp_path,
@@ -117,7 +117,7 @@ def test_kubernetes_manifests_of_a_job_hold_no_tracking_password(tiny_raw, tmp_p
                                        target_shard_rows=600), dask_client)
     tracking = TrackingConfig(tracking_uri=f"http://ada:{PASSWORD}@mlflow.internal:5000",
                               run_id="0123456789abcdef")  # a run made before: no server
-    job = LaunchConfig(kind="kubernetes", image="ballast:test", secret_env="mlflow-login")
+    job = KubernetesJob(kind="kubernetes", image="ballast:test", secret_env="mlflow-login")
     pinned = pin_job(TrainConfig(dataset=result.manifest_uri, output_dir=str(tmp_path / "job"),
                                  tracking=tracking), job)
     assert pinned.secret_env == {"MLFLOW_TRACKING_USERNAME": "ada",

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.contract.codec import label_indices
+from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.metrics import (
     class_prior_baseline,
@@ -35,7 +36,7 @@ from tracking.pyfunc import CodecClassifier
 Mapper = Callable[[Callable[[str], np.ndarray], list[str]], Iterable[np.ndarray]]
 
 
-class ModelError(ValueError):
+class ModelError(PermanentError, ValueError):
     """A model that cannot score these rows: logged without its codec, or other classes."""
 
 

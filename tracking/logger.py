@@ -12,9 +12,9 @@ from typing import Any
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from preprocessing.contract.faults import ConfigError
 from tracking.config import TrackingConfig
 from tracking.delivery import MetricDelivery
-from tracking.run import create_run
 
 
 class BufferedMlflowLogger(Logger):
@@ -55,7 +55,8 @@ def make_lightning_logger(config: TrackingConfig) -> BufferedMlflowLogger:
     """A buffered logger bound to `config.run_id` (made by the launcher before ranks start).
 
     Lightning calls loggers on rank 0 only, so the other ranks never touch the backend
-    (docs/architecture.md M6). Without a run id (a job started by hand) rank 0 creates the run.
+    (docs/architecture.md M6). A rank never creates a run (tracking/run.py is the one
+    place runs are opened and closed): without a run id it refuses, naming the field.
     Checkpoints are not uploaded here: FSDP2 writes directories, which MLFlowLogger
     skips silently (docs/architecture.md M4); tracking.artifacts logs them after the job.
     """
@@ -63,10 +64,8 @@ def make_lightning_logger(config: TrackingConfig) -> BufferedMlflowLogger:
     # delay the end of a job while the server is down.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    run_id = config.run_id or _create_run_on_rank_zero(config)
-    return BufferedMlflowLogger(config, run_id or "")
-
-
-@rank_zero_only
-def _create_run_on_rank_zero(config: TrackingConfig) -> str:
-    return create_run(config)
+    if config.run_id is None:
+        raise ConfigError("tracking.run_id: a training rank logs into the run its launcher "
+                          "created; start the job with `python -m training.launch launch` "
+                          "(or a flow), or name an existing run")
+    return BufferedMlflowLogger(config, config.run_id)

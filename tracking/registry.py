@@ -11,6 +11,16 @@ alias). The pipeline passes a `Promotion` instead: then tracking/promotion.py de
 the champion's score on the same held-out rows and the drift against the parent version.
 A model the server cannot take is saved in the run's spool as an MLflow model (it loads
 from there as it is) and logged when the spool is delivered.
+beats the class-prior baseline on held-out rows and its held-out macro-F1
+(tracking.run.SCORE_TAG) beats the current champion's; otherwise it is the `challenger`
+(below the baseline: no alias). A model the server cannot take is saved in the run's
+spool as an MLflow model (it loads from there as it is) and logged when the spool is
+delivered.
+
+The model is logged into the job's run without making it the active run, so logging it
+never ends the run (tracking/run.py opens and closes runs). Registration is idempotent:
+a retry (after a reply lost on the way) finds the version its run registered and reuses
+it, so one run never has two versions of a model.
 """
 
 from __future__ import annotations
@@ -28,11 +38,12 @@ import mlflow
 import pandas as pd
 import pyarrow.parquet as pq
 import torch
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.codec import FeatureCodec
-from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.promotion import Promotion, apply_decision
 from tracking.pyfunc import (
@@ -47,6 +58,7 @@ from tracking.server import TrackingUnavailable
 from tracking.spool import Spool
 
 BASELINE_TAG = "ballast.beats_class_prior"
+PREVIOUS_SCORE_TAG = "ballast.previous_champion_heldout_macro_f1"
 NUM_EXAMPLE_ROWS = 5
 _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
 
@@ -57,11 +69,11 @@ def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
     on) under the run; returns the model URI to register: `models:/...`, or the local
     path of the model kept in the run's spool when the server cannot take it (waiting up
     to `config.delivery_wait_s` first)."""
-    manifest, _ = read_manifest(dataset)
+    manifest, location = read_manifest(dataset)
     codec = FeatureCodec.from_manifest(manifest)
     model = CodecClassifier(network.eval().cpu(), codec,
                             [str(label) for label in manifest.classes])
-    example = example_rows(dataset, codec)
+    example = example_rows(manifest, location, codec)
     extra = {"dataset_version": manifest.version_id}
     return send_or_keep(
         config, run_id, "the model",
@@ -70,10 +82,9 @@ def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
         wait_s=config.delivery_wait_s)
 
 
-def example_rows(dataset: str, codec: FeatureCodec) -> pd.DataFrame:
+def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.DataFrame:
     """The first rows of the version's first train shard, feature columns only, as the
     input files held them (an integer column declared `double` as floats)."""
-    manifest, location = read_manifest(dataset)
     first = manifest.split("train").shards[0]
     table = pq.read_table(shard_uri(location, first), columns=codec.names)
     frame = table.slice(0, NUM_EXAMPLE_ROWS).to_pandas()
@@ -103,9 +114,14 @@ def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
 
 def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
                 example: pd.DataFrame, extra: dict[str, Any]) -> str:
+    # Not `with mlflow.start_run(run_id=...)`: leaving that block would end the job's run
+    # (FINISHED, or FAILED on an error) before its close. The logged model goes into the
+    # run's experiment, which MLflow takes from the active one.
     mlflow.set_tracking_uri(config.tracking_uri)
-    with mlflow.start_run(run_id=run_id), _model_arguments(model, example, extra) as arguments:
-        info = mlflow.pyfunc.log_model(name="model", **arguments)
+    experiment_id = MlflowClient(config.tracking_uri).get_run(run_id).info.experiment_id
+    mlflow.set_experiment(experiment_id=experiment_id)
+    with _model_arguments(model, example, extra) as arguments:
+        info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id, **arguments)
     return str(info.model_uri)
 
 
@@ -153,27 +169,72 @@ def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
                          score: float, beats_baseline: bool = True,
                          promotion: Promotion | None = None,
                          description: str = "") -> dict[str, Any]:
-    """Register `model_uri` as a new version of `name` (with `description`, what the
-    registry's UI shows on the version); alias it champion if it wins. A model that does
-    not beat the class-prior baseline gets no alias at all. With `promotion` (the champion
-    scored on the same rows, the drift holds), tracking/promotion.py decides instead of the
-    stored scores."""
+    """Register `model_uri` as a version of `name` (the version its run registered
+    already, on a retry), with `description` (what the registry's UI shows on the version);
+    alias it champion if it wins. A model that does not beat the class-prior baseline gets
+    no alias at all. With `promotion` (the champion scored on the same rows, the drift),
+    tracking/promotion.py decides instead of the stored scores."""
     model_uri = sent_model_uri(config, model_uri)
     client = MlflowClient(config.tracking_uri)
-    mlflow.set_tracking_uri(config.tracking_uri)
-    version = mlflow.register_model(model_uri, name, tags={
-        SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower()})
+    run_id = source_run_id(client, model_uri)
+    current = champion(config.tracking_uri, name)
+    version = registered_version(client, name, run_id) or _register(
+        config, model_uri, name, score, beats_baseline, current)
     if description:
         client.update_model_version(name, version.version, description=description)
-    current = champion(config.tracking_uri, name)
+    ours = current is not None and current["version"] == int(version.version)
     if promotion is not None:
-        return apply_decision(client, name, version.version, score, beats_baseline, current,
-                              promotion)
-    previous = current["score"] if current else None
+        return apply_decision(client, name, version.version, score, beats_baseline,
+                              _champion_before(promotion) if ours else current, promotion)
+    previous = _previous_score(version) if ours else (current["score"] if current else None)
     alias: str | None = None
     if beats_baseline:
-        alias = "champion" if previous is None or score > previous else "challenger"
+        wins = ours or previous is None or score > previous
+        alias = "champion" if wins else "challenger"
         client.set_registered_model_alias(name, alias, version.version)
     return {"name": name, "version": int(version.version), "alias": alias,
             "score": score, "beats_class_prior": beats_baseline,
             "previous_champion_score": previous}
+
+
+def source_run_id(client: MlflowClient, model_uri: str) -> str | None:
+    """The run a logged model came from: `runs:/<run>/...`, or a `models:/m-...` logged
+    model's source run; None for any other URI."""
+    if model_uri.startswith("runs:/"):
+        return model_uri.removeprefix("runs:/").split("/", 1)[0]
+    model_id = model_uri.removeprefix("models:/")
+    if model_uri.startswith("models:/m-") and "/" not in model_id:
+        return client.get_logged_model(model_id).source_run_id
+    return None
+
+
+def registered_version(client: MlflowClient, name: str,
+                       run_id: str | None) -> ModelVersion | None:
+    """The version of `name` that run `run_id` registered already, if any (the oldest)."""
+    if run_id is None:
+        return None
+    versions = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    return min(versions, key=lambda v: int(v.version), default=None)
+
+
+def _register(config: TrackingConfig, model_uri: str, name: str, score: float,
+              beats_baseline: bool, current: dict[str, Any] | None) -> ModelVersion:
+    """A new version, tagged with its score and the champion's score it was compared with
+    (what a retry reports when this version has become the champion meanwhile)."""
+    mlflow.set_tracking_uri(config.tracking_uri)
+    previous = current["score"] if current else None
+    return mlflow.register_model(model_uri, name, tags={
+        SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower(),
+        PREVIOUS_SCORE_TAG: "none" if previous is None else str(previous)})
+
+
+def _champion_before(promotion: Promotion) -> dict[str, Any] | None:
+    """On a retry that finds its own version champion already: the champion it was
+    compared with (scored on the same rows before the first try), not itself."""
+    same = promotion.same_rows
+    return {"version": same.champion_version} if same is not None else None
+
+
+def _previous_score(version: ModelVersion) -> float | None:
+    text = version.tags.get(PREVIOUS_SCORE_TAG, "none")
+    return None if text == "none" else float(text)

@@ -5,7 +5,10 @@ The one home of the run lifecycle; every caller goes through it:
   the manifest). The launcher creates the run before any rank starts (a fresh sqlite
   store raced by several ranks fails: docs/architecture.md M6) and passes its id on.
 - reuse: ranks and retried attempts log into `config.run_id`.
-- finish: `finish_run` with the job's summary, plots and checkpoints, then FINISHED.
+- finish: `finish_run` with the job's summary, plots and checkpoints, then FINISHED;
+  `fail_run` closes it FAILED with the reason (tag `ballast.failure_reason`) when the
+  job failed after its launcher's retries. Nothing else ends a run: no
+  `with mlflow.start_run(...)` anywhere, and a rank never creates one.
 - score: `SCORE_TAG` on each registered version, `champion` reads the current one.
 - show: `run_page_url` and `how_to_open` (the configured server's UI, or the command that
   starts one on a local store).
@@ -46,9 +49,11 @@ from tracking.server import (
     wait_until_reachable,
     without_credentials,
 )
-from tracking.spool import Spool, is_local_run, new_local_run_id
+from tracking.spool import MANIFEST_ARTIFACT, Spool, is_local_run, new_local_run_id
 
-SCORE_TAG = "ballast.val_macro_f1"
+SCORE_TAG = "ballast.heldout_macro_f1"  # a registered version's macro-F1 on held-out rows
+LEGACY_SCORE_TAG = "ballast.val_macro_f1"  # its former name: older champions still compare
+FAILURE_TAG = "ballast.failure_reason"
 _MAX_PARAM_CHARS = 6000
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
@@ -172,7 +177,7 @@ def _log_lineage(client: MlflowClient, run_id: str, manifest: Manifest,
                  manifest_uri: str) -> None:
     client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
     # Input URIs may carry credentials (http://user:password@host/...): never sent as is.
-    client.log_text(run_id, redact(manifest.to_json()), "dataset/_MANIFEST.json")
+    client.log_text(run_id, redact(manifest.to_json()), MANIFEST_ARTIFACT)
 
 
 def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
@@ -230,6 +235,24 @@ def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any],
     return deliver(spool, config) or run_id
 
 
+def fail_run(config: TrackingConfig, run_id: str, reason: str) -> None:
+    """Close the run FAILED, with `reason` (redacted) as its FAILURE_TAG. A run only in
+    its spool, or a server that cannot take it, stays open, with a warning naming why."""
+    if is_local_run(run_id):
+        warnings.warn(f"run {run_id} failed ({reason[:200]}) but is not on the server yet; "
+                      "it stays open", RuntimeWarning, stacklevel=2)
+        return
+    try:
+        client = MlflowClient(config.tracking_uri)
+        client.set_tag(run_id, FAILURE_TAG, redact(reason)[:_MAX_PARAM_CHARS])
+        client.set_terminated(run_id, status="FAILED")
+    except Exception as error:
+        if not (is_server(config.tracking_uri) and is_transient(error)):
+            raise
+        warnings.warn(f"MLflow at {redact(config.tracking_uri)} could not mark run {run_id} "
+                      f"failed: {redact(str(error))[:300]}", RuntimeWarning, stacklevel=2)
+
+
 def _json(manifest: Manifest | None) -> str | None:
     return manifest.to_json() if manifest is not None else None
 
@@ -271,7 +294,7 @@ def _deliver_lineage(spool: Spool, client: MlflowClient, run_id: str) -> None:
     lineage = spool.lineage()
     if lineage is None or spool.progress().get("lineage"):
         return
-    manifest_json = (spool.artifacts_dir / "dataset/_MANIFEST.json").read_text()
+    manifest_json = (spool.artifacts_dir / MANIFEST_ARTIFACT).read_text()
     manifest = Manifest.from_json(manifest_json, str(spool.path))
     client.log_inputs(run_id, datasets=[dataset_input(manifest, lineage["manifest_uri"])])
     spool.mark("lineage")
@@ -338,7 +361,7 @@ def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:
             return None
         raise TrackingUnavailable(f"MLflow at {redact(tracking_uri)}: "
                                   f"{redact(str(error))[:300]}") from error
-    score = version.tags.get(SCORE_TAG)
+    score = version.tags.get(SCORE_TAG, version.tags.get(LEGACY_SCORE_TAG))
     return {"version": int(version.version), "run_id": version.run_id,
             "score": float(score) if score is not None else None}
 

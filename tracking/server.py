@@ -18,6 +18,7 @@ from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
 
+from preprocessing.contract.faults import TransientError, classify
 from preprocessing.contract.secrets import split_credentials
 
 PROBE_TIMEOUT_S = 5.0
@@ -28,8 +29,8 @@ _gave_up_at: dict[str, float] = {}
 _WAIT_AGAIN_AFTER_S = 600.0
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server could not be reached."""
+class TrackingUnavailable(TransientError, RuntimeError):
+    """The tracking server could not be reached (it may be back later)."""
 
 
 def is_server(tracking_uri: str) -> bool:
@@ -89,10 +90,15 @@ def wait_until_reachable(tracking_uri: str, wait_s: float) -> bool:
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether sending again later may succeed (see the module docstring)."""
+    """Whether sending again later may succeed (see the module docstring); what the one
+    taxonomy (preprocessing/contract/faults.py) calls permanent or config never is: a
+    full disk or a refused permission under the artifact store waits for a person."""
     if isinstance(error, RestException):
         return error.get_http_status_code() >= 500 or error.error_code in _RETRY_CODES
-    return isinstance(error, MlflowException | OSError) or _is_transient_s3(error)
+    if classify(error) != "transient":
+        return False
+    return (isinstance(error, MlflowException | OSError | TransientError)
+            or _is_transient_s3(error))
 
 
 def _is_transient_s3(error: BaseException) -> bool:

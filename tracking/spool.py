@@ -29,8 +29,11 @@ from typing import Any
 
 from mlflow.entities import Metric
 
+from preprocessing.contract.manifest import MANIFEST_NAME
 from preprocessing.contract.secrets import redact
 from tracking.config import TrackingConfig
+
+MANIFEST_ARTIFACT = f"dataset/{MANIFEST_NAME}"  # where a run keeps its version's manifest
 
 LOCAL_PREFIX = "local-"
 DEFAULT_SPOOL_DIR = "~/.ballast/mlflow-spool"
@@ -102,7 +105,7 @@ class Spool:
         return dict(read_json(self.path / "params.json", {}))
 
     def set_lineage(self, manifest_uri: str, manifest_json: str) -> None:
-        self.add_artifact_text("dataset/_MANIFEST.json", manifest_json)
+        self.add_artifact_text(MANIFEST_ARTIFACT, manifest_json)
         write_json(self.path / "lineage.json", {"manifest_uri": manifest_uri})
         self.mark("lineage", False)
 

@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.tensor import DTensor
 
-from training.config import TrainConfig
+from training.config import LAST_CHECKPOINT_NAME, TrainConfig
 from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
@@ -56,7 +56,8 @@ def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:
     """One file (or DCP directory), last.ckpt, rewritten at every epoch's end and, when
     `checkpoint_every_n_steps` is set, every that many optimizer steps (Lightning takes
     the two triggers only as two callbacks)."""
-    common: dict[str, Any] = {"dirpath": cfg.checkpoint_uri, "filename": "last",
+    common: dict[str, Any] = {"dirpath": cfg.checkpoint_uri,
+                              "filename": LAST_CHECKPOINT_NAME.removesuffix(".ckpt"),
                               "save_top_k": 1, "enable_version_counter": False}
     every = cfg.checkpoint_every_n_steps
     return [ModelCheckpoint(**common)] + (

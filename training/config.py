@@ -21,6 +21,8 @@ from preprocessing.contract.config_files import load_config
 from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 
+LAST_CHECKPOINT_NAME = "last.ckpt"  # the one name of the checkpoint a run resumes from
+
 BUILTIN_MODELS = {
     "classifier": "training.models.classifier:FeatureClassifier",
     "transformer": "training.models.transformer:TokenClassifier",
@@ -210,6 +212,11 @@ class TrainConfig(BaseModel):
     @property
     def checkpoint_uri(self) -> str:
         return (self.checkpoint_dir or f"{self.output_dir.rstrip('/')}/checkpoints").rstrip("/")
+
+    @property
+    def last_checkpoint_uri(self) -> str:
+        """Where every attempt saves, and a resuming one looks first."""
+        return f"{self.checkpoint_uri}/{LAST_CHECKPOINT_NAME}"
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

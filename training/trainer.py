@@ -11,7 +11,6 @@ environment torchrun sets (WORLD_SIZE, LOCAL_WORLD_SIZE; one process without it)
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from training.callbacks import JobCallbacks
 from training.config import TrainConfig
 from training.data.datamodule import StreamDataModule
 from training.data.loader import ShardStream
+from training.distributed.env import env_local_world_size, env_world_size
 from training.distributed.parallelize import bind_parallelism
 from training.distributed.strategy import build_strategy
 from training.models.classifier import build_model
@@ -49,8 +49,7 @@ class RankWorld:
 
     @classmethod
     def from_environment(cls) -> RankWorld:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        return cls(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))))
+        return cls(env_world_size(), env_local_world_size())
 
 
 def build_job(cfg: TrainConfig) -> TrainingJob:

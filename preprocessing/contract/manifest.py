@@ -57,8 +57,9 @@ class ManifestError(PermanentError, ValueError):
     """A manifest that is missing, unreadable, of an unknown format, or inconsistent."""
 
 
-class CommitConflict(RuntimeError):
-    """Another run moved `_CURRENT` between this run's start and its commit."""
+class CommitConflict(PermanentError, RuntimeError):
+    """Another run moved `_CURRENT` between this run's start and its commit: that run's
+    version stands, and a rerun decides afresh what to build on it (never a retry loop)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.contract.faults import ConfigError
+
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
 # glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped
 # fresh and unmapped on free, so each temporary of the exchange page-faults anew (2.0 M
@@ -54,7 +56,7 @@ _EXTERNAL = {
 }
 
 
-class StorageNotShared(RuntimeError):
+class StorageNotShared(ConfigError, RuntimeError):
     """A local staging or output path that some Dask workers cannot see."""
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from distributed import Client
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.faults import retrying
+from preprocessing.contract.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
@@ -80,13 +80,13 @@ from preprocessing.versions.incremental import (
 )
 
 
-class TooManyRejected(RuntimeError):
+class TooManyRejected(PermanentError, RuntimeError):
     """More input files were bad than `max_rejected_fraction` allows."""
 
 
-class InputsUnreadable(RuntimeError):
+class InputsUnreadable(RetriesExhausted, RuntimeError):
     """Input files still unreadable after every try, for reasons that may pass: no version
-    is committed without them (a rerun reads them again)."""
+    is committed without them (a rerun reads them again; no outer level retries it)."""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.faults import CorruptInput, RetryPolicy, call_with_retries, is_permanent
+from preprocessing.contract.faults import (
+    CorruptInput,
+    PermanentInputError,
+    RetryPolicy,
+    call_with_retries,
+    is_permanent,
+)
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
@@ -88,15 +94,18 @@ def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: f
               max_piece_rows: int, retry: RetryPolicy | None = None) -> FileScan:
     """Count rows per (piece, split, class, source), trying again on transient errors; a
     file whose bytes do not decode is rejected with the reason, one still unreadable for
-    a transient reason after every try comes back `transient` (never rejected)."""
+    a transient reason after every try comes back `transient` (never rejected), and any
+    other permanent error (storage refusing, a config error) is raised."""
     policy = retry or RetryPolicy()
     try:
         return call_with_retries(_scan, file, spec, seed, holdout_fraction, max_piece_rows,
                                  policy=policy)
     except Exception as error:
         kind = FORMATS.get("." + file.uri.rsplit(".", 1)[-1].lower(), "file")
-        if is_permanent(error):
+        if isinstance(error, PermanentInputError):
             return FileScan(file, reason=f"unreadable {kind}: {_cause(error)}")
+        if is_permanent(error):  # e.g. permission denied: the file is not bad, the run fails
+            raise
         return FileScan(file, transient=True, reason=(
             f"not read after {policy.attempts} tries, for a reason that may pass: "
             f"{type(error).__name__}: {error}"))

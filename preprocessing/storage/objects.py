@@ -1,6 +1,8 @@
 """Storage primitives of every writer: an atomic write (optionally only if absent), a
 whole object (a multipart upload on S3 when it is large), a host-wide file lock, whether
-a filesystem is local disk, and a streamed sha256.
+a filesystem is local disk, and a streamed sha256. A write the storage refuses (no
+space, quota, permission, read-only) is raised as the `StorageRefused` it is, naming the
+path and the bytes it needed, so no retry loop takes it for a blip.
 
 fsspec and the standard library only; preprocessing/contract/manifest.py builds the version
 commit on them and re-exports them.
@@ -8,6 +10,7 @@ commit on them and re-exports them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -17,7 +20,20 @@ from contextlib import contextmanager
 
 import fsspec
 
+from preprocessing.contract.faults import storage_refusal
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
+
+
+@contextmanager
+def refusals_named(path: str, needed_bytes: int) -> Iterator[None]:
+    """A refusal of the storage inside the block becomes StorageRefused naming `path`."""
+    try:
+        yield
+    except Exception as error:
+        refusal = storage_refusal(error, path, needed_bytes)
+        if refusal is None or refusal is error:
+            raise
+        raise refusal from error
 
 
 @contextmanager
@@ -42,13 +58,24 @@ def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
     """Readers see the old file or the new one, never half (rename locally; one PUT on S3).
     `only_if_absent`: FileExistsError if `path` exists, decided atomically (a hard link
     locally, a conditional PUT on S3), so of two writers exactly one succeeds."""
+    with refusals_named(path, len(data)):
+        _write_atomically(fs, path, data, only_if_absent)
+
+
+def _write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
+                      only_if_absent: bool) -> None:
     if is_local(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):  # a full disk keeps no half file
+                os.remove(temp)
+            raise
         if not only_if_absent:
             os.replace(temp, path)
             return
@@ -70,6 +97,12 @@ def write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryv
     under 2 x `part_bytes` and a multipart upload in parts of `part_bytes` (sent
     concurrently) from there; other stores get one `pipe_file`. A reader never sees part
     of it: S3 shows a multipart object only once it is complete."""
+    with refusals_named(path, len(data)):
+        _write_object(fs, path, data, part_bytes)
+
+
+def _write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview,
+                  part_bytes: int) -> None:
     if is_local(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as handle:

@@ -34,6 +34,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import (
     ANY_PREVIOUS,
     Commit,
@@ -55,7 +56,7 @@ HEARTBEAT_S = 10.0
 LEASE_EXPIRY_S = 300.0  # 30 missed heartbeats: a stalled store or a paused host, not a death
 
 
-class StagingError(RuntimeError):
+class StagingError(PermanentError, RuntimeError):
     """An attempt's staged output cannot be published as it is."""
 
 

@@ -17,7 +17,7 @@ from flows.pipeline import pipeline
 from preprocessing.config import DatasetSpec, ReshardConfig
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig
-from training.launch import LaunchConfig, RetryPolicy
+from training.launch import LocalJob, RetryPolicy
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Pipeline
                           tracking=TrackingConfig(tracking_uri=f"sqlite:///{work}/mlflow.db",
                                                   experiment="e2e",
                                                   registered_model_name="e2e-classifier")),
-        job=LaunchConfig(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
+        job=LocalJob(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
         compare_with_natural_mix=True,
     )
 

@@ -23,7 +23,7 @@ from preprocessing.contract.manifest import read_manifest
 from tracking.config import TrackingConfig
 from tracking.inference import load_classifier, predictions
 from training.config import LoaderConfig, TrainConfig
-from training.launch import LaunchConfig, RetryPolicy
+from training.launch import LocalJob, RetryPolicy
 
 pytestmark = pytest.mark.slow
 LABEL = "Species (label)"
@@ -63,7 +63,7 @@ def hostile_run(prefect_harness: None, mlflow_uri: str,
         train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
                           max_epochs=1, loader=LoaderConfig(batch_size=32),
                           tracking=tracking),
-        job=LaunchConfig(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
+        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
     return work, mlflow_uri, pipeline(params)
 
 

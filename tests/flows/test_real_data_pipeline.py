@@ -20,7 +20,7 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
-from training.launch import LaunchConfig, RetryPolicy
+from training.launch import LocalJob, RetryPolicy
 
 pytestmark = pytest.mark.slow
 NULLS = {"magnesium": "fill_mean", "color_intensity": "indicator"}
@@ -60,7 +60,7 @@ def wine_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory):
                           max_epochs=25, loader=LoaderConfig(batch_size=16),
                           model=ModelConfig(hidden_sizes=[32], learning_rate=0.01),
                           tracking=tracking),
-        job=LaunchConfig(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
+        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
     return work, frame, tracking, pipeline(params)
 
 

@@ -37,12 +37,15 @@ def test_a_model_below_the_baseline_is_registered_without_an_alias(tmp_path) -> 
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run():
-        info = mlflow.pyfunc.log_model(name="model", python_model=mlflow.pyfunc.PythonModel())
+    models = []
+    for _ in range(2):  # one run per version: registration reuses a run's own version
+        with mlflow.start_run():
+            models.append(mlflow.pyfunc.log_model(
+                name="model", python_model=mlflow.pyfunc.PythonModel()).model_uri)
     config = TrackingConfig(tracking_uri=uri)
-    below = register_and_promote(config, info.model_uri, "m", 0.9, beats_baseline=False)
+    below = register_and_promote(config, models[0], "m", 0.9, beats_baseline=False)
     assert below["alias"] is None
     version = MlflowClient(uri).get_model_version("m", str(below["version"]))
     assert version.tags[BASELINE_TAG] == "false" and not version.aliases
-    above = register_and_promote(config, info.model_uri, "m", 0.5, beats_baseline=True)
+    above = register_and_promote(config, models[1], "m", 0.5, beats_baseline=True)
     assert above["alias"] == "champion"

@@ -20,7 +20,7 @@ from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote
 from tracking.run import finish_run, flatten, start_run
 from training.config import LoaderConfig, ModelConfig, TrainConfig
-from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch import LocalJob, RetryPolicy, run_job
 
 SECRET = f"do-not-log-{uuid.uuid4().hex}"
 
@@ -33,7 +33,7 @@ def tracked_job(tmp_path: Path, name: str, manifest_uri: str, tracking: Tracking
     config = TrainConfig(dataset=location, output_dir=str(tmp_path / name), max_epochs=epochs,
                          loader=LoaderConfig(batch_size=32), model=model,
                          tracking=tracking.model_copy(update={"run_id": run_id}))
-    job = LaunchConfig(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
+    job = LocalJob(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
     summary = run_job(config, job)
     finish_run(tracking, run_id, summary, manifest, config.checkpoint_uri)
     return run_id, summary

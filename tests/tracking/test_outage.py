@@ -28,7 +28,7 @@ from tracking.registry import register_and_promote
 from tracking.run import finish_run, start_run
 from tracking.spool import Spool
 from training.config import LoaderConfig, TrainConfig, load_train_config
-from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch import LocalJob, RetryPolicy, run_job
 from training.launch.processes import child_env
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def tracking_at(port: int, tmp_path: Path, **fields: Any) -> TrackingConfig:
 
 def launch_once(path: Path) -> dict[str, Any]:
     """One attempt of the job on one process: a fault must not need a retry to be survived."""
-    launch = LaunchConfig(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
+    launch = LocalJob(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
     return run_job(load_train_config(path), launch)
 
 

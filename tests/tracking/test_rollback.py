@@ -17,11 +17,14 @@ def test_rollback_refuses_what_does_not_exist_and_moves_once(tmp_path) -> None:
     why on the version rolled back from; the same call again changes nothing."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run():
-        info = mlflow.pyfunc.log_model(name="model", python_model=mlflow.pyfunc.PythonModel())
+    models = []
+    for _ in range(2):  # one run per version: registration reuses a run's own version
+        with mlflow.start_run():
+            models.append(mlflow.pyfunc.log_model(
+                name="model", python_model=mlflow.pyfunc.PythonModel()).model_uri)
     config = TrackingConfig(tracking_uri=uri)
-    register_and_promote(config, info.model_uri, "m", 0.5)
-    assert register_and_promote(config, info.model_uri, "m", 0.7)["alias"] == "champion"
+    register_and_promote(config, models[0], "m", 0.5)
+    assert register_and_promote(config, models[1], "m", 0.7)["alias"] == "champion"
     with pytest.raises(RollbackRefused, match="does not exist"):
         rollback_model(uri, "nope")
     with pytest.raises(RollbackRefused, match="no version 9"):

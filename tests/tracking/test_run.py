@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.faults import ConfigError
 from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
+from tracking.logger import make_lightning_logger
 from tracking.run import finish_run, flatten, start_run
 
 
@@ -64,3 +67,11 @@ def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_
         pass
     metrics = MlflowClient(mlflow_uri).get_run(run_id).data.metrics
     assert any(key.startswith("system/node_3/cpu") for key in metrics), sorted(metrics)
+
+
+def test_a_rank_never_creates_a_run() -> None:
+    """Invariant: the Lightning logger of a rank refuses a tracking config without a run
+    id, naming the field and the launcher that creates runs (tracking/run.py is the one
+    place runs are opened), rather than opening a run of its own."""
+    with pytest.raises(ConfigError, match=r"tracking\.run_id: .*training\.launch launch"):
+        make_lightning_logger(TrackingConfig(tracking_uri="sqlite:///never-created.db"))

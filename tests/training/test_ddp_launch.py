@@ -28,16 +28,16 @@ from preprocessing.contract.manifest import (
 from tests.training.conftest import write_dataset
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig, load_train_config
-from training.launch import LaunchConfig, RetryPolicy, TrainingFailed, run_job
+from training.launch import LocalJob, RetryPolicy, TrainingFailed, run_job
 from training.launch.job import PINNED_CONFIG_NAME
 from training.launch.processes import child_env
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 
 
-def local_job(num_processes: int, attempts: int = 1) -> LaunchConfig:
-    return LaunchConfig(num_processes_per_node=num_processes, timeout_s=300,
-                        retry=RetryPolicy(attempts=attempts, backoff_s=0))
+def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
+    return LocalJob(num_processes_per_node=num_processes, timeout_s=300,
+                    retry=RetryPolicy(attempts=attempts, first_delay_s=0))
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import yaml
 from tests.services import free_port
 from tests.training.conftest import write_dataset
 from training.config import load_train_config
-from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch import LocalJob, MultiNodeJob, RetryPolicy, run_job
 from training.launch.launchers import MultiNodeTorchrunLauncher
 from training.launch.processes import child_env, stop_process_group
 from training.summary import read_summary
@@ -43,7 +43,7 @@ def test_two_torchrun_nodes_on_localhost_train_the_same_steps(
         output_dir=str(tmp_path / "run"), max_epochs=1, process_group_timeout_s=60,
         loader={"batch_size": 32}, model={"hidden_sizes": [16]},
     )
-    spec = LaunchConfig(kind="multinode", num_nodes=2, num_processes_per_node=1,
+    spec = MultiNodeJob(kind="multinode", num_nodes=2, num_processes_per_node=1,
                         job_name="two-nodes", rdzv_endpoint=f"127.0.0.1:{free_port()}")
     command = MultiNodeTorchrunLauncher(spec).command(str(config))
     logs = [open(tmp_path / f"node{i}.log", "wb") for i in range(2)]  # noqa: SIM115
@@ -92,8 +92,8 @@ class RankKiller(threading.Thread):
             time.sleep(0.02)
 
 
-JOB = LaunchConfig(num_processes_per_node=2, timeout_s=300,
-                   retry=RetryPolicy(attempts=2, backoff_s=0))
+JOB = LocalJob(num_processes_per_node=2, timeout_s=300,
+               retry=RetryPolicy(attempts=2, first_delay_s=0))
 
 
 def through_the_flow_task(config: Path) -> dict[str, Any]:

@@ -14,17 +14,31 @@ from pathlib import Path
 import pytest
 import yaml
 
+from preprocessing.contract.faults import backoff_s
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config, load_train_config
-from training.launch import LaunchConfig, RetryPolicy, TrainingFailed, make_launcher, run_job
+from training.launch import (
+    KubernetesJob,
+    LocalJob,
+    MultiNodeJob,
+    RetryPolicy,
+    SlurmJob,
+    TrainingFailed,
+    make_launcher,
+    parse_launch,
+    run_job,
+)
 from training.launch.__main__ import main as launch_main
+from training.launch.config import job_retry
 from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.slurm import SlurmLauncher
 
-SPEC = LaunchConfig(kind="slurm", num_nodes=3, num_processes_per_node=4, partition="gpu",
-                    image="registry.example/ballast:1.2", num_gpus_per_node=4,
-                    job_name="job-7", env={"NCCL_DEBUG": "WARN"})
+NODES = {"num_nodes": 3, "num_processes_per_node": 4, "job_name": "job-7",
+         "env": {"NCCL_DEBUG": "WARN"}}
+SCHEDULED = {**NODES, "image": "registry.example/ballast:1.2", "num_gpus_per_node": 4}
+SPEC = SlurmJob(kind="slurm", partition="gpu", **SCHEDULED)
+KUBERNETES = KubernetesJob(kind="kubernetes", **SCHEDULED)
 
 
 @pytest.fixture
@@ -40,7 +54,7 @@ def training_part(command: list[str]) -> list[str]:
 def test_multinode_render_is_the_command_it_runs(config_path: str) -> None:
     """The rendered line splits back into exactly the command the launcher would run:
     c10d rendezvous at the endpoint, the configured nodes and processes, no restarts."""
-    spec = SPEC.model_copy(update={"kind": "multinode", "rdzv_endpoint": "10.0.0.1:29400"})
+    spec = MultiNodeJob(kind="multinode", rdzv_endpoint="10.0.0.1:29400", **NODES)
     launcher = MultiNodeTorchrunLauncher(spec)
     command = launcher.command(config_path, resume=True)
     assert shlex.split(launcher.render(config_path, resume=True)) == command
@@ -54,7 +68,7 @@ def test_multinode_render_is_the_command_it_runs(config_path: str) -> None:
 def test_local_torchrun_is_standalone_and_never_restarts() -> None:
     """One node: a standalone rendezvous, the configured processes, no restarts; the
     training arguments end the line, with --resume only when asked."""
-    command = LocalTorchrunLauncher(LaunchConfig(num_processes_per_node=3)).command("c.yaml")
+    command = LocalTorchrunLauncher(LocalJob(num_processes_per_node=3)).command("c.yaml")
     assert "--standalone" in command and "--rdzv-endpoint" not in command
     assert command[command.index("--nproc-per-node") + 1] == "3"
     assert command[command.index("--max-restarts") + 1] == "0"
@@ -89,7 +103,7 @@ def test_pytorchjob_manifest_parses_and_carries_the_job(config_path: str) -> Non
     PyTorchJob of one Master and num_nodes - 1 Workers, each pod running torchrun with the
     configured image, processes, GPUs and rendezvous; it is one attempt (no pod restarts,
     no backoff), resuming only when asked."""
-    spec = SPEC.model_copy(update={"kind": "kubernetes"})
+    spec = KUBERNETES
     config_map, job = yaml.safe_load_all(KubernetesLauncher(spec).render(config_path))
     assert config_map["kind"] == "ConfigMap" and job["kind"] == "PyTorchJob"
     assert TrainConfig.model_validate(yaml.safe_load(config_map["data"]["train.yaml"])) == (
@@ -119,16 +133,16 @@ def test_launchers_refuse_what_they_cannot_do(config_path: str) -> None:
     job without a rendezvous endpoint, a local job of several nodes, a SLURM launch
     without sbatch, a Kubernetes job that needs secrets but names no Secret for them."""
     with pytest.raises(ValueError, match="image"):
-        LaunchConfig(kind="kubernetes")
+        parse_launch({"kind": "kubernetes"})
     with pytest.raises(ValueError, match="rdzv_endpoint"):
-        LaunchConfig(kind="multinode", num_nodes=2)
-    with pytest.raises(ValueError, match="num_nodes"):
-        LaunchConfig(kind="local", num_nodes=2)
+        parse_launch({"kind": "multinode", "num_nodes": 2})
+    with pytest.raises(ValueError, match="num_nodes: a setting of multinode"):
+        parse_launch({"kind": "local", "num_nodes": 2})
     with tempfile.TemporaryFile() as log:
         if shutil.which("sbatch") is None:
             with pytest.raises(RuntimeError, match="sbatch"):
                 make_launcher(SPEC).run(config_path, False, {}, log)
-        kubernetes = make_launcher(SPEC.model_copy(update={"kind": "kubernetes"}))
+        kubernetes = make_launcher(KUBERNETES)
         with pytest.raises(ValueError, match="secret_env"):
             kubernetes.run(config_path, False, {"MLFLOW_TRACKING_PASSWORD": "x"}, log)
 
@@ -137,7 +151,7 @@ def test_a_multinode_launch_needs_a_pinned_version_and_run(tmp_path: Path) -> No
     """Each node of a multinode job launches on its own, so it refuses a dataset root
     (nodes could resolve `_CURRENT` to different versions) and a tracked config without a
     run id (each node would open a run), naming the field, before anything starts."""
-    spec = LaunchConfig(kind="multinode", num_nodes=2, rdzv_endpoint="10.0.0.1:29400")
+    spec = MultiNodeJob(kind="multinode", num_nodes=2, rdzv_endpoint="10.0.0.1:29400")
     cfg = TrainConfig(dataset=str(tmp_path / "root"), output_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match="dataset: a multinode job needs a version's"):
         run_job(cfg, spec)
@@ -149,17 +163,35 @@ def test_a_multinode_launch_needs_a_pinned_version_and_run(tmp_path: Path) -> No
     assert not (tmp_path / "run").exists()
 
 
-def test_retry_policy_retries_transient_failures_only_and_backs_off() -> None:
-    """A config or data error is never retried; any other failure is retried until the
-    attempts are spent; the wait doubles after each failed attempt."""
-    policy = RetryPolicy(attempts=3, backoff_s=2.0)
-    transient = TrainingFailed("training exited with status 1", 1, "")
-    deterministic = TrainingFailed("config error", 1, "", config_error="ValueError: bad")
-    assert [policy.should_retry(transient, attempt) for attempt in range(3)] == [
-        True, True, False]
-    assert not policy.should_retry(deterministic, 0)
-    assert [policy.delay_s(attempt) for attempt in range(3)] == [2.0, 4.0, 8.0]
-    assert not RetryPolicy(attempts=1).should_retry(transient, 0)
+def test_a_job_is_retried_under_the_one_retry_policy() -> None:
+    """Invariants: a job's `retry` is ballast's one RetryPolicy (the reads' type), with the
+    job's default of 2 attempts; its wait doubles from `first_delay_s` (with jitter, never
+    above `max_delay_s`); the old `backoff_s` is refused naming the new field; a multinode
+    launch is one attempt (its nodes are relaunched together, not each by its own loop)."""
+    policy = SlurmJob(kind="slurm", retry={"attempts": 3, "first_delay_s": 2.0,
+                                           "max_delay_s": 5.0}).retry
+    assert type(policy) is RetryPolicy and LocalJob().retry.attempts == 2
+    waits = [backoff_s(policy, attempt) for attempt in (1, 2, 3)]
+    assert 1.0 <= waits[0] <= 2.0 and 2.0 <= waits[1] <= 4.0 and 2.5 <= waits[2] <= 5.0
+    with pytest.raises(ValueError, match=r"retry\.backoff_s is now retry\.first_delay_s"):
+        parse_launch({"kind": "local", "retry": {"attempts": 2, "backoff_s": 5.0}})
+    with pytest.raises(ValueError, match="whoever starts the nodes relaunches them all"):
+        parse_launch({"kind": "multinode", "rdzv_endpoint": "h:1", "retry": {"attempts": 2}})
+    assert job_retry(MultiNodeJob(kind="multinode", rdzv_endpoint="h:1")).attempts == 1
+
+
+def test_each_kind_carries_only_its_own_settings() -> None:
+    """Invariant: LaunchConfig is one model per kind: a SLURM job cannot carry a Kubernetes
+    field (refused naming the kind it belongs to), nor a local job a SLURM one; a job
+    without `kind` is local."""
+    with pytest.raises(ValueError, match=r"job\.namespace: a setting of kubernetes "
+                       r"jobs, not of a slurm job"):
+        parse_launch({"kind": "slurm", "namespace": "ml"})
+    with pytest.raises(ValueError, match=r"job\.partition: a setting of slurm jobs"):
+        parse_launch({"partition": "gpu"})
+    with pytest.raises(ValueError, match=r"job\.kind: one of local"):
+        parse_launch({"kind": "ray"})
+    assert isinstance(parse_launch({"num_processes_per_node": 3}), LocalJob)
 
 
 def test_training_failed_reads_in_one_line_and_redacts() -> None:
@@ -186,13 +218,13 @@ def test_shipped_examples_are_current_renders() -> None:
     their headers give (so the examples cannot drift from the code)."""
     config = str(INFRA / "k8s" / "train.yaml")
     assert load_train_config(config).strategy == "fsdp"
-    kubernetes = LaunchConfig(kind="kubernetes", num_nodes=2, num_processes_per_node=8,
+    kubernetes = KubernetesJob(kind="kubernetes", num_nodes=2, num_processes_per_node=8,
                               num_gpus_per_node=8, num_cpus_per_node=64, memory="512Gi",
                               secret_env="ballast-s3", job_name="ballast-train",
                               image="registry.example.com/ballast:0.1.0")
     shipped = (INFRA / "k8s" / "pytorchjob.yaml").read_text()
     assert without_comments(shipped) == without_comments(make_launcher(kubernetes).render(config))
-    slurm = LaunchConfig(kind="slurm", num_nodes=4, num_processes_per_node=8,
+    slurm = SlurmJob(kind="slurm", num_nodes=4, num_processes_per_node=8,
                          num_gpus_per_node=8, num_cpus_per_node=64, partition="gpu",
                          time_limit="12:00:00", job_name="ballast-train")
     rendered = make_launcher(slurm).render("/shared/ballast/jobs/train.yaml")
@@ -208,8 +240,29 @@ def test_cli_render_takes_every_field_as_a_flag(config_path: str,
     assert launch_main(["render", "--config", config_path, "--kind", "slurm", "--num-nodes",
                         "3", "--num-processes-per-node", "4", "--timeout-s", "60.5",
                         "--attempts", "4", "--job-name", "job-7"]) == 0
-    spec = LaunchConfig(kind="slurm", num_nodes=3, num_processes_per_node=4, timeout_s=60.5,
+    spec = SlurmJob(kind="slurm", num_nodes=3, num_processes_per_node=4, timeout_s=60.5,
                         retry=RetryPolicy(attempts=4), job_name="job-7")
     assert capsys.readouterr().out == make_launcher(spec).render(config_path)
     assert launch_main(["render", "--config", config_path, "--num-nodes", "0"]) == 2
     assert "num_nodes" in capsys.readouterr().err
+
+
+def test_a_retry_that_finds_no_checkpoint_says_so(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariants: a retry (attempt 2) of a job whose failed attempt saved no checkpoint
+    prints that it trains from scratch, naming where it looked, and records no checkpoint
+    to resume from; with `last.ckpt` in place the retry resumes from it, silently; a first
+    attempt that does not resume looks for nothing."""
+    from training.launch.job import PinnedJob, checkpoint_to_resume
+
+    cfg = TrainConfig(dataset="s3://data/root", output_dir=str(tmp_path / "run"))
+    pinned = PinnedJob(cfg, str(tmp_path / "run" / "train-config.pinned.yaml"), {})
+    assert checkpoint_to_resume(pinned, resume=True, attempt=2) is None
+    printed = capsys.readouterr().err
+    assert f"no checkpoint at {cfg.last_checkpoint_uri}" in printed
+    assert "this attempt trains from scratch" in printed
+    Path(cfg.checkpoint_uri).mkdir(parents=True)
+    Path(cfg.last_checkpoint_uri).write_bytes(b"checkpoint")
+    assert checkpoint_to_resume(pinned, resume=True, attempt=2) == cfg.last_checkpoint_uri
+    assert checkpoint_to_resume(pinned, resume=False, attempt=1) is None
+    assert capsys.readouterr().err == ""

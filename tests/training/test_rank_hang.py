@@ -21,7 +21,7 @@ from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.data.loader import ShardStream
 from training.distributed.hangs import take_hang_reports, write_hang_report
 from training.distributed.watchdog import KEY, stuck_peers
-from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch import LocalJob, RetryPolicy, run_job
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 NUM_ROWS, BATCH_SIZE, EVERY_N_STEPS, HANG_TIMEOUT_S = 640, 8, 5, 4.0
@@ -99,8 +99,8 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
     stopper = Stopper(records, tmp_path / "run" / "checkpoints" / "last.ckpt")
     stopper.start()
     try:
-        summary = run_job(cfg, LaunchConfig(num_processes_per_node=2, timeout_s=400,
-                                            retry=RetryPolicy(attempts=2, backoff_s=0)))
+        summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=400,
+                                        retry=RetryPolicy(attempts=2, first_delay_s=0)))
     finally:
         stopper.join(timeout=1)
         stopper.release()

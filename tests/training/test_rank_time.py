@@ -13,7 +13,7 @@ from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.distributed.comm import Span
 from training.distributed.rank_time import split_spans, straggler
-from training.launch import LaunchConfig, RetryPolicy, run_job
+from training.launch import LocalJob, RetryPolicy, run_job
 
 SLOW_MODEL = "tests.training.slow_rank_model:SlowRankClassifier"
 SLEEP_S = 0.06
@@ -72,8 +72,8 @@ def test_a_rank_made_slower_is_named_with_its_time_split(
     from mlflow.tracking import MlflowClient
 
     cfg = slow_rank_config(dataset_cache(640, row_group_size=32), tmp_path)
-    summary = run_job(cfg, LaunchConfig(num_processes_per_node=2, timeout_s=300,
-                                        retry=RetryPolicy(attempts=1)))
+    summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=300,
+                                    retry=RetryPolicy(attempts=1)))
     per_rank = {name: summary[f"{name}_per_rank"] for name in (
         "step_s", "data_wait_s", "compute_s", "allreduce_blocked_s", "allreduce_hidden_s",
         "samples_per_s", "busy_s")}

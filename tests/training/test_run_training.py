@@ -43,19 +43,24 @@ def test_single_process_run_writes_a_consistent_summary(
 def test_tracked_run_logs_metrics_to_its_mlflow_run(
     make_dataset: Callable[..., str], tmp_path: Path
 ) -> None:
-    """With tracking set, the summary names the MLflow run, and that run holds the
-    train loss, the macro F1 and a recall per class."""
+    """With tracking set, the summary names the MLflow run (the one the launcher created
+    before the rank started), and that run holds the train loss, the macro F1 and a recall
+    per class."""
     from mlflow.tracking import MlflowClient
 
+    from tracking.run import create_run
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = TrackingConfig(tracking_uri=uri, experiment="training-test")
     cfg = TrainConfig(
         dataset=make_dataset(320, holdout_rows=90, row_group_size=64),
         output_dir=str(tmp_path / "run"),
         max_epochs=1,
         loader=LoaderConfig(batch_size=32),
-        tracking=TrackingConfig(tracking_uri=uri, experiment="training-test"),
+        tracking=tracking.model_copy(update={"run_id": create_run(tracking)}),
     )
     summary = run_training(cfg)
+    assert summary["run_id"] == cfg.tracking.run_id  # type: ignore[union-attr]
     metrics = MlflowClient(uri).get_run(summary["run_id"]).data.metrics
     assert metrics["val_macro_f1"] == pytest.approx(summary["val_macro_f1"])
     assert metrics["val_loss"] == pytest.approx(summary["val_loss"]) and metrics["val_loss"] > 0

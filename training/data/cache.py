@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import ShardEntry, check_entry, file_lock
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ SUFFIX = ".parquet"
 STALE_TEMP_S = 3600.0
 
 
-class ShardChecksumError(ValueError):
+class ShardChecksumError(PermanentError, ValueError):
     """A shard whose bytes do not hash to the sha256 its manifest entry records."""
 
 

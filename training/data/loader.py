@@ -51,7 +51,6 @@ setting.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import closing
 from functools import partial
@@ -69,6 +68,7 @@ from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
 from training.data.shards import Columns, Rows, ShardFiles, read_layout, read_row_group
 from training.data.wait import DataWaitMeter
+from training.distributed.env import env_rank, env_world_size
 
 Batch = dict[str, torch.Tensor]
 # The loader fields the order of an epoch depends on (training/data/partition.py).
@@ -79,7 +79,7 @@ def current_rank_world() -> tuple[int, int]:
     """(rank, world size) from torch.distributed, else env RANK/WORLD_SIZE, else (0, 1)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return env_rank(), env_world_size()
 
 
 def current_worker() -> tuple[int, int]:

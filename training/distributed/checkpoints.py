@@ -19,6 +19,7 @@ of remote paths.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -36,19 +37,31 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-LAST_NAME = "last.ckpt"
+from training.config import LAST_CHECKPOINT_NAME
+
+LAST_NAME = LAST_CHECKPOINT_NAME
+logger = logging.getLogger(__name__)
 METADATA_NAME = "meta.pt"  # the name Lightning gives it, so either side can read the other's
 
 
+def last_checkpoint_uri(checkpoint_uri: str) -> str:
+    """Where `last.ckpt` of a checkpoint directory is (the one name of it)."""
+    return f"{checkpoint_uri.rstrip('/')}/{LAST_NAME}"
+
+
 def resolve_checkpoint(ckpt_path: str | None, resume: bool, checkpoint_uri: str) -> str | None:
-    """The checkpoint to start from: an explicit path, `last.ckpt` when resuming (None
-    when there is none yet: a first attempt), else None."""
+    """The checkpoint to start from: an explicit path, `last.ckpt` when resuming (None,
+    logged, when there is none yet: a first attempt, or one that failed before its first
+    save), else None."""
     if ckpt_path not in (None, "last"):
         return ckpt_path
     if ckpt_path == "last" or resume:
-        last = f"{checkpoint_uri.rstrip('/')}/{LAST_NAME}"
+        last = last_checkpoint_uri(checkpoint_uri)
         fs, path = url_to_fs(last)
-        return last if fs.exists(path) else None
+        if fs.exists(path):
+            return last
+        logger.warning("resume asked for, but there is no checkpoint at %s yet: training "
+                       "starts from scratch", last)
     return None
 
 

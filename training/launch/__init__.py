@@ -1,10 +1,11 @@
 """Launching a training job: one `Launcher` interface, one torchrun command, one retry policy.
 
-    from training.launch import LaunchConfig, run_job
-    summary = run_job(train_config, LaunchConfig(kind="local", num_processes_per_node=2))
+    from training.launch import LocalJob, run_job
+    summary = run_job(train_config, LocalJob(num_processes_per_node=2))
 
-- `config.py`: `LaunchConfig` (`kind`: local, multinode, slurm, kubernetes; sizes;
-  `retry`) and `RetryPolicy` (attempts, backoff).
+- `config.py`: `LaunchConfig`, one model per `kind` (`LocalJob`, `MultiNodeJob`,
+  `SlurmJob`, `KubernetesJob`), each with only its own settings; `retry` is ballast's
+  one `RetryPolicy` (preprocessing/contract/faults.py).
 - `job.py`: `run_job`, the one place that pins the dataset version, the MLflow run
   and the credentials, retries, and decides to resume; `make_launcher` by kind.
 - `launchers.py`, `slurm.py`, `kubernetes.py`: the launchers; `command.py`: the
@@ -15,8 +16,18 @@
   rendered examples in infra/slurm and infra/k8s are made with it.
 """
 
-from training.launch.config import LaunchConfig, RetryPolicy
+from preprocessing.contract.faults import RetryPolicy
+from training.launch.config import (
+    AnyJob,
+    KubernetesJob,
+    LaunchConfig,
+    LocalJob,
+    MultiNodeJob,
+    SlurmJob,
+    parse_launch,
+)
 from training.launch.failures import TrainingFailed
 from training.launch.job import make_launcher, run_job
 
-__all__ = ["LaunchConfig", "RetryPolicy", "TrainingFailed", "make_launcher", "run_job"]
+__all__ = ["AnyJob", "KubernetesJob", "LaunchConfig", "LocalJob", "MultiNodeJob", "RetryPolicy",
+           "SlurmJob", "TrainingFailed", "make_launcher", "parse_launch", "run_job"]

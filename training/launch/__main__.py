@@ -3,7 +3,8 @@
 `render` prints what would start one attempt (a torchrun line, an sbatch script, or a
 ConfigMap and a PyTorchJob) for the config as given; `launch` runs the job through
 `run_job` (pinned, retried, resumed) and prints its summary as JSON. Every field of
-`LaunchConfig` is a flag (`--num-processes-per-node`, `--attempts`, `--backoff-s`).
+every kind of job is a flag (`--num-processes-per-node`, `--attempts`,
+`--first-delay-s`); a flag the chosen `--kind` has no field for is refused.
 """
 
 from __future__ import annotations
@@ -16,44 +17,52 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from preprocessing.contract.faults import RetryPolicy
 from training.config import load_train_config
-from training.launch.config import LaunchConfig, RetryPolicy
+from training.launch.config import JOB_KINDS, AnyJob, parse_launch
 from training.launch.failures import CONFIG_ERROR_STATUS, TrainingFailed
 from training.launch.job import make_launcher, run_job
 
 PROG = "python -m training.launch"
 NESTED = {"retry": RetryPolicy}
-SKIPPED = {"env", *NESTED}
+SKIPPED = {"env", "kind", *NESTED}
 PARSERS: dict[Any, Callable[[str], Any]] = {int: int, float: float}
 
 
 def add_field_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
                     skipped: set[str]) -> None:
-    """One flag per scalar field; left out, the field keeps its default."""
+    """One flag per scalar field (once, for a field of several kinds); left out, the
+    field keeps its default."""
     for name, field in model.model_fields.items():
         if name not in skipped:
+            skipped.add(name)
             parse = PARSERS.get(field.annotation, str)
+            default = field.get_default(call_default_factory=True)
             parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=parse,
-                                help=f"{field.description} (default: {field.default})")
+                                help=f"{field.description} (default: {default})")
 
 
-def parse_spec(argv: list[str] | None) -> tuple[str, str, bool, LaunchConfig]:
+def parse_spec(argv: list[str] | None) -> tuple[str, str, bool, AnyJob]:
     """(action, config URI, resume, the LaunchConfig the flags describe)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["render", "launch"])
     parser.add_argument("--config", required=True, help="The job's TrainConfig (path or URI).")
     parser.add_argument("--resume", action="store_true", help="Resume from the last checkpoint.")
-    add_field_flags(parser, LaunchConfig, SKIPPED)
+    parser.add_argument("--kind", choices=list(JOB_KINDS), help="Where the job runs "
+                        "(default: local); each kind takes only its own flags.")
+    shown = set(SKIPPED)
+    for kind in JOB_KINDS.values():
+        add_field_flags(parser, kind, shown)
     for nested in NESTED.values():
         add_field_flags(parser, nested, set())
     args = {key: value for key, value in vars(parser.parse_args(argv)).items()
             if value is not None}
     action, config, resume = args.pop("action"), args.pop("config"), args.pop("resume")
-    fields: dict[str, Any] = {name: {key: args.pop(key) for key in list(args)
-                                     if key in model.model_fields}
-                              for name, model in NESTED.items()}
-    return action, config, resume, LaunchConfig.model_validate(fields | args)
+    fields: dict[str, Any] = {name: values for name, model in NESTED.items()
+                              if (values := {key: args.pop(key) for key in list(args)
+                                             if key in model.model_fields})}
+    return action, config, resume, parse_launch(fields | args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,18 +8,18 @@ relaunches the whole job (training/launch/job.py).
 
 from __future__ import annotations
 
-from training.launch.config import LaunchConfig
+from training.launch.config import JobBase, NodesJob
 
 
 def torchrun_command(
-    spec: LaunchConfig, config_uri: str, resume: bool, python: str,
+    spec: JobBase, config_uri: str, resume: bool, python: str,
     rdzv_endpoint: str | None = None,
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m training --config URI [--resume]`:
     standalone on one node when `rdzv_endpoint` is None, else the node's share of
     `spec.num_nodes` meeting at the c10d endpoint (node ranks assigned there)."""
     command = [python, "-m", "torch.distributed.run"]
-    if rdzv_endpoint is None:
+    if rdzv_endpoint is None or not isinstance(spec, NodesJob):
         command.append("--standalone")
     else:
         command += ["--nnodes", str(spec.num_nodes), "--rdzv-backend", "c10d",

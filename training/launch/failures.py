@@ -1,7 +1,8 @@
 """How a training job fails, seen from its ranks and from its launcher.
 
-A rank that stops on a config or data error (`is_config_error`: a ValueError of
-ballast's own checks, pydantic's ValidationError, a ManifestError) prints the
+A rank that stops on an error no retry can fix (`is_config_error`: the config or
+permanent kinds of preprocessing/contract/faults.py: a ValueError of ballast's own
+checks, pydantic's ValidationError, a ManifestError, storage that refuses) prints the
 cause in one line, writes `<output_dir>/errors/rank-<r>.log` (that line, then the
 traceback) and exits with CONFIG_ERROR_STATUS. The exit status does not reach the
 launcher intact (torchrun reports any failed rank as 1, sbatch and a PyTorchJob
@@ -26,7 +27,9 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.faults import RetriesExhausted, classify
 from preprocessing.contract.secrets import redact
+from training.distributed.env import env_rank, env_world_size
 
 CONFIG_ERROR_STATUS = 2
 ERRORS_DIR = "errors"
@@ -34,14 +37,16 @@ MAX_CAUSE_CHARS = 600
 PEER_LOG_WAIT_S = 10.0
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(RetriesExhausted, RuntimeError):
     """The job failed. `config_error`: the one-line cause a rank reported for a config or
     data error (never retried), else None; `output_tail`: the end of the launcher's
-    output. Both are redacted (preprocessing/contract/secrets.py)."""
+    output. Both are redacted (preprocessing/contract/secrets.py). The launcher is the one
+    level that retries a job, so no level above it retries this error."""
 
     def __init__(self, message: str, returncode: int | None, output_tail: str,
                  config_error: str | None = None) -> None:
         self.returncode = returncode
+        self.message = redact(message)
         self.output_tail = redact(output_tail)
         self.config_error = config_error
         self.attempts: list[dict[str, Any]] = []
@@ -52,11 +57,9 @@ class TrainingFailed(RuntimeError):
 
 
 def is_config_error(error: BaseException) -> bool:
-    """A deterministic config or data error. pyarrow's ArrowInvalid is a ValueError too,
-    but a truncated or interrupted read raises it, which a retry can cure."""
-    import pyarrow as pa
-
-    return isinstance(error, ValueError) and not isinstance(error, pa.ArrowException)
+    """A config, data or storage error that fails every attempt the same way (what
+    `preprocessing.contract.faults.classify` calls config or permanent)."""
+    return classify(error) != "transient"
 
 
 def one_line_cause(error: BaseException) -> str:
@@ -78,7 +81,7 @@ def error_log_uri(output_dir: str, rank: int) -> str:
 def report_config_error(error: BaseException, output_dir: str | None) -> int:
     """Write the error's log (under `output_dir`; a temporary file when the config itself
     did not load), print its cause in one line, and return CONFIG_ERROR_STATUS."""
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env_rank()
     cause = one_line_cause(error)
     if output_dir is None:
         uri = os.path.join(tempfile.gettempdir(), f"ballast-training-{os.getpid()}.log")
@@ -90,7 +93,7 @@ def report_config_error(error: BaseException, output_dir: str | None) -> int:
     fs.pipe_file(path, f"{cause}\n\n{redact(trace)}".encode())
     print(f"config or data error on rank {rank}: {cause} (traceback: {uri})", file=sys.stderr)
     if output_dir is not None:
-        wait_for_peer_logs(output_dir, int(os.environ.get("WORLD_SIZE", "1")))
+        wait_for_peer_logs(output_dir, env_world_size())
     return CONFIG_ERROR_STATUS
 
 

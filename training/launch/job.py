@@ -15,23 +15,31 @@ writes it to `<output_dir>/train-config.pinned.yaml`:
 
 `run_job` is the one place a job is retried and the one place that decides to
 resume: the first attempt resumes only if the config says so, every retry resumes
-from the last checkpoint (docs/architecture.md M7). A config or data error that a
-rank reports fails the job at once (training/launch/failures.py).
+from the last checkpoint (docs/architecture.md M7), and a retry that finds none
+says so (the failed attempt ended before its first save: the retry starts from
+scratch, and its attempt record shows `resumed_from: null`). A config or data
+error that a rank reports fails the job at once (training/launch/failures.py). A
+`multinode` launch is one attempt (training/launch/config.py): its nodes are
+relaunched together by whoever started them, never each by its own loop.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from fsspec.core import url_to_fs
+
+from preprocessing.contract.faults import backoff_s
 from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manifest
 from preprocessing.contract.secrets import split_credentials
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config
 from training.distributed.hangs import take_hang_reports
-from training.launch.config import LaunchConfig
+from training.launch.config import AnyJob, MultiNodeJob, job_retry
 from training.launch.failures import TrainingFailed, clear_error_logs, read_config_errors
 from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import Launcher, LocalTorchrunLauncher, MultiNodeTorchrunLauncher
@@ -40,7 +48,7 @@ from training.launch.slurm import SlurmLauncher
 from training.summary import read_summary
 
 PINNED_CONFIG_NAME = "train-config.pinned.yaml"
-LAUNCHERS: dict[str, type[Launcher]] = {
+LAUNCHERS: dict[str, type[Launcher[Any]]] = {
     "local": LocalTorchrunLauncher, "multinode": MultiNodeTorchrunLauncher,
     "slurm": SlurmLauncher, "kubernetes": KubernetesLauncher,
 }
@@ -57,30 +65,32 @@ class PinnedJob:
     secret_env: dict[str, str]
 
 
-def make_launcher(spec: LaunchConfig) -> Launcher:
+def make_launcher(spec: AnyJob) -> Launcher[Any]:
     """The launcher of `spec.kind`."""
     return LAUNCHERS[spec.kind](spec)
 
 
-def run_job(cfg: TrainConfig, job: LaunchConfig) -> dict[str, Any]:
-    """Pin the job, run it, retry it under `job.retry`; its summary.json, plus `attempts`
-    (status, resume, seconds, end time and error of each), `run_id` and `manifest_uri`."""
+def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
+    """Pin the job, run it, retry it under `job_retry(job)`; its summary.json, plus
+    `attempts` (status, resume, checkpoint resumed from, seconds, end time and error of
+    each), `run_id` and `manifest_uri`."""
     pinned = pin_job(cfg, job)
-    launcher = make_launcher(job)
+    launcher, policy = make_launcher(job), job_retry(job)
     attempts: list[dict[str, Any]] = []
-    for attempt in range(job.retry.attempts):
-        resume = cfg.resume or attempt > 0  # the one place that decides to resume
-        started = time.monotonic()
+    for attempt in range(1, policy.attempts + 1):
+        resume = cfg.resume or attempt > 1  # the one place that decides to resume
+        started, resumed_from = time.monotonic(), checkpoint_to_resume(pinned, resume, attempt)
         try:
             summary = run_attempt(launcher, pinned, resume)
         except TrainingFailed as failure:
-            attempts.append(attempt_record(started, resume, failure))
-            if not job.retry.should_retry(failure, attempt):
+            attempts.append(attempt_record(started, resume, resumed_from, failure))
+            if failure.config_error is not None or attempt == policy.attempts:
                 failure.attempts = attempts
+                fail_job_run(pinned, failure)
                 raise
-            time.sleep(job.retry.delay_s(attempt))
+            time.sleep(backoff_s(policy, attempt))
             continue
-        attempts.append(attempt_record(started, resume))
+        attempts.append(attempt_record(started, resume, resumed_from))
         tracking = pinned.config.tracking
         return summary | {"attempts": attempts, "manifest_uri": pinned.config.dataset,
                           "run_id": tracking.run_id if tracking else None}
@@ -109,11 +119,40 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
     raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
 
 
-def attempt_record(started: float, resume: bool,
+def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:
+    """Close the job's MLflow run FAILED with the cause: no retry follows."""
+    tracking = pinned.config.tracking
+    if tracking is not None and tracking.run_id is not None:
+        from tracking.run import fail_run
+
+        cause = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
+        try:
+            fail_run(tracking, tracking.run_id, f"{failure.message}: {cause}")
+        except Exception as error:  # the job's own failure is what the caller must see
+            failure.add_note(f"(its MLflow run could not be marked failed: {error})")
+
+
+def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str | None:
+    """The checkpoint a resuming attempt starts from, or None; a retry that finds none
+    says so, rather than starting from scratch without a word."""
+    if not resume:
+        return None
+    uri = pinned.config.last_checkpoint_uri
+    fs, path = url_to_fs(uri)
+    if fs.exists(path):
+        return uri
+    if attempt > 1:
+        print(f"retry {attempt - 1}: no checkpoint at {uri} (the failed attempt ended before "
+              "its first save): this attempt trains from scratch", file=sys.stderr)
+    return None
+
+
+def attempt_record(started: float, resume: bool, resumed_from: str | None,
                    failure: TrainingFailed | None = None) -> dict[str, Any]:
     """What `attempts` keeps of one attempt (an error as its cause or its output's tail)."""
     record: dict[str, Any] = {
         "returncode": 0 if failure is None else failure.returncode, "resume": resume,
+        "resumed_from": resumed_from,
         "elapsed_s": round(time.monotonic() - started, 3), "ended_at": time.time()}
     if failure is not None:
         record["cause"] = str(failure).split("\n", 1)[0]  # e.g. which rank hung
@@ -121,10 +160,10 @@ def attempt_record(started: float, resume: bool,
     return record
 
 
-def pin_job(cfg: TrainConfig, job: LaunchConfig) -> PinnedJob:
+def pin_job(cfg: TrainConfig, job: AnyJob) -> PinnedJob:
     """Resolve the dataset version, open the MLflow run, take the credentials out of the
     tracking URI; write the result where every node reads it (see the module)."""
-    if job.kind == "multinode":
+    if isinstance(job, MultiNodeJob):
         check_pinned_for_nodes(cfg)
     manifest, manifest_uri = read_manifest(cfg.dataset)
     pinned = cfg.model_copy(update={"dataset": manifest_uri})
@@ -137,7 +176,7 @@ def pin_job(cfg: TrainConfig, job: LaunchConfig) -> PinnedJob:
 
 
 def pin_tracking(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
-                 job: LaunchConfig) -> tuple[TrackingConfig, dict[str, str]]:
+                 job: AnyJob) -> tuple[TrackingConfig, dict[str, str]]:
     """The job's run (opened now if the config names none) and a tracking URI without
     credentials, with the environment that carries them to the ranks."""
     run_id = tracking.run_id or open_job_run(cfg, tracking, manifest, job)
@@ -148,7 +187,7 @@ def pin_tracking(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
 
 
 def open_job_run(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
-                 job: LaunchConfig) -> str:
+                 job: AnyJob) -> str:
     """Create the job's MLflow run with its params, tags and dataset lineage (the pinned
     version) before any rank starts."""
     from tracking.run import start_run

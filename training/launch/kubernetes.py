@@ -18,14 +18,14 @@ import yaml
 from fsspec.core import url_to_fs
 
 from training.launch.command import torchrun_command
-from training.launch.config import LaunchConfig
+from training.launch.config import KubernetesJob
 from training.launch.launchers import Launcher, require_tool
 
 CONFIG_MOUNT = "/etc/ballast"
 POLL_S = 10.0
 
 
-class KubernetesLauncher(Launcher):
+class KubernetesLauncher(Launcher[KubernetesJob]):
     """A ConfigMap with the job's config and a PyTorchJob running torchrun in each pod."""
 
     def manifests(self, config_uri: str, resume: bool = False) -> list[dict[str, Any]]:
@@ -81,7 +81,7 @@ def wait_for_job(kubectl: str, job: list[str], timeout_s: float) -> int | None:
     return None
 
 
-def replica_spec(spec: LaunchConfig, replicas: int, resume: bool) -> dict[str, Any]:
+def replica_spec(spec: KubernetesJob, replicas: int, resume: bool) -> dict[str, Any]:
     """One replica type of the PyTorchJob: pods running torchrun, config mounted from the
     ConfigMap, secrets from `secret_env`."""
     endpoint = f"$(MASTER_ADDR):{spec.rdzv_port}"

@@ -18,17 +18,19 @@ import shlex
 import shutil
 import sys
 from abc import ABC, abstractmethod
-from typing import IO
+from typing import IO, Generic, TypeVar
 
 from training.launch.command import torchrun_command
-from training.launch.config import LaunchConfig
+from training.launch.config import JobBase, LocalJob, MultiNodeJob
 from training.launch.processes import child_env, run_process_group
 
+Job = TypeVar("Job", bound=JobBase)
 
-class Launcher(ABC):
-    """Starts every rank of one attempt and waits for it to end."""
 
-    def __init__(self, spec: LaunchConfig) -> None:
+class Launcher(ABC, Generic[Job]):
+    """Starts every rank of one attempt of a job of one kind and waits for it to end."""
+
+    def __init__(self, spec: Job) -> None:
         self.spec = spec
 
     @abstractmethod
@@ -42,7 +44,7 @@ class Launcher(ABC):
         written to a file)."""
 
 
-class TorchrunLauncher(Launcher):
+class TorchrunLauncher(Launcher[Job]):
     """torchrun on this machine: what the local and the multinode launcher share."""
 
     @abstractmethod
@@ -61,17 +63,17 @@ class TorchrunLauncher(Launcher):
                                  child_env(env))
 
 
-class LocalTorchrunLauncher(TorchrunLauncher):
+class LocalTorchrunLauncher(TorchrunLauncher[LocalJob]):
     """torchrun --standalone on this machine, `num_processes_per_node` ranks."""
 
     def rdzv_endpoint(self) -> None:
         return None
 
 
-class MultiNodeTorchrunLauncher(TorchrunLauncher):
+class MultiNodeTorchrunLauncher(TorchrunLauncher[MultiNodeJob]):
     """This node's torchrun of `num_nodes`, meeting at `spec.rdzv_endpoint`."""
 
-    def rdzv_endpoint(self) -> str | None:
+    def rdzv_endpoint(self) -> str:
         return self.spec.rdzv_endpoint
 
 

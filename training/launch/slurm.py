@@ -16,13 +16,14 @@ import tempfile
 from typing import IO
 
 from training.launch.command import torchrun_command
+from training.launch.config import SlurmJob
 from training.launch.launchers import Launcher, require_tool
 from training.launch.processes import child_env, run_process_group
 
 ENDPOINT = "$ENDPOINT"
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(Launcher[SlurmJob]):
     """An sbatch script: srun starts one torchrun per node."""
 
     def render(self, config_uri: str, resume: bool = False) -> str:
