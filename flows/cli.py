@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--label", help="the label column (default: label, target, class, y)")
     inspect = commands.add_parser("inspect", help="what a committed dataset version holds")
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
+    verify = commands.add_parser("verify", help="check a version and its chain; exit 1 if "
+                                 "anything is damaged")
+    verify.add_argument("root", help="the output root of the dataset")
+    verify.add_argument("--version", help="the version to check (default: _CURRENT's)")
+    verify.add_argument("--deep", action="store_true",
+                        help="also decode every page, verifying its checksum")
     return parser
 
 
@@ -137,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ballast runs on machines without internet: Prefect's server would report failed pings.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
+        if args.command == "verify":  # the one command whose exit status is its answer
+            return _verify(args)
         output = _dispatch(args)
     except Exception as error:
         log = write_error_log(args.command, error)
@@ -146,6 +154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Print `ballast verify`'s report; 0 when the chain is whole, 1 when damaged."""
+    from preprocessing.contract.verify import verify_chain
+
+    report = verify_chain(args.root, args.version, deep=args.deep)
+    print(redact(report.text()))
+    return 0 if report.whole else 1
 
 
 def is_deterministic(error: BaseException) -> bool:

@@ -5,7 +5,10 @@ Table out, e.g. predictions); this module knows nothing about models. Each task 
 one input file row group by row group (bounded memory), writes one output part into the
 run's own attempt (`preprocessing/versions/attempt.py`), and returns its manifest entry (a task
 that fails for a reason that may pass is run again: preprocessing/contract/faults.py); the
-version is committed through `commit_version`, exactly as for a reshard.
+version is committed through `commit_version`, exactly as for a reshard. An input that
+is a shard of a committed version (batch inference over a split) has its size checked
+against its manifest before it is read and its page checksums verified on read, so a
+damaged one fails the run with ShardDamaged naming it (preprocessing/contract/integrity.py).
 """
 
 from __future__ import annotations
@@ -21,13 +24,23 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.faults import RetryPolicy, retrying
+from preprocessing.contract.integrity import (
+    PAGE_CHECKSUMS,
+    ShardRef,
+    check_size,
+    located_damage,
+    shard_version,
+)
 from preprocessing.contract.manifest import (
     Manifest,
+    ManifestError,
     ShardEntry,
     SplitEntry,
     code_version,
     read_current_version,
+    read_manifest,
     shard_name,
+    shard_uri,
 )
 from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import Executor, dask_client
@@ -49,23 +62,20 @@ class OutputSpec:
     config: dict[str, Any]
 
 
-def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
-             rows_per_row_group: int) -> ShardEntry:
-    """Transform one file batch by batch into one zstd Parquet part."""
-    sink, writer = io.BytesIO(), None
-    num_rows = 0
-    counts: dict[str, int] = {}
-    for batch in iter_batches(uri):
-        table = transform(pa.Table.from_batches([batch]))
-        writer = writer or pq.ParquetWriter(sink, table.schema, compression="zstd")
-        writer.write_table(table, row_group_size=rows_per_row_group)
-        num_rows += table.num_rows
-        for label in table.column(label_column).to_pylist():
-            counts[str(label)] = counts.get(str(label), 0) + 1
-    if writer is None:
-        raise ValueError(f"{uri}: no rows to map")
-    writer.close()
-    payload = sink.getvalue()
+def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transform,
+             label_column: str, rows_per_row_group: int) -> ShardEntry:
+    """Transform one file batch by batch into one zstd Parquet part; `listed`: the input's
+    manifest entry when it is a shard of a committed version (its size checked first)."""
+    if listed is not None:
+        fs, path = url_to_fs(uri)
+        check_size(listed, int(fs.size(path)))
+    try:
+        payload, num_rows, counts = _mapped(uri, transform, label_column, rows_per_row_group)
+    except OSError as error:
+        damage = located_damage(listed, error) if listed else None
+        if damage is None:
+            raise
+        raise damage from error
     fs, path = url_to_fs(out_uri)
     write_object(fs, path, payload)
     return ShardEntry(path=out_uri.rsplit("/", 1)[-1], num_rows=num_rows,
@@ -73,6 +83,42 @@ def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
                       rows_per_row_group=rows_per_row_group,
                       sha256=hashlib.sha256(payload).hexdigest(), class_counts=counts,
                       source_counts={})
+
+
+def _mapped(uri: str, transform: Transform, label_column: str,
+            rows_per_row_group: int) -> tuple[bytes, int, dict[str, int]]:
+    """The Parquet bytes of `transform` over `uri`, their rows and label counts."""
+    sink, writer = io.BytesIO(), None
+    num_rows = 0
+    counts: dict[str, int] = {}
+    for batch in iter_batches(uri):
+        table = transform(pa.Table.from_batches([batch]))
+        writer = writer or pq.ParquetWriter(sink, table.schema, compression="zstd",
+                                            **PAGE_CHECKSUMS)
+        writer.write_table(table, row_group_size=rows_per_row_group)
+        num_rows += table.num_rows
+        for label in table.column(label_column).to_pylist():
+            counts[str(label)] = counts.get(str(label), 0) + 1
+    if writer is None:
+        raise ValueError(f"{uri}: no rows to map")
+    writer.close()
+    return sink.getvalue(), num_rows, counts
+
+
+def listed_shards(inputs: list[str]) -> list[ShardRef | None]:
+    """Per input, its manifest entry when it is a shard of a committed version (read once
+    per version directory), else None (a plain file)."""
+    refs: dict[str, ShardRef] = {}
+    for directory in {uri.rsplit("/", 1)[0] for uri in inputs if shard_version(uri) != "?"}:
+        try:
+            manifest, location = read_manifest(directory)
+        except ManifestError:  # a directory named like a version but not one
+            continue
+        for split in manifest.splits.values():
+            for entry in split.shards:
+                uri = shard_uri(location, entry)
+                refs[uri] = ShardRef(uri, entry, shard_version(uri))
+    return [refs.get(uri) for uri in inputs]
 
 
 def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:
@@ -92,6 +138,7 @@ def map_to_version(inputs: list[str], transform: Transform, output_root: str,
             dask_client(executor, storage=[output_root]) as client:
         outputs = [attempt.shard_uri(shard_name("predictions", i)) for i in range(len(inputs))]
         futures = client.map(retrying(map_file, RetryPolicy()), inputs, outputs,
+                             listed_shards(inputs),
                              transform=transform, label_column=spec.label_column,
                              rows_per_row_group=rows_per_row_group, pure=False)
         entries: list[ShardEntry] = client.gather(futures)

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.integrity import PAGE_CHECKSUMS
 from preprocessing.contract.manifest import ShardEntry, shard_name
 from preprocessing.exchange.staged_objects import (
     StagedObject,
@@ -310,7 +311,7 @@ def _parquet_bytes(table: pa.Table, rows_per_row_group: int, spec: DatasetSpec) 
     scalar = [field.name for field in table.schema if not pa.types.is_nested(field.type)]
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=rows_per_row_group, compression="zstd",
-                   write_statistics=scalar, use_dictionary=dictionary)
+                   write_statistics=scalar, use_dictionary=dictionary, **PAGE_CHECKSUMS)
     return sink.getvalue()
 
 

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field
 
+from preprocessing.contract.integrity import PAGE_CHECKSUMS
 from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
@@ -107,7 +108,7 @@ def write_split(spec: TokenDatasetSpec, directory: str, split: str, table: pa.Ta
         part, name = table.slice(offset, spec.rows_per_shard), shard_name(split, index)
         with fs.open(f"{path}/{name}", "wb") as handle:
             pq.write_table(part, handle, row_group_size=spec.rows_per_row_group,
-                           compression="zstd")
+                           compression="zstd", **PAGE_CHECKSUMS)
         counts = Counter(str(value) for value in part.column("label").to_pylist())
         entries.append(ShardEntry(
             path=name, num_rows=part.num_rows, num_bytes=fs.size(f"{path}/{name}"),
