@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from preprocessing.contract.integrity import PAGE_CHECKSUMS
 from preprocessing.contract.manifest import (
     Manifest,
     ShardEntry,
@@ -48,7 +49,8 @@ def write_split(
     entries, offset = [], 0
     for index, rows in enumerate(shard_rows):
         name = shard_name(split, index)
-        pq.write_table(table.slice(offset, rows), directory / name, row_group_size=row_group_size)
+        pq.write_table(table.slice(offset, rows), directory / name, row_group_size=row_group_size,
+                       **PAGE_CHECKSUMS)
         offset += rows
         metadata = pq.read_metadata(directory / name)
         entries.append(
