@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.contract.config_file import ConfigFileError as ConfigFileError
+from preprocessing.contract.config_file import parse_yaml_mapping
 from preprocessing.contract.faults import RetryPolicy
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 
@@ -194,5 +195,5 @@ class ReshardConfig(BaseModel):
 
 def load_reshard_config(path: str | Path) -> ReshardConfig:
     """Read a YAML reshard config; validation errors name the bad field."""
-    with open(path) as handle:
-        return ReshardConfig.model_validate(yaml.safe_load(handle) or {})
+    with open(path, "rb") as handle:
+        return ReshardConfig.model_validate(parse_yaml_mapping(handle.read(), str(path)))

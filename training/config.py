@@ -17,6 +17,7 @@ import yaml
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from preprocessing.contract.config_file import parse_yaml_mapping
 from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 
@@ -203,8 +204,8 @@ def load_train_config(path: str | Path) -> TrainConfig:
     """Read a YAML training config from a path or any fsspec URI; validation errors name
     the bad field."""
     fs, location = url_to_fs(str(path))
-    with fs.open(location, "r") as handle:
-        return TrainConfig.model_validate(yaml.safe_load(handle) or {})
+    with fs.open(location, "rb") as handle:
+        return TrainConfig.model_validate(parse_yaml_mapping(handle.read(), str(path)))
 
 
 def dump_train_config(cfg: TrainConfig, path: str | Path) -> str:
