@@ -20,8 +20,8 @@ those of a from-scratch reshard of the same inputs into an empty root (natural c
 weighting: every input row once); no staging of a dead attempt is left. After the last
 night a compaction (`--compact`) of the chain is byte-identical to the from-scratch
 reshard. The from-scratch reshards run in this process on the soak's own LocalCluster
-(started after moto, so its workers see it), not under faults. MLflow/Prefect restarts are not among the faults: the soak has no training
-nights.
+(started after moto, so its workers see it), not under faults. MLflow/Prefect restarts
+are not among the faults: the soak has no training nights.
 """
 
 from __future__ import annotations
