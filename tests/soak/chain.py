@@ -42,6 +42,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+import s3fs
 import yaml
 from distributed import Client
 
@@ -296,6 +297,11 @@ def check_night(soak: Soak, night: int) -> int:
             if lease_expired(fs, attempt)]
     assert not dead, f"night {night}: staging of dead attempts left: {dead}"
     fresh = soak.work / "fresh" / f"night-{night:03d}"
+    # This process and the cluster's workers keep s3fs instances whose listing and file
+    # info caches predate tonight's uploads: drop them, or the reshard misses new files.
+    s3fs.S3FileSystem.clear_instance_cache()
+    if soak.client is not None:
+        soak.client.run(s3fs.S3FileSystem.clear_instance_cache)
     run_reshard(config_for(soak, fresh), soak.client)  # on the soak's own cluster
     return rows_lost(split_rows(soak.root), split_rows(fresh))
 
