@@ -98,7 +98,7 @@ class Soak:
     tmpfs: bool = False
     client: Client | None = None  # the from-scratch reshards' cluster (sees moto directly)
     nights: list[Night] = field(default_factory=list)
-    expected_s: float = 20.0  # a clean run's duration, measured on night 0
+    expected_s: float = 20.0  # the last clean run's duration: faults land within it
 
     @property
     def root(self) -> Path:
@@ -242,7 +242,10 @@ def faulted_run(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> 
     delay = float(rng.uniform(0.1, 0.9)) * soak.expected_s
     timer = threading.Timer(delay, lambda: landed.append(inject(soak, kind, process, rng)))
     timer.start()
+    began = time.monotonic()
     code = finish(process)
+    if code == 0 and not landed:
+        soak.expected_s = time.monotonic() - began
     timer.cancel()
     timer.join()
     served = kind == "s3_503" and sum(soak.proxy.served.values()) > 0
@@ -254,8 +257,10 @@ def faulted_run(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> 
 
 
 def clean_run(soak: Soak, root: Path, name: str, *extra: str) -> None:
-    """A run without faults (straight to moto) that must commit."""
+    """A run without faults (straight to moto) that must commit; it times the next fault."""
+    began = time.monotonic()
     code = finish(start(soak, config_file(soak, root, name), name, soak.moto_url, *extra))
+    soak.expected_s = time.monotonic() - began
     if code != 0:
         err = (soak.work / "logs" / f"{name}.err").read_text()[-3000:]
         raise AssertionError(f"{name}: exit status {code}, expected a commit:\n{err}")
@@ -311,7 +316,6 @@ def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Ni
     how = add_inputs(soak, night, rng)
     if kind == "none":
         clean_run(soak, soak.root, f"night-{night:03d}")
-        soak.expected_s = max(time.monotonic() - started, 5.0)
         code, landed = 0, False
     else:
         code, landed = faulted_run(soak, night, kind, rng)
