@@ -2,9 +2,9 @@
 fault a night, every invariant checked after each night and the table printed.
 
 `make soak` runs 30 nights (BALLAST_SOAK_NIGHTS=30); inside `make test` this runs
-BALLAST_SOAK_NIGHTS or SUITE_NIGHTS nights (fewer than the issue's 5: each night is
+BALLAST_SOAK_NIGHTS or SUITE_NIGHTS (2) nights, fewer than the issue's 5: each night is
 one or two `python -m preprocessing` runs with their own clusters and a from-scratch
-reshard, 60-110 s a night on this shared 2-core host).
+reshard, 60-110 s a night on this shared 2-core host, so 5 nights would take 5-9 min.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from preprocessing.driver.cluster import local_cluster
 from tests.fault_proxy import FaultyS3Proxy
 from tests.soak.chain import Soak, compaction_matches, mount_tmpfs, soak_nights, table, unmount
 
-SUITE_NIGHTS = 3
+SUITE_NIGHTS = 2  # the base night and one faulted night (driver_kill under seed 24)
 pytestmark = pytest.mark.slow  # reshard subprocesses, each with its own Dask cluster; moto
 
 
