@@ -123,18 +123,25 @@ def shard_problem(ref: ShardRef, deep: bool) -> str:
     if size != ref.entry.num_bytes:
         return f"{size} bytes, the manifest records {ref.entry.num_bytes} ({ref.uri})"
     digest = file_sha256(ref.uri)
-    if not deep:
-        return "" if digest == ref.entry.sha256 else (
-            f"sha256 {digest}, the manifest records {ref.entry.sha256} ({ref.uri})")
-    with fs.open(path, "rb") as handle:
-        where = damaged_row_group(handle)
-        handle.seek(0)
-        rows = pq.ParquetFile(handle).metadata.num_rows if not where else ref.entry.num_rows
-    problems = [f"sha256 {digest}, the manifest records {ref.entry.sha256}"] * (
-        digest != ref.entry.sha256) + [where] * bool(where)
-    if rows != ref.entry.num_rows:
-        problems.append(f"{rows} rows in its footer, the manifest records {ref.entry.num_rows}")
+    problems = [] if digest == ref.entry.sha256 else [
+        f"sha256 {digest}, the manifest records {ref.entry.sha256}"]
+    if deep:
+        problems += _decode_problems(ref)
     return f"{'; '.join(problems)} ({ref.uri})" if problems else ""
+
+
+def _decode_problems(ref: ShardRef) -> list[str]:
+    """The row group that fails to decode under its page checksums, or a footer whose row
+    count is not the manifest's."""
+    fs, path = url_to_fs(ref.uri)
+    with fs.open(path, "rb") as handle:
+        if where := damaged_row_group(handle):
+            return [where]
+        handle.seek(0)
+        rows = pq.ParquetFile(handle).metadata.num_rows
+    if rows != ref.entry.num_rows:
+        return [f"{rows} rows in its footer, the manifest records {ref.entry.num_rows}"]
+    return []
 
 
 def _check_borrowed(report: ChainReport, manifest: Manifest,

@@ -205,26 +205,43 @@ def inject(soak: Soak, kind: str, process: subprocess.Popen, rng: np.random.Gene
     """Make fault `kind` happen to the running `process` now; whether it took effect."""
     if process.poll() is not None:
         return False
-    if kind == "driver_kill":
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-            return True
-    if kind == "worker_kill":
+    return INJECT[kind](soak, process, rng)
+
+
+def kill_driver(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+        return True
+    return False
+
+
+def kill_worker(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
+    """SIGKILL one of the driver's Dask worker processes (spawned by multiprocessing)."""
+    with contextlib.suppress(psutil.Error):
         workers = [child for child in psutil.Process(process.pid).children(recursive=True)
                    if "spawn_main" in " ".join(_cmdline(child))]
         if workers:
-            with contextlib.suppress(psutil.Error):
-                workers[int(rng.integers(len(workers)))].kill()
-                return True
-    if kind == "s3_503":
-        soak.proxy.inject(f"{soak.bucket}/raw/*", "503", times=int(rng.integers(2, 6)))
-        return True
-    if kind == "disk_full":
-        free = os.statvfs(soak.root).f_bavail * os.statvfs(soak.root).f_frsize
-        with contextlib.suppress(OSError), open(soak.work / "out" / ".filler", "wb") as filler:
-            filler.write(bytes(max(free - int(rng.integers(0, 32 << 10)), 0)))
-        return True
+            workers[int(rng.integers(len(workers)))].kill()
+            return True
     return False
+
+
+def answer_503(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
+    soak.proxy.inject(f"{soak.bucket}/raw/*", "503", times=int(rng.integers(2, 6)))
+    return True
+
+
+def fill_disk(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
+    """Fill the output tmpfs to within 0-32 KiB of full (the filler is removed after)."""
+    stat = os.statvfs(soak.root)
+    free = stat.f_bavail * stat.f_frsize
+    with contextlib.suppress(OSError), open(soak.root / ".filler", "wb") as filler:
+        filler.write(bytes(max(free - int(rng.integers(0, 32 << 10)), 0)))
+    return True
+
+
+INJECT = {"driver_kill": kill_driver, "worker_kill": kill_worker, "s3_503": answer_503,
+          "disk_full": fill_disk}
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
