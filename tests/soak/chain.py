@@ -234,9 +234,10 @@ def answer_503(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) 
 def fill_disk(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
     """Fill the output tmpfs to within 0-32 KiB of full (the filler is removed after)."""
     stat = os.statvfs(soak.root)
-    free = stat.f_bavail * stat.f_frsize
+    left = stat.f_bavail * stat.f_frsize - int(rng.integers(0, 32 << 10))
     with contextlib.suppress(OSError), open(soak.root / ".filler", "wb") as filler:
-        filler.write(bytes(max(free - int(rng.integers(0, 32 << 10)), 0)))
+        while left > 0:  # in chunks: no buffer the size of the free space
+            left -= filler.write(bytes(min(left, 1 << 20)))
     return True
 
 
