@@ -22,7 +22,10 @@ from tests.fault_proxy import FaultyS3Proxy
 from tests.soak.chain import Soak, compaction_matches, mount_tmpfs, soak_nights, table, unmount
 
 SUITE_NIGHTS = 2  # the base night and one faulted night (driver_kill under seed 24)
-pytestmark = pytest.mark.slow  # reshard subprocesses, each with its own Dask cluster; moto
+NIGHTS = int(os.environ.get("BALLAST_SOAK_NIGHTS", SUITE_NIGHTS))
+# Reshard subprocesses, each with its own Dask cluster, and moto; the suite's per-test
+# timeout (600 s) would stop a soak of more than a few nights: 300 s a night instead.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 * NIGHTS + 300)]
 
 
 def test_nightly_chain_survives_a_fault_a_night(tmp_path: Path, s3_endpoint: str) -> None:
@@ -31,7 +34,7 @@ def test_nightly_chain_survives_a_fault_a_night(tmp_path: Path, s3_endpoint: str
     equal a from-scratch reshard's (0 rows lost), no dead attempt's staging is left, and
     a failed run commits on rerun; after the last night a compaction is byte-identical to
     the from-scratch reshard."""
-    nights = int(os.environ.get("BALLAST_SOAK_NIGHTS", SUITE_NIGHTS))
+    nights = NIGHTS
     bucket = f"soak-{uuid.uuid4().hex[:8]}"
     fsspec.filesystem("s3", skip_instance_cache=True).mkdir(bucket)
     with FaultyS3Proxy(s3_endpoint) as proxy, local_cluster(2) as cluster, \
