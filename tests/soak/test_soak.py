@@ -4,7 +4,8 @@ fault a night, every invariant checked after each night and the table printed.
 `make soak` runs 30 nights (BALLAST_SOAK_NIGHTS=30); inside `make test` this runs
 BALLAST_SOAK_NIGHTS or SUITE_NIGHTS (2) nights, fewer than the issue's 5: each night is
 one or two `python -m preprocessing` runs with their own clusters and a from-scratch
-reshard, 60-110 s a night on this shared 2-core host, so 5 nights would take 5-9 min.
+reshard, 10-150 s a night on this shared 2-core host (2 nights: 60 s at load 6), so 5
+nights would pass the suite's ~90 s budget.
 """
 
 from __future__ import annotations
