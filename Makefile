@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv demo test lint audit format clean
+.PHONY: help venv demo test soak lint audit format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -23,6 +23,10 @@ demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
 
 test: $(STAMP)  ## run the test suite (starts its own local services)
 	$(BIN)/pytest
+
+# 30 nights of the incremental chain, one seeded fault a night (tests/soak/chain.py); long.
+soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
+	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
 
 lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of docs/architecture.md
 	$(BIN)/ruff check .

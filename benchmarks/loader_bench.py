@@ -58,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import preprocessing.contract.manifest as contract
 from benchmarks.tabular_case import tabular_report
+from benchmarks.verify_cost import verify_report
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
@@ -266,9 +267,7 @@ def report(results: list[Result], skipped: list[str]) -> None:
         print(f"  {line}")
 
 
-def compare_readers(
-    root: str, paths: list[str], args: argparse.Namespace
-) -> list[Result | str]:
+def compare_readers(root: str, paths: list[str], args: argparse.Namespace) -> list[Result | str]:
     """Every reader `--repeat` times, round robin; each keeps its fastest pass. CPU time
     counts this process and its finished children (DataLoader workers, LitData)."""
     readers: list[Callable[[], Result | str]] = [
@@ -369,6 +368,7 @@ def main() -> None:
         share = tabular_report(work, args.tabular_rows, args.repeat)
         checks.append(("codec costs <= 10% of rows/s (tabular case)", share >= 0.9,
                        f"{share:.0%} of the fixed-size-list path's rows/s"))
+    verify_report(root, args)  # only with --verify
     print("\ntargets:")
     for label, ok, detail in checks:
         print(f"  [{'ok' if ok else 'MISSED'}] {label}: {detail}")
@@ -383,8 +383,7 @@ def parse_args() -> argparse.Namespace:
                         help="Sections to run.")
     parser.add_argument("--num-shards", type=int, default=100_000)
     parser.add_argument("--peer-rows", type=int, default=300_000)
-    parser.add_argument("--tabular-rows", type=int, default=400_000,
-                        help="Rows of the tabular case.")
+    parser.add_argument("--tabular-rows", type=int, default=400_000, help="Tabular case rows.")
     parser.add_argument("--stall-batches", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
@@ -392,6 +391,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ranks", default="1,2,4", help="World sizes of the decode-share pass.")
     parser.add_argument("--quality-epochs", type=int, default=4)
     parser.add_argument("--s3", action="store_true", help="Decode-share pass on moto S3.")
+    parser.add_argument("--verify", help="read.verify modes to compare, e.g. size,sha256")
     return parser.parse_args()
 
 

@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
     _rollback_arguments(commands.add_parser(
         "rollback", help="move the champion alias or a dataset's _CURRENT back"))
+    verify = commands.add_parser("verify", help="check a version and its chain; exit 1 if "
+                                 "anything is damaged")
+    verify.add_argument("root", help="the output root of the dataset")
+    verify.add_argument("--version", help="the version to check (default: _CURRENT's)")
+    verify.add_argument("--deep", action="store_true",
+                        help="also decode every page, verifying its checksum")
     return parser
 
 
@@ -216,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args.log_path = new_log_path(args.command)
     try:
+        if args.command == "verify":  # the one command whose exit status is its answer
+            return _verify(args)
         output = _dispatch(args)
     except Exception as error:
         log = write_error_log(args.command, error, getattr(args, "log_path", None))
@@ -225,6 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Print `ballast verify`'s report; 0 when the chain is whole, 1 when damaged."""
+    from preprocessing.contract.verify import verify_chain
+
+    report = verify_chain(args.root, args.version, deep=args.deep)
+    print(redact(report.text()))
+    return 0 if report.whole else 1
 
 
 def is_deterministic(error: BaseException) -> bool:

@@ -20,10 +20,10 @@ from typing import Any
 import mlflow
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from preprocessing.contract.codec import label_indices
 from preprocessing.contract.faults import PermanentError
+from preprocessing.contract.integrity import ShardRef, read_shard_table, split_shards
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.metrics import (
     class_prior_baseline,
@@ -33,7 +33,8 @@ from tracking.metrics import (
 )
 from tracking.pyfunc import CodecClassifier
 
-Mapper = Callable[[Callable[[str], np.ndarray], list[str]], Iterable[np.ndarray]]
+# (task, shards) -> results; a shard is a ShardRef (Any: flows type theirs by URI).
+Mapper = Callable[[Callable[[Any], np.ndarray], list[Any]], Iterable[np.ndarray]]
 
 
 class ModelError(PermanentError, ValueError):
@@ -86,11 +87,12 @@ def table_confusion(model: CodecClassifier, table: pa.Table, label_column: str,
     return confusion_matrix(predicted, truth, len(model.classes))
 
 
-def shard_confusion(uri: str, model_uri: str, tracking_uri: str, label_column: str,
+def shard_confusion(shard: ShardRef, model_uri: str, tracking_uri: str, label_column: str,
                     dataset_classes: list[Any]) -> np.ndarray:
-    """`table_confusion` of a registered model on one shard (a Dask task)."""
+    """`table_confusion` of a registered model on one shard (a Dask task); the shard's size
+    is checked against its manifest first and its page checksums on read."""
     model = load_classifier(model_uri, tracking_uri)
-    return table_confusion(model, pq.read_table(uri), label_column, dataset_classes)
+    return table_confusion(model, read_shard_table(shard), label_column, dataset_classes)
 
 
 def split_uris(dataset: str, split: str) -> list[str]:
@@ -107,7 +109,7 @@ def evaluate_model(model_uri: str, tracking_uri: str, dataset: str, split: str =
     task = partial(shard_confusion, model_uri=model_uri, tracking_uri=tracking_uri,
                    label_column=manifest.label_column, dataset_classes=manifest.classes)
     classes = load_classifier(model_uri, tracking_uri).classes
-    confusions = list(mapper(task, split_uris(dataset, split)))
+    confusions = list(mapper(task, split_shards(dataset, split)))
     return {"model_uri": model_uri, "dataset_version": manifest.version_id,
             **evaluation(sum(confusions, np.zeros((len(classes),) * 2, np.int64)), classes)}
 
@@ -117,8 +119,8 @@ def evaluate_classifier(model: CodecClassifier, dataset: str,
     """Scores of an in-process model on a split, shard after shard."""
     manifest, _ = read_manifest(dataset)
     confusion = np.zeros((len(model.classes),) * 2, np.int64)
-    for uri in split_uris(dataset, split):
-        confusion += table_confusion(model, pq.read_table(uri), manifest.label_column,
+    for shard in split_shards(dataset, split):
+        confusion += table_confusion(model, read_shard_table(shard), manifest.label_column,
                                      manifest.classes)
     return {"dataset_version": manifest.version_id, **evaluation(confusion, model.classes)}
 

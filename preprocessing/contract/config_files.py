@@ -33,6 +33,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 M = TypeVar("M", bound=BaseModel)
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 100
 
 
 class ConfigFileError(ValueError):
@@ -45,22 +47,54 @@ def read_config_file(uri: str | Path, substitutions: Mapping[str, str] | None = 
     replaced by its value first (`${WORK_DIR}`)."""
     fs, path = url_to_fs(str(uri))
     try:
-        with fs.open(path, "r") as handle:
-            text = handle.read()
+        with fs.open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"config {uri}: no such file") from error
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as error:
+        raise ConfigFileError(f"config {uri}: not a text file ({error})") from None
     for key, value in (substitutions or {}).items():
         text = text.replace(key, value)
+    return parse_yaml_mapping(text, f"config {uri}")
+
+
+def parse_yaml_mapping(text: str, origin: str) -> dict[str, Any]:
+    """The top-level mapping of a YAML document (empty: {}); `origin` names it in errors.
+    Too large or too deeply nested a document is refused before parsing: PyYAML's scanner
+    takes minutes on 1e5 nested brackets (found by tests/test_fuzz_readers.py), and no
+    config needs either."""
+    if problem := _size_problem(text.encode()):
+        raise ConfigFileError(f"{origin}: {problem}")
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigFileError(f"config {uri}: not valid YAML ({error})") from error
+    except (yaml.YAMLError, RecursionError, ValueError) as error:
+        problem = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise ConfigFileError(f"{origin}: not valid YAML ({problem})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigFileError(f"config {uri}: holds a {type(data).__name__}, not a mapping "
+        raise ConfigFileError(f"{origin}: holds a {type(data).__name__}, not a mapping "
                               f"of field names to values")
     return data
+
+
+def _size_problem(data: bytes) -> str:
+    """Why `data` is too big or too deeply nested to parse, or "" (brackets inside quoted
+    strings count too: a bound, not a parse)."""
+    if len(data) > MAX_BYTES:
+        return f"more than {MAX_BYTES} bytes, more than a config file may hold"
+    depth = deepest = 0
+    for byte in data.translate(None, _NOT_BRACKETS):
+        depth = max(depth + (1 if byte in b"[{" else -1), 0)
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        return f"brackets nested {deepest} deep, more than {MAX_DEPTH}"
+    return ""
+
+
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
 
 def load_config(model: type[M], uri: str | Path,

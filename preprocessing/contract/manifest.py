@@ -36,6 +36,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.faults import PermanentError
+from preprocessing.contract.fields import manifest_problem
 from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
 from preprocessing.storage.objects import file_lock, is_local, write_atomically
 from preprocessing.storage.objects import file_sha256 as file_sha256  # part of the contract's API
@@ -145,7 +146,9 @@ class Manifest:
         raw["rejected"] = [RejectedFile(**r) for r in raw.get("rejected", [])]
         raw["inputs"] = [InputRecord(**r) for r in raw.get("inputs", [])]
         raw["deltas"] = [Delta(**d) for d in raw.get("deltas", [])]
-        return check_contents(cls(**raw), origin)
+        if problem := manifest_problem(manifest := cls(**raw)):
+            raise ManifestError(f"{origin}: {problem}")
+        return check_contents(manifest, origin)
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
@@ -256,14 +259,18 @@ def read_manifest(uri: str) -> tuple[Manifest, str]:
     """Read and validate a manifest; returns it with the exact URI it was read from."""
     location = resolve_manifest_uri(uri)
     try:
-        with fsspec.open(location, "rt") as handle:
-            text = handle.read()
+        with fsspec.open(location, "rb") as handle:
+            data = handle.read()
     except FileNotFoundError as error:
         raise ManifestError(f"{location}: manifest not found") from error
-    try:
-        return check_manifest(Manifest.from_json(text, origin=location), location), location
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
-        raise ManifestError(f"{location}: malformed manifest ({error})") from error
+    try:  # ValueError: not UTF-8, not JSON, an integer of thousands of digits
+        return check_manifest(Manifest.from_json(data.decode(), origin=location),
+                              location), location
+    except ManifestError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
+        problem = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise ManifestError(f"{location}: malformed manifest ({problem})") from None
 
 
 def read_current_version(root: str) -> str | None:

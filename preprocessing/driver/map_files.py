@@ -6,7 +6,10 @@ one input file row group by row group (bounded input memory), writes one output 
 (`preprocessing/contract/shards.py`, row groups of `rows_per_row_group`) into the
 run's own attempt (`preprocessing/versions/attempt.py`), and returns its manifest entry (a task
 that fails for a reason that may pass is run again: preprocessing/contract/faults.py); the
-version is committed through `commit_version`, exactly as for a reshard.
+version is committed through `commit_version`, exactly as for a reshard. An input that
+is a shard of a committed version (batch inference over a split) has its size checked
+against its manifest before it is read and its page checksums verified on read, so a
+damaged one fails the run with ShardDamaged naming it (preprocessing/contract/integrity.py).
 """
 
 from __future__ import annotations
@@ -17,15 +20,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from fsspec.core import url_to_fs
 
 from preprocessing.contract.faults import RetryPolicy, retrying
+from preprocessing.contract.integrity import (
+    ShardRef,
+    check_size,
+    located_damage,
+    shard_version,
+)
 from preprocessing.contract.manifest import (
     Manifest,
+    ManifestError,
     ShardEntry,
     SplitEntry,
     code_version,
     read_current_version,
+    read_manifest,
     shard_name,
+    shard_uri,
 )
 from preprocessing.contract.secrets import redact_value
 from preprocessing.contract.shards import ShardWriter
@@ -47,9 +60,25 @@ class OutputSpec:
     config: dict[str, Any]
 
 
-def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
-             rows_per_row_group: int) -> ShardEntry:
-    """Transform one file batch by batch into one part (preprocessing/contract/shards.py)."""
+def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transform,
+             label_column: str, rows_per_row_group: int) -> ShardEntry:
+    """Transform one file batch by batch into one part (preprocessing/contract/shards.py);
+    `listed`: the input's manifest entry when it is a shard of a committed version (its
+    size checked first, a page that fails its checksum named)."""
+    if listed is not None:
+        fs, path = url_to_fs(uri)
+        check_size(listed, int(fs.size(path)))
+    try:
+        return _mapped(uri, out_uri, transform, label_column, rows_per_row_group)
+    except OSError as error:
+        damage = located_damage(listed, error) if listed else None
+        if damage is None:
+            raise
+        raise damage from error
+
+
+def _mapped(uri: str, out_uri: str, transform: Transform, label_column: str,
+            rows_per_row_group: int) -> ShardEntry:
     writer = ShardWriter(out_uri, rows_per_row_group, label_column)
     rows = 0
     for batch in iter_batches(uri):
@@ -59,6 +88,22 @@ def map_file(uri: str, out_uri: str, transform: Transform, label_column: str,
     if not rows:
         raise ValueError(f"{uri}: no rows to map")
     return writer.close()
+
+
+def listed_shards(inputs: list[str]) -> list[ShardRef | None]:
+    """Per input, its manifest entry when it is a shard of a committed version (read once
+    per version directory), else None (a plain file)."""
+    refs: dict[str, ShardRef] = {}
+    for directory in {uri.rsplit("/", 1)[0] for uri in inputs if shard_version(uri) != "?"}:
+        try:
+            manifest, location = read_manifest(directory)
+        except ManifestError:  # a directory named like a version but not one
+            continue
+        for split in manifest.splits.values():
+            for entry in split.shards:
+                uri = shard_uri(location, entry)
+                refs[uri] = ShardRef(uri, entry, shard_version(uri))
+    return [refs.get(uri) for uri in inputs]
 
 
 def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:
@@ -78,6 +123,7 @@ def map_to_version(inputs: list[str], transform: Transform, output_root: str,
             dask_client(executor, storage=[output_root]) as client:
         outputs = [attempt.shard_uri(shard_name("predictions", i)) for i in range(len(inputs))]
         futures = client.map(retrying(map_file, RetryPolicy()), inputs, outputs,
+                             listed_shards(inputs),
                              transform=transform, label_column=spec.label_column,
                              rows_per_row_group=rows_per_row_group, pure=False)
         entries: list[ShardEntry] = client.gather(futures)

@@ -38,6 +38,10 @@ _INDEX_ITEM = np.dtype("<i8")
 _HEADER_BYTES = len(MAGIC) + 8
 
 
+class StagedObjectError(ValueError):
+    """A staged object whose bytes are not what its writer wrote (cut short or damaged)."""
+
+
 @dataclass(frozen=True)
 class StagedObject:
     """Where a staged object is, which destinations it covers, and the part size of its
@@ -116,18 +120,27 @@ def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any,
     raw = _read_range(staged.uri, position, position + _INDEX_ITEM.itemsize * (stop - first + 1))
     index = np.frombuffer(raw, dtype=_INDEX_ITEM)
     if len(index) != stop - first + 1 or (np.diff(index) < 0).any() or index[0] < position:
-        raise ValueError(f"{staged.uri}: corrupt staged index at destination {first}")
+        raise StagedObjectError(f"{staged.uri}: corrupt staged index at destination {first}")
     if index[-1] == index[0]:
         return b"", np.zeros(len(index), dtype=np.int64)
     return _read_range(staged.uri, int(index[0]), int(index[-1])), index - index[0]
 
 
-def read_batches(data: Any, schema: pa.Schema) -> list[pa.RecordBatch]:
-    """The record batches of a run of IPC messages (zero-copy views of `data`)."""
+def read_batches(data: Any, schema: pa.Schema,
+                 origin: str = "a staged object") -> list[pa.RecordBatch]:
+    """The record batches of a run of IPC messages (zero-copy views of `data`), each
+    checked for buffers that fit its lengths (not its values: a flipped byte in a value
+    is not seen) so damaged bytes are a StagedObjectError, never a crash later."""
     if not len(data):
         return []
-    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
-    return [pa.ipc.read_record_batch(message, schema) for message in reader]
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+        batches = [pa.ipc.read_record_batch(message, schema) for message in reader]
+        for batch in batches:
+            batch.validate()
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise StagedObjectError(f"{origin}: staged messages do not decode ({error})") from None
+    return batches
 
 
 def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
@@ -145,7 +158,17 @@ def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
 
 
 def _read_range(uri: str, start: int, stop: int) -> Any:
+    """Bytes [start, stop) of the object; StagedObjectError when it holds fewer (an index
+    pointing past its end: the object was cut short or its index damaged)."""
     fs, path = url_to_fs(uri)
     if isinstance(fs, LocalFileSystem):  # mapped: no copy, pages come from the cache
-        return pa.memory_map(path).read_at(stop - start, start)
-    return pa.py_buffer(fs.cat_file(path, start=start, end=stop))
+        mapped = pa.memory_map(path)
+        if stop > mapped.size():
+            raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, the staged "
+                                    f"object holds {mapped.size()}: cut short or damaged")
+        return mapped.read_at(stop - start, start)
+    data = pa.py_buffer(fs.cat_file(path, start=start, end=stop))
+    if len(data) != stop - start:
+        raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, {len(data)} "
+                                f"read: the staged object was cut short or its index damaged")
+    return data

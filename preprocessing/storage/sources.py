@@ -37,6 +37,7 @@ from preprocessing.contract.faults import (
     TruncatedRead,
     call_with_retries,
 )
+from preprocessing.contract.integrity import VERIFY_PAGES
 from preprocessing.contract.secrets import redact
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
@@ -279,8 +280,8 @@ def batches_of(handle: Any, uri: str,
     """`iter_batches` over a file open from its start."""
     kind = file_format(uri)
     if kind == "parquet":
-        yield from pq.ParquetFile(handle).iter_batches(_BATCH_ROWS, columns=columns,
-                                                       use_threads=_THREADS)
+        yield from pq.ParquetFile(handle, **VERIFY_PAGES).iter_batches(
+            _BATCH_ROWS, columns=columns, use_threads=_THREADS)
     elif kind == "csv":
         convert = pa_csv.ConvertOptions(include_columns=columns) if columns else None
         yield from pa_csv.open_csv(handle, convert_options=convert)

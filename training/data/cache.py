@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import PermanentError
+from preprocessing.contract.integrity import ShardDamaged, ShardRef, check_size, shard_version
 from preprocessing.contract.manifest import ShardEntry, check_entry, file_lock
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ SUFFIX = ".parquet"
 STALE_TEMP_S = 3600.0
 
 
-class ShardChecksumError(PermanentError, ValueError):
+class ShardChecksumError(ShardDamaged):
     """A shard whose bytes do not hash to the sha256 its manifest entry records."""
 
 
@@ -174,11 +174,17 @@ def download(uri: str, entry: ShardEntry, temp: str) -> None:
         with suppress(FileNotFoundError):
             os.remove(temp)
         raise
+    ref = ShardRef(uri, entry, shard_version(uri))
+    try:
+        check_size(ref, os.path.getsize(temp))
+    except ShardDamaged:
+        os.remove(temp)
+        raise
     if digest != entry.sha256:
         os.remove(temp)
         raise ShardChecksumError(
-            f"shard {entry.path} ({uri}) has sha256 {digest}, but the manifest "
-            f"records {entry.sha256}; the shard is corrupt or was rewritten"
+            f"version {ref.version}: shard {entry.path} ({uri}) has sha256 {digest}, but "
+            f"the manifest records {entry.sha256}; the shard is corrupt or was rewritten"
         )
     os.chmod(temp, 0o444)
 

@@ -151,7 +151,8 @@ class ShardStream(IterableDataset):
         self.layout = read_layout(manifest, location, split, self.columns)
         self.split, self.config, self.seed = split, config, seed
         self.read = read or ReadConfig()
-        self.files = ShardFiles(self.layout, open_cache(self.read), self.read.retry)
+        self.files = ShardFiles(self.layout, open_cache(self.read), self.read.retry,
+                                self.read.verify)
         self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures

@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Full, Queue
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,12 @@ class ReadConfig(BaseModel):
         "row groups of all shards in random order: a cache smaller than the split downloads "
         "shards again within an epoch.",
     )
+    verify: Literal["size", "sha256", "none"] = Field(
+        "size", description="What is checked of a shard before its bytes are decoded: "
+        "`size` (its size against the manifest's, free), `sha256` (its whole content "
+        "against the manifest's digest, once per shard and process: a full read of every "
+        "shard; benchmarks/loader_bench.py --verify measures it) or `none`. Page checksums "
+        "are verified on every read whatever this says.")
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy, description="Tries of a row group's read that failed "
         "for a reason that may pass (a 503, a reset, a body cut short) before the rank fails.")

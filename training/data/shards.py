@@ -10,10 +10,15 @@ file opened with `cache_type="none"`, since any read-ahead cache of fsspec's
 would only fetch bytes nobody asked for. Local files (and shards in the disk
 cache, training/data/cache.py) are read by pyarrow's own file, which releases the GIL.
 
-Checks, and when they run: the footer's row count, row-group count and the
-row group's own size must equal the manifest's at every read (a mismatch
-raises ManifestError naming the shard); the sha256 of a whole shard is checked
-when it enters the disk cache (training/data/cache.py), not on range reads.
+Checks, and when they run (preprocessing/contract/integrity.py): before a shard's
+bytes are decoded, its size must equal the manifest's (`read.verify: size`, the
+default) or its whole content hash to the manifest's sha256 (`sha256`: once per
+shard and process, a full read; `none`: neither); a mismatch raises ShardDamaged
+naming the version, the shard and both sizes or digests. The footer's row count,
+row-group count and the row group's own size must equal the manifest's at every read
+(ManifestError naming the shard). Page checksums are verified on every read, so a page
+whose bytes changed is a ShardDamaged naming the shard and the row group. The sha256 of
+a whole shard is also checked when it enters the disk cache (training/data/cache.py).
 
 A read that fails for a reason that may pass (an S3 503 or reset, a body cut short) is
 tried again under the reshard's retry policy (preprocessing/contract/faults.py,
@@ -41,6 +46,15 @@ from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.contract.codec import FeatureCodec, FeatureError, label_indices
 from preprocessing.contract.faults import RetryPolicy, call_with_retries
+from preprocessing.contract.integrity import (
+    VERIFY_PAGES,
+    ShardRef,
+    check_sha256,
+    check_size,
+    handle_size,
+    page_damage,
+    shard_version,
+)
 from preprocessing.contract.manifest import Manifest, ManifestError, ShardEntry, shard_uri
 from training.data.cache import ShardCache
 
@@ -127,9 +141,15 @@ class ShardFiles:
     reading another row group of a shard costs no footer read (one request less on S3)."""
 
     def __init__(self, layout: Layout, cache: ShardCache | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, verify: str = "size") -> None:
         self.layout, self.cache, self.retry = layout, cache, retry or RetryPolicy()
+        self.verify = verify
         self._footers: dict[int, pq.FileMetaData] = {}
+        self._hashed: set[int] = set()  # shards whose sha256 this process checked
+
+    def ref(self, shard: int) -> ShardRef:
+        uri = self.layout.shard_uris[shard]
+        return ShardRef(uri, self.layout.entries[shard], shard_version(uri))
 
     def footer(self, shard: int) -> pq.FileMetaData | None:
         return self._footers.get(shard)
@@ -149,7 +169,17 @@ class ShardFiles:
                 f"shard {entry.path} is listed in the manifest but missing: {uri}"
             ) from error
         with handle:
+            self.check(shard, handle)
             yield handle
+
+    def check(self, shard: int, handle: Any) -> None:
+        """The `verify` check of an open shard, before any of its bytes are decoded."""
+        if self.verify == "size":
+            check_size(self.ref(shard), handle_size(handle))
+        elif self.verify == "sha256" and shard not in self._hashed:
+            check_size(self.ref(shard), handle_size(handle))
+            check_sha256(self.ref(shard), handle)
+            self._hashed.add(shard)
 
 
 def open_range_reader(uri: str) -> Any:
@@ -173,15 +203,21 @@ def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFil
 
 def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> pa.Table:
     """One try at row group `group`'s columns, footer checked against the manifest."""
-    shard = int(layout.group_shard[group])
+    shard, index = int(layout.group_shard[group]), int(layout.group_index[group])
     with files.open(shard) as handle:
-        parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True)
+        parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
+                                 **VERIFY_PAGES)
         check_footer(parquet.metadata, layout, group)
         files.keep_footer(shard, parquet.metadata)
-        # use_threads=False: reads already run in read-ahead threads; handing each column to
-        # Arrow's own pool as well cost 7-10% more CPU per row group here.
-        return parquet.read_row_group(int(layout.group_index[group]), columns=columns.names,
-                                      use_threads=False)
+        try:
+            # use_threads=False: reads already run in read-ahead threads; handing each
+            # column to Arrow's own pool as well cost 7-10% more CPU per row group here.
+            return parquet.read_row_group(index, columns=columns.names, use_threads=False)
+        except OSError as error:  # a page checksum mismatch is permanent, not a blip
+            damage = page_damage(files.ref(shard), index, error)
+            if damage is None:
+                raise
+            raise damage from error
 
 
 def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
