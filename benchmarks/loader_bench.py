@@ -36,6 +36,14 @@ column of the same width). Timings on a shared 2-core machine are noisy.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import os
@@ -45,18 +53,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from litdata_share import share_report as litdata_share
-from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
 import preprocessing.contract.manifest as contract
+from benchmarks.litdata_share import share_report as litdata_share
+from benchmarks.loader_scale import on_s3, quality_report, share_report, start_up_report
 from benchmarks.tabular_case import tabular_report
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard

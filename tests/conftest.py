@@ -1,5 +1,6 @@
 """Session-wide fixtures: a real Dask LocalCluster of worker processes (started by the
-executor, as a run starts it) and tiny skewed data."""
+executor, as a run starts it) and tiny skewed data; the checks of the two tiers (tests/tiers.py:
+the quick tier starts no process or service; tests over 60 s are end to end or reported)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,19 @@ from distributed import Client
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.fault_proxy import FaultyS3Proxy
+from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+# The end-to-end tests allowed over 60 s (setup + call + teardown), as node ids without
+# parameters. Any other test over 60 s is reported at the end of the run and fails it
+# under BALLAST_ENFORCE_DURATIONS=1 (.ci/run): make it cheaper or, if end to end, list it.
+END_TO_END: frozenset[str] = frozenset()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
+
 
 TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num_features=4,
                   class_ratio=8.0, seed=3)

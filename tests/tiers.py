@@ -1,0 +1,158 @@
+"""The two tiers of the suite and the checks that keep them true (hooks in tests/conftest.py).
+
+The quick tier (`pytest -m "not slow"`, `make test-quick`) is every test not marked
+`slow`; it must start no process and no service. A quick-tier test fails when, between the
+start of its setup and the end of its call, this process started a process (an audit
+event: subprocess.Popen, os.fork, os.posix_spawn, os.system, os.exec*, a multiprocessing
+start), or when it asks, directly or through another fixture, for a service fixture
+(a Dask cluster, moto, MLflow, Prefect). Nothing is patched but
+`multiprocessing.process.BaseProcess.start`, which gains an audit event because the
+spawn and forkserver starts raise none of their own.
+
+The full run (`make test`) also reports every test whose call took over 60 s that is not
+in `END_TO_END` (tests/conftest.py); with BALLAST_ENFORCE_DURATIONS=1 (.ci/run) such a test
+fails the session. Report-only by default: a loaded developer machine stretches wall time
+several-fold, and a suite that fails on a slow afternoon teaches people to ignore it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import sys
+import threading
+from collections.abc import Generator, Iterable
+from typing import Any
+
+import pytest
+
+# Session or module fixtures that start a service; a test needing one is slow by definition.
+SERVICE_FIXTURES = frozenset({"dask_client", "s3_endpoint", "mlflow_uri", "proxy",
+                              "prefect_harness"})
+MULTIPROCESSING_START = "ballast.multiprocessing.start"
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                            "os.spawn", "os.system", "os.exec", MULTIPROCESSING_START})
+LIMIT_S = 60.0
+ENFORCE_VARIABLE = "BALLAST_ENFORCE_DURATIONS"
+
+
+class ProcessRecorder:
+    """Collects the process starts this process makes while `watching` (any thread)."""
+
+    def __init__(self) -> None:
+        self.watching = False
+        self.starts: list[str] = []
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.watching and event in PROCESS_EVENTS:
+            self.starts.append(describe_start(event, args))
+
+    def begin(self) -> None:
+        self.starts = []
+        self.watching = True
+
+    def end(self) -> list[str]:
+        self.watching = False
+        return self.starts
+
+
+def describe_start(event: str, args: tuple[Any, ...]) -> str:
+    """`event: what` in a few words, with the thread, so a report says what started where."""
+    what = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[:1]
+    if isinstance(what, list | tuple):
+        what = " ".join(str(part) for part in what)
+    return f"{event}: {str(what)[:120]} (thread {threading.current_thread().name})"
+
+
+def tier_violations(slow: bool, fixturenames: Iterable[str], starts: list[str]) -> list[str]:
+    """Why a test does not belong in the quick tier; empty when it does (or is slow)."""
+    if slow:
+        return []
+    services = sorted(SERVICE_FIXTURES.intersection(fixturenames))
+    problems = [f"uses the service fixture {name!r}" for name in services]
+    return problems + [f"started a process: {start}" for start in starts]
+
+
+def violation_message(nodeid: str, problems: list[str]) -> str:
+    return (f"{nodeid} is in the quick tier but {'; '.join(problems)}. A test that starts a "
+            "subprocess, torchrun, a Dask cluster or a server is marked @pytest.mark.slow "
+            "(tests/tiers.py).")
+
+
+def over_limit(durations: dict[str, float], allowed: Iterable[str]) -> dict[str, float]:
+    """Tests whose call took over LIMIT_S, less those allowed by node id (or its prefix
+    up to the parameters, so a listed test covers all its parametrisations)."""
+    allowed = set(allowed)
+    return {nodeid: seconds for nodeid, seconds in durations.items()
+            if seconds > LIMIT_S and nodeid.split("[")[0] not in allowed
+            and nodeid not in allowed}
+
+
+RECORDER = ProcessRecorder()
+_start = multiprocessing.process.BaseProcess.start
+
+
+def _audited_start(self: multiprocessing.process.BaseProcess) -> None:
+    sys.audit(MULTIPROCESSING_START, self.name)
+    _start(self)
+
+
+def install() -> None:
+    """Once per interpreter: audit hooks cannot be removed, so the recorder gates itself."""
+    if multiprocessing.process.BaseProcess.start is not _audited_start:
+        multiprocessing.process.BaseProcess.start = _audited_start  # type: ignore[method-assign]
+        sys.addaudithook(RECORDER.audit)
+
+
+def is_slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
+
+
+class TierChecks:
+    """The pytest plugin: the quick tier's guard and the 60-second report."""
+
+    def __init__(self, end_to_end: Iterable[str]) -> None:
+        self.end_to_end = frozenset(end_to_end)
+        self.durations: dict[str, float] = {}
+        self.over: dict[str, float] = {}
+        install()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        """A quick-tier test that asks for a service fails before the service starts."""
+        problems = tier_violations(is_slow(item), item.fixturenames, [])
+        if problems:
+            pytest.fail(violation_message(item.nodeid, problems), pytrace=False)
+        RECORDER.begin()
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """A quick-tier test that started a process (in its setup or its body) fails."""
+        try:
+            return (yield)
+        finally:
+            problems = tier_violations(is_slow(item), [], RECORDER.end())
+            if problems:
+                pytest.fail(violation_message(item.nodeid, problems), pytrace=False)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.over = over_limit(self.durations, self.end_to_end)
+        if self.over and enforced() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.over:
+            return
+        terminalreporter.section(f"over {LIMIT_S:.0f} s, not in END_TO_END (tests/conftest.py)")
+        for nodeid, seconds in sorted(self.over.items(), key=lambda entry: -entry[1]):
+            terminalreporter.line(f"{seconds:7.1f} s  {nodeid}")
+        terminalreporter.line(f"these fail the run ({ENFORCE_VARIABLE}=1)" if enforced() else
+                              f"report only; {ENFORCE_VARIABLE}=1 (as in .ci/run) fails the run")
+
+
+def enforced() -> bool:
+    return os.environ.get(ENFORCE_VARIABLE) == "1"
