@@ -318,12 +318,13 @@ def stall_section(root: str, args: argparse.Namespace) -> float:
     """Print the stalls: with the defaults over a whole epoch (the target's figure), its
     first batches (after the first one; every window opens then) and a steady stretch
     from the middle; then other settings over the first batches. Returns the epoch's."""
-    first, partitions = (1, args.stall_batches), LoaderConfig().num_partitions
+    first, steady = (1, args.stall_batches), args.steady_after
+    steady = 8 * LoaderConfig().num_partitions if steady is None else steady
     ahead = DEFAULT_READ.prefetch_batches
     runs = {"defaults, whole epoch": (0, ahead, 0, None),
             f"defaults, batches 1-{args.stall_batches}": (0, ahead, *first),
-            f"defaults, {args.stall_batches} batches after {8 * partitions}":
-                (0, ahead, 8 * partitions, args.stall_batches),
+            f"defaults, {args.stall_batches} batches after {steady}":
+                (0, ahead, steady, args.stall_batches),
             "no batch ahead, whole epoch": (0, 0, 0, None),
             "1 worker, first batches": (1, ahead, *first)}
     stalls = {name: median_stall(root, *run, args.repeat) for name, run in runs.items()}
@@ -393,6 +394,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tabular-rows", type=int, default=400_000,
                         help="Rows of the tabular case.")
     parser.add_argument("--stall-batches", type=int, default=300)
+    parser.add_argument("--steady-after", type=int, default=None,
+                        help="Batches before the steady stretch of the stall section "
+                        "(default: 8 x num_partitions; lower it for a tiny --rows).")
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
     parser.add_argument("--litdata-python", default="/tmp/litdata-venv/bin/python")
