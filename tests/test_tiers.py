@@ -47,20 +47,33 @@ def test_only_unlisted_tests_over_the_limit_are_reported() -> None:
     assert tiers.over_limit(durations, {"a.py::test_e2e"}) == {"a.py::test_slow": 61.0}
 
 
+def test_the_limit_stretches_with_the_load_of_the_machine() -> None:
+    """Invariant: at load 1 (or below) the limit is 60 s; on a machine loaded 2x over its
+    cores a test has twice as long."""
+    durations = {"a.py::test_a": 70.0, "a.py::test_b": 130.0}
+    assert tiers.over_limit(durations, (), {"a.py::test_a": 0.5, "a.py::test_b": 0.5}) == \
+        durations
+    assert tiers.over_limit(durations, (), {"a.py::test_a": 2.0, "a.py::test_b": 2.0}) == \
+        {"a.py::test_b": 130.0}
+
+
 @pytest.mark.parametrize(("enforce", "status"), [("1", pytest.ExitCode.TESTS_FAILED),
                                                  ("", pytest.ExitCode.OK)])
 def test_a_slow_unlisted_test_fails_the_run_only_when_enforced(
         monkeypatch: pytest.MonkeyPatch, enforce: str, status: pytest.ExitCode) -> None:
-    """Invariant: with BALLAST_ENFORCE_DURATIONS=1 an unlisted test over the limit turns a
-    green session red; without it the session's status is left as it was."""
+    """Invariant: with BALLAST_ENFORCE_DURATIONS=1 an unlisted test over the limit (its
+    phases summed) turns a green session red; without it the status is left as it was."""
     monkeypatch.setenv(tiers.ENFORCE_VARIABLE, enforce)
     checks = tiers.TierChecks(end_to_end={"a.py::test_e2e"})
-    for when, seconds in [("setup", 30.0), ("call", 40.0), ("teardown", 0.5)]:
-        checks.pytest_runtest_logreport(SimpleNamespace(nodeid="a.py::test_b", duration=seconds,
-                                                        when=when))  # type: ignore[arg-type]
+    for nodeid, seconds in [("a.py::test_b", 30.0), ("a.py::test_b", 40.0),
+                            ("a.py::test_b", 0.5), ("a.py::test_e2e", 300.0)]:
+        report = SimpleNamespace(nodeid=nodeid, duration=seconds)
+        checks.pytest_runtest_logreport(report)  # type: ignore[arg-type]
+    checks.slowdowns = {"a.py::test_b": 1.0, "a.py::test_e2e": 1.0}  # a quiet machine
     session = SimpleNamespace(exitstatus=pytest.ExitCode.OK)
     checks.pytest_sessionfinish(session)  # type: ignore[arg-type]
-    assert checks.over == {"a.py::test_b": 70.5} and session.exitstatus == status
+    assert checks.over == checks.failing == {"a.py::test_b": 70.5}
+    assert session.exitstatus == status
 
 
 INNER_CONFTEST = """
