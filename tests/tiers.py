@@ -65,12 +65,16 @@ def describe_start(event: str, args: tuple[Any, ...]) -> str:
     return f"{event}: {str(what)[:120]} (thread {threading.current_thread().name})"
 
 
-def tier_violations(slow: bool, fixturenames: Iterable[str], starts: list[str]) -> list[str]:
-    """Why a test does not belong in the quick tier; empty when it does (or is slow)."""
+def tier_violations(slow: bool, fixturenames: Iterable[str], starts: list[str],
+                    starting: Iterable[str] = ()) -> list[str]:
+    """Why a test does not belong in the quick tier; empty when it does (or is slow).
+    `starting`: fixtures seen starting a process, beyond the SERVICE_FIXTURES."""
     if slow:
         return []
-    services = sorted(SERVICE_FIXTURES.intersection(fixturenames))
-    problems = [f"uses the service fixture {name!r}" for name in services]
+    names = set(fixturenames)
+    problems = [f"uses the service fixture {name!r}" for name in sorted(SERVICE_FIXTURES & names)]
+    problems += [f"uses the fixture {name!r}, which starts a process"
+                 for name in sorted((set(starting) - SERVICE_FIXTURES) & names)]
     return problems + [f"started a process: {start}" for start in starts]
 
 
@@ -122,14 +126,26 @@ class TierChecks:
         self.end_to_end = frozenset(end_to_end)
         self.durations: dict[str, float] = {}
         self.slowdowns: dict[str, float] = {}
+        self.starting: set[str] = set()
         self.over: dict[str, float] = {}
         self.failing: dict[str, float] = {}
         install()
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, Any, Any]:
+        """Learn which fixtures start a process, so that every quick test that uses one
+        fails, not only the first (a module or session fixture starts once)."""
+        before = len(RECORDER.starts)
+        try:
+            return (yield)
+        finally:
+            if len(RECORDER.starts) > before:
+                self.starting.add(fixturedef.argname)
+
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         """A quick-tier test that asks for a service fails before the service starts."""
-        problems = tier_violations(is_slow(item), item.fixturenames, [])
+        problems = tier_violations(is_slow(item), item.fixturenames, [], self.starting)
         if problems:
             pytest.fail(violation_message(item.nodeid, problems), pytrace=False)
         RECORDER.begin()

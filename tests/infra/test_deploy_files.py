@@ -196,6 +196,7 @@ def test_compose_holds_no_inline_secret() -> None:
             assert is_reference(password), text
 
 
+@pytest.mark.slow
 def test_every_compose_variable_is_listed_in_env_example() -> None:
     """Invariant: infra/.env.example names every variable compose.yaml needs (those without
     a default), leaves every credential empty, and infra/.env is ignored by git."""
@@ -277,6 +278,7 @@ def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> No
     assert copied and all((REPO / source).exists() for source in copied), copied
 
 
+@pytest.mark.slow
 def test_training_cpu_image_takes_the_constraints_torch_from_the_cpu_index() -> None:
     """Invariant: the cpu target installs torch from the CPU wheel index at the version
     constraints.txt pins (the sed expression in the RUN, run here, yields it); the cuda

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -19,6 +20,7 @@ def test_flatten_gives_dotted_string_params() -> None:
                                                                "d": "x"}
 
 
+@pytest.mark.slow
 def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_client,
                                                       mlflow_uri) -> None:
     """Invariants (against a real mlflow server): params hold the flattened config; tags hold
@@ -43,6 +45,7 @@ def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_c
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_uri,
                                                                          monkeypatch) -> None:
     """Invariant: system metrics of node 0 reach the run even when the job ends before the
