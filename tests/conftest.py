@@ -71,6 +71,16 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect test harness (a temporary API server and database) for every test that
+    runs a flow in this process."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
 @pytest.fixture
 def proxy(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultyS3Proxy]:
     """The fault-injecting proxy in front of moto (tests/fault_proxy.py); this process and
