@@ -89,6 +89,7 @@ def rendered_job(template: dict[str, Any], values: dict[str, Any]) -> dict[str, 
     return dict(job)
 
 
+@pytest.mark.slow  # importing prefect.server runs `file` on the interpreter (a subprocess)
 def test_prefect_base_job_template_renders_a_valid_job() -> None:
     """Invariant: Prefect accepts the work pool's template (every placeholder declared) and
     its defaults render a Job that passes strict schema validation, in the namespace of the
