@@ -22,7 +22,36 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The end-to-end tests allowed over 60 s (setup + call + teardown), as node ids without
 # parameters. Any other test over 60 s is reported at the end of the run and fails it
 # under BALLAST_ENFORCE_DURATIONS=1 (.ci/run): make it cheaper or, if end to end, list it.
-END_TO_END: frozenset[str] = frozenset()
+# A session fixture's setup counts toward the first test that asks for it: the pipeline run
+# (tests/flows/conftest.py) is paid by the first operator-view test of a full run.
+END_TO_END: frozenset[str] = frozenset({
+    "tests/flows/test_operator_view.py::"
+    "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
+    "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
+    "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
+    "tests/flows/test_real_data_pipeline.py::"
+    "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
+    "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
+    "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
+    "tests/flows/test_prefect_down.py::"
+    "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
+    "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
+    "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
+    "tests/tracking/test_outage.py::"
+    "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",
+    "tests/tracking/test_outage.py::"
+    "test_down_through_the_job_and_log_model_delivered_at_the_close",
+    "tests/training/test_ddp_kill_resume.py::"
+    "test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was",
+    "tests/training/test_distributed_launch.py::"
+    "test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once",
+    "tests/training/test_distributed_launch.py::"
+    "test_two_torchrun_nodes_on_localhost_train_the_same_steps",
+    "tests/training/test_elastic_resume.py::"
+    "test_two_rank_checkpoint_resumes_on_another_world_size",
+    "tests/training/test_distributed.py::"
+    "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
+})
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -133,3 +133,17 @@ def test_the_guard_fails_quick_tests_that_start_processes_or_services(
         "ballast.multiprocessing.start*",
     ])
     assert "the guard lets a quick test start a service" not in result.stdout.str()
+
+
+def test_every_listed_end_to_end_test_exists() -> None:
+    """Invariant: each END_TO_END entry names a test function of an existing file (a renamed
+    test drops out of the list loudly, not silently)."""
+    import ast
+
+    from tests.conftest import END_TO_END
+
+    for nodeid in END_TO_END:
+        path, name = nodeid.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        assert name in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, \
+            nodeid
