@@ -36,6 +36,7 @@ END_TO_END: frozenset[str] = frozenset({
     "tests/flows/test_prefect_down.py::"
     "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
     "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
+    "tests/tracking/test_lifecycle.py::test_tracked_jobs_register_champion_then_challenger",
     "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
     "tests/tracking/test_outage.py::"
     "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",
