@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv demo test soak lint audit format clean
+.PHONY: help venv demo test test-quick soak lint audit format clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,12 @@ venv: $(STAMP)  ## create or refresh .venv from pyproject.toml + constraints.txt
 demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
 	$(BIN)/ballast demo --work-dir demo-output
 
-test: $(STAMP)  ## run the test suite (starts its own local services)
-	$(BIN)/pytest
+# Two tiers (tests/tiers.py): `slow` tests start a process or a service, the rest may not.
+test: $(STAMP)  ## the whole suite, as CI runs it (starts its own local services)
+	$(BIN)/pytest --durations=25
+
+test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no process or service
+	$(BIN)/pytest -m "not slow" --durations=10
 
 # 30 nights of the incremental chain, one seeded fault a night (tests/soak/chain.py); long.
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table

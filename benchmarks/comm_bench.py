@@ -23,12 +23,18 @@ a final loss within 2% of `none`.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset

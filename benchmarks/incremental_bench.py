@@ -21,12 +21,19 @@ Timings on a shared machine are noisy: compare within one run only.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import os
 import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 from distributed import Client

@@ -12,13 +12,19 @@ and the rows it serves, so its decode share is measured the way ballast's is
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -109,7 +115,6 @@ def share_report(python: str, paths: list[str], worlds: list[int]) -> float | No
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(__file__))
-    from loader_bench import train_shards
+    from benchmarks.loader_bench import train_shards
 
     share_report(sys.argv[1], train_shards(sys.argv[2]), [int(w) for w in sys.argv[3].split(",")])

@@ -36,6 +36,14 @@ column of the same width). Timings on a shared 2-core machine are noisy.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import os
@@ -45,18 +53,17 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from litdata_share import share_report as litdata_share
-from loader_scale import on_s3, quality_report, share_report, start_up_report
 from torch.utils.data import DataLoader, Dataset
 
 import preprocessing.contract.manifest as contract
+from benchmarks.litdata_share import share_report as litdata_share
+from benchmarks.loader_scale import on_s3, quality_report, share_report, start_up_report
 from benchmarks.tabular_case import tabular_report
 from benchmarks.verify_cost import verify_report
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -310,12 +317,13 @@ def stall_section(root: str, args: argparse.Namespace) -> float:
     """Print the stalls: with the defaults over a whole epoch (the target's figure), its
     first batches (after the first one; every window opens then) and a steady stretch
     from the middle; then other settings over the first batches. Returns the epoch's."""
-    first, partitions = (1, args.stall_batches), LoaderConfig().num_partitions
+    first, steady = (1, args.stall_batches), args.steady_after
+    steady = 8 * LoaderConfig().num_partitions if steady is None else steady
     ahead = DEFAULT_READ.prefetch_batches
     runs = {"defaults, whole epoch": (0, ahead, 0, None),
             f"defaults, batches 1-{args.stall_batches}": (0, ahead, *first),
-            f"defaults, {args.stall_batches} batches after {8 * partitions}":
-                (0, ahead, 8 * partitions, args.stall_batches),
+            f"defaults, {args.stall_batches} batches after {steady}":
+                (0, ahead, steady, args.stall_batches),
             "no batch ahead, whole epoch": (0, 0, 0, None),
             "1 worker, first batches": (1, ahead, *first)}
     stalls = {name: median_stall(root, *run, args.repeat) for name, run in runs.items()}
@@ -385,6 +393,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer-rows", type=int, default=300_000)
     parser.add_argument("--tabular-rows", type=int, default=400_000, help="Tabular case rows.")
     parser.add_argument("--stall-batches", type=int, default=300)
+    parser.add_argument("--steady-after", type=int, default=None,
+                        help="Batches before the steady stretch of the stall section "
+                        "(default: 8 x num_partitions; lower it for a tiny --rows).")
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
     parser.add_argument("--litdata-python", default="/tmp/litdata-venv/bin/python")

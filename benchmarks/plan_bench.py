@@ -15,6 +15,14 @@ under 60 s and the whole process under 4 GB. `--profile` prints cProfile's top e
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import cProfile
 import pstats

@@ -30,15 +30,22 @@ per shard, to show that per-worker memory does not grow with the input.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
+import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +64,9 @@ BALLAST_MODES = ("stratified", "global", "block", "none")
 TOOLS = (*(f"ballast-{mode}" for mode in BALLAST_MODES),
          "pyarrow-write_dataset", "duckdb-copy", "duckdb-order-random", "dask-repartition",
          "floor")
+# The peers a tool needs beyond ballast's own install (the `bench` extra); every run also
+# needs psutil, to sample memory.
+PEERS = {"duckdb-copy": "duckdb", "duckdb-order-random": "duckdb"}
 FLOOR_PROCESSES = 2
 SCHEMA = pa.schema([
     ("id", pa.int64()), ("uid", pa.string()), ("label", pa.int64()), ("source", pa.string()),
@@ -500,8 +510,19 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def missing_peers(tools: list[str]) -> list[str]:
+    """The packages `tools` and the memory sampler need that are not installed."""
+    needed = {"psutil", *(PEERS[tool] for tool in tools if tool in PEERS)}
+    return sorted(name for name in needed if importlib.util.find_spec(name) is None)
+
+
 def main() -> None:
     args = parse_args()
+    missing = missing_peers(["ballast-stratified"] if args.scale_check else args.tools)
+    if missing and not args.child:
+        raise SystemExit(f"reshard_bench: {', '.join(missing)} not installed: install the "
+                         "`bench` extra (pip install -c constraints.txt -e '.[bench]'), or "
+                         "leave those tools out with --tools")
     if args.child:
         run_child(args.child)
     elif args.scale_check:

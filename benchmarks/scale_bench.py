@@ -35,22 +35,29 @@ see the CPU seconds, which load stretches far less than wall time.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python benchmarks/NAME.py` puts benchmarks/ first on sys.path, `python -m benchmarks.NAME`
+# the working directory: either way the repository root goes first, for `benchmarks.*` and
+# for ballast itself in a clone without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import pickle
 import shutil
 import statistics
-import sys
 import time
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from plan_bench import RssSampler
-from reshard_bench import (
+
+from benchmarks.plan_bench import RssSampler
+from benchmarks.reshard_bench import (
     GB,
     base_job,
     best_of,
@@ -60,7 +67,6 @@ from reshard_bench import (
     run_tool,
     warm_up,
 )
-
 from preprocessing.synthetic.tabular import class_probabilities
 
 SMALL_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64()), ("source", pa.string()),
@@ -260,7 +266,6 @@ def case_sizes(args: argparse.Namespace) -> None:
 
 
 def case_s3(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import fsspec
 
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig

@@ -1,5 +1,6 @@
 """Session-wide fixtures: a real Dask LocalCluster of worker processes (started by the
-executor, as a run starts it) and tiny skewed data."""
+executor, as a run starts it) and tiny skewed data; the checks of the two tiers (tests/tiers.py:
+the quick tier starts no process or service; tests over 60 s are end to end or reported)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,51 @@ from distributed import Client
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.fault_proxy import FaultyS3Proxy
+from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+# The end-to-end tests allowed over 60 s (setup + call + teardown), as node ids without
+# parameters. Any other test over 60 s is reported at the end of the run and fails it
+# under BALLAST_ENFORCE_DURATIONS=1 (.ci/run): make it cheaper or, if end to end, list it.
+# A session fixture's setup counts toward the first test that asks for it: the pipeline run
+# (tests/flows/conftest.py) is paid by the first operator-view test of a full run.
+END_TO_END: frozenset[str] = frozenset({
+    "tests/flows/test_operator_view.py::"
+    "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
+    "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
+    "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
+    "tests/flows/test_real_data_pipeline.py::"
+    "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
+    "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
+    "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
+    "tests/flows/test_prefect_down.py::"
+    "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
+    "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
+    "tests/tracking/test_lifecycle.py::test_tracked_jobs_register_champion_then_challenger",
+    "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
+    "tests/tracking/test_outage.py::"
+    "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",
+    "tests/tracking/test_outage.py::"
+    "test_down_through_the_job_and_log_model_delivered_at_the_close",
+    "tests/training/test_ddp_kill_resume.py::"
+    "test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was",
+    "tests/training/test_distributed_launch.py::"
+    "test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once",
+    "tests/training/test_distributed_launch.py::"
+    "test_two_torchrun_nodes_on_localhost_train_the_same_steps",
+    "tests/training/test_elastic_resume.py::"
+    "test_two_rank_checkpoint_resumes_on_another_world_size",
+    "tests/training/test_distributed.py::"
+    "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
+    # three reshards (each its own cluster), a rank process and the loaders, on tiny data
+    "tests/test_benchmarks.py::test_each_benchmark_runs_at_its_smallest_size[loader_bench]",
+})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
+
 
 TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num_features=4,
                   class_ratio=8.0, seed=3)
@@ -57,6 +101,16 @@ def s3_endpoint() -> Iterator[str]:
 
     with moto_s3() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect test harness (a temporary API server and database) for every test that
+    runs a flow in this process."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture

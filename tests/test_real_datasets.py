@@ -30,6 +30,8 @@ from tests.feature_data import (
 )
 from tracking.inference import evaluate_classifier, predictions
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 WINE_NULLS = {"magnesium": "fill_mean", "color_intensity": "indicator"}
 
 

@@ -106,6 +106,7 @@ def test_a_credential_in_a_written_job_environment_is_refused() -> None:
     assert LocalJob(kind="local", env={"HF_TOKEN": TOKEN}).env == {"HF_TOKEN": TOKEN}
 
 
+@pytest.mark.slow
 def test_kubernetes_manifests_of_a_job_hold_no_tracking_password(tiny_raw, tmp_path,
                                                                  dask_client) -> None:
     """Invariants: pinning a Kubernetes job whose tracking URI holds a password moves the

@@ -1,16 +1,14 @@
-"""One Prefect test harness (a temporary API and database) for every flow test, and one
-pipeline run with both arms on tiny data that the tests of its results and of what the
-Prefect API shows of it read."""
+"""One pipeline run with both arms on tiny data, on the session's Prefect harness
+(tests/conftest.py), that the tests of its results and of what the Prefect API shows of it
+read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prefect.client.schemas.objects import State
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.params import PipelineParams
 from flows.pipeline import pipeline
@@ -18,12 +16,6 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy
-
-
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+import pytest
 import yaml
 from prefect.states import Failed
 
@@ -55,6 +56,7 @@ def test_init_prints_a_starter_config_with_columns_classes_and_policies_to_confi
     assert "delay: fill_mean  # CONFIRM: 7 nulls" in text
 
 
+@pytest.mark.slow
 def test_inspect_prints_classes_sources_shards_and_null_policies(tmp_path, dask_client,
                                                                  capsys) -> None:
     """Invariant: `inspect` reports the version's classes with their input counts, each
@@ -90,6 +92,7 @@ def test_a_config_error_reads_in_one_line_with_the_traceback_in_a_log(
     assert log.parent == tmp_path / "logs" and "Traceback" in log.read_text()
 
 
+@pytest.mark.slow
 def test_a_data_error_names_file_column_count_and_fix_in_one_line(
         prefect_harness, tmp_path, monkeypatch, capsys) -> None:
     """Invariant: a reshard of files with nulls under the default `error` policy fails

@@ -18,6 +18,8 @@ from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
 from tracking.run import dataset_input
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 SPEC = SampleSpec(num_rows=2_000, num_files=8, num_classes=3, num_sources=2, num_features=4,
                   class_ratio=4.0, seed=5)
 

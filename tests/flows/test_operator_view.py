@@ -72,6 +72,7 @@ async def _artifacts(run_id: UUID) -> list[Any]:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
 
 
+@pytest.mark.slow
 def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariant: the flow run's log, read back from the Prefect API, names the dataset
@@ -97,6 +98,7 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
     assert f"{last} is `{registration['alias']}`" in log
 
 
+@pytest.mark.slow
 def test_task_runs_are_named_by_step_and_arm(first_state: State) -> None:
     """Invariant: every task run of the pipeline says its step and arm, so the rebalanced
     and natural-mix runs of one step can be told apart."""
@@ -107,6 +109,7 @@ def test_task_runs_are_named_by_step_and_arm(first_state: State) -> None:
     assert names == expected
 
 
+@pytest.mark.slow
 def test_training_summary_artifact_compares_both_arms_on_three_figures(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariants: every artifact of the run has a description; the training summary holds a

@@ -16,6 +16,8 @@ from flows.summary import format_summary
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.inference import load_classifier
 
+pytestmark = pytest.mark.slow  # every test here uses the Prefect harness
+
 
 def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, params) -> None:
     """Invariants: the committed version is balanced (+-1 row per shard) and named by the

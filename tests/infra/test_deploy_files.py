@@ -89,6 +89,7 @@ def rendered_job(template: dict[str, Any], values: dict[str, Any]) -> dict[str, 
     return dict(job)
 
 
+@pytest.mark.slow  # importing prefect.server runs `file` on the interpreter (a subprocess)
 def test_prefect_base_job_template_renders_a_valid_job() -> None:
     """Invariant: Prefect accepts the work pool's template (every placeholder declared) and
     its defaults render a Job that passes strict schema validation, in the namespace of the
@@ -196,6 +197,7 @@ def test_compose_holds_no_inline_secret() -> None:
             assert is_reference(password), text
 
 
+@pytest.mark.slow
 def test_every_compose_variable_is_listed_in_env_example() -> None:
     """Invariant: infra/.env.example names every variable compose.yaml needs (those without
     a default), leaves every credential empty, and infra/.env is ignored by git."""
@@ -277,6 +279,7 @@ def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> No
     assert copied and all((REPO / source).exists() for source in copied), copied
 
 
+@pytest.mark.slow
 def test_training_cpu_image_takes_the_constraints_torch_from_the_cpu_index() -> None:
     """Invariant: the cpu target installs torch from the CPU wheel index at the version
     constraints.txt pins (the sed expression in the RUN, run here, yields it); the cuda

@@ -50,6 +50,7 @@ def assert_nothing_written(tmp_path: Path) -> None:
     assert not list(out.glob("v-*")) and not (out / "_staging").exists()
 
 
+@pytest.mark.slow
 def test_nulls_under_the_default_policy_name_column_count_files_and_fix(tmp_path,
                                                                         dask_client) -> None:
     """Invariant: nulls in a feature column without a policy fail the scan with the column,
@@ -65,6 +66,7 @@ def test_nulls_under_the_default_policy_name_column_count_files_and_fix(tmp_path
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_nan_labels_are_refused_naming_file_and_column(tmp_path, dask_client) -> None:
     """Invariant: NaN labels (not nulls: a float column) reject the file by name, instead
     of a bare StopIteration from the plan."""
@@ -77,6 +79,7 @@ def test_nan_labels_are_refused_naming_file_and_column(tmp_path, dask_client) ->
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_float_label_with_too_many_values_is_called_a_regression_target(tmp_path,
                                                                           dask_client) -> None:
     """Invariant: more distinct label values over all files than max_classes (each file
@@ -91,6 +94,7 @@ def test_a_float_label_with_too_many_values_is_called_a_regression_target(tmp_pa
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_mixed_label_types_across_files_name_the_file_and_types(tmp_path,
                                                                 dask_client) -> None:
     """Invariant: a JSON Lines file whose labels are strings, beside CSV files with integer
@@ -106,6 +110,7 @@ def test_mixed_label_types_across_files_name_the_file_and_types(tmp_path,
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_null_ids_are_refused(tmp_path, dask_client) -> None:
     """Invariant: a row without an id rejects its file, naming the id column."""
     table = rows(0, 20)
@@ -116,6 +121,7 @@ def test_null_ids_are_refused(tmp_path, dask_client) -> None:
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_duplicate_ids_in_one_file_are_refused(tmp_path, dask_client) -> None:
     """Invariant: an id held by two rows of one file rejects it, naming an example."""
     ids = np.arange(20)
@@ -127,6 +133,7 @@ def test_duplicate_ids_in_one_file_are_refused(tmp_path, dask_client) -> None:
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_duplicate_ids_across_files_name_both_files(tmp_path, dask_client) -> None:
     """Invariant: files whose id ranges overlap are read for their ids; one shared id fails
     the run naming it and both files (disjoint files are not read again)."""
@@ -140,6 +147,7 @@ def test_duplicate_ids_across_files_name_both_files(tmp_path, dask_client) -> No
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_string_id_column_is_refused_with_the_fix(tmp_path, dask_client) -> None:
     """Invariant: string ids are refused, saying ids must be integers and how to fix it."""
     table = rows(0, 20)
@@ -151,6 +159,7 @@ def test_a_string_id_column_is_refused_with_the_fix(tmp_path, dask_client) -> No
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_an_input_column_named_like_an_internal_one_is_refused(tmp_path, dask_client) -> None:
     """Invariant: an input column `__ballast_shard` is refused by name (it used to fail
     the map stage with "Field exists 2 times")."""
@@ -162,6 +171,7 @@ def test_an_input_column_named_like_an_internal_one_is_refused(tmp_path, dask_cl
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_null_fixed_size_list_features_reject_the_file_by_column(tmp_path,
                                                                  dask_client) -> None:
     """Invariant: null lists in a fixed-size-list feature, which pyarrow cannot read back
@@ -177,6 +187,7 @@ def test_null_fixed_size_list_features_reject_the_file_by_column(tmp_path,
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_fill_policy_that_does_not_apply_to_the_kind_is_refused(tmp_path,
                                                                   dask_client) -> None:
     """Invariant: fill_mean on a string column is refused naming the column, its kind and

@@ -71,6 +71,7 @@ def assert_committed(root: Path, version_id: str) -> None:
     assert not (root / STAGING_DIR).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", COMMIT_STEPS)
 def test_writer_killed_after_each_commit_step_is_finished_by_the_rerun(tmp_path, step) -> None:
     """Fault: SIGKILL right after `step` of the commit, with an older version current.
@@ -94,6 +95,7 @@ def test_writer_killed_after_each_commit_step_is_finished_by_the_rerun(tmp_path,
     assert all(file_sha256(shard_uri(location, e)) == e.sha256 for e in old.split("train").shards)
 
 
+@pytest.mark.slow
 def test_rerun_of_an_unfinished_commit_leaves_a_newer_current_version(tmp_path) -> None:
     """Fault: SIGKILL after the manifest of `new`, then `newer` is committed. Invariant:
     the rerun of `new` finishes nothing that would move `_CURRENT` back: it stays on the
@@ -107,6 +109,7 @@ def test_rerun_of_an_unfinished_commit_leaves_a_newer_current_version(tmp_path) 
     assert read_manifest(version_dir(str(root), "new"))[0].version_id == "new"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("round_number", range(2))
 def test_racing_writers_of_one_version_all_exit_zero_and_one_commits(tmp_path,
                                                                     round_number) -> None:
@@ -125,6 +128,7 @@ def test_racing_writers_of_one_version_all_exit_zero_and_one_commits(tmp_path,
     assert_committed(root, "raced")
 
 
+@pytest.mark.slow
 def test_collect_expired_keeps_a_live_attempt_and_removes_a_killed_ones(tmp_path) -> None:
     """Fault: a process holding an attempt is SIGKILLed (its heartbeat still fresh).
     Invariants: the collector removes the dead attempt at once (its pid is gone on this
@@ -144,6 +148,7 @@ def test_collect_expired_keeps_a_live_attempt_and_removes_a_killed_ones(tmp_path
         live.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_collect_expired_removes_a_stalled_holder_once_its_lease_expires(tmp_path) -> None:
     """Fault: a holder is frozen with SIGSTOP (alive, but its heartbeat stops). Invariants:
     after the expiry its attempt is removed; a live holder beating every 0.2 s is kept."""

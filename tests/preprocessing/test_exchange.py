@@ -19,6 +19,8 @@ from preprocessing.driver.reshard import run_reshard
 from preprocessing.storage.sources import read_footer
 from tests.preprocessing.s3_requests import counted_s3
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 SHAPE = {"target_shard_rows": 300, "rows_per_row_group": 128, "max_piece_rows": 120}
 
 

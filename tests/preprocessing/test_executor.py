@@ -192,6 +192,7 @@ def test_workers_without_the_allocator_settings_are_named_with_the_exact_variabl
     assert "1 of 1 Dask workers (tcp://127.0.0.2:" in str(record[0].message)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("worker_profile", [False, True])
 def test_local_workers_run_dasks_profiler_only_when_asked(worker_profile: bool) -> None:
     """Invariant: the local workers ballast starts sample their stacks (Dask's `profile`

@@ -36,6 +36,8 @@ from tests.preprocessing.nightly import SPEC, add_night, config_for, restore, sp
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 
 @dataclass(frozen=True)
 class Chain:

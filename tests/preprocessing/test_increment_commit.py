@@ -22,6 +22,8 @@ from preprocessing.versions.attempt import STAGING_DIR
 from tests.preprocessing.nightly import add_night, config_for
 from tests.preprocessing.test_kill import assert_committed, kill_session, output, start_reshard
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 
 def test_two_children_of_one_parent_one_commits_the_other_leaves_nothing(
         base_version, dask_client) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+import pytest
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
@@ -27,6 +28,7 @@ def flat_spec(inputs: Path) -> DatasetSpec:
     return DatasetSpec(inputs=[str(inputs)], feature_columns=["f0", "f1"])
 
 
+@pytest.mark.slow
 def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(tmp_path,
                                                                           dask_client) -> None:
     """Invariants: CSV and JSON Lines files are read; a CSV whose label column is not numeric
@@ -47,6 +49,7 @@ def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(tmp_pa
     assert manifest.split("train").num_rows == 900
 
 
+@pytest.mark.slow
 def test_pieces_smaller_than_row_groups_change_nothing_in_the_output(tmp_path,
                                                                      dask_client) -> None:
     """Invariant: cutting one big row group into many pieces (bounded task memory) gives

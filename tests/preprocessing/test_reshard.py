@@ -19,6 +19,8 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.driver.reshard import TooManyRejected, run_reshard
 
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
 
 def config_for(inputs: Path, output: Path, **overrides) -> ReshardConfig:
     values = {"dataset": DatasetSpec(inputs=[str(inputs)]), "output_root": str(output),

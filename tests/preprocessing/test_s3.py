@@ -19,6 +19,8 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.driver.reshard import run_reshard
 
+pytestmark = pytest.mark.slow  # every test here uses moto's S3 server
+
 
 @pytest.fixture
 def bucket(s3_endpoint: str) -> str:

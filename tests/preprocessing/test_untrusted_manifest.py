@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,24 +24,24 @@ from preprocessing.contract.manifest import (
     read_current_version,
     read_manifest,
 )
+from tests.preprocessing import version_writer
 from training.config import LoaderConfig
 from training.data.cache import ShardCache
 from training.data.loader import ShardStream
 from training.data.readahead import ReadConfig
 
 WRITER = Path(__file__).with_name("version_writer.py")
-REPO = Path(__file__).resolve().parents[2]
 VERSION = "v1"
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A committed two-shard version written by the real commit path, copied per test."""
+    """A committed two-shard version written by the real commit path, copied per test
+    (the commit tests' writer, run in this process: these tests start no process)."""
     root = tmp_path_factory.mktemp("pristine") / "root"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
-        "PYTHONPATH", "")])}
-    subprocess.run([sys.executable, str(WRITER), str(root), VERSION], env=env, check=True,
-                   capture_output=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [str(WRITER), str(root), VERSION])
+        assert version_writer.main() == 0
     return root
 
 

@@ -26,6 +26,7 @@ def test_a_model_that_always_answers_the_majority_class_does_not_beat_the_baseli
     assert evaluation(good, ["a", "b"])["beats_class_prior"]
 
 
+@pytest.mark.slow
 def test_a_model_below_the_baseline_is_registered_without_an_alias(tmp_path) -> None:
     """Invariant: register_and_promote with beats_baseline=False gives the version no alias
     (it never becomes champion) and records why in a tag; the next one that beats it does."""

@@ -51,6 +51,7 @@ def all_artifact_text(client: MlflowClient, run_id: str, path: str = "") -> str:
     return "\n".join(text)
 
 
+@pytest.mark.slow
 def test_tracked_jobs_register_champion_then_challenger(tiny_raw, tmp_path, dask_client,
                                                         mlflow_uri, monkeypatch) -> None:
     """Invariants: the run holds params, tags, the dataset input (digest = version id),

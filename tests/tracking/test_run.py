@@ -22,6 +22,7 @@ def test_flatten_gives_dotted_string_params() -> None:
                                                                "d": "x"}
 
 
+@pytest.mark.slow
 def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_client,
                                                       mlflow_uri) -> None:
     """Invariants (against a real mlflow server): params hold the flattened config; tags hold
@@ -46,6 +47,7 @@ def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_c
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_uri,
                                                                          monkeypatch) -> None:
     """Invariant: system metrics of node 0 reach the run even when the job ends before the

@@ -109,6 +109,7 @@ def tiny_network(num_features: int, num_classes: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(num_features, num_classes))
 
 
+@pytest.mark.slow
 def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path, dask_client,
                                                               monkeypatch) -> None:
     """Fault: the server is down for a whole job (start, metrics, model, close). Invariants:

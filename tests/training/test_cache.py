@@ -105,6 +105,7 @@ def test_truncated_cached_copy_is_downloaded_again(
     assert copy.stat().st_size == stream.layout.entries[0].num_bytes
 
 
+@pytest.mark.slow
 def test_worker_processes_share_one_cache_directory(
     make_dataset: Callable[..., str], tmp_path: Path
 ) -> None:

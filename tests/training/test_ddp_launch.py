@@ -89,6 +89,7 @@ def test_a_data_error_on_the_ranks_fails_once_in_one_line(
     assert "Traceback (most recent call last)" in log.read_text()
 
 
+@pytest.mark.slow
 def test_a_rank_exits_2_on_a_config_error_with_its_cause_in_one_line(tmp_path: Path) -> None:
     """`python -m training` with an invalid config exits with status 2 (not 1, which any
     crash gives), prints the cause naming the field in its last stderr line, and keeps the

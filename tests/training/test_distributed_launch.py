@@ -97,10 +97,10 @@ JOB = LocalJob(num_processes_per_node=2, timeout_s=300,
 
 
 def through_the_flow_task(config: Path) -> dict[str, Any]:
-    """The flows' training task, in a flow on a temporary API: it runs the job through the
-    launcher, whose policy retries; the task itself has no retries."""
+    """The flows' training task, in a flow on the session's temporary API (the
+    `prefect_harness` fixture): it runs the job through the launcher, whose policy retries;
+    the task itself has no retries."""
     from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows import tasks
 
@@ -110,14 +110,14 @@ def through_the_flow_task(config: Path) -> dict[str, Any]:
     def train() -> dict[str, Any]:
         return tasks.train(load_train_config(config), JOB)
 
-    with prefect_test_harness(server_startup_timeout=120):
-        return train()
+    return train()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launched_by", ["launcher", "flow task"])
 def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
-    make_dataset: Callable[..., str], tmp_path: Path, launched_by: str
+    make_dataset: Callable[..., str], tmp_path: Path, launched_by: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A rank SIGKILLed mid-epoch ends its attempt well within the process-group timeout (no
     hang); the launcher's retry (called directly, or by the flows' task) resumes from the
@@ -143,6 +143,7 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     killer = RankKiller(records, out / "checkpoints" / "last.ckpt", Path(root))
     killer.start()
     if launched_by == "flow task":
+        request.getfixturevalue("prefect_harness")
         summary = through_the_flow_task(config)
     else:
         summary = run_job(load_train_config(config), JOB)

@@ -75,6 +75,7 @@ def test_local_torchrun_is_standalone_and_never_restarts() -> None:
     assert command[-4:] == ["-m", "training", "--config", "c.yaml"]
 
 
+@pytest.mark.slow
 def test_sbatch_script_parses_and_carries_the_job(config_path: str) -> None:
     """The sbatch script is valid bash; its header asks for the nodes, GPUs and partition;
     srun starts one torchrun per node in the image, with the configured processes per node,

@@ -177,7 +177,7 @@ def test_set_epoch_keeps_a_resumed_position(dataset_cache: Callable[..., str]) -
     assert stream.state_dict() == position(3, 0, 0, 10)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_dataloader_workers_reproduce_the_rank_order(
     dataset_cache: Callable[..., str], monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
@@ -250,7 +250,7 @@ def test_missing_manifest_is_reported_with_its_uri(tmp_path: Path) -> None:
         stream_factory(str(tmp_path), 4, "drop")()
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_last_batch_handed_out_ends_the_epoch(
     dataset_cache: Callable[..., str], num_workers: int
 ) -> None:

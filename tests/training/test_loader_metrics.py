@@ -53,7 +53,7 @@ def test_interval_gives_the_rates_between_two_readings() -> None:
     assert figures["data_wait_fraction"] == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_stream_loader_counts_what_it_hands_out(
     dataset_cache: Callable[..., str], num_workers: int
 ) -> None:

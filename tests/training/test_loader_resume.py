@@ -63,6 +63,7 @@ def test_resume_with_another_world_size_continues_the_stream(
         assert len(reference) - len(resumed) < new_world * 5
 
 
+@pytest.mark.slow
 def test_loader_with_workers_records_position_and_resumes(
     dataset_cache: Callable[..., str],
 ) -> None:

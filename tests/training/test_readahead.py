@@ -68,6 +68,7 @@ def test_read_ahead_yields_exactly_the_depth_zero_stream(
             assert same_batches(got[0], got[1])
 
 
+@pytest.mark.slow
 def test_read_ahead_through_worker_processes(dataset_cache: Callable[..., str]) -> None:
     """A StreamLoader with 2 worker processes reading 3 row groups ahead yields the batches
     a depth-0 stream yields in this process."""

@@ -15,6 +15,8 @@ from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig
 from training.train import run_training
 
+pytestmark = pytest.mark.slow  # whole training runs end to end (Lightning, checkpoints, MLflow)
+
 
 def test_single_process_run_writes_a_consistent_summary(
     make_dataset: Callable[..., str], tmp_path: Path

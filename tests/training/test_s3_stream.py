@@ -18,6 +18,8 @@ from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadConfig
 
+pytestmark = pytest.mark.slow  # every test here uses the S3 fault proxy, moto's S3 server
+
 FAST_RETRIES = RetryPolicy(attempts=4, first_delay_s=0.1, max_delay_s=0.4)
 
 

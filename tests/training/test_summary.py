@@ -7,10 +7,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from training.config import LoaderConfig, TrainConfig
 from training.train import run_training
 
 
+@pytest.mark.slow
 def test_summary_module_imports_neither_torch_nor_lightning() -> None:
     """A flow reads summary.json through training.summary without loading torch."""
     code = ("import sys, training.summary; "

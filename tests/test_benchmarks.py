@@ -1,0 +1,89 @@
+"""Every benchmark runs the way its docstring says, at its smallest size, so none can rot:
+as a script from another directory (`python benchmarks/NAME.py`) or as a module from the
+clone (`python -m benchmarks.NAME`), with no PYTHONPATH (the scripts find the clone)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # each one a subprocess, most with a Dask cluster or torchrun
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_LITDATA = "/nonexistent/litdata-python"
+WORK = ["--work-dir", "{tmp}/work"]
+# name -> (how it is run, its smallest-size arguments, a line its output must hold)
+SMALLEST = {
+    "plan_bench": ("script", ["--files", "1000"], "plan_split train stratified"),
+    "reshard_bench": ("module", ["--gb", "0.001", "--shards", "2", "--tools",
+                                 "ballast-stratified", "pyarrow-write_dataset", "floor", *WORK],
+                      "peak RSS per Dask worker"),
+    "incremental_bench": ("script", ["--gb", "0.001", "--shards", "2", "--repeat", "1", *WORK],
+                          "incremental"),
+    "scale_bench": ("module", ["--cases", "bookkeeping", "s3", "--bookkeeping", "100x10",
+                               "--s3-gb", "0.001", "--s3-task-mb", "64", "--shards", "2", *WORK],
+                    "(b) bookkeeping at 100 pieces x 10 shards"),
+    "loader_bench": ("script", ["--rows", "20000", "--num-shards", "100", "--peer-rows", "2000",
+                                "--tabular-rows", "2000", "--stall-batches", "4",
+                                "--steady-after", "8", "--repeat", "1", "--ranks", "1",
+                                "--quality-epochs", "1", "--litdata-python", NO_LITDATA, *WORK],
+                     "targets:"),
+    "comm_bench": ("module", ["--steps", "2", "--epochs", "1", "--only", "none",
+                              "--out", "{tmp}/out"], '"none"'),
+}
+
+
+def run_benchmark(name: str, how: str, args: list[str], cwd: Path,
+                  timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    command = ([sys.executable, str(ROOT / "benchmarks" / f"{name}.py")] if how == "script"
+               else [sys.executable, "-m", f"benchmarks.{name}"])
+    return subprocess.run([*command, *args], cwd=ROOT if how == "module" else cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.mark.parametrize("name", sorted(SMALLEST))
+def test_each_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> None:
+    """Invariant: the benchmark imports, runs every section it is given end to end on
+    tiny data and prints its report (exit status 0, its report's line present)."""
+    how, args, expected = SMALLEST[name]
+    done = run_benchmark(name, how, [arg.format(tmp=tmp_path) for arg in args], tmp_path)
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert expected in done.stdout, done.stdout[-3000:]
+
+
+def test_reshard_bench_without_duckdb_says_to_install_the_bench_extra(tmp_path: Path) -> None:
+    """Invariant: asked for the DuckDB tools where DuckDB is missing, the reshard benchmark
+    stops before any work with a line naming the `bench` extra, not a traceback."""
+    if importlib.util.find_spec("duckdb") is not None:
+        pytest.skip("DuckDB is installed here: the message is for a clone without the extra")
+    done = run_benchmark("reshard_bench", "script", ["--work-dir", str(tmp_path)], tmp_path)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "duckdb not installed: install the `bench` extra" in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_litdata_share_imports_from_a_clone(tmp_path: Path) -> None:
+    """Invariant: the LitData helper, run by loader_bench when LitData's own environment
+    exists (docs/architecture.md M13), imports as a script: without arguments it fails on
+    the missing argument, not on an import."""
+    done = run_benchmark("litdata_share", "script", [], tmp_path, timeout_s=120)
+    assert "ModuleNotFoundError" not in done.stderr and "IndexError" in done.stderr
+
+
+def test_gpu_check_says_so_without_a_gpu(tmp_path: Path) -> None:
+    """Invariant: on a machine without CUDA the GPU check says so and exits 0 (with a GPU it
+    trains for minutes: run it by hand there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: benchmarks/gpu_check.sh takes minutes, run it by hand")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=tmp_path,
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "no CUDA GPU is visible" in done.stdout
