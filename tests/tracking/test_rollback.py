@@ -10,6 +10,9 @@ from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote
 from tracking.rollback import ROLLED_BACK_TAG, RollbackRefused, rollback_model
 
+# MLflow's log_model starts subprocesses (its module capture, git).
+pytestmark = pytest.mark.slow
+
 
 def test_rollback_refuses_what_does_not_exist_and_moves_once(tmp_path) -> None:
     """Invariants: an unknown model, an unknown version, and a champion that replaced no

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from mlflow.types.schema import Schema
 
 from tracking.run import git_sha, holdout_metrics
@@ -40,6 +41,7 @@ def test_holdout_metrics_hold_the_figures_and_the_class_prior_baseline() -> None
         "holdout_class_prior_balanced_accuracy": 0.5, "holdout_rows": 10.0}
 
 
+@pytest.mark.slow  # asks git
 def test_git_sha_names_the_code_never_unknown(tmp_path, monkeypatch) -> None:
     """Invariant: the code version tag is asked of the code's checkout, whatever the
     working directory: a 40-hex commit here, never `unknown`."""
