@@ -30,19 +30,14 @@ def test_a_model_that_always_answers_the_majority_class_does_not_beat_the_baseli
 def test_a_model_below_the_baseline_is_registered_without_an_alias(tmp_path) -> None:
     """Invariant: register_and_promote with beats_baseline=False gives the version no alias
     (it never becomes champion) and records why in a tag; the next one that beats it does."""
-    import mlflow
     from mlflow.tracking import MlflowClient
 
+    from tests.tracking.logged_models import log_models
     from tracking.config import TrackingConfig
     from tracking.registry import BASELINE_TAG, register_and_promote
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    models = []
-    for _ in range(2):  # one run per version: registration reuses a run's own version
-        with mlflow.start_run():
-            models.append(mlflow.pyfunc.log_model(
-                name="model", python_model=mlflow.pyfunc.PythonModel()).model_uri)
+    models = log_models(uri, 2)
     config = TrackingConfig(tracking_uri=uri)
     below = register_and_promote(config, models[0], "m", 0.9, beats_baseline=False)
     assert below["alias"] is None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.tracking.logged_models import log_models
 from tracking.config import TrackingConfig
 from tracking.registry import register_and_promote
 from tracking.rollback import ROLLED_BACK_TAG, RollbackRefused, rollback_model
@@ -19,12 +19,7 @@ def test_rollback_refuses_what_does_not_exist_and_moves_once(tmp_path) -> None:
     recorded one (no --to) are refused with the reason; `--to 1` moves the alias and tags
     why on the version rolled back from; the same call again changes nothing."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    models = []
-    for _ in range(2):  # one run per version: registration reuses a run's own version
-        with mlflow.start_run():
-            models.append(mlflow.pyfunc.log_model(
-                name="model", python_model=mlflow.pyfunc.PythonModel()).model_uri)
+    models = log_models(uri, 2)
     config = TrackingConfig(tracking_uri=uri)
     register_and_promote(config, models[0], "m", 0.5)
     assert register_and_promote(config, models[1], "m", 0.7)["alias"] == "champion"
