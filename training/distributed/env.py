@@ -1,6 +1,7 @@
 """This rank's place in the job, as torchrun sets it in the environment: the one reader of
 RANK, WORLD_SIZE and LOCAL_WORLD_SIZE. A process started without torchrun is rank 0 of 1.
-No torch import: the launcher and a rank's error report read it before torch loads."""
+Also where a job's ranks leave their error and hang logs for the launcher. No torch
+import: the launcher and a rank's error report read it before torch loads."""
 
 from __future__ import annotations
 
@@ -20,3 +21,8 @@ def env_world_size() -> int:
 def env_local_world_size() -> int:
     """LOCAL_WORLD_SIZE: the ranks on this node (the whole job without torchrun)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", str(env_world_size())))
+
+
+def errors_dir(output_dir: str) -> str:
+    """`<output_dir>/errors`: where ranks leave error and hang logs for the launcher."""
+    return f"{output_dir.rstrip('/')}/errors"

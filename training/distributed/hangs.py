@@ -16,12 +16,13 @@ import os
 
 from fsspec.core import url_to_fs
 
+from training.distributed.env import errors_dir
+
 HANG_STATUS = 3
-ERRORS_DIR = "errors"
 
 
 def hang_log_uri(output_dir: str, rank: int) -> str:
-    return f"{output_dir.rstrip('/')}/{ERRORS_DIR}/hang-rank-{rank}.log"
+    return f"{errors_dir(output_dir)}/hang-rank-{rank}.log"
 
 
 def write_hang_report(output_dir: str, rank: int, line: str) -> None:
@@ -35,7 +36,7 @@ def take_hang_reports(output_dir: str) -> list[str]:
     """The lines of the ranks that reported a hang, in rank order, removed as read (so a
     later attempt's failure is not blamed on this one); empty if none or unreadable."""
     try:
-        fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
+        fs, path = url_to_fs(errors_dir(output_dir))
         logs = sorted(fs.glob(f"{path}/hang-rank-*.log"),
                       key=lambda name: int(name.rsplit("-", 1)[1].split(".")[0]))
         lines = [fs.cat_file(log).decode(errors="replace").strip() for log in logs]

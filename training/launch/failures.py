@@ -29,10 +29,9 @@ from fsspec.core import url_to_fs
 
 from preprocessing.contract.faults import RetriesExhausted, classify
 from preprocessing.contract.secrets import redact
-from training.distributed.env import env_rank, env_world_size
+from training.distributed.env import env_rank, env_world_size, errors_dir
 
 CONFIG_ERROR_STATUS = 2
-ERRORS_DIR = "errors"
 MAX_CAUSE_CHARS = 600
 PEER_LOG_WAIT_S = 10.0
 
@@ -75,7 +74,7 @@ def one_line_cause(error: BaseException) -> str:
 
 
 def error_log_uri(output_dir: str, rank: int) -> str:
-    return f"{output_dir.rstrip('/')}/{ERRORS_DIR}/rank-{rank}.log"
+    return f"{errors_dir(output_dir)}/rank-{rank}.log"
 
 
 def report_config_error(error: BaseException, output_dir: str | None) -> int:
@@ -101,7 +100,7 @@ def wait_for_peer_logs(output_dir: str, world_size: int,
                        timeout_s: float = PEER_LOG_WAIT_S) -> None:
     """Return once every rank's error log exists, or after `timeout_s` (a rank that did
     not fail never writes one, and is stopped by torchrun when this rank exits)."""
-    fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
+    fs, path = url_to_fs(errors_dir(output_dir))
     deadline, pause_s = time.monotonic() + timeout_s, 0.1
     # Doubling pauses: about 7 listings per rank however long the wait, so a large job's
     # ranks list the shared directory a few thousand times at most, not every 0.2 s each.
@@ -118,7 +117,7 @@ def read_config_errors(output_dir: str) -> list[str]:
     log's URI; empty when none did (or the logs cannot be read: then the failure counts
     as transient)."""
     try:
-        fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
+        fs, path = url_to_fs(errors_dir(output_dir))
         ranks = sorted(int(name.rsplit("-", 1)[1].split(".")[0])
                        for name in fs.glob(f"{path}/rank-*.log"))
         uris = [error_log_uri(output_dir, rank) for rank in ranks]
@@ -132,6 +131,6 @@ def read_config_errors(output_dir: str) -> list[str]:
 def clear_error_logs(output_dir: str) -> None:
     """Remove the error logs of an earlier attempt, so that they are not read as this
     attempt's (a config error ends the job, so they describe a job already over)."""
-    fs, path = url_to_fs(f"{output_dir.rstrip('/')}/{ERRORS_DIR}")
+    fs, path = url_to_fs(errors_dir(output_dir))
     for log in fs.glob(f"{path}/rank-*.log"):
         fs.rm_file(log)
