@@ -25,7 +25,7 @@ from prefect.client.orchestration import get_client
 
 from flows.cli import main
 from flows.promotion import promote
-from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
+from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.manifest import read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig
@@ -68,7 +68,7 @@ def reshard(raw: Path, root: Path, dask_client: Any, column: str = "x") -> str:
         dataset=DatasetSpec(inputs=[str(raw)], feature_columns=[column]),
         output_root=str(root), mode="incremental", holdout_fraction=0.3,
         target_shard_rows=4000, mix=MixConfig(class_weighting="natural"),
-        max_small_shard_fraction=1.0)
+        incremental=IncrementalConfig(max_small_shard_fraction=1.0))
     return run_reshard(config, dask_client).manifest_uri
 
 
@@ -90,8 +90,9 @@ def night(tracking: TrackingConfig, config: PromotionConfig, dask: DaskConfig,
           dataset: str, before: str | None, run_id: str, model_uri: str) -> dict[str, Any]:
     """The pipeline's promotion step alone, on a model scored on the version's holdout."""
     evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset)
-    return promote(tracking, config, dask, {"manifest_uri": dataset}, before, run_id,
-                   model_uri, evaluation, "rebalanced")
+    result = {"manifest_uri": dataset, "run_id": run_id, "training": {"model_uri": model_uri},
+              "evaluations": {"rebalanced": evaluation}}
+    return promote(tracking, config, dask, result, before, "rebalanced")
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ import s3fs
 import yaml
 from distributed import Client
 
-from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
+from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
 from preprocessing.contract.faults import RetryPolicy
 from preprocessing.contract.manifest import read_current_version, read_manifest, shard_uri
 from preprocessing.contract.verify import verify_chain
@@ -164,9 +164,10 @@ def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
 
 def config_for(soak: Soak, root: Path) -> ReshardConfig:
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[f"s3://{soak.bucket}/raw/*.parquet"]),
+        dataset=DatasetSpec(inputs=[f"s3://{soak.bucket}/raw/*.parquet"], id_column="id"),
         output_root=str(root), target_shard_rows=400, rows_per_row_group=64,
-        mode="incremental", on_changed_inputs="rebuild", num_workers=2,
+        mode="incremental", incremental=IncrementalConfig(on_changed_inputs="rebuild"),
+        num_workers=2,
         mix=MixConfig(class_weighting="natural"),
         retry=RetryPolicy(attempts=6, first_delay_s=0.1, max_delay_s=0.5))
 
