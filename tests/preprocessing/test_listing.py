@@ -14,10 +14,12 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import list_once, run_reshard, version_id_for
 from tests.preprocessing.s3_requests import Request, RequestLog, counted_s3
 
+BUCKET = "listed-once"
+
 
 def input_listings(log: RequestLog) -> list[Request]:
     """The LIST requests (ListObjects, either version) of the bucket's `raw/` prefix."""
-    return [r for r in log.requests if r.method == "GET" and r.path.strip("/") == "counted"
+    return [r for r in log.requests if r.method == "GET" and r.path.strip("/") == BUCKET
             and parse_qs(r.query).get("prefix", [""])[0].startswith("raw")]
 
 
@@ -28,10 +30,10 @@ def test_a_reshard_lists_its_inputs_once(tiny_raw: Path, s3_endpoint: str) -> No
     a listing when there is one); the version made is the one named."""
     with counted_s3() as log:
         fs = fsspec.filesystem("s3")
-        fs.mkdir("counted")
-        fs.put(f"{tiny_raw}/", "counted/raw/", recursive=True)
-        config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://counted/raw/*.parquet"]),
-                               output_root="s3://counted/out", target_shard_rows=300,
+        fs.mkdir(BUCKET)  # its own bucket: the exchange's request test uses `counted`
+        fs.put(f"{tiny_raw}/", f"{BUCKET}/raw/", recursive=True)
+        config = ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{BUCKET}/raw/*.parquet"]),
+                               output_root=f"s3://{BUCKET}/out", target_shard_rows=300,
                                num_workers=1)
         # s3fs keeps listings it made: forgotten, so every listing below reaches the store.
         fs.invalidate_cache()
