@@ -54,6 +54,18 @@ END_TO_END: frozenset[str] = frozenset({
     "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
     # three reshards (each its own cluster), a rank process and the loaders, on tiny data
     "tests/test_benchmarks.py::test_each_benchmark_runs_at_its_smallest_size[loader_bench]",
+    # a torchrun job whose rank is SIGSTOPped: the watchdog's timeout, torchrun's grace, a retry
+    "tests/training/test_rank_hang.py::"
+    "test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_once",
+    "tests/training/test_rank_time.py::test_a_rank_made_slower_is_named_with_its_time_split",
+    # whole pipeline runs under Prefect with MLflow: hostile names, the console, promotion
+    "tests/flows/test_column_names_pipeline.py::"
+    "test_hostile_column_names_train_register_and_predict_raw_rows",
+    "tests/flows/test_console.py::"
+    "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",
+    "tests/flows/test_promotion.py::test_an_easier_night_does_not_promote_a_worse_model",
+    # nights of the incremental chain, each a reshard subprocess under a fault
+    "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
 })
 
 
