@@ -185,7 +185,8 @@ async def _artifact_text(key: str) -> str:
 def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -> None:
     """Invariants: a champion whose codec needs a column the new rows lack is reported as
     unable to read them and the challenger stays `challenger`; with `force` it becomes
-    champion and records the champion it replaced; rolling the model back twice returns
+    champion (the run's own version, registered once) and records the champion it
+    replaced; rolling the model back twice returns
     the alias to that version once (the second call changes nothing), with the reason."""
     tracking = _tracking(world, "schema-model")
     other_raw, other_root = world["work"] / "raw-y", world["work"] / "datasets-y"
@@ -204,8 +205,10 @@ def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -
     forced = night(tracking, PromotionConfig(force=True), world["dask"], world["night2"],
                    None, run2, challenger)
     client = MlflowClient(world["uri"])
-    assert forced["alias"] == "champion"
-    assert client.get_model_version("schema-model", "3").tags[PREVIOUS_CHAMPION_TAG] == "1"
+    # the same run forced: its own version again (registration is idempotent), now champion
+    assert forced["alias"] == "champion" and forced["version"] == held["version"]
+    assert client.get_model_version("schema-model", str(forced["version"])).tags[
+        PREVIOUS_CHAMPION_TAG] == "1"
     args = ["rollback", "--model", "schema-model", "--tracking-uri", world["uri"],
             "--reason", "forced by mistake"]
     assert main(args) == 0 and main(args) == 0

@@ -9,6 +9,8 @@ import mlflow
 def log_models(tracking_uri: str, count: int) -> list[str]:
     """The model URIs of `count` trivial pyfunc models, each logged in a run of its own."""
     mlflow.set_tracking_uri(tracking_uri)
+    # this store's own experiment: one set by an earlier test names another store's id
+    mlflow.set_experiment("registry-tests")
     uris = []
     for _ in range(count):
         with mlflow.start_run():
