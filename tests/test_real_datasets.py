@@ -116,7 +116,10 @@ def test_wine_through_a_logged_mlflow_model(wine, tmp_path) -> None:
     network = train_mlp(result.manifest_uri, epochs=5)
     tracking_uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(tracking_uri)
-    with mlflow.start_run() as run:
+    # an experiment of this store, named: MLflow may leave another store's id in the
+    # process environment (MLFLOW_EXPERIMENT_ID) after an earlier test's model load
+    experiment_id = mlflow.tracking.MlflowClient(tracking_uri).create_experiment("wine")
+    with mlflow.start_run(experiment_id=experiment_id) as run:
         pass
     model_uri = log_model(TrackingConfig(tracking_uri=tracking_uri), run.info.run_id, network,
                           result.manifest_uri)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import mlflow.tracking.fluent as mlflow_fluent
 import pandas as pd
 import pyarrow.parquet as pq
 import torch
@@ -117,11 +118,18 @@ def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
     # Not `with mlflow.start_run(run_id=...)`: leaving that block would end the job's run
     # (FINISHED, or FAILED on an error) before its close. The logged model goes into the
     # run's experiment, which MLflow takes from the active one.
+    # The active experiment is a process global of MLflow's: restored afterwards, so a later
+    # `start_run` in this process (another store, another job) does not look for this one.
     mlflow.set_tracking_uri(config.tracking_uri)
     experiment_id = MlflowClient(config.tracking_uri).get_run(run_id).info.experiment_id
+    previous = mlflow_fluent._active_experiment_id
     mlflow.set_experiment(experiment_id=experiment_id)
-    with _model_arguments(model, example, extra) as arguments:
-        info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id, **arguments)
+    try:
+        with _model_arguments(model, example, extra) as arguments:
+            info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
+                             **arguments)
+    finally:
+        mlflow_fluent._active_experiment_id = previous
     return str(info.model_uri)
 
 
