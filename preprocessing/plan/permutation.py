@@ -62,19 +62,6 @@ def _feistel(values: np.ndarray, bits: int, round_keys: list[int]) -> np.ndarray
     return left
 
 
-def _permute_one(values: np.ndarray, domain: int, bits: int,
-                 round_keys: list[int]) -> np.ndarray:
-    """The keyed bijection of [0, domain) applied to `values`, cycle walking included."""
-    with np.errstate(over="ignore"):
-        result = _feistel(values, bits, round_keys)
-        limit = np.uint64(domain)
-        outside = np.flatnonzero(result >= limit)
-        while len(outside):  # cycle walking: re-encrypt until the value is back in range
-            result[outside] = _feistel(result[outside], bits, round_keys)
-            outside = outside[result[outside] >= limit]
-    return result
-
-
 def group_runs(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """(order, bounds): `order` lists the rows group by group (stably), group g's rows
     are order[bounds[g]:bounds[g + 1]]."""
@@ -90,8 +77,11 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i: a
     piece's rows of all strata at once. Rows are taken group by group (`runs`, as
     `group_runs` makes them, when the caller has them already), so that each group's
-    network runs with scalar keys and masks (about half the time of per-row key arrays,
-    benchmarks/RESULTS.md M31)."""
+    first pass through the network runs with scalar keys and masks (about half the time
+    of per-row key arrays, benchmarks/RESULTS.md M31); the few rows that land outside
+    their domain then walk back together, every group's at once, with per-row keys
+    (walking group by group cost a dozen passes of ~40 numpy calls per group, on ever
+    fewer rows: RESULTS.md M32)."""
     domains = np.asarray(domains, dtype=np.int64)
     order, bounds = runs if runs is not None else group_runs(groups, len(domains))
     present = np.flatnonzero(np.diff(bounds))
@@ -100,13 +90,50 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     bits = _domain_bits(domains.tobytes())
     table = _round_keys(np.asarray(keys, dtype=np.uint64).tobytes())
     values = np.asarray(indices).astype(np.uint64)[order]
-    for group in present.tolist():
-        run = slice(bounds[group], bounds[group + 1])
-        values[run] = _permute_one(values[run], int(domains[group]), int(bits[group]),
-                                   [int(key) for key in table[:, group]])
+    outside = []
+    with np.errstate(over="ignore"):
+        for group in present.tolist():
+            first = int(bounds[group])
+            run = values[first:int(bounds[group + 1])]
+            run[:] = _feistel(run, int(bits[group]), [int(key) for key in table[:, group]])
+            outside.append(np.flatnonzero(run >= np.uint64(domains[group])) + first)
+    if outside:
+        _walk_back(values, np.concatenate(outside), np.repeat(np.arange(len(domains)),
+                                                              np.diff(bounds)),
+                   domains, bits, table)
     result = np.empty(len(values), dtype=np.int64)
     result[order] = values
     return result
+
+
+def _walk_back(values: np.ndarray, outside: np.ndarray, group_of: np.ndarray,
+               domains: np.ndarray, bits: np.ndarray, table: np.ndarray) -> None:
+    """Cycle walking, in place: re-encrypt `values[outside]` (rows in group order, row i
+    of group `group_of[i]`) until each is back inside its group's domain."""
+    with np.errstate(over="ignore"):
+        while len(outside):
+            group = group_of[outside]
+            walked = _feistel_rows(values[outside], bits[group], table[:, group])
+            values[outside] = walked
+            outside = outside[walked >= domains[group].astype(np.uint64)]
+
+
+def _feistel_rows(values: np.ndarray, bits: np.ndarray, round_keys: np.ndarray) -> np.ndarray:
+    """`_feistel` with each row's own domain bits and round keys ([round, row])."""
+    right_bits = bits // np.uint64(2)
+    one = np.uint64(1)
+    right_mask = (one << right_bits) - one
+    left_mask = (one << (bits - right_bits)) - one
+    left = values >> right_bits
+    right = values & right_mask
+    for round_index in range(len(round_keys)):
+        if round_index % 2 == 0:
+            left ^= mix64(right, round_keys[round_index]) & left_mask
+        else:
+            right ^= mix64(left, round_keys[round_index]) & right_mask
+    left <<= right_bits
+    left |= right
+    return left
 
 
 # A map task permutes every piece with the same few keys and domains: hashing them once per
