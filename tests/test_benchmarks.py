@@ -21,7 +21,8 @@ WORK = ["--work-dir", "{tmp}/work"]
 SMALLEST = {
     "plan_bench": ("script", ["--files", "1000"], "plan_split train stratified"),
     "reshard_bench": ("module", ["--gb", "0.001", "--shards", "2", "--tools",
-                                 "ballast-stratified", "pyarrow-write_dataset", "floor", *WORK],
+                                 "ballast-stratified", "pyarrow-write_dataset", "floor",
+                                 "floor-two-pass", *WORK],
                       "peak RSS per Dask worker"),
     "incremental_bench": ("script", ["--gb", "0.001", "--shards", "2", "--repeat", "1", *WORK],
                           "incremental"),

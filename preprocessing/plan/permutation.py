@@ -18,6 +18,9 @@ from functools import lru_cache
 import numpy as np
 
 _NUM_ROUNDS = 4
+# Below this many rows outside its domain, a group's cycle walk joins every other group's
+# (per-row keys cost more per row than scalar ones, and less than ~40 calls per group).
+JOINT_WALK_ROWS = 4096
 
 
 def derive_key(*parts: object) -> int:
@@ -77,11 +80,11 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i: a
     piece's rows of all strata at once. Rows are taken group by group (`runs`, as
     `group_runs` makes them, when the caller has them already), so that each group's
-    first pass through the network runs with scalar keys and masks (about half the time
-    of per-row key arrays, benchmarks/RESULTS.md M31); the few rows that land outside
-    their domain then walk back together, every group's at once, with per-row keys
-    (walking group by group cost a dozen passes of ~40 numpy calls per group, on ever
-    fewer rows: RESULTS.md M32)."""
+    network runs with scalar keys and masks (about half the time of per-row key
+    arrays, benchmarks/RESULTS.md M31), and so does its cycle walking while many of its
+    rows are outside the domain; the last few of every group then walk back together,
+    with per-row keys (walking each group to its end cost a dozen passes of ~40 numpy
+    calls per group, on ever fewer rows: RESULTS.md M32)."""
     domains = np.asarray(domains, dtype=np.int64)
     order, bounds = runs if runs is not None else group_runs(groups, len(domains))
     present = np.flatnonzero(np.diff(bounds))
@@ -90,13 +93,10 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     bits = _domain_bits(domains.tobytes())
     table = _round_keys(np.asarray(keys, dtype=np.uint64).tobytes())
     values = np.asarray(indices).astype(np.uint64)[order]
-    outside = []
-    with np.errstate(over="ignore"):
-        for group in present.tolist():
-            first = int(bounds[group])
-            run = values[first:int(bounds[group + 1])]
-            run[:] = _feistel(run, int(bits[group]), [int(key) for key in table[:, group]])
-            outside.append(np.flatnonzero(run >= np.uint64(domains[group])) + first)
+    outside = [_walk_group(values[int(bounds[group]):int(bounds[group + 1])],
+                           int(domains[group]), int(bits[group]),
+                           [int(key) for key in table[:, group]]) + bounds[group]
+               for group in present.tolist()]
     if outside:
         _walk_back(values, np.concatenate(outside), np.repeat(np.arange(len(domains)),
                                                               np.diff(bounds)),
@@ -104,6 +104,18 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     result = np.empty(len(values), dtype=np.int64)
     result[order] = values
     return result
+
+
+def _walk_group(run: np.ndarray, domain: int, bits: int, round_keys: list[int]) -> np.ndarray:
+    """One group's rows through its network in place, cycle walking with scalar keys while
+    more than JOINT_WALK_ROWS are outside the domain; the rows still outside."""
+    with np.errstate(over="ignore"):
+        run[:] = _feistel(run, bits, round_keys)
+        outside = np.flatnonzero(run >= np.uint64(domain))
+        while len(outside) > JOINT_WALK_ROWS:
+            run[outside] = _feistel(run[outside], bits, round_keys)
+            outside = outside[run[outside] >= np.uint64(domain)]
+    return outside
 
 
 def _walk_back(values: np.ndarray, outside: np.ndarray, group_of: np.ndarray,

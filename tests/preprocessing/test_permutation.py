@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.plan.permutation import (
+    JOINT_WALK_ROWS,
     _feistel,
     derive_key,
     permute,
@@ -112,3 +113,17 @@ def test_permute_many_images_are_pinned() -> None:
     keys = np.array([derive_key("pinned", group) for group in range(48)], dtype=np.uint64)
     images = permute_many(indices, groups, domains, keys)
     assert hashlib.sha256(images.astype("<i8").tobytes()).hexdigest() == PINNED_IMAGES
+
+
+def test_permute_many_walks_large_groups_like_the_reference() -> None:
+    """Invariant: groups with more than JOINT_WALK_ROWS rows outside their domain (domains
+    just above a power of two leave about half outside) walk with their own keys first and
+    still give the reference's images."""
+    rng = np.random.default_rng(3)
+    sizes, domains = [40_000, 2, 17_000, 0, 9_000], np.array([65_537, 2, 32_769, 5, 9_000])
+    assert JOINT_WALK_ROWS < 40_000 // 4  # about 20,000 of group 0 land outside at first
+    groups = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    indices = (rng.random(len(groups)) * domains[groups]).astype(np.int64)
+    keys = rng.integers(0, 2**63, len(sizes), dtype=np.uint64)
+    expected = walk_group_by_group(indices, groups, domains, keys)
+    assert np.array_equal(permute_many(indices, groups, domains, keys), expected)
