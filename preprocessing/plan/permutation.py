@@ -97,10 +97,10 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
                            int(domains[group]), int(bits[group]),
                            [int(key) for key in table[:, group]]) + bounds[group]
                for group in present.tolist()]
-    if outside:
-        _walk_back(values, np.concatenate(outside), np.repeat(np.arange(len(domains)),
-                                                              np.diff(bounds)),
-                   domains, bits, table)
+    leftover = np.concatenate(outside) if outside else np.zeros(0, dtype=np.int64)
+    if len(leftover):
+        group_of = np.repeat(np.arange(len(domains)), np.diff(bounds))
+        _walk_back(values, leftover, group_of, domains, bits, table)
     result = np.empty(len(values), dtype=np.int64)
     result[order] = values
     return result
