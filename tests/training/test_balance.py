@@ -225,3 +225,18 @@ def test_balanced_loaders_refuse_workers_and_sharded_strategies() -> None:
     with pytest.raises(ValueError, match="balance_by: tokens apply to ddp, not fsdp"):
         TrainConfig(dataset="d", output_dir="o", strategy="fsdp",
                     loader=LoaderConfig(balance_by="tokens"))
+
+
+def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., str]) -> None:
+    """Invariant: with `balance: speed` and `balance_by: tokens` for training, the holdout
+    stream is padded and split equally (its figures are exact sums over whole batches)."""
+    from training.data.datamodule import StreamDataModule
+
+    root = dataset_cache(120, holdout_rows=30, row_group_size=8)
+    data = StreamDataModule(root, LoaderConfig(batch_size=4, balance="speed",
+                                               balance_by="tokens"), seed=0)
+    assert data.train_stream.config.balanced
+    assert data.holdout_stream is not None
+    held = data.holdout_stream.config
+    assert (held.balance, held.balance_by, held.remainder) == ("equal", "samples", "pad")
+    assert not held.balanced
