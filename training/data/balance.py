@@ -12,9 +12,9 @@ one after the other), and rank r takes the r-th slice of them:
 - `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
   all_gather of the step times (training/distributed/rank_time.py) hands every rank the
   same figures, and every rank computes the same new shares from them (`next_shares`:
-  each rank's samples per busy second, smoothed and bounded), effective two global steps
-  after the position where they were computed, which no rank has reached by then: no
-  collective of its own, and every rank slices every step alike;
+  each rank's samples per busy second, smoothed, bounded, with a dead band), effective
+  two global steps after the position where they were computed, which no rank has
+  reached by then: no collective of its own, and every rank slices every step alike;
 - every rank still yields one batch per global step (the same optimizer steps), every
   row of the step lands on exactly one rank, and the stream position stays (epoch,
   samples consumed): a resume on any world size continues the same stream, its shares
@@ -38,6 +38,10 @@ Batch = dict[str, torch.Tensor]
 # disturbed interval (a checkpoint write, a GC pause) cannot be starved or flooded.
 FLOOR, CAP = 0.25, 4.0
 SMOOTHING = 0.5  # a re-plan moves this far from the current shares to the measured ones
+# Measured shares within this fraction of the equal share of the current ones change
+# nothing: timing noise alone does not move rows back and forth (each move costs a step
+# at the pace of the rank that got more).
+DEAD_BAND = 0.02
 LAG_STEPS = 2  # new shares apply this many global steps after the position they were made at
 
 
@@ -68,11 +72,14 @@ def next_shares(shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray) -> 
     """The shares after an interval where rank r took `samples[r]` rows in `busy_s[r]`
     seconds of its own work: moved `SMOOTHING` of the way to shares proportional to its
     speed (a fixed point has every rank equally busy), bounded. An interval that measured
-    nothing on some rank leaves the shares as they are."""
+    nothing on some rank, or speeds within the dead band of the shares, leaves the
+    shares as they are."""
     if len(samples) != len(shares) or min(samples.min(), busy_s.min()) <= 0:
         return shares
     speeds = samples / busy_s
     target = speeds / speeds.sum()
+    if np.abs(target - shares).max() < DEAD_BAND / len(shares):
+        return shares
     return bounded((1.0 - SMOOTHING) * shares + SMOOTHING * target)
 
 
