@@ -7,6 +7,7 @@ follow the shares."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +243,31 @@ def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., st
     held = data.holdout_stream.config
     assert (held.balance, held.balance_by, held.remainder) == ("equal", "samples", "pad")
     assert not held.balanced
+
+
+def test_uneven_token_sequences_are_padded_with_zero_and_split_by_real_tokens(
+    tmp_path: Path,
+) -> None:
+    """Invariant: a token dataset with `min_seq_len` has sequences of every length in
+    [min_seq_len, seq_len], real ids >= 1 and a tail of pad id 0; a spec without it keeps
+    the version id it had before the field existed. Streamed under `balance_by: tokens`
+    on 2 ranks, each step's slices cover its rows once and their real-token sums differ by
+    at most the longest sequence."""
+    from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
+
+    assert TokenDatasetSpec().version_id() == "tokens-bb71738ffd9be4f0"
+    spec = TokenDatasetSpec(num_rows=384, holdout_rows=0, seq_len=16, min_seq_len=2,
+                            vocab_size=64, rows_per_shard=128, rows_per_row_group=32)
+    root = write_token_dataset(str(tmp_path / "tokens"), spec)
+    config = LoaderConfig(batch_size=16, balance_by="tokens", num_partitions=4)
+    streams = [ShardStream(root, "train", config, seed=1) for _ in range(2)]
+    steps = list(zip(*[s.iterate((r, 2)) for r, s in enumerate(streams)], strict=True))
+    features = torch.cat([batch["features"] for step in steps for batch in step])
+    lengths = (features != 0).sum(dim=1)
+    assert int(lengths.min()) == 2 and int(lengths.max()) == 16
+    assert bool(((features != 0).cumprod(dim=1).sum(dim=1) == lengths).all())  # tail of 0s
+    ids = [i for step in steps for batch in step for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(384))
+    for step in steps:
+        sums = [int((batch["features"] != 0).sum()) for batch in step]
+        assert abs(sums[0] - sums[1]) <= 16
