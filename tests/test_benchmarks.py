@@ -34,6 +34,9 @@ SMALLEST = {
                                 "--steady-after", "8", "--repeat", "1", "--ranks", "1",
                                 "--quality-epochs", "1", "--litdata-python", NO_LITDATA, *WORK],
                      "targets:"),
+    "hetero_bench": ("script", ["--rows", "2000", "--token-rows", "256", "--batch-size", "32",
+                                "--hidden", "8", "--epochs", "1", "--runs", "speed-loaded",
+                                "tokens-unloaded", *WORK], "targets:"),
     "comm_bench": ("module", ["--steps", "2", "--epochs", "1", "--only", "none",
                               "--out", "{tmp}/out"], '"none"'),
 }

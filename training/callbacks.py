@@ -3,6 +3,7 @@
 - `JobCallbacks`: a job's callbacks from its config (checkpoints, counting, data
   wait, clipping, communication, per-rank step times (training/distributed/rank_time.py),
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
+- `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times.
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -28,6 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.tensor import DTensor
 
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
+from training.data.loader import ShardStream
 from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
@@ -38,11 +40,16 @@ from training.distributed.watchdog import HangWatchdog
 class JobCallbacks:
     """The callbacks of a job, kept by name for the summary."""
 
-    def __init__(self, cfg: TrainConfig, strategy: Any, world_size: int = 1) -> None:
+    def __init__(self, cfg: TrainConfig, strategy: Any, world_size: int = 1,
+                 train_stream: ShardStream | None = None) -> None:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
-        self.ranks = RankTimes(meter)
+        if cfg.loader.balance == "speed" and train_stream is not None:
+            self.ranks = RankTimes(meter, SpeedReplan(train_stream),
+                                   cfg.loader.balance_every_n_steps)
+        else:
+            self.ranks = RankTimes(meter)
         extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
         if world_size > 1:  # one process has no peer to hang on, nor a collective timeout
             extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
@@ -50,6 +57,27 @@ class JobCallbacks:
             extra.append(GradientClipping(cfg.gradient_clip_norm))
         self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]
         self.all += [self.comm] if self.comm is not None else []
+
+
+class SpeedReplan:
+    """`loader.balance: speed`: new shares for the train stream from each interval's
+    gathered step times (training/data/balance.py), logged from rank 0 as
+    `balance/share_rank_<r>`."""
+
+    def __init__(self, stream: ShardStream) -> None:
+        self.stream = stream
+
+    def __call__(self, trainer: lightning.Trainer, figures: list[dict[str, float]]) -> None:
+        state = self.stream.state_dict()
+        shares = self.stream.shares.replan(
+            state["epoch"], state["samples_consumed"],
+            len(figures) * self.stream.config.batch_size,
+            [rank["samples"] for rank in figures],
+            [rank["step_s"] - rank["allreduce_blocked_s"] for rank in figures])
+        if trainer.is_global_zero:
+            metrics = {f"balance/share_rank_{r}": float(v) for r, v in enumerate(shares)}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:

@@ -58,6 +58,43 @@ class LoaderConfig(BaseModel):
         "takes its rows from about this many row groups of different shards. Part of the "
         "epoch's order, like num_partitions; read-ahead covers one window.",
     )
+    balance: Literal["equal", "speed"] = Field(
+        "equal",
+        description="How each global step's rows are shared among ranks "
+        "(training/data/balance.py): `equal` (batch_size each), or `speed`: the same rows "
+        "per step, each rank's share following its measured samples per busy second "
+        "(re-planned every `balance_every_n_steps`, smoothed, within 1/4 and 4x the equal "
+        "share), the loss weighted by each rank's rows so the gradient is the same global "
+        "mean. Each rank then reads every row group (not its partitions only); needs "
+        "num_workers 0 and strategy ddp or auto. Not part of the epoch's order: a run may "
+        "resume with either value.",
+    )
+    balance_by: Literal["samples", "tokens"] = Field(
+        "samples",
+        description="What a rank's share counts: `samples` (rows), or `tokens`: real tokens "
+        "of sequence data (non-zero token ids; 0 is the pad id), each step's rows cut so "
+        "every rank's token sum follows its share. `tokens` slices whole steps as `speed` "
+        "does, with the same needs.",
+    )
+    balance_every_n_steps: int = Field(
+        10, gt=0, description="`balance: speed`: optimizer steps between re-plans (each one "
+        "rides on the per-interval all_gather of the step times, no collective of its own).",
+    )
+
+    @model_validator(mode="after")
+    def balanced_in_process(self) -> LoaderConfig:
+        if self.balanced and self.num_workers:
+            raise ValueError(
+                f"loader.balance: {self.balance} / loader.balance_by: {self.balance_by} slice "
+                "each global step in the rank's own process when it is handed out; set "
+                f"loader.num_workers to 0 (it is {self.num_workers}) or use balance: equal"
+            )
+        return self
+
+    @property
+    def balanced(self) -> bool:
+        """Whether ranks take slices of whole global steps (training/data/balance.py)."""
+        return self.balance != "equal" or self.balance_by != "samples"
 
 
 class TransformerConfig(BaseModel):
@@ -200,6 +237,9 @@ class TrainConfig(BaseModel):
                 f"precision: 16-mixed is not supported with strategy {self.strategy}; "
                 "use bf16-mixed"
             )
+        if self.loader.balanced and self.strategy not in ("ddp", "auto"):
+            raise ValueError(f"loader.balance: {self.loader.balance} / loader.balance_by: "
+                             f"{self.loader.balance_by} apply to ddp, not {self.strategy}")
         if self.comm.hook != "none" and self.strategy not in ("ddp", "auto"):
             raise ValueError(f"comm.hook: {self.comm.hook} applies to ddp, not {self.strategy}")
         return self

@@ -61,7 +61,7 @@ def build_job(cfg: TrainConfig) -> TrainingJob:
     strategy = build_strategy(cfg, world.world_size)
     if isinstance(strategy, ModelParallelStrategy):
         bind_parallelism(model, tensor_parallel=cfg.strategy == "tp")
-    callbacks = JobCallbacks(cfg, strategy, world.world_size)
+    callbacks = JobCallbacks(cfg, strategy, world.world_size, data.train_stream)
     num_batches = data.train_stream.num_batches(world.world_size)
     trainer = build_trainer(cfg, world, strategy, callbacks, num_batches)
     return TrainingJob(data, model, callbacks, trainer)

@@ -9,7 +9,8 @@ column `tokens` of type fixed_size_list<int32>[seq_len], `label` (class
 0..num_classes-1), `id`, and `source`. Each class owns a few "signature" tokens;
 a sequence is uniform random tokens with a fraction `signal` of its positions
 replaced by its class's signature tokens, so a model must find which
-signature dominates; a fraction `label_noise` of rows then get a random label.
+signature dominates; a fraction `label_noise` of rows then get a random label. With
+`min_seq_len`, sequences have uneven lengths, padded with id 0.
 The loader yields `tokens` as float32 [B, seq_len] (exact for ids below 2^24);
 the transformer casts them back to ids.
 
@@ -58,12 +59,18 @@ class TokenDatasetSpec(BaseModel):
     label_noise: float = Field(
         0.0, ge=0, lt=1, description="Fraction of rows labelled with a random class instead "
         "(an irreducible loss, as real data has).")
+    min_seq_len: int = Field(
+        0, ge=0, description="0: every sequence has seq_len real tokens. Otherwise each "
+        "has a length drawn uniformly in [min_seq_len, seq_len], its tail padded with id 0 "
+        "and its real tokens drawn from ids >= 1 (uneven samples, for loader.balance_by).")
     rows_per_shard: int = Field(5_000, gt=0, description="Rows per Parquet shard.")
     rows_per_row_group: int = Field(500, gt=0, description="Rows per Parquet row group.")
     seed: int = Field(0, ge=0, description="Seeds the vocabulary split and every sequence.")
 
     def version_id(self) -> str:
-        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        # Without min_seq_len the spec hashes as before the field existed: same versions.
+        unset = {"min_seq_len"} if not self.min_seq_len else None
+        digest = hashlib.sha256(self.model_dump_json(exclude=unset).encode()).hexdigest()[:16]
         return f"tokens-{digest}"
 
 
@@ -90,6 +97,8 @@ def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int)
     tokens = np.where(planted, owned, tokens)
     noisy = rng.random(num_rows) < spec.label_noise
     labels = np.where(noisy, rng.integers(0, spec.num_classes, num_rows), labels)
+    if spec.min_seq_len:
+        tokens = padded(rng, tokens, spec)
     flat = pa.array(tokens.ravel(), type=pa.int32())
     return pa.table({
         "id": pa.array(np.arange(first_id, first_id + num_rows), type=pa.int64()),
@@ -97,6 +106,16 @@ def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int)
         "source": pa.array(["synthetic"] * num_rows),
         "tokens": pa.FixedSizeListArray.from_arrays(flat, spec.seq_len),
     })
+
+
+def padded(rng: np.random.Generator, tokens: np.ndarray, spec: TokenDatasetSpec) -> np.ndarray:
+    """`tokens` with real ids >= 1 and each row cut to a length in [min_seq_len, seq_len],
+    its tail set to the pad id 0."""
+    if spec.min_seq_len > spec.seq_len:
+        raise ValueError(f"min_seq_len: {spec.min_seq_len} exceeds seq_len {spec.seq_len}")
+    lengths = rng.integers(spec.min_seq_len, spec.seq_len + 1, len(tokens))
+    real = np.where(tokens == 0, 1, tokens)
+    return np.where(np.arange(spec.seq_len) < lengths[:, None], real, 0).astype(np.int32)
 
 
 def write_split(spec: TokenDatasetSpec, shard_uri: Callable[[str], str], split: str,

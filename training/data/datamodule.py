@@ -67,9 +67,12 @@ class StreamDataModule(lightning.LightningDataModule):
 def holdout_stream(
     dataset: str, loader: LoaderConfig, seed: int, read: ReadConfig | None
 ) -> ShardStream | None:
-    """The holdout split padded to whole batches, or None when the version has none."""
+    """The holdout split padded to whole batches and split equally, or None when the
+    version has none."""
     manifest, _ = read_manifest(dataset)
     if "holdout" not in manifest.splits or manifest.split("holdout").num_rows == 0:
         return None
-    padded = loader.model_copy(update={"remainder": "pad"})
+    # Validation is split equally whatever training does: its figures are exact sums.
+    padded = loader.model_copy(update={"remainder": "pad", "balance": "equal",
+                                       "balance_by": "samples"})
     return ShardStream(dataset, "holdout", padded, seed, read)

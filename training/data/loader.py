@@ -15,6 +15,10 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
   DDP never waits on a missing one (docs/architecture.md M8). `remainder="drop"`
   leaves out the last partial global batch; `"pad"` fills it with repeats of the
   epoch's last sample, of weight 0.
+- `loader.balance: speed` or `balance_by: tokens` keep each global step's rows and
+  order but cut them into per-rank slices of other sizes (training/data/balance.py):
+  each rank then reads every unit of a step (one process per rank, no workers) and
+  keeps its slice, with a `loss_scale` that makes the averaged loss the step's mean.
 - Worker w of a rank yields the rank's steps t with t % num_workers == w;
   DataLoader's in-order round robin then restores the rank's order. World size x
   workers must divide num_partitions: each worker then serves whole partitions
@@ -63,6 +67,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
+from training.data.balance import SharePlan, rank_slice, whole_steps
 from training.data.cache import ShardCache
 from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
@@ -156,6 +161,7 @@ class ShardStream(IterableDataset):
         self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures
+        self.shares = SharePlan()  # balance: speed re-plans it (training/data/balance.py)
 
     @property
     def num_rows(self) -> int:
@@ -232,22 +238,31 @@ class ShardStream(IterableDataset):
         if not (0 <= rank < world_size and 0 <= worker_id < num_workers):
             raise ValueError(f"rank {rank} of {world_size}, worker {worker_id} of {num_workers}")
         check_share(self.config.num_partitions, world_size, num_workers)
+        if self.config.balanced and num_workers > 1:
+            raise ValueError("loader.balance / balance_by other than equal / samples slice "
+                             f"whole global steps in one process, not {num_workers} workers")
         steps = range(worker_id, self.num_batches(world_size), num_workers)
         return self._generate(steps, rank, world_size, record=num_workers == 1)
 
     def _generate(self, steps: range, rank: int, world_size: int, record: bool) -> Iterator[Batch]:
         epoch, start, taken = self._epoch, self._consumed, self._taken
         global_batch = world_size * self.config.batch_size
-        first = start // self.config.batch_size + rank  # the unit of step 0
+        # Balanced: every unit of each step (one worker per rank), sliced when handed out.
+        balanced = self.config.balanced
+        first = start // self.config.batch_size + (0 if balanced else rank)  # step 0's unit
         units = range(first + steps.start * world_size, first + steps.stop * world_size,
-                      steps.step * world_size)
+                      1 if balanced else steps.step * world_size)
         plan = EpochPlan(self.layout, self.seed, epoch, self.config)
         ahead, recipes = tee(Schedule(plan, units))
         keys = (slot for recipe in ahead for slot in recipe.load)
-        with ReadAhead(partial(self.load_group, plan), keys, self.read_depth()) as reads, closing(
-            prefetched(self._assembled(recipes, reads), self.read.prefetch_batches)
-        ) as batches:
+        reads = ReadAhead(partial(self.load_group, plan), keys, self.read_depth())
+        assembled = self._assembled(recipes, reads)
+        made = whole_steps(assembled, world_size) if balanced else assembled
+        with reads, closing(prefetched(made, self.read.prefetch_batches)) as batches:
             for step, batch in zip(steps, batches, strict=True):
+                if balanced:
+                    shares = self.shares.shares_at(epoch, start + step * global_batch, world_size)
+                    batch = rank_slice(batch, shares, rank, self.config.balance_by)
                 if record:
                     done = start + (step + 1) * global_batch
                     self.record_progress(epoch, done, world_size, taken + step + 1)

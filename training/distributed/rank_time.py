@@ -23,11 +23,15 @@ the others wait in all-reduce. At every `log_every_n_steps` optimizer steps (and
 each epoch's end) one all_gather brings every rank's figures of the interval to rank 0,
 which logs them as `rank_<r>/<figure>` (per optimizer step). `straggler` says which rank
 is slowest, its slowdown against the median, and the share of the step lost to it.
+`on_gathered` receives every interval's gathered totals on every rank (`loader.balance:
+speed` re-plans the ranks' shares from them, training/data/balance.py); `every_n_steps`
+then gathers at least that often.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from statistics import median
 from typing import Any
@@ -39,6 +43,8 @@ from training.data.wait import loader_metrics
 from training.distributed.comm import CommMeter, Span
 
 ALLREDUCE_FIGURES = ("allreduce_blocked_s", "allreduce_hidden_s")
+# Called on every rank with every rank's totals of the interval just gathered, by name.
+Gathered = Callable[[lightning.Trainer, list[dict[str, float]]], None]
 
 
 @dataclass
@@ -114,8 +120,9 @@ def straggler(per_rank: dict[str, list[float]]) -> dict[str, float] | None:
 class RankTimes(lightning.Callback):
     """Times every train batch of this rank; gathers and logs the figures per interval."""
 
-    def __init__(self, meter: CommMeter | None) -> None:
-        self.meter = meter
+    def __init__(self, meter: CommMeter | None, on_gathered: Gathered | None = None,
+                 every_n_steps: int | None = None) -> None:
+        self.meter, self.on_gathered, self.every_n_steps = meter, on_gathered, every_n_steps
         self.total, self.interval, self.pending = StepTotals(), StepTotals(), StepTotals()
         self._last_end = self._batch_start = time.perf_counter()
         self._data_wait, self._global_step = 0.0, -1
@@ -144,6 +151,7 @@ class RankTimes(lightning.Callback):
         self.pending = StepTotals()
         # Set on the Trainer by its logger connector (the Trainer class does not declare it).
         every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
+        every = min(every, self.every_n_steps or every)
         if trainer.global_step % every == 0:
             self.log_interval(trainer)
 
@@ -170,6 +178,9 @@ class RankTimes(lightning.Callback):
         """All-gather the interval's figures (one collective) and log them from rank 0."""
         gathered = gather_values(trainer, self.interval.values())
         self.interval = StepTotals()
+        if self.on_gathered is not None:  # the same figures on every rank (a re-plan's input)
+            self.on_gathered(trainer, [dict(zip(names(), values, strict=True))
+                                       for values in gathered])
         if not trainer.is_global_zero or not trainer.loggers:
             return
         metrics = {f"rank_{rank}/{name}": value for rank, values in enumerate(gathered)

@@ -1,7 +1,8 @@
 """The built-in classification task, its MLP, and building a model from the config.
 
 `Classifier` is the task shared by the built-in models: cross-entropy weighted
-by `batch["weight"]` (padding samples carry weight 0 and count for nothing);
+by `batch["weight"]` (padding samples carry weight 0 and count for nothing), times
+`batch["loss_scale"]` when a balanced loader sends one (training/data/balance.py);
 validation accumulates a confusion matrix and the summed cross-entropy of the real
 samples over all ranks at the end of the epoch, from which macro F1, per-class recall
 and `val_loss` (the mean over every real validation sample) are computed. Subclasses
@@ -74,6 +75,10 @@ class Classifier(lightning.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = weighted_cross_entropy(self(batch["features"]), batch["label"], batch["weight"])
         size = len(batch["label"])
+        if "loss_scale" in batch:  # a balanced slice (training/data/balance.py): this rank's
+            # part of the global step's mean, DDP's average of the parts being that mean;
+            # logged per step with equal weight, so the epoch's mean is the steps' mean.
+            loss, size = loss * batch["loss_scale"], 1
         # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
         self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)

@@ -19,6 +19,8 @@ rank holding half the heads (tensor parallel) runs the same code.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -89,7 +91,9 @@ class TokenTransformer(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         tokens = features.long()
-        x = self.tok_embeddings(tokens) + self.pos_embeddings(self.positions)
+        # A shorter input (a sequence cut to its real tokens) takes the first positions.
+        positions = cast(torch.Tensor, self.positions)[: tokens.shape[1]]
+        x = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x).mean(dim=1))

@@ -1,0 +1,273 @@
+"""Balancing each global step's rows among ranks (training/data/balance.py): the slices
+cover every row of `equal`'s global step once, in the same order, on any world size and
+speed ratio; every rank yields the same number of batches; a resume on another world
+size continues the stream; the weighted loss gives `equal`'s gradient; token splits
+follow the shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training.config import LoaderConfig, TrainConfig
+from training.data.balance import (
+    FLOOR,
+    SharePlan,
+    bounded,
+    next_shares,
+    rank_slice,
+    row_bounds,
+    token_bounds,
+)
+from training.data.loader import Batch, ShardStream
+from training.models.classifier import FeatureClassifier
+
+BATCH = 6
+PARTITIONS = 12  # divisible by every world size of the grid
+
+
+def make_stream(root: str, balance: str = "speed", **fields: object) -> ShardStream:
+    config = LoaderConfig(batch_size=BATCH, num_partitions=PARTITIONS, balance=balance,
+                          **fields)
+    return ShardStream(root, "train", config, seed=5)
+
+
+def lockstep(streams: list[ShardStream], costs: list[float], every: int) -> Iterator[list[Batch]]:
+    """Every rank's batches step by step, as DDP runs them; every `every` steps each rank
+    re-plans from the same simulated figures (rank r busy `costs[r]` s per sample plus
+    1 ms a step), as the per-interval all_gather hands them to every rank."""
+    world = len(streams)
+    iterators = [stream.iterate((rank, world)) for rank, stream in enumerate(streams)]
+    samples = np.zeros(world)
+    for step, batches in enumerate(zip(*iterators, strict=True), start=1):
+        yield list(batches)
+        samples += [len(batch["id"]) for batch in batches]
+        if step % every == 0:
+            busy = list(samples * np.asarray(costs) + 1e-3 * every)
+            for stream in streams:
+                state = stream.state_dict()
+                stream.shares.replan(state["epoch"], state["samples_consumed"], world * BATCH,
+                                     list(samples), busy)
+            samples[:] = 0
+
+
+def step_ids(steps: list[list[Batch]]) -> list[list[int]]:
+    """Each global step's ids, rank after rank."""
+    return [[i for batch in step for i in batch["id"].tolist()] for step in steps]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 5.0])
+def test_speed_slices_cover_each_equal_step_once(
+    dataset_cache: Callable[..., str], world: int, ratio: float
+) -> None:
+    """Invariant: under `speed`, with the last rank `ratio` x slower, every global step holds
+    exactly `equal`'s rows of that step in `equal`'s order (so each sample once per epoch),
+    every rank yields a batch at every step (equal optimizer steps), and once re-planned the
+    slow rank takes fewer rows than rank 0 (more when it is not slower: never fewer)."""
+    root = dataset_cache(300, row_group_size=8)
+    equal = step_ids([list(step) for step in zip(
+        *[make_stream(root, "equal").iterate((r, world)) for r in range(world)], strict=True)])
+    costs = [1e-3] * (world - 1) + [ratio * 1e-3]
+    steps = list(lockstep([make_stream(root) for _ in range(world)], costs, every=2))
+    assert step_ids(steps) == equal
+    assert len(equal) == 300 // (world * BATCH)
+    late = [len(batch["id"]) for batch in steps[-1]]
+    assert sum(late) == world * BATCH
+    if world > 1 and ratio > 1:
+        assert late[-1] < late[0]
+        assert late[-1] >= int(FLOOR * BATCH)
+    elif world > 1:
+        assert max(late) - min(late) <= 1
+
+
+def test_a_resume_on_another_world_size_under_speed_trains_the_rest_once(
+    dataset_cache: Callable[..., str]
+) -> None:
+    """Invariant: 3 steps at 2 ranks under `speed` (rank 1 3x slower), then a resume from
+    that state on 3 ranks, train together exactly the epoch's rows `equal` gives at 2 then
+    3 ranks from the same position: each sample once, nothing skipped."""
+    root = dataset_cache(300, row_group_size=8)
+    first = [make_stream(root) for _ in range(2)]
+    before = []
+    for step in lockstep(first, [1e-3, 3e-3], every=1):
+        before += [i for batch in step for i in batch["id"].tolist()]
+        if len(before) == 3 * 2 * BATCH:
+            break
+    state = first[0].state_dict()
+    assert state["samples_consumed"] == 3 * 2 * BATCH
+    second = [make_stream(root) for _ in range(3)]
+    for stream in second:
+        stream.load_state_dict(state)
+    after = [i for step in lockstep(second, [1e-3, 3e-3, 1e-3], every=1)
+             for batch in step for i in batch["id"].tolist()]
+    assert len(before + after) == len(set(before + after))
+    rest = [make_stream(root, "equal") for _ in range(3)]
+    for stream in rest:
+        stream.load_state_dict(state)
+    expected = [i for step in zip(*[s.iterate((r, 3)) for r, s in enumerate(rest)], strict=True)
+                for batch in step for i in batch["id"].tolist()]
+    assert len(after) == len(expected) > 0
+    assert sorted(after) == sorted(expected)
+
+
+def test_the_weighted_loss_gives_the_equal_gradient(dataset_cache: Callable[..., str]) -> None:
+    """Invariant: on one global step of 4 ranks, DDP's average of the ranks' gradients of
+    `training_step`'s loss is the same (to float rounding) whether the step is split
+    equally or in slices of 2, 5, 9 and 8 rows with their `loss_scale`."""
+    root = dataset_cache(300, row_group_size=8)
+    model = FeatureClassifier(16, list(range(10)), {"hidden_sizes": [8]})
+    model.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # no trainer here
+    equal = [next(make_stream(root, "equal").iterate((r, 4))) for r in range(4)]
+    whole = {name: torch.cat([batch[name] for batch in equal]) for name in equal[0]}
+    shares = np.array([2, 5, 9, 8]) / 24
+    sliced = [rank_slice(whole, shares, r, "samples") for r in range(4)]
+    assert [len(batch["id"]) for batch in sliced] == [2, 5, 9, 8]
+
+    def averaged_gradient(batches: list[Batch]) -> torch.Tensor:
+        model.zero_grad()
+        for batch in batches:
+            (model.training_step(batch, 0) / len(batches)).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    expected = averaged_gradient(equal)
+    assert torch.allclose(averaged_gradient(sliced), expected, rtol=1e-5, atol=1e-7)
+    assert expected.abs().sum() > 0
+
+
+def test_shares_follow_speed_within_bounds() -> None:
+    """Invariant: a rank 2x slower is moved half way (the smoothing) to a third of the rows;
+    repeated re-plans converge to shares that make every rank equally busy; a rank
+    50x slower is held at the floor, 1/4 of the equal share; an interval that measured
+    nothing on a rank, or speeds 1.5 % apart (inside the dead band), changes nothing."""
+    shares = np.array([0.5, 0.5])
+    moved = next_shares(shares, np.array([50.0, 50.0]), np.array([0.05, 0.1]))
+    assert moved == pytest.approx([0.5 + 0.5 * (2 / 3 - 0.5), 0.5 - 0.5 * (0.5 - 1 / 3)])
+    for _ in range(30):
+        rows = shares * 120
+        shares = next_shares(shares, rows, rows * np.array([1.0, 2.0]) + 0.01)
+    assert shares == pytest.approx([2 / 3, 1 / 3], abs=0.012)  # the dead band: 1 %
+    held = np.full(4, 0.25)
+    for _ in range(4):
+        held = next_shares(held, np.full(4, 10.0), np.array([1.0, 1, 1, 50]))
+    assert held[3] == pytest.approx(FLOOR / 4) and held.sum() == pytest.approx(1.0)
+    assert next_shares(shares, np.array([5.0, 0.0]), np.array([1.0, 0.0])) is shares
+    even = np.array([0.5, 0.5])
+    assert next_shares(even, np.array([60.0, 60.0]), np.array([1.0, 1.015])) is even
+    assert bounded(np.array([1.0, 0.0, 0.0])) == pytest.approx([0.8333333, 1 / 12, 1 / 12])
+
+
+def test_a_share_plan_applies_from_two_steps_ahead_and_resets_on_a_new_world() -> None:
+    """Invariant: shares re-planned at position p apply from p + 2 global batches on (the
+    steps before keep the shares they had), and a plan asked for another world size starts
+    from the equal split."""
+    plan = SharePlan()
+    assert plan.shares_at(0, 0, 2) == pytest.approx([0.5, 0.5])
+    new = plan.replan(0, 12, 6, [6.0, 6.0], [1.0, 2.0])
+    assert plan.shares_at(0, 18, 2) == pytest.approx([0.5, 0.5])
+    assert plan.shares_at(0, 24, 2) == pytest.approx(new)
+    assert plan.shares_at(1, 0, 2) == pytest.approx(new)
+    assert plan.shares_at(1, 0, 3) == pytest.approx([1 / 3] * 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 40), world=st.integers(1, 5), data=st.data())
+def test_row_and_token_cuts_cover_every_row_once(
+    rows: int, world: int, data: st.DataObject
+) -> None:
+    """Invariant: row and token cuts are ascending from 0 to the row count (each row in one
+    slice), no slice is empty when there are as many rows as ranks, row slices are within
+    one row of their share, and each token slice's sum is within one row's tokens (the
+    largest) of its share of the tokens, wherever the ranks leave room for it."""
+    weights = np.array(data.draw(st.lists(st.floats(0.2, 5.0), min_size=world,
+                                          max_size=world)))
+    shares = weights / weights.sum()
+    tokens = np.array(data.draw(st.lists(st.integers(1, 64), min_size=rows, max_size=rows)),
+                      np.int64)
+    for cuts in (row_bounds(shares, rows), token_bounds(shares, tokens)):
+        assert cuts[0] == 0 and cuts[-1] == rows and np.all(np.diff(cuts) >= 0)
+        if rows >= world:
+            assert np.all(np.diff(cuts) >= 1)
+    counts = np.diff(row_bounds(shares, rows))
+    if rows >= world * 2:
+        assert np.all(np.abs(counts - shares * rows) < 1.0 + 1e-9) or counts.min() == 1
+    ends = np.concatenate([[0], np.cumsum(tokens)])
+    cuts = token_bounds(shares, tokens)
+    if rows >= world and rows:
+        targets = np.cumsum(shares)[:-1] * ends[-1]
+        ranks = np.arange(1, world)
+        free = (cuts[1:-1] > ranks) & (cuts[1:-1] < rows - world + ranks)
+        error = np.abs(ends[cuts[1:-1]] - targets)
+        assert np.all(error[free] <= tokens.max())
+
+
+def test_token_slices_of_a_step_balance_real_tokens() -> None:
+    """Invariant: rows of 60, 60, 30, 30, 30, 30 real tokens (0 pads) split in two equal
+    token shares: one rank takes the two long rows, the other the four short ones; each
+    slice's loss_scale is its rows' share of the step's rows times the world size."""
+    lengths = [60, 60, 30, 30, 30, 30]
+    features = torch.tensor([[1.0] * n + [0.0] * (64 - n) for n in lengths])
+    whole = {"features": features, "label": torch.zeros(6, dtype=torch.int64),
+             "id": torch.arange(6), "weight": torch.ones(6)}
+    parts = [rank_slice(whole, np.array([0.5, 0.5]), r, "tokens") for r in range(2)]
+    assert [part["id"].tolist() for part in parts] == [[0, 1], [2, 3, 4, 5]]
+    assert [float(part["loss_scale"]) for part in parts] == pytest.approx([2 / 3, 4 / 3])
+
+
+def test_balanced_loaders_refuse_workers_and_sharded_strategies() -> None:
+    """Invariant: `balance: speed` with DataLoader workers, and `balance_by: tokens` under
+    FSDP, are refused with errors naming the fields."""
+    with pytest.raises(ValueError, match=r"loader\.num_workers to 0"):
+        LoaderConfig(balance="speed", num_workers=2)
+    with pytest.raises(ValueError, match="balance_by: tokens apply to ddp, not fsdp"):
+        TrainConfig(dataset="d", output_dir="o", strategy="fsdp",
+                    loader=LoaderConfig(balance_by="tokens"))
+
+
+def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., str]) -> None:
+    """Invariant: with `balance: speed` and `balance_by: tokens` for training, the holdout
+    stream is padded and split equally (its figures are exact sums over whole batches)."""
+    from training.data.datamodule import StreamDataModule
+
+    root = dataset_cache(120, holdout_rows=30, row_group_size=8)
+    data = StreamDataModule(root, LoaderConfig(batch_size=4, balance="speed",
+                                               balance_by="tokens"), seed=0)
+    assert data.train_stream.config.balanced
+    assert data.holdout_stream is not None
+    held = data.holdout_stream.config
+    assert (held.balance, held.balance_by, held.remainder) == ("equal", "samples", "pad")
+    assert not held.balanced
+
+
+def test_uneven_token_sequences_are_padded_with_zero_and_split_by_real_tokens(
+    tmp_path: Path,
+) -> None:
+    """Invariant: a token dataset with `min_seq_len` has sequences of every length in
+    [min_seq_len, seq_len], real ids >= 1 and a tail of pad id 0; a spec without it keeps
+    the version id it had before the field existed. Streamed under `balance_by: tokens`
+    on 2 ranks, each step's slices cover its rows once and their real-token sums differ by
+    at most the longest sequence."""
+    from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
+
+    assert TokenDatasetSpec().version_id() == "tokens-bb71738ffd9be4f0"
+    spec = TokenDatasetSpec(num_rows=384, holdout_rows=0, seq_len=16, min_seq_len=2,
+                            vocab_size=64, rows_per_shard=128, rows_per_row_group=32)
+    root = write_token_dataset(str(tmp_path / "tokens"), spec)
+    config = LoaderConfig(batch_size=16, balance_by="tokens", num_partitions=4)
+    streams = [ShardStream(root, "train", config, seed=1) for _ in range(2)]
+    steps = list(zip(*[s.iterate((r, 2)) for r, s in enumerate(streams)], strict=True))
+    features = torch.cat([batch["features"] for step in steps for batch in step])
+    lengths = (features != 0).sum(dim=1)
+    assert int(lengths.min()) == 2 and int(lengths.max()) == 16
+    assert bool(((features != 0).cumprod(dim=1).sum(dim=1) == lengths).all())  # tail of 0s
+    ids = [i for step in steps for batch in step for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(384))
+    for step in steps:
+        sums = [int((batch["features"] != 0).sum()) for batch in step]
+        assert abs(sums[0] - sums[1]) <= 16

@@ -1,0 +1,169 @@
+"""How the rows of each global step are split among ranks: equally, by speed, by tokens.
+
+`loader.balance: equal` (the default) gives rank r unit r of each global step
+(training/data/loader.py). Otherwise (`balance: speed`, or `balance_by: tokens`) the
+global step's rows are exactly those `equal` gives, in the same order (the W units
+one after the other), and rank r takes the r-th slice of them:
+
+- the slices' sizes follow `shares` (one fraction per rank, summing to 1): in rows
+  (`balance_by: samples`, largest remainder, `row_bounds`), or in real tokens
+  (`balance_by: tokens`: a prefix split of the rows whose token sums follow the
+  shares, `token_bounds`; a row's tokens are its non-zero ids, 0 being the pad id);
+- `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
+  all_gather of the step times (training/distributed/rank_time.py) hands every rank the
+  same figures, and every rank computes the same new shares from them (`next_shares`:
+  each rank's samples per busy second, smoothed, bounded, with a dead band), effective
+  two global steps after the position where they were computed, which no rank has
+  reached by then: no collective of its own, and every rank slices every step alike;
+- every rank still yields one batch per global step (the same optimizer steps), every
+  row of the step lands on exactly one rank, and the stream position stays (epoch,
+  samples consumed): a resume on any world size continues the same stream, its shares
+  starting equal again;
+- `loss_scale` = n_r * W / N (n_r this rank's real rows, N the step's): the mean loss of
+  a rank times it, averaged over ranks by DDP, is the global step's mean loss, the same
+  mathematics as the equal split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+
+import numpy as np
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+# A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
+# disturbed interval (a checkpoint write, a GC pause) cannot be starved or flooded.
+FLOOR, CAP = 0.25, 4.0
+SMOOTHING = 0.5  # a re-plan moves this far from the current shares to the measured ones
+# Measured shares within this fraction of the equal share of the current ones change
+# nothing: timing noise alone does not move rows back and forth (each move costs a step
+# at the pace of the rank that got more).
+DEAD_BAND = 0.02
+LAG_STEPS = 2  # new shares apply this many global steps after the position they were made at
+
+
+def equal_shares(world_size: int) -> np.ndarray:
+    return np.full(world_size, 1.0 / world_size)
+
+
+def bounded(shares: np.ndarray) -> np.ndarray:
+    """`shares` normalised, each clipped into the bounds, the others rescaled to sum 1."""
+    world = len(shares)
+    low, high = FLOOR / world, min(1.0, CAP / world)
+    result = shares / shares.sum()
+    fixed = np.zeros(world, bool)
+    for _ in range(world):
+        clipped = np.clip(result, low, high)
+        fixed |= clipped != result
+        free = ~fixed
+        if not free.any() or clipped[free].sum() <= 0:
+            return clipped / clipped.sum()
+        clipped[free] *= (1.0 - clipped[fixed].sum()) / clipped[free].sum()
+        if np.array_equal(clipped, result):
+            break
+        result = clipped
+    return result
+
+
+def next_shares(shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray) -> np.ndarray:
+    """The shares after an interval where rank r took `samples[r]` rows in `busy_s[r]`
+    seconds of its own work: moved `SMOOTHING` of the way to shares proportional to its
+    speed (a fixed point has every rank equally busy), bounded. An interval that measured
+    nothing on some rank, or speeds within the dead band of the shares, leaves the
+    shares as they are."""
+    if len(samples) != len(shares) or min(samples.min(), busy_s.min()) <= 0:
+        return shares
+    speeds = samples / busy_s
+    target = speeds / speeds.sum()
+    if np.abs(target - shares).max() < DEAD_BAND / len(shares):
+        return shares
+    return bounded((1.0 - SMOOTHING) * shares + SMOOTHING * target)
+
+
+def row_bounds(shares: np.ndarray, num_rows: int) -> np.ndarray:
+    """Cut points [0, c1, ..., num_rows] of the slices: rows by largest remainder (ties to
+    the lower rank), at least one row a rank when there are as many rows as ranks."""
+    ideal = shares * num_rows
+    counts = np.floor(ideal).astype(np.int64)
+    order = np.argsort(-(ideal - counts), kind="stable")
+    counts[order[: num_rows - int(counts.sum())]] += 1
+    while num_rows >= len(counts) and counts.min() == 0:
+        counts[int(np.argmax(counts))] -= 1
+        counts[int(np.argmin(counts))] += 1
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
+def token_bounds(shares: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Cut points of a prefix split of rows whose token sums follow `shares`: each cut at
+    the row boundary nearest its target, kept ascending, at least one row a rank when
+    there are as many rows as ranks."""
+    num_rows, world = len(tokens), len(shares)
+    if num_rows == 0:
+        return np.zeros(world + 1, np.int64)
+    ends = np.concatenate([[0], np.cumsum(tokens)])
+    targets = np.cumsum(shares)[:-1] * ends[-1]
+    above = np.clip(np.searchsorted(ends, targets), 1, num_rows)
+    nearer_below = targets - ends[above - 1] < ends[above] - targets
+    cuts = np.where(nearer_below, above - 1, above)
+    if num_rows >= world:  # cut r - r ascending in [0, rows - world]: no slice empty
+        ranks = np.arange(1, world)
+        cuts = ranks + np.clip(np.maximum.accumulate(cuts - ranks), 0, num_rows - world)
+    return np.concatenate([[0], np.maximum.accumulate(cuts), [num_rows]]).astype(np.int64)
+
+
+class SharePlan:
+    """Every rank's share from a stream position (epoch, samples consumed) on; the same on
+    every rank, since every rank records the same changes (see the module)."""
+
+    def __init__(self) -> None:
+        self.world_size = 0
+        self.changes: list[tuple[tuple[int, int], np.ndarray]] = []
+
+    def shares_at(self, epoch: int, position: int, world_size: int) -> np.ndarray:
+        """The shares of the global step that starts at `position` of `epoch`."""
+        if world_size != self.world_size:  # a new run, or a resume on another world size
+            self.world_size, self.changes = world_size, [((0, 0), equal_shares(world_size))]
+        key, found = (epoch, position), self.changes[0][1]
+        for start, shares in self.changes:
+            if start <= key:
+                found = shares
+        return found
+
+    def replan(self, epoch: int, position: int, global_batch: int,
+               samples: list[float], busy_s: list[float]) -> np.ndarray:
+        """Record the shares that follow from an interval's figures (gathered: the same on
+        every rank), effective `LAG_STEPS` global steps after `position`; returns them."""
+        current = self.shares_at(epoch, position, len(samples))
+        start = (epoch, position + LAG_STEPS * global_batch)
+        shares = next_shares(current, np.asarray(samples, float), np.asarray(busy_s, float))
+        self.changes = [*[(k, s) for k, s in self.changes if k < (epoch, position)][-1:],
+                        *[(k, s) for k, s in self.changes if (epoch, position) <= k < start],
+                        (start, shares)]
+        return shares
+
+
+def whole_steps(batches: Iterator[Batch], world_size: int) -> Iterator[Batch]:
+    """The global steps of a stream of units: each `world_size` batches concatenated."""
+    while step := list(islice(batches, world_size)):
+        yield {name: torch.cat([batch[name] for batch in step]) for name in step[0]}
+
+
+def real_tokens(batch: Batch) -> np.ndarray:
+    """Each row's real tokens: its non-zero ids (0 pads a sequence), none for padding rows."""
+    tokens = (batch["features"] != 0).sum(dim=1) * (batch["weight"] > 0)
+    return np.asarray(tokens.numpy(), np.int64)
+
+
+def rank_slice(whole: Batch, shares: np.ndarray, rank: int, balance_by: str) -> Batch:
+    """Rank `rank`'s rows of a global step, with its `loss_scale` (see the module)."""
+    world = len(shares)
+    num_rows = len(whole["id"])
+    bounds = (token_bounds(shares, real_tokens(whole)) if balance_by == "tokens"
+              else row_bounds(shares, num_rows))
+    part = {name: tensor[bounds[rank]:bounds[rank + 1]] for name, tensor in whole.items()}
+    total = float(whole["weight"].sum())
+    part["loss_scale"] = torch.tensor(float(part["weight"].sum()) * world / max(total, 1.0))
+    return part
