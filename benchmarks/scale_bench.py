@@ -224,34 +224,70 @@ def max_rss_bytes() -> int:
 # ---------------------------------------------------------------- (c) sizes
 
 
-# Input, staged objects and shards are each about the input's size on disk, plus room.
+# Input, staged objects and shards are each about the input's size on disk, plus room; the
+# inputs of the sizes before stay (they are reused by the next run), so a run of every
+# size needs the sum of its inputs plus twice the largest (`disk_needed`).
 DISK_PER_INPUT_BYTE = 3.2
+
+
+def disk_needed(sizes: list[float], made: set[float]) -> float:
+    """GB of free disk a run of `sizes` needs, the inputs of `made` already on disk."""
+    return (sum(gb for gb in sizes if gb not in made)
+            + (DISK_PER_INPUT_BYTE - 1) * max(sizes, default=0))
+
+
+class DiskSampler:
+    """The most disk the work directory's filesystem used above its level at start,
+    sampled on a background thread (staged objects and shards come and go in a run)."""
+
+    def __init__(self, directory: str, interval_s: float = 0.5) -> None:
+        import threading
+
+        self.directory, self.interval_s = directory, interval_s
+        self.start = self.peak = shutil.disk_usage(directory).used
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, shutil.disk_usage(self.directory).used)
+
+    def __enter__(self) -> DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def case_sizes(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     shard_rows = None
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    made = {gb for gb in args.sizes
+            if Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}", MARKER).exists()}
+    print(f"(c) sizes {args.sizes} GB: about {disk_needed(args.sizes, made):.0f} GB of free disk "
+          f"needed, {shutil.disk_usage(args.work_dir).free / GB:.0f} GB free", flush=True)
     for gb in args.sizes:
         free = shutil.disk_usage(args.work_dir).free  # the work directory's filesystem
-        if not Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}").exists() \
-                and free < DISK_PER_INPUT_BYTE * gb * GB:
-            print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.1f} GB of free "
-                  f"disk (input, staging, shards), {free / GB:.1f} GB free", flush=True)
+        needed = (DISK_PER_INPUT_BYTE - (gb in made)) * gb
+        if free < needed * GB:
+            print(f"[SKIP] (c) {gb:g} GB: needs about {needed:.1f} GB of free disk "
+                  f"({'staging, shards' if gb in made else 'input, staging, shards'}), "
+                  f"{free / GB:.1f} GB free", flush=True)
             continue
-        raw, spec = prepare(gb, args)
-        warm_up(["ballast-stratified"], args)
-        shard_rows = shard_rows or -(-spec.num_rows // args.shards)
-        row = run_tool("ballast-stratified", raw, Path(args.work_dir),
-                       base_job(spec.num_rows, shard_rows, args), keep=False)
+        with DiskSampler(args.work_dir) as disk:
+            raw, spec = prepare(gb, args)
+            warm_up(["ballast-stratified"], args)
+            shard_rows = shard_rows or -(-spec.num_rows // args.shards)
+            row = run_tool("ballast-stratified", raw, Path(args.work_dir),
+                           base_job(spec.num_rows, shard_rows, args), keep=False)
         rows.append({**row, "tool": f"stratified@{gb:g}GB", "gb": dir_bytes(raw) / GB})
+        print_size(rows[-1], (disk.peak - disk.start) / GB)
     print(format_table(rows))
     if len(rows) < 2 or any("error" in row for row in rows):
         return
-    for row in rows:
-        print(f"    {row['tool']}: {row['wall_s'] / row['gb']:.1f} s/GB, "
-              f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
-              f"{row['peak_worker'] / GB:.2f} GB")
     first, largest = rows[0], rows[-1]
     growth = (largest["wall_s"] / largest["gb"]) / (first["wall_s"] / first["gb"])
     report(f"(c) seconds per GB flat within 15% ({first['tool']} -> {largest['tool']})",
@@ -260,6 +296,18 @@ def case_sizes(args: argparse.Namespace) -> None:
     report("(c) per-worker RSS flat within 15%",
            all(r["peak_worker"] <= 1.15 * first["peak_worker"] for r in rows),
            f"{largest['peak_worker'] / first['peak_worker']:.2f}x")
+
+
+def print_size(row: dict[str, Any], disk_gb: float) -> None:
+    """One size's figures, as soon as it has run (a 16 GB run takes a while)."""
+    if "error" in row:
+        print(f"    {row['tool']}: FAILED: {row['error']}", flush=True)
+        return
+    print(f"    {row['tool']}: {row['wall_s']:.1f} s, {row['wall_s'] / row['gb']:.1f} s/GB, "
+          f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
+          f"{row['peak_worker'] / GB:.2f} GB, driver {row['peak_driver'] / GB:.2f} GB, disk "
+          f"used at peak {disk_gb:.1f} GB ({disk_gb / row['gb']:.1f}x the input, its "
+          f"generation included when new); stages {row.get('timings_s')}", flush=True)
 
 
 # ---------------------------------------------------------------- (d) S3 requests

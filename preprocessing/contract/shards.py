@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -117,9 +118,20 @@ class ShardWriter:
 
     def _count(self, kind: str, table: pa.Table, column: str) -> None:
         totals = self._counts[kind]
-        for item in pc.value_counts(table.column(column)).to_pylist():
-            key = str(item["values"])
-            totals[key] = totals.get(key, 0) + int(item["counts"])
+        for key, count in _value_counts(table.column(column)):
+            totals[key] = totals.get(key, 0) + count
+
+
+def _value_counts(column: pa.ChunkedArray) -> zip[tuple[str, int]]:
+    """(str(value), rows) of every value of `column`. An integer column without nulls is
+    counted by numpy (a tenth of Arrow's hash count and its list of dicts on a small
+    shard); the keys are the same strings either way."""
+    if pa.types.is_integer(column.type) and column.null_count == 0:
+        values, counts = np.unique(column.to_numpy(), return_counts=True)
+        return zip(map(str, values.tolist()), counts.tolist(), strict=True)
+    found = pc.value_counts(column)
+    return zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist(),
+               strict=True)
 
 
 def write_shard(uri: str, table: pa.Table, rows_per_row_group: int, label_column: str,

@@ -30,8 +30,8 @@ from preprocessing.contract.shards import write_shard
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
+    destination_batches,
     merge_staged,
-    read_batches,
     read_destinations,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
@@ -268,11 +268,10 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
     stop = first + len(shards)
     ranges = [read_destinations(staging.object(last, item), first, stop)
               for item in staging.layout.write_inputs(first)]
+    decoded = [destination_batches(data, offsets, staging.schema) for data, offsets in ranges]
     entries = []
     for index, (rows, uri) in enumerate(shards):
-        batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
-                   for batch in read_batches(data[offsets[index]:offsets[index + 1]],
-                                             staging.schema)]
+        batches = [batch for by_destination in decoded for batch in by_destination[index]]
         entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
                                     rows_per_row_group))
     return entries
