@@ -14,11 +14,13 @@
   at 1e6 x 1e5: under 2 GB and 120 s. Measured (load 6-7): 1.81-1.82 GB, 66-78 s, met
   (quiet host: 1.79 GB, 38 s); 1e5 x 1e4: 0.29 GB, 7.6 s (benchmarks/RESULTS.md M28).
 - `sizes` (c): ballast stratified at each of `--sizes` (default 1, 4 and 16 GB) with the
-  same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
-  A size needs about 3.2x its bytes of free disk (input, staged objects, shards) and is
-  skipped, with a line saying so, where the disk has less. Measured (quiet host): 11.1,
-  9.3 and 10.2 s/GB at 1, 4 and 8 GB, worker RSS 0.74, 0.73 and 0.75 GB, met; 16 GB
-  skipped here (51 GB of disk needed, 39 GB free).
+  same rows per shard: seconds and CPU-s per GB, worker and driver RSS and the disk used at
+  peak, printed per size as it ends. Target: seconds per GB and worker RSS flat within 15%.
+  A new size needs about 3.2x its bytes of free disk (input, staged objects, shards: 3.2x
+  measured at 2 GB) and the inputs of the sizes before stay, so `--sizes 1 2 4 8 16` needs
+  about 66 GB on an empty work directory; a size that does not fit is skipped, said so.
+  Measured (quiet host): 11.1, 9.3 and 10.2 s/GB at 1, 4 and 8 GB, worker RSS 0.74, 0.73
+  and 0.75 GB, met; at load 10-30: 1 and 2 GB worker RSS 0.64 and 0.59 GB (RESULTS.md M32).
 - `s3` (d): a reshard from S3 to S3 on moto's server, every request counted
   (`tests/preprocessing/s3_requests.py`): requests per GB, median bytes per request,
   multipart uploads (objects of 2 x `upload_part_bytes` and more; none at the default
@@ -31,6 +33,8 @@ see the CPU seconds, which load stretches far less than wall time.
 
     .venv/bin/python benchmarks/scale_bench.py --cases pieces bookkeeping sizes s3
     .venv/bin/python benchmarks/scale_bench.py --cases bookkeeping --bookkeeping 100000x10000
+    .venv/bin/python benchmarks/scale_bench.py --cases sizes --sizes 1 2 4 8 16 \
+        --work-dir /tmp/ballast-bench
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.plan_bench import RssSampler
+from benchmarks.plan_bench import DiskSampler, RssSampler
 from benchmarks.reshard_bench import (
     GB,
     base_job,
@@ -234,31 +238,6 @@ def disk_needed(sizes: list[float], made: set[float]) -> float:
     """GB of free disk a run of `sizes` needs, the inputs of `made` already on disk."""
     return (sum(gb for gb in sizes if gb not in made)
             + (DISK_PER_INPUT_BYTE - 1) * max(sizes, default=0))
-
-
-class DiskSampler:
-    """The most disk the work directory's filesystem used above its level at start,
-    sampled on a background thread (staged objects and shards come and go in a run)."""
-
-    def __init__(self, directory: str, interval_s: float = 0.5) -> None:
-        import threading
-
-        self.directory, self.interval_s = directory, interval_s
-        self.start = self.peak = shutil.disk_usage(directory).used
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, shutil.disk_usage(self.directory).used)
-
-    def __enter__(self) -> DiskSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def case_sizes(args: argparse.Namespace) -> None:

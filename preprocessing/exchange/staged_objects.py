@@ -22,6 +22,8 @@ a reader never sees half an object once its task has returned.
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 MAGIC = b"BLSTIDX2"
 _INDEX_ITEM = np.dtype("<i8")
 _HEADER_BYTES = len(MAGIC) + 8
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only; elsewhere pages fault in as read
 
 
 class StagedObjectError(ValueError):
@@ -183,19 +186,20 @@ def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
 def _range_reader(uri: str) -> Callable[[int, int], Any]:
     """`read(start, stop)`: bytes [start, stop) of the object, StagedObjectError when it
     holds fewer (an index pointing past its end: the object was cut short or its index
-    damaged). A local file is memory-mapped once for the index and the messages: no copy,
-    pages come from the cache, and every range is checked against the file's size before
-    it is touched, so a file cut short is that error, never a SIGBUS."""
+    damaged). A local file's size is read once and every range checked against it before
+    any byte is touched, so a file cut short is that error, never a SIGBUS; a range is
+    memory-mapped (no copy, pages from the cache) and populated in the one call that maps
+    it, instead of a page fault per page touched later (`_mapped`)."""
     fs, path = url_to_fs(uri)
     if isinstance(fs, LocalFileSystem):
-        mapped = pa.memory_map(path)
-        size = mapped.size()
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
 
         def read_mapped(start: int, stop: int) -> Any:
             if stop > size:
                 raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, the staged "
                                         f"object holds {size}: cut short or damaged")
-            return mapped.read_at(stop - start, start)
+            return _mapped(path, start, stop)
         return read_mapped
 
     def read_remote(start: int, stop: int) -> Any:
@@ -205,3 +209,17 @@ def _range_reader(uri: str) -> Callable[[int, int], Any]:
                                     f"read: the staged object was cut short or its index damaged")
         return data
     return read_remote
+
+
+def _mapped(path: str, start: int, stop: int) -> pa.Buffer:
+    """Bytes [start, stop) of a local file, mapped read-only with MAP_POPULATE (Linux):
+    the kernel fills the page table from the page cache in the mapping call, where touching
+    a fresh mapping faulted about once per 4-64 KiB (benchmarks/RESULTS.md M32). The
+    mapping lives as long as the buffer."""
+    if stop == start:
+        return pa.py_buffer(b"")
+    offset = start - start % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), stop - offset, flags=mmap.MAP_SHARED | _POPULATE,
+                           prot=mmap.PROT_READ, offset=offset)
+    return pa.py_buffer(mapped).slice(start - offset)
