@@ -13,7 +13,10 @@ object's name and first destination, both of which follow from the exchange's la
 it reads index entries lo..hi (one ranged read), then the bytes from the first to the
 last (one ranged read), two requests per reader and object however many rows or
 destinations there are, and the driver keeps nothing per object. Local files are
-memory-mapped instead of read. A merge copies message bytes from several objects into
+memory-mapped instead of read (one size check against the index first, so a file cut
+short is a StagedObjectError, never a SIGBUS; each range populated as it is mapped), and a
+write task decodes each object's range once for all its shards (`destination_batches`).
+A merge copies message bytes from several objects into
 one, destination by destination; nothing is decoded. Objects are written whole: a local
 file streamed from the batches (the index filled in last), or on an object store one PUT
 or, from twice the object's `part_bytes`, a multipart upload (`storage.write_object`), so
