@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
 import cProfile
 import pstats
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +44,29 @@ GB = 1e9
 NUM_CLASSES = 16
 NUM_SOURCES = 3
 SHARD_ROWS = 50_000
+
+
+class DiskSampler:
+    """The most disk the work directory's filesystem used above its level at start,
+    sampled on a background thread (staged objects and shards come and go in a run)."""
+
+    def __init__(self, directory: str, interval_s: float = 0.5) -> None:
+        self.directory, self.interval_s = directory, interval_s
+        self.start = self.peak = shutil.disk_usage(directory).used
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, shutil.disk_usage(self.directory).used)
+
+    def __enter__(self) -> DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class RssSampler:

@@ -14,11 +14,13 @@
   at 1e6 x 1e5: under 2 GB and 120 s. Measured (load 6-7): 1.81-1.82 GB, 66-78 s, met
   (quiet host: 1.79 GB, 38 s); 1e5 x 1e4: 0.29 GB, 7.6 s (benchmarks/RESULTS.md M28).
 - `sizes` (c): ballast stratified at each of `--sizes` (default 1, 4 and 16 GB) with the
-  same rows per shard: seconds per GB and per-worker RSS. Target: both flat within 15%.
-  A size needs about 3.2x its bytes of free disk (input, staged objects, shards) and is
-  skipped, with a line saying so, where the disk has less. Measured (quiet host): 11.1,
-  9.3 and 10.2 s/GB at 1, 4 and 8 GB, worker RSS 0.74, 0.73 and 0.75 GB, met; 16 GB
-  skipped here (51 GB of disk needed, 39 GB free).
+  same rows per shard: seconds and CPU-s per GB, worker and driver RSS and the disk used at
+  peak, printed per size as it ends. Target: seconds per GB and worker RSS flat within 15%.
+  A new size needs about 3.2x its bytes of free disk (input, staged objects, shards: 3.2x
+  measured at 2 GB) and the inputs of the sizes before stay, so `--sizes 1 2 4 8 16` needs
+  about 66 GB on an empty work directory; a size that does not fit is skipped, said so.
+  Measured (quiet host): 11.1, 9.3 and 10.2 s/GB at 1, 4 and 8 GB, worker RSS 0.74, 0.73
+  and 0.75 GB, met; at load 10-30: 1 and 2 GB worker RSS 0.64 and 0.59 GB (RESULTS.md M32).
 - `s3` (d): a reshard from S3 to S3 on moto's server, every request counted
   (`tests/preprocessing/s3_requests.py`): requests per GB, median bytes per request,
   multipart uploads (objects of 2 x `upload_part_bytes` and more; none at the default
@@ -31,6 +33,8 @@ see the CPU seconds, which load stretches far less than wall time.
 
     .venv/bin/python benchmarks/scale_bench.py --cases pieces bookkeeping sizes s3
     .venv/bin/python benchmarks/scale_bench.py --cases bookkeeping --bookkeeping 100000x10000
+    .venv/bin/python benchmarks/scale_bench.py --cases sizes --sizes 1 2 4 8 16 \
+        --work-dir /tmp/ballast-bench
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.plan_bench import RssSampler
+from benchmarks.plan_bench import DiskSampler, RssSampler
 from benchmarks.reshard_bench import (
     GB,
     base_job,
@@ -224,34 +228,45 @@ def max_rss_bytes() -> int:
 # ---------------------------------------------------------------- (c) sizes
 
 
-# Input, staged objects and shards are each about the input's size on disk, plus room.
+# Input, staged objects and shards are each about the input's size on disk, plus room; the
+# inputs of the sizes before stay (they are reused by the next run), so a run of every
+# size needs the sum of its inputs plus twice the largest (`disk_needed`).
 DISK_PER_INPUT_BYTE = 3.2
+
+
+def disk_needed(sizes: list[float], made: set[float]) -> float:
+    """GB of free disk a run of `sizes` needs, the inputs of `made` already on disk."""
+    return (sum(gb for gb in sizes if gb not in made)
+            + (DISK_PER_INPUT_BYTE - 1) * max(sizes, default=0))
 
 
 def case_sizes(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     shard_rows = None
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    made = {gb for gb in args.sizes
+            if Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}", MARKER).exists()}
+    print(f"(c) sizes {args.sizes} GB: about {disk_needed(args.sizes, made):.0f} GB of free disk "
+          f"needed, {shutil.disk_usage(args.work_dir).free / GB:.0f} GB free", flush=True)
     for gb in args.sizes:
         free = shutil.disk_usage(args.work_dir).free  # the work directory's filesystem
-        if not Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}").exists() \
-                and free < DISK_PER_INPUT_BYTE * gb * GB:
-            print(f"[SKIP] (c) {gb:g} GB: needs about {DISK_PER_INPUT_BYTE * gb:.1f} GB of free "
-                  f"disk (input, staging, shards), {free / GB:.1f} GB free", flush=True)
+        needed = (DISK_PER_INPUT_BYTE - (gb in made)) * gb
+        if free < needed * GB:
+            print(f"[SKIP] (c) {gb:g} GB: needs about {needed:.1f} GB of free disk "
+                  f"({'staging, shards' if gb in made else 'input, staging, shards'}), "
+                  f"{free / GB:.1f} GB free", flush=True)
             continue
-        raw, spec = prepare(gb, args)
-        warm_up(["ballast-stratified"], args)
-        shard_rows = shard_rows or -(-spec.num_rows // args.shards)
-        row = run_tool("ballast-stratified", raw, Path(args.work_dir),
-                       base_job(spec.num_rows, shard_rows, args), keep=False)
+        with DiskSampler(args.work_dir) as disk:
+            raw, spec = prepare(gb, args)
+            warm_up(["ballast-stratified"], args)
+            shard_rows = shard_rows or -(-spec.num_rows // args.shards)
+            row = run_tool("ballast-stratified", raw, Path(args.work_dir),
+                           base_job(spec.num_rows, shard_rows, args), keep=False)
         rows.append({**row, "tool": f"stratified@{gb:g}GB", "gb": dir_bytes(raw) / GB})
+        print_size(rows[-1], (disk.peak - disk.start) / GB)
     print(format_table(rows))
     if len(rows) < 2 or any("error" in row for row in rows):
         return
-    for row in rows:
-        print(f"    {row['tool']}: {row['wall_s'] / row['gb']:.1f} s/GB, "
-              f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
-              f"{row['peak_worker'] / GB:.2f} GB")
     first, largest = rows[0], rows[-1]
     growth = (largest["wall_s"] / largest["gb"]) / (first["wall_s"] / first["gb"])
     report(f"(c) seconds per GB flat within 15% ({first['tool']} -> {largest['tool']})",
@@ -260,6 +275,18 @@ def case_sizes(args: argparse.Namespace) -> None:
     report("(c) per-worker RSS flat within 15%",
            all(r["peak_worker"] <= 1.15 * first["peak_worker"] for r in rows),
            f"{largest['peak_worker'] / first['peak_worker']:.2f}x")
+
+
+def print_size(row: dict[str, Any], disk_gb: float) -> None:
+    """One size's figures, as soon as it has run (a 16 GB run takes a while)."""
+    if "error" in row:
+        print(f"    {row['tool']}: FAILED: {row['error']}", flush=True)
+        return
+    print(f"    {row['tool']}: {row['wall_s']:.1f} s, {row['wall_s'] / row['gb']:.1f} s/GB, "
+          f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
+          f"{row['peak_worker'] / GB:.2f} GB, driver {row['peak_driver'] / GB:.2f} GB, disk "
+          f"used at peak {disk_gb:.1f} GB ({disk_gb / row['gb']:.1f}x the input, its "
+          f"generation included when new); stages {row.get('timings_s')}", flush=True)
 
 
 # ---------------------------------------------------------------- (d) S3 requests

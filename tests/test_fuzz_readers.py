@@ -2,11 +2,11 @@
 
 Property tests (hypothesis, bounded examples) feed the manifest reader
 (`read_manifest`), the config loaders (`load_config` of a `ReshardConfig`, `load_train_config`)
-and the staged-object reader (`read_destinations` + `read_batches`) inputs made from a
-valid one by truncation, flipped bytes, values of the wrong type, huge numbers and deep
-nesting. The only outcomes allowed: a clean result or the reader's own error type with a
-message; never another exception, a hang (each example runs under an alarm) or a path
-outside the root.
+and the staged-object reader (`read_destinations` + `read_batches` or `destination_batches`)
+inputs made from a valid one by truncation, flipped bytes, values of the wrong type, huge
+numbers and deep nesting. The only outcomes allowed: a clean result or the reader's own
+error type with a message; never another exception, a hang (each example runs under an
+alarm) or a path outside the root.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedObjectError,
     StagedWriter,
+    destination_batches,
     read_batches,
     read_destinations,
 )
@@ -256,6 +257,10 @@ def test_mutated_staged_object_reads_or_fails_with_its_error(
     with no_hang():
         try:
             raw, offsets = read_destinations(staged, 10, 14)
+            for batches in destination_batches(raw, offsets, SCHEMA, str(path)):
+                for batch in batches:  # the one-pass reader of write tasks: the same checks
+                    batch.validate()
+                    assert batch.schema.equals(SCHEMA)
             for index in range(4):
                 for batch in read_batches(raw[offsets[index]:offsets[index + 1]], SCHEMA,
                                           str(path)):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -54,12 +55,16 @@ class ShardWriter:
 
     def __init__(self, uri: str, rows_per_row_group: int, label_column: str,
                  source_column: str | None = None, schema: pa.Schema | None = None,
-                 part_bytes: int = DEFAULT_PART_BYTES) -> None:
+                 part_bytes: int = DEFAULT_PART_BYTES, buffer: pa.Buffer | None = None) -> None:
         self.uri, self.rows_per_row_group = uri, rows_per_row_group
         self.label_column, self.source_column = label_column, source_column
         self.part_bytes = part_bytes
         self._schema = schema
-        self._sink = pa.BufferOutputStream()  # an Arrow buffer: no regrowth copies, no copy out
+        # An Arrow buffer: no regrowth copies, no copy out; or `buffer` (EncodeBuffer), which
+        # an encode larger than it fails with OSError "Write out of bounds".
+        self._buffer = buffer
+        self._sink: Any = (pa.BufferOutputStream() if buffer is None
+                           else pa.FixedSizeBufferWriter(buffer))
         self._writer: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []
         self._num_rows = self._num_row_groups = 0
@@ -77,6 +82,10 @@ class ShardWriter:
 
     def close(self) -> ShardEntry:
         """Encode the last row group, write the shard; its manifest entry."""
+        return self.store(self.encoded())
+
+    def encoded(self) -> memoryview:
+        """Encode the last row group and the footer; the shard's bytes."""
         if self._pending:
             self._encode(self._joined())
             self._pending = []
@@ -86,7 +95,12 @@ class ShardWriter:
             self._encode(self._schema.empty_table())
         assert self._writer is not None
         self._writer.close()
-        payload = memoryview(self._sink.getvalue())
+        if self._buffer is not None:
+            return memoryview(self._buffer)[:self._sink.tell()]
+        return memoryview(self._sink.getvalue())
+
+    def store(self, payload: memoryview) -> ShardEntry:
+        """Write the shard's bytes (`encoded()`); its manifest entry."""
         fs, path = url_to_fs(self.uri)
         write_object(fs, path, payload, self.part_bytes)
         return ShardEntry(
@@ -117,16 +131,60 @@ class ShardWriter:
 
     def _count(self, kind: str, table: pa.Table, column: str) -> None:
         totals = self._counts[kind]
-        for item in pc.value_counts(table.column(column)).to_pylist():
-            key = str(item["values"])
-            totals[key] = totals.get(key, 0) + int(item["counts"])
+        for key, count in _value_counts(table.column(column)):
+            totals[key] = totals.get(key, 0) + count
+
+
+def _value_counts(column: pa.ChunkedArray) -> zip[tuple[str, int]]:
+    """(str(value), rows) of every value of `column`. An integer column without nulls is
+    counted by numpy (a tenth of Arrow's hash count and its list of dicts on a small
+    shard); the keys are the same strings either way."""
+    if pa.types.is_integer(column.type) and column.null_count == 0:
+        values, counts = np.unique(column.to_numpy(), return_counts=True)
+        return zip(map(str, values.tolist()), counts.tolist(), strict=True)
+    found = pc.value_counts(column)
+    return zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist(),
+               strict=True)
+
+
+class EncodeBuffer:
+    """One buffer that a writer of several shards (a write task) encodes each large one
+    into in turn: the encoder then writes to pages it touched already, where a growing
+    stream per shard faulted in fresh ones for every shard (benchmarks/RESULTS.md M32).
+    It grows to the largest shard's bound, never shrinks; small shards, which gain
+    nothing, are encoded into their own stream."""
+
+    MIN_TABLE_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self._buffer: pa.Buffer | None = None
+
+    def for_table(self, table: pa.Table) -> pa.Buffer | None:
+        """A buffer to encode `table` into (bound: its Arrow bytes and a sixteenth, plus 1
+        MiB for headers and footer; rarely too small, see `write_shard`), or None."""
+        if table.nbytes < self.MIN_TABLE_BYTES:
+            return None
+        bound = table.nbytes + table.nbytes // 16 + (1 << 20)
+        if self._buffer is None or self._buffer.size < bound:
+            self._buffer = pa.allocate_buffer(bound)
+        return self._buffer
 
 
 def write_shard(uri: str, table: pa.Table, rows_per_row_group: int, label_column: str,
-                source_column: str | None = None,
-                part_bytes: int = DEFAULT_PART_BYTES) -> ShardEntry:
-    """Write `table` as the shard at `uri`; its manifest entry."""
+                source_column: str | None = None, part_bytes: int = DEFAULT_PART_BYTES,
+                encode: EncodeBuffer | None = None) -> ShardEntry:
+    """Write `table` as the shard at `uri`; its manifest entry. `encode`: a buffer reused
+    across the caller's shards (same bytes written; a shard that does not fit it is
+    encoded again into its own stream)."""
+    buffer = encode.for_table(table) if encode is not None else None
     writer = ShardWriter(uri, rows_per_row_group, label_column, source_column,
-                         schema=table.schema, part_bytes=part_bytes)
-    writer.write(table)
-    return writer.close()
+                         schema=table.schema, part_bytes=part_bytes, buffer=buffer)
+    try:
+        writer.write(table)
+        payload = writer.encoded()
+    except OSError:
+        if buffer is None:
+            raise
+        return write_shard(uri, table, rows_per_row_group, label_column, source_column,
+                           part_bytes)
+    return writer.store(payload)

@@ -13,7 +13,10 @@ object's name and first destination, both of which follow from the exchange's la
 it reads index entries lo..hi (one ranged read), then the bytes from the first to the
 last (one ranged read), two requests per reader and object however many rows or
 destinations there are, and the driver keeps nothing per object. Local files are
-memory-mapped instead of read. A merge copies message bytes from several objects into
+memory-mapped instead of read (one size check against the index first, so a file cut
+short is a StagedObjectError, never a SIGBUS; each range populated as it is mapped), and a
+write task decodes each object's range once for all its shards (`destination_batches`).
+A merge copies message bytes from several objects into
 one, destination by destination; nothing is decoded. Objects are written whole: a local
 file streamed from the batches (the index filled in last), or on an object store one PUT
 or, from twice the object's `part_bytes`, a multipart upload (`storage.write_object`), so
@@ -22,7 +25,9 @@ a reader never sees half an object once its task has returned.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import mmap
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +41,7 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 MAGIC = b"BLSTIDX2"
 _INDEX_ITEM = np.dtype("<i8")
 _HEADER_BYTES = len(MAGIC) + 8
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only; elsewhere pages fault in as read
 
 
 class StagedObjectError(ValueError):
@@ -116,14 +122,15 @@ def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any,
         raise ValueError(f"{staged.uri}: destinations [{first}, {stop}) are outside "
                          f"[{staged.first_destination}, "
                          f"{staged.first_destination + staged.num_destinations})")
+    read = _range_reader(staged.uri)
     position = _HEADER_BYTES + _INDEX_ITEM.itemsize * (first - staged.first_destination)
-    raw = _read_range(staged.uri, position, position + _INDEX_ITEM.itemsize * (stop - first + 1))
+    raw = read(position, position + _INDEX_ITEM.itemsize * (stop - first + 1))
     index = np.frombuffer(raw, dtype=_INDEX_ITEM)
     if len(index) != stop - first + 1 or (np.diff(index) < 0).any() or index[0] < position:
         raise StagedObjectError(f"{staged.uri}: corrupt staged index at destination {first}")
     if index[-1] == index[0]:
         return b"", np.zeros(len(index), dtype=np.int64)
-    return _read_range(staged.uri, int(index[0]), int(index[-1])), index - index[0]
+    return read(int(index[0]), int(index[-1])), index - index[0]
 
 
 def read_batches(data: Any, schema: pa.Schema,
@@ -143,6 +150,28 @@ def read_batches(data: Any, schema: pa.Schema,
     return batches
 
 
+def destination_batches(data: Any, offsets: np.ndarray, schema: pa.Schema,
+                        origin: str = "a staged object") -> list[list[pa.RecordBatch]]:
+    """`read_batches` of each destination of a range `read_destinations` returned, decoded
+    in one pass over the range (one reader, not one per destination), with the same
+    checks: every destination's bounds fall between messages."""
+    found: list[list[pa.RecordBatch]] = [[] for _ in range(len(offsets) - 1)]
+    if not len(data):
+        return found
+    source, starts = pa.BufferReader(data), []
+    try:
+        while (position := source.tell()) < len(data):
+            starts.append(position)
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(source), schema)
+            batch.validate()
+            found[int(np.searchsorted(offsets, position, side="right")) - 1].append(batch)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as error:  # EOF: an end mark
+        raise StagedObjectError(f"{origin}: staged messages do not decode ({error})") from None
+    if not np.isin(offsets, [*starts, len(data)]).all():
+        raise StagedObjectError(f"{origin}: a destination's bounds fall inside a message")
+    return found
+
+
 def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
                  schema: pa.Schema) -> int:
     """Write `output` with, for each of its destinations, those rows of every input (in
@@ -157,18 +186,43 @@ def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
     return writer.close()
 
 
-def _read_range(uri: str, start: int, stop: int) -> Any:
-    """Bytes [start, stop) of the object; StagedObjectError when it holds fewer (an index
-    pointing past its end: the object was cut short or its index damaged)."""
+def _range_reader(uri: str) -> Callable[[int, int], Any]:
+    """`read(start, stop)`: bytes [start, stop) of the object, StagedObjectError when it
+    holds fewer (an index pointing past its end: the object was cut short or its index
+    damaged). A local file's size is read once and every range checked against it before
+    any byte is touched, so a file cut short is that error, never a SIGBUS; a range is
+    memory-mapped (no copy, pages from the cache) and populated in the one call that maps
+    it, instead of a page fault per page touched later (`_mapped`)."""
     fs, path = url_to_fs(uri)
-    if isinstance(fs, LocalFileSystem):  # mapped: no copy, pages come from the cache
-        mapped = pa.memory_map(path)
-        if stop > mapped.size():
-            raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, the staged "
-                                    f"object holds {mapped.size()}: cut short or damaged")
-        return mapped.read_at(stop - start, start)
-    data = pa.py_buffer(fs.cat_file(path, start=start, end=stop))
-    if len(data) != stop - start:
-        raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, {len(data)} "
-                                f"read: the staged object was cut short or its index damaged")
-    return data
+    if isinstance(fs, LocalFileSystem):
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+
+        def read_mapped(start: int, stop: int) -> Any:
+            if stop > size:
+                raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, the staged "
+                                        f"object holds {size}: cut short or damaged")
+            return _mapped(path, start, stop)
+        return read_mapped
+
+    def read_remote(start: int, stop: int) -> Any:
+        data = pa.py_buffer(fs.cat_file(path, start=start, end=stop))
+        if len(data) != stop - start:
+            raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, {len(data)} "
+                                    f"read: the staged object was cut short or its index damaged")
+        return data
+    return read_remote
+
+
+def _mapped(path: str, start: int, stop: int) -> pa.Buffer:
+    """Bytes [start, stop) of a local file, mapped read-only with MAP_POPULATE (Linux):
+    the kernel fills the page table from the page cache in the mapping call, where touching
+    a fresh mapping faulted about once per 4-64 KiB (benchmarks/RESULTS.md M32). The
+    mapping lives as long as the buffer."""
+    if stop == start:
+        return pa.py_buffer(b"")
+    offset = start - start % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), stop - offset, flags=mmap.MAP_SHARED | _POPULATE,
+                           prot=mmap.PROT_READ, offset=offset)
+    return pa.py_buffer(mapped).slice(start - offset)

@@ -26,12 +26,12 @@ import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, shard_name
-from preprocessing.contract.shards import write_shard
+from preprocessing.contract.shards import EncodeBuffer, write_shard
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
+    destination_batches,
     merge_staged,
-    read_batches,
     read_destinations,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
@@ -268,19 +268,19 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
     stop = first + len(shards)
     ranges = [read_destinations(staging.object(last, item), first, stop)
               for item in staging.layout.write_inputs(first)]
+    decoded = [destination_batches(data, offsets, staging.schema) for data, offsets in ranges]
+    encode = EncodeBuffer()  # one encode buffer for the task's shards
     entries = []
     for index, (rows, uri) in enumerate(shards):
-        batches = [batch for data, offsets in ranges if offsets[index + 1] > offsets[index]
-                   for batch in read_batches(data[offsets[index]:offsets[index + 1]],
-                                             staging.schema)]
+        batches = [batch for by_destination in decoded for batch in by_destination[index]]
         entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
-                                    rows_per_row_group))
+                                    rows_per_row_group, encode))
     return entries
 
 
 def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
                  staging: Staging, schema: pa.Schema, spec: DatasetSpec,
-                 rows_per_row_group: int) -> ShardEntry:
+                 rows_per_row_group: int, encode: EncodeBuffer | None = None) -> ShardEntry:
     table = pa.Table.from_batches(batches, schema=staging.schema)
     if table.num_rows != expected_rows:
         raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
@@ -289,4 +289,4 @@ def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
     table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
     table = table.cast(schema)
     return write_shard(uri, table, rows_per_row_group, spec.label_column,
-                       spec.source_column or DERIVED_SOURCE_COLUMN, staging.part_bytes)
+                       spec.source_column or DERIVED_SOURCE_COLUMN, staging.part_bytes, encode)

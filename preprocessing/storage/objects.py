@@ -104,8 +104,12 @@ def write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryv
 def _write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview,
                   part_bytes: int) -> None:
     if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
+        try:
+            handle = open(path, "wb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:  # a new directory: made here once, not checked per object
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            handle = open(path, "wb")  # noqa: SIM115 - closed below
+        with handle:
             handle.write(data)
         return
     body = bytes(data)  # s3fs slices the body into parts, which botocore sends as bytes only

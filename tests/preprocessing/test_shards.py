@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.contract.shards import COMPRESSION, ShardWriter, write_shard
+from preprocessing.contract.shards import COMPRESSION, EncodeBuffer, ShardWriter, write_shard
 
 
 def table(num_rows: int) -> pa.Table:
@@ -52,3 +52,38 @@ def test_an_empty_shard_needs_its_schema(tmp_path: Path) -> None:
     assert entry.num_rows == 0 and entry.num_row_groups == 0
     assert pq.read_table(tmp_path / "empty.parquet").schema.names == ["id", "label", "source",
                                                                        "x"]
+
+
+class EveryTable(EncodeBuffer):
+    """An encode buffer used for tables of any size (tiny test tables included)."""
+
+    MIN_TABLE_BYTES = 0
+
+
+class TooSmall(EncodeBuffer):
+    """An encode buffer shorter than any shard: every encode overflows it."""
+
+    def for_table(self, table: pa.Table) -> pa.Buffer | None:
+        return pa.allocate_buffer(64)
+
+
+def test_a_reused_encode_buffer_writes_the_same_bytes(tmp_path: Path) -> None:
+    """Invariants: shards encoded one after the other into one reused buffer (a write
+    task's) are byte-identical to shards encoded into their own streams, with the same
+    entries, whatever was in the buffer before; a shard that overflows the buffer is
+    encoded again on its own, with the same bytes."""
+    encode, small = EveryTable(), TooSmall()
+    for index, rows in enumerate([1000, 300, 1000]):  # larger, smaller, larger again
+        alone = write_shard(str(tmp_path / f"alone-{index}.parquet"), table(rows), 128,
+                            "label", "source")
+        reused = write_shard(str(tmp_path / f"reused-{index}.parquet"), table(rows), 128,
+                             "label", "source", encode=encode)
+        overflowed = write_shard(str(tmp_path / f"small-{index}.parquet"), table(rows), 128,
+                                 "label", "source", encode=small)
+        data = (tmp_path / f"alone-{index}.parquet").read_bytes()
+        assert (tmp_path / f"reused-{index}.parquet").read_bytes() == data
+        assert (tmp_path / f"small-{index}.parquet").read_bytes() == data
+        for entry in (reused, overflowed):
+            assert (entry.sha256, entry.num_bytes, entry.class_counts, entry.num_row_groups) \
+                == (alone.sha256, alone.num_bytes, alone.class_counts, alone.num_row_groups)
+    assert EncodeBuffer().for_table(table(10)) is None  # small shards keep their own stream

@@ -1,5 +1,6 @@
-"""Staged objects: each destination's rows come back from the object's own index, merges
-keep every row of every input, and a damaged index is an error naming the object."""
+"""Staged objects: each destination's rows come back from the object's own index (per
+destination or all of a range in one pass), merges keep every row of every input, and a
+damaged index or a file cut short is an error naming the object, never a crash."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 
 from preprocessing.exchange.staged_objects import (
     StagedObject,
+    StagedObjectError,
     StagedWriter,
+    destination_batches,
     merge_staged,
     read_batches,
     read_destinations,
@@ -95,3 +98,62 @@ def test_reads_outside_an_object_or_through_a_damaged_index_fail(tmp_path: Path)
     short.add_batches([rows_of([1])])
     with pytest.raises(ValueError, match="1 destinations written, 3 expected"):
         short.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout=objects_by_destination())
+def test_one_pass_over_a_range_gives_each_destinations_batches(tmp_path_factory,
+                                                               layout) -> None:
+    """Invariant: decoding a range of destinations in one pass (`destination_batches`, what
+    write tasks do) yields, per destination, exactly the batches `read_batches` yields for
+    that destination alone, for every sub-range."""
+    directory = tmp_path_factory.mktemp("one-pass")
+    staged = write_object(f"{directory}/in.arrow", layout[0])
+    count = len(layout[0])
+    for first, stop in [(0, count), (count // 2, count), (0, (count + 1) // 2)]:
+        data, offsets = read_destinations(staged, first, stop)
+        decoded = destination_batches(data, offsets, SCHEMA)
+        assert len(decoded) == stop - first
+        for index, batches in enumerate(decoded):
+            alone = read_batches(data[offsets[index]:offsets[index + 1]], SCHEMA)
+            assert [b.column("id").to_pylist() for b in batches] == \
+                [b.column("id").to_pylist() for b in alone]
+            assert [i for b in batches for i in b.column("id").to_pylist()] == \
+                layout[0][first + index]
+
+
+def test_an_index_bound_inside_a_message_is_refused(tmp_path: Path) -> None:
+    """Invariant: offsets that cut a message (a damaged index) are a StagedObjectError
+    from the one-pass reader, not batches split wrongly."""
+    staged = write_object(str(tmp_path / "one.arrow"), [[1, 2], [3]])
+    data, offsets = read_destinations(staged, 0, 2)
+    damaged = offsets.copy()
+    damaged[1] += 8
+    with pytest.raises(StagedObjectError, match="inside a message"):
+        destination_batches(data, damaged, SCHEMA)
+
+
+def test_a_staged_file_cut_short_is_an_error_never_a_crash(tmp_path: Path) -> None:
+    """Invariant: a local staged object cut short at any byte (a full disk, a killed
+    writer, a file truncated behind the run) is a StagedObjectError naming it when the
+    destinations asked for reach past the cut (the size is checked against the index
+    before any mapped page is touched, so no SIGBUS), and reads back whole when they end
+    before it; nothing else."""
+    whole = write_object(str(tmp_path / "whole.arrow"), [[1, 2], [], [3, 4, 5], [6]])
+    data = Path(whole.uri).read_bytes()
+    expected = [[1, 2], [], [3, 4, 5], [6]]
+    cut = StagedObject(str(tmp_path / "cut.arrow"), 0, 4)
+    outcomes = set()
+    for length in range(len(data)):
+        Path(cut.uri).write_bytes(data[:length])
+        try:
+            raw, offsets = read_destinations(cut, 0, 4)
+            decoded = destination_batches(raw, offsets, SCHEMA, cut.uri)
+        except StagedObjectError as error:
+            assert "cut.arrow" in str(error)
+            outcomes.add("error")
+            continue
+        assert [[i for b in batches for i in b.column("id").to_pylist()]
+                for batches in decoded] == expected
+        outcomes.add("whole")  # only the end-of-stream marker was cut
+    assert outcomes == {"error", "whole"}
