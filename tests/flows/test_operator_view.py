@@ -77,7 +77,7 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariant: the flow run's log, read back from the Prefect API, names the dataset
     version with its rows in and out and shards, each training job's epochs, both arms'
-    held-out figures and the registration of the rebalanced model."""
+    held-out figures and the registration of the rebalanced model, in one line with why."""
     manifest, _ = read_manifest(first_run["manifest_uri"])
     rows_in = sum(manifest.input_class_counts.values())
     rows_out = sum(split.num_rows for split in manifest.splits.values())
@@ -96,6 +96,10 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
                 f"{evaluation['dataset_version']}: macro-F1 {evaluation['macro_f1']:.4f}, "
                 f"balanced accuracy {evaluation['balanced_accuracy']:.4f}") in log
     assert f"{last} is `{registration['alias']}`" in log
+    # One line per arm says the registration, its alias and why (no second `promote` line).
+    lines = [line for line in log.splitlines() if line.startswith(("register[", "promote["))]
+    assert len(lines) == 1 and lines[0].startswith(last), lines
+    assert "because: " in lines[0]
 
 
 @pytest.mark.slow
