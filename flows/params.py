@@ -70,8 +70,11 @@ class InferenceParams(BaseModel):
     dataset: str | None = Field(None, description="A dataset version to predict on.")
     inputs: list[str] = Field(default_factory=list, description="Or any Parquet files/globs.")
     split: str = Field("train", description="Split of `dataset` to predict on.")
-    id_column: str = Field("id", description="Row id column carried to the predictions; "
-                           "the feature columns are those of the model's codec.")
+    id_column: str | None = Field(
+        None, description="Row id column carried to the predictions (the feature columns are "
+        "those of the model's codec); None (the default): the id column of `dataset`'s "
+        "manifest, its configured one or the derived `__ballast_row_id`. Needed with "
+        "`inputs` alone.")
     output_root: str = Field(description="Predictions are committed as versions here.")
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
 

@@ -140,10 +140,21 @@ def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
     output: dict[str, Any] = tasks.predict(
-        inputs, params.model_uri, params.tracking, params.id_column, params.output_root,
+        inputs, params.model_uri, params.tracking, _id_column(params), params.output_root,
         params.dask)
     runlog.log_predictions(output)
     return output
+
+
+def _id_column(params: InferenceParams) -> str:
+    """The configured `id_column`, else the one `dataset`'s manifest names (a version made
+    without an id column has the derived `__ballast_row_id`)."""
+    if params.id_column is not None:
+        return params.id_column
+    if params.dataset is None:
+        raise ValueError("batch_inference: `id_column` is required with `inputs` alone (no "
+                         "`dataset` version to take it from): name the files' row id column")
+    return read_manifest(params.dataset)[0].id_column
 
 
 @ballast_flow("pipeline")

@@ -78,7 +78,7 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> 
     assert result["registration"]["alias"] == "champion"
     out = batch_inference_flow(InferenceParams(
         model_uri="models:/wine@champion", tracking=tracking,
-        inputs=sorted(str(p) for p in (work / "raw").iterdir()),
+        inputs=sorted(str(p) for p in (work / "raw").iterdir()), id_column="id",
         output_root=str(work / "predictions")))
     manifest, location = read_manifest(out["manifest_uri"])
     batch = pa.concat_tables(pq.read_table(shard_uri(location, entry))
