@@ -64,7 +64,7 @@ def hostile_run(prefect_harness: None, mlflow_uri: str,
                           max_epochs=1, loader=LoaderConfig(batch_size=32),
                           tracking=tracking),
         job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
-    return work, mlflow_uri, pipeline(params)
+    return work, mlflow_uri, pipeline(**params.arguments())
 
 
 def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -> None:
@@ -104,10 +104,10 @@ def test_batch_inference_on_a_version_without_id_column_carries_the_derived_ids(
     every row of the split with that row's id, in the split's order."""
     work, tracking_uri, result = hostile_run
     registration = result["registration"]
-    out = batch_inference_flow(InferenceParams(
+    out = batch_inference_flow(**InferenceParams(
         model_uri=f"models:/{registration['name']}/{registration['version']}",
         tracking=TrackingConfig(tracking_uri=tracking_uri), dataset=result["manifest_uri"],
-        split="holdout", output_root=str(work / "predictions")))
+        split="holdout", output_root=str(work / "predictions")).arguments())
     manifest, location = read_manifest(out["manifest_uri"])
     source, source_location = read_manifest(result["manifest_uri"])
     assert manifest.id_column == source.id_column == "__ballast_row_id"

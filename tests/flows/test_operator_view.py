@@ -26,7 +26,7 @@ from prefect.client.schemas.objects import State
 from prefect.logging.handlers import APILogWorker
 
 from flows.arms import FIGURE_NAMES, NATURAL_MIX, REBALANCED, figures
-from flows.params import PipelineParams, ReshardParams
+from flows.params import PipelineParams
 from flows.pipeline import reshard_flow
 from flows.report import run_link_line
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -220,11 +220,11 @@ def test_reshard_flow_on_a_scheduler_address_makes_the_local_clusters_version(
         return ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
                              output_root=str(tmp_path / root), target_shard_rows=600)
 
-    local = reshard_flow(ReshardParams(reshard=config("local")))
+    local = reshard_flow(reshard=config("local"))
     env = worker_env(True)
     (tmp_path / "dask").mkdir()
     with dask_processes(tmp_path / "dask", [("127.0.0.1", [], env)] * 2) as address:
-        remote = reshard_flow(ReshardParams(reshard=config("remote"),
-                                            dask=DaskConfig(kind="address", address=address)))
+        remote = reshard_flow(reshard=config("remote"),
+                              dask=DaskConfig(kind="address", address=address))
     assert remote["version_id"] == local["version_id"] and not remote["cached"]
     assert shard_digests(remote["manifest_uri"]) == shard_digests(local["manifest_uri"])
