@@ -30,7 +30,12 @@ from flows.params import (
     ballast_flow,
 )
 from flows.promotion import promote
-from flows.report import publish_dataset, publish_training, version_description
+from flows.report import (
+    publish_dataset,
+    publish_training,
+    run_description,
+    version_description,
+)
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
@@ -112,7 +117,7 @@ def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str
     arm = arm_for(manifest.config["mix"]["class_weighting"])
     summary = _tracked_job(train, job, train.dataset, arm)
     tracking = train.tracking.tracking_uri if train.tracking else None
-    publish_training({"training": summary, "run_id": summary["run_id"]}, tracking)
+    publish_training({"training": summary, "run_id": summary["run_id"]}, tracking, arm)
     return summary
 
 
@@ -199,7 +204,7 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
         if tracking.registered_model_name:
             result["registration"] = _register(params, tracking, result, current_before, arm,
                                                dask)
-    publish_training(result, tracking.tracking_uri if tracking else None)
+    publish_training(result, tracking.tracking_uri if tracking else None, arm)
     return result
 
 
@@ -219,7 +224,9 @@ def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, di
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
     evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
-                                        dask, name, job.get("run_id"))
+                                        dask, name, job.get("run_id"),
+                                        run_description(name, job, manifest_uri,
+                                                        flow_run.get_name()))
                    for name, job in arms.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)

@@ -54,6 +54,9 @@ from tracking.spool import MANIFEST_ARTIFACT, Spool, is_local_run, new_local_run
 SCORE_TAG = "ballast.heldout_macro_f1"  # a registered version's macro-F1 on held-out rows
 LEGACY_SCORE_TAG = "ballast.val_macro_f1"  # its former name: older champions still compare
 FAILURE_TAG = "ballast.failure_reason"
+# MLflow 3's UI opens an experiment of no known kind on its GenAI (traces) pages; this kind
+# opens it on its training runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MAX_PARAM_CHARS = 6000
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
@@ -64,9 +67,13 @@ def prepare_backend(config: TrackingConfig) -> str:
     """Create the store's schema and the experiment once; returns the experiment id."""
     client = MlflowClient(config.tracking_uri)
     experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is not None:
-        return str(experiment.experiment_id)
-    return str(client.create_experiment(config.experiment, config.artifact_location))
+    if experiment is None:
+        return str(client.create_experiment(config.experiment, config.artifact_location,
+                                            tags=EXPERIMENT_KIND))
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in experiment.tags:  # made before ballast set it, or by someone else
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    return str(experiment.experiment_id)
 
 
 def _create_on_server(config: TrackingConfig, tags: dict[str, str] | None) -> str:
@@ -324,31 +331,6 @@ def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
                 if finish["manifest"] else None)
     _close(client, run_id, finish["summary"], manifest, finish["checkpoint_dir"])
     spool.mark("closed")
-
-
-def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    """A model's held-out figures and the class-prior baseline's on the same rows, as the
-    metrics of its run (`holdout_...`, next to training's `val_...`)."""
-    baseline = evaluation["class_prior_baseline"]
-    metrics = {"holdout_macro_f1": evaluation["macro_f1"],
-               "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
-               "holdout_class_prior_macro_f1": baseline["macro_f1"],
-               "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
-               "holdout_rows": evaluation["num_rows"]}
-    recalls = [value for value in evaluation["recall"].values() if value is not None]
-    if recalls:
-        metrics["holdout_worst_class_recall"] = min(recalls)
-    return {name: float(value) for name, value in metrics.items()}
-
-
-def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:
-    """Log `holdout_metrics` to the (closed) run, through a delivery that keeps what a
-    down server cannot take in the run's spool."""
-    from tracking.delivery import MetricDelivery
-
-    delivery = MetricDelivery(config, run_id, writer="holdout")
-    delivery.add(holdout_metrics(evaluation), 0)
-    delivery.close()
 
 
 def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:

@@ -118,12 +118,16 @@ def test_training_summary_artifact_compares_both_arms_on_three_figures(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariants: every artifact of the run has a description; the training summary holds a
     row per figure (macro-F1, balanced accuracy, worst-class recall) with both arms' values
-    side by side, as the evaluations computed them, and names the MLflow run."""
+    side by side, as the evaluations computed them, and names the MLflow run; the job's
+    line names its arm."""
     artifacts = asyncio.run(_artifacts(flow_run_id(first_state)))
     assert artifacts and all(artifact.description for artifact in artifacts)
     summary = next(a for a in artifacts if a.key == "training-summary")
     assert "balanced accuracy" in summary.description
+    assert summary.description.endswith("the MLflow runs")  # both arms' runs are linked
     lines = summary.data.splitlines()
+    assert any(line.startswith(f"- training job ({REBALANCED}): 2 ranks, 2 epochs")
+               for line in lines), lines
     assert f"| held-out ({first_run['evaluations'][REBALANCED]['num_rows']} rows) | " \
         f"{REBALANCED} | {NATURAL_MIX} |" in lines
     by_arm = {arm: figures(first_run["evaluations"][arm]) for arm in (REBALANCED, NATURAL_MIX)}
@@ -149,7 +153,9 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
     baseline's as `holdout_...` metrics equal to the evaluations; the code version is a
     commit or package version, never `unknown`; the registered version's description
     names its arm, dataset version and held-out macro-F1; the dataset input's schema is
-    in MLflow's own format, one entry per column of the version."""
+    in MLflow's own format, one entry per column of the version; each run's description
+    names its arm, flow run and the held-out rows its figures are of; the experiment is
+    of the kind MLflow's UI opens on its training runs."""
     client = MlflowClient(params.train.tracking.tracking_uri)
     name = asyncio.run(_flow_run_name(flow_run_id(first_state)))
     assert set(first_run["runs"]) == {REBALANCED, NATURAL_MIX}
@@ -165,6 +171,15 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
         assert run.data.metrics["holdout_class_prior_macro_f1"] == pytest.approx(
             evaluation["class_prior_baseline"]["macro_f1"])
         assert run.data.tags["git_sha"] not in ("", "unknown")
+        # Its page's Description: which arm of which flow run, and which rows its holdout_*
+        # figures are of (the natural-mix arm is scored on the other version's rows).
+        note = run.data.tags["mlflow.note.content"]
+        assert note.startswith(f"Arm `{arm}` of flow run `{name}`: trained on dataset version")
+        assert (f"on the {evaluation['num_rows']} held-out rows of version "
+                f"{first_run['version_id']}, the same rows for every arm") in note
+    experiment = client.get_experiment(client.get_run(first_run["run_id"]).info.experiment_id)
+    # MLflow's UI opens an experiment of this kind on its training runs, not GenAI pages.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     registration = first_run["registration"]
     version = client.get_model_version(registration["name"], str(registration["version"]))
     assert f"`{REBALANCED}`" in version.description
