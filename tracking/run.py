@@ -54,9 +54,6 @@ from tracking.spool import MANIFEST_ARTIFACT, Spool, is_local_run, new_local_run
 SCORE_TAG = "ballast.heldout_macro_f1"  # a registered version's macro-F1 on held-out rows
 LEGACY_SCORE_TAG = "ballast.val_macro_f1"  # its former name: older champions still compare
 FAILURE_TAG = "ballast.failure_reason"
-# MLflow 3's UI opens an experiment of no known kind on its GenAI (traces) pages; this kind
-# opens it on its training runs.
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MAX_PARAM_CHARS = 6000
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
@@ -67,13 +64,9 @@ def prepare_backend(config: TrackingConfig) -> str:
     """Create the store's schema and the experiment once; returns the experiment id."""
     client = MlflowClient(config.tracking_uri)
     experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is None:
-        return str(client.create_experiment(config.experiment, config.artifact_location,
-                                            tags=EXPERIMENT_KIND))
-    for key, value in EXPERIMENT_KIND.items():
-        if key not in experiment.tags:  # made before ballast set it, or by someone else
-            client.set_experiment_tag(experiment.experiment_id, key, value)
-    return str(experiment.experiment_id)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    return str(client.create_experiment(config.experiment, config.artifact_location))
 
 
 def _create_on_server(config: TrackingConfig, tags: dict[str, str] | None) -> str:

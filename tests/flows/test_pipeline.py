@@ -36,6 +36,7 @@ def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, p
     assert first_run["registration"]["alias"] == "champion"
     summary = format_summary(manifest, first_run, tracking_uri)
     assert first_run["run_id"] in summary and "mlflow ui --backend-store-uri" in summary
+    assert "\ntraining (rebalanced): 2 ranks, batches per rank" in summary  # whose job
 
 
 def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
