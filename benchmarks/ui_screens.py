@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--size", default="1400,1000", help="browser window WIDTH,HEIGHT")
     parser.add_argument("--fresh", action="store_true", help="run the pipeline again even "
                         "when WORK_DIR holds a finished run (result.json), else reused")
-    parser.add_argument("--wait-ms", type=int, default=15000, help="page time per shot")
+    parser.add_argument("--wait-ms", type=int, default=25000, help="page time per shot")
     args = parser.parse_args()
     chromium = browser()
     work = Path(args.work_dir).resolve()
