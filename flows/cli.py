@@ -143,7 +143,7 @@ def _run(args: argparse.Namespace) -> str:
     flow, params_type = FLOWS[args.flow]
     params = parse_params(params_type, values, args.config)
     with _quiet(args):
-        result = cast(dict[str, Any], flow(params))
+        result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
 
 

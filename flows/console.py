@@ -70,9 +70,10 @@ def _loggers_with_handlers() -> list[logging.Logger]:
 
 
 def worker_logging(path: Path, verbose: bool) -> dict[str, object]:
-    """The dictConfig Dask workers start with: their lines to `path`, errors (INFO with
-    `verbose`) to their stderr, which is the command's. (A LocalCluster raises both
-    handlers to WARNING in its workers: `silence_logs`.)"""
+    """The dictConfig Dask workers start with: their INFO lines to `path`, errors (INFO
+    with `verbose`) to their stderr, which is the command's. A LocalCluster started
+    meanwhile keeps these levels (preprocessing/driver/cluster.py turns its `silence_logs`
+    off when the environment holds this config)."""
     formatter = {"format": LINE_FORMAT}
     return {
         "version": 1, "disable_existing_loggers": False,

@@ -21,7 +21,7 @@ def run_demo(work_dir: str | Path, num_rows: int = 120_000,
     if not raw.exists():  # the sample is deterministic: an existing one is the same data
         write_sample(raw, SampleSpec(num_rows=num_rows, seed=seed))
     params = parse_params(PipelineParams, load_preset("demo", work_dir), "demo")
-    result = pipeline(params)
+    result = pipeline(**params.arguments())
     return params, result, time.perf_counter() - start
 
 

@@ -15,10 +15,10 @@ import yaml
 from prefect import Flow
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
-from pydantic import BaseModel
 
 from flows.params import (
     EvaluateParams,
+    FlowParams,
     InferenceParams,
     PipelineParams,
     ReshardParams,
@@ -34,7 +34,7 @@ from flows.pipeline import (
     train_flow,
 )
 
-FLOWS: dict[str, tuple[Flow[Any, Any], type[BaseModel]]] = {
+FLOWS: dict[str, tuple[Flow[Any, Any], type[FlowParams]]] = {
     "pipeline": (pipeline, PipelineParams),
     "reshard": (reshard_flow, ReshardParams),
     "train": (train_flow, TrainParams),
@@ -64,10 +64,12 @@ DEPLOYMENTS = (
 
 
 def preset_parameters(spec: DeploymentSpec, work_dir: str | Path) -> dict[str, Any]:
-    """The flow's parameters from its preset, validated (a bad preset fails here)."""
+    """The flow's parameters from its preset, validated (a bad preset fails here): one
+    named section per parameter (`reshard`, `dask`, `train`, ...), as the Prefect UI shows
+    them."""
     _, params_type = FLOWS[spec.flow]
     params = parse_params(params_type, load_preset(spec.preset, work_dir), spec.preset)
-    return {"params": params.model_dump(mode="json")}
+    return params.model_dump(mode="json")
 
 
 def _concurrency(spec: DeploymentSpec) -> ConcurrencyLimitConfig | None:

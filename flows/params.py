@@ -1,8 +1,16 @@
 """Flow parameters: pydantic models, so the Prefect UI renders forms and rejects bad input,
-and the flow type that records them in Prefect with their credentials redacted."""
+and the flow type that records them in Prefect with their credentials redacted.
+
+Each flow takes its model's fields as named, typed parameters (`reshard`, `dask`, `train`,
+`job`, ...), not one `params` object: Prefect's parameter schema then has one section per
+field, which the deployment's Parameters tab and run form show by name, each described
+by the model's field description (`ballast_flow` writes them into the flow's docstring,
+where Prefect reads parameter descriptions). A caller holding a model calls
+`flow(**params.arguments())`."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -24,64 +32,71 @@ R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
 PRESETS_DIR = Path(__file__).parent / "presets"
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
+RESHARD_DESCRIPTION = ("Raw files in, one balanced, committed dataset version out: the "
+                       "dataset's columns, the class and source mix, shuffle, shard sizes.")
+TRACKING_DESCRIPTION = "The MLflow server (or store) the model is read from."
 JOB_DESCRIPTION = ("Where the training job runs and how it is retried (training/launch/): "
                    "by default torchrun on this machine, 2 processes, 2 attempts.")
 
 
-class ReshardParams(BaseModel):
-    """The `reshard` flow: raw files in, one committed dataset version out."""
+class FlowParams(BaseModel):
+    """The parameters of one flow; its fields are the flow's parameters."""
 
     model_config = ConfigDict(extra="forbid")
 
-    reshard: ReshardConfig
+    def arguments(self) -> dict[str, Any]:
+        """The flow's keyword arguments: each field as it is (sections stay models)."""
+        return {name: getattr(self, name) for name in type(self).model_fields}
+
+
+class ReshardParams(FlowParams):
+    """The `reshard` flow: raw files in, one committed dataset version out."""
+
+    reshard: ReshardConfig = Field(description=RESHARD_DESCRIPTION)
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
 
 
-class TrainParams(BaseModel):
+class TrainParams(FlowParams):
     """The `train` flow: one tracked training job on a dataset version."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    train: TrainConfig
+    train: TrainConfig = Field(description="The training job: its dataset version, model, "
+                               "loader, precision and MLflow tracking.")
     job: LaunchConfig = Field(default_factory=LocalJob, description=JOB_DESCRIPTION)
 
 
-class EvaluateParams(BaseModel):
+class EvaluateParams(FlowParams):
     """The `evaluate` flow: a model (and optionally a baseline) on a held-out split."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model_uri: str = Field(description="`models:/<name>@champion` or another model URI.")
     dataset: str = Field(description="Dataset version to score on (manifest, version or root).")
-    tracking: TrackingConfig
+    tracking: TrackingConfig = Field(description=TRACKING_DESCRIPTION)
     baseline_model_uri: str | None = Field(None, description="A model to compare against.")
     split: str = Field("holdout", description="The split of the version to score on.")
     dask: DaskConfig = Field(default_factory=DaskConfig,
                              description="Where Dask runs (one task per shard).")
 
 
-class InferenceParams(BaseModel):
+class InferenceParams(FlowParams):
     """The `batch_inference` flow: predictions over a dataset, as a new dataset version."""
 
-    model_config = ConfigDict(extra="forbid")
-
     model_uri: str = Field(description="Model to load from MLflow.")
-    tracking: TrackingConfig
+    tracking: TrackingConfig = Field(description=TRACKING_DESCRIPTION)
     dataset: str | None = Field(None, description="A dataset version to predict on.")
     inputs: list[str] = Field(default_factory=list, description="Or any Parquet files/globs.")
     split: str = Field("train", description="Split of `dataset` to predict on.")
-    id_column: str = Field("id", description="Row id column carried to the predictions; "
-                           "the feature columns are those of the model's codec.")
+    id_column: str | None = Field(
+        None, description="Row id column carried to the predictions (the feature columns are "
+        "those of the model's codec); None (the default): the id column of `dataset`'s "
+        "manifest, its configured one or the derived `__ballast_row_id`. Needed with "
+        "`inputs` alone.")
     output_root: str = Field(description="Predictions are committed as versions here.")
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
 
 
-class PipelineParams(BaseModel):
+class PipelineParams(FlowParams):
     """reshard -> train -> evaluate -> register, as one flow run."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    reshard: ReshardConfig
+    reshard: ReshardConfig = Field(description=RESHARD_DESCRIPTION)
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
     train: TrainConfig = Field(
         description="Training job; its `dataset` is replaced by the version the reshard made."
@@ -131,6 +146,36 @@ class RedactingFlow(Flow[P, R]):
         return dict(redact_value(super().serialize_parameters(parameters)))
 
 
-def ballast_flow(name: str) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
-    """`@flow(name=..., log_prints=True)`, recording its parameters redacted."""
-    return lambda function: RedactingFlow(function, name=name, log_prints=True)
+def ballast_flow(name: str, params_type: type[FlowParams]
+                 ) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
+    """`@flow(name=..., log_prints=True)`, recording its parameters redacted; the function's
+    parameters must be `params_type`'s fields, in order, with the same defaults; their
+    descriptions are the fields' (an `Args:` section of the docstring, which Prefect reads)."""
+    def decorate(function: Callable[P, R]) -> RedactingFlow[P, R]:
+        _check_signature(function, params_type)
+        function.__doc__ = f"{inspect.getdoc(function)}\n\n{_args_section(params_type)}"
+        return RedactingFlow(function, name=name, log_prints=True)
+
+    return decorate
+
+
+def _check_signature(function: Callable[..., Any], params_type: type[FlowParams]) -> None:
+    """A flow whose parameters drifted from its model fails at import, naming both."""
+    fields = params_type.model_fields
+    signature = inspect.signature(function).parameters
+    if list(signature) != list(fields):
+        raise TypeError(f"flow {function.__name__}: parameters {list(signature)} are not "
+                        f"the fields of {params_type.__name__} {list(fields)}")
+    for field_name, field in fields.items():
+        default = signature[field_name].default
+        expected = (inspect.Parameter.empty if field.is_required()
+                    else field.get_default(call_default_factory=True))
+        if default != expected:
+            raise TypeError(f"flow {function.__name__}: the default of {field_name} is "
+                            f"{default!r}, {params_type.__name__}'s is {expected!r}")
+
+
+def _args_section(params_type: type[FlowParams]) -> str:
+    lines = [f"    {field_name}: {' '.join((field.description or field_name).split())}"
+             for field_name, field in params_type.model_fields.items()]
+    return "Args:\n" + "\n".join(lines)

@@ -30,10 +30,15 @@ from flows.params import (
     ballast_flow,
 )
 from flows.promotion import promote
-from flows.report import publish_dataset, publish_training, version_description
+from flows.report import (
+    publish_dataset,
+    publish_training,
+    run_description,
+    version_description,
+)
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
-from preprocessing.driver.cluster import Executor, dask_client
+from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.reshard import (
     Listing,
     list_once,
@@ -41,8 +46,13 @@ from preprocessing.driver.reshard import (
     version_is_committed,
 )
 from tracking.config import TrackingConfig
+from tracking.promotion import PromotionConfig
 from training.config import TrainConfig
-from training.launch import AnyJob
+from training.launch import AnyJob, LaunchConfig, LocalJob
+
+# The flows' defaults, the same as their parameter models' (flows/params.py checks).
+DASK, LOCAL_JOB, PROMOTION = DaskConfig(), LocalJob(), PromotionConfig()
+NO_INPUTS: list[str] = []  # never mutated: the flow copies it
 
 
 def _reshard(config: ReshardConfig, dask: Executor, arm: str,
@@ -93,65 +103,87 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
     return tracking.model_copy(update={"run_name": f"{base}-{arm}"})
 
 
-@ballast_flow("reshard")
-def reshard_flow(params: ReshardParams) -> dict[str, Any]:
+@ballast_flow("reshard", ReshardParams)
+def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
-    arm = arm_for(params.reshard.mix.class_weighting)
-    dataset, _ = _reshard(params.reshard, params.dask, arm)
+    dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
     return dataset
 
 
-@ballast_flow("train")
-def train_flow(params: TrainParams) -> dict[str, Any]:
+@ballast_flow("train", TrainParams)
+def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
-    manifest, _ = read_manifest(params.train.dataset)
+    manifest, _ = read_manifest(train.dataset)
     arm = arm_for(manifest.config["mix"]["class_weighting"])
-    summary = _tracked_job(params.train, params.job, params.train.dataset, arm)
-    tracking = params.train.tracking.tracking_uri if params.train.tracking else None
-    publish_training({"training": summary, "run_id": summary["run_id"]}, tracking)
+    summary = _tracked_job(train, job, train.dataset, arm)
+    tracking = train.tracking.tracking_uri if train.tracking else None
+    publish_training({"training": summary, "run_id": summary["run_id"]}, tracking, arm)
     return summary
 
 
-@ballast_flow("evaluate")
-def evaluate_flow(params: EvaluateParams) -> dict[str, Any]:
+@ballast_flow("evaluate", EvaluateParams)
+def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
+                  baseline_model_uri: str | None = None, split: str = "holdout",
+                  dask: DaskConfig = DASK) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
-    models = {"model": params.model_uri}
-    if params.baseline_model_uri:
-        models["baseline"] = params.baseline_model_uri
-    manifest, _ = read_manifest(params.dataset)
-    on_dask = manifest.split(params.split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
-    with dask_client(params.dask) if on_dask else nullcontext(params.dask) as dask:
+    models = {"model": model_uri}
+    if baseline_model_uri:
+        models["baseline"] = baseline_model_uri
+    manifest, _ = read_manifest(dataset)
+    on_dask = manifest.split(split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
+    with dask_client(dask) if on_dask else nullcontext(dask) as executor:
         # One cluster for both models, and none for a split scored in process.
-        evaluations = {name: tasks.evaluate(uri, params.tracking, params.dataset,
-                                            params.split, dask, name)
+        evaluations = {name: tasks.evaluate(uri, tracking, dataset, split, executor, name)
                        for name, uri in models.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
 
 
-@ballast_flow("batch_inference")
-def batch_inference_flow(params: InferenceParams) -> dict[str, Any]:
+@ballast_flow("batch_inference", InferenceParams)
+def batch_inference_flow(*, model_uri: str, tracking: TrackingConfig, dataset: str | None = None,
+                         inputs: list[str] = NO_INPUTS, split: str = "train",
+                         id_column: str | None = None, output_root: str,
+                         dask: DaskConfig = DASK) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
+    params = InferenceParams(model_uri=model_uri, tracking=tracking, dataset=dataset,
+                             inputs=inputs, split=split, id_column=id_column,
+                             output_root=output_root, dask=dask)
     inputs = list(params.inputs)
     if params.dataset:
         inputs += tasks.split_uris(params.dataset, params.split)
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
     output: dict[str, Any] = tasks.predict(
-        inputs, params.model_uri, params.tracking, params.id_column, params.output_root,
+        inputs, params.model_uri, params.tracking, _id_column(params), params.output_root,
         params.dask)
     runlog.log_predictions(output)
     return output
 
 
-@ballast_flow("pipeline")
-def pipeline(params: PipelineParams) -> dict[str, Any]:
+def _id_column(params: InferenceParams) -> str:
+    """The configured `id_column`, else the one `dataset`'s manifest names (a version made
+    without an id column has the derived `__ballast_row_id`)."""
+    if params.id_column is not None:
+        return params.id_column
+    if params.dataset is None:
+        raise ValueError("batch_inference: `id_column` is required with `inputs` alone (no "
+                         "`dataset` version to take it from): name the files' row id column")
+    return read_manifest(params.dataset)[0].id_column
+
+
+@ballast_flow("pipeline", PipelineParams)
+def pipeline(*, reshard: ReshardConfig, dask: DaskConfig = DASK, train: TrainConfig,
+             job: LaunchConfig = LOCAL_JOB, compare_with_natural_mix: bool = False,
+             promotion: PromotionConfig = PROMOTION) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
     One Dask cluster serves every step of the run that needs one (both arms' reshards and
     evaluations): starting a cluster costs seconds, and its workers keep the models they
     loaded."""
+    params = PipelineParams(reshard=reshard, dask=dask, train=train, job=job,
+                            compare_with_natural_mix=compare_with_natural_mix,
+                            promotion=promotion)
     with dask_client(params.dask) as client:
         return _pipeline(params, client)
 
@@ -172,7 +204,7 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
         if tracking.registered_model_name:
             result["registration"] = _register(params, tracking, result, current_before, arm,
                                                dask)
-    publish_training(result, tracking.tracking_uri if tracking else None)
+    publish_training(result, tracking.tracking_uri if tracking else None, arm)
     return result
 
 
@@ -192,7 +224,9 @@ def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, di
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
     evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
-                                        dask, name, job.get("run_id"))
+                                        dask, name, job.get("run_id"),
+                                        run_description(name, job, manifest_uri,
+                                                        flow_run.get_name()))
                    for name, job in arms.items()}
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)

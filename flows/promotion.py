@@ -151,7 +151,7 @@ def promote(tracking: TrackingConfig, config: PromotionConfig, dask: Executor,
     registration = register(tracking, name, result["training"]["model_uri"], evaluation,
                             Promotion(same_rows, breaches, config.force), arm, description)
     record(tracking, run_id, registration, report, markdown, arm)
-    log_promotion_lines(arm, registration, report)
+    log_drift_line(arm, report)
     return {**registration, "drift": drift_summary(report, breaches) if report else None}
 
 
@@ -202,13 +202,10 @@ def promotion_lines(registration: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
-def log_promotion_lines(arm: str, registration: dict[str, Any],
-                        report: DriftReport | None) -> None:
-    logger = get_run_logger()
+def log_drift_line(arm: str, report: DriftReport | None) -> None:
+    """The drift against the parent version; the registration's own line (its alias, the
+    same rows, the reasons) is flows/runlog.py's `log_registration`."""
     if report is not None:
-        logger.info("drift[%s]: version %s against %s: class mix PSI %.4f, source mix PSI "
-                    "%.4f, rows %s", arm, report.version, report.parent, report.class_psi,
-                    report.source_psi, report.rows)
-    for line in promotion_lines(registration):
-        logger.info("promote[%s]: %s v%s is `%s`; %s", arm, registration["name"],
-                    registration["version"], registration["alias"], line.strip())
+        get_run_logger().info("drift[%s]: version %s against %s: class mix PSI %.4f, source "
+                              "mix PSI %.4f, rows %s", arm, report.version, report.parent,
+                              report.class_psi, report.source_psi, report.rows)

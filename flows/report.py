@@ -12,7 +12,7 @@ from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.promotion import promotion_lines
 from flows.runlog import count
 from flows.summary import class_rows_after, how_to_open_run
-from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.manifest import Manifest, read_manifest
 from tracking.run import run_page_url, ui_command
 from tracking.spool import is_local_run
 
@@ -103,7 +103,8 @@ def _description(result: dict[str, Any]) -> str:
     arms = " and ".join(result.get("evaluations") or {}) or "no held-out evaluation"
     version = result.get("version_id") or result["training"].get("manifest_uri")
     return (f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
-            f"and worst-class recall ({arms}), the registration and the MLflow run")
+            f"and worst-class recall ({arms}), the registration and the MLflow "
+            f"{'runs' if len(result.get('runs') or {}) > 1 else 'run'}")
 
 
 def increment_summary(manifest: Manifest) -> str:
@@ -140,13 +141,29 @@ def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = N
             f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`")
 
 
-def publish_training(result: dict[str, Any], tracking_uri: str | None) -> None:
-    """Markdown: figures of the job, both arms side by side, registration and the run link."""
+def run_description(arm: str, job: dict[str, Any], holdout_uri: str,
+                    flow_run_name: str | None) -> str:
+    """An arm's MLflow run description: which flow run, which version it trained on, and
+    which rows its `holdout_*` metrics are of (the same for every arm)."""
+    trained, _ = read_manifest(job["manifest_uri"])
+    held, _ = read_manifest(holdout_uri)
+    return (f"Arm `{arm}` of flow run `{flow_run_name}`: trained on dataset version "
+            f"{trained.version_id} ({trained.config['mix']['class_weighting']} class mix). "
+            f"Its `holdout_*` metrics are on the {held.split('holdout').num_rows} held-out "
+            f"rows of version {held.version_id}, the same rows for every arm of the run.")
+
+
+def publish_training(result: dict[str, Any], tracking_uri: str | None,
+                     arm: str | None = None) -> None:
+    """Markdown: figures of `arm`'s job, both arms side by side, registration and the
+    runs' links."""
     training = result["training"]
+    job = f" ({arm})" if arm else ""
     lines = ["# Training summary", "",
-             f"- ranks: {training['world_size']}, epochs: {training.get('epochs')}, "
-             f"batches per rank: {training['batches_per_rank']}",
-             f"- validation macro-F1: {_cell(training.get('val_macro_f1'))}"]
+             f"- training job{job}: {count(training['world_size'], 'rank')}, "
+             f"{count(training.get('epochs'), 'epoch')}, batches per rank "
+             f"{training['batches_per_rank']}; validation macro-F1 "
+             f"{_cell(training.get('val_macro_f1'))}"]
     if result.get("evaluations"):
         lines += ["", *comparison_lines(result["evaluations"]), ""]
     if result.get("registration"):

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from flows.arms import worst_class
+from flows.promotion import promotion_lines
 from preprocessing.contract.manifest import Manifest
 
 MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
@@ -95,15 +96,26 @@ def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
 
 
 def log_registration(arm: str, registration: dict[str, Any]) -> None:
-    """Which version was registered and whether it became the champion, and why."""
+    get_run_logger().info("%s", registration_line(arm, registration))
+
+
+def registration_line(arm: str, registration: dict[str, Any]) -> str:
+    """One line per registration: the version, its alias and held-out score, and why: the
+    champion's score on the same rows and every reason of the decision (flows/promotion.py)."""
+    details = "; ".join(line.strip() for line in promotion_lines(registration))
+    return (f"register[{arm}]: {registration['name']} v{registration['version']} is "
+            f"`{registration['alias']}` (held-out macro-F1 {registration['score']:.4f}); "
+            f"{details or _versus(registration)}")
+
+
+def _versus(registration: dict[str, Any]) -> str:
+    """The champion's score, for a registration decided without the promotion step."""
     previous = registration.get("previous_champion_score")
-    versus = (f"champion's held-out macro-F1 was {previous:.4f}" if previous is not None
-              else f"champion v{registration['previous_champion']} was not scored"
-              if registration.get("previous_champion") is not None else "no champion before")
-    get_run_logger().info(
-        "register[%s]: %s v%s is `%s` (held-out macro-F1 %.4f; %s)", arm,
-        registration["name"], registration["version"], registration["alias"],
-        registration["score"], versus)
+    if previous is not None:
+        return f"champion's held-out macro-F1 was {previous:.4f}"
+    if registration.get("previous_champion") is not None:
+        return f"champion v{registration['previous_champion']} was not scored"
+    return "no champion before"
 
 
 def log_predictions(output: dict[str, Any]) -> None:

@@ -63,7 +63,9 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
     """Rows per class before/after, shard balance, validation figures and the MLflow run."""
     lines = ["", *dataset_lines(manifest, bool(result.get("reused")))]
     training = result["training"]
-    lines.append(f"training: {training['world_size']} ranks, batches per rank "
+    arms = list(result.get("runs") or [])  # this run's own arm first
+    arm = f" ({arms[0]})" if len(arms) > 1 else ""  # which arm's job, beside the others
+    lines.append(f"training{arm}: {training['world_size']} ranks, batches per rank "
                  f"{training['batches_per_rank']}, validation macro-F1 "
                  f"{training['val_macro_f1']:.3f}")
     if result.get("evaluations"):

@@ -29,10 +29,11 @@ from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
 from preprocessing.driver.reshard import Listing, run_reshard
 from tracking.config import TrackingConfig
+from tracking.holdout import describe_run, log_holdout
 from tracking.inference import evaluate_model, predict_table
 from tracking.inference import split_uris as split_uris
 from tracking.registry import register_and_promote
-from tracking.run import finish_run, log_holdout
+from tracking.run import finish_run
 from training.config import TrainConfig
 from training.launch import AnyJob, run_job
 
@@ -124,12 +125,13 @@ def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
 
 @task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
-             dask: Executor, arm: str, run_id: str | None = None) -> dict[str, Any]:
+             dask: Executor, arm: str, run_id: str | None = None,
+             description: str = "") -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
     split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
-    if given. A split of up to `IN_PROCESS_EVALUATION_ROWS` rows is scored here, shard
-    after shard; a larger one one task per shard on Dask (the flow's cluster, or one
-    started for it)."""
+    if given, with `description` as that run's description. A split of up to
+    `IN_PROCESS_EVALUATION_ROWS` rows is scored here, shard after shard; a larger one one
+    task per shard on Dask (the flow's cluster, or one started for it)."""
     manifest, _ = read_manifest(dataset)
     if manifest.split(split).num_rows <= IN_PROCESS_EVALUATION_ROWS:
         evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
@@ -142,6 +144,8 @@ def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
                                         dask_map)
     if run_id is not None:
         log_holdout(tracking, run_id, evaluation)
+        if description:
+            describe_run(tracking, run_id, description)
     return evaluation
 
 

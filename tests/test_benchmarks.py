@@ -91,3 +91,16 @@ def test_gpu_check_says_so_without_a_gpu(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "no CUDA GPU is visible" in done.stdout
+
+
+def test_ui_screens_without_chromium_says_how_to_install_it(tmp_path: Path) -> None:
+    """Invariant: the UI screenshot script, where no Chromium is on PATH, stops before
+    starting any server with a line saying how to install it, not a traceback."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PATH"] = str(Path(sys.executable).parent)  # this Python, no browser
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ui_screens.py"),
+                           "--work-dir", str(tmp_path / "work")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "apt-get install -y chromium" in done.stderr
+    assert not (tmp_path / "work").exists()

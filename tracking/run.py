@@ -326,31 +326,6 @@ def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
     spool.mark("closed")
 
 
-def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    """A model's held-out figures and the class-prior baseline's on the same rows, as the
-    metrics of its run (`holdout_...`, next to training's `val_...`)."""
-    baseline = evaluation["class_prior_baseline"]
-    metrics = {"holdout_macro_f1": evaluation["macro_f1"],
-               "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
-               "holdout_class_prior_macro_f1": baseline["macro_f1"],
-               "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
-               "holdout_rows": evaluation["num_rows"]}
-    recalls = [value for value in evaluation["recall"].values() if value is not None]
-    if recalls:
-        metrics["holdout_worst_class_recall"] = min(recalls)
-    return {name: float(value) for name, value in metrics.items()}
-
-
-def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:
-    """Log `holdout_metrics` to the (closed) run, through a delivery that keeps what a
-    down server cannot take in the run's spool."""
-    from tracking.delivery import MetricDelivery
-
-    delivery = MetricDelivery(config, run_id, writer="holdout")
-    delivery.add(holdout_metrics(evaluation), 0)
-    delivery.close()
-
-
 def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:
     """The `champion` version of registered model `name` (version, score, run id), or None
     when there is none; `TrackingUnavailable` when the store cannot say."""

@@ -48,6 +48,13 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_
 # `dask.worker_profile` turns it on.
 PROFILE_KEY = "distributed.worker.profile.enabled"
 
+# A `logging.dictConfig` for Dask's worker processes in their environment (flows/console.py
+# sets one for a command's duration: INFO lines to the run's log file, the console quiet)
+# decides their handlers' levels itself. LocalCluster's `silence_logs` would raise every
+# StreamHandler of `distributed` to WARNING, a FileHandler included, in the workers and in
+# this process, so it is turned off then; without one the default keeps workers quiet.
+WORKER_LOGGING_ENV = "DASK_DISTRIBUTED__LOGGING"
+
 # kind -> (module, cluster class, the package and ballast extra that install it)
 _EXTERNAL = {
     "kubernetes": ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", "kubernetes"),
@@ -145,12 +152,14 @@ def build_cluster(config: DaskConfig) -> Any:
 def local_cluster(num_workers: int, worker_profile: bool = False,
                   **options: Any) -> LocalCluster:
     """A LocalCluster of single-threaded worker processes with the allocator settings and,
-    unless `worker_profile`, without Dask's statistical profiler."""
+    unless `worker_profile`, without Dask's statistical profiler; with a worker logging
+    config in the environment, its handlers' levels left as it set them."""
     environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
                for name, value in WORKER_MALLOC_ENV.items()}
+    silence = {"silence_logs": False} if WORKER_LOGGING_ENV in os.environ else {}
     with dask.config.set({**environ, PROFILE_KEY: worker_profile}):
         return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
-                            dashboard_address=":0", **options)
+                            dashboard_address=":0", **{**silence, **options})
 
 
 def _kubernetes_cluster(config: DaskConfig) -> Any:

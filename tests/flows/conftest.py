@@ -37,7 +37,7 @@ def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Pipeline
 @pytest.fixture(scope="session")
 def first_state(prefect_harness: None, params: PipelineParams) -> State:
     """The final state of the first pipeline run (both arms), which the other tests read."""
-    return pipeline(params, return_state=True)
+    return pipeline(**params.arguments(), return_state=True)
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 import yaml
+from prefect.utilities.callables import parameter_schema
 
 from flows.cli import apply_override, main
 from flows.deployments import DEPLOYMENTS, FLOWS, preset_parameters, render_prefect_yaml
-from flows.params import PRESETS_DIR, PipelineParams, load_preset
+from flows.params import PRESETS_DIR, PipelineParams, ReshardParams, ballast_flow, load_preset
+from flows.pipeline import pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +25,8 @@ def test_every_shipped_preset_loads() -> None:
         if path.stem not in used:
             PipelineParams.model_validate(load_preset(path.stem, "/tmp/w"))
         else:
-            assert preset_parameters(used[path.stem], "/tmp/w")["params"]
+            parameters = preset_parameters(used[path.stem], "/tmp/w")
+            assert list(parameters) == list(FLOWS[used[path.stem].flow][1].model_fields)
 
 
 def test_shipped_prefect_yaml_matches_the_deployments_table() -> None:
@@ -80,3 +84,42 @@ def test_validation_errors_name_each_field_without_documentation_links(
     assert error.count("\n") == 1 and "(2 problem(s))" in error
     assert "train.max_epochs: Input should be greater than 0 (got -1)" in error
     assert "reshard.bogus: Extra inputs are not permitted (got 1)" in error
+
+
+def test_each_flow_takes_its_models_fields_as_named_described_parameters() -> None:
+    """Invariant: a flow's Prefect parameter schema (what the deployment's Parameters tab
+    and run form show) has one named property per field of its parameter model, in order,
+    each with the field's description and the model's required fields required; no flow
+    takes one `params` blob."""
+    for name, (flow_object, params_type) in FLOWS.items():
+        schema = parameter_schema(flow_object.fn)
+        fields = params_type.model_fields
+        assert list(schema.properties) == list(fields), name
+        for field_name, field in fields.items():
+            described = schema.properties[field_name]["description"]
+            assert described == " ".join(str(field.description).split()), (name, field_name)
+        assert set(schema.required) == {n for n, f in fields.items() if f.is_required()}
+
+
+def test_a_model_holding_caller_runs_a_flow_with_its_arguments() -> None:
+    """Invariant: `params.arguments()` are the flow's keyword arguments, sections kept as
+    the validated models (so `flow(**params.arguments())` runs what the file said)."""
+    params = PipelineParams.model_validate(load_preset("demo", "/tmp/w"))
+    arguments = params.arguments()
+    assert list(arguments) == [*inspect.signature(pipeline.fn).parameters]
+    assert arguments["reshard"] is params.reshard and arguments["job"] is params.job
+
+
+def test_a_flow_whose_parameters_drift_from_its_model_fails_at_import() -> None:
+    """Invariant: a flow missing a field of its model, or with another default, is refused
+    when it is defined, naming the parameter, not when a deployment runs it."""
+    from preprocessing.config import ReshardConfig
+
+    def missing(*, reshard: ReshardConfig) -> None: ...
+
+    def other_default(*, reshard: ReshardConfig, dask: object = None) -> None: ...
+
+    with pytest.raises(TypeError, match=r"parameters \['reshard'\] are not the fields"):
+        ballast_flow("x", ReshardParams)(missing)
+    with pytest.raises(TypeError, match="the default of dask is None"):
+        ballast_flow("x", ReshardParams)(other_default)

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.params import PipelineParams
-from flows.pipeline import pipeline
+from flows.params import InferenceParams, PipelineParams
+from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-from preprocessing.contract.manifest import read_manifest
+from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.inference import load_classifier, predictions
 from training.config import LoaderConfig, TrainConfig
@@ -64,7 +64,7 @@ def hostile_run(prefect_harness: None, mlflow_uri: str,
                           max_epochs=1, loader=LoaderConfig(batch_size=32),
                           tracking=tracking),
         job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
-    return work, mlflow_uri, pipeline(params)
+    return work, mlflow_uri, pipeline(**params.arguments())
 
 
 def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -> None:
@@ -95,3 +95,25 @@ def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -
     local = predictions(load_classifier(model_uri, tracking_uri),
                         raw.append_column("row", pa.array(range(raw.num_rows))), "row")
     assert served["predicted"].tolist() == local.column("predicted").to_pylist()
+
+
+def test_batch_inference_on_a_version_without_id_column_carries_the_derived_ids(
+        hostile_run) -> None:
+    """Invariant: batch inference over a version made without an id column, with no
+    `id_column` given, takes the manifest's (the derived `__ballast_row_id`) and predicts
+    every row of the split with that row's id, in the split's order."""
+    work, tracking_uri, result = hostile_run
+    registration = result["registration"]
+    out = batch_inference_flow(**InferenceParams(
+        model_uri=f"models:/{registration['name']}/{registration['version']}",
+        tracking=TrackingConfig(tracking_uri=tracking_uri), dataset=result["manifest_uri"],
+        split="holdout", output_root=str(work / "predictions")).arguments())
+    manifest, location = read_manifest(out["manifest_uri"])
+    source, source_location = read_manifest(result["manifest_uri"])
+    assert manifest.id_column == source.id_column == "__ballast_row_id"
+    predicted = [pq.read_table(shard_uri(location, entry))
+                 for entry in manifest.split("predictions").shards]
+    held = [pq.read_table(shard_uri(source_location, s), columns=[source.id_column])
+            for s in source.split("holdout").shards]
+    ids = pa.concat_tables(predicted).column(source.id_column).to_pylist()
+    assert ids == pa.concat_tables(held).column(source.id_column).to_pylist() and ids

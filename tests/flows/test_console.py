@@ -91,3 +91,34 @@ def test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json(
     assert set(result["evaluations"]) == {"rebalanced", "natural-mix"}
     assert all(evaluation["recall"] for evaluation in result["evaluations"].values())
     assert result["registration"]["version"] == 1
+
+
+def _log_on_worker(message: str) -> int:
+    """Log `message` at INFO from inside a Dask worker process; the worker's pid."""
+    logging.getLogger("distributed.worker").info(message)
+    return os.getpid()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_run_log_file_gets_dask_workers_info_lines_the_console_only_with_v(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], verbose: bool) -> None:
+    """Invariants: under a command's logging, a LocalCluster's worker processes and its
+    scheduler write their INFO lines (a worker's start, a line logged in a task) to the
+    command's log file, not raised to WARNING by the cluster's `silence_logs`; the
+    console (this process's and the workers' stderr) shows them only with -v."""
+    from flows.console import DASK_LOGGING_ENV, command_logging
+    from preprocessing.driver.cluster import WORKER_LOGGING_ENV, DaskConfig, dask_client
+
+    assert DASK_LOGGING_ENV == WORKER_LOGGING_ENV
+    path = tmp_path / "run.log"
+    marker = f"ballast-marker-{verbose}"
+    with command_logging(path, verbose), dask_client(DaskConfig(num_workers=1)) as client:
+        worker_pid = client.submit(_log_on_worker, marker, pure=False).result()
+    assert worker_pid != os.getpid()
+    text = path.read_text()
+    assert marker in text and "distributed.worker" in text
+    assert "Start worker at" in text and "distributed.scheduler" in text
+    console = capfd.readouterr().err
+    assert (marker in console) is verbose
+    assert ("Start worker at" in console) is verbose

@@ -26,7 +26,7 @@ from prefect.client.schemas.objects import State
 from prefect.logging.handlers import APILogWorker
 
 from flows.arms import FIGURE_NAMES, NATURAL_MIX, REBALANCED, figures
-from flows.params import PipelineParams, ReshardParams
+from flows.params import PipelineParams
 from flows.pipeline import reshard_flow
 from flows.report import run_link_line
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -77,7 +77,7 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariant: the flow run's log, read back from the Prefect API, names the dataset
     version with its rows in and out and shards, each training job's epochs, both arms'
-    held-out figures and the registration of the rebalanced model."""
+    held-out figures and the registration of the rebalanced model, in one line with why."""
     manifest, _ = read_manifest(first_run["manifest_uri"])
     rows_in = sum(manifest.input_class_counts.values())
     rows_out = sum(split.num_rows for split in manifest.splits.values())
@@ -96,6 +96,10 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
                 f"{evaluation['dataset_version']}: macro-F1 {evaluation['macro_f1']:.4f}, "
                 f"balanced accuracy {evaluation['balanced_accuracy']:.4f}") in log
     assert f"{last} is `{registration['alias']}`" in log
+    # One line per arm says the registration, its alias and why (no second `promote` line).
+    lines = [line for line in log.splitlines() if line.startswith(("register[", "promote["))]
+    assert len(lines) == 1 and lines[0].startswith(last), lines
+    assert "because: " in lines[0]
 
 
 @pytest.mark.slow
@@ -114,12 +118,16 @@ def test_training_summary_artifact_compares_both_arms_on_three_figures(
         first_state: State, first_run: dict[str, Any]) -> None:
     """Invariants: every artifact of the run has a description; the training summary holds a
     row per figure (macro-F1, balanced accuracy, worst-class recall) with both arms' values
-    side by side, as the evaluations computed them, and names the MLflow run."""
+    side by side, as the evaluations computed them, and names the MLflow run; the job's
+    line names its arm."""
     artifacts = asyncio.run(_artifacts(flow_run_id(first_state)))
     assert artifacts and all(artifact.description for artifact in artifacts)
     summary = next(a for a in artifacts if a.key == "training-summary")
     assert "balanced accuracy" in summary.description
+    assert summary.description.endswith("the MLflow runs")  # both arms' runs are linked
     lines = summary.data.splitlines()
+    assert any(line.startswith(f"- training job ({REBALANCED}): 2 ranks, 2 epochs")
+               for line in lines), lines
     assert f"| held-out ({first_run['evaluations'][REBALANCED]['num_rows']} rows) | " \
         f"{REBALANCED} | {NATURAL_MIX} |" in lines
     by_arm = {arm: figures(first_run["evaluations"][arm]) for arm in (REBALANCED, NATURAL_MIX)}
@@ -145,7 +153,8 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
     baseline's as `holdout_...` metrics equal to the evaluations; the code version is a
     commit or package version, never `unknown`; the registered version's description
     names its arm, dataset version and held-out macro-F1; the dataset input's schema is
-    in MLflow's own format, one entry per column of the version."""
+    in MLflow's own format, one entry per column of the version; each run's description
+    names its arm, flow run and the held-out rows its figures are of."""
     client = MlflowClient(params.train.tracking.tracking_uri)
     name = asyncio.run(_flow_run_name(flow_run_id(first_state)))
     assert set(first_run["runs"]) == {REBALANCED, NATURAL_MIX}
@@ -161,6 +170,12 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
         assert run.data.metrics["holdout_class_prior_macro_f1"] == pytest.approx(
             evaluation["class_prior_baseline"]["macro_f1"])
         assert run.data.tags["git_sha"] not in ("", "unknown")
+        # Its page's Description: which arm of which flow run, and which rows its holdout_*
+        # figures are of (the natural-mix arm is scored on the other version's rows).
+        note = run.data.tags["mlflow.note.content"]
+        assert note.startswith(f"Arm `{arm}` of flow run `{name}`: trained on dataset version")
+        assert (f"on the {evaluation['num_rows']} held-out rows of version "
+                f"{first_run['version_id']}, the same rows for every arm") in note
     registration = first_run["registration"]
     version = client.get_model_version(registration["name"], str(registration["version"]))
     assert f"`{REBALANCED}`" in version.description
@@ -216,11 +231,11 @@ def test_reshard_flow_on_a_scheduler_address_makes_the_local_clusters_version(
         return ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
                              output_root=str(tmp_path / root), target_shard_rows=600)
 
-    local = reshard_flow(ReshardParams(reshard=config("local")))
+    local = reshard_flow(reshard=config("local"))
     env = worker_env(True)
     (tmp_path / "dask").mkdir()
     with dask_processes(tmp_path / "dask", [("127.0.0.1", [], env)] * 2) as address:
-        remote = reshard_flow(ReshardParams(reshard=config("remote"),
-                                            dask=DaskConfig(kind="address", address=address)))
+        remote = reshard_flow(reshard=config("remote"),
+                              dask=DaskConfig(kind="address", address=address))
     assert remote["version_id"] == local["version_id"] and not remote["cached"]
     assert shard_digests(remote["manifest_uri"]) == shard_digests(local["manifest_uri"])

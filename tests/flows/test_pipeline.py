@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.params import EvaluateParams, InferenceParams
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
 from flows.summary import format_summary
 from preprocessing.contract.manifest import read_manifest, shard_uri
@@ -37,6 +36,7 @@ def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, p
     assert first_run["registration"]["alias"] == "champion"
     summary = format_summary(manifest, first_run, tracking_uri)
     assert first_run["run_id"] in summary and "mlflow ui --backend-store-uri" in summary
+    assert "\ntraining (rebalanced): 2 ranks, batches per rank" in summary  # whose job
 
 
 def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
@@ -44,9 +44,9 @@ def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
     the version id: same version, no reshard work (state Cached), no new version dir."""
     root = Path(params.reshard.output_root)
     before = sorted(p.name for p in root.iterdir())
-    again = pipeline(params.model_copy(update={"compare_with_natural_mix": False,
-                                               "train": params.train.model_copy(update={
-        "max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}))
+    again = pipeline(**params.model_copy(update={"compare_with_natural_mix": False,
+                                                 "train": params.train.model_copy(update={
+        "max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}).arguments())
     assert again["cached"] and again["version_id"] == first_run["version_id"]
     assert sorted(p.name for p in root.iterdir()) == before
 
@@ -56,8 +56,8 @@ def test_evaluate_flow_scores_the_model_on_held_out_rows(first_run, params) -> N
     and a model scored against itself as baseline gets the identical figures."""
     tracking = params.train.tracking
     model_uri = first_run["training"]["model_uri"]
-    result = evaluate_flow(EvaluateParams(model_uri=model_uri, baseline_model_uri=model_uri,
-                                          dataset=first_run["manifest_uri"], tracking=tracking))
+    result = evaluate_flow(model_uri=model_uri, baseline_model_uri=model_uri,
+                           dataset=first_run["manifest_uri"], tracking=tracking)
     manifest, _ = read_manifest(first_run["manifest_uri"])
     assert result["model"]["num_rows"] == manifest.split("holdout").num_rows
     assert 0 <= result["model"]["macro_f1"] <= 1
@@ -70,9 +70,9 @@ def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_pa
     each predicted class equals the model's prediction computed on that row alone."""
     tracking = params.train.tracking
     model_uri = first_run["training"]["model_uri"]
-    out = batch_inference_flow(InferenceParams(
+    out = batch_inference_flow(
         model_uri=model_uri, tracking=tracking, dataset=first_run["manifest_uri"],
-        split="holdout", output_root=str(tmp_path / "predictions")))
+        split="holdout", output_root=str(tmp_path / "predictions"))
     manifest, location = read_manifest(out["manifest_uri"])
     predictions = pa.concat_tables(pq.read_table(shard_uri(location, s))
                                    for s in manifest.split("predictions").shards)
@@ -91,4 +91,4 @@ def test_a_bad_parameter_is_rejected_naming_the_field(prefect_harness, params) -
     bad = params.model_dump(mode="json")
     bad["reshard"]["target_shard_rows"] = -5
     with pytest.raises(Exception, match="target_shard_rows"):
-        pipeline(params=bad)
+        pipeline(**bad)

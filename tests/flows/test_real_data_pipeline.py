@@ -61,7 +61,7 @@ def wine_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory):
                           model=ModelConfig(hidden_sizes=[32], learning_rate=0.01),
                           tracking=tracking),
         job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
-    return work, frame, tracking, pipeline(params)
+    return work, frame, tracking, pipeline(**params.arguments())
 
 
 def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> None:
@@ -76,10 +76,10 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> 
     scores = result["evaluations"][NATURAL_MIX]  # trained on the natural mix
     assert scores["beats_class_prior"] and scores["macro_f1"] >= 0.8
     assert result["registration"]["alias"] == "champion"
-    out = batch_inference_flow(InferenceParams(
+    out = batch_inference_flow(**InferenceParams(
         model_uri="models:/wine@champion", tracking=tracking,
-        inputs=sorted(str(p) for p in (work / "raw").iterdir()),
-        output_root=str(work / "predictions")))
+        inputs=sorted(str(p) for p in (work / "raw").iterdir()), id_column="id",
+        output_root=str(work / "predictions")).arguments())
     manifest, location = read_manifest(out["manifest_uri"])
     batch = pa.concat_tables(pq.read_table(shard_uri(location, entry))
                              for entry in manifest.split("predictions").shards)

@@ -106,6 +106,30 @@ def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -
     assert sorted(states) == ["CANCELLED", "COMPLETED"]
 
 
+@pytest.mark.slow
+def test_served_deployments_show_named_parameter_sections(served) -> None:
+    """Invariant: through the Prefect API, each served deployment's parameter schema has a
+    named, described section per field of its flow's parameter model (the Parameters tab
+    shows `reshard`, `dask`, `train`, ... by name, not one `params` blob), its parameters are
+    the preset's under the same names, and the schema validates them (the UI's run form)."""
+    from prefect.utilities.schema_tools import validate
+
+    from flows.deployments import FLOWS
+
+    with temporary_settings({PREFECT_API_URL: served["PREFECT_API_URL"]}):
+        found = asyncio.run(wait_for_deployments(
+            ["pipeline/nightly", "reshard/adhoc", "train/adhoc", "batch_inference/adhoc"]))
+    for name, deployment in found.items():
+        fields = FLOWS[name.split("/")[0]][1].model_fields
+        schema = deployment.parameter_openapi_schema
+        assert list(schema["properties"]) == list(fields), name
+        assert all(schema["properties"][field]["description"] for field in fields), name
+        assert list(deployment.parameters) == list(fields) and "params" not in fields
+        validate(deployment.parameters, schema, raise_on_error=True)
+    nightly = found["pipeline/nightly"].parameters
+    assert nightly["train"]["max_epochs"] >= 1 and nightly["reshard"]["dataset"]["inputs"]
+
+
 async def scheduled_runs(deployment_id) -> int:
     from prefect.client.schemas.filters import (
         DeploymentFilter,

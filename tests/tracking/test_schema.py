@@ -7,7 +7,8 @@ import json
 import pytest
 from mlflow.types.schema import Schema
 
-from tracking.run import git_sha, holdout_metrics
+from tracking.holdout import holdout_metrics
+from tracking.run import git_sha
 from tracking.schema import mlflow_schema_json
 
 

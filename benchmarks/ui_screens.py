@@ -1,0 +1,241 @@
+"""Screenshots of both UIs after a small pipeline run, for a person to look at.
+
+Starts a `prefect server` (with its UI) and an `mlflow server` on loopback, each with its
+own database under the work directory, runs `ballast run pipeline` on a small generated
+sample (both arms, a registered model), registers the deployments as `ballast serve`
+would (their Parameters tab), then takes headless Chromium screenshots of: the Prefect
+flow run (log, artifacts, the training summary), the nightly deployment's Parameters
+tab, the MLflow experiment's runs, each arm's run page (params, metrics, dataset), its
+model metrics and the registered model version. A work directory holding a finished
+run is reused (its servers' databases; `--fresh` runs the pipeline again). The PNGs and
+an `index.json` (each page's URL) are written under `--out`; nothing is installed here:
+without Chromium the script says how to get it and stops.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/ui_screens.py --work-dir /tmp/ui --out /tmp/ui/png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere: the clone's packages
+    sys.path.insert(0, str(ROOT))
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+MODEL_NAME = "ui-screens-classifier"
+EXPERIMENT = "ui-screens"
+
+
+def browser() -> str:
+    """The Chromium on PATH; else exits saying how to install it."""
+    for name in BROWSERS:
+        if found := shutil.which(name):
+            return found
+    sys.exit("ui_screens: no Chromium on PATH. Install it, e.g. on Debian/Ubuntu as root: "
+             "`apt-get install -y chromium` (or put chromium / google-chrome on PATH).")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
+    """Until `url` answers 200 (a server started), or the process died or time ran out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+@contextmanager
+def server(command: list[str], health: str, env: dict[str, str],
+           log: Path) -> Iterator[None]:
+    """A server process for the block, stopped after it."""
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(health, process)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def prefect_env(work: Path, port: int) -> dict[str, str]:
+    return {**os.environ, "PREFECT_HOME": str(work / "prefect-home"),
+            "PREFECT_UI_ENABLED": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+            "PYTHONPATH": str(ROOT), "BALLAST_LOG_DIR": str(work / "logs")}
+
+
+def pipeline_config(work: Path, tracking_uri: str) -> dict[str, Any]:
+    """The demo preset on the small sample, tracked on the MLflow server, both arms."""
+    from flows.params import load_preset
+
+    config = load_preset("demo", work)
+    config["reshard"]["target_shard_rows"] = 2000
+    config["train"]["max_epochs"] = 3
+    config["train"]["tracking"] = {"tracking_uri": tracking_uri, "experiment": EXPERIMENT,
+                                   "registered_model_name": MODEL_NAME,
+                                   "system_metrics_interval_s": 1.0}
+    config["job"] = {"kind": "local", "num_processes_per_node": 2, "timeout_s": 900,
+                     "retry": {"attempts": 1}}
+    return config
+
+
+def run_pipeline(work: Path, env: dict[str, str], tracking_uri: str, rows: int) -> dict:
+    """`ballast run pipeline` on a generated sample of `rows` rows; its full result."""
+    from preprocessing.synthetic.tabular import SampleSpec, write_sample
+
+    if not (work / "raw").exists():
+        write_sample(work / "raw", SampleSpec(num_rows=rows, num_files=6, seed=0))
+    (work / "pipeline.yaml").write_text(yaml.safe_dump(pipeline_config(work, tracking_uri)))
+    done = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config",
+                           str(work / "pipeline.yaml"), "--result-file",
+                           str(work / "result.json")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500, check=False)
+    print(done.stdout, file=sys.stderr)
+    if done.returncode:
+        raise RuntimeError(f"ballast run pipeline failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads((work / "result.json").read_text()))
+
+
+def prefect_ids(work: Path, api_url: str) -> dict[str, str]:
+    """The pipeline's last completed flow run, its training-summary artifact and the
+    nightly deployment (registered here from the deployments table, as `ballast serve`
+    registers them)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deployments import build_deployments
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        for deployment in build_deployments(work):
+            deployment.apply()
+        return asyncio.run(_read_ids())
+
+
+async def _read_ids() -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async with get_client() as client:
+        runs = [run for run in await client.read_flow_runs()
+                if run.state is not None and run.state.is_completed()
+                and run.deployment_id is None]
+        run = max(runs, key=lambda found: found.created or 0)
+        artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        summary = next(a for a in artifacts if a.key == "training-summary")
+        nightly = await client.read_deployment_by_name("pipeline/nightly")
+    return {"flow_run": str(run.id), "summary": str(summary.id), "nightly": str(nightly.id)}
+
+
+def pages(prefect: str, mlflow: str, ids: dict[str, str], result: dict) -> dict[str, str]:
+    """Screenshot name -> URL."""
+    from mlflow.tracking import MlflowClient
+
+    experiment = MlflowClient(mlflow).get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, f"no MLflow experiment {EXPERIMENT}"
+    exp, run = experiment.experiment_id, f"{prefect}/runs/flow-run/{ids['flow_run']}"
+    registration = result["registration"]
+    # The flow run's tabs are not addressed by URL in headless Chromium (`?tab=` stays on
+    # Logs): its artifacts are shown by the training summary's own page.
+    found = {"prefect-flow-run-log": run,
+             "prefect-training-summary": f"{prefect}/artifacts/artifact/{ids['summary']}",
+             "prefect-deployment-parameters":
+                 f"{prefect}/deployments/deployment/{ids['nightly']}?tab=Parameters",
+             # MLflow 3.17 opens `#/experiments/<id>` on its GenAI overview (a per-browser
+             # toggle); the training runs are the experiment's `runs` page.
+             "mlflow-experiment-runs": f"{mlflow}/#/experiments/{exp}/runs",
+             "mlflow-model-version":
+                 f"{mlflow}/#/models/{registration['name']}/versions/{registration['version']}"}
+    for arm, run_id in result["runs"].items():
+        found[f"mlflow-run-{arm}"] = f"{mlflow}/#/experiments/{exp}/runs/{run_id}"
+        found[f"mlflow-run-{arm}-metrics"] = (f"{mlflow}/#/experiments/{exp}/runs/{run_id}"
+                                              "/model-metrics")
+    return found
+
+
+def screenshot(chromium: str, url: str, out: Path, size: str, wait_ms: int) -> None:
+    """One page as a PNG: a fresh profile, no network but loopback, `wait_ms` of page time
+    for the single-page apps to fetch and draw."""
+    with tempfile.TemporaryDirectory(prefix="ui-screens-profile-") as profile:
+        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                        f"--window-size={size}", f"--virtual-time-budget={wait_ms}",
+                        f"--screenshot={out}", url], capture_output=True, timeout=180,
+                       check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", default="ui-screens", help="servers' data, the sample")
+    parser.add_argument("--out", default=None, help="PNGs here (default: WORK_DIR/png)")
+    parser.add_argument("--rows", type=int, default=6000, help="rows of the sample")
+    parser.add_argument("--size", default="1400,1000", help="browser window WIDTH,HEIGHT")
+    parser.add_argument("--fresh", action="store_true", help="run the pipeline again even "
+                        "when WORK_DIR holds a finished run (result.json), else reused")
+    parser.add_argument("--wait-ms", type=int, default=25000, help="page time per shot")
+    args = parser.parse_args()
+    chromium = browser()
+    work = Path(args.work_dir).resolve()
+    out = Path(args.out).resolve() if args.out else work / "png"
+    for folder in (work / "prefect-home", work / "mlflow", work / "logs", out):
+        folder.mkdir(parents=True, exist_ok=True)
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = prefect_env(work, prefect_port)
+    prefect, mlflow = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
+    with ExitStack() as stack:
+        stack.enter_context(server(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+             "--port", str(prefect_port)], f"{prefect}/api/health", env,
+            work / "prefect-server.log"))
+        stack.enter_context(server(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(mlflow_port), "--backend-store-uri", f"sqlite:///{work}/mlflow/mlflow.db",
+             "--artifacts-destination", str(work / "mlflow" / "artifacts"), "--workers", "1"],
+            f"{mlflow}/health", env, work / "mlflow-server.log"))
+        done = work / "result.json"
+        result = (json.loads(done.read_text()) if done.exists() and not args.fresh
+                  else run_pipeline(work, env, mlflow, args.rows))
+        found = pages(prefect, mlflow, prefect_ids(work, env["PREFECT_API_URL"]), result)
+        for name, url in found.items():
+            screenshot(chromium, url, out / f"{name}.png", args.size, args.wait_ms)
+            print(f"{name}: {url}", flush=True)
+        (out / "index.json").write_text(json.dumps(found, indent=2))
+    print(f"screenshots in {out}")
+
+
+if __name__ == "__main__":
+    main()

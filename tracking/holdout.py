@@ -1,0 +1,47 @@
+"""An arm's held-out figures on its MLflow run: `holdout_*` metrics next to training's
+`val_*`, with the class-prior baseline on the same rows, and the run's description
+(which flow run and arm, which rows the figures are of). The run is closed by then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from tracking.config import TrackingConfig
+from tracking.spool import is_local_run
+
+NOTE_TAG = "mlflow.note.content"  # the run page's Description
+MAX_NOTE_CHARS = 6000
+
+
+def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+    """A model's held-out figures and the class-prior baseline's on the same rows, as the
+    metrics of its run (`holdout_...`, next to training's `val_...`)."""
+    baseline = evaluation["class_prior_baseline"]
+    metrics = {"holdout_macro_f1": evaluation["macro_f1"],
+               "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
+               "holdout_class_prior_macro_f1": baseline["macro_f1"],
+               "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
+               "holdout_rows": evaluation["num_rows"]}
+    recalls = [value for value in evaluation["recall"].values() if value is not None]
+    if recalls:
+        metrics["holdout_worst_class_recall"] = min(recalls)
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:
+    """Log `holdout_metrics` to the (closed) run, through a delivery that keeps what a
+    down server cannot take in the run's spool."""
+    from tracking.delivery import MetricDelivery
+
+    delivery = MetricDelivery(config, run_id, writer="holdout")
+    delivery.add(holdout_metrics(evaluation), 0)
+    delivery.close()
+
+
+def describe_run(config: TrackingConfig, run_id: str, text: str) -> None:
+    """`text` as the run's description (its page's Description); a run not on the server
+    yet (in its spool) keeps none."""
+    if not is_local_run(run_id):
+        MlflowClient(config.tracking_uri).set_tag(run_id, NOTE_TAG, text[:MAX_NOTE_CHARS])
