@@ -14,6 +14,7 @@ from distributed import Client
 
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from tests.cli_pipeline import CliRun, run_cli_pipeline
 from tests.fault_proxy import FaultyS3Proxy
 from tests.tiers import TierChecks
 
@@ -123,6 +124,13 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def cli_pipeline_run(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """One `ballast run pipeline` command as a new user runs it, with credentials in its
+    config (tests/cli_pipeline.py): the console and secrets tests both read it."""
+    return run_cli_pipeline(tiny_raw, tmp_path_factory.mktemp("cli-pipeline"))
 
 
 @pytest.fixture
