@@ -1,6 +1,8 @@
 """Session-wide fixtures: a real Dask LocalCluster of worker processes (started by the
-executor, as a run starts it) and tiny skewed data; the checks of the two tiers (tests/tiers.py:
-the quick tier starts no process or service; tests over 60 s are end to end or reported)."""
+executor, as a run starts it), tiny skewed data, the services, and runs that several tests
+read (one `ballast run pipeline` command: tests/cli_pipeline.py); the checks of the two tiers
+(tests/tiers.py: the quick tier starts no process or service; tests over 60 s are end to end
+or reported). A test that only reads a run asks for its fixture instead of running its own."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from distributed import Client
 
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from tests.cli_pipeline import CliRun, run_cli_pipeline
 from tests.fault_proxy import FaultyS3Proxy
 from tests.tiers import TierChecks
 
@@ -23,7 +26,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # parameters. Any other test over 60 s is reported at the end of the run and fails it
 # under BALLAST_ENFORCE_DURATIONS=1 (.ci/run): make it cheaper or, if end to end, list it.
 # A session fixture's setup counts toward the first test that asks for it: the pipeline run
-# (tests/flows/conftest.py) is paid by the first operator-view test of a full run.
+# (tests/flows/conftest.py) is paid by the first operator-view test of a full run, the
+# `ballast run pipeline` command (cli_pipeline_run) by the console test.
 END_TO_END: frozenset[str] = frozenset({
     "tests/flows/test_operator_view.py::"
     "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
@@ -123,6 +127,13 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def cli_pipeline_run(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """One `ballast run pipeline` command as a new user runs it, with credentials in its
+    config (tests/cli_pipeline.py): the console and secrets tests both read it."""
+    return run_cli_pipeline(tiny_raw, tmp_path_factory.mktemp("cli-pipeline"))
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -33,6 +34,12 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
+# MLflow's job runner (7 huey consumer processes per server, for its GenAI jobs) is
+# nothing ballast uses; on 2 cores it doubled a server's start and its SIGTERM left the
+# consumers behind until stop_server's 30 s timeout.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def start_mlflow_server(directory: Path, port: int,
                         artifacts: str | None = None) -> subprocess.Popen:
     """`mlflow server` on `port` with a sqlite backend in `directory`; returns once healthy.
@@ -43,7 +50,7 @@ def start_mlflow_server(directory: Path, port: int,
          "--backend-store-uri", f"sqlite:///{directory}/mlflow.db",
          "--artifacts-destination", artifacts or str(directory / "artifacts"),
          "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **MLFLOW_SERVER_ENV},
     )
     log.close()
     wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s=90)
@@ -64,8 +71,6 @@ def start_prefect_server(env: dict[str, str], port: int) -> subprocess.Popen:
 
 def prefect_env(home: Path, port: int) -> dict[str, str]:
     """This process's environment pointed at a Prefect server on `port` with home `home`."""
-    import os
-
     home.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -95,8 +100,6 @@ def mlflow_server(directory: Path, artifacts: str | None = None) -> Iterator[str
 @contextmanager
 def moto_s3() -> Iterator[str]:
     """moto's S3 server on a free loopback port; the AWS_* environment points boto at it."""
-    import os
-
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())

@@ -1,16 +1,14 @@
 """Secrets never written: a whole pipeline run whose tracking URI holds a password and whose
-Dask options hold a token, under a real `prefect server` and a real `mlflow server`; then
-every file the run left (work dir, datasets, training output, Prefect's home with its
-database and results, MLflow's database and artifacts) and everything it printed is
-searched for both. Also the Kubernetes manifests a launcher renders for such a job, and
-the refusal of a credential in a job's plain environment where it would be written."""
+Dask options hold a token, under a temporary Prefect server and a real `mlflow server`
+(the run tests/cli_pipeline.py makes once for this test and the console's); then every
+file the run left (work dir, datasets, training output, the log file, the result file,
+Prefect's home with its database and results, MLflow's database and artifacts) and
+everything it printed is searched for both. Also the Kubernetes manifests a launcher
+renders for such a job, and the refusal of a credential in a job's plain environment where
+it would be written."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,14 +17,11 @@ from pydantic import ValidationError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
-from tests.services import free_port, mlflow_server, prefect_env, start_prefect_server, stop_server
+from tests.cli_pipeline import PASSWORD, TOKEN, CliRun
 from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.launch import KubernetesJob, LocalJob, make_launcher, parse_launch
 from training.launch.job import pin_job
-
-PASSWORD = f"pw-{uuid.uuid4().hex}"
-TOKEN = f"tok-{uuid.uuid4().hex}"
 
 
 def files_holding(root: Path, secrets: list[str], skip: Path) -> list[str]:
@@ -36,63 +31,21 @@ def files_holding(root: Path, secrets: list[str], skip: Path) -> list[str]:
             and skip not in path.parents and any(n in path.read_bytes() for n in needles)]
 
 
-def pipeline_config(tiny_raw: Path, work: Path, tracking_uri: str) -> dict[str, object]:
-    return {
-        "reshard": {"dataset": {"inputs": [str(tiny_raw)]}, "output_root": str(work / "data"),
-                    "target_shard_rows": 600},
-        "dask": {"kind": "local", "num_workers": 1,
-                 "options": {"env": {"BALLAST_API_TOKEN": TOKEN}}},
-        "train": {"dataset": str(work / "data"), "output_dir": str(work / "job"),
-                  "max_epochs": 1, "loader": {"batch_size": 64},
-                  "tracking": {"tracking_uri": tracking_uri, "experiment": "secrets",
-                               "registered_model_name": "secrets-model",
-                               "spool_dir": str(work / "spool")}},
-        "job": {"kind": "local", "num_processes_per_node": 1, "timeout_s": 900},
-    }
-
-
-async def recorded_parameters(env: dict[str, str]) -> list[dict[str, object]]:
-    """The parameters of every flow run, as the Prefect API serves them."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-        async with get_client() as client:
-            return [run.parameters for run in await client.read_flow_runs()]
-
-
 @pytest.mark.slow
-def test_no_file_or_output_of_a_pipeline_run_holds_a_credential(tiny_raw, tmp_path) -> None:
+def test_no_file_or_output_of_a_pipeline_run_holds_a_credential(
+        cli_pipeline_run: CliRun) -> None:
     """Invariants: the run succeeds with the credentials in use (MLflow got its run); the
     flow run's parameters are recorded with `ada:***@` and the token as ***; no file under
     the run's directory but the user's own config, and no line printed, holds the password
     or the token (the search finds them in that config, so it can fail)."""
-    given = tmp_path / "given"
-    given.mkdir()
-    port = free_port()
-    env = prefect_env(tmp_path / "prefect-home", port)
-    (tmp_path / "mlflow").mkdir()
-    with mlflow_server(tmp_path / "mlflow") as mlflow_uri:
-        tracking_uri = mlflow_uri.replace("http://", f"http://ada:{PASSWORD}@")
-        config = given / "pipeline.yaml"
-        config.write_text(yaml.safe_dump(pipeline_config(tiny_raw, tmp_path / "work",
-                                                         tracking_uri)))
-        server = start_prefect_server(env, port)
-        try:
-            run = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config",
-                                  str(config), "--output", "json"], env=env,
-                                 capture_output=True, text=True, timeout=1200)
-            parameters = asyncio.run(recorded_parameters(env))
-        finally:
-            stop_server(server)
-    assert run.returncode == 0, run.stderr[-4000:]
-    result = yaml.safe_load(run.stdout)
-    assert result["run_id"] and result["training"]["model_uri"]
-    recorded = yaml.safe_dump(parameters)
+    done, given = cli_pipeline_run, cli_pipeline_run.config.parent
+    assert done.result["run_id"] and done.result["training"]["model_uri"]
+    recorded = yaml.safe_dump(done.parameters)
     assert "ada:***@127.0.0.1" in recorded and "BALLAST_API_TOKEN: '***'" in recorded
-    assert files_holding(given, [PASSWORD, TOKEN], skip=tmp_path / "none") == [str(config)]
-    assert files_holding(tmp_path, [PASSWORD, TOKEN], skip=given) == []
-    printed = run.stdout + run.stderr
+    assert files_holding(given, [PASSWORD, TOKEN], skip=done.root / "none") == [
+        str(done.config)]
+    assert files_holding(done.root, [PASSWORD, TOKEN], skip=given) == []
+    printed = done.run.stdout + done.run.stderr
     assert PASSWORD not in printed and TOKEN not in printed
 
 

@@ -14,12 +14,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from distributed import Client
 from mlflow.tracking import MlflowClient
 
 from flows.params import InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
 from tracking.inference import load_classifier, predictions
 from training.config import LoaderConfig, TrainConfig
@@ -45,8 +47,10 @@ def hostile_table(num_rows: int, seed: int) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def hostile_run(prefect_harness: None, mlflow_uri: str,
+def hostile_run(prefect_harness: None, mlflow_uri: str, dask_client: Client,
                 tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
+    """The pipeline on the session's Dask cluster (as the promotion tests run): a cluster
+    of its own would cost its start and check nothing about names."""
     work = tmp_path_factory.mktemp("hostile")
     (work / "raw").mkdir()
     for part in range(3):
@@ -63,7 +67,8 @@ def hostile_run(prefect_harness: None, mlflow_uri: str,
         train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
                           max_epochs=1, loader=LoaderConfig(batch_size=32),
                           tracking=tracking),
-        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
+        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)),
+        dask=DaskConfig(kind="address", address=dask_client.scheduler.address))
     return work, mlflow_uri, pipeline(**params.arguments())
 
 

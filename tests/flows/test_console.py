@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flows.console import ProgressOnly, worker_logging
+from tests.cli_pipeline import CliRun
 
 MAX_CONSOLE_LINES = 40
 
@@ -54,40 +52,37 @@ def test_dask_workers_log_into_the_command_file_and_errors_only_on_a_quiet_conso
     assert isinstance(verbose, dict) and verbose["console"]["level"] == "INFO"
 
 
+def test_a_quiet_console_turns_mlflow_artifact_progress_bars_off_and_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: MLflow's artifact progress bars (a model loaded from a tracking server;
+    every tqdm redraw is a console line) are off while the console is quiet, in this
+    process's environment (so in the Dask workers and ranks it starts), and as before
+    after."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as BARS
+
+    from tracking.console import quiet_mlflow_events
+
+    monkeypatch.delenv(BARS.name, raising=False)
+    with quiet_mlflow_events():
+        assert os.environ[BARS.name] == "false" and not BARS.get()
+    assert BARS.name not in os.environ and BARS.get()
+
+
 @pytest.mark.slow
 def test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json(
-        tiny_raw: Path, tmp_path: Path) -> None:
-    """Invariants: `ballast run pipeline` of both arms prints at most 40 lines, none of them
-    Dask's INFO lines or MLflow's type-hint warning; the log file it names holds Dask's
-    lines; `--result-file` holds the full result (both arms' evaluations with per-class
-    recall, the registration)."""
-    work = tmp_path / "work"
-    config = {
-        "reshard": {"dataset": {"inputs": [str(tiny_raw)]}, "output_root": str(work / "data"),
-                    "target_shard_rows": 600},
-        "dask": {"kind": "local", "num_workers": 1},
-        "train": {"dataset": str(work / "data"), "output_dir": str(work / "job"),
-                  "max_epochs": 1, "loader": {"batch_size": 64},
-                  "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db",
-                               "experiment": "console", "registered_model_name": "console"}},
-        "job": {"kind": "local", "num_processes_per_node": 1, "timeout_s": 900},
-        "compare_with_natural_mix": True}
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
-    # A temporary Prefect server, as for a new user; a loaded test machine starts it slowly.
-    env = {**os.environ, "BALLAST_LOG_DIR": str(tmp_path / "logs"),
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
-    env.pop("PREFECT_API_URL", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "flows", "run", "pipeline", "--config",
-         str(tmp_path / "pipeline.yaml"), "--result-file", str(tmp_path / "result.json")],
-        env=env, capture_output=True, text=True, timeout=900)
+        cli_pipeline_run: CliRun) -> None:
+    """Invariants: `ballast run pipeline` of both arms (a new user's: a temporary Prefect
+    server, a fresh Prefect home; tests/cli_pipeline.py) prints at most 40 lines, none of
+    them Dask's INFO lines or MLflow's type-hint warning; the log file it names holds
+    Dask's lines; `--result-file` holds the full result (both arms' evaluations with
+    per-class recall, the registration)."""
+    run = cli_pipeline_run.run
     printed = (run.stdout + run.stderr).splitlines()
-    assert run.returncode == 0, run.stderr[-3000:]
     assert len(printed) <= MAX_CONSOLE_LINES, "\n".join(printed)
     assert not [line for line in printed if "distributed." in line or "type hints" in line]
     log = Path(run.stdout.rsplit("log: ", 1)[1].strip())
     assert "distributed.scheduler" in log.read_text()
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = json.loads((cli_pipeline_run.root / "result.json").read_text())
     assert set(result["evaluations"]) == {"rebalanced", "natural-mix"}
     assert all(evaluation["recall"] for evaluation in result["evaluations"].values())
     assert result["registration"]["version"] == 1

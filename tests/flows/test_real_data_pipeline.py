@@ -12,12 +12,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from distributed import Client
 
 from flows.arms import NATURAL_MIX
 from flows.params import InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy
@@ -44,7 +46,10 @@ def wine_csv_files(directory: Path) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def wine_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory):
+def wine_run(prefect_harness: None, dask_client: Client,
+             tmp_path_factory: pytest.TempPathFactory):
+    """The pipeline on the session's Dask cluster (as the promotion tests run): a cluster
+    of its own would cost its start and check nothing about the data."""
     work = tmp_path_factory.mktemp("wine-flow")
     frame = wine_csv_files(work / "raw")
     features = [name for name in frame.columns if name not in ("id", "target")]
@@ -60,11 +65,13 @@ def wine_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory):
                           max_epochs=25, loader=LoaderConfig(batch_size=16),
                           model=ModelConfig(hidden_sizes=[32], learning_rate=0.01),
                           tracking=tracking),
-        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)))
+        job=LocalJob(num_processes_per_node=1, retry=RetryPolicy(attempts=1)),
+        dask=DaskConfig(kind="address", address=dask_client.scheduler.address))
     return work, frame, tracking, pipeline(**params.arguments())
 
 
-def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> None:
+def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run,
+                                                                   dask_client: Client) -> None:
     """Invariants: the model beats the class-prior baseline on held-out rows and becomes
     champion; batch inference over the raw CSV files (nulls and all) predicts every row;
     `models:/wine@champion` loaded with mlflow.pyfunc predicts on a DataFrame of the
@@ -79,7 +86,8 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(wine_run) -> 
     out = batch_inference_flow(**InferenceParams(
         model_uri="models:/wine@champion", tracking=tracking,
         inputs=sorted(str(p) for p in (work / "raw").iterdir()), id_column="id",
-        output_root=str(work / "predictions")).arguments())
+        output_root=str(work / "predictions"),
+        dask=DaskConfig(kind="address", address=dask_client.scheduler.address)).arguments())
     manifest, location = read_manifest(out["manifest_uri"])
     batch = pa.concat_tables(pq.read_table(shard_uri(location, entry))
                              for entry in manifest.split("predictions").shards)

@@ -40,9 +40,13 @@ def _no_stale_tracking_uri(monkeypatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
-def reshard(tiny_raw: Path, tmp_path: Path, dask_client: Any) -> tuple[Manifest, str]:
+@pytest.fixture(scope="module")
+def dataset(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory,
+            dask_client: Any) -> tuple[Manifest, str]:
+    """The version every test here trains on (read only): one reshard for the module."""
     result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path / "ds")), dask_client)
+                                       output_root=str(tmp_path_factory.mktemp("ds"))),
+                         dask_client)
     return result.manifest, result.manifest_uri
 
 
@@ -110,12 +114,12 @@ def assert_predicts(tracking_uri: str, model_uri: str, manifest_uri: str) -> Non
     assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
 
 
-def test_outage_mid_run_costs_time_only(tiny_raw, tmp_path, dask_client) -> None:
+def test_outage_mid_run_costs_time_only(dataset, tmp_path) -> None:
     """Fault: the server is stopped while metrics flow and restarted while the job runs or
     ends. Invariants: training completes; delivery failed at least once (the outage hit);
     nothing is kept locally (the end of the job waits for the server); the closed run is
     complete and its model loads from the server."""
-    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
+    manifest, manifest_uri = dataset
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
     tracking = tracking_at(port, tmp_path)
@@ -141,14 +145,14 @@ def test_outage_mid_run_costs_time_only(tiny_raw, tmp_path, dask_client) -> None
         stop_server(server)
 
 
-def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(tiny_raw, tmp_path,
-                                                                     dask_client) -> None:
+def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset,
+                                                                     tmp_path) -> None:
     """Fault: no server from the run's start to its close. Invariants: training completes
     on a `local-` run; everything is kept in its spool; after the server starts,
     `python -m tracking upload <dir>` creates the run and it is complete (params,
     lineage, every metric value, system metrics, plots, checkpoints, FINISHED) with a
     model that loads from the server."""
-    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
+    manifest, manifest_uri = dataset
     port = free_port()
     tracking = tracking_at(port, tmp_path, delivery_wait_s=1.0)
     with warnings.catch_warnings(record=True):
@@ -175,14 +179,14 @@ def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(tiny_raw, t
         stop_server(server)
 
 
-def test_down_through_the_job_and_log_model_delivered_at_the_close(tiny_raw, tmp_path,
-                                                                   dask_client) -> None:
+def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset,
+                                                                   tmp_path) -> None:
     """Fault: the server stops after the run is created and stays down for the whole job
     (every metric, system metrics, `log_model`); it is back for the close. Invariants:
     training completes and keeps the model locally; `finish_run` sends everything, so
     the run is complete and FINISHED; the kept model registers as champion from the
     summary's model URI and loads from the registry."""
-    manifest, manifest_uri = reshard(tiny_raw, tmp_path, dask_client)
+    manifest, manifest_uri = dataset
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
     tracking = tracking_at(port, tmp_path, delivery_wait_s=2.0,

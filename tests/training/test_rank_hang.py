@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.data.loader import ShardStream
-from training.distributed.hangs import take_hang_reports, write_hang_report
+from training.distributed.hangs import hang_log_uri, take_hang_reports, write_hang_report
 from training.distributed.watchdog import KEY, stuck_peers
 from training.launch import LocalJob, RetryPolicy, run_job
 
@@ -45,22 +45,27 @@ def read_steps(path: Path) -> list[tuple[str, int, list[int]]]:
 
 
 class Stopper(threading.Thread):
-    """SIGSTOPs rank 1 once a mid-epoch checkpoint exists and rank 1 is 2 steps past it."""
+    """SIGSTOPs rank 1 once a mid-epoch checkpoint exists and rank 1 is 2 steps past it;
+    SIGKILLs it once rank 0's watchdog has written its hang report. torchrun would kill it
+    too, but only after a fixed 30 s grace (its `_stop_workers` ignores
+    `--shutdown-timeout`), 30 s of nothing this test checks: the cause is the report."""
 
-    def __init__(self, records: Path, checkpoint: Path) -> None:
+    def __init__(self, records: Path, checkpoint: Path, report: Path) -> None:
         super().__init__(daemon=True)
-        self.records, self.checkpoint = records, checkpoint
+        self.records, self.checkpoint, self.report = records, checkpoint, report
         self.pid: int | None = None
 
     def run(self) -> None:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.pid is None:
             steps = read_steps(self.records / "ids-rank1.txt")
             if self.checkpoint.exists() and steps and steps[-1][1] >= EVERY_N_STEPS + 2:
                 self.pid = int((self.records / "pid-rank1").read_text())
                 os.kill(self.pid, signal.SIGSTOP)
-                return
             time.sleep(0.02)
+        while time.monotonic() < deadline and not self.report.exists():
+            time.sleep(0.02)
+        self.release()
 
     def release(self) -> None:
         """Nothing stopped outlives the test: SIGKILL (and SIGCONT) rank 1 if it is left."""
@@ -96,7 +101,8 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
         hang_timeout_s=HANG_TIMEOUT_S, loader=LoaderConfig(batch_size=BATCH_SIZE),
         model=ModelConfig(class_path=RECORDING_MODEL, hidden_sizes=[8],
                           options={"record_dir": str(records), "step_sleep_s": 0.15}))
-    stopper = Stopper(records, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    stopper = Stopper(records, tmp_path / "run" / "checkpoints" / "last.ckpt",
+                      Path(hang_log_uri(cfg.output_dir, 0)))
     stopper.start()
     try:
         summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=400,
