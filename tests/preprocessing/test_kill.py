@@ -194,3 +194,59 @@ def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
                          for s in r.manifest.split(split).shards]
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
+
+
+def holders(client: Client, prefix: str) -> set[str]:
+    """The workers holding a key whose name starts with `prefix` (what a stage's tasks
+    share: preprocessing/driver/waves.py `share`, or a scatter's `<Type>-<uuid>` key)."""
+    return {worker for key, workers in client.who_has().items()
+            if str(key).startswith(prefix) for worker in workers}
+
+
+def kill_sole_holder(client: Client, prefix: str, pids: dict[str, int]) -> str | None:
+    """SIGKILL the worker holding the `prefix` value, once it lives on one worker only
+    (Dask's active memory manager drops replicas no waiting task needs, within ~2 s of
+    the driver pausing here), else the first holder after 10 s; the worker killed, None
+    when no worker holds it (yet or any more)."""
+    deadline = time.monotonic() + 10
+    found = holders(client, prefix)
+    while len(found) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        found = holders(client, prefix)
+    if not found:
+        return None
+    victim = sorted(found)[0]
+    os.kill(pids[victim], signal.SIGKILL)
+    return victim
+
+
+@pytest.mark.parametrize(("stage", "prefix"), [("exchange", "Destinations-"),
+                                               ("write", "Staging-")])
+def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
+        tiny_raw, tmp_path, dask_client, stage, prefix) -> None:
+    """Invariant: SIGKILL of the one worker holding what every task of the stage shares
+    (the exchange's destinations, the write stage's staging), with the stage's tasks left,
+    and the same `run_reshard` call commits (no FutureCancelledError, no rerun) the version
+    a clean run makes, with byte-identical shards."""
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                           output_root=str(tmp_path / "killed"), target_shard_rows=100,
+                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
+                           max_tasks_in_flight=2)
+    killed: list[tuple[str, int, int]] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        pids = client.run(os.getpid)
+
+        def kill_one(at: str, done: int, total: int) -> None:
+            if at == stage and done < total and not killed:
+                victim = kill_sole_holder(client, prefix, pids)
+                killed.extend([(victim, done, total)] if victim else [])
+
+        result = run_reshard(config, client, progress=kill_one)
+        assert killed and pids[killed[0][0]] not in client.run(os.getpid).values()
+    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
+                        dask_client)
+    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
+                         for s in r.manifest.split(split).shards]
+    assert result.manifest.version_id == clean.manifest.version_id
+    assert digests(result) == digests(clean)
