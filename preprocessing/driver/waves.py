@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,7 +51,12 @@ def share(client: Client, value: Any) -> Future:
     """`value` on the cluster for tasks to take as an argument, recomputed (from the copy
     the scheduler keeps in the task) if every worker holding it dies. Its key starts with
     the value's type name."""
-    return client.submit(_value, value, key=f"{type(value).__name__}-shared-{uuid.uuid4().hex}")
+    key = f"{type(value).__name__}-shared-{uuid.uuid4().hex}"
+    with warnings.catch_warnings():
+        # Dask warns of a task over 10 MB, meant for data repeated in a graph: this value is
+        # sent once per stage, which is the point (a big exchange layout can pass 10 MB).
+        warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
+        return client.submit(_value, value, key=key)
 
 
 def _value(value: Any) -> Any:

@@ -20,8 +20,9 @@ those of a from-scratch reshard of the same inputs into an empty root (natural c
 weighting: every input row once); no staging of a dead attempt is left. After the last
 night a compaction (`--compact`) of the chain is byte-identical to the from-scratch
 reshard. The from-scratch reshards run in this process on the soak's own LocalCluster
-(started after moto, so its workers see it), not under faults. MLflow/Prefect restarts
-are not among the faults: the soak has no training nights.
+(started after moto, so its workers see it), not under faults. `Soak.extra_nights`
+adds night kinds run by other modules: tests/soak/training.py's training nights (a rank
+killed, the MLflow or the Prefect server restarted, under the whole pipeline flow).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Soak:
     seed: int
     tmpfs: bool = False
     client: Client | None = None  # the from-scratch reshards' cluster (sees moto directly)
+    # fault kind -> its night (tests/soak/training.py), and the servers those nights use
+    extra_nights: dict[str, Any] = field(default_factory=dict)
+    services: Any = None
     nights: list[Night] = field(default_factory=list)
     expected_s: float = 20.0  # the last clean run's duration: faults land within it
 
@@ -106,7 +110,7 @@ class Soak:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return FAULT_KINDS if self.tmpfs else FAULT_KINDS[:3]
+        return (*(FAULT_KINDS if self.tmpfs else FAULT_KINDS[:3]), *self.extra_nights)
 
 
 def mount_tmpfs(path: Path) -> bool:
@@ -189,10 +193,10 @@ def start(soak: Soak, config: Path, name: str, endpoint: str, *extra: str) -> su
                                  *extra], start_new_session=True, stdout=out, stderr=err, env=env)
 
 
-def finish(process: subprocess.Popen) -> int:
+def finish(process: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> int:
     """Wait for the run; then SIGKILL what is left of its session (orphaned workers)."""
     try:
-        code = process.wait(timeout=RUN_TIMEOUT_S)
+        code = process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         code = -999
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -331,6 +335,8 @@ def check_night(soak: Soak, night: int) -> int:
 
 
 def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Night:
+    if kind in soak.extra_nights:
+        return soak.extra_nights[kind](soak, night, kind, rng)  # type: ignore[no-any-return]
     started = time.monotonic()
     how = add_inputs(soak, night, rng)
     if kind == "none":
