@@ -20,9 +20,9 @@ those of a from-scratch reshard of the same inputs into an empty root (natural c
 weighting: every input row once); no staging of a dead attempt is left. After the last
 night a compaction (`--compact`) of the chain is byte-identical to the from-scratch
 reshard. The from-scratch reshards run in this process on the soak's own LocalCluster
-(started after moto, so its workers see it), not under faults. `Soak.extra_nights`
-adds night kinds run by other modules: tests/soak/training.py's training nights (a rank
-killed, the MLflow or the Prefect server restarted, under the whole pipeline flow).
+(started after moto, so its workers see it), not under faults. `Soak.extra_nights` adds
+night kinds run by other modules: the training nights of tests/soak/training_nights.py
+(a rank killed, the MLflow or the Prefect server restarted, under the pipeline flow).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Soak:
     seed: int
     tmpfs: bool = False
     client: Client | None = None  # the from-scratch reshards' cluster (sees moto directly)
-    # fault kind -> its night (tests/soak/training.py), and the servers those nights use
+    # fault kind -> its night (tests/soak/training_nights.py); the servers those nights use
     extra_nights: dict[str, Any] = field(default_factory=dict)
     services: Any = None
     nights: list[Night] = field(default_factory=list)

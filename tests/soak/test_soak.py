@@ -1,6 +1,6 @@
 """The soak of the nightly incremental chain (tests/soak/chain.py, training nights in
-tests/soak/training.py): N nights, one seeded fault a night, every invariant checked after
-each night and the table printed.
+tests/soak/training_nights.py): N nights, one seeded fault a night, every invariant
+checked after each night and the table printed.
 
 `make soak` runs 30 nights (BALLAST_SOAK_NIGHTS=30); inside `make test` this runs
 BALLAST_SOAK_NIGHTS or SUITE_NIGHTS (2) nights, fewer than the issue's 5: each night is
@@ -24,7 +24,7 @@ from distributed import Client
 from preprocessing.driver.cluster import local_cluster
 from tests.fault_proxy import FaultyS3Proxy
 from tests.soak.chain import Soak, compaction_matches, mount_tmpfs, soak_nights, table, unmount
-from tests.soak.training import TRAINING_NIGHTS
+from tests.soak.training_nights import TRAINING_NIGHTS
 
 SUITE_NIGHTS = 2  # the base night and one faulted night (driver_kill under seed 24)
 NIGHTS = int(os.environ.get("BALLAST_SOAK_NIGHTS", SUITE_NIGHTS))
