@@ -67,11 +67,13 @@ COLUMNS = ["id", "label", "source", "features"]
 
 @dataclass
 class Tally:
-    """Per fault kind: nights drawn, faults that took effect, runs that failed and were
-    rerun to a commit, and input rows missing or different in the current version."""
+    """Per fault kind: nights drawn, faults that took effect, runs that took one and still
+    succeeded, runs that failed and were rerun to a commit, and input rows missing or
+    different in the current version."""
 
     hit: int = 0
     landed: int = 0
+    survived: int = 0
     recovered: int = 0
     lost: int = 0
 
@@ -367,20 +369,21 @@ def soak_nights(soak: Soak, nights: int) -> dict[str, Tally]:
     for number, kind in enumerate(fault_schedule(soak.seed, nights, soak.kinds)):
         night = run_night(soak, number, kind, rng)
         soak.nights.append(night)
-        print(f"night {number:3d} {kind:12} landed={night.landed!s:5} rerun={night.rerun!s:5} "
+        print(f"night {number:3d} {kind:15} landed={night.landed!s:5} rerun={night.rerun!s:5} "
               f"lost={night.lost} {night.seconds:5.1f}s ({night.how})", flush=True)
         if kind in tallies:
             tally = tallies[kind]
             tally.hit += 1
             tally.landed += night.landed
+            tally.survived += night.landed and not night.rerun
             tally.recovered += night.rerun
             tally.lost += night.lost
     return tallies
 
 
 def table(tallies: dict[str, Tally]) -> str:
-    lines = [f"{'fault':12} {'nights hit':>10} {'landed':>7} {'recovered by rerun':>19} "
-             f"{'data lost':>10}"]
-    lines += [f"{kind:12} {t.hit:10d} {t.landed:7d} {t.recovered:19d} {t.lost:10d}"
-              for kind, t in tallies.items()]
+    lines = [f"{'fault':15} {'nights hit':>10} {'landed':>7} {'survived in run':>16} "
+             f"{'recovered by rerun':>19} {'data lost':>10}"]
+    lines += [f"{kind:15} {t.hit:10d} {t.landed:7d} {t.survived:16d} {t.recovered:19d} "
+              f"{t.lost:10d}" for kind, t in tallies.items()]
     return "\n".join(lines)
