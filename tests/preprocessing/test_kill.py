@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from distributed import Client, LocalCluster
@@ -26,6 +28,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     shard_uri,
 )
+from preprocessing.driver.cluster import local_cluster
 from preprocessing.driver.reshard import run_reshard, version_id_for
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from preprocessing.versions.attempt import STAGING_DIR
@@ -250,3 +253,34 @@ def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
                          for s in r.manifest.split(split).shards]
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
+
+
+def test_a_worker_killed_while_the_local_cluster_starts_does_not_fail_the_start() -> None:
+    """Invariant: a worker process SIGKILLed right after its nanny spawns it (before the
+    cluster is up: "Nanny failed to start", one soak night's worker kill) does not fail
+    `local_cluster`: the start is tried again and the cluster has both its workers."""
+    this = psutil.Process()
+    before = {child.pid for child in this.children(recursive=True)}
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_first_worker() -> None:
+        while not done.is_set() and not killed:
+            for child in this.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in before and "spawn_main" in " ".join(child.cmdline()):
+                        child.kill()
+                        killed.append(child.pid)
+                        return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    try:
+        with local_cluster(2) as cluster, Client(cluster) as client:
+            pids = client.run(os.getpid)
+    finally:
+        done.set()
+        killer.join()
+    assert killed and killed[0] not in pids.values()
+    assert len(pids) == 2
