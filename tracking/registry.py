@@ -37,13 +37,13 @@ from typing import Any
 import mlflow
 import mlflow.tracking.fluent as mlflow_fluent
 import pandas as pd
-import pyarrow.parquet as pq
 import torch
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.integrity import ShardRef, read_shard_table, shard_version
 from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.promotion import Promotion, apply_decision
@@ -85,9 +85,12 @@ def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
 
 def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.DataFrame:
     """The first rows of the version's first train shard, feature columns only, as the
-    input files held them (an integer column declared `double` as floats)."""
+    input files held them (an integer column declared `double` as floats). The shard is
+    read through the contract's integrity reader: a damaged one is ShardDamaged naming it
+    (size against the manifest's, page checksums), not pyarrow's footer error."""
     first = manifest.split("train").shards[0]
-    table = pq.read_table(shard_uri(location, first), columns=codec.names)
+    uri = shard_uri(location, first)
+    table = read_shard_table(ShardRef(uri, first, shard_version(uri)), columns=codec.names)
     frame = table.slice(0, NUM_EXAMPLE_ROWS).to_pandas()
     for spec in codec.columns:
         if mlflow_type(spec) == "double":

@@ -47,6 +47,7 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_
 # (benchmarks/RESULTS.md M31). Off on the local workers ballast starts unless
 # `dask.worker_profile` turns it on.
 PROFILE_KEY = "distributed.worker.profile.enabled"
+LOCAL_STARTS = 2
 
 # A `logging.dictConfig` for Dask's worker processes in their environment (flows/console.py
 # sets one for a command's duration: INFO lines to the run's log file, the console quiet)
@@ -153,13 +154,22 @@ def local_cluster(num_workers: int, worker_profile: bool = False,
                   **options: Any) -> LocalCluster:
     """A LocalCluster of single-threaded worker processes with the allocator settings and,
     unless `worker_profile`, without Dask's statistical profiler; with a worker logging
-    config in the environment, its handlers' levels left as it set them."""
+    config in the environment, its handlers' levels left as it set them. A worker process
+    that dies while its nanny starts it fails the whole start ("Nanny failed to start": one
+    soak night's worker kill landed there); the start is tried `LOCAL_STARTS` times."""
     environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
                for name, value in WORKER_MALLOC_ENV.items()}
     silence = {"silence_logs": False} if WORKER_LOGGING_ENV in os.environ else {}
-    with dask.config.set({**environ, PROFILE_KEY: worker_profile}):
-        return LocalCluster(n_workers=num_workers, threads_per_worker=1, processes=True,
-                            dashboard_address=":0", **{**silence, **options})
+    for start in range(1, LOCAL_STARTS + 1):
+        try:
+            with dask.config.set({**environ, PROFILE_KEY: worker_profile}):
+                return LocalCluster(n_workers=num_workers, threads_per_worker=1,
+                                    processes=True, dashboard_address=":0",
+                                    **{**silence, **options})
+        except RuntimeError as error:  # LocalCluster closes what it started before raising
+            if "failed to start" not in str(error) or start == LOCAL_STARTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _kubernetes_cluster(config: DaskConfig) -> Any:

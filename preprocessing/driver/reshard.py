@@ -39,7 +39,7 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
-from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
+from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.tasks import (
     DERIVED_SOURCE_COLUMN,
     Staging,
@@ -309,15 +309,16 @@ def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan]
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(staging_uri, layout, destinations.schema, config.upload_part_bytes)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
-    # Map tasks need the plans' layout, not every piece's offsets: that goes once per worker.
+    # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
+    # once, as a task's result a dead worker's successor can recompute (waves.share).
     first_rows = piece_rows(scans, pieces)[0]
     tasks = ((map_task(scans, plans, pieces, first_rows, staging, task),)
              for task in range(layout.num_map_tasks))
     run_in_waves(dask.dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks,
                  dask.in_flight, counter,
-                 destinations=dask.dask.scatter(destinations, broadcast=True, hash=False),
+                 destinations=share(dask.dask, destinations),
                  spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
-    shared = dask.dask.scatter(staging, broadcast=True, hash=False)
+    shared = share(dask.dask, staging)
     for index in range(1, len(layout.rounds)):
         run_in_waves(dask.dask, retrying(merge_task, config.retry), ((index, task) for task in
                      range(layout.rounds[index].num_objects)), layout.rounds[index].num_objects,
@@ -337,8 +338,8 @@ def _reduce(dask: _Cluster, plans: dict[str, SplitPlan], staging: Staging, schem
     counter = StageProgress("write", len(tasks), progress)
     entries = run_in_waves(dask.dask, retrying(write_shards, config.retry), tasks, len(tasks),
                            dask.in_flight, counter,
-                           staging=dask.dask.scatter(staging, broadcast=True, hash=False),
-                           schema=dask.dask.scatter(schema, broadcast=True, hash=False),
+                           staging=share(dask.dask, staging),
+                           schema=share(dask.dask, schema),
                            spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
     counter.close()
     flat = iter([entry for group in entries for entry in group])

@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from distributed import Client, LocalCluster
@@ -26,6 +28,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     shard_uri,
 )
+from preprocessing.driver.cluster import local_cluster
 from preprocessing.driver.reshard import run_reshard, version_id_for
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from preprocessing.versions.attempt import STAGING_DIR
@@ -194,3 +197,90 @@ def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
                          for s in r.manifest.split(split).shards]
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
+
+
+def holders(client: Client, prefix: str) -> set[str]:
+    """The workers holding a key whose name starts with `prefix` (what a stage's tasks
+    share: preprocessing/driver/waves.py `share`, or a scatter's `<Type>-<uuid>` key)."""
+    return {worker for key, workers in client.who_has().items()
+            if str(key).startswith(prefix) for worker in workers}
+
+
+def kill_sole_holder(client: Client, prefix: str, pids: dict[str, int]) -> str | None:
+    """SIGKILL the worker holding the `prefix` value, once it lives on one worker only
+    (Dask's active memory manager drops replicas no waiting task needs, within ~2 s of
+    the driver pausing here), else the first holder after 10 s; the worker killed, None
+    when no worker holds it (yet or any more)."""
+    deadline = time.monotonic() + 10
+    found = holders(client, prefix)
+    while len(found) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        found = holders(client, prefix)
+    if not found:
+        return None
+    victim = sorted(found)[0]
+    os.kill(pids[victim], signal.SIGKILL)
+    return victim
+
+
+@pytest.mark.parametrize(("stage", "prefix"), [("exchange", "Destinations-"),
+                                               ("write", "Staging-")])
+def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
+        tiny_raw, tmp_path, dask_client, stage, prefix) -> None:
+    """Invariant: SIGKILL of the one worker holding what every task of the stage shares
+    (the exchange's destinations, the write stage's staging), with the stage's tasks left,
+    and the same `run_reshard` call commits (no FutureCancelledError, no rerun) the version
+    a clean run makes, with byte-identical shards."""
+    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+                           output_root=str(tmp_path / "killed"), target_shard_rows=100,
+                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
+                           max_tasks_in_flight=2)
+    killed: list[tuple[str, int, int]] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        pids = client.run(os.getpid)
+
+        def kill_one(at: str, done: int, total: int) -> None:
+            if at == stage and done < total and not killed:
+                victim = kill_sole_holder(client, prefix, pids)
+                killed.extend([(victim, done, total)] if victim else [])
+
+        result = run_reshard(config, client, progress=kill_one)
+        assert killed and pids[killed[0][0]] not in client.run(os.getpid).values()
+    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
+                        dask_client)
+    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
+                         for s in r.manifest.split(split).shards]
+    assert result.manifest.version_id == clean.manifest.version_id
+    assert digests(result) == digests(clean)
+
+
+def test_a_worker_killed_while_the_local_cluster_starts_does_not_fail_the_start() -> None:
+    """Invariant: a worker process SIGKILLed right after its nanny spawns it (before the
+    cluster is up: "Nanny failed to start", one soak night's worker kill) does not fail
+    `local_cluster`: the start is tried again and the cluster has both its workers."""
+    this = psutil.Process()
+    before = {child.pid for child in this.children(recursive=True)}
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_first_worker() -> None:
+        while not done.is_set() and not killed:
+            for child in this.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in before and "spawn_main" in " ".join(child.cmdline()):
+                        child.kill()
+                        killed.append(child.pid)
+                        return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    try:
+        with local_cluster(2) as cluster, Client(cluster) as client:
+            pids = client.run(os.getpid)
+    finally:
+        done.set()
+        killer.join()
+    assert killed and killed[0] not in pids.values()
+    assert len(pids) == 2

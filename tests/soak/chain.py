@@ -20,8 +20,9 @@ those of a from-scratch reshard of the same inputs into an empty root (natural c
 weighting: every input row once); no staging of a dead attempt is left. After the last
 night a compaction (`--compact`) of the chain is byte-identical to the from-scratch
 reshard. The from-scratch reshards run in this process on the soak's own LocalCluster
-(started after moto, so its workers see it), not under faults. MLflow/Prefect restarts
-are not among the faults: the soak has no training nights.
+(started after moto, so its workers see it), not under faults. `Soak.extra_nights` adds
+night kinds run by other modules: the training nights of tests/soak/training_nights.py
+(a rank killed, the MLflow or the Prefect server restarted, under the pipeline flow).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ COLUMNS = ["id", "label", "source", "features"]
 
 @dataclass
 class Tally:
-    """Per fault kind: nights drawn, faults that took effect, runs that failed and were
-    rerun to a commit, and input rows missing or different in the current version."""
+    """Per fault kind: nights drawn, faults that took effect, runs that took one and still
+    succeeded, runs that failed and were rerun to a commit, and input rows missing or
+    different in the current version."""
 
     hit: int = 0
     landed: int = 0
+    survived: int = 0
     recovered: int = 0
     lost: int = 0
 
@@ -97,6 +100,9 @@ class Soak:
     seed: int
     tmpfs: bool = False
     client: Client | None = None  # the from-scratch reshards' cluster (sees moto directly)
+    # fault kind -> its night (tests/soak/training_nights.py); the servers those nights use
+    extra_nights: dict[str, Any] = field(default_factory=dict)
+    services: Any = None
     nights: list[Night] = field(default_factory=list)
     expected_s: float = 20.0  # the last clean run's duration: faults land within it
 
@@ -106,7 +112,7 @@ class Soak:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return FAULT_KINDS if self.tmpfs else FAULT_KINDS[:3]
+        return (*(FAULT_KINDS if self.tmpfs else FAULT_KINDS[:3]), *self.extra_nights)
 
 
 def mount_tmpfs(path: Path) -> bool:
@@ -189,10 +195,10 @@ def start(soak: Soak, config: Path, name: str, endpoint: str, *extra: str) -> su
                                  *extra], start_new_session=True, stdout=out, stderr=err, env=env)
 
 
-def finish(process: subprocess.Popen) -> int:
+def finish(process: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> int:
     """Wait for the run; then SIGKILL what is left of its session (orphaned workers)."""
     try:
-        code = process.wait(timeout=RUN_TIMEOUT_S)
+        code = process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         code = -999
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -331,6 +337,8 @@ def check_night(soak: Soak, night: int) -> int:
 
 
 def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Night:
+    if kind in soak.extra_nights:
+        return soak.extra_nights[kind](soak, night, kind, rng)  # type: ignore[no-any-return]
     started = time.monotonic()
     how = add_inputs(soak, night, rng)
     if kind == "none":
@@ -361,20 +369,21 @@ def soak_nights(soak: Soak, nights: int) -> dict[str, Tally]:
     for number, kind in enumerate(fault_schedule(soak.seed, nights, soak.kinds)):
         night = run_night(soak, number, kind, rng)
         soak.nights.append(night)
-        print(f"night {number:3d} {kind:12} landed={night.landed!s:5} rerun={night.rerun!s:5} "
+        print(f"night {number:3d} {kind:15} landed={night.landed!s:5} rerun={night.rerun!s:5} "
               f"lost={night.lost} {night.seconds:5.1f}s ({night.how})", flush=True)
         if kind in tallies:
             tally = tallies[kind]
             tally.hit += 1
             tally.landed += night.landed
+            tally.survived += night.landed and not night.rerun
             tally.recovered += night.rerun
             tally.lost += night.lost
     return tallies
 
 
 def table(tallies: dict[str, Tally]) -> str:
-    lines = [f"{'fault':12} {'nights hit':>10} {'landed':>7} {'recovered by rerun':>19} "
-             f"{'data lost':>10}"]
-    lines += [f"{kind:12} {t.hit:10d} {t.landed:7d} {t.recovered:19d} {t.lost:10d}"
-              for kind, t in tallies.items()]
+    lines = [f"{'fault':15} {'nights hit':>10} {'landed':>7} {'survived in run':>16} "
+             f"{'recovered by rerun':>19} {'data lost':>10}"]
+    lines += [f"{kind:15} {t.hit:10d} {t.landed:7d} {t.survived:16d} {t.recovered:19d} "
+              f"{t.lost:10d}" for kind, t in tallies.items()]
     return "\n".join(lines)
