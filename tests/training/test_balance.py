@@ -335,3 +335,24 @@ def test_a_speed_rank_decodes_only_the_units_its_slice_overlaps(
         assert speed[rank] <= share + 2 / world + units[rank] * edge + 1e-9
         assert speed[rank] >= share - edge
     assert min(speed) < 1 / world + edge + 1e-9 < 1.0  # the smallest share: not everything
+
+
+def test_closing_a_speed_stream_mid_epoch_stops_its_producer(
+    dataset_cache: Callable[..., str]
+) -> None:
+    """Invariant: under `speed` the batch producer waits for shares that are not final yet;
+    closing the iterator after two batches ends that wait: close returns at once and no
+    thread of the stream is left running."""
+    import threading
+    import time
+
+    stream = make_stream(dataset_cache(300, row_group_size=8))
+    before = threading.active_count()
+    batches = stream.iterate((0, 2))
+    next(batches), next(batches)
+    time.sleep(0.2)  # the producer reaches the horizon and waits there
+    assert threading.active_count() > before
+    began = time.monotonic()
+    batches.close()
+    assert time.monotonic() - began < 5.0
+    assert threading.active_count() == before

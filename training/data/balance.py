@@ -29,10 +29,11 @@ one after the other), and rank r takes the r-th slice of them:
   s + 2/W, and exactly s when its cuts fall on unit edges. A step's units are known once
   its shares are final, which `Horizon` tracks: re-plans are made at the stream's
   current position (they must be: `SpeedReplan` passes its state), so when the consumer
-  asks for step k the shares of steps up to k + LAG_STEPS - 1 are final; batches are
-  assembled and row groups read ahead only that far (one step beyond the one handed
-  out). By tokens a cut needs every row's token count, so each rank reads and decodes
-  every unit of the step (`whole_steps`, then `rank_slice`): the whole split.
+  asks for step k the shares of steps up to k + LAG_STEPS are final; batches are
+  assembled and row groups read ahead only that far (two steps beyond the one handed
+  out, as many as `prefetch_batches` 2 assembles). By tokens a cut needs every row's
+  token count, so each rank reads and decodes every unit of the step (`whole_steps`,
+  then `rank_slice`): the whole split.
 """
 
 from __future__ import annotations
@@ -189,14 +190,15 @@ class StreamClosed(Exception):
 
 
 class Horizon:
-    """How far ahead of the consumer a step's shares are final. When the consumer asks for
-    step k, the stream has recorded position start + k x global batch, a re-plan made from
-    then on applies `LAG_STEPS` (2) steps after it at the earliest, so the shares of steps
-    up to k + 1 can no longer change. Asked from the consumer's thread, waited on by the
-    batch producer's."""
+    """How far ahead of the consumer a step's shares are final. Re-plans are made at the
+    stream's recorded position, between batches: once the consumer asks for step k, the
+    next one can come only after step k is handed out, at position start + (k + 1) x
+    global batch, and applies `LAG_STEPS` (2) steps after that: the shares of steps up to
+    k + LAG_STEPS can no longer change (up to step LAG_STEPS - 1 before step 0 is asked
+    for). Asked from the consumer's thread, waited on by the batch producer's."""
 
     def __init__(self) -> None:
-        self._asked, self._closed = 0, False  # before step 0 the position is step 0's
+        self._asked, self._closed = -1, False
         self._changed = threading.Condition()
 
     def ask(self, step: int) -> None:
@@ -205,7 +207,7 @@ class Horizon:
             self._changed.notify_all()
 
     def known(self, step: int) -> bool:
-        return step <= self._asked + LAG_STEPS - 1
+        return step <= self._asked + LAG_STEPS
 
     def wait(self, step: int) -> None:
         """Block until the shares of `step` are final; StreamClosed once closed."""
