@@ -65,7 +65,8 @@ class LoaderConfig(BaseModel):
         "per step, each rank's share following its measured samples per busy second "
         "(re-planned every `balance_every_n_steps`, smoothed, within 1/4 and 4x the equal "
         "share), the loss weighted by each rank's rows so the gradient is the same global "
-        "mean. Each rank then reads every row group (not its partitions only); needs "
+        "mean. Each rank then reads the units its slice of a step overlaps (about its share "
+        "plus up to two units of the step, training/data/balance.py); needs "
         "num_workers 0 and strategy ddp or auto. Not part of the epoch's order: a run may "
         "resume with either value.",
     )
@@ -95,6 +96,12 @@ class LoaderConfig(BaseModel):
     def balanced(self) -> bool:
         """Whether ranks take slices of whole global steps (training/data/balance.py)."""
         return self.balance != "equal" or self.balance_by != "samples"
+
+    @property
+    def sliced_by_units(self) -> bool:
+        """Whether a rank reads only the units its slice overlaps (`speed` by samples): a
+        token split needs every row's token count, so `tokens` reads whole steps."""
+        return self.balance == "speed" and self.balance_by == "samples"
 
 
 class TransformerConfig(BaseModel):

@@ -271,3 +271,88 @@ def test_uneven_token_sequences_are_padded_with_zero_and_split_by_real_tokens(
     for step in steps:
         sums = [int((batch["features"] != 0).sum()) for batch in step]
         assert abs(sums[0] - sums[1]) <= 16
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_speed_slices_are_the_whole_step_slices_byte_for_byte(
+    dataset_cache: Callable[..., str], world: int, remainder: str
+) -> None:
+    """Invariant: under `speed` by samples, a rank that reads only the units its slice
+    overlaps hands out, at every step of a run re-planned every step (rank 0 3x slower),
+    exactly the tensors and `loss_scale` that `rank_slice` cuts from `equal`'s whole step
+    with the shares of that step, padding rows of the last step included."""
+    root = dataset_cache(300, row_group_size=8)
+    streams = [make_stream(root, remainder=remainder) for _ in range(world)]
+    equal = [make_stream(root, "equal", remainder=remainder).iterate((r, world))
+             for r in range(world)]
+    costs = [3e-3] + [1e-3] * (world - 1)
+    moved = 0
+    for index, (step, units) in enumerate(zip(lockstep(streams, costs, every=1),
+                                              zip(*equal, strict=True), strict=True)):
+        shares = streams[0].shares.shares_at(0, index * world * BATCH, world)
+        moved += int(np.abs(shares - 1 / world).max() > 0.01)
+        whole = {name: torch.cat([unit[name] for unit in units]) for name in units[0]}
+        for rank, batch in enumerate(step):
+            expected = rank_slice(whole, shares, rank, "samples")
+            assert batch.keys() == expected.keys()
+            for name, tensor in expected.items():
+                assert torch.equal(batch[name], tensor), (index, rank, name)
+    assert moved > 0  # the shares did move away from equal
+
+
+@pytest.mark.parametrize(("shares", "units"), [
+    ((0.25, 0.75), (1, 2)),
+    ((0.25, 0.375, 0.375), (1, 2, 2)),
+    ((0.1, 0.2, 0.3, 0.4), (1, 2, 2, 2)),
+    ((0.25, 0.25, 0.25, 0.25), (1, 1, 1, 1)),
+])
+def test_a_speed_rank_decodes_only_the_units_its_slice_overlaps(
+    dataset_cache: Callable[..., str], shares: tuple[float, ...], units: tuple[int, ...]
+) -> None:
+    """Invariant: under `speed` by samples with fixed shares, rank r decodes (rows_decoded)
+    no more than the `equal` ranks of the unit positions its slice overlaps together: a
+    step's unit k always comes from the partitions p = k (mod W), and a slice of share s
+    overlaps at most s x W + 2 units (one cut inside a unit at each end), so its decode
+    share is at most s + 2/W plus `equal`'s edge row groups, not the whole split. The
+    units listed are those row_bounds(shares, W x 6) overlaps."""
+    root = dataset_cache(1200, row_group_size=8)
+    world = len(shares)
+    decoded, taken = [], []
+    for balance in ("equal", "speed"):
+        for rank in range(world):
+            stream = make_stream(root, balance)
+            stream.shares.world_size = world  # the shares of the whole epoch, from step 0
+            stream.shares.changes = [((0, 0), np.array(shares))]
+            taken.append(sum(len(batch["id"]) for batch in stream.iterate((rank, world))))
+            decoded.append(stream.rows_decoded / stream.num_rows)
+    equal, speed = decoded[:world], decoded[world:]
+    counts = np.diff(row_bounds(np.array(shares), world * BATCH))
+    assert taken[world:] == (1200 // (world * BATCH) * counts).tolist()
+    edge = max(equal) - 1 / world  # the row groups at the ends of a partition run
+    for rank, share in enumerate(shares):
+        assert speed[rank] <= units[rank] * (1 / world + edge) + 1e-9
+        assert speed[rank] <= share + 2 / world + units[rank] * edge + 1e-9
+        assert speed[rank] >= share - edge
+    assert min(speed) < 1 / world + edge + 1e-9 < 1.0  # the smallest share: not everything
+
+
+def test_closing_a_speed_stream_mid_epoch_stops_its_producer(
+    dataset_cache: Callable[..., str]
+) -> None:
+    """Invariant: under `speed` the batch producer waits for shares that are not final yet;
+    closing the iterator after two batches ends that wait: close returns at once and no
+    thread of the stream is left running."""
+    import threading
+    import time
+
+    stream = make_stream(dataset_cache(300, row_group_size=8))
+    before = threading.active_count()
+    batches = stream.iterate((0, 2))
+    next(batches), next(batches)
+    time.sleep(0.2)  # the producer reaches the horizon and waits there
+    assert threading.active_count() > before
+    began = time.monotonic()
+    batches.close()
+    assert time.monotonic() - began < 5.0
+    assert threading.active_count() == before

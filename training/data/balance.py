@@ -21,16 +21,32 @@ one after the other), and rank r takes the r-th slice of them:
   starting equal again;
 - `loss_scale` = n_r * W / N (n_r this rank's real rows, N the step's): the mean loss of
   a rank times it, averaged over ranks by DDP, is the global step's mean loss, the same
-  mathematics as the equal split.
+  mathematics as the equal split;
+- what a rank reads: by samples, only the units its slice overlaps (`slice_steps`). Unit
+  k of every step comes from the partitions p = k (mod W), so with steady shares a rank
+  decodes the row groups of those unit positions: a slice of share s overlaps at most
+  s x W + 2 of the W units (a cut inside a unit at each end), a decode share of at most
+  s + 2/W, and exactly s when its cuts fall on unit edges. A step's units are known once
+  its shares are final, which `Horizon` tracks: re-plans are made at the stream's
+  current position (they must be: `SpeedReplan` passes its state), so when the consumer
+  asks for step k the shares of steps up to k + LAG_STEPS are final; batches are
+  assembled and row groups read ahead only that far (two steps beyond the one handed
+  out, as many as `prefetch_batches` 2 assembles). By tokens a cut needs every row's
+  token count, so each rank reads and decodes every unit of the step (`whole_steps`,
+  then `rank_slice`): the whole split.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
 import torch
+
+from training.data.partition import Recipe, Schedule
 
 Batch = dict[str, torch.Tensor]
 
@@ -167,3 +183,98 @@ def rank_slice(whole: Batch, shares: np.ndarray, rank: int, balance_by: str) -> 
     total = float(whole["weight"].sum())
     part["loss_scale"] = torch.tensor(float(part["weight"].sum()) * world / max(total, 1.0))
     return part
+
+
+class StreamClosed(Exception):
+    """The iterator a `Horizon` paces was closed while its producer waited for shares."""
+
+
+class Horizon:
+    """How far ahead of the consumer a step's shares are final. Re-plans are made at the
+    stream's recorded position, between batches: once the consumer asks for step k, the
+    next one can come only after step k is handed out, at position start + (k + 1) x
+    global batch, and applies `LAG_STEPS` (2) steps after that: the shares of steps up to
+    k + LAG_STEPS can no longer change (up to step LAG_STEPS - 1 before step 0 is asked
+    for). Asked from the consumer's thread, waited on by the batch producer's."""
+
+    def __init__(self) -> None:
+        self._asked, self._closed = -1, False
+        self._changed = threading.Condition()
+
+    def ask(self, step: int) -> None:
+        with self._changed:
+            self._asked = step
+            self._changed.notify_all()
+
+    def known(self, step: int) -> bool:
+        return step <= self._asked + LAG_STEPS
+
+    def wait(self, step: int) -> None:
+        """Block until the shares of `step` are final; StreamClosed once closed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or self.known(step))
+            if self._closed:
+                raise StreamClosed
+
+    def __enter__(self) -> Horizon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class SliceStep:
+    """One rank's part of a global step under `speed` by samples: the recipes of the units
+    its slice overlaps, the slice as rows [lo, hi) of those units' rows, and the step's
+    real rows (its `loss_scale` denominator)."""
+
+    recipes: list[Recipe]
+    lo: int
+    hi: int
+    real_rows: int
+
+
+def slice_steps(schedule: Schedule, steps: range, rank_world: tuple[int, int],
+                horizon: Horizon, shares_at: Callable[[int], np.ndarray]) -> Iterator[SliceStep]:
+    """Each step's `SliceStep` once its shares (`shares_at` its stream position) are final.
+    The schedule's units are every unit of the steps, W a step; this rank's slice, rows
+    row_bounds(shares, W x B) of the step, covers units lo // B to (hi - 1) // B of it:
+    only they are planned and read."""
+    (rank, world), batch_size = rank_world, schedule.plan.batch_size
+    for index, step in enumerate(steps):
+        horizon.wait(step)
+        position = schedule.units[index * world] * batch_size
+        cuts = row_bounds(shares_at(position), world * batch_size)
+        lo, hi = int(cuts[rank]), int(cuts[rank + 1])
+        first, stop = lo // batch_size, -(-hi // batch_size)
+        batches = range(index * world + first, index * world + stop)
+        recipes = [schedule.recipe(batch, schedule.units[batch]) for batch in batches]
+        real_rows = min(world * batch_size, max(schedule.plan.num_rows - position, 0))
+        yield SliceStep(recipes, lo - first * batch_size, hi - first * batch_size, real_rows)
+
+
+def slice_keys(parts: Iterator[SliceStep], steps: range,
+               horizon: Horizon) -> Iterator[int | None]:
+    """The slots `parts` load, in order, for a read-ahead: None (nothing known yet) while the
+    next step's shares are not final, so reading ahead stops there rather than wait."""
+    for step in steps:
+        while not horizon.known(step):
+            yield None
+        part = next(parts, None)
+        if part is None:
+            return
+        yield from (slot for recipe in part.recipes for slot in recipe.load)
+
+
+def joined_slice(part: SliceStep, units: list[Batch], world_size: int) -> Batch:
+    """The rank's batch from its units' batches: exactly the rows and `loss_scale` that
+    `rank_slice` cuts from the whole step."""
+    whole = {name: torch.cat([unit[name] for unit in units]) for name in units[0]}
+    sliced = {name: tensor[part.lo:part.hi] for name, tensor in whole.items()}
+    total = float(part.real_rows)
+    sliced["loss_scale"] = torch.tensor(float(sliced["weight"].sum()) * world_size
+                                        / max(total, 1.0))
+    return sliced

@@ -16,9 +16,10 @@ tensors: `features` float32 [B, D], `label` int64 class index, `id` int64,
   leaves out the last partial global batch; `"pad"` fills it with repeats of the
   epoch's last sample, of weight 0.
 - `loader.balance: speed` or `balance_by: tokens` keep each global step's rows and
-  order but cut them into per-rank slices of other sizes (training/data/balance.py):
-  each rank then reads every unit of a step (one process per rank, no workers) and
-  keeps its slice, with a `loss_scale` that makes the averaged loss the step's mean.
+  order but cut them into per-rank slices of other sizes (training/data/balance.py),
+  with a `loss_scale` that makes the averaged loss the step's mean (one process per
+  rank, no workers): by samples a rank reads only the units its slice overlaps, by
+  tokens every unit of the step.
 - Worker w of a rank yields the rank's steps t with t % num_workers == w;
   DataLoader's in-order round robin then restores the rank's order. World size x
   workers must divide num_partitions: each worker then serves whole partitions
@@ -58,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import closing
 from functools import partial
-from itertools import tee
+from itertools import islice, tee
 
 import numpy as np
 import torch
@@ -67,7 +68,15 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
-from training.data.balance import SharePlan, rank_slice, whole_steps
+from training.data.balance import (
+    Horizon,
+    SharePlan,
+    joined_slice,
+    rank_slice,
+    slice_keys,
+    slice_steps,
+    whole_steps,
+)
 from training.data.cache import ShardCache
 from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
@@ -247,20 +256,14 @@ class ShardStream(IterableDataset):
     def _generate(self, steps: range, rank: int, world_size: int, record: bool) -> Iterator[Batch]:
         epoch, start, taken = self._epoch, self._consumed, self._taken
         global_batch = world_size * self.config.batch_size
-        # Balanced: every unit of each step (one worker per rank), sliced when handed out.
-        balanced = self.config.balanced
-        first = start // self.config.batch_size + (0 if balanced else rank)  # step 0's unit
-        units = range(first + steps.start * world_size, first + steps.stop * world_size,
-                      1 if balanced else steps.step * world_size)
-        plan = EpochPlan(self.layout, self.seed, epoch, self.config)
-        ahead, recipes = tee(Schedule(plan, units))
-        keys = (slot for recipe in ahead for slot in recipe.load)
-        reads = ReadAhead(partial(self.load_group, plan), keys, self.read_depth())
-        assembled = self._assembled(recipes, reads)
-        made = whole_steps(assembled, world_size) if balanced else assembled
-        with reads, closing(prefetched(made, self.read.prefetch_batches)) as batches:
-            for step, batch in zip(steps, batches, strict=True):
-                if balanced:
+        # Whole steps (every unit of each step) are sliced when handed out.
+        whole, horizon = self.config.balanced and not self.config.sliced_by_units, Horizon()
+        reads, made = self._planned(steps, rank, world_size, horizon)
+        with reads, closing(prefetched(made, self.read.prefetch_batches)) as batches, horizon:
+            for step in steps:
+                horizon.ask(step)
+                batch = next(batches)
+                if whole:
                     shares = self.shares.shares_at(epoch, start + step * global_batch, world_size)
                     batch = rank_slice(batch, shares, rank, self.config.balance_by)
                 if record:
@@ -269,6 +272,29 @@ class ShardStream(IterableDataset):
                 yield batch
         if record:
             self.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
+
+    def _planned(self, steps: range, rank: int, world_size: int,
+                 horizon: Horizon) -> tuple[ReadAhead[Rows], Iterator[Batch]]:
+        """The read-ahead and the batches of `steps`: this rank's units (`equal`), whole steps
+        (`balance_by: tokens`), or the units this rank's slice overlaps (`speed` by samples)."""
+        config, epoch, start = self.config, self._epoch, self._consumed
+        first = start // config.batch_size + (0 if config.balanced else rank)  # step 0's unit
+        units = range(first + steps.start * world_size, first + steps.stop * world_size,
+                      1 if config.balanced else steps.step * world_size)
+        plan = EpochPlan(self.layout, self.seed, epoch, config)
+        schedule, read = Schedule(plan, units), partial(self.load_group, plan)
+        if not config.sliced_by_units:
+            ahead, recipes = tee(schedule)
+            reads = ReadAhead(read, (s for r in ahead for s in r.load), self.read_depth())
+            made = self._assembled(recipes, reads)
+            return reads, whole_steps(made, world_size) if config.balanced else made
+        parts = slice_steps(schedule, steps, (rank, world_size), horizon,
+                            lambda position: self.shares.shares_at(epoch, position, world_size))
+        planned, cuts, assembling = tee(parts, 3)
+        reads = ReadAhead(read, slice_keys(planned, steps, horizon), self.read_depth())
+        units_made = self._assembled((r for p in assembling for r in p.recipes), reads)
+        return reads, (joined_slice(part, list(islice(units_made, len(part.recipes))),
+                                    world_size) for part in cuts)
 
     def read_depth(self) -> int:
         """Row groups read ahead: a window's groups are first needed together, so at least

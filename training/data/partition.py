@@ -230,6 +230,7 @@ class Schedule:
         self.plan, self.units = plan, units
         self._live: set[int] = set()
         self._expiry: dict[int, list[int]] = defaultdict(list)
+        self._freed_to = 0  # batches below this one have released their slots
 
     def __iter__(self) -> Iterator[Recipe]:
         for batch, unit in enumerate(self.units):
@@ -248,7 +249,11 @@ class Schedule:
         for slot in load:
             self._live.add(slot)
             self._expiry[max(self.last_batch(slot), batch)].append(slot)
-        free = tuple(self._expiry.pop(batch, ()))
+        # A consumer that skips batches (balance: speed, training/data/balance.py) releases
+        # the slots of the skipped ones here too.
+        free = tuple(slot for done in range(self._freed_to, batch + 1)
+                     for slot in self._expiry.pop(done, ()))
+        self._freed_to = max(self._freed_to, batch + 1)
         self._live.difference_update(free)
         return Recipe(runs, rows, num_pad, pad, load, free)
 

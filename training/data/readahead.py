@@ -4,8 +4,10 @@
 disk cache); `ReadAhead` runs the reads. A stream knows, before it yields a
 batch, the exact sequence of row groups its batches will need, so `ReadAhead`
 is given that sequence and keeps the next `depth` reads in flight in a thread
-pool while the caller works on the current one. Reading and decoding happen in
-pyarrow, which releases the GIL, so the threads overlap I/O and decoding with
+pool while the caller works on the current one. A key of None in the sequence
+means no further key is known yet (balance: speed knows a step's reads only once
+its shares are final): reading ahead stops there until the next `get`. Reading and decoding happen
+in pyarrow, which releases the GIL, so the threads overlap I/O and decoding with
 batch assembly and the training step. Depth 0 reads in the caller's thread.
 
 Memory: at most `depth + 1` decoded row groups per stream iterator (one per
@@ -71,7 +73,8 @@ class ReadConfig(BaseModel):
 class ReadAhead(Generic[T]):
     """`get(key)` for keys requested in exactly the order of `keys`, `depth` reads ahead."""
 
-    def __init__(self, load: Callable[[int], T], keys: Iterable[int], depth: int) -> None:
+    def __init__(self, load: Callable[[int], T], keys: Iterable[int | None],
+                 depth: int) -> None:
         if depth < 0:
             raise ValueError(f"read-ahead depth must be >= 0, got {depth}")
         self._load, self._keys, self._depth = load, iter(keys), depth
