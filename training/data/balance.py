@@ -113,21 +113,44 @@ def row_bounds(shares: np.ndarray, num_rows: int) -> np.ndarray:
 
 
 def token_bounds(shares: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Cut points of a prefix split of rows whose token sums follow `shares`: each cut at
-    the row boundary nearest its target, kept ascending, at least one row a rank when
-    there are as many rows as ranks."""
+    """Cut points of a prefix split of rows whose token sums follow `shares`: the ascending
+    cuts (at least one row a rank when there are as many rows as ranks) whose largest
+    distance from its target, in tokens, is the least any such cuts reach. Nearest cuts
+    pushed apart one by one can drift a rank's cut several rows from its target when
+    small shares crowd into one row; this search moves the crowded cuts to both sides."""
     num_rows, world = len(tokens), len(shares)
-    if num_rows == 0:
-        return np.zeros(world + 1, np.int64)
-    ends = np.concatenate([[0], np.cumsum(tokens)])
+    if num_rows == 0 or world == 1:
+        return np.array([0] * world + [num_rows], np.int64)
+    ends = np.concatenate([[0], np.cumsum(tokens)]).astype(np.float64)
     targets = np.cumsum(shares)[:-1] * ends[-1]
-    above = np.clip(np.searchsorted(ends, targets), 1, num_rows)
-    nearer_below = targets - ends[above - 1] < ends[above] - targets
-    cuts = np.where(nearer_below, above - 1, above)
-    if num_rows >= world:  # cut r - r ascending in [0, rows - world]: no slice empty
-        ranks = np.arange(1, world)
-        cuts = ranks + np.clip(np.maximum.accumulate(cuts - ranks), 0, num_rows - world)
-    return np.concatenate([[0], np.maximum.accumulate(cuts), [num_rows]]).astype(np.int64)
+    errors = np.unique(np.abs(ends[None, :] - targets[:, None]))
+    low, high = 0, len(errors) - 1  # the cuts' largest error is one of these distances
+    while low < high:
+        middle = (low + high) // 2
+        if _cuts_within(errors[middle], ends, targets, num_rows) is None:
+            low = middle + 1
+        else:
+            high = middle
+    cuts = _cuts_within(errors[low], ends, targets, num_rows)
+    assert cuts is not None  # the largest distance admits any ascending cuts
+    return np.concatenate([[0], cuts, [num_rows]]).astype(np.int64)
+
+
+def _cuts_within(
+    error: float, ends: np.ndarray, targets: np.ndarray, num_rows: int
+) -> np.ndarray | None:
+    """The lowest ascending cuts each within `error` tokens of its target, or None. Taking
+    each cut as low as it may go leaves the most room to the ones after it."""
+    world = len(targets) + 1
+    gap = 1 if num_rows >= world else 0  # one row a rank when there are enough rows
+    cuts, previous = np.zeros(world - 1, np.int64), 0
+    for rank, target in enumerate(targets, start=1):
+        lowest = max(previous + gap, int(np.searchsorted(ends, target - error * (1 + 1e-12))))
+        highest = num_rows - gap * (world - rank)
+        if lowest > highest or ends[lowest] - target > error * (1 + 1e-12):
+            return None
+        cuts[rank - 1] = previous = lowest
+    return cuts
 
 
 class SharePlan:
