@@ -336,6 +336,14 @@ def check_night(soak: Soak, night: int) -> int:
     return rows_lost(split_rows(soak.root), split_rows(fresh))
 
 
+def last_error_line(soak: Soak, name: str) -> str:
+    """The last non-empty line the run `name` wrote to its stderr (its one-line cause)."""
+    with contextlib.suppress(FileNotFoundError):
+        lines = (soak.work / "logs" / f"{name}.err").read_text().strip().splitlines()
+        return lines[-1][:300] if lines else "(no stderr)"
+    return "(no stderr file)"
+
+
 def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Night:
     if kind in soak.extra_nights:
         return soak.extra_nights[kind](soak, night, kind, rng)  # type: ignore[no-any-return]
@@ -346,7 +354,8 @@ def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Ni
         code, landed = 0, False
     else:
         code, landed = faulted_run(soak, night, kind, rng)
-        if code != 0:
+        if code != 0:  # the table counts it; the night's line says what ended the run
+            how += f"; failed: {last_error_line(soak, f'night-{night:03d}')}"
             clean_run(soak, soak.root, f"rerun-{night:03d}")
     lost = check_night(soak, night)
     return Night(night, kind, landed, code != 0, how, time.monotonic() - started, lost)
