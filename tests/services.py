@@ -40,8 +40,8 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def start_mlflow_server(directory: Path, port: int,
-                        artifacts: str | None = None) -> subprocess.Popen:
+def start_mlflow_server(directory: Path, port: int, artifacts: str | None = None,
+                        timeout_s: float = 90) -> subprocess.Popen:
     """`mlflow server` on `port` with a sqlite backend in `directory`; returns once healthy.
     Artifacts are proxied to `artifacts` (a local folder by default, or an s3:// URI)."""
     log = open(directory / f"mlflow-server-{port}.log", "ab")  # noqa: SIM115 - child owns it
@@ -53,11 +53,12 @@ def start_mlflow_server(directory: Path, port: int,
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **MLFLOW_SERVER_ENV},
     )
     log.close()
-    wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s=90)
+    wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s)
     return process
 
 
-def start_prefect_server(env: dict[str, str], port: int) -> subprocess.Popen:
+def start_prefect_server(env: dict[str, str], port: int,
+                         timeout_s: float = 180) -> subprocess.Popen:
     """`prefect server start` on `port` with the environment `env` (its database under
     `PREFECT_HOME`, which a restart on the same port reuses); returns once healthy."""
     log = (Path(env["PREFECT_HOME"]) / "server.log").open("ab")
@@ -65,7 +66,7 @@ def start_prefect_server(env: dict[str, str], port: int) -> subprocess.Popen:
                                "127.0.0.1", "--port", str(port)], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     log.close()
-    wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=180)
+    wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
     return server
 
 

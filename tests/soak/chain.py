@@ -355,7 +355,7 @@ def run_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> Ni
     else:
         code, landed = faulted_run(soak, night, kind, rng)
         if code != 0:  # the table counts it; the night's line says what ended the run
-            how += f"; failed: {last_error_line(soak, f'night-{night:03d}')}"
+            how += f"; exit {code}: {last_error_line(soak, f'night-{night:03d}')}"
             clean_run(soak, soak.root, f"rerun-{night:03d}")
     lost = check_night(soak, night)
     return Night(night, kind, landed, code != 0, how, time.monotonic() - started, lost)

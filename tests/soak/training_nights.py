@@ -41,7 +41,13 @@ import yaml
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from tests.services import free_port, prefect_env, stop_server, wait_for_http
+from tests.services import (
+    free_port,
+    prefect_env,
+    start_mlflow_server,
+    start_prefect_server,
+    stop_server,
+)
 from tests.soak.chain import (
     REPO,
     Night,
@@ -56,32 +62,8 @@ from tracking.run import FAILURE_TAG
 TRAINING_KINDS = ("rank_kill", "mlflow_restart", "prefect_restart")
 EXPERIMENT, MODEL = "soak", "soak-clf"
 PIPELINE_TIMEOUT_S = 600
-# A server restarted on this loaded host took 110 s to answer (tests/services.py waits 90).
+# A server restarted on a loaded host took 110 s to answer (more than the suite's waits).
 SERVER_START_S = 600
-
-
-def start_mlflow(directory: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` on `port`, its sqlite store and artifacts in `directory` (kept over
-    restarts); returns once healthy."""
-    with open(directory / f"mlflow-server-{port}.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
-             str(port), "--backend-store-uri", f"sqlite:///{directory}/mlflow.db",
-             "--artifacts-destination", str(directory / "artifacts"), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT)
-    wait_for_http(f"http://127.0.0.1:{port}/health", process, SERVER_START_S)
-    return process
-
-
-def start_prefect(env: dict[str, str], port: int) -> subprocess.Popen:
-    """`prefect server start` on `port`, its database under `PREFECT_HOME` (kept over
-    restarts); returns once healthy."""
-    with (Path(env["PREFECT_HOME"]) / "server.log").open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
-                                    "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)
-    wait_for_http(f"http://127.0.0.1:{port}/api/health", process, SERVER_START_S)
-    return process
 
 
 @dataclass
@@ -100,8 +82,9 @@ class Services:
     def start(cls, work: Path) -> Services:
         work.mkdir(parents=True, exist_ok=True)
         mlflow_port, prefect_port = free_port(), free_port()
-        mlflow = start_mlflow(work, mlflow_port)
-        prefect = start_prefect(prefect_env(work / "prefect", prefect_port), prefect_port)
+        mlflow = start_mlflow_server(work, mlflow_port, timeout_s=SERVER_START_S)
+        prefect = start_prefect_server(prefect_env(work / "prefect", prefect_port), prefect_port,
+                                       SERVER_START_S)
         return cls(work, mlflow_port, prefect_port, mlflow, prefect)
 
     @property
@@ -114,11 +97,11 @@ class Services:
 
     def restart_mlflow(self) -> None:
         stop_server(self.mlflow)
-        self.mlflow = start_mlflow(self.work, self.mlflow_port)
+        self.mlflow = start_mlflow_server(self.work, self.mlflow_port, timeout_s=SERVER_START_S)
 
     def restart_prefect(self) -> None:
         stop_server(self.prefect)
-        self.prefect = start_prefect(self.prefect_env, self.prefect_port)
+        self.prefect = start_prefect_server(self.prefect_env, self.prefect_port, SERVER_START_S)
 
     def stop(self) -> None:
         for server in (self.mlflow, self.prefect):
