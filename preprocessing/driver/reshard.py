@@ -196,6 +196,7 @@ def _make_version(config: ReshardConfig, listing: Listing, increment: Increment,
             dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, staging, schema, config, attempt, progress))
+        attempt.discard(staging.uri)  # read by no task from here on
     return version_manifest(config, attempt.version_id, listing.fingerprint, scans, schema, plans,
                             splits, timings, features, parent, len(pieces))
 

@@ -24,7 +24,7 @@ from preprocessing.contract.manifest import (
     shard_uri,
     version_dir,
 )
-from preprocessing.versions.attempt import STAGING_DIR, collect_expired
+from preprocessing.versions.attempt import STAGING_DIR, VersionAttempt, collect_expired
 
 REPO = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).with_name("version_writer.py")
@@ -186,3 +186,23 @@ def test_collect_expired_judges_leaseless_leftovers_by_their_age(tmp_path) -> No
     collect_expired(str(tmp_path / "root"), expiry_s=60.0)
     assert not old_attempt.exists() and not legacy_piece.exists()
     assert fresh_attempt.exists()
+
+
+def test_a_discarded_part_is_gone_when_the_attempt_ends_and_the_rest_is_kept_till_then(
+        tmp_path) -> None:
+    """Invariants: `discard` removes its part of the attempt in a thread, which the
+    attempt's end waits for; the attempt's other files stay until that end; discarding a
+    part that does not exist (already removed) is no error."""
+    root = tmp_path / "root"
+    with VersionAttempt(str(root), "v1") as attempt:
+        staged = Path(attempt.uri) / "exchange" / "round-0"
+        staged.mkdir(parents=True)
+        for index in range(50):
+            (staged / f"part-{index:07d}.arrow").write_bytes(b"x" * 4096)
+        (Path(attempt.uri) / "train-00000.parquet").write_bytes(b"shard")
+        attempt.discard(f"{attempt.uri}/exchange")
+        attempt.discard(f"{attempt.uri}/never-made")
+        assert (Path(attempt.uri) / "train-00000.parquet").exists()
+        assert (Path(attempt.uri) / "_LEASE").exists()
+    assert not Path(attempt.uri).exists()
+    assert not (root / STAGING_DIR).exists() or not any((root / STAGING_DIR).iterdir())
