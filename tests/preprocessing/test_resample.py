@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.plan.counts import Counts
+from preprocessing.plan.counts import Counts, PieceOffsets
 from preprocessing.plan.row_fates import holdout_mask, route_pieces, route_rows
-from preprocessing.plan.counts import PieceOffsets
 from preprocessing.plan.split import SHUFFLE_MODES, SplitPlan, allocate_shards, plan_split
 
 
