@@ -45,6 +45,11 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES
 from preprocessing.storage.sources import read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
+# Shards of fewer staged bytes than this together are put in keyed order by one take: a
+# shard of a few thousand rows cost about 15 pyarrow and numpy calls of its own, most of
+# its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
+# still holds one shard's ordered copy at a time.
+ORDER_RUN_BYTES = 8 << 20
 DERIVED_SOURCE_COLUMN = "source"
 
 
@@ -269,24 +274,45 @@ def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
     ranges = [read_destinations(staging.object(last, item), first, stop)
               for item in staging.layout.write_inputs(first)]
     decoded = [destination_batches(data, offsets, staging.schema) for data, offsets in ranges]
+    own = [[batch for by_destination in decoded for batch in by_destination[index]]
+           for index in range(len(shards))]
     encode = EncodeBuffer()  # one encode buffer for the task's shards
+    source = spec.source_column or DERIVED_SOURCE_COLUMN
     entries = []
-    for index, (rows, uri) in enumerate(shards):
-        batches = [batch for by_destination in decoded for batch in by_destination[index]]
-        entries.append(_write_shard(batches, rows, uri, staging, schema, spec,
-                                    rows_per_row_group, encode))
+    for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
+        table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
+        for rows, uri in shards[run_start:run_stop]:
+            entries.append(write_shard(uri, table.slice(offset, rows).cast(schema),
+                                       rows_per_row_group, spec.label_column, source,
+                                       staging.part_bytes, encode))
+            offset += rows
     return entries
 
 
-def _write_shard(batches: list[pa.RecordBatch], expected_rows: int, uri: str,
-                 staging: Staging, schema: pa.Schema, spec: DatasetSpec,
-                 rows_per_row_group: int, encode: EncodeBuffer | None = None) -> ShardEntry:
-    table = pa.Table.from_batches(batches, schema=staging.schema)
-    if table.num_rows != expected_rows:
-        raise RuntimeError(f"{uri}: assembled {table.num_rows} rows, plan says {expected_rows}")
-    order = np.argsort(table.column(ORDER_COLUMN).to_numpy())  # keys are distinct
-    # One chunk whatever the number of inputs: the encoder's pages follow the chunks.
-    table = table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
-    table = table.cast(schema)
-    return write_shard(uri, table, rows_per_row_group, spec.label_column,
-                       spec.source_column or DERIVED_SOURCE_COLUMN, staging.part_bytes, encode)
+def order_runs(shard_bytes: list[int]) -> list[tuple[int, int]]:
+    """[start, stop) runs of consecutive shards, each of at most ORDER_RUN_BYTES of staged
+    rows together, or of one larger shard."""
+    runs, start, total = [], 0, 0
+    for index, size in enumerate(shard_bytes):
+        if index > start and total + size > ORDER_RUN_BYTES:
+            runs.append((start, index))
+            start, total = index, 0
+        total += size
+    return [*runs, (start, len(shard_bytes))] if shard_bytes else runs
+
+
+def _ordered(own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]],
+             staging: Staging) -> pa.Table:
+    """The staged rows of a run of shards (`own`: each shard's batches), each shard's in
+    keyed order, one shard after the other, in one chunk, without the order key."""
+    counts = [sum(batch.num_rows for batch in batches) for batches in own]
+    for found, (rows, uri) in zip(counts, shards, strict=True):
+        if found != rows:
+            raise RuntimeError(f"{uri}: assembled {found} rows, plan says {rows}")
+    table = pa.Table.from_batches([b for batches in own for b in batches], schema=staging.schema)
+    keys, bounds = table.column(ORDER_COLUMN).to_numpy(), np.cumsum([0, *counts])
+    order = np.concatenate([np.zeros(0, dtype=np.int64), *(
+        np.argsort(keys[a:b]) + a for a, b in zip(bounds[:-1], bounds[1:], strict=True))])
+    # One chunk whatever the number of inputs: the encoder's pages follow the chunks. The
+    # cast to the output schema is per shard: a dictionary's values follow the shard's rows.
+    return table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])

@@ -106,12 +106,23 @@ def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
     keys = derive_keys(len(plan.group_rows), seed, plan.name, "position")
     runs = group_runs(groups, len(plan.group_rows))
     position = permute_many(within_group, groups, plan.group_rows, keys, runs)
+    shards = shards_of(position, runs, plan.shard_bounds)
     global_position = plan.group_start[groups] + position
-    # One search over every group's bounds, instead of one per group over its rows.
-    found = np.searchsorted(plan.global_shard_bounds, global_position, side="right")
-    shards = found - groups * plan.num_shards
     order_keys = mix64(global_position.astype(np.uint64), derive_key(seed, plan.name, "order"))
     return Routing(rows=source_row, shards=shards, order_keys=order_keys)
+
+
+def shards_of(position: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
+              shard_bounds: np.ndarray) -> np.ndarray:
+    """The shard of each output row from its position in its group: `runs` lists the rows
+    group by group (`group_runs`), `shard_bounds[g, s]` is the rows of group g in shards
+    0..s. One search per group present."""
+    order, bounds = runs
+    shards = np.empty(len(position), dtype=np.int64)
+    for group in np.flatnonzero(np.diff(bounds)).tolist():
+        rows = order[bounds[group]:bounds[group + 1]]
+        shards[rows] = np.searchsorted(shard_bounds[group], position[rows], side="right")
+    return shards
 
 
 def route_contiguous(strata: np.ndarray, index: np.ndarray, piece_of: np.ndarray,

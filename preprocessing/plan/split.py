@@ -63,14 +63,6 @@ class SplitPlan:
         plan for all its map tasks), not once per map task: O(shards x groups) each."""
         return np.ascontiguousarray(np.cumsum(self.shard_alloc, axis=0).T)
 
-    @cached_property
-    def global_shard_bounds(self) -> np.ndarray:
-        """`shard_bounds` offset by each group's start and flattened, group after group:
-        ascending, so one search of an output row's position in the split (`group_start`
-        plus its position in its group) finds its group's bounds and its shard in them:
-        the count of bounds at or below it is group * num_shards + shard."""
-        return (self.group_start[:, None] + self.shard_bounds).ravel()
-
 
 def apportion(total: int, fractions: np.ndarray) -> np.ndarray:
     """Integers summing to `total`, proportional to `fractions` (largest remainder, stable)."""

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import MixConfig
-from preprocessing.plan.counts import Counts, PieceOffsets
+from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_fates import holdout_mask, route_pieces, route_rows
-from preprocessing.plan.split import SHUFFLE_MODES, SplitPlan, allocate_shards, plan_split
+from preprocessing.plan.split import SHUFFLE_MODES, plan_split
 
 
 def route_all(labels: np.ndarray, cuts: list[int], output: int, shard_rows: int,
@@ -139,26 +139,3 @@ def test_a_map_task_may_hold_a_piece_without_rows_of_a_split_in_contiguous_modes
     routing = route_pieces(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64),
                            np.zeros((2, 1), dtype=np.int64), plan, 0, np.array([0, 1]))
     assert routing.rows.tolist() == [0, 1, 2] and routing.order_keys.tolist() == [0, 1, 2]
-
-
-@given(group_rows=st.lists(st.integers(0, 40), min_size=1, max_size=8),
-       num_shards=st.integers(1, 12))
-@settings(max_examples=150, deadline=None)
-def test_one_search_over_all_groups_finds_each_rows_shard_in_its_group(group_rows,
-                                                                      num_shards) -> None:
-    """Invariant: searching a row's position in the split among every group's bounds gives
-    the shard that searching its position in its group among that group's bounds gives,
-    empty groups and shards without rows of a group included (route_pieces' one search)."""
-    rows = np.array(group_rows, dtype=np.int64)
-    alloc = allocate_shards(rows, num_shards)
-    plan = SplitPlan("train", [], rows, rows, np.arange(len(rows)), np.zeros(len(rows), np.int64),
-                     rows, np.r_[0, np.cumsum(rows)[:-1]].astype(np.int64), alloc,
-                     PieceOffsets.empty())
-    groups = np.repeat(np.arange(len(rows)), rows)
-    position = np.concatenate([np.arange(n) for n in rows]) if rows.sum() else groups
-    expected = np.array([np.searchsorted(plan.shard_bounds[g], p, side="right")
-                         for g, p in zip(groups.tolist(), position.tolist(), strict=True)])
-    found = np.searchsorted(plan.global_shard_bounds, plan.group_start[groups] + position,
-                            side="right") - groups * num_shards
-    assert found.tolist() == expected.tolist()
-    assert np.array_equal(np.bincount(found, minlength=num_shards), alloc.sum(axis=1))

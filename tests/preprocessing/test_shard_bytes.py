@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver import reshard
@@ -75,11 +77,30 @@ def shard_digests(inputs: Path, output: Path, id_column: str | None) -> list[str
                                                config.dataset, config.rows_per_row_group)]
 
 
+@pytest.mark.parametrize("run_bytes", [0, exchange.ORDER_RUN_BYTES])
 @pytest.mark.parametrize("id_column", ["id", None])
 def test_shards_keep_the_bytes_of_before(small_files: Path, tmp_path: Path,
-                                         id_column: str | None) -> None:
+                                         id_column: str | None, run_bytes: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Invariant: with an id column or derived ids, the 23 shards (train and holdout) are
-    byte-identical to those commit 3dc5cc3 wrote for the same inputs and settings."""
+    byte-identical to those commit 3dc5cc3 wrote for the same inputs and settings, whether
+    each shard is put in order alone (run_bytes 0, as a large shard is) or with the
+    others of a run (one take)."""
+    monkeypatch.setattr(exchange, "ORDER_RUN_BYTES", run_bytes)
     digests = shard_digests(small_files, tmp_path, id_column)
     assert len(digests) == 23
     assert hashlib.sha256("".join(digests).encode()).hexdigest() == PINNED[id_column]
+
+
+@given(sizes=st.lists(st.integers(0, 5_000), max_size=30), limit=st.integers(0, 12_000))
+@settings(max_examples=200, deadline=None)
+def test_order_runs_cover_the_shards_in_order_within_the_bytes(sizes: list[int],
+                                                                limit: int) -> None:
+    """Invariant: the runs are consecutive, cover every shard once in order, and each holds
+    at most ORDER_RUN_BYTES, or a single shard."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exchange, "ORDER_RUN_BYTES", limit)
+        runs = exchange.order_runs(sizes)
+    assert [i for start, stop in runs for i in range(start, stop)] == list(range(len(sizes)))
+    assert all(stop > start for start, stop in runs)
+    assert all(stop - start == 1 or sum(sizes[start:stop]) <= limit for start, stop in runs)
