@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import chain
+from itertools import chain, pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -312,7 +312,7 @@ def _ordered(own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]],
     table = pa.Table.from_batches([b for batches in own for b in batches], schema=staging.schema)
     keys, bounds = table.column(ORDER_COLUMN).to_numpy(), np.cumsum([0, *counts])
     order = np.concatenate([np.zeros(0, dtype=np.int64), *(
-        np.argsort(keys[a:b]) + a for a, b in zip(bounds[:-1], bounds[1:], strict=True))])
+        np.argsort(keys[a:b]) + a for a, b in pairwise(bounds))])
     # One chunk whatever the number of inputs: the encoder's pages follow the chunks. The
     # cast to the output schema is per shard: a dictionary's values follow the shard's rows.
     return table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])
