@@ -193,10 +193,10 @@ def _make_version(config: ReshardConfig, listing: Listing, increment: Increment,
             check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
         staging = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, schema, config, f"{attempt.uri}/exchange", progress))
+            dask, scans, plans, pieces, schema, config, attempt, progress))
         splits = _timed(timings, "write_s", lambda: _reduce(
             dask, plans, staging, schema, config, attempt, progress))
-        attempt.discard(staging.uri)  # read by no task from here on
+        attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
     return version_manifest(config, attempt.version_id, listing.fingerprint, scans, schema, plans,
                             splits, timings, features, parent, len(pieces))
 
@@ -303,12 +303,15 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
 
 def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan],
               pieces: np.ndarray, schema: pa.Schema, config: ReshardConfig,
-              staging_uri: str, progress: Progress | None) -> Staging:
-    """The map round and any merge rounds; tasks get piece lists or two integers, and the
-    driver keeps nothing per staged object."""
+              attempt: VersionAttempt, progress: Progress | None) -> Staging:
+    """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
+    or two integers, and the driver keeps nothing per staged object. A round's objects are
+    discarded once the next round has read them: the disk (and page cache) holds two
+    rounds at a time, not every round till the end."""
     destinations = destinations_for(plans, schema)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
-    staging = Staging(staging_uri, layout, destinations.schema, config.upload_part_bytes)
+    staging = Staging(f"{attempt.uri}/exchange", layout, destinations.schema,
+                      config.upload_part_bytes)
     counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
     # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
     # once, as a task's result a dead worker's successor can recompute (waves.share).
@@ -324,6 +327,7 @@ def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan]
         run_in_waves(dask.dask, retrying(merge_task, config.retry), ((index, task) for task in
                      range(layout.rounds[index].num_objects)), layout.rounds[index].num_objects,
                      dask.in_flight, counter, staging=shared)
+        attempt.discard(staging.round_uri(index - 1))
     counter.close()
     return staging
 

@@ -83,9 +83,13 @@ class Staging:
     schema: pa.Schema
     part_bytes: int = DEFAULT_PART_BYTES  # of multipart uploads: staged objects and shards
 
+    def round_uri(self, round_index: int) -> str:
+        """Where the objects of round `round_index` are (0: the map tasks')."""
+        return f"{self.uri}/round-{round_index}"
+
     def object(self, round_index: int, object_id: int) -> StagedObject:
         first, stop = self.layout.object_destinations(round_index, object_id)
-        return StagedObject(f"{self.uri}/round-{round_index}/part-{object_id:07d}.arrow",
+        return StagedObject(f"{self.round_uri(round_index)}/part-{object_id:07d}.arrow",
                             first, stop - first, self.part_bytes)
 
 

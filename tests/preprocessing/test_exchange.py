@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import Manifest
+from preprocessing.driver import reshard
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.storage.sources import read_footer
+from preprocessing.versions.attempt import VersionAttempt
 from tests.preprocessing.s3_requests import counted_s3
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
@@ -65,6 +67,31 @@ def test_three_workers_and_merge_rounds_give_the_same_bytes(tiny_raw, tmp_path,
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         made = run_reshard(config, client).manifest
+    assert digests(made) == digests(reference)
+
+
+def test_each_round_is_discarded_once_the_next_has_read_it(tiny_raw, tmp_path, dask_client,
+                                                          reference, monkeypatch) -> None:
+    """Invariants: with merge rounds, a round's staged objects are discarded as soon as
+    the next round has run (before the writes start), the last round once every shard is
+    written; nothing of the staging is left; the shards are the reference's."""
+    events: list[str] = []
+    discard, reduce = VersionAttempt.discard, reshard._reduce
+
+    def logged_discard(self: VersionAttempt, uri: str) -> None:
+        events.append(uri.rsplit("/", 1)[-1])
+        discard(self, uri)
+
+    def logged_reduce(*args: object, **kwargs: object) -> object:
+        events.append("writes")
+        return reduce(*args, **kwargs)
+    monkeypatch.setattr(VersionAttempt, "discard", logged_discard)
+    monkeypatch.setattr(reshard, "_reduce", logged_reduce)
+    config = config_for(tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1,
+                        exchange_fan_in=2, exchange_rounds=3)
+    made = run_reshard(config, dask_client).manifest
+    assert events == ["round-0", "round-1", "writes", "round-2"]
+    assert not any((tmp_path / "out" / "_staging").rglob("*.arrow"))
     assert digests(made) == digests(reference)
 
 
