@@ -185,8 +185,9 @@ class ReshardConfig(BaseModel):
         "and write tasks hold about as much.")
     exchange_fan_in: int | None = Field(
         None, ge=2, json_schema_extra=OUTPUT_NEUTRAL, description="Most staged objects a "
-        "merge or write task reads from; None: exchange_task_bytes / 1 MiB, between 2 and 64 "
-        "(a merge read is task bytes / fan-in).")
+        "merge or write task reads from; None: on an object store exchange_task_bytes / 1 "
+        "MiB, between 2 and 64 (a merge read is task bytes / fan-in), on local staging "
+        "1024 (a read is a memory map, a merge round one more copy of every row).")
     exchange_rounds: int | None = Field(
         None, ge=1, json_schema_extra=OUTPUT_NEUTRAL, description="Rounds of reads of staged "
         "objects: 1 = the shard writes read the map outputs; None: the fewest whose reads "

@@ -23,6 +23,7 @@ from itertools import chain, pairwise
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, shard_name
@@ -41,7 +42,7 @@ from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import drop_row_columns, null_rows
 from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
-from preprocessing.storage.objects import DEFAULT_PART_BYTES
+from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 from preprocessing.storage.sources import read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
@@ -50,6 +51,8 @@ ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 # its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
 # still holds one shard's ordered copy at a time.
 ORDER_RUN_BYTES = 8 << 20
+# The default fan-in of local staging: a write task maps at most this many ranges.
+LOCAL_FAN_IN = 1024
 DERIVED_SOURCE_COLUMN = "source"
 
 
@@ -121,8 +124,19 @@ def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
     row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
     shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
     return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
-                         min_tasks=4 * threads, fan_in=config.exchange_fan_in,
+                         min_tasks=4 * threads, fan_in=default_fan_in(config),
                          rounds=config.exchange_rounds)
+
+
+def default_fan_in(config: ReshardConfig) -> int | None:
+    """The configured fan-in; unset, LOCAL_FAN_IN where the staging is local (under a local
+    output root), else None (the layout's object-store default, `plan/layout.py`). A local
+    read is a memory map of the page cache with no per-request cost, while a merge round
+    copies every staged row once more: 8 GB in 125 map objects spent about a third of its
+    exchange on one (benchmarks/RESULTS.md M36)."""
+    if config.exchange_fan_in is not None:
+        return config.exchange_fan_in
+    return LOCAL_FAN_IN if is_local(url_to_fs(config.output_root)[0]) else None
 
 
 def destinations_for(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:

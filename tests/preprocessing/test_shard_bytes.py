@@ -54,7 +54,7 @@ def shard_digests(inputs: Path, output: Path, id_column: str | None) -> list[str
         dataset=DatasetSpec(inputs=[str(inputs)], id_column=id_column,
                             feature_columns=["features", "x"], nulls={"x": "fill_mean"}),
         output_root=str(output), target_shard_rows=400, rows_per_row_group=128,
-        holdout_fraction=0.2, exchange_task_bytes=60_000, seed=3)
+        holdout_fraction=0.2, exchange_task_bytes=60_000, exchange_fan_in=2, seed=3)
     scans = check_schemas([scan_file(file, config.dataset, config.seed, config.holdout_fraction,
                                      config.max_piece_rows)
                            for file in list_inputs(config.dataset)])
