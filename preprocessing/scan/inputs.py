@@ -48,7 +48,7 @@ from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
-from preprocessing.scan.columns import row_problem, schema_problem
+from preprocessing.scan.columns import IdTally, row_problem, schema_problem
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
@@ -179,7 +179,7 @@ class _Tally:
     counts: Counter[tuple[int, str, Any, Any]] = field(default_factory=Counter)
     num_rows: int = 0
     dropped: int = 0
-    ids: list[np.ndarray] = field(default_factory=list)
+    ids: IdTally = field(default_factory=IdTally)
 
     def add(self, batch: pa.RecordBatch, file: InputFile, spec: DatasetSpec, seed: int,
             holdout_fraction: float, max_piece_rows: int) -> None:
@@ -198,7 +198,7 @@ class _Tally:
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
         self.counts.update(_count_rows(table, spec, file, pieces, holdout))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
-            self.ids.append(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
+            self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
         self.dropped += int((~kept).sum())
 
@@ -207,8 +207,7 @@ class _Tally:
         labels = {key[2] for key in self.counts}
         if len(labels) > spec.max_classes:
             return _too_many_classes(spec, len(labels))
-        ids = np.sort(np.concatenate(self.ids)) if self.ids else np.zeros(0, np.int64)
-        repeated = ids[1:][ids[1:] == ids[:-1]]
+        repeated = self.ids.repeated()
         if repeated.size:
             return (f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
                     f"ids (e.g. {repeated[0]}); ids must be unique")
@@ -216,10 +215,9 @@ class _Tally:
 
     def id_range(self, file: InputFile) -> tuple[int, int]:
         """The file's lowest and highest id: of its id column, or of the ids derived."""
-        if not self.ids:
+        if self.ids.low is None or self.ids.high is None:
             return id_range(file.relative_path, self.num_rows)
-        ids = np.concatenate(self.ids)
-        return int(ids.min()), int(ids.max())
+        return self.ids.low, self.ids.high
 
 
 def _too_many_classes(spec: DatasetSpec, count: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +11,12 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.scan.columns import IdTally
 from preprocessing.storage.sources import read_rows
 
 
@@ -101,3 +106,20 @@ def test_a_small_object_is_read_in_one_request_a_large_one_in_ranges(tmp_path) -
                 assert [r.bytes_moved for r in gets] == [sizes[name]]
             else:
                 assert len(gets) > 1 and gets[0].bytes_moved < sizes[name]
+
+
+@given(batches=st.lists(st.lists(st.integers(-50, 50), max_size=30), max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_files_ids_give_its_duplicates_and_range_however_they_are_batched(batches) -> None:
+    """Invariants: over any batching, the scan's id tally names exactly the ids that occur
+    more than once (each extra occurrence, sorted), and the lowest and highest id; ids
+    rising strictly through the file are never joined or sorted."""
+    tally = IdTally()
+    for batch in batches:
+        tally.add(np.array(batch, dtype=np.int64))
+    every = [value for batch in batches for value in batch]
+    extra = sorted(v for v, n in Counter(every).items() for _ in range(n - 1))
+    assert tally.repeated().tolist() == extra
+    assert (tally.low, tally.high) == ((min(every), max(every)) if every else (None, None))
+    rising = all(a < b for a, b in pairwise(every))
+    assert tally.rising == rising
