@@ -19,16 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the clone's packages
     sys.path.insert(0, str(ROOT))
+
+from tests import services  # noqa: E402 - after the clone's root is on sys.path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -55,48 +52,10 @@ def browser() -> str:
              "`apt-get install -y chromium` (or put chromium / google-chrome on PATH).")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
-    """Until `url` answers 200 (a server started), or the process died or time ran out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
-
-
-@contextmanager
-def server(command: list[str], health: str, env: dict[str, str],
-           log: Path) -> Iterator[None]:
-    """A server process for the block, stopped after it."""
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for(health, process)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 def prefect_env(work: Path, port: int) -> dict[str, str]:
-    return {**os.environ, "PREFECT_HOME": str(work / "prefect-home"),
-            "PREFECT_UI_ENABLED": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    """The test services' Prefect environment with the UI on, the clone's packages and
+    ballast's run logs under `work`."""
+    return {**services.prefect_env(work / "prefect-home", port), "PREFECT_UI_ENABLED": "true",
             "PYTHONPATH": str(ROOT), "BALLAST_LOG_DIR": str(work / "logs")}
 
 
@@ -213,19 +172,14 @@ def main() -> None:
     out = Path(args.out).resolve() if args.out else work / "png"
     for folder in (work / "prefect-home", work / "mlflow", work / "logs", out):
         folder.mkdir(parents=True, exist_ok=True)
-    prefect_port, mlflow_port = free_port(), free_port()
+    prefect_port, mlflow_port = services.free_port(), services.free_port()
     env = prefect_env(work, prefect_port)
     prefect, mlflow = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     with ExitStack() as stack:
-        stack.enter_context(server(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-             "--port", str(prefect_port)], f"{prefect}/api/health", env,
-            work / "prefect-server.log"))
-        stack.enter_context(server(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
-             str(mlflow_port), "--backend-store-uri", f"sqlite:///{work}/mlflow/mlflow.db",
-             "--artifacts-destination", str(work / "mlflow" / "artifacts"), "--workers", "1"],
-            f"{mlflow}/health", env, work / "mlflow-server.log"))
+        # The tests' own servers (tests/services.py): MLflow without its job runner.
+        stack.callback(services.stop_server, services.start_prefect_server(env, prefect_port))
+        stack.callback(services.stop_server,
+                       services.start_mlflow_server(work / "mlflow", mlflow_port))
         done = work / "result.json"
         result = (json.loads(done.read_text()) if done.exists() and not args.fresh
                   else run_pipeline(work, env, mlflow, args.rows))

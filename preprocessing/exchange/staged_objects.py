@@ -41,8 +41,8 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 MAGIC = b"BLSTIDX2"
 _INDEX_ITEM = np.dtype("<i8")
 _HEADER_BYTES = len(MAGIC) + 8
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-WRITE_BUFFER_BYTES = 1 << 20  # Linux only; elsewhere pages fault in as read
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only; elsewhere pages fault in as read
+WRITE_BUFFER_BYTES = 1 << 20
 
 
 class StagedObjectError(ValueError):

@@ -36,7 +36,7 @@ from preprocessing.exchange.staged_objects import (
     read_destinations,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
-from preprocessing.plan.layout import ExchangeLayout, plan_exchange
+from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
 from preprocessing.plan.row_fates import holdout_mask, route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
@@ -51,8 +51,6 @@ ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 # its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
 # still holds one shard's ordered copy at a time.
 ORDER_RUN_BYTES = 8 << 20
-# The default fan-in of local staging: a write task maps at most this many ranges.
-LOCAL_FAN_IN = 1024
 DERIVED_SOURCE_COLUMN = "source"
 
 
@@ -129,14 +127,14 @@ def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
 
 
 def default_fan_in(config: ReshardConfig) -> int | None:
-    """The configured fan-in; unset, LOCAL_FAN_IN where the staging is local (under a local
+    """The configured fan-in; unset, LOCAL_DEFAULT_FAN_IN where the staging is local (under a local
     output root), else None (the layout's object-store default, `plan/layout.py`). A local
     read is a memory map of the page cache with no per-request cost, while a merge round
     copies every staged row once more: 8 GB in 125 map objects spent about a third of its
     exchange on one (benchmarks/RESULTS.md M36)."""
     if config.exchange_fan_in is not None:
         return config.exchange_fan_in
-    return LOCAL_FAN_IN if is_local(url_to_fs(config.output_root)[0]) else None
+    return LOCAL_DEFAULT_FAN_IN if is_local(url_to_fs(config.output_root)[0]) else None
 
 
 def destinations_for(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:

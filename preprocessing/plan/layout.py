@@ -26,6 +26,10 @@ import numpy as np
 # stores; the default fan-in keeps a merge read (task bytes / fan-in) above it.
 MIN_READ_BYTES = 1 << 20
 MAX_DEFAULT_FAN_IN = 64
+# On local staging a read is a memory map with no request to pay for, and a merge round
+# copies every staged row once more: the default fan-in there (the exchange's caller
+# knows where the staging is, `exchange/tasks.py: default_fan_in`).
+LOCAL_DEFAULT_FAN_IN = 1024
 
 
 @dataclass(frozen=True)

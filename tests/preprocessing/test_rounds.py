@@ -10,7 +10,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.exchange.tasks import default_fan_in
 from preprocessing.plan.layout import (
+    LOCAL_DEFAULT_FAN_IN,
     ExchangeLayout,
     group_pieces,
     merge_rounds_needed,
@@ -100,20 +103,17 @@ def test_pieces_group_consecutively_by_bytes(sizes: list[int], task_bytes: int,
 
 
 def test_local_staging_reads_every_map_object_without_a_merge_round(tmp_path) -> None:
-    """Invariants: unset, the fan-in is LOCAL_FAN_IN under a local output root (a read is a
+    """Invariants: unset, the fan-in is LOCAL_DEFAULT_FAN_IN under a local output root (a read is a
     memory map, a merge round a copy of every row) and the object-store default under
     s3:// (None: task bytes / 1 MiB, within 2-64); a configured fan-in is kept either way;
     so 125 map objects take one read round locally and two on S3."""
-    from preprocessing.config import DatasetSpec, ReshardConfig
-    from preprocessing.exchange.tasks import LOCAL_FAN_IN, default_fan_in
-
     def config(root: str, **fields: object) -> ReshardConfig:
         return ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path)]), output_root=root,
                              **fields)
-    assert default_fan_in(config(str(tmp_path / "out"))) == LOCAL_FAN_IN
+    assert default_fan_in(config(str(tmp_path / "out"))) == LOCAL_DEFAULT_FAN_IN
     assert default_fan_in(config("s3://bucket/out")) is None
     assert default_fan_in(config(str(tmp_path / "out"), exchange_fan_in=3)) == 3
     assert default_fan_in(config("s3://bucket/out", exchange_fan_in=3)) == 3
-    local = plan_exchange(np.ones(125), np.ones(10), task_bytes=1, fan_in=LOCAL_FAN_IN)
+    local = plan_exchange(np.ones(125), np.ones(10), task_bytes=1, fan_in=LOCAL_DEFAULT_FAN_IN)
     remote = plan_exchange(np.full(125, 64 << 20), np.ones(10), task_bytes=64 << 20)
     assert (len(local.rounds), len(remote.rounds)) == (1, 2)
