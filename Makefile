@@ -4,7 +4,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-export PYTHONDONTWRITEBYTECODE := 1
+# Bytecode caches on, whatever the shell says: every rank, worker and CLI process of the
+# suite imports ballast, and compiling it anew each time cost 11% of the DDP launch tests
+# (57.9 -> 51.5 s); __pycache__/ is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv demo test test-quick soak lint audit format clean
 

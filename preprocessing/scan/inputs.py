@@ -257,15 +257,31 @@ def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.
     """Rows per (piece, split, label, source) of one batch: one integer key per row and a
     numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
     labels, label_codes = _value_codes(table.column(spec.label_column))
-    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    # Without a source column every row's source is its root: no column of copies to encode.
+    sources, source_codes = (_value_codes(table.column(spec.source_column))
+                             if spec.source_column
+                             else ([file.root], np.zeros(table.num_rows, dtype=np.int64)))
     split = holdout.astype(np.int64)
     key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
-    keys, counts = np.unique(key, return_counts=True)
+    keys, counts = _distinct_counts(key)
     rest, source = np.divmod(keys, len(sources))
     rest, label = np.divmod(rest, len(labels))
     piece, held = np.divmod(rest, 2)
-    return {(int(p), "holdout" if h else "train", labels[lab], sources[src]): int(n)
-            for p, h, lab, src, n in zip(piece, held, label, source, counts, strict=True)}
+    columns = (part.tolist() for part in (piece, held, label, source, counts))
+    return {(p, "holdout" if h else "train", labels[lab], sources[src]): n
+            for p, h, lab, src, n in zip(*columns, strict=True)}
+
+
+def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(key, return_counts=True)` of non-negative keys: a count over the key
+    range where that is no larger than the batch (a batch's keys span a few pieces and
+    classes), which costs a pass instead of a sort."""
+    low = int(key.min()) if len(key) else 0
+    if len(key) and int(key.max()) - low < max(len(key), 1 << 10):
+        counts = np.bincount(key - low)
+        present = np.flatnonzero(counts)
+        return present + low, counts[present]
+    return np.unique(key, return_counts=True)
 
 
 def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:

@@ -88,9 +88,10 @@ def dask_processes(directory: Path, workers: list[tuple[str, list[str], dict[str
             client.wait_for_workers(len(workers), timeout=120)
         yield address
     finally:
+        # Workers first, each while the scheduler still answers: a worker whose scheduler is
+        # gone spends its close on reconnect timeouts (16 s of this module's teardown).
         for process in reversed(processes):
             process.terminate()
-        for process in processes:
             process.wait(timeout=60)
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.scan.columns import IdTally
+from preprocessing.scan.inputs import _distinct_counts
 from preprocessing.storage.sources import read_rows
 
 
@@ -123,3 +124,17 @@ def test_a_files_ids_give_its_duplicates_and_range_however_they_are_batched(batc
     assert (tally.low, tally.high) == ((min(every), max(every)) if every else (None, None))
     rising = all(a < b for a, b in pairwise(every))
     assert tally.rising == rising
+
+
+@given(keys=st.lists(st.integers(0, 1 << 40), max_size=40),
+       spread=st.sampled_from([1, 7, 1 << 12, 1 << 40]))
+@settings(max_examples=300, deadline=None)
+def test_a_batchs_key_counts_are_numpys_unique_counts_over_any_key_range(keys,
+                                                                        spread) -> None:
+    """Invariant: the scan's count of each row key (a count over the key range when that
+    range is small, else a sort) gives exactly numpy's distinct keys and counts, in order."""
+    key = np.array([value % spread + (1 << 30) for value in keys], dtype=np.int64)
+    found, counts = _distinct_counts(key)
+    expected, expected_counts = np.unique(key, return_counts=True)
+    assert found.tolist() == expected.tolist()
+    assert counts.tolist() == expected_counts.tolist()
