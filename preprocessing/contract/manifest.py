@@ -27,7 +27,7 @@ import os
 import re
 import signal
 from contextlib import nullcontext, suppress
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.documents import document_json
 from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.fields import manifest_problem
 from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
@@ -130,7 +131,7 @@ class Manifest:
     deltas: list[Delta] = field(default_factory=list)  # the lineage, oldest first, this last
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, default=str)
+        return document_json(self)
 
     @classmethod
     def from_json(cls, text: str, origin: str) -> Manifest:
