@@ -44,6 +44,8 @@ def _field_names(kind: type) -> tuple[str, ...]:
 
 
 def _laid_out(value: Any, indent: str) -> str:
+    """A mapping of string keys a key per line; a list of mappings an item per line; any
+    other value (and each such item) on one line."""
     inner = indent + " "
     if isinstance(value, dict) and value and all(isinstance(key, str) for key in value):
         lines = [f"{inner}{_ENCODE(key)}: {_laid_out(value[key], inner)}" for key in sorted(value)]

@@ -273,9 +273,9 @@ def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.
 
 
 def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(key, return_counts=True)` of non-negative keys: a count over the key
-    range where that is no larger than the batch (a batch's keys span a few pieces and
-    classes), which costs a pass instead of a sort."""
+    """`np.unique(key, return_counts=True)`: a count over the keys' range where that is no
+    larger than the batch (a batch's keys span a few pieces and classes), a pass instead
+    of a sort."""
     low = int(key.min()) if len(key) else 0
     if len(key) and int(key.max()) - low < max(len(key), 1 << 10):
         counts = np.bincount(key - low)
