@@ -249,7 +249,9 @@ def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array
     """The source of every row: its source column, or the input root it was listed from."""
     if spec.source_column:
         return table.column(spec.source_column).combine_chunks()
-    return pa.array([file.root] * table.num_rows, type=pa.string())
+    # One scalar repeated in Arrow: a Python list of the root's name cost 17 ms per 65,536
+    # rows, in the scan and again in the map (0.18 ms so; benchmarks/RESULTS.md M37).
+    return pa.repeat(pa.scalar(file.root, pa.string()), table.num_rows)
 
 
 def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray,
@@ -257,10 +259,7 @@ def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.
     """Rows per (piece, split, label, source) of one batch: one integer key per row and a
     numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
     labels, label_codes = _value_codes(table.column(spec.label_column))
-    # Without a source column every row's source is its root: no column of copies to encode.
-    sources, source_codes = (_value_codes(table.column(spec.source_column))
-                             if spec.source_column
-                             else ([file.root], np.zeros(table.num_rows, dtype=np.int64)))
+    sources, source_codes = _value_codes(row_sources(table, spec, file))
     split = holdout.astype(np.int64)
     key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
     keys, counts = _distinct_counts(key)
