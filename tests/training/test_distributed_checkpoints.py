@@ -62,3 +62,28 @@ def test_checkpoint_on_s3_resumes_the_run(
     assert resumed["resumed_from"] == f"{checkpoints}/last.ckpt"
     assert resumed["global_step"] == 2 * 640 // 32 and resumed["epochs"] == 2
     assert resumed["batches_per_rank"] == [640 // 32]  # only the second epoch ran
+
+
+SAVE_AFTER_IO_REINIT = """
+import sys
+sys.modules.pop("_io")
+import _io  # noqa: F401  -- `_io`'s state made anew: its UnsupportedOperation is another class
+import torch
+from training.distributed.checkpoints import save_sharded
+save_sharded({"state_dict": {"w": torch.ones(3)}}, sys.argv[1], True, lambda: None)
+"""
+
+
+@pytest.mark.slow
+def test_sharded_save_to_s3_never_asks_a_remote_stream_for_fileno(bucket: str) -> None:
+    """The cause of a flaky FSDP-to-S3 save: torch fsyncs each file through `fileno()`, which
+    an s3fs stream refuses with an UnsupportedOperation that torch fails to catch once `_io`'s
+    module state was made anew in the process. Saving to S3 must not depend on that state."""
+    import subprocess
+    import sys
+
+    uri = f"{bucket}/io-reinit/last.ckpt"
+    done = subprocess.run([sys.executable, "-c", SAVE_AFTER_IO_REINIT, uri],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert listing(uri) == {".metadata", "__0_0.distcp", "meta.pt"}

@@ -77,7 +77,7 @@ def save_sharded(
     state = {"state_dict": checkpoint.pop("state_dict")}
     for index, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
         state[f"optimizer_{index}"] = optimizer_state
-    dcp.save(state, storage_writer=FsspecWriter(f"{uri}.partial"))
+    dcp.save(state, storage_writer=dcp_writer(f"{uri}.partial"))
     if is_global_zero:
         with fs.open(f"{staging}/{METADATA_NAME}", "wb") as handle:
             torch.save(checkpoint, handle)
@@ -85,6 +85,19 @@ def save_sharded(
             fs.rm(path, recursive=True)
         move_tree(fs, staging, path)
     barrier()
+
+
+def dcp_writer(uri: str) -> FsspecWriter:
+    """torch's writer for `uri`, fsyncing each file only on local disk.
+
+    An object store's upload is durable once its stream is closed, so fsync means nothing
+    there, and torch asks the stream for `fileno()` to do it: s3fs raises
+    `UnsupportedOperation`, which torch catches as `io.UnsupportedOperation`, unless `_io`'s
+    module state was created anew in the process (then the class raised is another one, the
+    save fails, and gathering the error fails to pickle it). Never asking is the fix.
+    """
+    fs, _ = url_to_fs(uri)
+    return FsspecWriter(uri, sync_files=isinstance(fs, LocalFileSystem))
 
 
 def move_tree(fs: AbstractFileSystem, source: str, target: str) -> None:
