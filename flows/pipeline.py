@@ -46,7 +46,8 @@ from preprocessing.driver.reshard import (
     version_is_committed,
 )
 from tracking.config import TrackingConfig
-from tracking.promotion import PromotionConfig
+from tracking.lifecycle.promotion import PromotionConfig
+from tracking.lifecycle.scoring import on_cluster
 from training.config import TrainConfig
 from training.launch import AnyJob, LaunchConfig, LocalJob
 
@@ -130,9 +131,7 @@ def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
     models = {"model": model_uri}
     if baseline_model_uri:
         models["baseline"] = baseline_model_uri
-    manifest, _ = read_manifest(dataset)
-    on_dask = manifest.split(split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
-    with dask_client(dask) if on_dask else nullcontext(dask) as executor:
+    with dask_client(dask) if on_cluster(dataset, split) else nullcontext(dask) as executor:
         # One cluster for both models, and none for a split scored in process.
         evaluations = {name: tasks.evaluate(uri, tracking, dataset, split, executor, name)
                        for name, uri in models.items()}
