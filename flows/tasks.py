@@ -23,13 +23,14 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
+from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.faults import classify
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
-from preprocessing.driver.reshard import Listing, run_reshard
+from preprocessing.driver.reshard import VersionPlan, run_reshard
 from tracking.config import TrackingConfig
 from tracking.lifecycle import scoring
 from tracking.lifecycle.holdout import describe_run, log_holdout
@@ -76,11 +77,11 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="reshard[{arm}]")
 def reshard(config: ReshardConfig, dask: Executor, version_id: str,
-            arm: str, listing: Listing | None = None) -> dict[str, Any]:
+            arm: str, plan: VersionPlan | None = None) -> DatasetVersion:
     """Make the dataset version (a cache hit on its version id skips it entirely). Not
     retried as a task: every read inside is, under `config.retry`.
-    `version_id` is `version_id_for(config, listing)` and `listing` the caller's
-    `list_once(config)`: listing a large input is not free, so it is done once."""
+    `plan` is the caller's `plan_version(config)` and `version_id` its id (the cache key):
+    listing a large input is not free, and the version is planned once per run."""
     progress_id = create_progress_artifact(
         0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
@@ -100,9 +101,8 @@ def reshard(config: ReshardConfig, dask: Executor, version_id: str,
                          f"{error})"))
 
     with dask_client(dask) as client:
-        result = run_reshard(config, client, progress=report, listing=listing)
-    return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id,
-            "reused": result.reused}
+        result = run_reshard(config, client, progress=report, plan=plan)
+    return DatasetVersion(result.manifest_uri, result.manifest.version_id, result.reused)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
