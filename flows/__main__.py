@@ -2,6 +2,6 @@
 
 import sys
 
-from flows.cli import main
+from flows.cli.main import main
 
 sys.exit(main())

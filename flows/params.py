@@ -23,7 +23,7 @@ from preprocessing.contract.config_files import parse_config, read_config_file
 from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
-from tracking.promotion import PromotionConfig
+from tracking.lifecycle.promotion import PromotionConfig
 from training.config import TrainConfig
 from training.launch import LaunchConfig, LocalJob
 

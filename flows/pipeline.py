@@ -36,17 +36,19 @@ from flows.report import (
     run_description,
     version_description,
 )
+from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.reshard import (
     Listing,
     list_once,
-    version_id_for,
+    plan_version,
     version_is_committed,
 )
 from tracking.config import TrackingConfig
-from tracking.promotion import PromotionConfig
+from tracking.lifecycle.promotion import PromotionConfig
+from tracking.lifecycle.scoring import on_cluster
 from training.config import TrainConfig
 from training.launch import AnyJob, LaunchConfig, LocalJob
 
@@ -56,24 +58,21 @@ NO_INPUTS: list[str] = []  # never mutated: the flow copies it
 
 
 def _reshard(config: ReshardConfig, dask: Executor, arm: str,
-             listing: Listing | None = None) -> tuple[dict[str, Any], Manifest]:
+             listing: Listing | None = None) -> tuple[DatasetVersion, Manifest]:
     """The version of `config` (made, reused or a cache hit), logged; and its manifest.
     `listing`: `config`'s inputs as listed for another arm (the same inputs); else listed
-    here, once: the reshard task gets the listing."""
+    here. The version is planned here, once: the reshard task gets the plan."""
     # The cache is keyed by version id; a version deleted since it was cached is made again.
-    listing = listing or list_once(config)
-    version_id = version_id_for(config, listing)
-    runlog.log_reshard_start(arm, version_id, config.dataset.inputs,
+    plan = plan_version(config, listing)
+    runlog.log_reshard_start(arm, plan.version_id, config.dataset.inputs,
                              config.mix.class_weighting)
-    committed = version_is_committed(config.output_root, version_id)
+    committed = version_is_committed(config.output_root, plan.version_id)
     task = tasks.reshard.with_options(refresh_cache=not committed)
     # quote(): Prefect would otherwise walk every input file looking for upstream results.
-    state = task(config, dask, version_id, arm, quote(listing), return_state=True)
-    dataset: dict[str, Any] = state.result()
-    cached = state.name == "Cached"
-    dataset = {**dataset, "reused": dataset["reused"] or cached, "cached": cached}
-    manifest, _ = read_manifest(dataset["manifest_uri"])
-    runlog.log_dataset(arm, manifest, dataset["reused"], cached)
+    state = task(config, dask, plan.version_id, arm, quote(plan), return_state=True)
+    dataset = DatasetVersion.of(state.result()).from_cache(state.name == "Cached")
+    manifest, _ = read_manifest(dataset.manifest_uri)
+    runlog.log_dataset(arm, manifest, dataset.reused, dataset.cached)
     publish_dataset(manifest, arm)
     return dataset, manifest
 
@@ -107,7 +106,7 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
 def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
-    return dataset
+    return dataset.as_dict()
 
 
 @ballast_flow("train", TrainParams)
@@ -130,9 +129,7 @@ def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
     models = {"model": model_uri}
     if baseline_model_uri:
         models["baseline"] = baseline_model_uri
-    manifest, _ = read_manifest(dataset)
-    on_dask = manifest.split(split).num_rows > tasks.IN_PROCESS_EVALUATION_ROWS
-    with dask_client(dask) if on_dask else nullcontext(dask) as executor:
+    with dask_client(dask) if on_cluster(dataset, split) else nullcontext(dask) as executor:
         # One cluster for both models, and none for a split scored in process.
         evaluations = {name: tasks.evaluate(uri, tracking, dataset, split, executor, name)
                        for name, uri in models.items()}
@@ -193,14 +190,15 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
     listing = list_once(params.reshard)  # both arms read the same inputs
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
     dataset, _ = _reshard(params.reshard, dask, arm, listing)
-    summary = _tracked_job(params.train, params.job, dataset["manifest_uri"], arm)
-    result: dict[str, Any] = {**dataset, "run_id": summary.pop("run_id"), "training": summary}
+    summary = _tracked_job(params.train, params.job, dataset.manifest_uri, arm)
+    result: dict[str, Any] = {**dataset.as_dict(), "run_id": summary.pop("run_id"),
+                              "training": summary}
     tracking = params.train.tracking
     if tracking is not None and summary.get("model_uri"):
         arms = {arm: {**summary, "run_id": result["run_id"]},
                 **_other_arms(params, tracking, arm, dask, listing)}
         result["runs"] = {name: job["run_id"] for name, job in arms.items()}
-        result["evaluations"] = _evaluations(tracking, dataset["manifest_uri"], arms, dask)
+        result["evaluations"] = _evaluations(tracking, dataset.manifest_uri, arms, dask)
         if tracking.registered_model_name:
             result["registration"] = _register(params, tracking, result, current_before, arm,
                                                dask)
@@ -258,4 +256,4 @@ def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Cli
         "output_dir": f"{params.train.output_dir.rstrip('/')}-natural",
         "checkpoint_dir": f"{checkpoint_dir.rstrip('/')}-natural" if checkpoint_dir else None,
         "tracking": tracking.model_copy(update={"run_id": None})})
-    return _tracked_job(train, params.job, dataset["manifest_uri"], NATURAL_MIX)
+    return _tracked_job(train, params.job, dataset.manifest_uri, NATURAL_MIX)

@@ -1,123 +1,54 @@
-"""The pipeline's promotion step: drift against the parent, the champion on the same rows,
-then the registration that decides (tracking/promotion.py) and what a person reads of it.
-
-1. Drift: a version with a parent (its `parent_version`, or the version `_CURRENT` named
-   before this run made a flat one) gets a report against it (tracking/drift.py), published
-   as the Prefect markdown artifact `drift` and as `drift.*` metrics on the run.
-2. Same rows: the current champion (pinned by version number, not by alias) is scored on
-   the new version's held-out rows by the evaluation path of `ballast evaluate` (one
-   task per shard on Dask, through the codec logged with the champion). A champion whose
-   codec refuses the rows (a missing column, another type, a class it does not know) is
-   reported as unable to read them, which holds the challenger back unless `force`.
-3. Register: tracking/registry.py registers the version, and the decision of
-   tracking/promotion.py sets its alias; both scores, the rows and the reasons go to the
-   run log, the run's metrics and tags, and the training summary.
+"""The pipeline's promotion step, composed: drift against the parent and the champion on
+the same rows (tracking/lifecycle/challenge.py), then the registration that decides
+(tracking/lifecycle/registry.py by tracking/lifecycle/promotion.py's rule), and what a
+person reads of it: the Prefect markdown artifact `drift`, the run log, the run's
+metrics and tags, the training summary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.tasks import IN_PROCESS_EVALUATION_ROWS, TRANSIENT_RETRIES
-from preprocessing.contract.codec import FeatureCodec, FeatureError
-from preprocessing.contract.manifest import Manifest, manifest_uri, read_manifest, shard_uri
-from preprocessing.driver.cluster import Executor, dask_client
+from flows.tasks import TRANSIENT_RETRIES, dask_map
+from preprocessing.contract.manifest import read_manifest
+from preprocessing.driver.cluster import Executor
 from tracking.config import TrackingConfig
-from tracking.drift import DriftReport, ShareChange, drift_report
-from tracking.inference import ModelError, evaluate_model
-from tracking.promotion import (
+from tracking.lifecycle.challenge import champion_on_same_rows, drift_against, parent_of
+from tracking.lifecycle.drift import DriftReport, ShareChange
+from tracking.lifecycle.promotion import (
     Promotion,
     PromotionConfig,
     SameRows,
     drift_breaches,
     log_promotion,
 )
-from tracking.registry import register_and_promote
-from tracking.run import champion
-
-SPLIT = "holdout"
-# A champion's codec that refuses the rows raises one of these: the rows are unreadable
-# to it, which no retry changes (an interrupted read raises ArrowInvalid or OSError instead).
-UNREADABLE = (FeatureError, ModelError, pa.ArrowTypeError, pa.ArrowNotImplementedError)
-
-
-def parent_of(manifest: Manifest, current_before: str | None) -> str | None:
-    """The version to compare with: the chain's parent, else what `_CURRENT` named before
-    the run (None for the first version, or when the run made no new one)."""
-    if manifest.parent_version is not None:
-        return manifest.parent_version
-    return current_before if current_before != manifest.version_id else None
-
-
-def category_counts(manifest: Manifest, location: str) -> dict[str, dict[str, int]]:
-    """Value counts of each category column over the version's held-out rows."""
-    names = [spec.name for spec in FeatureCodec.from_manifest(manifest).columns
-             if spec.kind == "category"]
-    counts: dict[str, dict[str, int]] = {name: {} for name in names}
-    if not names or SPLIT not in manifest.splits:
-        return counts
-    for entry in manifest.split(SPLIT).shards:
-        table = pq.read_table(shard_uri(location, entry), columns=names)
-        for name in names:
-            for item in pc.value_counts(table.column(name).combine_chunks()).to_pylist():
-                key = "<null>" if item["values"] is None else str(item["values"])
-                counts[name][key] = counts[name].get(key, 0) + int(item["counts"])
-    return counts
+from tracking.lifecycle.registry import register_and_promote
 
 
 @task(cache_policy=NO_CACHE, task_run_name="drift[{arm}]", **TRANSIENT_RETRIES)
 def drift(location: str, parent: str, arm: str) -> DriftReport:
     """The new version against its parent, category shares counted on held-out rows."""
-    after, _ = read_manifest(location)
-    before_location = manifest_uri(location.rsplit("/", 2)[0], parent)
-    before, _ = read_manifest(before_location)
-    old, new = category_counts(before, before_location), category_counts(after, location)
-    return drift_report(before, after, {name: (old.get(name, {}), new[name]) for name in new})
+    return drift_against(location, parent)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="score-champion[{arm}]", **TRANSIENT_RETRIES)
 def score_champion(tracking: TrackingConfig, name: str, location: str, dask: Executor,
                    arm: str) -> SameRows | None:
     """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
-    current = champion(tracking.tracking_uri, name)
-    if current is None:
-        return None
-    manifest, _ = read_manifest(location)
-    rows = dict(champion_version=current["version"], dataset_version=manifest.version_id,
-                split=SPLIT, num_rows=manifest.split(SPLIT).num_rows)
-    try:
-        scores = _evaluate(f"models:/{name}/{current['version']}", tracking, location, dask)
-    except UNREADABLE as error:
-        return SameRows(**rows, champion_score=None,
-                        problem=f"{type(error).__name__}: {error}"[:1000])
-    return SameRows(**rows, champion_score=scores["macro_f1"])
-
-
-def _evaluate(model_uri: str, tracking: TrackingConfig, location: str,
-              dask: Executor) -> dict[str, Any]:
-    """The same path as the evaluate task (flows/tasks.py): a small split in this process,
-    a large one one task per shard on Dask."""
-    if read_manifest(location)[0].split(SPLIT).num_rows <= IN_PROCESS_EVALUATION_ROWS:
-        return evaluate_model(model_uri, tracking.tracking_uri, location, SPLIT)
-    with dask_client(dask, storage=[location]) as client:
-        def dask_map(function: Any, uris: list[str]) -> list[Any]:
-            return list(client.gather(client.map(function, uris, pure=False)))
-
-        return evaluate_model(model_uri, tracking.tracking_uri, location, SPLIT, dask_map)
+    return champion_on_same_rows(tracking.tracking_uri, name, location,
+                                 partial(dask_map, dask, [location]))
 
 
 @task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
 def register(tracking: TrackingConfig, name: str, model_uri: str, evaluation: dict[str, Any],
              promotion: Promotion, arm: str, description: str = "") -> dict[str, Any]:
-    """Register the model (with `description`); tracking/promotion.py decides its alias on
+    """Register the model (with `description`); tracking/lifecycle/promotion.py decides its alias on
     the same rows."""
     return register_and_promote(tracking, model_uri, name, evaluation["macro_f1"],
                                 evaluation["beats_class_prior"], promotion, description)

@@ -4,6 +4,7 @@ training and evaluation summary with the MLflow run link."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -11,10 +12,30 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.promotion import promotion_lines
 from flows.runlog import count
-from flows.summary import class_rows_after, how_to_open_run
 from preprocessing.contract.manifest import Manifest, read_manifest
-from tracking.run import run_page_url, ui_command
-from tracking.spool import is_local_run
+from tracking.run.runs import how_to_open, run_page_url, ui_command
+from tracking.run.spool import is_local_run
+
+
+def class_rows_after(manifest: Manifest) -> dict[str, int]:
+    """Training rows per class label in the committed version."""
+    totals: dict[str, int] = {}
+    for shard in manifest.split("train").shards:
+        for label, rows in shard.class_counts.items():
+            totals[label] = totals.get(label, 0) + rows
+    return totals
+
+
+def run_spool_dir(training: dict[str, Any]) -> str | None:
+    """Where the job kept what MLflow could not take (its delivery report says), if any."""
+    spool = (training.get("tracking_delivery") or {}).get("spool")
+    return str(Path(spool).parent) if spool else None
+
+
+def how_to_open_run(result: dict[str, Any], tracking_uri: str) -> str:
+    """The run's page on the tracking server, or how to open or send it."""
+    return how_to_open(tracking_uri, result["run_id"],
+                       run_spool_dir(result.get("training") or {}))
 
 
 def publish_dataset(manifest: Manifest, arm: str) -> None:

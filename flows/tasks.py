@@ -11,6 +11,8 @@ evaluation) are, and only for an error `classify` calls transient."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any, cast
@@ -21,19 +23,20 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
+from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.faults import classify
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
-from preprocessing.driver.reshard import Listing, run_reshard
+from preprocessing.driver.reshard import VersionPlan, run_reshard
 from tracking.config import TrackingConfig
-from tracking.holdout import describe_run, log_holdout
-from tracking.inference import evaluate_model, predict_table
-from tracking.inference import split_uris as split_uris
-from tracking.registry import register_and_promote
-from tracking.run import finish_run
+from tracking.lifecycle import scoring
+from tracking.lifecycle.holdout import describe_run, log_holdout
+from tracking.lifecycle.scoring import Mapper, predict_table
+from tracking.lifecycle.scoring import split_uris as split_uris
+from tracking.run.runs import finish_run
 from training.config import TrainConfig
 from training.launch import AnyJob, run_job
 
@@ -54,10 +57,16 @@ TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
                                      "retry_condition_fn": is_transient}
 
 
-# Scoring a split this small takes about a second here, where the model is loaded anyway
-# (for its classes); on Dask every worker first imports torch and loads the model: 12-16 s
-# for each of the demo's two evaluations of 12 k rows (a shared 2-core machine).
-IN_PROCESS_EVALUATION_ROWS = 200_000
+@contextmanager
+def dask_map(dask: Executor, storage: list[str]) -> Iterator[Mapper]:
+    """A map of one task per item over the Dask cluster `dask` (the flow's, or one started
+    here that can read `storage`): what tracking/lifecycle/scoring.py scores a large split
+    through."""
+    with dask_client(dask, storage=storage) as client:
+        def mapper(function: Any, uris: list[Any]) -> list[Any]:
+            return list(client.gather(client.map(function, uris, pure=False)))
+
+        yield mapper
 
 
 def _version_key(_: Any, parameters: dict[str, Any]) -> str:
@@ -68,11 +77,11 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
       task_run_name="reshard[{arm}]")
 def reshard(config: ReshardConfig, dask: Executor, version_id: str,
-            arm: str, listing: Listing | None = None) -> dict[str, Any]:
+            arm: str, plan: VersionPlan | None = None) -> DatasetVersion:
     """Make the dataset version (a cache hit on its version id skips it entirely). Not
     retried as a task: every read inside is, under `config.retry`.
-    `version_id` is `version_id_for(config, listing)` and `listing` the caller's
-    `list_once(config)`: listing a large input is not free, so it is done once."""
+    `plan` is the caller's `plan_version(config)` and `version_id` its id (the cache key):
+    listing a large input is not free, and the version is planned once per run."""
     progress_id = create_progress_artifact(
         0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
     stages = {"scan": 0, "exchange": 1, "write": 2}
@@ -92,9 +101,8 @@ def reshard(config: ReshardConfig, dask: Executor, version_id: str,
                          f"{error})"))
 
     with dask_client(dask) as client:
-        result = run_reshard(config, client, progress=report, listing=listing)
-    return {"manifest_uri": result.manifest_uri, "version_id": result.manifest.version_id,
-            "reused": result.reused}
+        result = run_reshard(config, client, progress=report, plan=plan)
+    return DatasetVersion(result.manifest_uri, result.manifest.version_id, result.reused)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
@@ -113,35 +121,17 @@ def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
     finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
-@task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
-def register(tracking: TrackingConfig, name: str, model_uri: str, score: float,
-             beats_baseline: bool, arm: str, description: str = "") -> dict[str, Any]:
-    """Register a model version (with `description`); it becomes champion only if it
-    beats the class-prior baseline and the current champion. Retried: a retry finds the
-    version of the first try by its run and reuses it (tracking/registry.py)."""
-    return register_and_promote(tracking, model_uri, name, score, beats_baseline,
-                                description=description)
-
-
 @task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
 def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
              dask: Executor, arm: str, run_id: str | None = None,
              description: str = "") -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
     split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
-    if given, with `description` as that run's description. A split of up to
-    `IN_PROCESS_EVALUATION_ROWS` rows is scored here, shard after shard; a larger one one
-    task per shard on Dask (the flow's cluster, or one started for it)."""
-    manifest, _ = read_manifest(dataset)
-    if manifest.split(split).num_rows <= IN_PROCESS_EVALUATION_ROWS:
-        evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split)
-    else:
-        with dask_client(dask, storage=[dataset]) as client:
-            def dask_map(function: Any, uris: list[str]) -> list[Any]:
-                return list(client.gather(client.map(function, uris, pure=False)))
-
-            evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset, split,
-                                        dask_map)
+    if given, with `description` as that run's description. Scored here or one task per
+    shard on Dask (the flow's cluster, or one started for it), as
+    tracking/lifecycle/scoring.py `on_cluster` chooses."""
+    evaluation = scoring.evaluate(model_uri, tracking.tracking_uri, dataset, split,
+                                  partial(dask_map, dask, [dataset]))
     if run_id is not None:
         log_holdout(tracking, run_id, evaluation)
         if description:

@@ -15,7 +15,7 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.driver.reshard import ReshardResult, run_reshard
-from tracking.pyfunc import CodecClassifier
+from tracking.run.pyfunc import CodecClassifier
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 from training.models.classifier import build_mlp, weighted_cross_entropy

@@ -1,5 +1,5 @@
 """Property: the feature codec gives bit-identical arrays to the training loader, to
-evaluation (tracking.inference.evaluate_classifier) and inside the registered model
+evaluation (tracking.lifecycle.scoring.evaluate_classifier) and inside the registered model
 (`CodecClassifier.predict` on a pandas DataFrame of the raw rows), for any mix of column
 kinds, widths, nulls and null policies."""
 
@@ -30,8 +30,8 @@ from preprocessing.scan.feature_stats import (
 )
 from preprocessing.versions.attempt import VersionAttempt
 from tests.feature_data import loader_rows
-from tracking.inference import evaluate_classifier
-from tracking.pyfunc import CodecClassifier
+from tracking.lifecycle.scoring import evaluate_classifier
+from tracking.run.pyfunc import CodecClassifier
 
 Maker = Callable[[np.random.Generator, int, np.ndarray], pa.Array]
 

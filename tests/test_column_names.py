@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from mlflow.utils.validation import _validate_param
 
 from preprocessing.contract.codec import ColumnSpec, FeatureCodec
-from tracking.param_keys import MAX_KEY_CHARS, mlflow_keys, mlflow_params
-from tracking.pyfunc import dataset_types, signature
-from tracking.run import flatten
+from tracking.run.param_keys import MAX_KEY_CHARS, mlflow_keys, mlflow_params
+from tracking.run.pyfunc import dataset_types, signature
+from tracking.run.runs import flatten
 
 HOSTILE = ["Body Mass (g)", "a.b", "a/b", "../up", "/root", "it's", 'say "hi"', "x|y",
            "naïve", "重量", "tab\tname", "new\nline", "", " ", ".", "..", "a//b",

@@ -29,7 +29,7 @@ from preprocessing.driver.cluster import StorageNotShared
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
 from preprocessing.storage.objects import write_atomically, write_object
 from preprocessing.versions.attempt import StagingError
-from tracking.inference import ModelError
+from tracking.lifecycle.scoring import ModelError
 from tracking.server import TrackingUnavailable
 from tracking.server import is_transient as tracking_may_send_later
 from training.data.cache import ShardChecksumError

@@ -1,5 +1,5 @@
 """Datasets of real shapes end to end: raw files -> reshard -> loader batches -> evaluation
-and predictions on raw rows through tracking.inference, all through one feature codec.
+and predictions on raw rows through tracking.lifecycle.scoring, all through one feature codec.
 
 Shapes: a real dataset shipped inside an installed package (scikit-learn's wine data:
 13 numeric columns, ints and floats of very different scales) written as CSV files with
@@ -28,7 +28,7 @@ from tests.feature_data import (
     reshard,
     train_mlp,
 )
-from tracking.inference import evaluate_classifier, predictions
+from tracking.lifecycle.scoring import evaluate_classifier, predictions
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
@@ -83,7 +83,7 @@ def test_wine_csv_with_nulls_trains_a_model_that_beats_the_class_prior(wine) -> 
 
 
 def test_wine_predictions_on_raw_csv_rows_equal_those_on_loader_batches(wine) -> None:
-    """Invariant: the raw CSV rows (nulls and all) encoded by tracking.inference give the
+    """Invariant: the raw CSV rows (nulls and all) encoded by tracking.lifecycle.scoring give the
     loader's exact features, so every row's prediction is the same on both paths."""
     _, raw, result = wine
     network = train_mlp(result.manifest_uri, epochs=3)
@@ -109,8 +109,8 @@ def test_wine_through_a_logged_mlflow_model(wine, tmp_path) -> None:
     import pandas as pd
 
     from tracking.config import TrackingConfig
-    from tracking.inference import evaluate_model
-    from tracking.registry import log_model
+    from tracking.lifecycle.scoring import evaluate_model
+    from tracking.run.model import log_model
 
     work, raw, result = wine
     network = train_mlp(result.manifest_uri, epochs=5)

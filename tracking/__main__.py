@@ -1,6 +1,6 @@
 """`python -m tracking upload <dir>...`: send runs kept on local disk while MLflow was down.
 
-Each directory is one run's spool (tracking/spool.py; its path is in the warning that
+Each directory is one run's spool (tracking/run/spool.py; its path is in the warning that
 kept it). Everything in it is sent once, in order; a repeated upload sends nothing twice.
 The tracking URI is stored without its password: pass `--tracking-uri` when it had one.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tracking.run import deliver, how_to_open
-from tracking.spool import Spool
+from tracking.run.runs import deliver, how_to_open
+from tracking.run.spool import Spool
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ Only an HTTP tracking server can be down: a local store (`sqlite:///...`) is a f
 errors are real errors. For a server, an error is permanent only when the server answered
 that the request itself is wrong (a 4xx other than "too many requests"); a refused
 connection, a timeout, a 5xx, or MLflow's "API request ... failed" are transient: what
-could not be sent is kept on local disk (tracking/spool.py) and sent later.
+could not be sent is kept on local disk (tracking/run/spool.py) and sent later.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fsspec.core import url_to_fs
 
-from tracking.metrics import macro_f1, per_class_recall
+from tracking.lifecycle.metrics import macro_f1, per_class_recall
 
 if TYPE_CHECKING:
     import lightning

@@ -66,7 +66,7 @@ def node_system_metrics(tracking: TrackingConfig | None) -> Iterator[None]:
     if tracking is None or tracking.run_id is None:
         yield
         return
-    from tracking.system_metrics import node_system_metrics as sample_node
+    from tracking.run.system_metrics import node_system_metrics as sample_node
 
     with sample_node(tracking, tracking.run_id):
         yield
@@ -82,7 +82,7 @@ def log_trained_model(cfg: TrainConfig, job: TrainingJob, run_id: str | None) ->
     state = full_network_state(net, isinstance(trainer.strategy, ModelParallelStrategy))
     if not trainer.is_global_zero or run_id is None:
         return None
-    from tracking.registry import log_model
+    from tracking.run.model import log_model
 
     network = cast(torch.nn.Module, build_model(cfg.model, data.num_features, data.classes).net)
     network.load_state_dict(state)

@@ -105,7 +105,7 @@ def build_logger(cfg: TrainConfig) -> Logger | bool:
     """The MLflow logger when tracking is configured; tracking is imported only then."""
     if cfg.tracking is None:
         return False
-    from tracking.logger import make_lightning_logger
+    from tracking.run.logger import make_lightning_logger
 
     logger: Logger = make_lightning_logger(cfg.tracking)
     return logger

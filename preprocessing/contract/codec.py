@@ -1,7 +1,7 @@
 """The feature codec: a dataset's feature columns (Arrow) in, one float32 matrix out.
 
 Every reader of a version encodes rows through this module: the training loader
-(training/data/shards.py), evaluation and batch inference (tracking/inference.py). Its
+(training/data/shards.py), evaluation and batch inference (tracking/lifecycle/scoring.py). Its
 state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
 (preprocessing/scan/feature_stats.py) and stored in the manifest (`Manifest.features["columns"]`),
 so the same row gives the same numbers everywhere. It depends on the standard library,

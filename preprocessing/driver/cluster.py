@@ -49,7 +49,7 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_
 PROFILE_KEY = "distributed.worker.profile.enabled"
 LOCAL_STARTS = 2
 
-# A `logging.dictConfig` for Dask's worker processes in their environment (flows/console.py
+# A `logging.dictConfig` for Dask's worker processes in their environment (flows/cli/console.py
 # sets one for a command's duration: INFO lines to the run's log file, the console quiet)
 # decides their handlers' levels itself. LocalCluster's `silence_logs` would raise every
 # StreamHandler of `distributed` to WARNING, a FileHandler included, in the workers and in

@@ -115,12 +115,31 @@ def list_once(config: ReshardConfig) -> Listing:
     return Listing(files, fingerprint_inputs(files))
 
 
-def version_id_for(config: ReshardConfig, listing: Listing | None = None) -> str:
-    """The id the version of `config` has or will have: from `listing` (else lists the
-    inputs) and the current manifest (in `incremental` mode); reads no data."""
+@dataclass(frozen=True)
+class VersionPlan:
+    """The version a run makes, planned once per run: its inputs as listed, the current
+    version it follows, how it relates to it (flat or appended), and its id (what an
+    orchestrator caches by, and what `run_reshard` makes)."""
+
+    listing: Listing
+    previous: str | None
+    increment: Increment
+    version_id: str
+
+
+def plan_version(config: ReshardConfig, listing: Listing | None = None) -> VersionPlan:
+    """The version of `config`: from `listing` (else lists the inputs) and the current
+    manifest (in `incremental` mode); reads no data."""
     listing = listing or list_once(config)
-    increment = plan_increment(config, listing.files, read_current_version(config.output_root))
-    return version_id_of(listing.fingerprint, config, increment)
+    previous = read_current_version(config.output_root)
+    increment = plan_increment(config, listing.files, previous)
+    return VersionPlan(listing, previous, increment,
+                       version_id_of(listing.fingerprint, config, increment))
+
+
+def version_id_for(config: ReshardConfig, listing: Listing | None = None) -> str:
+    """The id the version of `config` has or will have (`plan_version`'s)."""
+    return plan_version(config, listing).version_id
 
 
 def version_is_committed(output_root: str, version_id: str) -> bool:
@@ -130,7 +149,8 @@ def version_is_committed(output_root: str, version_id: str) -> bool:
 
 def run_reshard(config: ReshardConfig, executor: Executor | None = None,
                 progress: Progress | None = None,
-                listing: Listing | None = None) -> ReshardResult:
+                listing: Listing | None = None,
+                plan: VersionPlan | None = None) -> ReshardResult:
     """Make (or find) the dataset version for `config` and commit it.
 
     `executor`: a Dask client, or the config of a cluster to start or join; by default a
@@ -140,12 +160,13 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     a dead attempt) is finished first. In `mode: incremental` a run that can append reads
     only the files new since the current version (preprocessing/versions/incremental.py).
     `listing`: the inputs as the caller listed them (`list_once`); None lists them here.
+    `plan`: the version as the caller planned it (`plan_version`, once per run: its id is
+    what the caller cached by); None plans it here.
     """
     root = config.output_root
-    listing = listing or list_once(config)
-    previous = read_current_version(root)
-    increment = plan_increment(config, listing.files, previous)
-    version_id = version_id_of(listing.fingerprint, config, increment)
+    plan = plan or plan_version(config, listing)
+    listing, previous, increment, version_id = (plan.listing, plan.previous, plan.increment,
+                                                plan.version_id)
     existing = _committed(root, version_id)
     if existing is not None:
         collect_expired(root)

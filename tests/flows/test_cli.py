@@ -9,7 +9,7 @@ import pytest
 import yaml
 from prefect.utilities.callables import parameter_schema
 
-from flows.cli import apply_override, main
+from flows.cli.main import apply_override, main
 from flows.deployments import DEPLOYMENTS, FLOWS, preset_parameters, render_prefect_yaml
 from flows.params import PRESETS_DIR, PipelineParams, ReshardParams, ballast_flow, load_preset
 from flows.pipeline import pipeline

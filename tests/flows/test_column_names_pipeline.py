@@ -23,7 +23,7 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
-from tracking.inference import load_classifier, predictions
+from tracking.lifecycle.scoring import load_classifier, predictions
 from training.config import LoaderConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.console import ProgressOnly, worker_logging
+from flows.cli.console import ProgressOnly, worker_logging
 from tests.cli_pipeline import CliRun
 
 MAX_CONSOLE_LINES = 40
@@ -26,7 +26,7 @@ def test_a_quiet_console_keeps_progress_warnings_and_errors_only() -> None:
     quiet = ProgressOnly()
     kept = [_record("prefect.flow_runs", logging.INFO, "reshard[rebalanced]: dataset ..."),
             _record("prefect.task_runs", logging.INFO, "reshard progress no longer ..."),
-            _record("tracking.run", logging.WARNING, "MLflow could not take the run"),
+            _record("tracking.run.runs", logging.WARNING, "MLflow could not take the run"),
             _record("prefect.task_runs", logging.ERROR, "Finished in state Failed()"),
             _record("distributed.worker", logging.ERROR, "Compute failed")]
     dropped = [_record("distributed.scheduler", logging.INFO, "State start"),
@@ -102,7 +102,7 @@ def test_the_run_log_file_gets_dask_workers_info_lines_the_console_only_with_v(
     scheduler write their INFO lines (a worker's start, a line logged in a task) to the
     command's log file, not raised to WARNING by the cluster's `silence_logs`; the
     console (this process's and the workers' stderr) shows them only with -v."""
-    from flows.console import DASK_LOGGING_ENV, command_logging
+    from flows.cli.console import DASK_LOGGING_ENV, command_logging
     from preprocessing.driver.cluster import WORKER_LOGGING_ENV, DaskConfig, dask_client
 
     assert DASK_LOGGING_ENV == WORKER_LOGGING_ENV

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prefect.states import Failed
 
-from flows.cli import main
+from flows.cli.main import main
 from flows.params import PipelineParams
 from flows.tasks import is_transient
 from preprocessing.scan.feature_stats import InputError

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from flows.cli.status import describe_status
 from flows.report import increment_summary
-from flows.status import describe_status
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
-from tracking.run import dataset_input
+from tracking.run.runs import dataset_input
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.cli.summary import format_summary
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
-from flows.summary import format_summary
 from preprocessing.contract.manifest import read_manifest, shard_uri
-from tracking.inference import load_classifier
+from tracking.lifecycle.scoring import load_classifier
 
 pytestmark = pytest.mark.slow  # every test here uses the Prefect harness
 

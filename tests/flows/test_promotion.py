@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flows.cli import main
+from flows.cli.main import main
 from flows.promotion import promote
 from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
 from preprocessing.contract.codec import FeatureCodec
@@ -31,11 +31,12 @@ from preprocessing.contract.manifest import read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
-from tracking.inference import evaluate_model
-from tracking.promotion import PREVIOUS_CHAMPION_TAG, SAME_ROWS_TAG, PromotionConfig
-from tracking.registry import log_model
-from tracking.rollback import LAST_ROLLBACK_TAG
-from tracking.run import SCORE_TAG, create_run
+from tracking.lifecycle.champion import SCORE_TAG
+from tracking.lifecycle.promotion import PREVIOUS_CHAMPION_TAG, SAME_ROWS_TAG, PromotionConfig
+from tracking.lifecycle.rollback import LAST_ROLLBACK_TAG
+from tracking.lifecycle.scoring import evaluate_model
+from tracking.run.model import log_model
+from tracking.run.runs import create_run
 
 pytestmark = pytest.mark.slow
 _ids = iter(range(10**6, 10**9, 100_000))

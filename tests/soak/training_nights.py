@@ -57,7 +57,7 @@ from tests.soak.chain import (
     config_for,
     finish,
 )
-from tracking.run import FAILURE_TAG
+from tracking.run.runs import FAILURE_TAG
 
 TRAINING_KINDS = ("rank_kill", "mlflow_restart", "prefect_restart")
 EXPERIMENT, MODEL = "soak", "soak-clf"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracking.inference import evaluation
-from tracking.metrics import class_prior_baseline
+from tracking.lifecycle.metrics import class_prior_baseline
+from tracking.lifecycle.scoring import evaluation
 
 
 def test_the_baseline_is_the_better_of_majority_and_frequency_guessing() -> None:
@@ -34,7 +34,7 @@ def test_a_model_below_the_baseline_is_registered_without_an_alias(tmp_path) -> 
 
     from tests.tracking.logged_models import log_models
     from tracking.config import TrackingConfig
-    from tracking.registry import BASELINE_TAG, register_and_promote
+    from tracking.lifecycle.registry import BASELINE_TAG, register_and_promote
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     models = log_models(uri, 2)

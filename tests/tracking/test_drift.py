@@ -1,5 +1,5 @@
-"""The drift math (tracking/drift.py) and the promotion rule (tracking/promotion.py): pure
-functions, no services."""
+"""The drift math (tracking/lifecycle/drift.py) and the promotion rule
+(tracking/lifecycle/promotion.py): pure functions, no services."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from preprocessing.contract.manifest import Manifest
-from tracking.drift import drift_report, normal_psi, psi, psi_terms
-from tracking.promotion import PromotionConfig, SameRows, decide, drift_breaches
+from tracking.lifecycle.drift import drift_report, normal_psi, psi, psi_terms
+from tracking.lifecycle.promotion import PromotionConfig, SameRows, decide, drift_breaches
 
 
 def test_psi_of_identical_distributions_is_zero_and_grows_with_the_shift() -> None:

@@ -1,5 +1,5 @@
 """The input example logged with a model is read from the version's first train shard
-through the contract's integrity reader (tracking/registry.py `example_rows`)."""
+through the contract's integrity reader (tracking/lifecycle/registry.py `example_rows`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.integrity import ShardDamaged
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tests.training.conftest import write_dataset
-from tracking.registry import NUM_EXAMPLE_ROWS, example_rows
+from tracking.run.model import NUM_EXAMPLE_ROWS, example_rows
 
 
 def test_example_rows_of_a_cut_short_shard_name_the_shard_and_both_sizes(

@@ -17,8 +17,8 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
-from tracking.registry import register_and_promote
-from tracking.run import finish_run, flatten, start_run
+from tracking.lifecycle.registry import register_and_promote
+from tracking.run.runs import finish_run, flatten, start_run
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy, run_job
 

@@ -24,9 +24,9 @@ from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
 from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port, start_mlflow_server, stop_server
 from tracking.config import TrackingConfig
-from tracking.registry import register_and_promote
-from tracking.run import finish_run, start_run
-from tracking.spool import Spool
+from tracking.lifecycle.registry import register_and_promote
+from tracking.run.runs import finish_run, start_run
+from tracking.run.spool import Spool
 from training.config import LoaderConfig, TrainConfig, load_train_config
 from training.launch import LocalJob, RetryPolicy, run_job
 from training.launch.processes import child_env

@@ -1,5 +1,5 @@
 """Against the real MLflow server: logging the model leaves the job's run open (only the
-lifecycle in tracking/run.py closes it), a failed job's run is closed FAILED with its
+lifecycle in tracking/run/runs.py closes it), a failed job's run is closed FAILED with its
 reason, and registering is idempotent: a retry after a lost reply reuses its run's
 version instead of adding a second one."""
 
@@ -15,8 +15,10 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
-from tracking.registry import log_model, register_and_promote
-from tracking.run import FAILURE_TAG, LEGACY_SCORE_TAG, champion, create_run, fail_run
+from tracking.lifecycle.champion import LEGACY_SCORE_TAG, champion
+from tracking.lifecycle.registry import register_and_promote
+from tracking.run.model import log_model
+from tracking.run.runs import FAILURE_TAG, create_run, fail_run
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.tracking.logged_models import log_models
 from tracking.config import TrackingConfig
-from tracking.registry import register_and_promote
-from tracking.rollback import ROLLED_BACK_TAG, RollbackRefused, rollback_model
+from tracking.lifecycle.registry import register_and_promote
+from tracking.lifecycle.rollback import ROLLED_BACK_TAG, RollbackRefused, rollback_model
 
 # MLflow's log_model starts subprocesses (its module capture, git).
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.faults import ConfigError
 from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
-from tracking.logger import make_lightning_logger
-from tracking.run import finish_run, flatten, start_run
+from tracking.run.logger import make_lightning_logger
+from tracking.run.runs import finish_run, flatten, start_run
 
 
 def test_flatten_gives_dotted_string_params() -> None:
@@ -53,7 +53,7 @@ def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_
     """Invariant: system metrics of node 0 reach the run even when the job ends before the
     first sampling interval does (MLflow's monitor alone would log nothing), and a
     process that is not its node's first logs none."""
-    from tracking.system_metrics import node_system_metrics
+    from tracking.run.system_metrics import node_system_metrics
 
     config = TrackingConfig(tracking_uri=mlflow_uri, experiment="test-system-metrics",
                             system_metrics_interval_s=60.0)
@@ -73,7 +73,7 @@ def test_a_job_shorter_than_one_sampling_interval_still_records_its_node(mlflow_
 
 def test_a_rank_never_creates_a_run() -> None:
     """Invariant: the Lightning logger of a rank refuses a tracking config without a run
-    id, naming the field and the launcher that creates runs (tracking/run.py is the one
+    id, naming the field and the launcher that creates runs (tracking/run/runs.py is the one
     place runs are opened), rather than opening a run of its own."""
     with pytest.raises(ConfigError, match=r"tracking\.run_id: .*training\.launch launch"):
         make_lightning_logger(TrackingConfig(tracking_uri="sqlite:///never-created.db"))

@@ -7,9 +7,9 @@ import json
 import pytest
 from mlflow.types.schema import Schema
 
-from tracking.holdout import holdout_metrics
-from tracking.run import git_sha
-from tracking.schema import mlflow_schema_json
+from tracking.lifecycle.holdout import holdout_metrics
+from tracking.run.runs import git_sha
+from tracking.run.schema import mlflow_schema_json
 
 
 def test_the_schema_is_mlflow_colspec_json_with_every_column_typed() -> None:

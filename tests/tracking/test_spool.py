@@ -22,18 +22,19 @@ from preprocessing.driver.reshard import run_reshard
 from tests.services import free_port
 from tracking.__main__ import main as tracking_cli
 from tracking.config import TrackingConfig
-from tracking.delivery import MetricDelivery
-from tracking.registry import log_model, register_and_promote
-from tracking.run import (
-    champion,
+from tracking.lifecycle.champion import champion
+from tracking.lifecycle.registry import register_and_promote
+from tracking.run.delivery import MetricDelivery
+from tracking.run.model import log_model
+from tracking.run.runs import (
     create_run,
     finish_run,
     how_to_open,
     run_page_url,
     start_run,
 )
+from tracking.run.spool import Spool
 from tracking.server import is_transient
-from tracking.spool import Spool
 
 
 def down_config(tmp_path: Path, **fields: object) -> TrackingConfig:

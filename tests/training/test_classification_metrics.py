@@ -1,11 +1,11 @@
-"""tracking.metrics against values worked out by hand."""
+"""tracking.lifecycle.metrics against values worked out by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tracking.metrics import confusion_matrix, macro_f1, per_class_recall
+from tracking.lifecycle.metrics import confusion_matrix, macro_f1, per_class_recall
 
 PRED = [0, 0, 1, 1, 2, 2, 2]
 TARGET = [0, 1, 1, 1, 2, 0, 2]

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 from preprocessing.contract.integrity import ShardDamaged, read_shard_table, split_shards
 from preprocessing.contract.manifest import ShardEntry, read_manifest, shard_uri
 from preprocessing.contract.shards import write_shard

@@ -15,7 +15,7 @@ import torch
 
 from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
 from tracking.config import TrackingConfig
-from tracking.run import create_run
+from tracking.run.runs import create_run
 from training.config import LoaderConfig, TransformerConfig
 from training.data.loader import ShardStream
 from training.launch.processes import child_env

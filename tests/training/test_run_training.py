@@ -50,7 +50,7 @@ def test_tracked_run_logs_metrics_to_its_mlflow_run(
     per class."""
     from mlflow.tracking import MlflowClient
 
-    from tracking.run import create_run
+    from tracking.run.runs import create_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = TrackingConfig(tracking_uri=uri, experiment="training-test")

@@ -123,7 +123,7 @@ def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:
     """Close the job's MLflow run FAILED with the cause: no retry follows."""
     tracking = pinned.config.tracking
     if tracking is not None and tracking.run_id is not None:
-        from tracking.run import fail_run
+        from tracking.run.runs import fail_run
 
         cause = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
         try:
@@ -190,7 +190,7 @@ def open_job_run(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
                  job: AnyJob) -> str:
     """Create the job's MLflow run with its params, tags and dataset lineage (the pinned
     version) before any rank starts."""
-    from tracking.run import start_run
+    from tracking.run.runs import start_run
 
     params = {"train": cfg.model_dump(mode="json", exclude={"tracking"}),
               "dataset": manifest.config, "num_processes": job.world_size}

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tracking.metrics import macro_f1, per_class_recall
+from tracking.lifecycle.metrics import macro_f1, per_class_recall
 from training.config import ModelConfig
 
 

@@ -15,7 +15,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from tracking.run import champion
+from tracking.lifecycle.champion import champion
 from tracking.server import TrackingUnavailable
 
 

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flows.cli.summary import format_result
 from flows.params import PipelineParams, load_preset, parse_params
 from flows.pipeline import pipeline
-from flows.summary import format_result
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 
 

@@ -1,4 +1,4 @@
-"""`ballast rollback`: the champion alias (tracking/rollback.py) or a dataset's `_CURRENT`
+"""`ballast rollback`: the champion alias (tracking/lifecycle/rollback.py) or a dataset's `_CURRENT`
 (preprocessing/versions/rollback.py) moved back; what was done, as one line."""
 
 from __future__ import annotations
@@ -19,6 +19,6 @@ def rollback(model: str | None, dataset: str | None, to: str | None,
                          "$MLFLOW_TRACKING_URI)")
     if to is not None and not to.isdigit():
         raise ValueError(f"--to {to!r}: a model version is a number")
-    from tracking.rollback import rollback_model
+    from tracking.lifecycle.rollback import rollback_model
 
     return rollback_model(tracking_uri, str(model), int(to) if to else None, reason)

@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
+from flows.report import class_rows_after, how_to_open_run
 from preprocessing.contract.manifest import Manifest, read_manifest
-from tracking.run import how_to_open
-
-
-def class_rows_after(manifest: Manifest) -> dict[str, int]:
-    """Training rows per class label in the committed version."""
-    totals: dict[str, int] = {}
-    for shard in manifest.split("train").shards:
-        for label, count in shard.class_counts.items():
-            totals[label] = totals.get(label, 0) + count
-    return totals
-
-
-def run_spool_dir(training: dict[str, Any]) -> str | None:
-    """Where the job kept what MLflow could not take (its delivery report says), if any."""
-    spool = (training.get("tracking_delivery") or {}).get("spool")
-    return str(Path(spool).parent) if spool else None
-
-
-def how_to_open_run(result: dict[str, Any], tracking_uri: str) -> str:
-    """The run's page on the tracking server, or how to open or send it."""
-    return how_to_open(tracking_uri, result["run_id"],
-                       run_spool_dir(result.get("training") or {}))
 
 
 def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:

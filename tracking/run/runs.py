@@ -1,4 +1,4 @@
-"""The MLflow run of a training job, from creation to close, and the score it is judged by.
+"""The MLflow run of a training job, from creation to close.
 
 The one home of the run lifecycle; every caller goes through it:
 - create: `create_run` (any caller), `start_run` (with params, tags, dataset lineage and
@@ -9,12 +9,11 @@ The one home of the run lifecycle; every caller goes through it:
   `fail_run` closes it FAILED with the reason (tag `ballast.failure_reason`) when the
   job failed after its launcher's retries. Nothing else ends a run: no
   `with mlflow.start_run(...)` anywhere, and a rank never creates one.
-- score: `SCORE_TAG` on each registered version, `champion` reads the current one.
 - show: `run_page_url` and `how_to_open` (the configured server's UI, or the command that
   starts one on a local store).
 
 A tracking server that cannot be reached costs time, never data: what it cannot take is
-kept in the run's spool (tracking/spool.py); a run created while it was down has a
+kept in the run's spool (tracking/run/spool.py); a run created while it was down has a
 `local-...` id. `deliver` sends a spool, each part once: `finish_run` does it when the
 server is back, `python -m tracking upload <dir>` when a person does.
 """
@@ -27,39 +26,32 @@ import shlex
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
 from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
-from tracking.param_keys import mlflow_params
-from tracking.schema import mlflow_schema_json
+from tracking.run.param_keys import mlflow_params
+from tracking.run.schema import mlflow_schema_json
+from tracking.run.sending import send_or_keep, warn_kept
+from tracking.run.spool import MANIFEST_ARTIFACT, Spool, is_local_run
 from tracking.server import (
-    TrackingUnavailable,
     is_server,
     is_transient,
     wait_until_reachable,
     without_credentials,
 )
-from tracking.spool import MANIFEST_ARTIFACT, Spool, is_local_run, new_local_run_id
 
-SCORE_TAG = "ballast.heldout_macro_f1"  # a registered version's macro-F1 on held-out rows
-LEGACY_SCORE_TAG = "ballast.val_macro_f1"  # its former name: older champions still compare
 FAILURE_TAG = "ballast.failure_reason"
 _MAX_PARAM_CHARS = 6000
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
-Result = TypeVar("Result")
-
-
 def prepare_backend(config: TrackingConfig) -> str:
     """Create the store's schema and the experiment once; returns the experiment id."""
     client = MlflowClient(config.tracking_uri)
@@ -84,41 +76,11 @@ def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> st
                         keep=lambda spool: spool.path.name, tags=tags)
 
 
-def send_or_keep(config: TrackingConfig, run_id: str | None, what: str,
-                 send: Callable[[MlflowClient], Result], keep: Callable[[Spool], Result],
-                 wait_s: float = 0.0, tags: dict[str, str] | None = None) -> Result:
-    """`send` `what` to the run on the server; if the run is only in a spool, or the server
-    cannot be reached (waiting up to `wait_s`) or fails transiently, `keep` it in the
-    run's spool instead (`run_id` None: a new local run's, with `tags`) and warn."""
-    reason = "the run is not on the server yet"
-    if run_id is None or not is_local_run(run_id):
-        try:
-            if wait_until_reachable(config.tracking_uri, wait_s):
-                return send(MlflowClient(config.tracking_uri))
-            reason = "the server did not answer"
-        except Exception as error:
-            if not (is_server(config.tracking_uri) and is_transient(error)):
-                raise
-            reason = redact(f"{type(error).__name__}: {error}")[:500]
-    spool = Spool.of_run(config, run_id or new_local_run_id()).open(config, tags)
-    kept = keep(spool)
-    warn_kept(config, spool, what, reason)
-    return kept
-
-
-def warn_kept(config: TrackingConfig, spool: Spool, what: str, reason: str) -> None:
-    warnings.warn(
-        f"MLflow at {redact(config.tracking_uri)} could not take {what} (run "
-        f"{spool.path.name}: {reason}); it is kept in {spool.path} and sent when the run is "
-        f"closed with the server back, or by `{spool.upload_command()}`",
-        RuntimeWarning, stacklevel=3)
-
-
 def flatten(values: dict[str, Any]) -> dict[str, str]:
     """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
     anything whose name looks like a credential, and any password in a URI, is redacted.
     Keys MLflow refuses (a column name `Body Mass (g)` in `dataset.nulls`) get a valid
-    form, their value the original key (tracking/param_keys.py)."""
+    form, their value the original key (tracking/run/param_keys.py)."""
     return mlflow_params(_dotted(values), _MAX_PARAM_CHARS)
 
 
@@ -203,7 +165,7 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
 
 def _close(client: MlflowClient, run_id: str, summary: dict[str, Any],
            manifest: Manifest | None, checkpoint_dir: str | None) -> None:
-    from tracking.artifacts import log_checkpoints, log_plots  # matplotlib: only here
+    from tracking.run.artifacts import log_checkpoints, log_plots  # matplotlib: only here
 
     client.log_dict(run_id, summary, "training/summary.json")
     if manifest is not None:
@@ -311,7 +273,7 @@ def _deliver_metrics(spool: Spool, client: MlflowClient, run_id: str) -> None:
 
 def _deliver_model(spool: Spool, config: TrackingConfig, run_id: str) -> None:
     if spool.model_dir.exists() and spool.progress().get("model_uri") is None:
-        from tracking.registry import log_kept_model  # torch: only when a model is kept
+        from tracking.run.model import log_kept_model  # torch: only when a model is kept
 
         spool.mark("model_uri", log_kept_model(config, run_id, spool))
 
@@ -324,21 +286,6 @@ def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
                 if finish["manifest"] else None)
     _close(client, run_id, finish["summary"], manifest, finish["checkpoint_dir"])
     spool.mark("closed")
-
-
-def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:
-    """The `champion` version of registered model `name` (version, score, run id), or None
-    when there is none; `TrackingUnavailable` when the store cannot say."""
-    try:
-        version = MlflowClient(tracking_uri).get_model_version_by_alias(name, "champion")
-    except MlflowException as error:
-        if error.get_http_status_code() < 500:  # no such model or alias
-            return None
-        raise TrackingUnavailable(f"MLflow at {redact(tracking_uri)}: "
-                                  f"{redact(str(error))[:300]}") from error
-    score = version.tags.get(SCORE_TAG, version.tags.get(LEGACY_SCORE_TAG))
-    return {"version": int(version.version), "run_id": version.run_id,
-            "score": float(score) if score is not None else None}
 
 
 def run_page_url(tracking_uri: str, run_id: str) -> str | None:

@@ -1,19 +1,20 @@
 """Predictions of a registered model on pyarrow Tables, and its evaluation on a split.
 
-A registered model is a `CodecClassifier` (tracking/pyfunc.py): rows become inputs
+A registered model is a `CodecClassifier` (tracking/run/pyfunc.py): rows become inputs
 through the codec logged with it, the one its training loader used, so a model sees the
 same numbers here as in training and behind `pyfunc.predict`. The feature columns are
 the codec's (the manifest's), never a setting. `predict_table` is the per-batch function
 a Dask map runs for batch inference (flows pass it to
 `preprocessing.driver.map_files.map_to_version`); `shard_confusion` the per-shard function of an
 evaluation, whose confusion matrices `evaluation` sums into scores. The model is loaded
-once per process. Every score comes with the class-prior baseline (tracking/metrics.py)
+once per process. Every score comes with the class-prior baseline (tracking/lifecycle/metrics.py)
 and whether the model beats it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from functools import lru_cache, partial
 from typing import Any
 
@@ -25,16 +26,22 @@ from preprocessing.contract.codec import label_indices
 from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.integrity import ShardRef, read_shard_table, split_shards
 from preprocessing.contract.manifest import read_manifest, shard_uri
-from tracking.metrics import (
+from tracking.lifecycle.metrics import (
     class_prior_baseline,
     confusion_matrix,
     macro_f1,
     per_class_recall,
 )
-from tracking.pyfunc import CodecClassifier
+from tracking.run.pyfunc import CodecClassifier
 
 # (task, shards) -> results; a shard is a ShardRef (Any: flows type theirs by URI).
 Mapper = Callable[[Callable[[Any], np.ndarray], list[Any]], Iterable[np.ndarray]]
+
+
+# Scoring a split this small takes about a second here, where the model is loaded anyway
+# (for its classes); on Dask every worker first imports torch and loads the model: 12-16 s
+# for each of the demo's two evaluations of 12 k rows (a shared 2-core machine).
+IN_PROCESS_EVALUATION_ROWS = 200_000
 
 
 class ModelError(PermanentError, ValueError):
@@ -101,28 +108,56 @@ def split_uris(dataset: str, split: str) -> list[str]:
     return [shard_uri(location, entry) for entry in manifest.split(split).shards]
 
 
+def on_cluster(dataset: str, split: str) -> bool:
+    """Whether an evaluation of `split` is mapped over a cluster: the one place that
+    chooses (more than `IN_PROCESS_EVALUATION_ROWS` rows)."""
+    return read_manifest(dataset)[0].split(split).num_rows > IN_PROCESS_EVALUATION_ROWS
+
+
+def evaluate(model_uri: str, tracking_uri: str, dataset: str, split: str,
+             cluster_map: Callable[[], AbstractContextManager[Mapper]]) -> dict[str, Any]:
+    """Scores of a registered model on a split: the one evaluation of the pipeline, the
+    promotion's champion on the same rows and `ballast evaluate`. A split `on_cluster`
+    is scored one task per shard through the map `cluster_map()` opens (the flows' Dask);
+    a smaller one here, shard after shard."""
+    if not on_cluster(dataset, split):
+        return evaluate_model(model_uri, tracking_uri, dataset, split)
+    with cluster_map() as mapper:
+        return evaluate_model(model_uri, tracking_uri, dataset, split, mapper)
+
+
 def evaluate_model(model_uri: str, tracking_uri: str, dataset: str, split: str = "holdout",
                    mapper: Mapper = map) -> dict[str, Any]:
     """Scores of a registered model on a split, one `shard_confusion` per shard through
     `mapper` (the builtin `map` here; flows pass a Dask map)."""
     manifest, _ = read_manifest(dataset)
+    classes = load_classifier(model_uri, tracking_uri).classes
     task = partial(shard_confusion, model_uri=model_uri, tracking_uri=tracking_uri,
                    label_column=manifest.label_column, dataset_classes=manifest.classes)
-    classes = load_classifier(model_uri, tracking_uri).classes
-    confusions = list(mapper(task, split_shards(dataset, split)))
-    return {"model_uri": model_uri, "dataset_version": manifest.version_id,
-            **evaluation(sum(confusions, np.zeros((len(classes),) * 2, np.int64)), classes)}
+    return {"model_uri": model_uri, **split_evaluation(dataset, split, task, classes, mapper)}
 
 
 def evaluate_classifier(model: CodecClassifier, dataset: str,
                         split: str = "holdout") -> dict[str, Any]:
     """Scores of an in-process model on a split, shard after shard."""
     manifest, _ = read_manifest(dataset)
-    confusion = np.zeros((len(model.classes),) * 2, np.int64)
-    for shard in split_shards(dataset, split):
-        confusion += table_confusion(model, read_shard_table(shard), manifest.label_column,
-                                     manifest.classes)
-    return {"dataset_version": manifest.version_id, **evaluation(confusion, model.classes)}
+    task = partial(_table_confusion_of_shard, model, label_column=manifest.label_column,
+                   dataset_classes=manifest.classes)
+    return split_evaluation(dataset, split, task, model.classes)
+
+
+def _table_confusion_of_shard(model: CodecClassifier, shard: ShardRef, label_column: str,
+                              dataset_classes: list[Any]) -> np.ndarray:
+    return table_confusion(model, read_shard_table(shard), label_column, dataset_classes)
+
+
+def split_evaluation(dataset: str, split: str, confusion_of: Callable[[Any], np.ndarray],
+                     classes: list[str], mapper: Mapper = map) -> dict[str, Any]:
+    """The scores of one split: `confusion_of` each shard through `mapper`, summed."""
+    manifest, _ = read_manifest(dataset)
+    confusions = list(mapper(confusion_of, split_shards(dataset, split)))
+    total = sum(confusions, np.zeros((len(classes),) * 2, np.int64))
+    return {"dataset_version": manifest.version_id, **evaluation(total, classes)}
 
 
 def evaluation(confusion: np.ndarray, classes: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ training: it runs in its own thread.
 Two things of MLflow's own monitor loop are replaced. It stops for good at the first
 failed `get_run` (a server down for one request ended a node's metrics for the whole
 job), and its batch logger drops what it could not send; here samples go through a
-`MetricDelivery` (tracking/delivery.py), which retries and keeps in the run's spool what
+`MetricDelivery` (tracking/run/delivery.py), which retries and keeps in the run's spool what
 the server cannot take. MLflow's monitor publishes only after a whole sampling interval,
 so a block shorter than one interval would leave no trace: one last sample is published
 at the end, so every job records its node's state at least once.
@@ -25,7 +25,7 @@ from typing import Any
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 from tracking.config import TrackingConfig
-from tracking.delivery import MetricDelivery
+from tracking.run.delivery import MetricDelivery
 
 
 class _DeliverySink:

@@ -3,7 +3,7 @@
 Pure functions over two manifests (preprocessing/contract/manifest.py), no I/O: flows
 read the manifests and pass them in, then publish the report (a Prefect markdown
 artifact, MLflow metrics) and hold back a promotion whose report passes a threshold
-(tracking/promotion.py). The parent is the version's `parent_version` (a chain's child),
+(tracking/lifecycle/promotion.py). The parent is the version's `parent_version` (a chain's child),
 or, for a flat version, the version `_CURRENT` named before the run made it.
 
 The distance is the population stability index, PSI = sum over bins of

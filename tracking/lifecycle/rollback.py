@@ -1,7 +1,7 @@
 """`ballast rollback --model NAME [--to VERSION]`: move the `champion` alias back.
 
 By default to the version the current champion replaced (`ballast.previous_champion`,
-recorded when it was promoted: tracking/promotion.py). Why is recorded as tags: on the
+recorded when it was promoted: tracking/lifecycle/promotion.py). Why is recorded as tags: on the
 version rolled back from (`ballast.rolled_back`) and on the registered model
 (`ballast.last_rollback`: from, to, reason). Idempotent: a second call finds the
 champion already where the last rollback put it and changes nothing. A model, version
@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tracking.promotion import PREVIOUS_CHAMPION_TAG
-from tracking.run import champion
+from tracking.lifecycle.champion import champion
+from tracking.lifecycle.promotion import PREVIOUS_CHAMPION_TAG
 
 ROLLED_BACK_TAG = "ballast.rolled_back"
 LAST_ROLLBACK_TAG = "ballast.last_rollback"

@@ -10,7 +10,7 @@ from fsspec.core import url_to_fs
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest
-from tracking.plots import run_figures
+from tracking.run.plots import run_figures
 
 LOSS_METRICS = ("train_loss_step", "train_loss")
 

@@ -2,7 +2,7 @@
 
 Values go into a bounded in-memory queue; a thread sends them in batches
 (`MlflowClient.log_batch`) and backs off while the server is unreachable. When the queue
-is full, its older half is written to the run's spool (tracking/spool.py), not dropped.
+is full, its older half is written to the run's spool (tracking/run/spool.py), not dropped.
 `close` keeps trying for `delivery_wait_s`, then writes whatever is left to the spool and
 warns with exact counts and the command that sends them. The values of a run that exists
 only in the spool (`local-...`) are written there directly.
@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.secrets import redact
 from tracking.config import TrackingConfig
+from tracking.run.spool import Spool, is_local_run
 from tracking.server import is_reachable, wait_until_reachable
-from tracking.spool import Spool, is_local_run
 
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
 

@@ -1,7 +1,7 @@
 """The Lightning logger that sends a training job's metrics to its MLflow run.
 
 A down or slow server never stops training: values are sent in the background and what
-cannot be sent is kept in the run's spool (tracking/delivery.py, tracking/spool.py).
+cannot be sent is kept in the run's spool (tracking/run/delivery.py, tracking/run/spool.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from preprocessing.contract.faults import ConfigError
 from tracking.config import TrackingConfig
-from tracking.delivery import MetricDelivery
+from tracking.run.delivery import MetricDelivery
 
 
 class BufferedMlflowLogger(Logger):
@@ -55,10 +55,10 @@ def make_lightning_logger(config: TrackingConfig) -> BufferedMlflowLogger:
     """A buffered logger bound to `config.run_id` (made by the launcher before ranks start).
 
     Lightning calls loggers on rank 0 only, so the other ranks never touch the backend
-    (docs/architecture.md M6). A rank never creates a run (tracking/run.py is the one
+    (docs/architecture.md M6). A rank never creates a run (tracking/run/runs.py is the one
     place runs are opened and closed): without a run id it refuses, naming the field.
     Checkpoints are not uploaded here: FSDP2 writes directories, which MLFlowLogger
-    skips silently (docs/architecture.md M4); tracking.artifacts logs them after the job.
+    skips silently (docs/architecture.md M4); tracking.run.artifacts logs them after the job.
     """
     # The delivery retries on its own schedule; MLflow's own long retry loop would only
     # delay the end of a job while the server is down.

@@ -2,21 +2,21 @@
 
 A night's model (the challenger) and the current champion are both scored on the new
 dataset version's held-out rows (the champion through its own logged codec, by
-tracking/inference.py on Dask, in flows/promotion.py), so an easier night cannot promote a
+tracking/lifecycle/scoring.py on Dask, in flows/promotion.py), so an easier night cannot promote a
 worse model. `decide` is the rule, a pure function:
 
 - below the class-prior baseline: no alias (as before);
 - the champion could not read the new rows (a schema change its codec refuses): `challenger`,
   unless `force`;
-- the drift report against the parent version (tracking/drift.py) passes a threshold of
+- the drift report against the parent version (tracking/lifecycle/drift.py) passes a threshold of
   `PromotionConfig`: `challenger`, unless `force`;
 - otherwise `champion` when there is none, or when the challenger's macro-F1 on these rows
   beats the champion's on the same rows; else `challenger`.
 
-`apply_decision` (called by tracking/registry.py's `register_and_promote`) moves the
+`apply_decision` (called by tracking/lifecycle/registry.py's `register_and_promote`) moves the
 alias and records on the new version the rows both were scored on, both scores, the
 reasons and, when it becomes champion, the version it replaced (`PREVIOUS_CHAMPION_TAG`,
-which `ballast rollback --model` moves the alias back to: tracking/rollback.py).
+which `ballast rollback --model` moves the alias back to: tracking/lifecycle/rollback.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracking.config import TrackingConfig
-from tracking.drift import DriftReport
-from tracking.spool import Spool, is_local_run
+from tracking.lifecycle.drift import DriftReport
+from tracking.run.spool import Spool, is_local_run
 
 PREVIOUS_CHAMPION_TAG = "ballast.previous_champion"
 DECISION_TAG = "ballast.promotion"

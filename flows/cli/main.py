@@ -35,7 +35,7 @@ from preprocessing.contract.secrets import redact
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 # flows.params.PRESETS_DIR; not imported from there, which would load every config model
 # (and seconds of imports) before `--help` can answer.
-PRESETS_DIR = Path(__file__).parent / "presets"
+PRESETS_DIR = Path(__file__).parents[1] / "presets"
 
 
 def presets_help() -> str:
@@ -129,9 +129,9 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
+    from flows.cli.summary import format_result
     from flows.deployments import FLOWS
     from flows.params import load_preset, parse_params
-    from flows.summary import format_result
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
@@ -148,7 +148,7 @@ def _run(args: argparse.Namespace) -> str:
 
 
 def _demo(args: argparse.Namespace) -> str:
-    from flows.demo import demo_summary, run_demo
+    from flows.cli.demo import demo_summary, run_demo
 
     with _quiet(args):
         params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
@@ -157,10 +157,10 @@ def _demo(args: argparse.Namespace) -> str:
 
 @contextmanager
 def _quiet(args: argparse.Namespace) -> Iterator[None]:
-    """The command's logging (flows/console.py): everything into its log file, the console
+    """The command's logging (flows/cli/console.py): everything into its log file, the console
     quiet unless `-v`. Entered once the flows are imported: libraries set up their
     console handlers at import, and those are the ones made quiet."""
-    from flows.console import command_logging
+    from flows.cli.console import command_logging
     from tracking.console import quiet_mlflow_events
 
     with command_logging(args.log_path, args.verbose, stay_quiet=True), ExitStack() as stack:
@@ -191,15 +191,15 @@ def _dispatch(args: argparse.Namespace) -> str | None:
 
         return render_prefect_yaml(args.work_dir)
     if args.command == "status":
-        from flows.status import describe_status
+        from flows.cli.status import describe_status
 
         return describe_status(args.config, args.work_dir)
     if args.command == "rollback":
-        from flows.rollback_cli import rollback
+        from flows.cli.rollback import rollback
 
         return rollback(args.model, args.dataset, args.to, args.tracking_uri, args.reason)
     if args.command in ("init", "inspect"):
-        from flows.dataset_cli import describe_inputs, describe_version
+        from flows.cli.dataset import describe_inputs, describe_version
 
         if args.command == "init":
             return describe_inputs(args.inputs, args.label)
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ballast runs on machines without internet: Prefect's server would report failed pings.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if args.command in ("demo", "run"):
-        from flows.console import new_log_path
+        from flows.cli.console import new_log_path
 
         args.log_path = new_log_path(args.command)
     try:
@@ -278,7 +278,7 @@ def write_error_log(command: str, error: BaseException, path: Path | None = None
     """The full traceback at the end of the command's log file `path`, or in a new file
     under $BALLAST_LOG_DIR (default: a `ballast` directory in the system's temporary
     directory); its path."""
-    from flows.console import new_log_path
+    from flows.cli.console import new_log_path
 
     path = path or new_log_path(command)
     with path.open("a") as log:

@@ -9,7 +9,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from tracking.config import TrackingConfig
-from tracking.spool import is_local_run
+from tracking.run.spool import is_local_run
 
 NOTE_TAG = "mlflow.note.content"  # the run page's Description
 MAX_NOTE_CHARS = 6000
@@ -33,7 +33,7 @@ def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
 def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:
     """Log `holdout_metrics` to the (closed) run, through a delivery that keeps what a
     down server cannot take in the run's spool."""
-    from tracking.delivery import MetricDelivery
+    from tracking.run.delivery import MetricDelivery
 
     delivery = MetricDelivery(config, run_id, writer="holdout")
     delivery.add(holdout_metrics(evaluation), 0)

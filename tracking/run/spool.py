@@ -14,7 +14,7 @@ One directory per run, `<spool_dir>/<run key>/`, where the key is the server's r
     finish.json         the job's summary and checkpoint location, when the run was closed
     progress.json       what has been sent, so a repeated upload sends nothing twice
 
-`tracking.run.deliver` sends it; `python -m tracking upload <dir>` is the command for a person.
+`tracking.run.runs.deliver` sends it; `python -m tracking upload <dir>` is the command for a person.
 """
 
 from __future__ import annotations

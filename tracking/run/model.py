@@ -1,0 +1,144 @@
+"""Logging the trained model into its job's run, or keeping it in the run's spool.
+
+The model is logged as a pyfunc `CodecClassifier` (tracking/run/pyfunc.py): the network
+without Lightning plus its dataset's feature codec, with a signature naming the original
+input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
+"models:/<name>@champion").predict(df)` takes rows as the input files hold them. The
+class labels travel as model metadata too. A model the server cannot take is saved in the
+run's spool as an MLflow model (it loads from there as it is) and logged when the spool is
+delivered (tracking/run/runs.py `deliver`): that is why the model's logging lives with the
+run, below registration (tracking/lifecycle/registry.py).
+
+The model is logged into the job's run without making it the active run, so logging it
+never ends the run (tracking/run/runs.py opens and closes runs).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.tracking.fluent as mlflow_fluent
+import pandas as pd
+import torch
+from mlflow.models import Model
+from mlflow.tracking import MlflowClient
+
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.integrity import ShardRef, read_shard_table, shard_version
+from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
+from tracking.config import TrackingConfig
+from tracking.run.pyfunc import (
+    CODEC_ARTIFACT,
+    NETWORK_ARTIFACT,
+    CodecClassifier,
+    mlflow_type,
+    signature,
+)
+from tracking.run.sending import send_or_keep
+from tracking.run.spool import Spool
+
+NUM_EXAMPLE_ROWS = 5
+_REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
+
+
+def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
+              dataset: str) -> str:
+    """Log `network` with the codec and classes of `dataset` (the version it was trained
+    on) under the run; returns the model URI to register: `models:/...`, or the local
+    path of the model kept in the run's spool when the server cannot take it (waiting up
+    to `config.delivery_wait_s` first)."""
+    manifest, location = read_manifest(dataset)
+    codec = FeatureCodec.from_manifest(manifest)
+    model = CodecClassifier(network.eval().cpu(), codec,
+                            [str(label) for label in manifest.classes])
+    example = example_rows(manifest, location, codec)
+    extra = {"dataset_version": manifest.version_id}
+    return send_or_keep(
+        config, run_id, "the model",
+        send=lambda _: _log_to_run(config, run_id, model, example, extra),
+        keep=lambda spool: _keep_model(spool, model, example, extra),
+        wait_s=config.delivery_wait_s)
+
+
+def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.DataFrame:
+    """The first rows of the version's first train shard, feature columns only, as the
+    input files held them (an integer column declared `double` as floats). The shard is
+    read through the contract's integrity reader: a damaged one is ShardDamaged naming it
+    (size against the manifest's, page checksums), not pyarrow's footer error."""
+    first = manifest.split("train").shards[0]
+    uri = shard_uri(location, first)
+    table = read_shard_table(ShardRef(uri, first, shard_version(uri)), columns=codec.names)
+    frame = table.slice(0, NUM_EXAMPLE_ROWS).to_pandas()
+    for spec in codec.columns:
+        if mlflow_type(spec) == "double":
+            frame[spec.name] = frame[spec.name].astype("float64")
+    return frame
+
+
+@contextmanager
+def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
+                     extra: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """What the model is logged (or saved) with: the network and codec as artifacts,
+    signature, example, labels, requirements."""
+    assert model.codec is not None
+    with tempfile.TemporaryDirectory() as work:
+        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json", NETWORK_ARTIFACT: f"{work}/net.pt"}
+        Path(artifacts[CODEC_ARTIFACT]).write_text(json.dumps(
+            {"columns": model.codec.to_json(), "classes": model.classes}, indent=1))
+        torch.save(model.network, artifacts[NETWORK_ARTIFACT])
+        yield {"python_model": CodecClassifier(), "artifacts": artifacts,
+               "signature": signature(model.codec), "input_example": example,
+               "metadata": {**extra, "classes": model.classes},
+               "pip_requirements": [f"{name}=={package_version(name).split('+')[0]}"
+                                    for name in _REQUIREMENTS]}
+
+
+def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
+                example: pd.DataFrame, extra: dict[str, Any]) -> str:
+    # Not `with mlflow.start_run(run_id=...)`: leaving that block would end the job's run
+    # (FINISHED, or FAILED on an error) before its close. The logged model goes into the
+    # run's experiment, which MLflow takes from the active one.
+    # The active experiment is a process global of MLflow's: restored afterwards, so a later
+    # `start_run` in this process (another store, another job) does not look for this one.
+    mlflow.set_tracking_uri(config.tracking_uri)
+    experiment_id = MlflowClient(config.tracking_uri).get_run(run_id).info.experiment_id
+    previous = mlflow_fluent._active_experiment_id
+    mlflow.set_experiment(experiment_id=experiment_id)
+    try:
+        with _model_arguments(model, example, extra) as arguments:
+            info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
+                             **arguments)
+    finally:
+        mlflow_fluent._active_experiment_id = previous
+    return str(info.model_uri)
+
+
+def _keep_model(spool: Spool, model: CodecClassifier, example: pd.DataFrame,
+                extra: dict[str, Any]) -> str:
+    """Save the model into the spool (through a temporary directory and a rename)."""
+    target = spool.model_dir
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a crash
+    with _model_arguments(model, example, extra) as arguments:
+        mlflow.pyfunc.save_model(str(partial), **arguments)
+    shutil.rmtree(target, ignore_errors=True)  # a retried job's model replaces the first
+    partial.rename(target)
+    spool.mark("model_uri", None)
+    return str(target)
+
+
+def log_kept_model(config: TrackingConfig, run_id: str, spool: Spool) -> str:
+    """Log the model kept in `spool` to the run exactly as `log_model` would have."""
+    saved = Model.load(str(spool.model_dir))
+    model = mlflow.pyfunc.load_model(str(spool.model_dir)).unwrap_python_model()
+    example = saved.load_input_example(str(spool.model_dir))
+    extra = {k: v for k, v in (saved.metadata or {}).items() if k != "classes"}
+    return _log_to_run(config, run_id, model, example, extra)
