@@ -111,7 +111,7 @@ def exit_rank(code: int) -> NoReturn:
 
     Interpreter shutdown after a successful distributed run sometimes aborts in a C++
     destructor of torch.distributed ("terminate called without an active exception",
-    SIGABRT; seen on about 1 in 20 runs of a 2-rank gloo job on CPU), which turns a
+    SIGABRT; seen on about 1 in 12 runs of a 2-rank gloo job on CPU), which turns a
     finished job into a failed one. Everything a rank writes is on disk or in MLflow
     by now, so the shutdown is skipped."""
     close_process_group()
