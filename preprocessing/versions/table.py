@@ -135,6 +135,14 @@ def _commit(uri: str, manifest: Manifest, head: Head | None) -> int:
 def _schema(uri: str, first: str) -> Schema:
     """The shards' columns (from a footer) and the `split` partition column."""
     columns = pq.read_schema(f"{uri}/{first}").remove_metadata()
+    for column in columns:  # Delta Lake has no float16 or time type, say
+        try:
+            Schema.from_arrow(pa.schema([column]))
+        except Exception as error:  # deltalake raises a bare Exception for a schema error
+            raise TableError(
+                f"{uri}/{first}: column {column.name!r} of type {column.type} has no Delta "
+                f"Lake type; the version is committed and current, but the table at {uri} "
+                f"still holds the version before it") from error
     return Schema.from_arrow(columns.append(pa.field(SPLIT_COLUMN, pa.string())))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -24,7 +25,9 @@ from preprocessing.contract.manifest import (
     read_manifest,
     shard_name,
     shard_uri,
+    swap_current,
 )
+from preprocessing.contract.shards import write_shard
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.synthetic.tabular import write_sample
 from preprocessing.versions.attempt import VersionAttempt
@@ -32,6 +35,7 @@ from preprocessing.versions.rollback import rollback_dataset
 from preprocessing.versions.table import (
     SPLIT_COLUMN,
     VERSION_KEY,
+    TableError,
     _commit,
     publish_current,
     read_head,
@@ -171,3 +175,31 @@ def test_a_publisher_that_loses_the_table_commit_converges_on_current(tmp_path) 
     assert publish_current(str(tmp_path)) == 3 and head_version(tmp_path) == "c"
     history = [h[VERSION_KEY] for h in reversed(DeltaTable(str(tmp_path)).history())]
     assert history == ["a", "b", "a", "c"]
+
+
+def test_a_rollback_cut_off_before_its_table_commit_is_finished_by_running_it_again(
+        tmp_path) -> None:
+    """Invariants: `_CURRENT` moved back by hand (a rollback killed before publishing)
+    leaves the table on the newer version; `ballast rollback` to the same version then
+    publishes it as a new table version and changes nothing else."""
+    write_version(tmp_path, "a")
+    write_version(tmp_path, "b")
+    swap_current(str(tmp_path), "a", expected="b")
+    assert head_version(tmp_path) == "b"
+    assert "nothing to do" in rollback_dataset(str(tmp_path), "a")
+    assert head_version(tmp_path) == "a" and DeltaTable(str(tmp_path)).version() == 2
+    assert sorted(DeltaTable(str(tmp_path)).file_uris()) == sorted(
+        str(tmp_path / "v-a" / shard_name("train", index)) for index in range(2))
+
+
+def test_a_column_delta_lake_cannot_type_fails_the_publication_naming_it(tmp_path) -> None:
+    """Invariants: a shard column of a type Delta Lake lacks (time64) fails the commit's
+    publication with TableError naming the column and its type; the version itself is
+    committed and current, and no table is written."""
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "label": pa.array([0, 1], pa.int64()),
+                     "at": pa.array([1, 2], pa.time64("us"))})
+    with pytest.raises(TableError, match=r"column 'at' of type time64\[us\]"), \
+            VersionAttempt(str(tmp_path), "timed") as attempt:
+        entry = write_shard(attempt.shard_uri(shard_name("train", 0)), rows, 2, "label")
+        attempt.commit(manifest_of("timed", [entry]), expected=None)
+    assert read_current_version(str(tmp_path)) == "timed" and read_head(str(tmp_path)) is None
