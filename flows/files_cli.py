@@ -27,19 +27,12 @@ def list_files(root: str, split: str | None = None, version: str | None = None) 
     root's as absolute paths."""
     from fsspec.core import url_to_fs  # here: `ballast --help` loads no storage library
 
-    from preprocessing.contract.manifest import (
-        is_local,
-        read_manifest,
-        resolve_manifest_uri,
-        shard_uri,
-        version_dir,
-    )
+    from preprocessing.contract.manifest import is_local, manifest_uri, read_manifest, shard_uri
 
     fs, path = url_to_fs(root.rstrip("/"))
     if is_local(fs):
         root = os.path.abspath(path)
-    manifest, location = read_manifest(version_dir(root, version) if version
-                                       else resolve_manifest_uri(root))
+    manifest, location = read_manifest(manifest_uri(root, version) if version else root)
     splits = [manifest.split(split)] if split else list(manifest.splits.values())
     return "\n".join(shard_uri(location, entry) for entries in splits
                      for entry in entries.shards)
