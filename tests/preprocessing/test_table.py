@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from flows.cli import main as ballast
 from preprocessing.contract.manifest import (
     KILL_AT_ENV,
+    CommitConflict,
     Manifest,
     read_current_version,
     read_manifest,
@@ -203,3 +204,14 @@ def test_a_column_delta_lake_cannot_type_fails_the_publication_naming_it(tmp_pat
         entry = write_shard(attempt.shard_uri(shard_name("train", 0)), rows, 2, "label")
         attempt.commit(manifest_of("timed", [entry]), expected=None)
     assert read_current_version(str(tmp_path)) == "timed" and read_head(str(tmp_path)) is None
+
+
+def test_a_commit_that_loses_the_swap_leaves_the_table_on_the_winner(tmp_path) -> None:
+    """Invariants: a commit whose expected `_CURRENT` is stale raises CommitConflict and
+    commits no table version: `_CURRENT` and the table both stay on the winner."""
+    write_version(tmp_path, "winner")
+    with pytest.raises(CommitConflict), VersionAttempt(str(tmp_path), "loser") as attempt:
+        entries = [write_test_shard(attempt.shard_uri(shard_name("train", 0)), "loser", 0)]
+        attempt.commit(manifest_of("loser", entries), expected=None)
+    assert read_current_version(str(tmp_path)) == head_version(tmp_path) == "winner"
+    assert DeltaTable(str(tmp_path)).version() == 0
