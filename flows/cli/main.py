@@ -10,6 +10,7 @@
     ballast inspect /data/datasets                 a version's classes, shards, null policies
     ballast rollback --model NAME [--to VERSION] --tracking-uri URI   champion back
     ballast rollback --dataset /data/datasets --to VERSION_ID         _CURRENT back
+    ballast files /data/datasets [--split train] [--version ID]       a version's shard URIs
 
 A command that fails ends with its cause on one line and the path of a log file that
 holds the traceback; a config or data error exits 2, anything else 1.
@@ -30,6 +31,7 @@ from typing import Any, cast
 import yaml
 from pydantic import ValidationError
 
+from flows.cli.files import add_files_command
 from preprocessing.contract.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
@@ -80,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
     _rollback_arguments(commands.add_parser(
         "rollback", help="move the champion alias or a dataset's _CURRENT back"))
+    add_files_command(commands)
     verify = commands.add_parser("verify", help="check a version and its chain; exit 1 if "
                                  "anything is damaged")
     verify.add_argument("root", help="the output root of the dataset")
@@ -198,6 +201,10 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         from flows.cli.rollback import rollback
 
         return rollback(args.model, args.dataset, args.to, args.tracking_uri, args.reason)
+    if args.command == "files":
+        from flows.cli.files import list_files
+
+        return list_files(args.root, args.split, args.version)
     if args.command in ("init", "inspect"):
         from flows.cli.dataset import describe_inputs, describe_version
 

@@ -47,6 +47,7 @@ from preprocessing.contract.manifest import (
     write_atomically,
 )
 from preprocessing.contract.secrets import redact
+from preprocessing.versions.table import publish_current
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +141,13 @@ class VersionAttempt:
         return f"{version_dir(self.root, self.version_id)}/{name}"
 
     def commit(self, manifest: Manifest, expected: str | None = ANY_PREVIOUS) -> Commit:
-        """Publish the staged shards (local roots), then `commit_version`."""
+        """Publish the staged shards (local roots), `commit_version`, then bring the root's
+        Delta Lake table in step with `_CURRENT` (versions/table.py)."""
         if self._local:
             self._publish(manifest)
-        return commit_version(self.root, manifest, expected)
+        commit = commit_version(self.root, manifest, expected)
+        publish_current(self.root)
+        return commit
 
     def renew(self) -> None:
         """Write this attempt's lease with a fresh heartbeat."""
