@@ -130,9 +130,17 @@ def job_state(job_id: str) -> JobState | None:
         return None
     fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
     code = fields.get("ExitCode", "")
+    output = expand_pattern(fields.get("StdOut", "(unknown)"), job_id, fields.get("JobName", ""))
     return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
                     int(code.split(":", 1)[0]) if code[:1].isdigit() else None,
-                    fields.get("StdOut", "(unknown)"), fields.get("TimeLimit", "(unknown)"))
+                    output, fields.get("TimeLimit", "(unknown)"))
+
+
+def expand_pattern(path: str, job_id: str, job_name: str) -> str:
+    """An output file pattern of sbatch with the job's own values (%j, %J, %A, %x);
+    scontrol shows some of them unexpanded."""
+    values = {"j": job_id, "J": job_id, "A": job_id, "x": job_name, "%": "%"}
+    return re.sub(r"%([jJAx%])", lambda match: values[match.group(1)], path)
 
 
 def wait_for_end(job_id: str, timeout_s: float, poll_s: float = 1.0) -> JobState | None:

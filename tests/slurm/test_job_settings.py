@@ -9,7 +9,12 @@ import tempfile
 import pytest
 from pydantic import ValidationError
 
-from preprocessing.contract.slurm import JobState, host_only_variables, job_environment
+from preprocessing.contract.slurm import (
+    JobState,
+    expand_pattern,
+    host_only_variables,
+    job_environment,
+)
 from preprocessing.driver.cluster import DaskConfig, build_cluster
 
 
@@ -36,6 +41,7 @@ def test_a_job_state_says_why_it_waits_or_ended_and_where_its_output_is() -> Non
     assert timeout.describe() == ("SLURM job 8 (TIMEOUT: it reached its time limit of "
                                   "01:00:00; its output: /o/8.out)")
     assert failed.describe() == "SLURM job 9 (FAILED, exit code 1; its output: /o/9.out)"
+    assert expand_pattern("/logs/%x-%J.out", "12", "dask") == "/logs/dask-12.out"
 
 
 def test_dask_job_settings_become_directives_and_host_only_variables_are_unset(

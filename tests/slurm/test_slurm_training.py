@@ -2,12 +2,16 @@
 `kind: slurm` submits them: a 2-rank job that runs ballast's interpreter with the venv off
 PATH, and every way a job goes wrong said with its cause: the wrong Python (job id, output
 file and its last line in the error), a timeout (the job cancelled and ended before the
-retry, which meets on another port), a refused submission (never retried) and a walltime."""
+retry, which meets on another port), SIGTERM of the launcher (the job cancelled before it
+exits), a refused submission (never retried) and a walltime."""
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -16,8 +20,9 @@ import pytest
 from preprocessing.contract.slurm import job_state
 from tests.slurm.conftest import jobs_named, live_jobs
 from tests.training.conftest import write_dataset
-from training.config import LoaderConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig, dump_train_config
 from training.launch import RetryPolicy, SlurmJob, TrainingFailed, run_job
+from training.launch.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -113,6 +118,26 @@ def test_a_job_past_its_walltime_fails_naming_the_time_limit(shared_dir: Path) -
                        r"time limit of 00:01:00"):
         run_job(train_config(shared_dir), job)
     assert live_jobs(job.job_name) == []
+
+
+def test_sigterm_of_the_launcher_cancels_its_job_before_it_exits(shared_dir: Path) -> None:
+    """Invariant: `python -m training.launch launch` stopped by SIGTERM while its job runs
+    cancels the job and exits only once SLURM reports it ended."""
+    config = dump_train_config(train_config(shared_dir), shared_dir / "train.yaml")
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "training.launch", "launch", "--config", config, "--kind",
+         "slurm", "--python", sleeping_python(shared_dir), "--num-cpus-per-node", "1",
+         "--attempts", "1", "--job-name", name], env=child_env(), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not live_jobs(name) and time.monotonic() < deadline and launch.poll() is None:
+        time.sleep(0.5)
+    assert live_jobs(name), "the job never started"
+    launch.send_signal(signal.SIGTERM)
+    assert launch.wait(timeout=120) == 128 + signal.SIGTERM
+    [job_id] = jobs_named(name)
+    state = job_state(job_id)
+    assert state is not None and state.state == "CANCELLED"
 
 
 def job_field(job_id: str, field: str) -> str:
