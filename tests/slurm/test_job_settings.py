@@ -61,7 +61,8 @@ def test_dask_job_settings_become_directives_and_host_only_variables_are_unset(
         dashboard = cluster.dashboard_link
     assert {"#SBATCH -p cpu", "#SBATCH -A data", "#SBATCH --qos=low", "#SBATCH -t 00:30:00",
             "#SBATCH --constraint=avx2", "#SBATCH --exclusive"} <= set(lines)
-    unset = lines.index("unset DASK_DISTRIBUTED__LOGGING")
+    [unset] = [i for i, line in enumerate(lines)
+               if line.startswith("unset ") and "DASK_DISTRIBUTED__LOGGING" in line.split()]
     assert unset < next(i for i, line in enumerate(lines) if "dask_worker" in line)
     assert ":8787/" not in dashboard
     with pytest.raises(ValueError, match=r"dask\.jobs\.account and dask\.options\.account"):
