@@ -116,7 +116,7 @@ def submit(script: str, env: Mapping[str, str], what: str, test_only: bool = Fal
     if done.returncode != 0:
         line = error_line(done.stderr)
         if REFUSAL_MARK in line or "failure:" in line:
-            raise SubmissionRefused(line.split(":", 1)[-1].strip(), what)
+            raise SubmissionRefused(line.rsplit(":", 1)[-1].strip(), what)
         raise SlurmUnavailable(f"sbatch could not submit {what}: {line}")
     return "" if test_only else done.stdout.strip().split(";", 1)[0]
 

@@ -103,7 +103,7 @@ def test_a_refused_submission_is_not_retried_and_names_sbatchs_reason(
     """Invariant: a partition SLURM does not have fails the job at once, not retried,
     with sbatch's reason; no job exists."""
     job = slurm_job(attempts=3, partition="no-such-partition")
-    with pytest.raises(TrainingFailed, match=r"sbatch refused the training job .*Invalid "
+    with pytest.raises(TrainingFailed, match=r"sbatch refused the training job t-\w+: Invalid "
                        "partition name specified") as failed:
         run_job(train_config(shared_dir), job)
     assert failed.value.config_error is not None and len(failed.value.attempts) == 1
