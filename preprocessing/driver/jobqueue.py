@@ -28,7 +28,7 @@ import dask
 from distributed import Client
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from preprocessing.contract.faults import ConfigError
+from preprocessing.contract.faults import TransientError
 from preprocessing.contract.slurm import (
     JobState,
     host_only_variables,
@@ -44,8 +44,9 @@ JOBQUEUE_KEYWORDS = {"partition": "queue", "account": "account", "memory": "memo
 SLURM_ONLY = ("qos", "constraint")
 
 
-class WorkersNotReady(ConfigError, RuntimeError):
-    """No Dask worker joined in time: the jobs are pending, refused or ended."""
+class WorkersNotReady(TransientError, RuntimeError):
+    """No Dask worker joined in time: the jobs are pending or ended. Transient: a queue
+    that held the jobs may not later, so a step retried on transient errors waits again."""
 
 
 class JobSettings(BaseModel):

@@ -15,7 +15,7 @@ from preprocessing.contract.slurm import (
     host_only_variables,
     job_environment,
 )
-from preprocessing.driver.cluster import DaskConfig, build_cluster
+from preprocessing.driver.cluster import DaskConfig, build_cluster, run_executor
 
 
 def test_host_only_variables_stay_out_of_a_jobs_environment() -> None:
@@ -73,3 +73,14 @@ def test_dask_job_settings_become_directives_and_host_only_variables_are_unset(
                                  jobs={"qos": "low"}))
     with pytest.raises(ValidationError, match=r"dask\.jobs is only read"):
         DaskConfig(kind="local", jobs={"account": "x"})
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs", "kubernetes"])
+def test_a_flow_run_holds_no_cluster_of_batch_jobs_between_its_steps(kind: str) -> None:
+    """Invariant: for a cluster of batch jobs the flow run's executor is the config itself,
+    so each Dask step starts its own cluster and ends its jobs (none idles through
+    training or reaches its walltime between steps); nothing is started here."""
+    options = {"image": "ballast:1"} if kind == "kubernetes" else {"cores": 1}
+    config = DaskConfig(kind=kind, options=options)
+    with run_executor(config) as executor:
+        assert executor is config
