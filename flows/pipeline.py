@@ -14,7 +14,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from distributed import Client
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
@@ -39,7 +38,7 @@ from flows.report import (
 from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
-from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
+from preprocessing.driver.cluster import DaskConfig, Executor, dask_client, run_executor
 from preprocessing.driver.reshard import (
     Listing,
     list_once,
@@ -175,17 +174,19 @@ def pipeline(*, reshard: ReshardConfig, dask: DaskConfig = DASK, train: TrainCon
              job: LaunchConfig = LOCAL_JOB, compare_with_natural_mix: bool = False,
              promotion: PromotionConfig = PROMOTION) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
-    One Dask cluster serves every step of the run that needs one (both arms' reshards and
-    evaluations): starting a cluster costs seconds, and its workers keep the models they
-    loaded."""
+    A local or running Dask cluster serves every step of the run that needs one (both arms'
+    reshards and evaluations): starting one costs seconds, and its workers keep the models
+    they loaded. A cluster of batch jobs (SLURM, PBS, Kubernetes) is started per Dask step
+    instead and its jobs end with the step (`run_executor`): none waits idle through
+    training, or reaches its walltime between steps."""
     params = PipelineParams(reshard=reshard, dask=dask, train=train, job=job,
                             compare_with_natural_mix=compare_with_natural_mix,
                             promotion=promotion)
-    with dask_client(params.dask) as client:
-        return _pipeline(params, client)
+    with run_executor(params.dask) as executor:
+        return _pipeline(params, executor)
 
 
-def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
+def _pipeline(params: PipelineParams, dask: Executor) -> dict[str, Any]:
     arm = arm_for(params.reshard.mix.class_weighting)
     listing = list_once(params.reshard)  # both arms read the same inputs
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
@@ -206,7 +207,7 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
     return result
 
 
-def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Client,
+def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor,
                 listing: Listing) -> dict[str, dict[str, Any]]:
     """The natural-mix arm's job summary, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
@@ -218,7 +219,7 @@ def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask
 
 
 def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]],
-                 dask: Client) -> dict[str, dict[str, Any]]:
+                 dask: Executor) -> dict[str, dict[str, Any]]:
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
     evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
@@ -232,7 +233,7 @@ def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, di
 
 
 def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str, Any],
-              current_before: str | None, arm: str, dask: Client) -> dict[str, Any]:
+              current_before: str | None, arm: str, dask: Executor) -> dict[str, Any]:
     """Register the model, described; flows/promotion.py decides its alias on the same
     rows as the champion's (and holds it back on drift against the parent version)."""
     registration = promote(tracking, params.promotion, dask, result, current_before, arm,
@@ -241,7 +242,7 @@ def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str
     return registration
 
 
-def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Client,
+def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Executor,
                      listing: Listing) -> dict[str, Any]:
     """Train the same model on the data as it came (same held-out rows: same seed/files);
     the job's summary, with `run_id`."""

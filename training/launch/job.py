@@ -114,9 +114,11 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
     hangs = take_hang_reports(output_dir)  # a hang is retried, unlike a config error
     if hangs:
         raise TrainingFailed(f"training hung: {hangs[0]}", returncode, tail)
+    where = launcher.describe_attempt()
     if returncode is None:
-        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s", None, tail)
-    raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
+        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s{where}",
+                             None, tail)
+    raise TrainingFailed(f"training exited with status {returncode}{where}", returncode, tail)
 
 
 def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:
