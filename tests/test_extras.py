@@ -69,7 +69,7 @@ def closure(extra: str | None) -> set[str]:
         extras.add(name)
         for requirement in project()["optional-dependencies"][name]:
             if requirement_name(requirement) == "ballast":
-                todo += re.findall(r"[a-z]+", requirement.split("[", 1)[1])
+                todo += re.findall(r"[a-z0-9_-]+", requirement.split("[", 1)[1])
             else:
                 requirements.append(requirement)
     return {requirement_name(requirement) for requirement in requirements}

@@ -73,7 +73,7 @@ def close_job_run(cfg: TrainConfig, summary: dict[str, Any]) -> None:
     if cfg.tracking is None or not summary.get("run_id"):
         return
     from preprocessing.contract.manifest import read_manifest
-    from tracking.run import finish_run
+    from tracking.run.runs import finish_run
 
     manifest, _ = read_manifest(summary["manifest_uri"])
     finish_run(cfg.tracking, summary["run_id"], summary, manifest, cfg.checkpoint_uri)
