@@ -27,7 +27,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from pydantic import ValidationError
 
 from preprocessing.contract.secrets import redact
@@ -117,7 +116,10 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_override(values: dict[str, Any], assignment: str) -> None:
-    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML."""
+    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML under
+    the bounds of a config file, its errors naming the `--set`."""
+    from preprocessing.contract.config_files import parse_yaml_value
+
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
         raise ValueError(f"--set {assignment!r}: expected KEY=VALUE")
@@ -125,7 +127,7 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
     node = values
     for part in parents:
         node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
+    node[leaf] = parse_yaml_value(raw, f"--set {key}")
 
 
 def _run(args: argparse.Namespace) -> str:
@@ -141,7 +143,9 @@ def _run(args: argparse.Namespace) -> str:
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
         values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
-    params = parse_params(params_type, values, args.config)
+    overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
+    origin = f"{args.config} with {overridden}" if overridden else args.config
+    params = parse_params(params_type, values, origin)
     with _quiet(args):
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preprocessing.contract.faults import RetryPolicy
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
+from preprocessing.storage.roots import overlap_problem
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -216,6 +217,12 @@ class ReshardConfig(BaseModel):
         if self.mode == "incremental" and self.num_output_rows is not None:
             raise ValueError("num_output_rows fixes the total rows, which appending new files "
                              "cannot keep: leave it unset with mode 'incremental'")
+        return self
+
+    @model_validator(mode="after")
+    def _output_apart_from_inputs(self) -> ReshardConfig:
+        if problem := overlap_problem(self.output_root, self.dataset.inputs):
+            raise ValueError(problem)
         return self
 
     def output_settings(self) -> dict[str, Any]:

@@ -33,12 +33,15 @@ from preprocessing.config import DatasetSpec
 from preprocessing.contract.faults import (
     DECODE_ERRORS,
     CorruptInput,
+    RetriesExhausted,
     RetryPolicy,
     TruncatedRead,
     call_with_retries,
+    is_permanent,
 )
 from preprocessing.contract.integrity import VERIFY_PAGES
 from preprocessing.contract.secrets import redact
+from preprocessing.storage.roots import ballast_outputs, is_under
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
@@ -71,11 +74,24 @@ def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[Inp
     each root's listing is retried on transient errors."""
     found: dict[str, InputFile] = {}
     for root in spec.inputs:
-        for item in call_with_retries(_list_root, root, policy=retry or RetryPolicy()):
+        for item in _listed(root, retry or RetryPolicy()):
             found.setdefault(item.uri, item)
     if not found:
         raise FileNotFoundError(f"dataset.inputs matched no files: {redact(str(spec.inputs))}")
     return [found[uri] for uri in sorted(found)]
+
+
+def _listed(root: str, retry: RetryPolicy) -> list[InputFile]:
+    """`_list_root` under the policy; a root still unlisted for a reason that may pass
+    (an endpoint that does not answer) raises RetriesExhausted naming it."""
+    try:
+        return call_with_retries(_list_root, root, policy=retry)
+    except Exception as error:
+        if is_permanent(error) or isinstance(error, FileNotFoundError):
+            raise  # a root that is not there is the config's to fix, as before
+        raise RetriesExhausted(f"input root {redact(root)} could not be listed after "
+                               f"{retry.attempts} tries ({type(error).__name__}: "
+                               f"{redact(str(error))}); rerun once it answers") from error
 
 
 def _list_root(root: str) -> list[InputFile]:
@@ -85,7 +101,10 @@ def _list_root(root: str) -> list[InputFile]:
         matches = sorted(fs.glob(path))
         base = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
     elif fs.isdir(path):
-        matches = sorted(p for p in fs.find(path) if p.lower().endswith(tuple(FORMATS)))
+        found = fs.find(path)
+        own = ballast_outputs(found, path)  # an old output under the root is not data
+        matches = sorted(p for p in found
+                         if p.lower().endswith(tuple(FORMATS)) and not is_under(p, own))
         base = path
     else:
         matches, base = [path], path.rsplit("/", 1)[0]
