@@ -12,7 +12,10 @@
     ballast rollback --dataset /data/datasets --to VERSION_ID         _CURRENT back
 
 A command that fails ends with its cause on one line and the path of a log file that
-holds the traceback; a config or data error exits 2, anything else 1.
+holds the traceback. Its exit status is that of `python -m preprocessing`: 2 for a config
+or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
+a service that may answer later, 5 for storage that refuses (no space, permission, a
+read-only file system, a missing bucket), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -233,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = write_error_log(args.command, error, getattr(args, "log_path", None))
         print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
               file=sys.stderr)
-        return 2 if is_deterministic(error) else 1
+        return failure_status(error)
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
@@ -248,13 +251,16 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.whole else 1
 
 
-def is_deterministic(error: BaseException) -> bool:
-    """A config or data error (or a training job that stopped on one): it fails again."""
-    from training.launch.failures import TrainingFailed, is_config_error
+def failure_status(error: BaseException) -> int:
+    """The documented exit status of a failed command (preprocessing/contract/
+    exit_status.py: bad input 2, conflict 3, transient 4, storage refused 5, else 1); a
+    training job that stopped exits 2 when it stopped on a config or data error, else 1."""
+    from preprocessing.contract.exit_status import BAD_INPUT, INTERNAL, exit_status
+    from training.launch.failures import TrainingFailed
 
     if isinstance(error, TrainingFailed):
-        return error.config_error is not None
-    return isinstance(error, FileNotFoundError) or is_config_error(error)
+        return BAD_INPUT if error.config_error is not None else INTERNAL
+    return exit_status(error)
 
 
 def one_line(error: BaseException, max_chars: int = 600) -> str:

@@ -21,6 +21,8 @@ from botocore.exceptions import ClientError
 from distributed import Client
 from fsspec.implementations.local import LocalFileSystem
 
+from flows.cli import failure_status
+from flows.cli import main as flows_main
 from preprocessing.__main__ import main
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.exit_status import (
@@ -179,3 +181,17 @@ def test_a_cleanup_that_fails_after_the_cause_never_replaces_it(
     assert exit_status(caught.value) == STORAGE_REFUSED
     assert cause_line(caught.value).startswith("read-only file system at ")
     assert "part-0000005.arrow" in cause_line(caught.value) and staged.exists()
+
+
+def test_ballast_run_exits_with_the_same_codes(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: `ballast run` maps a failure through the same table: a config whose
+    output root lies inside its input root exits 2 naming both, in one line."""
+    config = tmp_path / "reshard.yaml"
+    config.write_text(f"reshard:\n  dataset: {{inputs: [{tmp_path}/raw]}}\n"
+                      f"  output_root: {tmp_path}/raw/out\n")
+    assert flows_main(["run", "reshard", "--config", str(config)]) == BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"output_root {tmp_path}/raw/out is inside" in error
+    assert failure_status(CommitConflict("x")) == CONFLICT
+    assert failure_status(OSError(errno.ENOSPC, "full", "/x")) == STORAGE_REFUSED
