@@ -178,6 +178,12 @@ class ReshardConfig(BaseModel):
         default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
         "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
         "bodies cut short): preprocessing/contract/faults.py.")
+    progress_deadline_s: float = Field(
+        180.0, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="A worker of a data stage "
+        "(scan, exchange, write) silent this long while it holds a task is named in the log "
+        "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
+        "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
+        "may keep its worker from heartbeating; Dask's own timeout took 592 s.")
     # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
