@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preprocessing.contract.faults import RetryPolicy
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
+from preprocessing.storage.roots import overlap_problem
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -177,6 +178,12 @@ class ReshardConfig(BaseModel):
         default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
         "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
         "bodies cut short): preprocessing/contract/faults.py.")
+    progress_deadline_s: float = Field(
+        180.0, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="A worker of a data stage "
+        "(scan, exchange, write) silent this long while it holds a task is named in the log "
+        "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
+        "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
+        "may keep its worker from heartbeating; Dask's own timeout took 592 s.")
     # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
@@ -216,6 +223,12 @@ class ReshardConfig(BaseModel):
         if self.mode == "incremental" and self.num_output_rows is not None:
             raise ValueError("num_output_rows fixes the total rows, which appending new files "
                              "cannot keep: leave it unset with mode 'incremental'")
+        return self
+
+    @model_validator(mode="after")
+    def _output_apart_from_inputs(self) -> ReshardConfig:
+        if problem := overlap_problem(self.output_root, self.dataset.inputs):
+            raise ValueError(problem)
         return self
 
     def output_settings(self) -> dict[str, Any]:

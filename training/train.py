@@ -57,7 +57,10 @@ def fit(job: TrainingJob, tracking: TrackingConfig | None, resume_from: str | No
     with warnings.catch_warnings(), node_system_metrics(tracking):
         # The streams' __len__ is exact on every rank and worker, which this warning doubts.
         warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
-        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from)
+        # weights_only: a checkpoint holds tensors and plain metadata; unpickling code from
+        # one is refused (docs/reliability.md, "Trust boundary").
+        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from,
+                        weights_only=True)
 
 
 @contextmanager

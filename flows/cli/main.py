@@ -13,7 +13,10 @@
     ballast files /data/datasets [--split train] [--version ID]       a version's shard URIs
 
 A command that fails ends with its cause on one line and the path of a log file that
-holds the traceback; a config or data error exits 2, anything else 1.
+holds the traceback. Its exit status is that of `python -m preprocessing`: 2 for a config
+or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
+a service that may answer later, 5 for storage that refuses (no space, permission, a
+read-only file system, a missing bucket), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from pydantic import ValidationError
 
 from flows.cli.files import add_files_command
@@ -120,7 +122,10 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_override(values: dict[str, Any], assignment: str) -> None:
-    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML."""
+    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML under
+    the bounds of a config file, its errors naming the `--set`."""
+    from preprocessing.contract.config_files import parse_yaml_value
+
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
         raise ValueError(f"--set {assignment!r}: expected KEY=VALUE")
@@ -128,7 +133,7 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
     node = values
     for part in parents:
         node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
+    node[leaf] = parse_yaml_value(raw, f"--set {key}")
 
 
 def _run(args: argparse.Namespace) -> str:
@@ -144,7 +149,9 @@ def _run(args: argparse.Namespace) -> str:
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
         values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
-    params = parse_params(params_type, values, args.config)
+    overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
+    origin = f"{args.config} with {overridden}" if overridden else args.config
+    params = parse_params(params_type, values, origin)
     with _quiet(args):
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
@@ -236,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = write_error_log(args.command, error, getattr(args, "log_path", None))
         print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
               file=sys.stderr)
-        return 2 if is_deterministic(error) else 1
+        return failure_status(error)
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
@@ -251,13 +258,16 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.whole else 1
 
 
-def is_deterministic(error: BaseException) -> bool:
-    """A config or data error (or a training job that stopped on one): it fails again."""
-    from training.launch.failures import TrainingFailed, is_config_error
+def failure_status(error: BaseException) -> int:
+    """The documented exit status of a failed command (preprocessing/contract/
+    exit_status.py: bad input 2, conflict 3, transient 4, storage refused 5, else 1); a
+    training job that stopped exits 2 when it stopped on a config or data error, else 1."""
+    from preprocessing.contract.exit_status import BAD_INPUT, INTERNAL, exit_status
+    from training.launch.failures import TrainingFailed
 
     if isinstance(error, TrainingFailed):
-        return error.config_error is not None
-    return isinstance(error, FileNotFoundError) or is_config_error(error)
+        return BAD_INPUT if error.config_error is not None else INTERNAL
+    return exit_status(error)
 
 
 def one_line(error: BaseException, max_chars: int = 600) -> str:

@@ -70,7 +70,7 @@ def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transfo
         check_size(listed, int(fs.size(path)))
     try:
         return _mapped(uri, out_uri, transform, label_column, rows_per_row_group)
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         damage = located_damage(listed, error) if listed else None
         if damage is None:
             raise

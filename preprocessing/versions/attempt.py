@@ -118,7 +118,16 @@ class VersionAttempt:
         self._beating.join()
         for thread in self._discarding:
             thread.join()
-        _remove(self._fs, self._path)
+        try:
+            _remove(self._fs, self._path)
+        except OSError as cleanup:
+            if error is None:
+                raise
+            # The first error wins: a storage that refused the run refuses its cleanup too
+            # (a read-only file system), and that must not replace the cause.
+            log.warning("staging %s not removed (%s); the run failed first: %s",
+                        redact(self.uri), redact(str(cleanup)), redact(str(error)))
+            return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
 

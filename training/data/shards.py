@@ -205,16 +205,18 @@ def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardF
     """One try at row group `group`'s columns, footer checked against the manifest."""
     shard, index = int(layout.group_shard[group]), int(layout.group_index[group])
     with files.open(shard) as handle:
-        parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
-                                 **VERIFY_PAGES)
-        check_footer(parquet.metadata, layout, group)
-        files.keep_footer(shard, parquet.metadata)
         try:
+            parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
+                                     **VERIFY_PAGES)
+            check_footer(parquet.metadata, layout, group)
+            files.keep_footer(shard, parquet.metadata)
             # use_threads=False: reads already run in read-ahead threads; handing each
             # column to Arrow's own pool as well cost 7-10% more CPU per row group here.
             return parquet.read_row_group(index, columns=columns.names, use_threads=False)
-        except OSError as error:  # a page checksum mismatch is permanent, not a blip
-            damage = page_damage(files.ref(shard), index, error)
+        except (OSError, pa.ArrowException, ManifestError) as error:
+            # Damaged bytes (a page checksum, a header or footer that does not decode) are
+            # permanent, not a blip: ShardDamaged, never retried.
+            damage = page_damage(files.ref(shard), index, error, files.verify != "none")
             if damage is None:
                 raise
             raise damage from error
