@@ -199,7 +199,8 @@ def _dispatch(args: argparse.Namespace) -> str | None:
 
         return rollback(args.model, args.dataset, args.to, args.tracking_uri, args.reason)
     if args.command in ("init", "inspect"):
-        from flows.dataset_cli import describe_inputs, describe_version
+        from flows.dataset_cli import describe_version
+        from flows.init_config import describe_inputs
 
         if args.command == "init":
             return describe_inputs(args.inputs, args.label)
