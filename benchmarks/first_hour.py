@@ -5,6 +5,7 @@ For each table, as a user would: the rows written as 4 CSV files (with an `id` c
 --config pipeline.yaml` with nothing edited (every CONFIRM answered as proposed). Tables:
 
 - `breast_cancer` (scikit-learn): 569 rows, 30 numeric columns, 2 classes;
+- `wine` (scikit-learn): 178 rows, 13 numeric columns, 3 classes;
 - `digits` (scikit-learn): 1,797 rows, 64 integer pixel columns, 10 classes;
 - `digits_rare`: the same pixels, the label `eight` (174 rows, 9.7%) against `other`: a
   rare positive class over many integer columns;
@@ -42,9 +43,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-TABLES = ("breast_cancer", "digits", "digits_rare", "cars")
+TABLES = ("breast_cancer", "wine", "digits", "digits_rare", "cars")
 TARGET_RATIO = 0.97
 NUM_FILES = 4
+HGB_MAX_CATEGORIES = 255  # HistGradientBoosting's native categorical splits, at most
 PROGRESS = re.compile(r"^(\S+ \S+) INFO prefect\.flow_runs: (\w+\[[\w-]+\])")
 
 
@@ -59,7 +61,8 @@ def load_table(name: str) -> pd.DataFrame:
         frame["Year"] = frame["Year"].dt.strftime("%Y-%m-%d")
         return frame
     frame = getattr(sklearn.datasets, f"load_{name.removesuffix('_rare')}")(as_frame=True).frame
-    if name == "digits_rare":
+    if name == "digits_rare":  # the pixels as the integers they are (0..16)
+        frame = frame.astype({column: "int64" for column in frame.columns})
         frame["target"] = np.where(frame["target"] == 8, "eight", "other")
     return frame
 
@@ -110,6 +113,8 @@ def model_inputs(frame: pd.DataFrame, dataset: dict[str, Any]) -> pd.DataFrame:
     for name in inputs.columns:
         if inputs[name].dtype == object:
             inputs[name] = inputs[name].astype("category")
+            if len(inputs[name].cat.categories) > HGB_MAX_CATEGORIES:  # HGB refuses more
+                inputs[name] = inputs[name].cat.codes.replace(-1, np.nan)
     return inputs
 
 
