@@ -31,11 +31,17 @@ def value_hashes(values: np.ndarray) -> np.ndarray:
 
 
 def fold_hashes(sketch: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-    """The sketch of the values of `sketch` and `hashes` together (sorted, distinct)."""
+    """The sketch of the values of `sketch` and `hashes` together (sorted, distinct).
+    Only hashes below a full sketch's largest can enter it; of the rest, a hash table's
+    distinct values and a partition, so a batch costs no sort of all its rows."""
+    if len(sketch) == SKETCH_SIZE:
+        hashes = hashes[hashes < sketch[-1]]
     if not len(hashes):
         return sketch
-    joined = np.unique(np.concatenate([sketch, hashes.astype(np.uint64, copy=False)]))
-    return joined[:SKETCH_SIZE]
+    candidates = pd.unique(hashes.astype(np.uint64, copy=False))
+    if len(candidates) > SKETCH_SIZE:
+        candidates = np.partition(candidates, SKETCH_SIZE)[:SKETCH_SIZE]
+    return np.unique(np.concatenate([sketch, candidates]))[:SKETCH_SIZE]
 
 
 def distinct_count(sketch: np.ndarray) -> int:

@@ -180,8 +180,8 @@ def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
         numbers = seconds(array) if profile.kind == "temporal" else array.cast(pa.float64())
         profile.add_numbers(numbers.to_numpy(zero_copy_only=False)[use])
         if pa.types.is_integer(array.type):
-            distinct = np.unique(array.to_numpy(zero_copy_only=False)[use])
-            profile.hashes = fold_hashes(profile.hashes, value_hashes(distinct))
+            values = array.to_numpy(zero_copy_only=False)[use]
+            profile.hashes = fold_hashes(profile.hashes, value_hashes(values))
         return
     valid = array.filter(pa.array(use))
     if profile.kind == "sequence" and len(valid):
