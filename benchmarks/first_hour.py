@@ -111,7 +111,7 @@ def model_inputs(frame: pd.DataFrame, dataset: dict[str, Any]) -> pd.DataFrame:
     for name in dataset.get("date_columns", []):
         inputs[name] = pd.to_datetime(inputs[name], utc=True).astype("int64") / 1e9
     for name in inputs.columns:
-        if inputs[name].dtype == object:
+        if not pd.api.types.is_numeric_dtype(inputs[name]):  # str or object, by pandas version
             inputs[name] = inputs[name].astype("category")
             if len(inputs[name].cat.categories) > HGB_MAX_CATEGORIES:  # HGB refuses more
                 inputs[name] = inputs[name].cat.codes.replace(-1, np.nan)

@@ -123,8 +123,10 @@ def _left_out_lines(survey: TableSurvey) -> list[str]:
                      "they are not features (a model would memorise them); add one to "
                      "feature_columns only if it is a feature")
     for name in survey.named("wide"):
-        lines.append(f"# CONFIRM: {name!r} holds {survey.columns[name].distinct} distinct "
-                     f"strings, more than dataset.max_categories ({MAX_CATEGORIES}), so it is "
+        column = survey.columns[name]
+        lines.append(f"# CONFIRM: {name!r} holds {column.distinct} distinct strings in "
+                     f"{column.rows} rows (more than dataset.max_categories, "
+                     f"{MAX_CATEGORIES}, or than half the rows: most occur once), so it is "
                      "left out; to "
                      "use it, add it to feature_columns and set dataset.category_buckets "
                      "(its values hashed into that many buckets)")

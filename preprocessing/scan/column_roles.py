@@ -13,9 +13,9 @@ each column gets one role:
   left out;
 - `date`: strings whose values parse as ISO 8601 dates or timestamps: temporal features
   (`dataset.date_columns`);
-- `wide`: strings with more distinct values than `dataset.max_categories`: left out (a
-  one-hot over them would fail the scan, and hashing such a column rarely helps: the user
-  may add it back with `category_buckets`);
+- `wide`: strings with more distinct values than `dataset.max_categories` (a one-hot over
+  them would fail the scan, and hashing such a column rarely helps: the user may add it
+  back with `category_buckets`) or than half their rows (most values seen once): left out;
 - `feature`: the rest of what the codec encodes; `ignored`: types it does not.
 
 `check_proposal` then builds the feature codec from the same profiles with the scan's
@@ -36,7 +36,11 @@ import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.codec import FeatureError, kind_of, parse_timestamps
-from preprocessing.plan.distinct import distinct_count, identifies_rows
+from preprocessing.plan.distinct import (
+    MIN_IDENTIFYING_ROWS,
+    distinct_count,
+    identifies_rows,
+)
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     build_codec,
@@ -50,6 +54,9 @@ from preprocessing.storage.sources import iter_batches
 # values under such a name are an id however few the rows.
 ID_NAME = re.compile(r"(?i:^(id|uuid|uid|guid|key)$)|(?i:[_\-. ](id|uuid|uid|guid|key)$)|[a-z]Id$")
 MAX_SURVEY_ROWS = 2_000_000  # rows `init` reads at most, over all files
+# A string with more distinct values than half its rows: most values occur once, so a
+# one-hot over them can only memorise rows (scikit-learn's cars: 311 names in 406 rows).
+SPARSE_FRACTION = 0.5
 DATE_SAMPLE = 200  # distinct non-null strings tried as dates, from the first batch
 
 
@@ -167,9 +174,15 @@ def _role(column: ColumnRole, profile: ColumnProfile, spec: DatasetSpec,
     if profile.kind == "temporal" and pa.types.is_string(column.arrow_type):
         return "date"
     if profile.kind == "category" and (profile.values is None
-                                       or len(profile.values) > spec.max_categories):
+                                       or len(profile.values) > spec.max_categories
+                                       or _sparse(column)):
         return "wide"
     return "feature"
+
+
+def _sparse(column: ColumnRole) -> bool:
+    return (column.rows >= MIN_IDENTIFYING_ROWS
+            and column.distinct > SPARSE_FRACTION * column.rows)
 
 
 def check_proposal(survey: TableSurvey, spec: DatasetSpec) -> None:
