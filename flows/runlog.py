@@ -16,6 +16,7 @@ from prefect import get_run_logger
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
 from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 
 MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
 
@@ -54,6 +55,10 @@ def log_dataset(arm: str, manifest: Manifest, reused: bool, cached: bool) -> Non
     if len(manifest.rejected) > MAX_REJECTED_LINES:
         logger.warning("reshard[%s]: %d more rejected files are listed in the manifest",
                        arm, len(manifest.rejected) - MAX_REJECTED_LINES)
+    for line in unlabelled_lines(manifest):
+        logger.info("reshard[%s]: %s", arm, line.strip())
+    for line in identifying_lines(manifest):
+        logger.warning("reshard[%s]: %s", arm, line)
 
 
 def log_training(arm: str, summary: dict[str, Any]) -> None:

@@ -68,6 +68,20 @@ class DatasetSpec(BaseModel):
     sequence_length: int | None = Field(
         None, gt=0, description="Length that variable-length list features are padded or "
         "truncated to (with a mask); None: the longest list the scan finds.")
+    unlabelled: Literal["drop", "refuse"] = Field(
+        "drop", description="Rows whose label is null (or NaN): `drop` (the default: "
+        "unlabelled rows are normal in real data, and a file is not bad for holding some) "
+        "leaves them out of the version and counts them per file (the manifest's "
+        "`features.unlabelled_rows`, the run log, the summary); `refuse` rejects every file "
+        "that holds one, naming its first such row.")
+    date_columns: list[str] = Field(
+        default_factory=list, description="String feature columns that hold ISO 8601 dates "
+        "or timestamps (`2024-03-01`, `2024-03-01T12:30:00Z`): encoded as temporal features "
+        "(seconds since the epoch, standardized), not as categories.")
+    on_identifying_feature: Literal["warn", "refuse"] = Field(
+        "warn", description="A string or integer feature column whose distinct values "
+        "approach its row count identifies rows (a key, not a feature: a model memorises "
+        "it): `warn` names it in the run log and the summary, `refuse` fails the scan.")
     max_classes: int = Field(
         1_000, gt=1, description="Most distinct label values; more fail the scan (a float "
         "label with many values is a regression target, not classes).")
@@ -78,6 +92,11 @@ class DatasetSpec(BaseModel):
         if unknown:
             raise ValueError(f"dataset.nulls names {unknown}, which are not feature columns "
                              f"(dataset.feature_columns: {self.feature_columns})")
+        not_features = sorted(set(self.date_columns) - set(self.feature_columns))
+        if not_features:
+            raise ValueError(f"dataset.date_columns names {not_features}, which are not "
+                             f"feature columns (dataset.feature_columns: "
+                             f"{self.feature_columns})")
         return self
 
 

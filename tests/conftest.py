@@ -35,6 +35,8 @@ END_TO_END: frozenset[str] = frozenset({
     "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
     "tests/flows/test_real_data_pipeline.py::"
     "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
+    "tests/flows/test_init_proposal.py::"
+    "test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row",
     "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
     "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
     "tests/flows/test_prefect_down.py::"

@@ -213,7 +213,8 @@ def _dispatch(args: argparse.Namespace) -> str | None:
 
         return list_files(args.root, args.split, args.version)
     if args.command in ("init", "inspect"):
-        from flows.cli.dataset import describe_inputs, describe_version
+        from flows.cli.dataset import describe_version
+        from flows.cli.init_config import describe_inputs
 
         if args.command == "init":
             return describe_inputs(args.inputs, args.label)
