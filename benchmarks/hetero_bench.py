@@ -67,9 +67,15 @@ FIGURES = ("step_s", "data_wait_s", "allreduce_blocked_s", "busy_s", "samples_pe
 
 
 class StepRecord:
-    """Appends one JSON line per train step: epoch, wall time, rows, scaled loss."""
+    """Appends one JSON line per train step: epoch, wall time, rows, scaled loss. With
+    `--slow-by sleep`, rank 1 sleeps twice its step's forward time (forward + backward
+    about 3x forward: about 2x slower) while the file `slow` is in the record directory."""
 
     record_dir: Path
+
+    def slowed(self, module: Any, started: float) -> None:
+        if module.global_rank == 1 and (self.record_dir / "slow").exists():
+            time.sleep(2 * (time.perf_counter() - started))
 
     def record(self, module: Any, batch: dict[str, torch.Tensor], loss: torch.Tensor,
                forward_s: float = 0.0) -> None:
@@ -87,7 +93,9 @@ class TimedClassifier(FeatureClassifier, StepRecord):
         self.record_dir = Path(model["options"]["record_dir"])
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        started = time.perf_counter()
         loss = super().training_step(batch, batch_idx)
+        self.slowed(self, started)
         self.record(self, batch, loss)
         return loss
 
@@ -108,7 +116,9 @@ class TimedTokenClassifier(TokenClassifier, StepRecord):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         started = time.perf_counter()
         loss = super().training_step(batch, batch_idx)
-        self.record(self, batch, loss, time.perf_counter() - started)
+        forward_s = time.perf_counter() - started
+        self.slowed(self, started)
+        self.record(self, batch, loss, forward_s)
         return loss
 
 
@@ -156,15 +166,21 @@ def steps_recorded(run_dir: Path) -> int:
 
 
 def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
-              timeout_s: float) -> None:
-    """Two torchrun nodes of one process each, node r on core r; node 1 beside a busy
-    loop from rank 0's step `slow_at` on (0: from the start; None: never), written to
-    `slowed_at`."""
+              timeout_s: float, slow_by: str = "busy-loop") -> None:
+    """Two torchrun nodes of one process each, node r on core r; node 1 slowed from rank
+    0's step `slow_at` on (0: from the start; None: never; written to `slowed_at`) by a
+    busy loop beside it or (`slow_by` sleep) by sleeping in its steps."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a run of its own: no records appended to
     (run_dir / "record").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     port, env = free_port(), child_env({"OMP_NUM_THREADS": "1"})
-    hog = busy_loop() if slow_at == 0 else None
+    def slow_down() -> subprocess.Popen[bytes] | None:
+        if slow_by == "busy-loop":
+            return busy_loop()
+        (run_dir / "record" / "slow").touch()
+        return None
+
+    hog, slowed = (slow_down(), True) if slow_at == 0 else (None, False)
     logs = [open(run_dir / f"node{node}.log", "w") for node in range(2)]  # noqa: SIM115
     nodes = [subprocess.Popen(
         ["taskset", "-c", str(node), sys.executable, "-m", "torch.distributed.run",
@@ -175,8 +191,8 @@ def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
     deadline = time.monotonic() + timeout_s
     try:
         while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
-            if hog is None and slow_at and (step := steps_recorded(run_dir)) >= slow_at:
-                hog = busy_loop()
+            if not slowed and slow_at and (step := steps_recorded(run_dir)) >= slow_at:
+                hog, slowed = slow_down(), True
                 (run_dir / "slowed_at").write_text(str(step))
             time.sleep(0.02)
     finally:
@@ -302,6 +318,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="Epochs per run.")
     parser.add_argument("--every", type=int, default=4, help="balance_every_n_steps.")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--slow-by", choices=["busy-loop", "sleep"], default="busy-loop",
+                        help="How node 1 is slowed: a busy loop on its core, or sleeping "
+                        "twice its forward time in each step (the same 2x whatever else "
+                        "runs on the host).")
     parser.add_argument("--slow-at", type=float, default=None,
                         help="midslow: the step (fraction of the run) the busy loop starts at; "
                         "default: half way through the last epoch.")
@@ -318,7 +338,8 @@ def main() -> None:
         balance, case, on_tokens = RUNS[name]
         run_dir = work / "runs" / name
         config = job_config(tokens if on_tokens else tabular, run_dir, args, balance, on_tokens)
-        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s)
+        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s,
+                  args.slow_by)
         runs[name] = run_figures(run_dir)
     report(runs)
 
