@@ -19,9 +19,9 @@ from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import parse_config, read_config_file
-from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import DaskConfig
+from preprocessing.toolbox.config_files import parse_config, read_config_file
+from preprocessing.toolbox.secrets import redact_value
 from tracking.config import TrackingConfig
 from tracking.lifecycle.promotion import PromotionConfig
 from training.config import TrainConfig
@@ -133,13 +133,13 @@ def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[s
 def parse_params(params_type: type[M], values: dict[str, Any], name_or_path: str) -> M:
     """`values` (of preset or file `name_or_path`) as `params_type`; a ValidationError
     titled with the file, naming the new place of a moved field and the closest known name
-    of a misspelt one (preprocessing/contract/config_files.py)."""
+    of a misspelt one (preprocessing/toolbox/config_files.py)."""
     return parse_config(params_type, values, name_or_path)
 
 
 class RedactingFlow(Flow[P, R]):
     """A flow whose parameters Prefect records (the flow run in its database and UI) with
-    every credential redacted (preprocessing/contract/secrets.py); the flow itself gets them whole.
+    every credential redacted (preprocessing/toolbox/secrets.py); the flow itself gets them whole.
     Prefect records no values of task parameters, only which upstream results they are."""
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:

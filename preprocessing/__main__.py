@@ -25,11 +25,11 @@ import argparse
 import sys
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import load_config
 from preprocessing.contract.exit_status import cause_line, exit_status, write_traceback
-from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.toolbox.config_files import load_config
+from preprocessing.toolbox.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:

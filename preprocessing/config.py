@@ -1,5 +1,5 @@
 """Typed configuration of a reshard run. Read from YAML (a path or any fsspec URI) by
-`preprocessing.contract.config_files.load_config(ReshardConfig, uri)`, which names the new
+`preprocessing.toolbox.config_files.load_config(ReshardConfig, uri)`, which names the new
 place of every field in `ReshardConfig.RENAMED`."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.contract.faults import RetryPolicy
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 from preprocessing.storage.roots import overlap_problem
+from preprocessing.toolbox.faults import RetryPolicy
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -157,7 +157,7 @@ class ReshardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # Fields that moved: a config with an old name is refused naming the new place
-    # (preprocessing/contract/config_files.py).
+    # (preprocessing/toolbox/config_files.py).
     RENAMED: ClassVar[dict[str, str]] = {
         name: f"incremental.{name}"
         for name in ("on_changed_inputs", "max_chain_length", "max_small_shard_fraction")}
@@ -196,7 +196,7 @@ class ReshardConfig(BaseModel):
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
         "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
-        "bodies cut short): preprocessing/contract/faults.py.")
+        "bodies cut short): preprocessing/toolbox/faults.py.")
     progress_deadline_s: float = Field(
         180.0, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="A worker of a data stage "
         "(scan, exchange, write) silent this long while it holds a task is named in the log "

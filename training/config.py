@@ -17,7 +17,7 @@ import yaml
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from preprocessing.contract.config_files import load_config
+from preprocessing.toolbox.config_files import load_config
 from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 

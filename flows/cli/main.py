@@ -34,7 +34,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from flows.cli.files import add_files_command
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 # flows.params.PRESETS_DIR; not imported from there, which would load every config model
@@ -124,7 +124,7 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_override(values: dict[str, Any], assignment: str) -> None:
     """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML under
     the bounds of a config file, its errors naming the `--set`."""
-    from preprocessing.contract.config_files import parse_yaml_value
+    from preprocessing.toolbox.config_files import parse_yaml_value
 
     key, sep, raw = assignment.partition("=")
     if not sep or not key:

@@ -28,14 +28,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from preprocessing.contract.faults import (
+from preprocessing.contract.manifest import CommitConflict
+from preprocessing.toolbox.faults import (
     RetriesExhausted,
     TransientError,
     classify,
     storage_refusal,
 )
-from preprocessing.contract.manifest import CommitConflict
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 
 INTERNAL, BAD_INPUT, CONFLICT, TRANSIENT, STORAGE_REFUSED = 1, 2, 3, 4, 5
 LOG_DIR_ENV = "BALLAST_LOG_DIR"

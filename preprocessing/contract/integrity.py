@@ -33,14 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import TransientError, classify
 from preprocessing.contract.manifest import ManifestError, ShardEntry, read_manifest, shard_uri
+from preprocessing.storage.sources import VERIFY_PAGES as VERIFY_PAGES  # part of the API
+from preprocessing.toolbox.faults import TransientError, classify
 
 # The one writer option for page checksums: every shard writer passes **PAGE_CHECKSUMS to
 # pq.write_table / pq.ParquetWriter (it changes shard bytes, not what they decode to).
 PAGE_CHECKSUMS: dict[str, Any] = {"write_page_checksum": True}
-# The one reader option: pq.ParquetFile / pq.read_table(**VERIFY_PAGES).
-VERIFY_PAGES: dict[str, Any] = {"page_checksum_verification": True}
 VERIFY_MODES = ("size", "sha256", "none")
 _CRC_FAILED = "CRC checksum verification failed"
 _CHUNK_BYTES = 1 << 22

@@ -36,11 +36,11 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.documents import document_json
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.fields import manifest_problem
 from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
 from preprocessing.storage.objects import file_lock, is_local, write_atomically
 from preprocessing.storage.objects import file_sha256 as file_sha256  # part of the contract's API
+from preprocessing.toolbox.faults import PermanentError
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # 1: no input listing and no lineage (read with their defaults)

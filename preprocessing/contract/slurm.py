@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from preprocessing.contract.faults import ConfigError, TransientError
+from preprocessing.toolbox.faults import ConfigError, TransientError
 
 # States after which a job runs no more (squeue's and scontrol's names).
 ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED",

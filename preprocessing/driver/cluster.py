@@ -31,13 +31,13 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.contract.faults import ConfigError
 from preprocessing.driver.jobqueue import (
     JobSettings,
     check_submission,
     jobqueue_options,
     wait_for_job_workers,
 )
+from preprocessing.toolbox.faults import ConfigError
 
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
 # glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped

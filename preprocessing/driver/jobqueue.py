@@ -28,7 +28,6 @@ import dask
 from distributed import Client
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from preprocessing.contract.faults import TransientError
 from preprocessing.contract.slurm import (
     JobState,
     host_only_variables,
@@ -36,6 +35,7 @@ from preprocessing.contract.slurm import (
     job_state,
     submit,
 )
+from preprocessing.toolbox.faults import TransientError
 
 POLL_S = 2.0
 # Options of `JobSettings` and the SLURMCluster / PBSCluster keyword each one becomes.

@@ -26,7 +26,6 @@ import pyarrow as pa
 from distributed import Client
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
@@ -37,7 +36,6 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.tasks import (
@@ -68,6 +66,8 @@ from preprocessing.scan.inputs import (
     scan_file,
 )
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
+from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
+from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.attempt import VersionAttempt, collect_expired
 from preprocessing.versions.incremental import (
     Increment,

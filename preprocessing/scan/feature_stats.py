@@ -30,7 +30,6 @@ from preprocessing.contract.codec import (
     kind_of,
     seconds,
 )
-from preprocessing.contract.faults import PermanentInputError
 from preprocessing.contract.notices import identifying_message
 from preprocessing.plan.distinct import (
     distinct_count,
@@ -38,6 +37,7 @@ from preprocessing.plan.distinct import (
     identifies_rows,
     value_hashes,
 )
+from preprocessing.toolbox.faults import PermanentInputError
 
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
 CATEGORY_COUNT_CAP = 100_000

@@ -11,7 +11,7 @@ missing or internal column name, a feature type no kind encodes, null or NaN lab
 null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
 that do not decode (preprocessing/scan/columns.py). Without `dataset.id_column` no id
 column is read: ids are derived from each file's path and row (preprocessing/plan/row_ids.py).
-Each file's scan is retried on transient errors (preprocessing/contract/faults.py); a file
+Each file's scan is retried on transient errors (preprocessing/toolbox/faults.py); a file
 still unreadable for one after every try comes back `transient`, which fails the run
 rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
@@ -37,13 +37,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.faults import (
-    CorruptInput,
-    PermanentInputError,
-    RetryPolicy,
-    call_with_retries,
-    is_permanent,
-)
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
@@ -72,6 +65,13 @@ from preprocessing.storage.sources import (
     open_input,
     parquet_batches,
     stream_schema,
+)
+from preprocessing.toolbox.faults import (
+    CorruptInput,
+    PermanentInputError,
+    RetryPolicy,
+    call_with_retries,
+    is_permanent,
 )
 
 

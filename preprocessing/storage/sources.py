@@ -8,7 +8,7 @@ is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
 directories and globs into a sorted, fingerprinted listing, retried on transient errors.
 
 Every read goes through `open_input`, which tells the store's errors from the
-decoder's (preprocessing/contract/faults.py): a read that returns fewer bytes than the object
+decoder's (preprocessing/toolbox/faults.py): a read that returns fewer bytes than the object
 holds is `TruncatedRead`, and an error pyarrow raises on bytes read in full is
 `CorruptInput`, the one permanent kind. An object of at most `WHOLE_READ_BYTES` is read
 in one such checked request and decoded from memory.
@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.faults import (
+from preprocessing.storage.roots import ballast_outputs, is_under
+from preprocessing.toolbox.faults import (
     DECODE_ERRORS,
     CorruptInput,
     RetriesExhausted,
@@ -39,9 +40,7 @@ from preprocessing.contract.faults import (
     call_with_retries,
     is_permanent,
 )
-from preprocessing.contract.integrity import VERIFY_PAGES
-from preprocessing.contract.secrets import redact
-from preprocessing.storage.roots import ballast_outputs, is_under
+from preprocessing.toolbox.secrets import redact
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
            ".ndjson": "jsonl"}
@@ -57,6 +56,9 @@ _GLOB_CHARS = set("*?[")
 # piece of a file does not fetch the rest.
 WHOLE_READ_BYTES = 1 << 20
 STREAM_BUFFER_BYTES = 1 << 20
+
+# The one reader option: pq.ParquetFile / pq.read_table(**VERIFY_PAGES): every page's CRC checked.
+VERIFY_PAGES: dict[str, Any] = {"page_checksum_verification": True}
 
 
 @dataclass(frozen=True)

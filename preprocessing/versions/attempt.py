@@ -34,7 +34,6 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import (
     ANY_PREVIOUS,
     Commit,
@@ -46,7 +45,8 @@ from preprocessing.contract.manifest import (
     version_dir,
     write_atomically,
 )
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.faults import PermanentError
+from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.table import publish_current
 
 log = logging.getLogger(__name__)

@@ -73,7 +73,6 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.contract.secrets import redact, redact_value
 from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
@@ -81,6 +80,7 @@ from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile, fingerprint_inputs
+from preprocessing.toolbox.secrets import redact, redact_value
 from preprocessing.versions.table import publish_current
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted

@@ -31,7 +31,6 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import (
     Manifest,
     is_local,
@@ -40,6 +39,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     shard_uri,
 )
+from preprocessing.toolbox.faults import PermanentError
 
 log = logging.getLogger(__name__)
 

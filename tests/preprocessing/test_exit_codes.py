@@ -34,11 +34,11 @@ from preprocessing.contract.exit_status import (
     cause_line,
     exit_status,
 )
-from preprocessing.contract.faults import RetryPolicy, StorageRefused, TruncatedRead
 from preprocessing.contract.manifest import CommitConflict, ManifestError
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.storage.objects import write_object
+from preprocessing.toolbox.faults import RetryPolicy, StorageRefused, TruncatedRead
 from preprocessing.versions.attempt import VersionAttempt
 from tests.test_error_taxonomy import LIBC, mount
 

@@ -1,4 +1,4 @@
-"""Hostile YAML costs nothing (preprocessing/contract/config_files.py): alias bombs, merge
+"""Hostile YAML costs nothing (preprocessing/toolbox/config_files.py): alias bombs, merge
 keys, recursive anchors, deep nesting, huge scalars and unsafe tags are parsed or refused
 in bounded time and memory, and the refusal names the file (or the `--set`) and the line,
 never the expanded document."""
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from flows.cli.main import apply_override
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import (
+from preprocessing.toolbox.config_files import (
     MAX_NODES,
     ConfigFileError,
     load_config,

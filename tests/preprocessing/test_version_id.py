@@ -13,7 +13,7 @@ import pytest
 
 import preprocessing.versions.incremental as incremental
 from preprocessing.config import ReshardConfig, output_neutral_fields
-from preprocessing.contract.secrets import redact_value
+from preprocessing.toolbox.secrets import redact_value
 from preprocessing.versions.incremental import Increment, version_id_of
 
 FIXED = {

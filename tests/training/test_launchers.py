@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from preprocessing.contract.faults import backoff_s
+from preprocessing.toolbox.faults import backoff_s
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config, load_train_config
 from training.launch import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from preprocessing.contract.faults import RetryPolicy
 from preprocessing.contract.manifest import ManifestError, read_manifest
+from preprocessing.toolbox.faults import RetryPolicy
 from tests.fault_proxy import FaultyS3Proxy
 from training.config import LoaderConfig
 from training.data.loader import ShardStream, StreamLoader

@@ -35,7 +35,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
-from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
+from preprocessing.toolbox.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
 from tracking.run.param_keys import mlflow_params
 from tracking.run.schema import mlflow_schema_json

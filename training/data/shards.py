@@ -21,7 +21,7 @@ whose bytes changed is a ShardDamaged naming the shard and the row group. The sh
 a whole shard is also checked when it enters the disk cache (training/data/cache.py).
 
 A read that fails for a reason that may pass (an S3 503 or reset, a body cut short) is
-tried again under the reshard's retry policy (preprocessing/contract/faults.py,
+tried again under the reshard's retry policy (preprocessing/toolbox/faults.py,
 `ReadConfig.retry`): one throttled request costs seconds, not a restart of every rank
 from the last checkpoint. A disagreement with the manifest is never retried.
 
@@ -45,7 +45,6 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.contract.codec import FeatureCodec, FeatureError, label_indices
-from preprocessing.contract.faults import RetryPolicy, call_with_retries
 from preprocessing.contract.integrity import (
     VERIFY_PAGES,
     ShardRef,
@@ -56,6 +55,7 @@ from preprocessing.contract.integrity import (
     shard_version,
 )
 from preprocessing.contract.manifest import Manifest, ManifestError, ShardEntry, shard_uri
+from preprocessing.toolbox.faults import RetryPolicy, call_with_retries
 from training.data.cache import ShardCache
 
 FOOTERS_KEPT = 256

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from preprocessing.contract.faults import RetryPolicy
+from preprocessing.toolbox.faults import RetryPolicy
 from training.config import TrainConfig, load_train_config
 from training.launch.config import JOB_KINDS, AnyJob, parse_launch
 from training.launch.failures import CONFIG_ERROR_STATUS, TrainingFailed

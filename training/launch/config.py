@@ -11,7 +11,7 @@ only the settings of where it runs. A flow's `job:` parameters are a `LaunchConf
   or one PyTorchJob holds every node, so the submitting launcher is the one place that
   retries the whole job (training/launch/job.py).
 
-Retries use the one `RetryPolicy` of ballast (preprocessing/contract/faults.py). A
+Retries use the one `RetryPolicy` of ballast (preprocessing/toolbox/faults.py). A
 setting of another kind (`namespace` on a SLURM job) is refused with the kinds it
 belongs to.
 """
@@ -31,8 +31,8 @@ from pydantic import (
     model_validator,
 )
 
-from preprocessing.contract.faults import RetryPolicy
-from preprocessing.contract.secrets import SECRET_NAME
+from preprocessing.toolbox.faults import RetryPolicy
+from preprocessing.toolbox.secrets import SECRET_NAME
 
 
 def job_retry_policy() -> RetryPolicy:

@@ -33,9 +33,9 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import backoff_s
 from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manifest
-from preprocessing.contract.secrets import split_credentials
+from preprocessing.toolbox.faults import backoff_s
+from preprocessing.toolbox.secrets import split_credentials
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config
 from training.distributed.hangs import take_hang_reports
