@@ -27,6 +27,15 @@ def output_neutral_fields(model: type[BaseModel]) -> frozenset[str]:
                      if isinstance(field.json_schema_extra, dict)
                      and field.json_schema_extra.get("output_neutral") is True)
 
+# Dataset settings added after versions were committed, with the value that makes the content
+# those versions have: hashed only when set otherwise, so an unchanged config keeps its
+# version id (and its cached version). `on_identifying_feature` only warns or refuses, and
+# `unlabelled: drop` keeps every row of a file without null labels, the only files that
+# committed before it (null labels were refused).
+SETTINGS_ADDED_LATER: dict[str, Any] = {
+    "unlabelled": "drop", "date_columns": [], "on_identifying_feature": "warn",
+}
+
 
 class DatasetSpec(BaseModel):
     """Where the raw files are and which columns mean what."""
@@ -253,5 +262,10 @@ class ReshardConfig(BaseModel):
     def output_settings(self) -> dict[str, Any]:
         """The settings that decide a flat version's content (every field not marked
         OUTPUT_NEUTRAL): part of its version id."""
-        return self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
+        settings = self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
+        dataset = settings["dataset"]
+        for name, earlier in SETTINGS_ADDED_LATER.items():
+            if dataset.get(name) == earlier:
+                dataset.pop(name)
+        return settings
 
