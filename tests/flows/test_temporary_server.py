@@ -24,7 +24,7 @@ def test_a_server_that_never_starts_is_tried_twice_then_one_line_says_what_to_do
            if name not in ("PREFECT_API_URL", TIMEOUT_VARIABLE)}
     env.update({"PREFECT_HOME": str(tmp_path / "home"), TIMEOUT_VARIABLE: "1",
                 "BALLAST_LOG_DIR": str(tmp_path / "logs"), "PREFECT_UI_ENABLED": "false"})
-    done = subprocess.run([sys.executable, "-m", "flows", "run", "reshard", "--config", "demo",
+    done = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config", "demo",
                            "--work-dir", str(tmp_path / "work")], env=env, capture_output=True,
                           text=True, timeout=300)
     lines = done.stderr.strip().splitlines()
