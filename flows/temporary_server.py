@@ -1,12 +1,14 @@
 """The temporary Prefect API server of a `ballast` command run without `PREFECT_API_URL`,
-started before the first flow with a timeout that fits a loaded machine, and once more if
-that fails.
+started before the first flow with a timeout that fits a loaded machine, and given a
+second try if that fails.
 
 Prefect starts it on a flow's first API call and gives up after
 `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` (20 s by default): its start takes
 10-13 s on a quiet 2-core machine and failed at load 5-8 (docs/architecture.md M11). Started
-here first, the flows' clients find it running (Prefect keeps one per process). If both
-tries fail, the error says in one line what to do instead.
+here first, the flows' clients find it running (Prefect keeps one per process). The second
+try waits on the same server process while it is alive (a new one would start its imports
+over, on the same busy cores), else starts a new one. If both fail, the error says in one
+line what to do instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+import urllib.request
+from typing import Any
 
 TIMEOUT_VARIABLE = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 # Several times the quiet start: a laptop busy with a build or a second run still makes it.
@@ -38,21 +42,48 @@ def start_temporary_server() -> None:
     # Each attempt is logged at INFO: into the command's log file, not onto the console.
     logger = logging.getLogger(__name__)
     logger.setLevel(logging.INFO)
+    started, server = time.monotonic(), SubprocessASGIServer()
     for attempt in range(1, ATTEMPTS + 1):
-        server, started = SubprocessASGIServer(), time.monotonic()
-        try:
-            server.start(timeout=timeout_s)
-        except RuntimeError as error:
-            # A failed start leaves its process running: stop it before the next one.
-            server.stop()
-            logger.info("temporary Prefect server, attempt %d of %d: %s", attempt,
-                        ATTEMPTS, error)
-            continue
-        logger.info("temporary Prefect server up in %.1f s (attempt %d of %d)",
+        if _attempt(server, timeout_s, attempt):
+            logger.info("temporary Prefect server up after %.1f s (attempt %d of %d)",
+                        time.monotonic() - started, attempt, ATTEMPTS)
+            return
+        logger.info("temporary Prefect server not up after %.1f s (attempt %d of %d)",
                     time.monotonic() - started, attempt, ATTEMPTS)
-        return
+    server.stop()
     raise TemporaryServerFailed(
         f"Prefect's temporary API server did not start within {timeout_s} s, {ATTEMPTS} "
         "times (a busy machine?): start a server once (`prefect server start`) and export "
         "PREFECT_API_URL=http://127.0.0.1:4200/api, or raise "
         f"{TIMEOUT_VARIABLE}")
+
+
+def _attempt(server: Any, timeout_s: int, attempt: int) -> bool:
+    """Whether `server` answers within `timeout_s`: the first attempt starts it (Prefect's
+    own start); a later one waits on the same process if it is still alive, else starts
+    it again."""
+    process = server.server_process
+    if attempt > 1 and process is not None and process.poll() is None:
+        if not _healthy_within(f"{server.api_url}/health", timeout_s):
+            return False
+        server.running = True  # Prefect's flag: its clients then use this process
+        return True
+    try:
+        server.start(timeout=timeout_s)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _healthy_within(url: str, timeout_s: float) -> bool:
+    """Whether `url` answers 200 within `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False

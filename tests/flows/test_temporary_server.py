@@ -33,6 +33,7 @@ def test_a_server_that_never_starts_is_tried_twice_then_one_line_says_what_to_do
     assert "export PREFECT_API_URL=" in lines[0] and TIMEOUT_VARIABLE in lines[0]
     log = re.search(r"\(traceback: (.+)\)$", lines[0])
     assert log, lines[0]
-    attempts = re.findall(r"temporary Prefect server, attempt (\d) of 2", Path(log[1]).read_text())
+    attempts = re.findall(r"temporary Prefect server not up after [\d.]+ s \(attempt (\d) of 2\)",
+                          Path(log[1]).read_text())
     assert attempts == ["1", "2"]
     assert not (tmp_path / "work").exists()
