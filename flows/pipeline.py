@@ -7,6 +7,7 @@ Trainer in this process: docs/architecture.md M1), which also retries it. Prefec
 retries a flow (no flow sets `retries`) and retries an I/O task only on a transient
 failure (flows/tasks.py `TRANSIENT_RETRIES`): a config or data error fails once. What each
 step produced is logged to the flow run's log (flows/runlog.py) as it comes back.
+Each flow's `overrides` are applied to its parameters before it starts (flows/overrides.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
+from flows.overrides import NO_OVERRIDES
 from flows.params import (
     EvaluateParams,
     InferenceParams,
@@ -102,14 +104,16 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
 
 
 @ballast_flow("reshard", ReshardParams)
-def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK) -> dict[str, Any]:
+def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK,
+                 overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
     return dataset.as_dict()
 
 
 @ballast_flow("train", TrainParams)
-def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str, Any]:
+def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB,
+               overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
     manifest, _ = read_manifest(train.dataset)
     arm = arm_for(manifest.config["mix"]["class_weighting"])
@@ -122,7 +126,8 @@ def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str
 @ballast_flow("evaluate", EvaluateParams)
 def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
                   baseline_model_uri: str | None = None, split: str = "holdout",
-                  dask: DaskConfig = DASK) -> dict[str, Any]:
+                  dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
+                  ) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
     models = {"model": model_uri}
@@ -141,7 +146,8 @@ def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
 def batch_inference_flow(*, model_uri: str, tracking: TrackingConfig, dataset: str | None = None,
                          inputs: list[str] = NO_INPUTS, split: str = "train",
                          id_column: str | None = None, output_root: str,
-                         dask: DaskConfig = DASK) -> dict[str, Any]:
+                         dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
+                         ) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
     params = InferenceParams(model_uri=model_uri, tracking=tracking, dataset=dataset,
                              inputs=inputs, split=split, id_column=id_column,
@@ -172,7 +178,8 @@ def _id_column(params: InferenceParams) -> str:
 @ballast_flow("pipeline", PipelineParams)
 def pipeline(*, reshard: ReshardConfig, dask: DaskConfig = DASK, train: TrainConfig,
              job: LaunchConfig = LOCAL_JOB, compare_with_natural_mix: bool = False,
-             promotion: PromotionConfig = PROMOTION) -> dict[str, Any]:
+             promotion: PromotionConfig = PROMOTION,
+             overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
     A local or running Dask cluster serves every step of the run that needs one (both arms'
     reshards and evaluations): starting one costs seconds, and its workers keep the models

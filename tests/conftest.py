@@ -39,6 +39,7 @@ END_TO_END: frozenset[str] = frozenset({
     "test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row",
     "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
     "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
+    "tests/flows/test_worker.py::test_worker_runs_the_shipped_file_with_one_overridden_field",
     "tests/flows/test_prefect_down.py::"
     "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
     "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",

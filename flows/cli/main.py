@@ -34,6 +34,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from flows.cli.files import add_files_command
+from flows.overrides import apply_override
 from preprocessing.toolbox.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
@@ -73,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
     deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
-    deployments.add_argument("--work-dir", default="/var/lib/ballast",
-                             help="fills ${WORK_DIR} in the presets")
+    deployments.add_argument("--work-dir", help="fills ${WORK_DIR} in the presets (default: "
+                             "kept, for each flow run to fill from $BALLAST_WORK_DIR)")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
     init = commands.add_parser("init", help="print a starter pipeline config for your files")
@@ -121,25 +122,11 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
                         "too; they are always in the command's log file")
 
 
-def apply_override(values: dict[str, Any], assignment: str) -> None:
-    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML under
-    the bounds of a config file, its errors naming the `--set`."""
-    from preprocessing.toolbox.config_files import parse_yaml_value
-
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set {assignment!r}: expected KEY=VALUE")
-    *parents, leaf = key.split(".")
-    node = values
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = parse_yaml_value(raw, f"--set {key}")
-
-
 def _run(args: argparse.Namespace) -> str:
     from flows.cli.summary import format_result
     from flows.deployments import FLOWS
     from flows.params import load_preset, parse_params
+    from flows.temporary_server import start_temporary_server
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
@@ -153,14 +140,17 @@ def _run(args: argparse.Namespace) -> str:
     origin = f"{args.config} with {overridden}" if overridden else args.config
     params = parse_params(params_type, values, origin)
     with _quiet(args):
+        start_temporary_server()
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
 
 
 def _demo(args: argparse.Namespace) -> str:
     from flows.cli.demo import demo_summary, run_demo
+    from flows.temporary_server import start_temporary_server
 
     with _quiet(args):
+        start_temporary_server()
         params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
     return _output(args, result, lambda: demo_summary(params, result, seconds))
 
@@ -219,13 +209,9 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         if args.command == "init":
             return describe_inputs(args.inputs, args.label)
         return describe_version(args.dataset)
-    from prefect import serve
+    from flows.serving import serve_deployments
 
-    from flows.deployments import build_deployments, serve_stopped_message
-
-    deployments = build_deployments(args.work_dir)
-    serve(*deployments)  # returns once interrupted (Ctrl-C, SIGTERM)
-    return serve_stopped_message(deployments)
+    return serve_deployments(args.work_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
