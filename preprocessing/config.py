@@ -212,7 +212,7 @@ class ReshardConfig(BaseModel):
         "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
         "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
         "may keep its worker from heartbeating; Dask's own timeout took 592 s.")
-    # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
+    # The exchange's shape (docs/data-path.md, step 4): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
         64 << 20, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Input bytes (as "
