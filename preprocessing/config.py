@@ -37,6 +37,15 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
 }
 
 
+def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` (a dump of ReshardConfig's output fields, or a manifest's record of them)
+    without the SETTINGS_ADDED_LATER that hold their earlier value: what ids and the
+    comparison with a parent's settings see."""
+    dataset = {name: value for name, value in settings.get("dataset", {}).items()
+               if SETTINGS_ADDED_LATER.get(name, object()) != value}
+    return {**settings, "dataset": dataset} if "dataset" in settings else settings
+
+
 class DatasetSpec(BaseModel):
     """Where the raw files are and which columns mean what."""
 
@@ -262,10 +271,6 @@ class ReshardConfig(BaseModel):
     def output_settings(self) -> dict[str, Any]:
         """The settings that decide a flat version's content (every field not marked
         OUTPUT_NEUTRAL): part of its version id."""
-        settings = self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
-        dataset = settings["dataset"]
-        for name, earlier in SETTINGS_ADDED_LATER.items():
-            if dataset.get(name) == earlier:
-                dataset.pop(name)
-        return settings
+        return comparable_settings(
+            self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig))))
 

@@ -56,7 +56,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from preprocessing.config import ReshardConfig
+from preprocessing.config import ReshardConfig, comparable_settings
 from preprocessing.contract.manifest import (
     MANIFEST_NAME,
     Commit,
@@ -166,7 +166,8 @@ def check_listing(parent: Manifest, location: str) -> None:
 def setting_changes(parent: Manifest, config: ReshardConfig) -> list[str]:
     """Settings (and the code version) that differ from the ones `parent` was made with."""
     now = redact_value(config.output_settings())  # the manifest keeps them redacted
-    then = {name: value for name, value in parent.config.items() if name in now}
+    recorded = comparable_settings(dict(parent.config))
+    then = {name: value for name, value in recorded.items() if name in now}
     changed = [f"setting {name!r} is {now[name]!r}, was {then.get(name)!r}"
                for name in sorted(now) if now[name] != then.get(name)]
     if parent.code_version != code_version():

@@ -56,6 +56,10 @@ class TableError(PermanentError, RuntimeError):
     """The table of a root cannot be brought in step with its `_CURRENT`."""
 
 
+class UnpublishableSchema(TableError):
+    """The shards' schema has no Delta Lake form (a type it lacks, names equal but for case)."""
+
+
 @dataclass(frozen=True)
 class Head:
     """The table's newest version as read, and the ballast version it holds."""
@@ -88,6 +92,11 @@ def publish_current(root: str) -> int | None:
             return _commit(uri, read_manifest(manifest_uri(root, current))[0], head)
         except CommitFailedError:  # another process committed that table version first
             continue
+        except UnpublishableSchema as error:
+            # The table is a view for other engines; the version is committed and current
+            # whatever it can hold, so its schema never fails a run (docs/reliability.md).
+            log.warning("%s; read the version through its manifest or `ballast files`", error)
+            return None
     raise TableError(f"{uri}: the table's newest version still differs from _CURRENT after "
                      f"{PUBLISH_TRIES} tries; rerun, or see docs/reliability.md")
 
@@ -139,11 +148,17 @@ def _schema(uri: str, first: str) -> Schema:
         try:
             Schema.from_arrow(pa.schema([column]))
         except Exception as error:  # deltalake raises a bare Exception for a schema error
-            raise TableError(
+            raise UnpublishableSchema(
                 f"{uri}/{first}: column {column.name!r} of type {column.type} has no Delta "
                 f"Lake type; the version is committed and current, but the table at {uri} "
                 f"still holds the version before it") from error
-    return Schema.from_arrow(columns.append(pa.field(SPLIT_COLUMN, pa.string())))
+    try:
+        return Schema.from_arrow(columns.append(pa.field(SPLIT_COLUMN, pa.string())))
+    except Exception as error:  # Delta Lake's column names are case-insensitive, say
+        raise UnpublishableSchema(
+            f"{uri}/{first}: the columns have no Delta Lake schema ({error}); the version is "
+            f"committed and current, but the table at {uri} still holds the version before "
+            f"it") from error
 
 
 def _adds(files: dict[str, tuple[str, int, int]], paths: set[str]) -> list[AddAction]:
