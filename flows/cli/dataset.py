@@ -25,6 +25,7 @@ import yaml
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.codec import kind_of
 from preprocessing.contract.manifest import read_manifest
+from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.storage.sources import iter_batches, list_inputs, read_footer
 
 SAMPLE_ROWS = 10_000  # per CSV / JSON file: what `init` reads for types and null counts
@@ -152,23 +153,25 @@ def describe_inputs(inputs: str, label: str | None = None) -> str:
     config = starter_config(survey, label, inputs)
     dataset = config["reshard"]["dataset"]
     seen = "in samples of their first" if survey.sampled else "in all"
-    lines = [f"# Starter config for {len(survey.files)} files under {inputs}; null counts "
-             f"{seen} {survey.num_rows_seen} rows. Check each CONFIRM, then run:",
+    lines = [f"# Starter config for {len(survey.files)} files under {yaml_comment(inputs)}; "
+             f"null counts {seen} {survey.num_rows_seen} rows. Check each CONFIRM, then run:",
              "#   ballast run pipeline --config THIS.yaml --work-dir DIR", "#",
              f"# {'column':<24} {'type':<28} {'nulls':>8}  role"]
     for item in survey.schema:
-        lines.append(f"# {item.name:<24} {item.type!s:<28} {survey.nulls[item.name]:>8}  "
-                     f"{_role(item, dataset)}")
-    lines += ["#", f"# classes of {label!r} (rows): " + ", ".join(
-        f"{value}: {count}" for value, count in sorted(survey.classes.items(), key=str))]
+        lines.append(f"# {yaml_comment(item.name):<24} {item.type!s:<28} "
+                     f"{survey.nulls[item.name]:>8}  {yaml_comment(_role(item, dataset))}")
+    lines += ["#", f"# classes of {yaml_comment(repr(label))} (rows): " + ", ".join(
+        f"{yaml_comment(value)}: {count}"
+        for value, count in sorted(survey.classes.items(), key=str))]
     if "id_column" not in dataset:
         lines.append("# no integer id column found: ballast derives a row id from each file's "
                      "path and row (column __ballast_row_id)")
     strings = [name for name in survey.ids if name != dataset.get("id_column")]
     if strings:
-        lines.append(f"# CONFIRM: {strings} look like ids (unique, id-ish names), so they are "
-                     "not features; add one to feature_columns if it is a feature")
-    body = yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=1 << 16)
+        lines.append(f"# CONFIRM: {yaml_comment(strings)} look like ids (unique, id-ish "
+                     "names), so they are not features; add one to feature_columns if it is "
+                     "a feature")
+    body = yaml_text(config)
     return "\n".join(lines) + "\n" + _mark_confirm(body, survey, dataset)
 
 
@@ -231,7 +234,7 @@ def describe_version(dataset: str) -> str:
                      for c in columns} or manifest.feature_columns,
         "dropped_rows": manifest.features.get("dropped_rows", {}),
     }
-    return yaml.safe_dump(report, sort_keys=False)
+    return yaml_text(report)
 
 
 def _summed(counts: Any) -> dict[str, int]:
