@@ -12,7 +12,8 @@
     ballast rollback --dataset /data/datasets --to VERSION_ID         _CURRENT back
 
 A command that fails ends with its cause on one line and the path of a log file that
-holds the traceback; a config or data error exits 2, anything else 1.
+holds the traceback (printed too with `-v`), then the fix on a line of its own when one
+is known; a config or data error exits 2, anything else 1.
 """
 
 from __future__ import annotations
@@ -226,9 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(args)
         output = _dispatch(args)
     except Exception as error:
-        log = write_error_log(args.command, error, getattr(args, "log_path", None))
-        print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
-              file=sys.stderr)
+        report_error(args, error)
         return 2 if is_deterministic(error) else 1
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
@@ -242,6 +241,35 @@ def _verify(args: argparse.Namespace) -> int:
     report = verify_chain(args.root, args.version, deep=args.deep)
     print(redact(report.text()))
     return 0 if report.whole else 1
+
+
+def report_error(args: argparse.Namespace, error: BaseException) -> None:
+    """The cause on one line with the log file that holds the traceback, the traceback
+    itself with `-v`, and the fix when one is known."""
+    log = write_error_log(args.command, error, getattr(args, "log_path", None))
+    if getattr(args, "verbose", False):
+        traceback.print_exception(error, file=sys.stderr)
+    lines = [f"ballast {args.command}: {one_line(error)} (traceback: {log})"]
+    fix = fix_for(error)
+    if fix is not None:
+        lines.append(f"  fix: {fix}")
+    print(redact("\n".join(lines)), file=sys.stderr)
+
+
+PREFECT_START_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API"
+
+
+def fix_for(error: BaseException) -> str | None:
+    """What to do about `error`, when it is not in its message already: the error's own
+    `fix`, or that of a known failure of a library."""
+    fix = getattr(error, "fix", None)
+    if fix:
+        return str(fix)
+    if PREFECT_START_TIMEOUT in str(error):
+        return ("give Prefect's temporary server longer on a busy machine (export "
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=300), or start one with "
+                "`prefect server start` and export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    return None
 
 
 def is_deterministic(error: BaseException) -> bool:
