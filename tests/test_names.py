@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,3 +110,23 @@ def test_a_value_in_a_yaml_comment_stays_in_the_comment(value) -> None:
     assert "\n" not in line and yaml.safe_load(line + "\nx: 1\n") == {"x": 1}
     document = {"dataset": {"nulls": {value: value}, "label_column": value}}
     assert yaml.safe_load(line + "\n" + yaml_text(document)) == document
+
+
+@settings(max_examples=40, deadline=None)
+@given(labels=st.lists(st.one_of(values, st.text(alphabet="$\\{}^_ab", max_size=8)),
+                       min_size=2, max_size=4, unique=True))
+def test_a_plot_of_any_class_labels_draws_them_as_they_are(labels) -> None:
+    """Invariant: the confusion-matrix plot logged at a run's close draws with any class
+    labels (`$\\frac{$` would start mathtext, which fails), and each tick shows its label
+    as it is."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from tracking.run.plots import confusion_figure
+
+    figure = confusion_figure(np.eye(len(labels), dtype=int).tolist(), labels)
+    figure.savefig(io.BytesIO(), format="png")
+    shown = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
+    plt.close(figure)
+    assert [text.replace(r"\$", "$") for text in shown] == labels
