@@ -18,10 +18,16 @@ from typing import Any, ParamSpec, TypeVar
 from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.overrides import (
+    OVERRIDES,
+    OVERRIDES_DESCRIPTION,
+    WORK_DIR_PLACEHOLDER,
+    resolve_parameters,
+)
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import parse_config, read_config_file
-from preprocessing.contract.secrets import redact_value
 from preprocessing.driver.cluster import DaskConfig
+from preprocessing.toolbox.config_files import parse_config, read_config_file
+from preprocessing.toolbox.secrets import redact_value
 from tracking.config import TrackingConfig
 from tracking.lifecycle.promotion import PromotionConfig
 from training.config import TrainConfig
@@ -31,7 +37,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
 PRESETS_DIR = Path(__file__).parent / "presets"
-WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 RESHARD_DESCRIPTION = ("Raw files in, one balanced, committed dataset version out: the "
                        "dataset's columns, the class and source mix, shuffle, shard sizes.")
 TRACKING_DESCRIPTION = "The MLflow server (or store) the model is read from."
@@ -133,14 +138,24 @@ def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[s
 def parse_params(params_type: type[M], values: dict[str, Any], name_or_path: str) -> M:
     """`values` (of preset or file `name_or_path`) as `params_type`; a ValidationError
     titled with the file, naming the new place of a moved field and the closest known name
-    of a misspelt one (preprocessing/contract/config_files.py)."""
+    of a misspelt one (preprocessing/toolbox/config_files.py)."""
     return parse_config(params_type, values, name_or_path)
 
 
 class RedactingFlow(Flow[P, R]):
     """A flow whose parameters Prefect records (the flow run in its database and UI) with
-    every credential redacted (preprocessing/contract/secrets.py); the flow itself gets them whole.
-    Prefect records no values of task parameters, only which upstream results they are."""
+    every credential redacted (preprocessing/toolbox/secrets.py); the flow itself gets them whole.
+    Prefect records no values of task parameters, only which upstream results they are.
+    Before Prefect validates a run's parameters, their `overrides` are applied and
+    `${WORK_DIR}` filled (flows/overrides.py), against the flow's `params_type`."""
+
+    def __init__(self, function: Callable[P, R], params_type: type[FlowParams],
+                 **options: Any) -> None:
+        super().__init__(function, **options)
+        self.params_type = params_type
+
+    def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return super().validate_parameters(resolve_parameters(self.params_type, parameters))
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return dict(redact_value(super().serialize_parameters(parameters)))
@@ -149,12 +164,13 @@ class RedactingFlow(Flow[P, R]):
 def ballast_flow(name: str, params_type: type[FlowParams]
                  ) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
     """`@flow(name=..., log_prints=True)`, recording its parameters redacted; the function's
-    parameters must be `params_type`'s fields, in order, with the same defaults; their
-    descriptions are the fields' (an `Args:` section of the docstring, which Prefect reads)."""
+    parameters must be `params_type`'s fields, in order, with the same defaults, then
+    `overrides`; their descriptions are the fields' (an `Args:` section of the docstring,
+    which Prefect reads)."""
     def decorate(function: Callable[P, R]) -> RedactingFlow[P, R]:
         _check_signature(function, params_type)
         function.__doc__ = f"{inspect.getdoc(function)}\n\n{_args_section(params_type)}"
-        return RedactingFlow(function, name=name, log_prints=True)
+        return RedactingFlow(function, params_type, name=name, log_prints=True)
 
     return decorate
 
@@ -163,9 +179,10 @@ def _check_signature(function: Callable[..., Any], params_type: type[FlowParams]
     """A flow whose parameters drifted from its model fails at import, naming both."""
     fields = params_type.model_fields
     signature = inspect.signature(function).parameters
-    if list(signature) != list(fields):
+    if list(signature) != [*fields, OVERRIDES]:
         raise TypeError(f"flow {function.__name__}: parameters {list(signature)} are not "
-                        f"the fields of {params_type.__name__} {list(fields)}")
+                        f"the fields of {params_type.__name__} {list(fields)} and "
+                        f"{OVERRIDES!r}")
     for field_name, field in fields.items():
         default = signature[field_name].default
         expected = (inspect.Parameter.empty if field.is_required()
@@ -178,4 +195,5 @@ def _check_signature(function: Callable[..., Any], params_type: type[FlowParams]
 def _args_section(params_type: type[FlowParams]) -> str:
     lines = [f"    {field_name}: {' '.join((field.description or field_name).split())}"
              for field_name, field in params_type.model_fields.items()]
+    lines.append(f"    {OVERRIDES}: {OVERRIDES_DESCRIPTION}")
     return "Args:\n" + "\n".join(lines)

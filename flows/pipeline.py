@@ -7,6 +7,7 @@ Trainer in this process: docs/architecture.md M1), which also retries it. Prefec
 retries a flow (no flow sets `retries`) and retries an I/O task only on a transient
 failure (flows/tasks.py `TRANSIENT_RETRIES`): a config or data error fails once. What each
 step produced is logged to the flow run's log (flows/runlog.py) as it comes back.
+Each flow's `overrides` are applied to its parameters before it starts (flows/overrides.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from distributed import Client
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
+from flows.overrides import NO_OVERRIDES
 from flows.params import (
     EvaluateParams,
     InferenceParams,
@@ -39,7 +40,7 @@ from flows.report import (
 from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
-from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
+from preprocessing.driver.cluster import DaskConfig, Executor, dask_client, run_executor
 from preprocessing.driver.reshard import (
     Listing,
     list_once,
@@ -103,14 +104,16 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
 
 
 @ballast_flow("reshard", ReshardParams)
-def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK) -> dict[str, Any]:
+def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK,
+                 overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
     return dataset.as_dict()
 
 
 @ballast_flow("train", TrainParams)
-def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str, Any]:
+def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB,
+               overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
     manifest, _ = read_manifest(train.dataset)
     arm = arm_for(manifest.config["mix"]["class_weighting"])
@@ -123,7 +126,8 @@ def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB) -> dict[str
 @ballast_flow("evaluate", EvaluateParams)
 def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
                   baseline_model_uri: str | None = None, split: str = "holdout",
-                  dask: DaskConfig = DASK) -> dict[str, Any]:
+                  dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
+                  ) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
     models = {"model": model_uri}
@@ -142,7 +146,8 @@ def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
 def batch_inference_flow(*, model_uri: str, tracking: TrackingConfig, dataset: str | None = None,
                          inputs: list[str] = NO_INPUTS, split: str = "train",
                          id_column: str | None = None, output_root: str,
-                         dask: DaskConfig = DASK) -> dict[str, Any]:
+                         dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
+                         ) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
     params = InferenceParams(model_uri=model_uri, tracking=tracking, dataset=dataset,
                              inputs=inputs, split=split, id_column=id_column,
@@ -173,19 +178,22 @@ def _id_column(params: InferenceParams) -> str:
 @ballast_flow("pipeline", PipelineParams)
 def pipeline(*, reshard: ReshardConfig, dask: DaskConfig = DASK, train: TrainConfig,
              job: LaunchConfig = LOCAL_JOB, compare_with_natural_mix: bool = False,
-             promotion: PromotionConfig = PROMOTION) -> dict[str, Any]:
+             promotion: PromotionConfig = PROMOTION,
+             overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
-    One Dask cluster serves every step of the run that needs one (both arms' reshards and
-    evaluations): starting a cluster costs seconds, and its workers keep the models they
-    loaded."""
+    A local or running Dask cluster serves every step of the run that needs one (both arms'
+    reshards and evaluations): starting one costs seconds, and its workers keep the models
+    they loaded. A cluster of batch jobs (SLURM, PBS, Kubernetes) is started per Dask step
+    instead and its jobs end with the step (`run_executor`): none waits idle through
+    training, or reaches its walltime between steps."""
     params = PipelineParams(reshard=reshard, dask=dask, train=train, job=job,
                             compare_with_natural_mix=compare_with_natural_mix,
                             promotion=promotion)
-    with dask_client(params.dask) as client:
-        return _pipeline(params, client)
+    with run_executor(params.dask) as executor:
+        return _pipeline(params, executor)
 
 
-def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
+def _pipeline(params: PipelineParams, dask: Executor) -> dict[str, Any]:
     arm = arm_for(params.reshard.mix.class_weighting)
     listing = list_once(params.reshard)  # both arms read the same inputs
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
@@ -206,7 +214,7 @@ def _pipeline(params: PipelineParams, dask: Client) -> dict[str, Any]:
     return result
 
 
-def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Client,
+def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor,
                 listing: Listing) -> dict[str, dict[str, Any]]:
     """The natural-mix arm's job summary, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
@@ -218,7 +226,7 @@ def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask
 
 
 def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]],
-                 dask: Client) -> dict[str, dict[str, Any]]:
+                 dask: Executor) -> dict[str, dict[str, Any]]:
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
     evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
@@ -232,7 +240,7 @@ def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, di
 
 
 def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str, Any],
-              current_before: str | None, arm: str, dask: Client) -> dict[str, Any]:
+              current_before: str | None, arm: str, dask: Executor) -> dict[str, Any]:
     """Register the model, described; flows/promotion.py decides its alias on the same
     rows as the champion's (and holds it back on drift against the parent version)."""
     registration = promote(tracking, params.promotion, dask, result, current_before, arm,
@@ -241,7 +249,7 @@ def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str
     return registration
 
 
-def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Client,
+def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Executor,
                      listing: Listing) -> dict[str, Any]:
     """Train the same model on the data as it came (same held-out rows: same seed/files);
     the job's summary, with `run_id`."""

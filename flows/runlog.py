@@ -16,8 +16,10 @@ from prefect import get_run_logger
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
 from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 
 MAX_REJECTED_LINES = 20  # a run rejecting thousands of files must not flood the log
+MAX_BALANCE_LINES = 20  # the last moves of the split: a slow node shows without a flood
 
 
 def count(number: Any, noun: str) -> str:
@@ -54,6 +56,10 @@ def log_dataset(arm: str, manifest: Manifest, reused: bool, cached: bool) -> Non
     if len(manifest.rejected) > MAX_REJECTED_LINES:
         logger.warning("reshard[%s]: %d more rejected files are listed in the manifest",
                        arm, len(manifest.rejected) - MAX_REJECTED_LINES)
+    for line in unlabelled_lines(manifest):
+        logger.info("reshard[%s]: %s", arm, line.strip())
+    for line in identifying_lines(manifest):
+        logger.warning("reshard[%s]: %s", arm, line)
 
 
 def log_training(arm: str, summary: dict[str, Any]) -> None:
@@ -68,6 +74,15 @@ def log_training(arm: str, summary: dict[str, Any]) -> None:
         summary.get("run_id") or "none (tracking off)")
     if (ranks := straggler_line(summary)) is not None:
         get_run_logger().info("train[%s]: %s", arm, ranks)
+    for line in balance_lines(summary):
+        get_run_logger().info("train[%s]: %s", arm, line)
+
+
+def balance_lines(summary: dict[str, Any]) -> list[str]:
+    """The last moves of the split under `loader.balance: speed` (none otherwise), each
+    as rank 0 noted it: "balance: step 40: rank 1 slower: 382/130 rows a step"."""
+    moves = summary.get("balance_moves") or []
+    return [f"balance: {move}" for move in moves[-MAX_BALANCE_LINES:]]
 
 
 def straggler_line(summary: dict[str, Any]) -> str | None:

@@ -5,7 +5,7 @@ apart in the Prefect UI; the results come back as values that the flows log.
 
 Retries are decided at one level per operation (docs/reliability.md, "Who retries
 what"): a reshard's and a batch inference's reads are retried inside them, per file or
-task (preprocessing/contract/faults.py), and a training job by its launcher, so those
+task (preprocessing/toolbox/faults.py), and a training job by its launcher, so those
 tasks are never retried here; only the tasks with no retry inside (registration,
 evaluation) are, and only for an error `classify` calls transient."""
 
@@ -25,12 +25,12 @@ from prefect.client.schemas.objects import State
 
 from flows.results import DatasetVersion
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.faults import classify
 from preprocessing.contract.manifest import read_manifest
-from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
 from preprocessing.driver.reshard import VersionPlan, run_reshard
+from preprocessing.toolbox.faults import classify
+from preprocessing.toolbox.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.lifecycle import scoring
 from tracking.lifecycle.holdout import describe_run, log_holdout
@@ -43,7 +43,7 @@ from training.launch import AnyJob, run_job
 
 def is_transient(_: Any, __: Any, state: State[Any]) -> bool:
     """Retry a task only on a failure that may pass (the one taxonomy of
-    preprocessing/contract/faults.py, which the reads and the launcher use as well)."""
+    preprocessing/toolbox/faults.py, which the reads and the launcher use as well)."""
     try:
         state.result()
     except BaseException as error:

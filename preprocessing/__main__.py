@@ -6,13 +6,17 @@ ADDRESS` joins an existing Dask scheduler, `--dask FILE.yaml` takes any `DaskCon
 `--compact` reshards every input into one flat version whatever the config's `mode`
 (the compaction of a chain of incremental versions: preprocessing/versions/incremental.py).
 
-Exit status: 0 when the version is committed (by this run, or found committed: then
-it prints `already committed`), 2 for bad input (config, inputs, a hostile or broken
-manifest, changed inputs an incremental run refuses), 3 when another run moved
-`_CURRENT` during this one (a flat version is written: rerun to make it current if it
-is the newer one; a chain's child is withdrawn: rerun to append to the new current), 4
-when input files could not be read for a reason that may pass (S3 503, resets, ...:
-nothing is committed; rerun).
+Exit status (preprocessing/contract/exit_status.py): 0 when the version is committed (by
+this run, or found committed: then it prints `already committed`); 2 for bad input
+(config, flags, inputs, a hostile or broken manifest, changed inputs an incremental run
+refuses, an output root inside an input root); 3 when another run moved `_CURRENT`
+during this one (a flat version is written: rerun to make it current if it is the newer
+one; a chain's child is withdrawn: rerun to append to the new current); 4 when storage
+failed for a reason that may pass (S3 503, resets, an endpoint that does not answer:
+nothing is committed; rerun); 5 when storage refused for a reason only a person fixes
+(no space, quota, permission, a read-only file system, a missing bucket); 1 for anything
+else (a bug). A failure prints one line naming the file, field or bucket, and where its
+traceback is.
 """
 
 from __future__ import annotations
@@ -20,15 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pydantic import ValidationError
-
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import ConfigFileError, load_config
-from preprocessing.contract.manifest import CommitConflict, ManifestError
-from preprocessing.contract.secrets import redact
-from preprocessing.driver.cluster import DaskConfig, StorageNotShared
-from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected, run_reshard
-from preprocessing.versions.incremental import InputsChanged
+from preprocessing.contract.exit_status import cause_line, exit_status, write_traceback
+from preprocessing.driver.cluster import DaskConfig
+from preprocessing.driver.reshard import run_reshard
+from preprocessing.toolbox.config_files import load_config
+from preprocessing.toolbox.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,28 +44,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         executor = _executor(args)
-    except (ValidationError, ConfigFileError, FileNotFoundError) as error:
+    except Exception as error:
         return _fail(args.dask or "--scheduler", error)
     try:
         config = load_config(ReshardConfig, args.config)
         if args.compact:
             config = config.model_copy(update={"mode": "full"})
         result = run_reshard(config, executor)
-    except (ValidationError, ConfigFileError, FileNotFoundError, TooManyRejected, StorageNotShared,
-            ManifestError, InputsChanged) as error:
+    except Exception as error:
         return _fail(args.config, error)
-    except CommitConflict as error:
-        return _fail(args.config, error, status=3)
-    except InputsUnreadable as error:
-        return _fail(args.config, error, status=4)
     state = "already committed" if result.reused else "committed"
     print(f"{state}: {redact(result.manifest_uri)} ({result.how})")
     return 0
 
 
-def _fail(source: str, error: Exception, status: int = 2) -> int:
-    print(redact(f"{source}: {error}"), file=sys.stderr)
-    return status
+def _fail(source: str, error: Exception) -> int:
+    """Print the cause on one line naming `source`, the traceback to a log file; the
+    documented status."""
+    log = write_traceback("preprocessing", error)
+    print(redact(f"{source}: {cause_line(error)} (traceback: {log})"), file=sys.stderr)
+    return exit_status(error)
 
 
 def _executor(args: argparse.Namespace) -> DaskConfig | None:

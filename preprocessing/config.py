@@ -1,5 +1,5 @@
 """Typed configuration of a reshard run. Read from YAML (a path or any fsspec URI) by
-`preprocessing.contract.config_files.load_config(ReshardConfig, uri)`, which names the new
+`preprocessing.toolbox.config_files.load_config(ReshardConfig, uri)`, which names the new
 place of every field in `ReshardConfig.RENAMED`."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.contract.faults import RetryPolicy
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
+from preprocessing.storage.roots import overlap_problem
+from preprocessing.toolbox.faults import RetryPolicy
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -25,6 +26,15 @@ def output_neutral_fields(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(name for name, field in model.model_fields.items()
                      if isinstance(field.json_schema_extra, dict)
                      and field.json_schema_extra.get("output_neutral") is True)
+
+# Dataset settings added after versions were committed, with the value that makes the content
+# those versions have: hashed only when set otherwise, so an unchanged config keeps its
+# version id (and its cached version). `on_identifying_feature` only warns or refuses, and
+# `unlabelled: drop` keeps every row of a file without null labels, the only files that
+# committed before it (null labels were refused).
+SETTINGS_ADDED_LATER: dict[str, Any] = {
+    "unlabelled": "drop", "date_columns": [], "on_identifying_feature": "warn",
+}
 
 
 class DatasetSpec(BaseModel):
@@ -67,6 +77,20 @@ class DatasetSpec(BaseModel):
     sequence_length: int | None = Field(
         None, gt=0, description="Length that variable-length list features are padded or "
         "truncated to (with a mask); None: the longest list the scan finds.")
+    unlabelled: Literal["drop", "refuse"] = Field(
+        "drop", description="Rows whose label is null (or NaN): `drop` (the default: "
+        "unlabelled rows are normal in real data, and a file is not bad for holding some) "
+        "leaves them out of the version and counts them per file (the manifest's "
+        "`features.unlabelled_rows`, the run log, the summary); `refuse` rejects every file "
+        "that holds one, naming its first such row.")
+    date_columns: list[str] = Field(
+        default_factory=list, description="String feature columns that hold ISO 8601 dates "
+        "or timestamps (`2024-03-01`, `2024-03-01T12:30:00Z`): encoded as temporal features "
+        "(seconds since the epoch, standardized), not as categories.")
+    on_identifying_feature: Literal["warn", "refuse"] = Field(
+        "warn", description="A string or integer feature column whose distinct values "
+        "approach its row count identifies rows (a key, not a feature: a model memorises "
+        "it): `warn` names it in the run log and the summary, `refuse` fails the scan.")
     max_classes: int = Field(
         1_000, gt=1, description="Most distinct label values; more fail the scan (a float "
         "label with many values is a regression target, not classes).")
@@ -77,6 +101,11 @@ class DatasetSpec(BaseModel):
         if unknown:
             raise ValueError(f"dataset.nulls names {unknown}, which are not feature columns "
                              f"(dataset.feature_columns: {self.feature_columns})")
+        not_features = sorted(set(self.date_columns) - set(self.feature_columns))
+        if not_features:
+            raise ValueError(f"dataset.date_columns names {not_features}, which are not "
+                             f"feature columns (dataset.feature_columns: "
+                             f"{self.feature_columns})")
         return self
 
 
@@ -137,7 +166,7 @@ class ReshardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # Fields that moved: a config with an old name is refused naming the new place
-    # (preprocessing/contract/config_files.py).
+    # (preprocessing/toolbox/config_files.py).
     RENAMED: ClassVar[dict[str, str]] = {
         name: f"incremental.{name}"
         for name in ("on_changed_inputs", "max_chain_length", "max_small_shard_fraction")}
@@ -176,8 +205,14 @@ class ReshardConfig(BaseModel):
     retry: RetryPolicy = Field(
         default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
         "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
-        "bodies cut short): preprocessing/contract/faults.py.")
-    # The exchange's shape (docs/architecture.md 3): how fast and in how many requests a
+        "bodies cut short): preprocessing/toolbox/faults.py.")
+    progress_deadline_s: float = Field(
+        180.0, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="A worker of a data stage "
+        "(scan, exchange, write) silent this long while it holds a task is named in the log "
+        "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
+        "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
+        "may keep its worker from heartbeating; Dask's own timeout took 592 s.")
+    # The exchange's shape (docs/data-path.md, step 4): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
         64 << 20, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Input bytes (as "
@@ -218,8 +253,19 @@ class ReshardConfig(BaseModel):
                              "cannot keep: leave it unset with mode 'incremental'")
         return self
 
+    @model_validator(mode="after")
+    def _output_apart_from_inputs(self) -> ReshardConfig:
+        if problem := overlap_problem(self.output_root, self.dataset.inputs):
+            raise ValueError(problem)
+        return self
+
     def output_settings(self) -> dict[str, Any]:
         """The settings that decide a flat version's content (every field not marked
         OUTPUT_NEUTRAL): part of its version id."""
-        return self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
+        settings = self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
+        dataset = settings["dataset"]
+        for name, earlier in SETTINGS_ADDED_LATER.items():
+            if dataset.get(name) == earlier:
+                dataset.pop(name)
+        return settings
 

@@ -35,8 +35,11 @@ END_TO_END: frozenset[str] = frozenset({
     "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
     "tests/flows/test_real_data_pipeline.py::"
     "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
+    "tests/flows/test_init_proposal.py::"
+    "test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row",
     "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
     "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
+    "tests/flows/test_worker.py::test_worker_runs_the_shipped_file_with_one_overridden_field",
     "tests/flows/test_prefect_down.py::"
     "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
     "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
@@ -68,6 +71,12 @@ END_TO_END: frozenset[str] = frozenset({
     "tests/flows/test_console.py::"
     "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",
     "tests/flows/test_promotion.py::test_an_easier_night_does_not_promote_a_worse_model",
+    # jobs on the real one-host SLURM: a 2-rank training job, a job run into its
+    # one-minute time limit (SLURM counts in minutes), a reshard on SLURM worker jobs
+    "tests/slurm/test_slurm_training.py::"
+    "test_two_rank_job_runs_ballasts_python_with_the_venv_off_path",
+    "tests/slurm/test_slurm_training.py::test_a_job_past_its_walltime_fails_naming_the_time_limit",
+    "tests/slurm/test_slurm_dask.py::test_reshard_on_slurm_workers_with_a_private_tmp",
     # nights of the incremental chain, each a reshard subprocess under a fault
     "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
 })

@@ -37,3 +37,56 @@ def test_the_map_names_only_modules_that_exist() -> None:
     named = named_modules()
     assert named, "section 4 names no module"
     assert sorted(named - set(modules())) == []
+
+
+MAX_LINES = 250
+
+
+def drawing() -> list[str]:
+    """The folders of section 1's drawing in reading order, each as a dotted package name
+    (an indented folder is a room of the unindented one above it)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## 1. Layers and rooms"):].split("```")[1]
+    names, top = [], ""
+    for line in block.splitlines():
+        match = re.match(r"( *)([a-z_]+)/ ", line + " ")
+        if not match:
+            continue
+        if match.group(1):
+            names.append(f"{top}.{match.group(2)}")
+        else:
+            top = match.group(2)
+            names.append(top)
+    return names
+
+
+def layer_contracts() -> list[list[str]]:
+    """The layers of every import-linter `layers` contract that are packages (folders)."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    found = []
+    for contract in contracts["contracts"]:
+        if contract["type"] == "layers":
+            packages = [layer for layer in contract["layers"]
+                        if (ROOT / layer.replace(".", "/")).is_dir()]
+            found.append(packages)
+    return found
+
+
+def test_the_map_is_short() -> None:
+    lines = (ROOT / "docs" / "architecture.md").read_text().count("\n")
+    assert lines <= MAX_LINES, f"docs/architecture.md has {lines} lines (at most {MAX_LINES})"
+
+
+def test_the_drawing_orders_every_layered_package_as_the_contracts_do() -> None:
+    """Invariant: every package of a `layers` contract is drawn in section 1, above the
+    layers it may import, so the picture a newcomer reads is the rule lint-imports keeps."""
+    drawn = drawing()
+    contracts = layer_contracts()
+    assert len(contracts) >= 3 and drawn[:1] == ["flows"]
+    for layers in contracts:
+        missing = [layer for layer in layers if layer not in drawn]
+        assert not missing, f"layers {missing} of a contract are not drawn in section 1"
+        positions = [drawn.index(layer) for layer in layers]
+        assert positions == sorted(positions), f"section 1 draws {layers} out of order"

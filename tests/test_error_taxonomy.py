@@ -1,4 +1,4 @@
-"""One error taxonomy (preprocessing/contract/faults.py) for every layer and every retry:
+"""One error taxonomy (preprocessing/toolbox/faults.py) for every layer and every retry:
 each layer's errors are classed by what fixes them, and storage that refuses (a full
 disk, a read-only file system, a denied permission, an exhausted quota) fails on the
 first try with a message naming the path, never after a round of retries."""
@@ -17,17 +17,17 @@ import pytest
 from botocore.exceptions import ClientError
 from s3fs.errors import translate_boto_error
 
-from preprocessing.contract.faults import (
+from preprocessing.contract.manifest import CommitConflict, ManifestError
+from preprocessing.driver.cluster import StorageNotShared
+from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
+from preprocessing.storage.objects import write_atomically, write_object
+from preprocessing.toolbox.faults import (
     RetryPolicy,
     StorageRefused,
     TruncatedRead,
     call_with_retries,
     classify,
 )
-from preprocessing.contract.manifest import CommitConflict, ManifestError
-from preprocessing.driver.cluster import StorageNotShared
-from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
-from preprocessing.storage.objects import write_atomically, write_object
 from preprocessing.versions.attempt import StagingError
 from tracking.lifecycle.scoring import ModelError
 from tracking.server import TrackingUnavailable

@@ -27,7 +27,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import ConfigFileError, load_config
 from preprocessing.contract.lineage import Delta, InputRecord
 from preprocessing.contract.manifest import (
     MANIFEST_NAME,
@@ -46,6 +45,7 @@ from preprocessing.exchange.staged_objects import (
     read_batches,
     read_destinations,
 )
+from preprocessing.toolbox.config_files import ConfigFileError, load_config
 from training.config import load_train_config
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,

@@ -29,7 +29,7 @@ import pytest
 
 # Session or module fixtures that start a service; a test needing one is slow by definition.
 SERVICE_FIXTURES = frozenset({"dask_client", "s3_endpoint", "mlflow_uri", "proxy",
-                              "prefect_harness"})
+                              "prefect_harness", "slurm_cluster"})
 MULTIPROCESSING_START = "ballast.multiprocessing.start"
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
                             "os.spawn", "os.system", "os.exec", MULTIPROCESSING_START})

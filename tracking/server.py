@@ -18,8 +18,8 @@ from urllib.parse import urlparse, urlunparse
 
 from mlflow.exceptions import MlflowException, RestException
 
-from preprocessing.contract.faults import TransientError, classify
-from preprocessing.contract.secrets import split_credentials
+from preprocessing.toolbox.faults import TransientError, classify
+from preprocessing.toolbox.secrets import split_credentials
 
 PROBE_TIMEOUT_S = 5.0
 _RETRY_CODES = {"REQUEST_LIMIT_EXCEEDED", "TEMPORARILY_UNAVAILABLE"}
@@ -91,7 +91,7 @@ def wait_until_reachable(tracking_uri: str, wait_s: float) -> bool:
 
 def is_transient(error: BaseException) -> bool:
     """Whether sending again later may succeed (see the module docstring); what the one
-    taxonomy (preprocessing/contract/faults.py) calls permanent or config never is: a
+    taxonomy (preprocessing/toolbox/faults.py) calls permanent or config never is: a
     full disk or a refused permission under the artifact store waits for a person."""
     if isinstance(error, RestException):
         return error.get_http_status_code() >= 500 or error.error_code in _RETRY_CODES

@@ -3,7 +3,8 @@
 - `JobCallbacks`: a job's callbacks from its config (checkpoints, counting, data
   wait, clipping, communication, per-rank step times (training/distributed/rank_time.py),
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
-- `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times.
+- `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times,
+  and what it tells the operator (per-rank metrics, a line when the split moves).
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -24,11 +25,14 @@ import time
 from typing import Any
 
 import lightning
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.tensor import DTensor
 
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
+from training.data.balance import row_bounds
 from training.data.loader import ShardStream
 from training.data.wait import DataWaitCallback
 from training.distributed.comm import CommMeter
@@ -45,9 +49,10 @@ class JobCallbacks:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
-        if cfg.loader.balance == "speed" and train_stream is not None:
-            self.ranks = RankTimes(meter, SpeedReplan(train_stream),
-                                   cfg.loader.balance_every_n_steps)
+        self.balance = (SpeedReplan(train_stream) if cfg.loader.balance == "speed"
+                        and train_stream is not None else None)
+        if self.balance is not None:
+            self.ranks = RankTimes(meter, self.balance, cfg.loader.balance_every_n_steps)
         else:
             self.ranks = RankTimes(meter)
         extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
@@ -61,23 +66,47 @@ class JobCallbacks:
 
 class SpeedReplan:
     """`loader.balance: speed`: new shares for the train stream from each interval's
-    gathered step times (training/data/balance.py), logged from rank 0 as
-    `balance/share_rank_<r>`."""
+    gathered step times (training/data/balance.py), logged from rank 0 as the MLflow
+    metrics `balance/share_rank_<r>` and `balance/rows_rank_<r>` (rows a step); a move of
+    some rank's rows by more than `MOVE_LINE` since the last line gives a line in the
+    job's log and in `moves` (the summary's `balance_moves`, which the run log prints)."""
+
+    MOVE_LINE = 0.1
 
     def __init__(self, stream: ShardStream) -> None:
         self.stream = stream
+        self.moves: list[str] = []
+        self._rows: np.ndarray | None = None  # rows a step when the last line was written
 
     def __call__(self, trainer: lightning.Trainer, figures: list[dict[str, float]]) -> None:
         state = self.stream.state_dict()
+        batch_size = self.stream.config.batch_size
         shares = self.stream.shares.replan(
-            state["epoch"], state["samples_consumed"],
-            len(figures) * self.stream.config.batch_size,
+            state["epoch"], state["samples_consumed"], len(figures) * batch_size,
             [rank["samples"] for rank in figures],
             [rank["step_s"] - rank["allreduce_blocked_s"] for rank in figures])
-        if trainer.is_global_zero:
-            metrics = {f"balance/share_rank_{r}": float(v) for r, v in enumerate(shares)}
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+        rows = np.diff(row_bounds(shares, len(shares) * batch_size))
+        if not trainer.is_global_zero:
+            return
+        metrics = {f"balance/share_rank_{r}": float(v) for r, v in enumerate(shares)}
+        metrics |= {f"balance/rows_rank_{r}": float(v) for r, v in enumerate(rows)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        self.note_move(rows, trainer.global_step)
+
+    def note_move(self, rows: np.ndarray, step: int) -> None:
+        """A line when some rank's rows a step moved by more than `MOVE_LINE` since the
+        last line (from the equal split at first): "rank 1 slower: 382/130 rows a step"."""
+        last = self._rows if self._rows is not None else np.full(len(rows), rows.mean())
+        if np.abs(rows - last).max() <= self.MOVE_LINE * last.min():
+            return
+        self._rows = rows
+        split = "/".join(str(int(count)) for count in rows)
+        who = ("ranks alike" if rows.min() == rows.max()
+               else f"rank {int(np.argmin(rows))} slower")
+        line = f"step {step}: {who}: {split} rows a step"
+        self.moves.append(line)
+        rank_zero_info(f"balance: {line}")
 
 
 def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:

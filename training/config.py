@@ -17,7 +17,7 @@ import yaml
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from preprocessing.contract.config_files import load_config
+from preprocessing.toolbox.config_files import load_config
 from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 
@@ -63,8 +63,10 @@ class LoaderConfig(BaseModel):
         description="How each global step's rows are shared among ranks "
         "(training/data/balance.py): `equal` (batch_size each), or `speed`: the same rows "
         "per step, each rank's share following its measured samples per busy second "
-        "(re-planned every `balance_every_n_steps`, smoothed, within 1/4 and 4x the equal "
-        "share), the loss weighted by each rank's rows so the gradient is the same global "
+        "(re-planned every `balance_every_n_steps`, within 1/4 and 4x the equal share, "
+        "the equal split exactly while the ranks are within 10 % of alike; learned once: "
+        "kept across epochs and in the checkpoint for a resume on the same world size), "
+        "the loss weighted by each rank's rows so the gradient is the same global "
         "mean. Each rank then reads the units its slice of a step overlaps (about its share "
         "plus up to two units of the step, training/data/balance.py); needs "
         "num_workers 0 and strategy ddp or auto. Not part of the epoch's order: a run may "

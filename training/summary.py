@@ -73,6 +73,8 @@ def summarise(
     for name, value in memory_figures(model, trainer).items():
         summary[f"{name}_per_rank"] = gather_counts(trainer, value)
     summary |= rank_time_figures(trainer, callbacks)
+    if callbacks.balance is not None:  # `speed`: how the split moved (rank 0's lines)
+        summary["balance_moves"] = callbacks.balance.moves
     return summary | confusion_summary(getattr(model, "last_confusion", None), classes)
 
 

@@ -57,7 +57,10 @@ def fit(job: TrainingJob, tracking: TrackingConfig | None, resume_from: str | No
     with warnings.catch_warnings(), node_system_metrics(tracking):
         # The streams' __len__ is exact on every rank and worker, which this warning doubts.
         warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
-        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from)
+        # weights_only: a checkpoint holds tensors and plain metadata; unpickling code from
+        # one is refused (docs/reliability.md, "Trust boundary").
+        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from,
+                        weights_only=True)
 
 
 @contextmanager
@@ -111,7 +114,7 @@ def exit_rank(code: int) -> NoReturn:
 
     Interpreter shutdown after a successful distributed run sometimes aborts in a C++
     destructor of torch.distributed ("terminate called without an active exception",
-    SIGABRT; seen on about 1 in 20 runs of a 2-rank gloo job on CPU), which turns a
+    SIGABRT; seen on about 1 in 12 runs of a 2-rank gloo job on CPU), which turns a
     finished job into a failed one. Everything a rank writes is on disk or in MLflow
     by now, so the shutdown is skipped."""
     close_process_group()

@@ -10,10 +10,14 @@
     ballast inspect /data/datasets                 a version's classes, shards, null policies
     ballast rollback --model NAME [--to VERSION] --tracking-uri URI   champion back
     ballast rollback --dataset /data/datasets --to VERSION_ID         _CURRENT back
+    ballast files /data/datasets [--split train] [--version ID]       a version's shard URIs
 
 A command that fails ends with its cause on one line and the path of a log file that
 holds the traceback (printed too with `-v`), then the fix on a line of its own when one
-is known; a config or data error exits 2, anything else 1.
+is known. Its exit status is that of `python -m preprocessing`: 2 for a config
+or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
+a service that may answer later, 5 for storage that refuses (no space, permission, a
+read-only file system, a missing bucket), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from pydantic import ValidationError
 
-from preprocessing.contract.secrets import redact
+from flows.cli.files import add_files_command
+from flows.overrides import apply_override
+from preprocessing.toolbox.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
 # flows.params.PRESETS_DIR; not imported from there, which would load every config model
@@ -70,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
     deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
-    deployments.add_argument("--work-dir", default="/var/lib/ballast",
-                             help="fills ${WORK_DIR} in the presets")
+    deployments.add_argument("--work-dir", help="fills ${WORK_DIR} in the presets (default: "
+                             "kept, for each flow run to fill from $BALLAST_WORK_DIR)")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
     init = commands.add_parser("init", help="print a starter pipeline config for your files")
@@ -81,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
     _rollback_arguments(commands.add_parser(
         "rollback", help="move the champion alias or a dataset's _CURRENT back"))
+    add_files_command(commands)
     verify = commands.add_parser("verify", help="check a version and its chain; exit 1 if "
                                  "anything is damaged")
     verify.add_argument("root", help="the output root of the dataset")
@@ -117,22 +123,11 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
                         "too; they are always in the command's log file")
 
 
-def apply_override(values: dict[str, Any], assignment: str) -> None:
-    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set {assignment!r}: expected KEY=VALUE")
-    *parents, leaf = key.split(".")
-    node = values
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
-
-
 def _run(args: argparse.Namespace) -> str:
     from flows.cli.summary import format_result
     from flows.deployments import FLOWS
     from flows.params import load_preset, parse_params
+    from flows.temporary_server import start_temporary_server
 
     values = load_preset(args.config, args.work_dir)
     for assignment in args.set:
@@ -142,16 +137,21 @@ def _run(args: argparse.Namespace) -> str:
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
         values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
-    params = parse_params(params_type, values, args.config)
+    overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
+    origin = f"{args.config} with {overridden}" if overridden else args.config
+    params = parse_params(params_type, values, origin)
     with _quiet(args):
+        start_temporary_server()
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
 
 
 def _demo(args: argparse.Namespace) -> str:
     from flows.cli.demo import demo_summary, run_demo
+    from flows.temporary_server import start_temporary_server
 
     with _quiet(args):
+        start_temporary_server()
         params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
     return _output(args, result, lambda: demo_summary(params, result, seconds))
 
@@ -199,19 +199,20 @@ def _dispatch(args: argparse.Namespace) -> str | None:
         from flows.cli.rollback import rollback
 
         return rollback(args.model, args.dataset, args.to, args.tracking_uri, args.reason)
+    if args.command == "files":
+        from flows.cli.files import list_files
+
+        return list_files(args.root, args.split, args.version)
     if args.command in ("init", "inspect"):
-        from flows.cli.dataset import describe_inputs, describe_version
+        from flows.cli.dataset import describe_version
+        from flows.cli.init_config import describe_inputs
 
         if args.command == "init":
             return describe_inputs(args.inputs, args.label)
         return describe_version(args.dataset)
-    from prefect import serve
+    from flows.serving import serve_deployments
 
-    from flows.deployments import build_deployments, serve_stopped_message
-
-    deployments = build_deployments(args.work_dir)
-    serve(*deployments)  # returns once interrupted (Ctrl-C, SIGTERM)
-    return serve_stopped_message(deployments)
+    return serve_deployments(args.work_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = _dispatch(args)
     except Exception as error:
         report_error(args, error)
-        return 2 if is_deterministic(error) else 1
+        return failure_status(error)
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
     return 0
@@ -272,13 +273,16 @@ def fix_for(error: BaseException) -> str | None:
     return None
 
 
-def is_deterministic(error: BaseException) -> bool:
-    """A config or data error (or a training job that stopped on one): it fails again."""
-    from training.launch.failures import TrainingFailed, is_config_error
+def failure_status(error: BaseException) -> int:
+    """The documented exit status of a failed command (preprocessing/contract/
+    exit_status.py: bad input 2, conflict 3, transient 4, storage refused 5, else 1); a
+    training job that stopped exits 2 when it stopped on a config or data error, else 1."""
+    from preprocessing.contract.exit_status import BAD_INPUT, INTERNAL, exit_status
+    from training.launch.failures import TrainingFailed
 
     if isinstance(error, TrainingFailed):
-        return error.config_error is not None
-    return isinstance(error, FileNotFoundError) or is_config_error(error)
+        return BAD_INPUT if error.config_error is not None else INTERNAL
+    return exit_status(error)
 
 
 def one_line(error: BaseException, max_chars: int = 600) -> str:

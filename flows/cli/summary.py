@@ -10,6 +10,7 @@ from flows.arms import worst_class
 from flows.promotion import promotion_lines
 from flows.report import class_rows_after, how_to_open_run
 from preprocessing.contract.manifest import Manifest, read_manifest
+from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 
 
 def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
@@ -24,7 +25,8 @@ def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
         rows = [shard.num_rows for shard in split.shards]
         lines.append(f"  {name}: {len(rows)} shards, rows per shard {min(rows)}..{max(rows)}")
     lines.append(f"  rejected input files: {len(manifest.rejected)}")
-    return lines
+    lines += [f"  {line}" for line in unlabelled_lines(manifest)]
+    return lines + [f"  warning: {line}" for line in identifying_lines(manifest)]
 
 
 def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:

@@ -11,8 +11,9 @@ numpy and pyarrow only (docs/architecture.md 1). Column kinds, and what each bec
   `(x - shift) / scale` (the scan's mean and standard deviation; 0 and 1 when
   `dataset.standardize` is off);
 - `boolean`: 0 or 1;
-- `temporal` (timestamps, dates, times of day, durations): seconds since the epoch (or
-  midnight), standardized like numbers;
+- `temporal` (timestamps, dates, times of day, durations; strings of ISO 8601 dates or
+  timestamps named in `dataset.date_columns`, parsed as UTC where they carry no offset):
+  seconds since the epoch (or midnight), standardized like numbers;
 - `vector` (fixed-size lists of numbers, e.g. embeddings): its `size` values, as they are;
 - `sequence` (variable-length lists of numbers, e.g. token ids): the first `size` values,
   padded with 0, then `size` mask values (1 where an element is real);
@@ -45,6 +46,7 @@ from preprocessing.contract.manifest import Manifest, ManifestError
 SCALAR_KINDS = ("numeric", "boolean", "temporal")
 FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_ZONE_SUFFIX = r"(Z|[+-]\d\d:?\d\d)$"  # an ISO 8601 timestamp's zone: `Z` or `+01:00`
 _FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
 
 
@@ -218,7 +220,12 @@ def _refuse_nulls(spec: ColumnSpec, count: int, what: str = "nulls") -> None:
 
 
 def seconds(array: pa.Array) -> pa.Array:
-    """A temporal array as float64 seconds (since the epoch, or midnight for times)."""
+    """A temporal array (or ISO 8601 strings) as float64 seconds (since the epoch, or
+    midnight for times)."""
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        array = parse_timestamps(array)
     arrow_type = array.type
     if pa.types.is_date32(arrow_type):
         return pc.multiply(array.cast(pa.int32()).cast(pa.float64()), 86_400.0)
@@ -227,10 +234,41 @@ def seconds(array: pa.Array) -> pa.Array:
     return pc.multiply(array.cast(integers).cast(pa.float64()), _UNIT_SECONDS[unit])
 
 
+def parse_timestamps(strings: pa.Array) -> pa.Array:
+    """ISO 8601 dates or timestamps (`2024-03-01`, `2024-03-01 12:30:00`, with `T`, a
+    fraction, `Z` or an offset; without a zone, UTC) as timestamp[us, UTC]; `FeatureError`
+    naming the first string that is none of these."""
+    try:
+        return _parsed(strings)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    for value in strings.to_pylist():  # the slow path only to name the culprit
+        try:
+            _parsed(pa.array([value], pa.string()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise FeatureError(f"{value!r} is not an ISO 8601 date or timestamp (a column of "
+                               "dataset.date_columns)") from None
+    raise FeatureError("dates that do not parse as ISO 8601 (a column of dataset.date_columns)")
+
+
+def _parsed(strings: pa.Array) -> pa.Array:
+    # Arrow parses an offset only into a zoned type and a string without one only into a
+    # naive type: each part apart, the naive one read as UTC.
+    strings = strings.cast(pa.string())
+    zoned = pc.match_substring_regex(strings, _ZONE_SUFFIX)
+    with_zone = pc.if_else(zoned, strings, None).cast(pa.timestamp("us", tz="UTC"))
+    without = pc.if_else(zoned, None, strings).cast(pa.timestamp("us"))
+    micros = pc.if_else(zoned, with_zone.cast(pa.int64()), without.cast(pa.int64()))
+    return micros.cast(pa.timestamp("us", tz="UTC"))
+
+
 def _encode_scalar(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
-    values = seconds(array) if spec.kind == "temporal" else array.cast(pa.float64())
+    try:
+        values = seconds(array) if spec.kind == "temporal" else array.cast(pa.float64())
+    except FeatureError as error:
+        raise FeatureError(f"feature column {spec.name!r}: {error}") from None
     numbers = values.to_numpy(zero_copy_only=False)  # a null is NaN here
     # NaN is a null too, as in the scan's counts (preprocessing/scan/feature_stats.py).
     may_be_null = values.null_count or pa.types.is_floating(array.type)

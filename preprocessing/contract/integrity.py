@@ -14,6 +14,10 @@ reads other bytes) naming the version, the shard and what disagrees:
   values are an error naming the shard and the row group, not wrong rows. Shards written
   before page checksums have none and are read as before (pyarrow checks only the pages
   that carry one).
+- any other decode error (flipped bytes in a page header or the footer: pyarrow's thrift
+  error) is ShardDamaged once the file's sha256 disagrees with the manifest's, checked
+  again on that error only (`decode_damage`): a read cut on the way decodes wrong too,
+  but leaves the file whole, and stays an error that may pass.
 
 `ShardRef` is a shard's URI with its manifest entry and version, what a reader needs to
 check it without the manifest.
@@ -30,12 +34,12 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import ManifestError, ShardEntry, read_manifest, shard_uri
+from preprocessing.storage.sources import VERIFY_PAGES as VERIFY_PAGES  # part of the API
+from preprocessing.toolbox.faults import TransientError, classify
 
 # The one writer option for page checksums: every shard writer passes **PAGE_CHECKSUMS to
 # pq.write_table / pq.ParquetWriter (it changes shard bytes, not what they decode to).
 PAGE_CHECKSUMS: dict[str, Any] = {"write_page_checksum": True}
-# The one reader option: pq.ParquetFile / pq.read_table(**VERIFY_PAGES).
-VERIFY_PAGES: dict[str, Any] = {"page_checksum_verification": True}
 VERIFY_MODES = ("size", "sha256", "none")
 _CRC_FAILED = "CRC checksum verification failed"
 _CHUNK_BYTES = 1 << 22
@@ -117,27 +121,72 @@ def damaged_row_group(source: Any) -> str:
     return ""
 
 
-def page_damage(ref: ShardRef, group: int, error: BaseException) -> ShardDamaged | None:
-    """The ShardDamaged a failed read of row group `group` means, when its error is a page
-    checksum mismatch (None for any other error: it may pass)."""
-    if not isinstance(error, OSError) or _CRC_FAILED not in str(error):
-        return None
-    return ShardDamaged(
-        f"version {ref.version}: shard {ref.entry.path} ({ref.uri}), row group {group}: a "
-        f"page's checksum does not match its bytes ({error}); the file is damaged")
+def page_damage(ref: ShardRef, group: int, error: BaseException,
+                verified: bool = True) -> ShardDamaged | None:
+    """The ShardDamaged a failed read of row group `group` means (see `decode_damage`);
+    with `verified` False (a reader told not to check shards) only a page checksum's."""
+    return decode_damage(ref, error, f"row group {group}", verified)
 
 
 def located_damage(ref: ShardRef, error: BaseException) -> ShardDamaged | None:
-    """The ShardDamaged a failed whole-file read of `ref` means when its error is a page
-    checksum mismatch, naming the row group (each read again with checksums verified);
-    None for any other error (it may pass)."""
-    if not isinstance(error, OSError) or _CRC_FAILED not in str(error):
+    """The ShardDamaged a failed whole-file read of `ref` means (see `decode_damage`),
+    naming the row group that fails its page checksums when one does."""
+    return decode_damage(ref, error, "")
+
+
+def decode_damage(ref: ShardRef, error: BaseException, where: str,
+                  hashed: bool = True) -> ShardDamaged | None:
+    """The ShardDamaged that `error`, raised while decoding `ref` (at `where`, or anywhere
+    when ""), means; None when it may pass. A page checksum mismatch is damage. Any other
+    error that is not of the storage's (a thrift header that does not decode, a footer
+    that disagrees with the manifest) is damage when the file's sha256 is not the
+    manifest's: hashing it again tells flipped bytes on disk from a read cut on the way
+    (`hashed` False: not checked, None)."""
+    if isinstance(error, ShardDamaged):
+        return error
+    refused = classify(error) == "permanent" and not isinstance(error, ManifestError)
+    if isinstance(error, _STORAGE_ERRORS) or refused:
         return None
-    fs, path = url_to_fs(ref.uri)
+    crc = isinstance(error, OSError) and _CRC_FAILED in str(error)
+    if not crc and not hashed:
+        return None
+    digest = "" if crc else _sha256_of(ref.uri)
+    if not crc and digest == ref.entry.sha256:
+        return None
+    what = ("a page's checksum does not match its bytes" if crc else
+            f"its sha256 is {digest}, not the manifest's {ref.entry.sha256}")
+    if not where:
+        where = _located(ref.uri)
+    place = f", {where}" if where else ""
+    return ShardDamaged(
+        f"version {ref.version}: shard {ref.entry.path} ({ref.uri}){place}: does not decode "
+        f"({type(error).__name__}: {_first_line(error)}); {what}: the file is damaged")
+
+
+# Errors of the storage, not of the bytes: they say nothing about the file's content.
+_STORAGE_ERRORS = (TransientError, ConnectionError, TimeoutError, FileNotFoundError,
+                   PermissionError)
+
+
+def _sha256_of(uri: str) -> str:
+    fs, path = url_to_fs(uri)
+    digest = hashlib.sha256()
     with fs.open(path, "rb") as handle:
-        where = damaged_row_group(handle) or f"a page's checksum does not match ({error})"
-    return ShardDamaged(f"version {ref.version}: shard {ref.entry.path} ({ref.uri}): "
-                        f"{where}: the file is damaged")
+        while chunk := handle.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _located(uri: str) -> str:
+    """The row group of the file at `uri` that fails to decode, or ""."""
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as handle:
+        return damaged_row_group(handle)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def read_shard_table(ref: ShardRef, columns: list[str] | None = None) -> pa.Table:
@@ -146,7 +195,7 @@ def read_shard_table(ref: ShardRef, columns: list[str] | None = None) -> pa.Tabl
     check_size(ref, int(fs.size(path)))
     try:
         return pq.read_table(ref.uri, columns=columns, **VERIFY_PAGES)
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         damage = located_damage(ref, error)
         if damage is None:
             raise

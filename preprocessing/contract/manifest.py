@@ -5,7 +5,7 @@ Part of `preprocessing/contract/`, the one room of `preprocessing/` that `traini
 records and storage primitives, `contract/lineage.py` and `storage/objects.py`, are reached
 through it). Under an output root:
 
-    <root>/v-<version_id>/shard-00000.parquet ...     training split (holdout-*: held out)
+    <root>/v-<version_id>/train-00000.parquet ...     training split (holdout-*: held out)
     <root>/v-<version_id>/_MANIFEST.json              written last = the commit
     <root>/v-<child_id>/...                           a chain's child: the new shards only
     <root>/_CURRENT                                   newest committed version id
@@ -36,17 +36,17 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.documents import document_json
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.fields import manifest_problem
 from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
 from preprocessing.storage.objects import file_lock, is_local, write_atomically
 from preprocessing.storage.objects import file_sha256 as file_sha256  # part of the contract's API
+from preprocessing.toolbox.faults import PermanentError
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # 1: no input listing and no lineage (read with their defaults)
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
-SPLIT_PREFIX = {"train": "shard", "holdout": "holdout", "predictions": "part"}
+SPLIT_PREFIX = {"train": "train", "holdout": "holdout", "predictions": "part"}  # names say splits
 ANY_PREVIOUS = "*"  # swap_current(expected=ANY_PREVIOUS) replaces whatever `_CURRENT` names
 KILL_AT_ENV = "BALLAST_KILL_AT"  # test hook: a process SIGKILLs itself after the step it names
 COMMIT_STEPS = ("shards", "manifest", "swap")  # in order; "shards": all in place

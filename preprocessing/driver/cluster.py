@@ -31,7 +31,13 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.contract.faults import ConfigError
+from preprocessing.driver.jobqueue import (
+    JobSettings,
+    check_submission,
+    jobqueue_options,
+    wait_for_job_workers,
+)
+from preprocessing.toolbox.faults import ConfigError
 
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
 # glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped
@@ -55,6 +61,10 @@ LOCAL_STARTS = 2
 # StreamHandler of `distributed` to WARNING, a FileHandler included, in the workers and in
 # this process, so it is turned off then; without one the default keeps workers quiet.
 WORKER_LOGGING_ENV = "DASK_DISTRIBUTED__LOGGING"
+
+# Kinds whose workers are batch jobs ballast submits: waited for with a deadline, and
+# started per Dask step of a flow run (`run_executor`).
+BATCH_KINDS = frozenset({"slurm", "pbs", "kubernetes"})
 
 # kind -> (module, cluster class, the package and ballast extra that install it)
 _EXTERNAL = {
@@ -94,6 +104,17 @@ class DaskConfig(BaseModel):
     worker_profile: bool = Field(
         False, description="Dask's statistical profiler (the dashboard's Profile page) on the "
         "workers of kind `local`; it costs about 6% of their CPU.")
+    jobs: JobSettings = Field(
+        default_factory=JobSettings, description="The site's settings of the worker jobs "
+        "(kind `slurm` / `pbs`): partition, account, QOS, memory, constraint, walltime, "
+        "further options.")
+    worker_timeout_s: float = Field(
+        600.0, gt=0, description="How long a cluster ballast starts may take to get its "
+        "first worker (a job may wait in a queue); then an error names the jobs and "
+        "SLURM's reason.")
+    dashboard_address: str = Field(
+        ":0", description="Where the dashboard of a scheduler ballast starts for batch jobs "
+        "listens (default: a free port, not 8787 of a shared login node).")
 
     @model_validator(mode="after")
     def _settings_of_the_kind(self) -> DaskConfig:
@@ -101,6 +122,9 @@ class DaskConfig(BaseModel):
             raise ValueError("dask.address is required when dask.kind is 'address'")
         if self.kind != "address" and self.address:
             raise ValueError(f"dask.address is only read when dask.kind is 'address', "
+                             f"not {self.kind!r}")
+        if self.kind not in ("slurm", "pbs") and self.jobs != JobSettings():
+            raise ValueError(f"dask.jobs is only read when dask.kind is 'slurm' or 'pbs', "
                              f"not {self.kind!r}")
         if self.kind == "kubernetes" and "image" not in self.options:
             raise ValueError("dask.options.image is required when dask.kind is 'kubernetes': "
@@ -132,9 +156,26 @@ def _connect(config: DaskConfig) -> Iterator[Client]:
             yield client
         return
     with build_cluster(config) as cluster:
+        check_submission(cluster, config.kind)
         cluster.scale(config.num_workers)
         with Client(cluster) as client:
+            if config.kind in BATCH_KINDS:
+                wait_for_job_workers(cluster, client, config.worker_timeout_s, config.kind)
             yield client
+
+
+@contextmanager
+def run_executor(config: DaskConfig) -> Iterator[Executor]:
+    """What the Dask steps of one flow run share: a client of one cluster for every step
+    when the workers are local or already running; the config itself for a cluster of
+    batch jobs (slurm, pbs, kubernetes), so that each step starts its own cluster and its
+    jobs end with the step: none waits idle between steps (through training) or reaches
+    its walltime before the next step starts."""
+    if config.kind in BATCH_KINDS:
+        yield config
+        return
+    with dask_client(config) as client:
+        yield client
 
 
 def build_cluster(config: DaskConfig) -> Any:
@@ -207,15 +248,12 @@ def _with_allocator_env(env: dict[str, Any] | list[dict[str, Any]] | None) -> An
 
 def _jobqueue_cluster(config: DaskConfig) -> Any:
     """A SLURMCluster / PBSCluster whose job scripts export the allocator settings before
-    the worker starts, ahead of the user's prologue (options or jobqueue's config)."""
+    the worker starts, ahead of the user's prologue (options or jobqueue's config), with
+    `dask.jobs` and the dashboard address (preprocessing/driver/jobqueue.py)."""
     module = _import_extra(config.kind)
-    options = dict(config.options)
-    prologue = options.pop("job_script_prologue", None)
-    if prologue is None:
-        prologue = dask.config.get(f"jobqueue.{config.kind}.job-script-prologue", default=[])
-    exports = [f"export {name}={value}" for name, value in WORKER_MALLOC_ENV.items()]
-    cluster_class = getattr(module, _EXTERNAL[config.kind][1])
-    return cluster_class(job_script_prologue=exports + list(prologue or []), **options)
+    options = jobqueue_options(config.kind, config.options, config.jobs,
+                               config.dashboard_address, WORKER_MALLOC_ENV)
+    return getattr(module, _EXTERNAL[config.kind][1])(**options)
 
 
 def _import_extra(kind: str) -> Any:

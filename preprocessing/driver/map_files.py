@@ -5,7 +5,7 @@ Table out, e.g. predictions); this module knows nothing about models. Each task 
 one input file row group by row group (bounded input memory), writes one output part
 (`preprocessing/contract/shards.py`, row groups of `rows_per_row_group`) into the
 run's own attempt (`preprocessing/versions/attempt.py`), and returns its manifest entry (a task
-that fails for a reason that may pass is run again: preprocessing/contract/faults.py); the
+that fails for a reason that may pass is run again: preprocessing/toolbox/faults.py); the
 version is committed through `commit_version`, exactly as for a reshard. An input that
 is a shard of a committed version (batch inference over a split) has its size checked
 against its manifest before it is read and its page checksums verified on read, so a
@@ -22,7 +22,6 @@ from typing import Any
 import pyarrow as pa
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import RetryPolicy, retrying
 from preprocessing.contract.integrity import (
     ShardRef,
     check_size,
@@ -40,10 +39,11 @@ from preprocessing.contract.manifest import (
     shard_name,
     shard_uri,
 )
-from preprocessing.contract.secrets import redact_value
 from preprocessing.contract.shards import ShardWriter
 from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.storage.sources import iter_batches
+from preprocessing.toolbox.faults import RetryPolicy, retrying
+from preprocessing.toolbox.secrets import redact_value
 from preprocessing.versions.attempt import VersionAttempt
 
 Transform = Callable[[pa.Table], pa.Table]
@@ -70,7 +70,7 @@ def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transfo
         check_size(listed, int(fs.size(path)))
     try:
         return _mapped(uri, out_uri, transform, label_column, rows_per_row_group)
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         damage = located_damage(listed, error) if listed else None
         if damage is None:
             raise

@@ -26,7 +26,6 @@ import pyarrow as pa
 from distributed import Client
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
@@ -37,7 +36,6 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.contract.secrets import redact
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.tasks import (
@@ -68,6 +66,8 @@ from preprocessing.scan.inputs import (
     scan_file,
 )
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
+from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
+from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.attempt import VersionAttempt, collect_expired
 from preprocessing.versions.incremental import (
     Increment,
@@ -244,7 +244,8 @@ def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
     bounds = group_pieces(np.array([f.num_bytes for f in files]), config.exchange_task_bytes,
                           4 * dask.threads).tolist()
-    counter = StageProgress("scan", len(bounds) - 1, progress)
+    counter = StageProgress("scan", len(bounds) - 1, progress,
+                            config.progress_deadline_s)
     groups = run_in_waves(dask.dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
                           len(bounds) - 1, dask.in_flight, counter,
                           spec=config.dataset, seed=config.seed,
@@ -333,7 +334,8 @@ def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan]
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(f"{attempt.uri}/exchange", layout, destinations.schema,
                       config.upload_part_bytes)
-    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress)
+    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress,
+                            config.progress_deadline_s)
     # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
     # once, as a task's result a dead worker's successor can recompute (waves.share).
     first_rows = piece_rows(scans, pieces)[0]
@@ -361,7 +363,8 @@ def _reduce(dask: _Cluster, plans: dict[str, SplitPlan], staging: Staging, schem
     shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
-    counter = StageProgress("write", len(tasks), progress)
+    counter = StageProgress("write", len(tasks), progress,
+                            config.progress_deadline_s)
     entries = run_in_waves(dask.dask, retrying(write_shards, config.retry), tasks, len(tasks),
                            dask.in_flight, counter,
                            staging=share(dask.dask, staging),

@@ -17,7 +17,11 @@ manager drops replicas no waiting task needs, so the value soon lives on one wor
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
@@ -27,14 +31,17 @@ from distributed import Client, Future, as_completed
 from tqdm import tqdm
 
 Progress = Callable[[str, int, int], None]
+log = logging.getLogger(__name__)
 
 
 class StageProgress:
     """Counts a stage's finished tasks: a terminal bar, and `progress(stage, done, total)`
     for an orchestrator."""
 
-    def __init__(self, stage: str, total: int, progress: Progress | None) -> None:
+    def __init__(self, stage: str, total: int, progress: Progress | None,
+                 deadline_s: float | None = None) -> None:
         self.stage, self.total, self.done, self._progress = stage, total, 0, progress
+        self.deadline_s = deadline_s  # see StallWatch
         self._bar = tqdm(total=total, desc=stage, unit="task", disable=not sys.stderr.isatty())
 
     def advance(self) -> None:
@@ -45,6 +52,53 @@ class StageProgress:
 
     def close(self) -> None:
         self._bar.close()
+
+
+class StallWatch:
+    """No silent stall: while a stage runs, a worker that holds a task of the cluster and
+    has not been heard from (its scheduler heartbeat) for `deadline_s` is named in the log
+    (address, the tasks it holds, seconds silent) and removed from the scheduler, which
+    moves its tasks to the other workers (and recomputes what only it held). Without
+    this a SIGSTOPped worker froze a reshard for 592 s, until Dask's own timeout."""
+
+    def __init__(self, client: Client, stage: str, deadline_s: float) -> None:
+        self.client, self.stage, self.deadline_s = client, stage, deadline_s
+        self.retired: list[str] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="stall-watch")
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(min(5.0, self.deadline_s / 4)):
+            try:
+                self.check()
+            except Exception as error:  # the watch never fails the stage it watches
+                log.debug("stall watch of %s: %s", self.stage, error)
+
+    def check(self) -> None:
+        """Name and retire each worker silent past the deadline while it holds tasks."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        for address, keys in self.client.processing().items():
+            silent_s = time.time() - workers.get(address, {}).get("last_seen", time.time())
+            if keys and silent_s > self.deadline_s:
+                log.warning("stage %s: worker %s silent for %.0f s holding %s; removing it, "
+                            "its tasks run on the other workers", self.stage, address,
+                            silent_s, ", ".join(str(key) for key in keys[:3]))
+                self.client.run_on_scheduler(_remove_worker, address)
+                self.retired.append(address)
+
+
+async def _remove_worker(address: str, dask_scheduler: Any = None) -> None:
+    # close=False: a frozen worker cannot answer a close; the scheduler forgets it.
+    await dask_scheduler.remove_worker(address=address, close=False,
+                                       stimulus_id=f"ballast-stall-{time.time()}")
 
 
 def share(client: Client, value: Any) -> Future:
@@ -82,10 +136,13 @@ def run_in_waves(client: Client, function: Callable[..., Any], arguments: Iterab
 
     for _ in range(max(1, limit)):
         submit_next()
-    for future in pending:
-        results[slots.pop(future.key)] = future.result()
-        future.release()
-        submit_next()
-        if counter is not None:
-            counter.advance()
+    deadline_s = counter.deadline_s if counter is not None else None
+    watch = StallWatch(client, counter.stage, deadline_s) if counter and deadline_s else None
+    with watch or contextlib.nullcontext():
+        for future in pending:
+            results[slots.pop(future.key)] = future.result()
+            future.release()
+            submit_next()
+            if counter is not None:
+                counter.advance()
     return results

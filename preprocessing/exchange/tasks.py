@@ -40,8 +40,8 @@ from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan
 from preprocessing.plan.row_fates import holdout_mask, route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
-from preprocessing.scan.feature_stats import drop_row_columns, null_rows
 from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
+from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 from preprocessing.storage.sources import read_rows
 
@@ -230,7 +230,7 @@ def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, s
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
     held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
                             holdout_fraction)
-    kept = ~null_rows(table, drop_row_columns(spec))  # as the scan counted them
+    kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():
         table, held_out = table.filter(pa.array(kept)), held_out[kept]
     return table.select(_payload_schema(destinations).names).cast(

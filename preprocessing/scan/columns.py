@@ -1,7 +1,8 @@
 """Which columns the config names, and whether the files have them.
 
 `schema_problem` and `row_problem` are one file's reasons to be rejected (a missing or
-internal column name, a feature type no kind encodes, null or NaN labels, null ids).
+internal column name, a feature type no kind encodes, null or NaN labels under
+`dataset.unlabelled: refuse`, null ids).
 `absent_columns_error` is the config's mistake, said once: a column the config names that
 no input file has is one `InputError` naming the config field, the columns the files do
 have and the closest of them, not a schema-drift rejection of every file. `IdTally`
@@ -16,11 +17,10 @@ from dataclasses import field as dataclass_field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.codec import kind_of
-from preprocessing.scan.feature_stats import InputError
+from preprocessing.scan.feature_stats import InputError, column_nulls
 
 INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
 _SHOWN_COLUMNS = 20
@@ -87,19 +87,21 @@ def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
 
 
 def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str | None:
-    """Null or NaN labels, or null ids, in a batch starting at `first_row`, as a reason."""
-    labels = batch.column(spec.label_column)
-    if labels.null_count:
-        return (f"{labels.null_count} null labels in column '{spec.label_column}' "
-                f"(rows from {first_row})")
-    if pa.types.is_floating(labels.type):
-        num_nan = int(pc.sum(pc.is_nan(labels)).as_py() or 0)
-        if num_nan:
-            return (f"{num_nan} NaN labels in column '{spec.label_column}' "
-                    f"(rows from {first_row})")
+    """Null or NaN labels (under `dataset.unlabelled: refuse`), or null ids, in a batch
+    starting at `first_row`, as a reason naming the first such row of the file."""
+    if spec.unlabelled == "refuse":
+        unlabelled = column_nulls(batch.column(spec.label_column))
+        if unlabelled.any():
+            return (f"{int(unlabelled.sum())} null or NaN labels in column "
+                    f"'{spec.label_column}' (the first at row "
+                    f"{first_row + int(unlabelled.argmax())} of the file); "
+                    "dataset.unlabelled is 'refuse': set it to 'drop' to leave unlabelled "
+                    "rows out, counted per file")
     ids = batch.column(spec.id_column) if spec.id_column else None
     if ids is not None and ids.null_count:
-        return f"{ids.null_count} null ids in column '{spec.id_column}' (rows from {first_row})"
+        first = first_row + int(ids.is_null().to_numpy(zero_copy_only=False).argmax())
+        return (f"{ids.null_count} null ids in column '{spec.id_column}' (the first at row "
+                f"{first} of the file)")
     return None
 
 

@@ -15,27 +15,40 @@ scan (which counts only the kept rows, so the plan stays exact) and by the map s
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from preprocessing.config import DatasetSpec
+from preprocessing.config import DatasetSpec, NullPolicy
 from preprocessing.contract.codec import (
     SCALAR_KINDS,
     ColumnSpec,
     FeatureCodec,
+    FeatureError,
     kind_of,
     seconds,
 )
-from preprocessing.contract.faults import PermanentInputError
+from preprocessing.contract.notices import identifying_message
+from preprocessing.plan.distinct import (
+    distinct_count,
+    fold_hashes,
+    identifies_rows,
+    value_hashes,
+)
+from preprocessing.toolbox.faults import PermanentInputError
 
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
 CATEGORY_COUNT_CAP = 100_000
 _LIST_POLICIES = ("error", "drop_row", "fill_zero")
 _POLICIES_OF = {"vector": _LIST_POLICIES, "sequence": _LIST_POLICIES,
                 "category": _LIST_POLICIES}
+
+
+def policies_for(kind: str | None) -> tuple[str, ...]:
+    """The null policies a column of codec kind `kind` takes."""
+    return _POLICIES_OF.get(kind or "", get_args(NullPolicy))
 
 
 class InputError(PermanentInputError):
@@ -56,6 +69,8 @@ class ColumnProfile:
     max_length: int = 0  # the longest kept list
     size: int = 0  # a fixed-size list's size
     values: set[str] | None = field(default_factory=set)  # None: past CATEGORY_COUNT_CAP
+    # Strings and integers: the distinct-values sketch of the kept rows (plan/distinct.py).
+    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def add_numbers(self, numbers: np.ndarray) -> None:
         """Fold values in (Chan's parallel update: exact, and merges across files)."""
@@ -73,6 +88,7 @@ class ColumnProfile:
         self.count, self.null_rows = total, self.null_rows + other.null_rows
         self.max_length = max(self.max_length, other.max_length)
         self.add_values(other.values)
+        self.hashes = fold_hashes(self.hashes, other.hashes)
 
     def add_values(self, values: set[str] | None) -> None:
         if self.values is None or values is None:
@@ -87,12 +103,14 @@ class ColumnProfile:
         return float(np.sqrt(self.m2 / self.count)) if self.count else 0.0
 
 
-def new_profiles(schema: pa.Schema, names: list[str]) -> dict[str, ColumnProfile]:
-    """An empty profile per feature column; a type the codec cannot encode is an error."""
+def new_profiles(schema: pa.Schema, names: list[str],
+                 date_columns: list[str] | None = None) -> dict[str, ColumnProfile]:
+    """An empty profile per feature column; a type the codec cannot encode is an error.
+    The strings of `date_columns` are temporal, not categories."""
     profiles = {}
     for name in names:
         arrow_type = schema.field(name).type
-        kind = kind_of(arrow_type)
+        kind = column_kind(arrow_type, name in (date_columns or []))
         if kind is None:
             raise InputError(
                 f"feature column '{name}' has type {arrow_type}, which no feature kind "
@@ -100,6 +118,13 @@ def new_profiles(schema: pa.Schema, names: list[str]) -> dict[str, ColumnProfile
         size = arrow_type.list_size if kind == "vector" else 0
         profiles[name] = ColumnProfile(str(arrow_type), kind, size=size)
     return profiles
+
+
+def column_kind(arrow_type: pa.DataType, is_date: bool) -> str | None:
+    """The codec kind of a feature column: its type's, but `temporal` for the strings of
+    a column in `dataset.date_columns`."""
+    kind = kind_of(arrow_type)
+    return "temporal" if is_date and kind == "category" else kind
 
 
 def column_nulls(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -143,7 +168,10 @@ def profile_batch(profiles: dict[str, ColumnProfile], batch: pa.RecordBatch,
         array = batch.column(name)
         nulls = column_nulls(array)
         profile.null_rows += int(nulls.sum())
-        _fold(profile, array, kept & ~nulls)
+        try:
+            _fold(profile, array, kept & ~nulls)
+        except FeatureError as error:  # a date that does not parse: the file is bad
+            raise InputError(f"feature column '{name}': {error}") from None
 
 
 def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
@@ -151,12 +179,34 @@ def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
     if profile.kind in SCALAR_KINDS:  # numpy's mask: cheaper than an Arrow filter
         numbers = seconds(array) if profile.kind == "temporal" else array.cast(pa.float64())
         profile.add_numbers(numbers.to_numpy(zero_copy_only=False)[use])
+        if pa.types.is_integer(array.type):
+            values = array.to_numpy(zero_copy_only=False)[use]
+            profile.hashes = fold_hashes(profile.hashes, value_hashes(values))
         return
     valid = array.filter(pa.array(use))
     if profile.kind == "sequence" and len(valid):
         profile.max_length = max(profile.max_length, pc.max(pc.list_value_length(valid)).as_py())
     elif profile.kind == "category":
-        profile.add_values(set(pc.unique(valid.cast(pa.string())).to_pylist()))
+        distinct = pc.unique(valid.cast(pa.string()))
+        profile.count += len(valid)  # the rows the distinct values are of
+        profile.add_values(set(distinct.to_pylist()))
+        profile.hashes = fold_hashes(profile.hashes, value_hashes(
+            distinct.to_numpy(zero_copy_only=False)))
+
+
+def identifying_columns(profiles: dict[str, ColumnProfile],
+                        spec: DatasetSpec) -> dict[str, dict[str, int]]:
+    """Feature columns (strings, integers) whose distinct values approach their rows
+    (plan/distinct.py: `identifies_rows`), each with its distinct and row counts;
+    `InputError` naming them under `dataset.on_identifying_feature: refuse`."""
+    found = {name: {"distinct": distinct_count(profile.hashes), "rows": profile.count}
+             for name, profile in profiles.items() if len(profile.hashes)
+             and identifies_rows(distinct_count(profile.hashes), profile.count)}
+    if found and spec.on_identifying_feature == "refuse":
+        raise InputError("; ".join(identifying_message(name, **counts)
+                                   for name, counts in found.items())
+                         + " (dataset.on_identifying_feature is 'refuse')")
+    return found
 
 
 def merge_profiles(per_file: list[dict[str, ColumnProfile]]) -> dict[str, ColumnProfile]:
@@ -238,9 +288,15 @@ def profiles_record(profiles: dict[str, ColumnProfile], spec: DatasetSpec) -> di
     """The merged profiles as the `features` field's `profiles`, which a chain's child
     folds its new files into (`earlier_profiles`). Distinct strings are kept only up to
     `max_categories`: past it the codec hashes or fails whatever a later file adds."""
-    return {name: {**asdict(profile), "values": sorted(profile.values)
+    # The distinct-values sketch stays out (up to 4,096 hashes a column): a child's check
+    # of identifying features covers its own new files.
+    return {name: {**_without_hashes(profile), "values": sorted(profile.values)
                    if profile.values is not None and len(profile.values) <= spec.max_categories
                    else None} for name, profile in profiles.items()}
+
+
+def _without_hashes(profile: ColumnProfile) -> dict[str, Any]:
+    return {key: value for key, value in asdict(profile).items() if key != "hashes"}
 
 
 def earlier_profiles(features: dict[str, Any]) -> dict[str, ColumnProfile]:

@@ -11,7 +11,7 @@ missing or internal column name, a feature type no kind encodes, null or NaN lab
 null, duplicate or non-integer ids, too many label values, null fixed-size lists, bytes
 that do not decode (preprocessing/scan/columns.py). Without `dataset.id_column` no id
 column is read: ids are derived from each file's path and row (preprocessing/plan/row_ids.py).
-Each file's scan is retried on transient errors (preprocessing/contract/faults.py); a file
+Each file's scan is retried on transient errors (preprocessing/toolbox/faults.py); a file
 still unreadable for one after every try comes back `transient`, which fails the run
 rather than rejecting the file.
 `check_schemas` rejects files whose schema drifts from the majority's. Across files:
@@ -37,13 +37,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.faults import (
-    CorruptInput,
-    PermanentInputError,
-    RetryPolicy,
-    call_with_retries,
-    is_permanent,
-)
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
@@ -53,15 +46,15 @@ from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
     build_codec,
-    drop_row_columns,
     earlier_profiles,
     features_record,
+    identifying_columns,
     merge_profiles,
     new_profiles,
-    null_rows,
     profile_batch,
     profiles_record,
 )
+from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.storage.sources import (
     FORMATS,
     Footer,
@@ -72,6 +65,13 @@ from preprocessing.storage.sources import (
     open_input,
     parquet_batches,
     stream_schema,
+)
+from preprocessing.toolbox.faults import (
+    CorruptInput,
+    PermanentInputError,
+    RetryPolicy,
+    call_with_retries,
+    is_permanent,
 )
 
 
@@ -86,7 +86,8 @@ class FileScan:
     reason: str | None = None
     transient: bool = False  # `reason` is an error that may pass: the file is not rejected
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
-    dropped_rows: int = 0  # rows left out by a `drop_row` null policy
+    dropped_rows: int = 0  # rows left out: unlabelled (under `unlabelled: drop`) or nulls
+    unlabelled_rows: int = 0  # of them, rows without a label
     id_range: tuple[int, int] | None = None
 
 
@@ -137,7 +138,7 @@ def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
     reads its rows."""
     if reason := schema_problem(schema, spec):
         return FileScan(file, schema, reason=reason)
-    tally = _Tally(new_profiles(schema, spec.feature_columns),
+    tally = _Tally(new_profiles(schema, spec.feature_columns, spec.date_columns),
                    np.array(footer.piece_starts, dtype=np.int64) if footer else None)
     columns = scan_columns(spec, tally.profiles, footer)
     if reason := _read_rows(tally, batches(columns), file, spec, seed, holdout_fraction,
@@ -149,6 +150,7 @@ def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
     return FileScan(file, schema, np.diff(bounds).tolist(),
                     Counts.of((*key, n) for key, n in tally.counts.items()),
                     profiles=tally.profiles, dropped_rows=tally.dropped,
+                    unlabelled_rows=tally.unlabelled,
                     id_range=tally.id_range(file))
 
 
@@ -179,19 +181,21 @@ class _Tally:
     counts: Counter[tuple[int, str, Any, Any]] = field(default_factory=Counter)
     num_rows: int = 0
     dropped: int = 0
+    unlabelled: int = 0
     ids: IdTally = field(default_factory=IdTally)
 
     def add(self, batch: pa.RecordBatch, file: InputFile, spec: DatasetSpec, seed: int,
             holdout_fraction: float, max_piece_rows: int) -> None:
-        """Count the batch's kept rows (a `drop_row` null drops a row from the counts, so
-        the plan is exact) and fold its feature columns into the profiles: statistics of
-        the kept training rows (held-out rows stay unseen), nulls of every row."""
+        """Count the batch's kept rows (preprocessing/scan/kept_rows.py: so the plan is
+        exact) and fold its feature columns into the profiles: statistics of the kept
+        training rows (held-out rows stay unseen), nulls of every row."""
         rows = np.arange(self.num_rows, self.num_rows + batch.num_rows)
         pieces = (np.searchsorted(self.starts, rows, side="right") - 1
                   if self.starts is not None else rows // max_piece_rows)
         holdout = holdout_mask(file.relative_path, self.num_rows, batch.num_rows, seed,
                                holdout_fraction)
-        kept = ~null_rows(batch, drop_row_columns(spec))
+        rows_kept = kept_rows(batch, spec)
+        kept = rows_kept.kept
         profile_batch(self.profiles, batch, kept & ~holdout)
         table = pa.Table.from_batches([batch])
         if not kept.all():
@@ -201,6 +205,7 @@ class _Tally:
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
         self.dropped += int((~kept).sum())
+        self.unlabelled += int(rows_kept.unlabelled.sum())
 
     def problem(self, spec: DatasetSpec) -> str | None:
         """Too many classes or duplicate ids in this file, as a reason; else None."""
@@ -378,7 +383,7 @@ def feature_state(scans: list[FileScan], spec: DatasetSpec,
                   earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest's `features` field from the accepted files' profiles, folded into the
     `earlier` version's (a chain's parent: its files are not read again); `InputError` for
-    nulls under the `error` policy, unsupported policies or too many categories."""
+    nulls under `error`, unsupported policies, too many categories, identifying features."""
     accepted = [scan for scan in scans if scan.reason is None]
     earlier = earlier or {}
     profiles = merge_profiles([earlier_profiles(earlier), *(scan.profiles for scan in accepted)])
@@ -388,4 +393,8 @@ def feature_state(scans: list[FileScan], spec: DatasetSpec,
     codec = build_codec(profiles, files_with_nulls, spec)
     dropped = {**earlier.get("dropped_rows", {}),
                **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows}}
-    return {**features_record(codec, dropped), "profiles": profiles_record(profiles, spec)}
+    unlabelled = {**earlier.get("unlabelled_rows", {}), **{
+        scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows}}
+    return {**features_record(codec, dropped), "unlabelled_rows": unlabelled,
+            "identifying_columns": identifying_columns(profiles, spec),
+            "profiles": profiles_record(profiles, spec)}

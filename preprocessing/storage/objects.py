@@ -20,8 +20,8 @@ from contextlib import contextmanager
 
 import fsspec
 
-from preprocessing.contract.faults import storage_refusal
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
+from preprocessing.toolbox.faults import storage_refusal
 
 
 @contextmanager

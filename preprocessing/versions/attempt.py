@@ -34,7 +34,6 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.manifest import (
     ANY_PREVIOUS,
     Commit,
@@ -46,7 +45,9 @@ from preprocessing.contract.manifest import (
     version_dir,
     write_atomically,
 )
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.faults import PermanentError
+from preprocessing.toolbox.secrets import redact
+from preprocessing.versions.table import publish_current
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,16 @@ class VersionAttempt:
         self._beating.join()
         for thread in self._discarding:
             thread.join()
-        _remove(self._fs, self._path)
+        try:
+            _remove(self._fs, self._path)
+        except OSError as cleanup:
+            if error is None:
+                raise
+            # The first error wins: a storage that refused the run refuses its cleanup too
+            # (a read-only file system), and that must not replace the cause.
+            log.warning("staging %s not removed (%s); the run failed first: %s",
+                        redact(self.uri), redact(str(cleanup)), redact(str(error)))
+            return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
 
@@ -140,10 +150,13 @@ class VersionAttempt:
         return f"{version_dir(self.root, self.version_id)}/{name}"
 
     def commit(self, manifest: Manifest, expected: str | None = ANY_PREVIOUS) -> Commit:
-        """Publish the staged shards (local roots), then `commit_version`."""
+        """Publish the staged shards (local roots), `commit_version`, then bring the root's
+        Delta Lake table in step with `_CURRENT` (versions/table.py)."""
         if self._local:
             self._publish(manifest)
-        return commit_version(self.root, manifest, expected)
+        commit = commit_version(self.root, manifest, expected)
+        publish_current(self.root)
+        return commit
 
     def renew(self) -> None:
         """Write this attempt's lease with a fresh heartbeat."""

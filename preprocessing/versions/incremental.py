@@ -73,7 +73,6 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.contract.secrets import redact, redact_value
 from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
@@ -81,6 +80,8 @@ from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile, fingerprint_inputs
+from preprocessing.toolbox.secrets import redact, redact_value
+from preprocessing.versions.table import publish_current
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted
 
@@ -327,7 +328,15 @@ def commit_following(root: str, manifest: Manifest, previous: str | None,
     """Run `commit(expected)`: a flat version from `previous`; a chain's child only from
     its parent. A child that finds `_CURRENT` moved on (before its commit, at the swap,
     or after finding itself committed) is withdrawn and CommitConflict raised: a lost
-    race leaves no version behind. A child current or under the current one is kept."""
+    race leaves no version behind. A child current or under the current one is kept.
+    Then the root's table is brought in step with `_CURRENT` (a rerun's repair)."""
+    done = _commit_in_line(root, manifest, previous, commit)
+    publish_current(root)
+    return done
+
+
+def _commit_in_line(root: str, manifest: Manifest, previous: str | None,
+                    commit: Callable[[str | None], Commit]) -> Commit:
     if manifest.parent_version is None:
         return commit(previous)
     if _position(root, manifest) == "elsewhere":

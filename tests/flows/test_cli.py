@@ -11,6 +11,7 @@ from prefect.utilities.callables import parameter_schema
 
 from flows.cli.main import apply_override, main
 from flows.deployments import DEPLOYMENTS, FLOWS, preset_parameters, render_prefect_yaml
+from flows.overrides import NO_OVERRIDES
 from flows.params import PRESETS_DIR, PipelineParams, ReshardParams, ballast_flow, load_preset
 from flows.pipeline import pipeline
 
@@ -89,12 +90,12 @@ def test_validation_errors_name_each_field_without_documentation_links(
 def test_each_flow_takes_its_models_fields_as_named_described_parameters() -> None:
     """Invariant: a flow's Prefect parameter schema (what the deployment's Parameters tab
     and run form show) has one named property per field of its parameter model, in order,
-    each with the field's description and the model's required fields required; no flow
-    takes one `params` blob."""
+    each with the field's description and the model's required fields required, then the
+    run's `overrides`; no flow takes one `params` blob."""
     for name, (flow_object, params_type) in FLOWS.items():
         schema = parameter_schema(flow_object.fn)
         fields = params_type.model_fields
-        assert list(schema.properties) == list(fields), name
+        assert list(schema.properties) == [*fields, "overrides"], name
         for field_name, field in fields.items():
             described = schema.properties[field_name]["description"]
             assert described == " ".join(str(field.description).split()), (name, field_name)
@@ -106,7 +107,7 @@ def test_a_model_holding_caller_runs_a_flow_with_its_arguments() -> None:
     the validated models (so `flow(**params.arguments())` runs what the file said)."""
     params = PipelineParams.model_validate(load_preset("demo", "/tmp/w"))
     arguments = params.arguments()
-    assert list(arguments) == [*inspect.signature(pipeline.fn).parameters]
+    assert [*arguments, "overrides"] == [*inspect.signature(pipeline.fn).parameters]
     assert arguments["reshard"] is params.reshard and arguments["job"] is params.job
 
 
@@ -117,7 +118,8 @@ def test_a_flow_whose_parameters_drift_from_its_model_fails_at_import() -> None:
 
     def missing(*, reshard: ReshardConfig) -> None: ...
 
-    def other_default(*, reshard: ReshardConfig, dask: object = None) -> None: ...
+    def other_default(*, reshard: ReshardConfig, dask: object = None,
+                      overrides: list[str] = NO_OVERRIDES) -> None: ...
 
     with pytest.raises(TypeError, match=r"parameters \['reshard'\] are not the fields"):
         ballast_flow("x", ReshardParams)(missing)

@@ -3,7 +3,7 @@ much, and what it costs the job, from the figures a training summary carries."""
 
 from __future__ import annotations
 
-from flows.runlog import straggler_line
+from flows.runlog import MAX_BALANCE_LINES, balance_lines, straggler_line
 
 
 def test_the_straggler_line_names_the_slowest_rank_and_what_it_costs() -> None:
@@ -22,3 +22,13 @@ def test_no_straggler_line_without_measured_all_reduce() -> None:
     """A summary without the figures (one process, FSDP, or an older summary) gives none."""
     assert straggler_line({"straggler": None}) is None
     assert straggler_line({}) is None
+
+
+def test_the_balance_lines_name_the_slower_rank_and_its_rows() -> None:
+    """Under `loader.balance: speed` the run log repeats rank 0's lines of the split's
+    moves, the last MAX_BALANCE_LINES of them; a summary without moves gives none."""
+    moves = [f"step {step}: rank 1 slower: 382/130 rows a step" for step in range(30)]
+    lines = balance_lines({"balance_moves": moves})
+    assert len(lines) == MAX_BALANCE_LINES
+    assert lines[-1] == "balance: step 29: rank 1 slower: 382/130 rows a step"
+    assert balance_lines({}) == [] and balance_lines({"balance_moves": None}) == []

@@ -110,8 +110,9 @@ def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -
 def test_served_deployments_show_named_parameter_sections(served) -> None:
     """Invariant: through the Prefect API, each served deployment's parameter schema has a
     named, described section per field of its flow's parameter model (the Parameters tab
-    shows `reshard`, `dask`, `train`, ... by name, not one `params` blob), its parameters are
-    the preset's under the same names, and the schema validates them (the UI's run form)."""
+    shows `reshard`, `dask`, `train`, ... by name, not one `params` blob), then the run's
+    `overrides`; its parameters are the preset's under the same names, and the schema
+    validates them (the UI's run form)."""
     from prefect.utilities.schema_tools import validate
 
     from flows.deployments import FLOWS
@@ -122,8 +123,9 @@ def test_served_deployments_show_named_parameter_sections(served) -> None:
     for name, deployment in found.items():
         fields = FLOWS[name.split("/")[0]][1].model_fields
         schema = deployment.parameter_openapi_schema
-        assert list(schema["properties"]) == list(fields), name
-        assert all(schema["properties"][field]["description"] for field in fields), name
+        assert list(schema["properties"]) == [*fields, "overrides"], name
+        assert all(schema["properties"][field]["description"] for field in
+                   [*fields, "overrides"]), name
         assert list(deployment.parameters) == list(fields) and "params" not in fields
         validate(deployment.parameters, schema, raise_on_error=True)
     nightly = found["pipeline/nightly"].parameters

@@ -68,14 +68,16 @@ def test_nulls_under_the_default_policy_name_column_count_files_and_fix(tmp_path
 
 @pytest.mark.slow
 def test_nan_labels_are_refused_naming_file_and_column(tmp_path, dask_client) -> None:
-    """Invariant: NaN labels (not nulls: a float column) reject the file by name, instead
-    of a bare StopIteration from the plan."""
+    """Invariant: under `unlabelled: refuse`, NaN labels (not nulls: a float column) reject
+    the file by name, with the first NaN's row and the setting, instead of a bare
+    StopIteration from the plan."""
     table = rows(0, 30)
     labels = table.column("label").to_numpy().astype(float)
     labels[[3, 7]] = np.nan
     write(tmp_path / "raw", "nan.parquet", table.set_column(1, "label", pa.array(labels)))
-    with pytest.raises(TooManyRejected, match=r"nan\.parquet: 2 NaN labels in column 'label'"):
-        reshard(tmp_path, dask_client)
+    with pytest.raises(TooManyRejected, match=r"nan\.parquet: 2 null or NaN labels in column "
+                       r"'label' \(the first at row 3 of the file\); dataset\.unlabelled"):
+        reshard(tmp_path, dask_client, unlabelled="refuse")
     assert_nothing_written(tmp_path)
 
 

@@ -1,4 +1,4 @@
-"""Every config is read through one loader (preprocessing/contract/config_files.py): a
+"""Every config is read through one loader (preprocessing/toolbox/config_files.py): a
 local path or any fsspec URI, errors naming the file; a moved field is refused naming its
 new place, a misspelt one gets the closest known name."""
 
@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.config_files import ConfigFileError, load_config, parse_config
+from preprocessing.toolbox.config_files import ConfigFileError, load_config, parse_config
 from training.config import TrainConfig
 
 GOOD = """\

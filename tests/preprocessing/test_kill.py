@@ -64,7 +64,7 @@ def kill_session(process: subprocess.Popen) -> None:
 def wait_for_shards(root: Path, process: subprocess.Popen, timeout_s: float = 120) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        written = list(root.glob(f"{STAGING_DIR}/*/*/shard-*.parquet"))
+        written = list(root.glob(f"{STAGING_DIR}/*/*/train-*.parquet"))
         if written:
             return len(written)
         time.sleep(0.02)

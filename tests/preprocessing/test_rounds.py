@@ -108,7 +108,7 @@ def test_local_staging_reads_every_map_object_without_a_merge_round(tmp_path) ->
     s3:// (None: task bytes / 1 MiB, within 2-64); a configured fan-in is kept either way;
     so 125 map objects take one read round locally and two on S3."""
     def config(root: str, **fields: object) -> ReshardConfig:
-        return ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path)]), output_root=root,
+        return ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]), output_root=root,
                              **fields)
     assert default_fan_in(config(str(tmp_path / "out"))) == LOCAL_DEFAULT_FAN_IN
     assert default_fan_in(config("s3://bucket/out")) is None

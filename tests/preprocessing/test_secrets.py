@@ -3,7 +3,7 @@ moves a password out of a URI."""
 
 from __future__ import annotations
 
-from preprocessing.contract.secrets import redact, redact_value, split_credentials
+from preprocessing.toolbox.secrets import redact, redact_value, split_credentials
 
 
 def test_redact_hides_uri_passwords_and_credential_query_values_only() -> None:

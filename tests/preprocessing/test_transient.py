@@ -3,7 +3,7 @@ a loopback proxy (tests/fault_proxy.py) that answers chosen GETs with 503 SlowDo
 connection resets or bodies cut short, k times per key.
 
 botocore's own retries are off (`AWS_MAX_ATTEMPTS=1`) so that the faults reach ballast's
-policy (preprocessing/contract/faults.py) after s3fs's five tries per call; each k below is chosen
+policy (preprocessing/toolbox/faults.py) after s3fs's five tries per call; each k below is chosen
 to outlast those. Each run starts its own Dask workers, which inherit the environment
 (those tests are `slow`). The classification itself is checked on local files first.
 """
@@ -21,16 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.contract.faults import (
+from preprocessing.contract.manifest import read_current_version, read_manifest
+from preprocessing.driver.reshard import InputsUnreadable, ReshardResult, run_reshard
+from preprocessing.storage.sources import WHOLE_READ_BYTES, open_input, read_footer
+from preprocessing.toolbox.faults import (
     CorruptInput,
     RetryPolicy,
     TruncatedRead,
     call_with_retries,
     is_permanent,
 )
-from preprocessing.contract.manifest import read_current_version, read_manifest
-from preprocessing.driver.reshard import InputsUnreadable, ReshardResult, run_reshard
-from preprocessing.storage.sources import WHOLE_READ_BYTES, open_input, read_footer
 
 FAST_RETRIES = RetryPolicy(attempts=4, first_delay_s=0.1, max_delay_s=0.4)
 

@@ -13,7 +13,7 @@ import pytest
 
 import preprocessing.versions.incremental as incremental
 from preprocessing.config import ReshardConfig, output_neutral_fields
-from preprocessing.contract.secrets import redact_value
+from preprocessing.toolbox.secrets import redact_value
 from preprocessing.versions.incremental import Increment, version_id_of
 
 FIXED = {
@@ -31,13 +31,14 @@ PINNED_SETTINGS_SHA256 = "b140d96196e9b7b92291783869d7bff41981c98ba0e05cd30be751
 PINNED_VERSION_ID = "c19de5e0f102af3d"
 FINGERPRINT = "f" * 64
 NEUTRAL = {"output_root", "num_workers", "retry", "mode", "incremental", "exchange_task_bytes",
-           "exchange_fan_in", "exchange_rounds", "max_tasks_in_flight", "upload_part_bytes"}
+           "exchange_fan_in", "exchange_rounds", "max_tasks_in_flight", "upload_part_bytes",
+           "progress_deadline_s"}
 # One other value per field: a neutral one must keep the id, an output one must change it.
 CHANGES: dict[str, Any] = {
     "output_root": "/elsewhere", "num_workers": 9, "retry": {"attempts": 7}, "mode": "incremental",
     "incremental": {"max_chain_length": 2}, "exchange_task_bytes": 3 << 20,
     "exchange_fan_in": 5, "exchange_rounds": 2, "max_tasks_in_flight": 3,
-    "upload_part_bytes": 16 << 20,
+    "upload_part_bytes": 16 << 20, "progress_deadline_s": 30.0,
     "dataset": {**FIXED["dataset"], "feature_columns": ["x"], "nulls": {}},
     "mix": {"class_weighting": "uniform"}, "shuffle": "global", "seed": 8,
     "num_output_rows": 5000, "target_shard_rows": 999, "target_shard_bytes": 1 << 20,

@@ -48,11 +48,11 @@ import yaml
 from distributed import Client
 
 from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
-from preprocessing.contract.faults import RetryPolicy
 from preprocessing.contract.manifest import read_current_version, read_manifest, shard_uri
 from preprocessing.contract.verify import verify_chain
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
+from preprocessing.toolbox.faults import RetryPolicy
 from preprocessing.versions.attempt import STAGING_DIR, lease_expired
 from tests.fault_proxy import FaultyS3Proxy
 

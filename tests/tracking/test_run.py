@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.contract.faults import ConfigError
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.toolbox.faults import ConfigError
 from tracking.config import TrackingConfig
 from tracking.run.logger import make_lightning_logger
 from tracking.run.runs import finish_run, flatten, start_run

@@ -8,13 +8,14 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from preprocessing.contract.faults import backoff_s
+from preprocessing.toolbox.faults import backoff_s
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config, load_train_config
 from training.launch import (
@@ -227,7 +228,8 @@ def test_shipped_examples_are_current_renders() -> None:
     assert without_comments(shipped) == without_comments(make_launcher(kubernetes).render(config))
     slurm = SlurmJob(kind="slurm", num_nodes=4, num_processes_per_node=8,
                          num_gpus_per_node=8, num_cpus_per_node=64, partition="gpu",
-                         time_limit="12:00:00", job_name="ballast-train")
+                         time_limit="12:00:00", job_name="ballast-train", account="ml",
+                         python="/shared/ballast/venv/bin/python")
     rendered = make_launcher(slurm).render("/shared/ballast/jobs/train.yaml")
     assert without_comments((INFRA / "slurm" / "train.sbatch").read_text()) == (
         without_comments(rendered))
@@ -267,3 +269,26 @@ def test_a_retry_that_finds_no_checkpoint_says_so(tmp_path: Path,
     assert checkpoint_to_resume(pinned, resume=True, attempt=2) == cfg.last_checkpoint_uri
     assert checkpoint_to_resume(pinned, resume=False, attempt=1) is None
     assert capsys.readouterr().err == ""
+
+
+def test_sbatch_script_carries_the_sites_settings_ballasts_python_and_a_port_per_job(
+        config_path: str) -> None:
+    """Invariants: account, QOS, memory, constraint and further sbatch options become
+    directives; the ranks run the interpreter running ballast unless `python` says
+    otherwise (not `python` on the job's PATH); the rendezvous port is derived from the
+    job id (two attempts never share one) unless fixed; a bare word among the options is
+    refused naming the field."""
+    spec = SlurmJob(kind="slurm", account="ml", qos="high", memory="64G", constraint="a100",
+                    sbatch_options=["--reservation=night", "--exclusive"])
+    script = SlurmLauncher(spec).render(config_path, output="/runs/slurm/%x-%j.out")
+    header = {line for line in script.splitlines() if line.startswith("#SBATCH")}
+    assert {"#SBATCH --account=ml", "#SBATCH --qos=high", "#SBATCH --mem=64G",
+            "#SBATCH --constraint=a100", "#SBATCH --reservation=night",
+            "#SBATCH --exclusive", "#SBATCH --output=/runs/slurm/%x-%j.out"} <= header
+    [srun] = [line for line in script.splitlines() if line.startswith("srun")]
+    assert shlex.split(srun)[3] == sys.executable
+    assert 'ENDPOINT="$HEAD:$((20000 + SLURM_JOB_ID % 20000))"' in script
+    fixed = SlurmLauncher(spec.model_copy(update={"rdzv_port": 29500, "python": "py"}))
+    assert 'ENDPOINT="$HEAD:29500"' in fixed.render(config_path)
+    with pytest.raises(ValueError, match=r"job\.sbatch_options: 'night' is not an sbatch"):
+        SlurmJob(kind="slurm", sbatch_options=["--reservation", "night"])

@@ -11,7 +11,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 from tracking.server import TrackingUnavailable
 
 SCORE_TAG = "ballast.heldout_macro_f1"  # a registered version's macro-F1 on held-out rows

@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.contract.codec import label_indices
-from preprocessing.contract.faults import PermanentError
 from preprocessing.contract.integrity import ShardRef, read_shard_table, split_shards
 from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.toolbox.faults import PermanentError
 from tracking.lifecycle.metrics import (
     class_prior_baseline,
     confusion_matrix,

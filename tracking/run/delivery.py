@@ -19,7 +19,7 @@ from typing import Any
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.run.spool import Spool, is_local_run
 from tracking.server import is_reachable, wait_until_reachable

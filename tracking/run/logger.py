@@ -12,7 +12,7 @@ from typing import Any
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from preprocessing.contract.faults import ConfigError
+from preprocessing.toolbox.faults import ConfigError
 from tracking.config import TrackingConfig
 from tracking.run.delivery import MetricDelivery
 

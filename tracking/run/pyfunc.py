@@ -123,8 +123,8 @@ def signature(codec: FeatureCodec) -> ModelSignature:
 
 def mlflow_type(spec: ColumnSpec) -> Any:
     """The MLflow type of a feature column's values in a pandas DataFrame."""
-    if spec.kind == "category":
-        return "string"
+    if spec.kind == "category" or spec.arrow_type in ("string", "large_string"):
+        return "string"  # a category, or dates as ISO 8601 strings (dataset.date_columns)
     if spec.kind == "boolean":
         return "boolean"
     if spec.kind == "temporal":

@@ -36,7 +36,7 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
 from preprocessing.contract.names import mlflow_params
-from preprocessing.contract.secrets import REDACTED, SECRET_NAME, redact
+from preprocessing.toolbox.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from mlflow.tracking import MlflowClient
 
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.run.spool import Spool, is_local_run, new_local_run_id
 from tracking.server import is_server, is_transient, wait_until_reachable

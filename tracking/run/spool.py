@@ -30,7 +30,7 @@ from typing import Any
 from mlflow.entities import Metric
 
 from preprocessing.contract.manifest import MANIFEST_NAME
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.secrets import redact
 from tracking.config import TrackingConfig
 
 MANIFEST_ARTIFACT = f"dataset/{MANIFEST_NAME}"  # where a run keeps its version's manifest

@@ -12,13 +12,17 @@ one after the other), and rank r takes the r-th slice of them:
 - `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
   all_gather of the step times (training/distributed/rank_time.py) hands every rank the
   same figures, and every rank computes the same new shares from them (`next_shares`:
-  each rank's samples per busy second, smoothed, bounded, with a dead band), effective
-  two global steps after the position where they were computed, which no rank has
-  reached by then: no collective of its own, and every rank slices every step alike;
+  each rank's samples per busy second: a change of speed taken at once, small
+  differences smoothed, bounded, with a dead band, and speeds near alike giving the
+  equal split exactly, whose cuts fall on unit edges), effective two global steps after
+  the position where they were computed, which no rank has reached by then: no
+  collective of its own, and every rank slices every step alike;
+- the shares are learned once: they carry over from epoch to epoch, and the stream's
+  state (the checkpoint) holds the last ones with their world size (`SharePlan.state`),
+  so a resume on the same world size starts from them, one on another from equal;
 - every rank still yields one batch per global step (the same optimizer steps), every
   row of the step lands on exactly one rank, and the stream position stays (epoch,
-  samples consumed): a resume on any world size continues the same stream, its shares
-  starting equal again;
+  samples consumed): a resume on any world size continues the same stream;
 - `loss_scale` = n_r * W / N (n_r this rank's real rows, N the step's): the mean loss of
   a rank times it, averaged over ranks by DDP, is the global step's mean loss, the same
   mathematics as the equal split;
@@ -42,6 +46,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,11 +58,21 @@ Batch = dict[str, torch.Tensor]
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
 # disturbed interval (a checkpoint write, a GC pause) cannot be starved or flooded.
 FLOOR, CAP = 0.25, 4.0
-SMOOTHING = 0.5  # a re-plan moves this far from the current shares to the measured ones
+# A re-plan moves the shares this far towards the measured ones: half way for a small
+# difference (timing noise is halved), all the way for one of at least JUMP (in units of
+# the equal share), which is a change of speed: a node slowed by 2x is followed at the
+# next re-plan, not over four of them.
+SMOOTHING, JUMP = 0.5, 0.2
 # Measured shares within this fraction of the equal share of the current ones change
 # nothing: timing noise alone does not move rows back and forth (each move costs a step
 # at the pace of the rank that got more).
 DEAD_BAND = 0.02
+# Measured shares within this fraction of the equal share of equal are the equal split
+# exactly: every cut then falls on a unit edge, so alike ranks decode and step as under
+# `equal`. A split a little off equal gains at most that little, while a cut inside a
+# unit makes both ranks of a 2-rank step decode both units (benchmarks/RESULTS.md M33:
+# +10.7 % on unloaded nodes).
+EQUAL_BAND = 0.1
 LAG_STEPS = 2  # new shares apply this many global steps after the position they were made at
 
 
@@ -86,17 +101,21 @@ def bounded(shares: np.ndarray) -> np.ndarray:
 
 def next_shares(shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray) -> np.ndarray:
     """The shares after an interval where rank r took `samples[r]` rows in `busy_s[r]`
-    seconds of its own work: moved `SMOOTHING` of the way to shares proportional to its
-    speed (a fixed point has every rank equally busy), bounded. An interval that measured
-    nothing on some rank, or speeds within the dead band of the shares, leaves the
-    shares as they are."""
+    seconds of its own work: moved towards shares proportional to its speed (a fixed point
+    has every rank equally busy; `SMOOTHING`, `JUMP`), bounded. Speeds within `EQUAL_BAND`
+    of equal give the equal split exactly. An interval that measured nothing on some
+    rank, or speeds within the dead band of the shares, leaves the shares as they are."""
     if len(samples) != len(shares) or min(samples.min(), busy_s.min()) <= 0:
         return shares
     speeds = samples / busy_s
-    target = speeds / speeds.sum()
-    if np.abs(target - shares).max() < DEAD_BAND / len(shares):
+    target, world = speeds / speeds.sum(), len(shares)
+    if np.abs(target - 1.0 / world).max() * world < EQUAL_BAND:
+        return shares if np.array_equal(shares, equal_shares(world)) else equal_shares(world)
+    gap = np.abs(target - shares).max() * world
+    if gap < DEAD_BAND:
         return shares
-    return bounded((1.0 - SMOOTHING) * shares + SMOOTHING * target)
+    step = 1.0 if gap >= JUMP else SMOOTHING
+    return bounded((1.0 - step) * shares + step * target)
 
 
 def row_bounds(shares: np.ndarray, num_rows: int) -> np.ndarray:
@@ -170,6 +189,26 @@ class SharePlan:
             if start <= key:
                 found = shares
         return found
+
+    def state(self) -> dict[str, Any]:
+        """The last shares planned and their world size, for the stream's state (a
+        checkpoint); nothing before any plan (`equal` keeps its state as it was)."""
+        if not self.world_size:
+            return {}
+        return {"balance_world_size": self.world_size,
+                "balance_shares": [float(share) for share in self.changes[-1][1]]}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Start from a state's shares, if it has any: a stream at their world size takes
+        them from its position on, one at any other world size starts from equal."""
+        if "balance_shares" not in state:
+            return
+        world, shares = int(state["balance_world_size"]), state["balance_shares"]
+        found = np.asarray(shares, np.float64)
+        if world < 1 or found.shape != (world,) or abs(found.sum() - 1.0) > 1e-6:
+            raise ValueError(f"the saved stream state's balance_shares {shares} are not "
+                             f"balance_world_size ({world}) fractions summing to 1")
+        self.world_size, self.changes = world, [((0, 0), found)]
 
     def replan(self, epoch: int, position: int, global_batch: int,
                samples: list[float], busy_s: list[float]) -> np.ndarray:

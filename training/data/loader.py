@@ -60,6 +60,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from functools import partial
 from itertools import islice, tee
+from typing import Any
 
 import numpy as np
 import torch
@@ -200,17 +201,16 @@ class ShardStream(IterableDataset):
         if epoch != self._epoch:
             self.load_state_dict({"epoch": epoch, "samples_consumed": 0})
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """The global position (independent of world size and worker count), the batches
-        each rank took to reach it, and the loader fields the epoch's order depends on."""
-        return {
-            "epoch": self._epoch,
-            "samples_consumed": self._consumed,
-            "rank_batches": self._taken,
-            **{name: getattr(self.config, name) for name in ORDER_FIELDS},
-        }
+        each rank took to reach it, the loader fields the epoch's order depends on, and
+        under `speed` the shares learned so far (training/data/balance.py)."""
+        return {"epoch": self._epoch, "samples_consumed": self._consumed,
+                "rank_batches": self._taken,
+                **{name: getattr(self.config, name) for name in ORDER_FIELDS},
+                **self.shares.state()}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Move to a saved position; refused when it was saved under another order (the
         rest of its epoch would skip and repeat samples) or off a unit boundary."""
         epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
@@ -227,6 +227,7 @@ class ShardStream(IterableDataset):
         if consumed % self.config.batch_size:
             raise ValueError(f"samples_consumed {consumed} of the saved stream position is not "
                              f"a multiple of loader.batch_size {self.config.batch_size}")
+        self.shares.load_state(state)
         self._epoch, self._consumed, self._taken = epoch, consumed, taken
 
     def __iter__(self) -> Iterator[Batch]:
@@ -390,8 +391,8 @@ class StreamLoader(DataLoader):
         and data_wait_fraction (training/data/wait.py)."""
         return self.meter.metrics()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stream.load_state_dict(state)

@@ -31,7 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocessing.contract.faults import RetryPolicy
+from preprocessing.toolbox.faults import RetryPolicy
 
 T = TypeVar("T")
 

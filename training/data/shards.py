@@ -21,7 +21,7 @@ whose bytes changed is a ShardDamaged naming the shard and the row group. The sh
 a whole shard is also checked when it enters the disk cache (training/data/cache.py).
 
 A read that fails for a reason that may pass (an S3 503 or reset, a body cut short) is
-tried again under the reshard's retry policy (preprocessing/contract/faults.py,
+tried again under the reshard's retry policy (preprocessing/toolbox/faults.py,
 `ReadConfig.retry`): one throttled request costs seconds, not a restart of every rank
 from the last checkpoint. A disagreement with the manifest is never retried.
 
@@ -45,7 +45,6 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from preprocessing.contract.codec import FeatureCodec, FeatureError, label_indices
-from preprocessing.contract.faults import RetryPolicy, call_with_retries
 from preprocessing.contract.integrity import (
     VERIFY_PAGES,
     ShardRef,
@@ -56,6 +55,7 @@ from preprocessing.contract.integrity import (
     shard_version,
 )
 from preprocessing.contract.manifest import Manifest, ManifestError, ShardEntry, shard_uri
+from preprocessing.toolbox.faults import RetryPolicy, call_with_retries
 from training.data.cache import ShardCache
 
 FOOTERS_KEPT = 256
@@ -205,16 +205,18 @@ def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardF
     """One try at row group `group`'s columns, footer checked against the manifest."""
     shard, index = int(layout.group_shard[group]), int(layout.group_index[group])
     with files.open(shard) as handle:
-        parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
-                                 **VERIFY_PAGES)
-        check_footer(parquet.metadata, layout, group)
-        files.keep_footer(shard, parquet.metadata)
         try:
+            parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
+                                     **VERIFY_PAGES)
+            check_footer(parquet.metadata, layout, group)
+            files.keep_footer(shard, parquet.metadata)
             # use_threads=False: reads already run in read-ahead threads; handing each
             # column to Arrow's own pool as well cost 7-10% more CPU per row group here.
             return parquet.read_row_group(index, columns=columns.names, use_threads=False)
-        except OSError as error:  # a page checksum mismatch is permanent, not a blip
-            damage = page_damage(files.ref(shard), index, error)
+        except (OSError, pa.ArrowException, ManifestError) as error:
+            # Damaged bytes (a page checksum, a header or footer that does not decode) are
+            # permanent, not a blip: ShardDamaged, never retried.
+            damage = page_damage(files.ref(shard), index, error, files.verify != "none")
             if damage is None:
                 raise
             raise damage from error

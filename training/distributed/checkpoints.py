@@ -115,7 +115,7 @@ def load_sharded(
     model: nn.Module,
     optimizers: Sequence[torch.optim.Optimizer],
     strict: bool = True,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> dict[str, Any]:
     """Load model and optimizer shards from the DCP directory at `uri` into the sharded
     `model` and `optimizers`; returns the rest of the checkpoint (from `meta.pt`)."""

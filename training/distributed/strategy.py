@@ -77,6 +77,7 @@ class ShardedStrategy(ModelParallelStrategy):
         self, checkpoint_path: Any, weights_only: bool | None = None
     ) -> dict[str, Any]:
         uri = self.broadcast(str(checkpoint_path))
+        weights_only = True  # ballast's own checkpoints: tensors and plain metadata only
         if not is_sharded_checkpoint(uri):
             return super().load_checkpoint(Path(uri), weights_only)
         assert self.model is not None and self.lightning_module is not None

@@ -5,7 +5,7 @@
 
 - `config.py`: `LaunchConfig`, one model per `kind` (`LocalJob`, `MultiNodeJob`,
   `SlurmJob`, `KubernetesJob`), each with only its own settings; `retry` is ballast's
-  one `RetryPolicy` (preprocessing/contract/faults.py).
+  one `RetryPolicy` (preprocessing/toolbox/faults.py).
 - `job.py`: `run_job`, the one place that pins the dataset version, the MLflow run
   and the credentials, retries, and decides to resume; `make_launcher` by kind.
 - `launchers.py`, `slurm.py`, `kubernetes.py`: the launchers; `command.py`: the
@@ -16,7 +16,7 @@
   rendered examples in infra/slurm and infra/k8s are made with it.
 """
 
-from preprocessing.contract.faults import RetryPolicy
+from preprocessing.toolbox.faults import RetryPolicy
 from training.launch.config import (
     AnyJob,
     KubernetesJob,

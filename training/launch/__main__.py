@@ -2,23 +2,25 @@
 
 `render` prints what would start one attempt (a torchrun line, an sbatch script, or a
 ConfigMap and a PyTorchJob) for the config as given; `launch` runs the job through
-`run_job` (pinned, retried, resumed) and prints its summary as JSON. Every field of
-every kind of job is a flag (`--num-processes-per-node`, `--attempts`,
-`--first-delay-s`); a flag the chosen `--kind` has no field for is refused.
+`run_job` (pinned, retried, resumed), closes its MLflow run FINISHED and prints its
+summary as JSON. Every field of every kind of job is a flag (`--num-processes-per-node`,
+`--attempts`, `--first-delay-s`, `--sbatch-options "--exclusive --reservation=ml"`); a
+flag the chosen `--kind` has no field for is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from preprocessing.contract.faults import RetryPolicy
-from training.config import load_train_config
+from preprocessing.toolbox.faults import RetryPolicy
+from training.config import TrainConfig, load_train_config
 from training.launch.config import JOB_KINDS, AnyJob, parse_launch
 from training.launch.failures import CONFIG_ERROR_STATUS, TrainingFailed
 from training.launch.job import make_launcher, run_job
@@ -26,7 +28,7 @@ from training.launch.job import make_launcher, run_job
 PROG = "python -m training.launch"
 NESTED = {"retry": RetryPolicy}
 SKIPPED = {"env", "kind", *NESTED}
-PARSERS: dict[Any, Callable[[str], Any]] = {int: int, float: float}
+PARSERS: dict[Any, Callable[[str], Any]] = {int: int, float: float, list[str]: shlex.split}
 
 
 def add_field_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
@@ -65,6 +67,18 @@ def parse_spec(argv: list[str] | None) -> tuple[str, str, bool, AnyJob]:
     return action, config, resume, parse_launch(fields | args)
 
 
+def close_job_run(cfg: TrainConfig, summary: dict[str, Any]) -> None:
+    """Close the job's MLflow run FINISHED with its summary and checkpoints, as a flow's
+    `close_run` does (a failed job's run is closed FAILED by `run_job`)."""
+    if cfg.tracking is None or not summary.get("run_id"):
+        return
+    from preprocessing.contract.manifest import read_manifest
+    from tracking.run.runs import finish_run
+
+    manifest, _ = read_manifest(summary["manifest_uri"])
+    finish_run(cfg.tracking, summary["run_id"], summary, manifest, cfg.checkpoint_uri)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         action, config, resume, spec = parse_spec(argv)
@@ -73,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = load_train_config(config)
         summary = run_job(cfg.model_copy(update={"resume": cfg.resume or resume}), spec)
+        close_job_run(cfg, summary)
     except (ValidationError, ValueError) as error:
         print(f"{PROG}: {' '.join(str(error).split())}", file=sys.stderr)
         return CONFIG_ERROR_STATUS

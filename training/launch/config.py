@@ -11,7 +11,7 @@ only the settings of where it runs. A flow's `job:` parameters are a `LaunchConf
   or one PyTorchJob holds every node, so the submitting launcher is the one place that
   retries the whole job (training/launch/job.py).
 
-Retries use the one `RetryPolicy` of ballast (preprocessing/contract/faults.py). A
+Retries use the one `RetryPolicy` of ballast (preprocessing/toolbox/faults.py). A
 setting of another kind (`namespace` on a SLURM job) is refused with the kinds it
 belongs to.
 """
@@ -20,10 +20,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
-from preprocessing.contract.faults import RetryPolicy
-from preprocessing.contract.secrets import SECRET_NAME
+from preprocessing.toolbox.faults import RetryPolicy
+from preprocessing.toolbox.secrets import SECRET_NAME
 
 
 def job_retry_policy() -> RetryPolicy:
@@ -106,8 +115,6 @@ class ScheduledJob(NodesJob):
     """A job a scheduler places (SLURM, Kubernetes): sizes it requests, retried as a whole."""
 
     retry: RetryPolicy = Field(default_factory=job_retry_policy, description=RETRY_DESCRIPTION)
-    rdzv_port: int = Field(29500, gt=0, description="Rendezvous port on the first node.")
-    python: str = Field("python", description="Python inside the job.")
     num_gpus_per_node: int = Field(0, ge=0, description="GPUs requested per node (0: CPU job).")
     num_cpus_per_node: int = Field(8, gt=0, description="CPUs requested per node.")
 
@@ -129,15 +136,43 @@ class SlurmJob(ScheduledJob):
     """An sbatch job: srun starts one torchrun per node."""
 
     kind: Literal["slurm"] = Field(description="An sbatch job, one torchrun per node.")
+    rdzv_port: int | None = Field(
+        None, gt=0, description="Rendezvous port on the first node (default: one derived "
+        "from the SLURM job id, so a retry never meets on the port of an earlier attempt).")
+    python: str | None = Field(
+        None, description="Python inside the job (default: the interpreter running ballast, "
+        "which must be at the same path on the nodes).")
     image: str | None = Field(None, description="Container image (pyxis' --container-image).")
     partition: str | None = Field(None, description="SLURM partition.")
     time_limit: str = Field("04:00:00", description="SLURM time limit (HH:MM:SS).")
+    account: str | None = Field(None, description="SLURM account charged (--account).")
+    qos: str | None = Field(None, description="SLURM quality of service (--qos).")
+    memory: str | None = Field(None, description="Memory per node (--mem), e.g. 64G.")
+    constraint: str | None = Field(None, description="Node features (--constraint).")
+    sbatch_options: list[str] = Field(
+        default_factory=list, description="Further sbatch options, one per item "
+        "(e.g. --reservation=ml); a space-separated string on the command line.")
+    output: str | None = Field(
+        None, description="The job's output file (sbatch --output, %x and %j allowed); "
+        "default: slurm/%x-%j.out under the job's output_dir when that is a local path.")
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def options_are_flags(cls, options: list[str]) -> list[str]:
+        """Each item one sbatch option, so a value is not taken for an option."""
+        for option in options:
+            if not option.startswith("-"):
+                raise ValueError(f"job.sbatch_options: {option!r} is not an sbatch option "
+                                 "(write --name=value, one per item)")
+        return options
 
 
 class KubernetesJob(ScheduledJob):
     """A Kubeflow PyTorchJob: one Master and `num_nodes - 1` Workers."""
 
     kind: Literal["kubernetes"] = Field(description="A Kubeflow PyTorchJob.")
+    rdzv_port: int = Field(29500, gt=0, description="Rendezvous port on the first node.")
+    python: str = Field("python", description="Python inside the image.")
     image: str = Field(description="Container image of the pods.")
     memory: str = Field("32Gi", description="Memory request and limit per pod.")
     namespace: str = Field("default", description="Kubernetes namespace.")

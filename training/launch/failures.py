@@ -1,7 +1,7 @@
 """How a training job fails, seen from its ranks and from its launcher.
 
 A rank that stops on an error no retry can fix (`is_config_error`: the config or
-permanent kinds of preprocessing/contract/faults.py: a ValueError of ballast's own
+permanent kinds of preprocessing/toolbox/faults.py: a ValueError of ballast's own
 checks, pydantic's ValidationError, a ManifestError, storage that refuses) prints the
 cause in one line, writes `<output_dir>/errors/rank-<r>.log` (that line, then the
 traceback) and exits with CONFIG_ERROR_STATUS. The exit status does not reach the
@@ -27,8 +27,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import RetriesExhausted, classify
-from preprocessing.contract.secrets import redact
+from preprocessing.toolbox.faults import RetriesExhausted, classify
+from preprocessing.toolbox.secrets import redact
 from training.distributed.env import env_rank, env_world_size, errors_dir
 
 CONFIG_ERROR_STATUS = 2
@@ -39,7 +39,7 @@ PEER_LOG_WAIT_S = 10.0
 class TrainingFailed(RetriesExhausted, RuntimeError):
     """The job failed. `config_error`: the one-line cause a rank reported for a config or
     data error (never retried), else None; `output_tail`: the end of the launcher's
-    output. Both are redacted (preprocessing/contract/secrets.py). The launcher is the one
+    output. Both are redacted (preprocessing/toolbox/secrets.py). The launcher is the one
     level that retries a job, so no level above it retries this error."""
 
     def __init__(self, message: str, returncode: int | None, output_tail: str,
@@ -57,7 +57,7 @@ class TrainingFailed(RetriesExhausted, RuntimeError):
 
 def is_config_error(error: BaseException) -> bool:
     """A config, data or storage error that fails every attempt the same way (what
-    `preprocessing.contract.faults.classify` calls config or permanent)."""
+    `preprocessing.toolbox.faults.classify` calls config or permanent)."""
     return classify(error) != "transient"
 
 

@@ -33,9 +33,9 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.faults import backoff_s
 from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manifest
-from preprocessing.contract.secrets import split_credentials
+from preprocessing.toolbox.faults import backoff_s
+from preprocessing.toolbox.secrets import split_credentials
 from tracking.config import TrackingConfig
 from training.config import TrainConfig, dump_train_config
 from training.distributed.hangs import take_hang_reports
@@ -114,9 +114,11 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
     hangs = take_hang_reports(output_dir)  # a hang is retried, unlike a config error
     if hangs:
         raise TrainingFailed(f"training hung: {hangs[0]}", returncode, tail)
+    where = launcher.describe_attempt()
     if returncode is None:
-        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s", None, tail)
-    raise TrainingFailed(f"training exited with status {returncode}", returncode, tail)
+        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s{where}",
+                             None, tail)
+    raise TrainingFailed(f"training exited with status {returncode}{where}", returncode, tail)
 
 
 def fail_job_run(pinned: PinnedJob, failure: TrainingFailed) -> None:

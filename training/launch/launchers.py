@@ -43,6 +43,11 @@ class Launcher(ABC, Generic[Job]):
         it ran past `spec.timeout_s`. `env`: secrets for the ranks' environment (never
         written to a file)."""
 
+    def describe_attempt(self) -> str:
+        """What a failure message adds about the last attempt (` in SLURM job 7 (...)`):
+        where it ran and where its own output is; empty when nothing more is known."""
+        return ""
+
 
 class TorchrunLauncher(Launcher[Job]):
     """torchrun on this machine: what the local and the multinode launcher share."""

@@ -158,6 +158,15 @@ def s3_error_code(error: BaseException) -> str | None:
     return None
 
 
+def _bucket_of(error: BaseException) -> str | None:
+    """`bucket <name>` when an S3 error names its bucket (NoSuchBucket does), else None."""
+    for candidate in (error, error.__cause__):
+        response = getattr(candidate, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("BucketName"):
+            return f"bucket {response['Error']['BucketName']}"
+    return None
+
+
 def storage_refusal(error: BaseException, path: str | None = None,
                     needed_bytes: int | None = None) -> StorageRefused | None:
     """`error` as the StorageRefused it is (naming `path`, or the path the error names),
@@ -170,7 +179,7 @@ def storage_refusal(error: BaseException, path: str | None = None,
         what = REFUSING_S3_CODES.get(s3_error_code(error) or "")
     if what is None:
         return None
-    where = path or getattr(error, "filename", None) or "an unnamed path"
+    where = path or getattr(error, "filename", None) or _bucket_of(error) or "an unnamed path"
     message = f"{what} {where}"
     if code == errno.ENOSPC:
         message += space_needed(str(where), needed_bytes)

@@ -14,6 +14,12 @@ this), titled with the model and the file, in which an unknown field says more t
   refusals by declaring the table on its own model;
 - a name close to a known field says "did you mean ...".
 
+A document is parsed under bounds that no config comes near (`parse_yaml_value`): at most
+1 MiB, brackets nested at most 100 deep, and at most 10,000 nodes once every alias is
+expanded (a recursive alias is refused): a 1 KB document of nested aliases otherwise costs
+gigabytes as soon as anything walks it (validation, an error's message). `--set` values
+of `ballast run` go through the same bounds.
+
 Lives in the contract room because training/ (TrainConfig, LaunchConfig) loads its configs
 through it too.
 """
@@ -35,6 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 M = TypeVar("M", bound=BaseModel)
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 100
+MAX_NODES = 10_000
 
 
 class ConfigFileError(ValueError):
@@ -61,23 +68,98 @@ def read_config_file(uri: str | Path, substitutions: Mapping[str, str] | None = 
 
 
 def parse_yaml_mapping(text: str, origin: str) -> dict[str, Any]:
-    """The top-level mapping of a YAML document (empty: {}); `origin` names it in errors.
-    Too large or too deeply nested a document is refused before parsing: PyYAML's scanner
-    takes minutes on 1e5 nested brackets (found by tests/test_fuzz_readers.py), and no
-    config needs either."""
-    if problem := _size_problem(text.encode()):
-        raise ConfigFileError(f"{origin}: {problem}")
-    try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError, ValueError) as error:
-        problem = "nested too deeply" if isinstance(error, RecursionError) else str(error)
-        raise ConfigFileError(f"{origin}: not valid YAML ({problem})") from None
+    """The top-level mapping of a YAML document (empty: {}); `origin` names it in errors."""
+    data = parse_yaml_value(text, origin)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigFileError(f"{origin}: holds a {type(data).__name__}, not a mapping "
                               f"of field names to values")
     return data
+
+
+def parse_yaml_value(text: str, origin: str) -> Any:
+    """The value of a YAML document (safe tags only), within the module's bounds; a
+    document past them, or not YAML, raises ConfigFileError naming `origin` and the line,
+    never quoting more than the line. Size and nesting are checked before parsing:
+    PyYAML's scanner takes minutes on 1e5 nested brackets (found by
+    tests/test_fuzz_readers.py)."""
+    if problem := _size_problem(text.encode()):
+        raise ConfigFileError(f"{origin}: {problem}")
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as error:
+        raise ConfigFileError(f"{origin}: not valid YAML ({_one_line(error)})") from None
+    except (yaml.YAMLError, RecursionError, ValueError) as error:
+        problem = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise ConfigFileError(f"{origin}: not valid YAML ({problem})") from None
+    finally:
+        loader.dispose()
+
+
+def _one_line(error: yaml.MarkedYAMLError) -> str:
+    """What PyYAML found and where, without its quote of the document."""
+    mark = error.problem_mark or error.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{error.problem or error.context}{where}"
+
+
+class _NodeBudget(yaml.composer.Composer):
+    """PyYAML's composer counting the nodes of the document as if every alias were
+    expanded (an alias adds its anchor's expanded size), stopping past MAX_NODES: aliases
+    are shared on load, but whatever walks the result (pydantic, an error's message)
+    pays for the expansion."""
+
+    # The parser's, in the class that mixes this in (annotations only: no attribute).
+    check_event: Any
+    peek_event: Any
+
+    def __init__(self) -> None:
+        yaml.composer.Composer.__init__(self)
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its expanded size, once composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None and id(anchored) not in self._sizes:
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} inside its own anchor (recursive)",
+                    event.start_mark)
+            self._count(self._sizes.get(id(anchored), 0), event.start_mark)
+            return super().compose_node(parent, index)
+        before, mark = self._expanded, self.peek_event().start_mark
+        node = super().compose_node(parent, index)
+        self._count(1, mark)
+        self._sizes[id(node)] = self._expanded - before
+        return node
+
+    def _count(self, nodes: int, mark: Any) -> None:
+        self._expanded += nodes
+        if self._expanded > MAX_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_NODES} nodes with every alias expanded",
+                mark)
+
+
+_CParser: Any = getattr(getattr(yaml, "_yaml", None), "CParser", None)
+
+
+class _BoundedLoader(_NodeBudget, _CParser or yaml.SafeLoader,  # type: ignore[misc]
+                     yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """The safe loader under `_NodeBudget`; libyaml's scanner and parser where PyYAML has
+    them (about 40 times faster than PyYAML's own on a 1 MiB scalar here)."""
+
+    def __init__(self, text: str) -> None:
+        if _CParser is None:
+            yaml.SafeLoader.__init__(self, text)
+        else:
+            _CParser.__init__(self, text)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+        _NodeBudget.__init__(self)
 
 
 def _size_problem(data: bytes) -> str:

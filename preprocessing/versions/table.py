@@ -1,0 +1,167 @@
+"""The Delta Lake table of an output root: the current version, for any engine.
+
+    <root>/_delta_log/00000000000000000000.json ...   table version n: one ballast version
+
+The output root is also a Delta Lake table whose newest version holds the shards of the
+version `_CURRENT` names, so Polars, DuckDB, Spark, Ray, Daft or `deltalake` read it
+without ballast. Its add actions reference the shard files where the versions keep them
+(`v-<id>/train-00000.parquet`; a chain's child lists its ancestors' `v-<parent>/...`),
+never a copy, and carry the split as the partition value `split` (`train`, `holdout`),
+which is no column of the shards: their bytes are a ballast version's alone. Every table
+commit records the ballast version it holds in its commit info (`ballast.version_id`).
+
+`publish_current` moves the table to `_CURRENT`; every commit and rollback calls it after
+`_CURRENT` moved, so the table never holds a version `_CURRENT` did not name, and a rerun
+finishes a publication a crash cut off (docs/reliability.md, "The table of a root").
+Local roots only for now; other stores keep their manifests and `_CURRENT` (a limit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+from fsspec.core import url_to_fs
+
+from preprocessing.contract.manifest import (
+    Manifest,
+    is_local,
+    manifest_uri,
+    read_current_version,
+    read_manifest,
+    shard_uri,
+)
+from preprocessing.toolbox.faults import PermanentError
+
+log = logging.getLogger(__name__)
+
+SPLIT_COLUMN = "split"
+VERSION_KEY = "ballast.version_id"  # in each table commit's commit info
+# A rollback reads older versions' shards and the table's history maps table versions to
+# ballast's: VACUUM and log clean-up must keep both (the default keeps 7 and 30 days).
+_KEEP = "interval 36500 days"
+CONFIGURATION = {"delta.deletedFileRetentionDuration": _KEEP, "delta.logRetentionDuration": _KEEP}
+PUBLISH_TRIES = 8
+
+
+class TableError(PermanentError, RuntimeError):
+    """The table of a root cannot be brought in step with its `_CURRENT`."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """The table's newest version as read, and the ballast version it holds."""
+
+    table: DeltaTable
+    version_id: str | None
+
+
+def table_uri(root: str) -> str | None:
+    """The path `deltalake` opens for `root`'s table; None where it is not published."""
+    fs, path = url_to_fs(root.rstrip("/"))
+    return os.path.abspath(path) if is_local(fs) else None
+
+
+def publish_current(root: str) -> int | None:
+    """Make the table's newest version hold the version `_CURRENT` names, committing a
+    table version if it holds another; the table version, None if nothing to publish."""
+    uri = table_uri(root)
+    if uri is None:
+        log.debug("%s: not a local root; no table published", root)
+        return None
+    for _ in range(PUBLISH_TRIES):
+        head = read_head(uri)  # before `_CURRENT`: see the module docstring of why
+        current = read_current_version(root)
+        if current is None:
+            return None
+        if head is not None and head.version_id == current:
+            return head.table.version()
+        try:
+            return _commit(uri, read_manifest(manifest_uri(root, current))[0], head)
+        except CommitFailedError:  # another process committed that table version first
+            continue
+    raise TableError(f"{uri}: the table's newest version still differs from _CURRENT after "
+                     f"{PUBLISH_TRIES} tries; rerun, or see docs/reliability.md")
+
+
+def read_head(uri: str) -> Head | None:
+    """The table at `uri` as it is now, or None if there is none yet."""
+    if not DeltaTable.is_deltatable(uri):
+        return None
+    table = DeltaTable(uri)
+    found = table.history(1)[0].get(VERSION_KEY)
+    return Head(table, found if isinstance(found, str) else None)
+
+
+def table_files(manifest: Manifest, uri: str) -> dict[str, tuple[str, int, int]]:
+    """Each shard of `manifest` by its path relative to the table root: split, bytes, rows."""
+    location = manifest_uri(uri, manifest.version_id)
+    return {os.path.relpath(shard_uri(location, entry), uri): (split, entry.num_bytes,
+                                                               entry.num_rows)
+            for split, entries in manifest.splits.items() for entry in entries.shards}
+
+
+def _commit(uri: str, manifest: Manifest, head: Head | None) -> int:
+    """Commit the table version holding `manifest`'s shards on top of `head`."""
+    files = table_files(manifest, uri)
+    schema = _schema(uri, next(iter(files)))
+    properties = CommitProperties(custom_metadata={VERSION_KEY: manifest.version_id},
+                                  max_commit_retries=0)
+    if head is None:
+        try:
+            create_table_with_add_actions(
+                uri, schema, _adds(files, set(files)), mode="error", partition_by=[SPLIT_COLUMN],
+                configuration=CONFIGURATION, commit_properties=properties)
+        except DeltaError as error:  # another process created it first
+            raise CommitFailedError(str(error)) from error
+        return 0
+    present = _present(head.table)
+    actions: list[AddAction | RemoveAction] = [*_adds(files, set(files) - set(present)),
+                                               *_removes(present, set(files))]
+    head.table.create_write_transaction(actions, mode="append", schema=schema,
+                                        partition_by=[SPLIT_COLUMN],
+                                        commit_properties=properties)
+    return head.table.version() + 1
+
+
+def _schema(uri: str, first: str) -> Schema:
+    """The shards' columns (from a footer) and the `split` partition column."""
+    columns = pq.read_schema(f"{uri}/{first}").remove_metadata()
+    for column in columns:  # Delta Lake has no float16 or time type, say
+        try:
+            Schema.from_arrow(pa.schema([column]))
+        except Exception as error:  # deltalake raises a bare Exception for a schema error
+            raise TableError(
+                f"{uri}/{first}: column {column.name!r} of type {column.type} has no Delta "
+                f"Lake type; the version is committed and current, but the table at {uri} "
+                f"still holds the version before it") from error
+    return Schema.from_arrow(columns.append(pa.field(SPLIT_COLUMN, pa.string())))
+
+
+def _adds(files: dict[str, tuple[str, int, int]], paths: set[str]) -> list[AddAction]:
+    now_ms = int(time.time() * 1000)
+    return [AddAction(path, size, {SPLIT_COLUMN: split}, now_ms, True,
+                      json.dumps({"numRecords": rows}))
+            for path, (split, size, rows) in files.items() if path in paths]
+
+
+def _present(table: DeltaTable) -> dict[str, tuple[str, int]]:
+    """The table's files now: path -> (split, bytes)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return dict(zip(actions.column("path").to_pylist(),
+                    zip(actions.column(f"partition.{SPLIT_COLUMN}").to_pylist(),
+                        actions.column("size_bytes").to_pylist(), strict=True), strict=True))
+
+
+def _removes(present: dict[str, tuple[str, int]], keep: set[str]) -> list[RemoveAction]:
+    now_ms = int(time.time() * 1000)
+    return [RemoveAction(path, True, now_ms, size, {SPLIT_COLUMN: split})
+            for path, (split, size) in present.items() if path not in keep]

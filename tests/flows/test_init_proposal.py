@@ -1,0 +1,100 @@
+"""`ballast init` proposes a config its own scan accepts: ids, dates, wide strings, NaN
+and unlabelled rows seen for what they are, and the config, as proposed, runs end to end
+(reshard, training, evaluation, registry, batch inference on the raw files, the champion
+on a DataFrame)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from distributed import Client
+
+from flows.cli.main import main
+from flows.params import InferenceParams, PipelineParams
+from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.driver.cluster import DaskConfig
+from tests.raw_tables import write_messy_files
+
+NUM_ROWS = 24_000
+
+
+def init_config(raw: Path, work: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, Any]:
+    """`ballast init` on `raw`: what it printed, and the config with ${WORK_DIR} = work."""
+    assert main(["init", "--inputs", str(raw)]) == 0
+    text = capsys.readouterr().out
+    return text, yaml.safe_load(text.replace("${WORK_DIR}", str(work)))
+
+
+def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, capsys) -> None:
+    """Invariants: the unique integer key is the id column and the unique string key is
+    left out, neither a feature; the timestamp string is a temporal feature; the
+    10,000-value string is left out with a CONFIRM saying why; NaN counts as null (as the
+    reshard counts it) and gets a fill policy; the null category gets one its kind takes
+    (never `indicator`); the unlabelled rows are counted with a CONFIRM line; training is
+    sized to the rows; the config validates."""
+    table = write_messy_files(tmp_path / "raw", NUM_ROWS)
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    dataset = config["reshard"]["dataset"]
+    assert dataset["id_column"] == "order_no"
+    assert dataset["feature_columns"] == ["created", "x", "colour"]
+    assert dataset["date_columns"] == ["created"]
+    assert dataset["nulls"] == {"x": "fill_mean", "colour": "fill_zero"}
+    nan_rows = int(pc.sum(pc.is_nan(table.column("x"))).as_py())
+    assert f"x: fill_mean  # CONFIRM: {nan_rows} nulls; or error, drop_row, fill_zero, " \
+           "indicator" in text
+    assert "colour: fill_zero  # CONFIRM: " in text and "or error, drop_row\n" in text
+    assert "'ticket'" in text and "look like ids" in text
+    assert "# CONFIRM: 'shop' holds" in text and "category_buckets" in text
+    unlabelled = table.column("label").null_count
+    assert dataset["unlabelled"] == "drop"
+    assert f"unlabelled: drop  # CONFIRM: {unlabelled} rows have no 'label'" in text
+    assert config["train"]["max_epochs"] > 4  # ~1,500 steps of 64 rows over ~19,800 rows
+
+
+@pytest.mark.slow
+def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
+        prefect_harness, dask_client: Client, tmp_path, capsys) -> None:
+    """Invariants: the config init proposed, CONFIRM lines answered as proposed, reshards
+    (unlabelled rows counted per file), trains, beats the class prior and registers a
+    champion; batch inference over the raw files predicts every row, unlabelled ones and
+    NaN included; the champion predicts on a DataFrame with the timestamp strings."""
+    import mlflow
+
+    from flows.pipeline import batch_inference_flow, pipeline
+
+    table = write_messy_files(tmp_path / "raw", NUM_ROWS)
+    _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    config["train"]["max_epochs"] = 1  # the run, not the model's quality, is under test
+    config["train"]["tracking"]["registered_model_name"] = "messy"
+    config["job"]["retry"] = {"attempts": 1}
+    config["dask"] = {"kind": "address", "address": dask_client.scheduler.address}
+    result = pipeline(**PipelineParams.model_validate(config).arguments())
+    manifest, _ = read_manifest(result["manifest_uri"])
+    assert sum(manifest.features["unlabelled_rows"].values()) == table.column("label").null_count
+    assert len(manifest.features["unlabelled_rows"]) == 4
+    scores = next(iter(result["evaluations"].values()))
+    assert scores["beats_class_prior"] and result["registration"]["alias"] == "champion"
+    tracking = PipelineParams.model_validate(config).train.tracking
+    out = batch_inference_flow(**InferenceParams(
+        model_uri="models:/messy@champion", tracking=tracking,
+        inputs=sorted(str(p) for p in (tmp_path / "raw").iterdir()), id_column="order_no",
+        output_root=str(tmp_path / "predictions"),
+        dask=DaskConfig(kind="address", address=dask_client.scheduler.address)).arguments())
+    predicted, location = read_manifest(out["manifest_uri"])
+    rows = pa.concat_tables(pq.read_table(shard_uri(location, entry))
+                            for entry in predicted.split("predictions").shards)
+    assert sorted(rows.column("order_no").to_pylist()) == sorted(
+        table.column("order_no").to_pylist())
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    frame = table.select(["created", "x", "colour"]).slice(0, 200).to_pandas()
+    served = mlflow.pyfunc.load_model("models:/messy@champion").predict(frame)
+    assert len(served) == 200 and set(served["predicted"]) <= {"yes", "no"}
+    np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)

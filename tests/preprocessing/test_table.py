@@ -1,0 +1,217 @@
+"""The Delta Lake table of a root (preprocessing/versions/table.py) read by engines that know
+nothing of ballast, and `ballast files`: on an incremental chain of three versions and
+after a rollback, each returns exactly the manifest's rows per split and class; a crash
+between `_CURRENT` and the table commit, and racing publishers, leave them in step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from flows.cli.main import main as ballast
+from preprocessing.contract.manifest import (
+    KILL_AT_ENV,
+    CommitConflict,
+    Manifest,
+    read_current_version,
+    read_manifest,
+    shard_name,
+    shard_uri,
+    swap_current,
+)
+from preprocessing.contract.shards import write_shard
+from preprocessing.driver.reshard import run_reshard
+from preprocessing.synthetic.tabular import write_sample
+from preprocessing.versions.attempt import VersionAttempt
+from preprocessing.versions.rollback import rollback_dataset
+from preprocessing.versions.table import (
+    SPLIT_COLUMN,
+    VERSION_KEY,
+    TableError,
+    _commit,
+    publish_current,
+    read_head,
+)
+from tests.preprocessing.nightly import SPEC, add_night, config_for
+from tests.preprocessing.version_writer import manifest_of, write_test_shard
+
+REPO = Path(__file__).resolve().parents[2]
+WRITER = Path(__file__).with_name("version_writer.py")
+
+
+@dataclass(frozen=True)
+class Chain:
+    root: Path
+    version_ids: list[str]  # the base, then one child per night
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, dask_client) -> Chain:
+    """A flat version of 10 files, then two nightly children: a chain of three versions."""
+    base = tmp_path_factory.mktemp("table")
+    raw, root = base / "raw", base / "out"
+    write_sample(raw, SPEC)
+    ids = [run_reshard(config_for(raw, root), dask_client).manifest.version_id]
+    for night in range(2):
+        add_night(raw, night)
+        ids.append(run_reshard(config_for(raw, root), dask_client).manifest.version_id)
+    return Chain(root, ids)
+
+
+def expected_counts(manifest: Manifest) -> dict[str, Counter[str]]:
+    """Per split, the manifest's rows of each class (its shards' class counts summed)."""
+    return {name: sum((Counter(e.class_counts) for e in split.shards), Counter())
+            for name, split in manifest.splits.items()}
+
+
+def counted(frame: pl.DataFrame, label: str) -> dict[str, Counter[str]]:
+    rows = frame.group_by(SPLIT_COLUMN, label).len().iter_rows()
+    out: dict[str, Counter[str]] = {}
+    for split, value, num in rows:
+        out.setdefault(split, Counter())[str(value)] = num
+    return out
+
+
+def listed(root: Path, capsys, *flags: str) -> list[str]:
+    """What `ballast files ROOT FLAGS` printed, a URI a line."""
+    assert ballast(["files", str(root), *flags]) == 0
+    return capsys.readouterr().out.split()
+
+
+def check_readers(root: Path, version_id: str, capsys) -> None:
+    """Polars and deltalake on the table, and `ballast files`, against the manifest."""
+    manifest, location = read_manifest(str(root))
+    assert manifest.version_id == version_id and read_current_version(str(root)) == version_id
+    expected, label = expected_counts(manifest), manifest.label_column
+    table = DeltaTable(str(root))
+    assert table.history(1)[0][VERSION_KEY] == version_id
+    assert counted(pl.from_arrow(table.to_pyarrow_table()), label) == expected
+    # Polars' own scan reads a partition from hive-style paths only: through pyarrow here.
+    assert counted(pl.scan_delta(str(root), use_pyarrow=True).collect(), label) == expected
+    for split, entries in manifest.splits.items():
+        uris = [shard_uri(location, entry) for entry in entries.shards]
+        assert listed(root, capsys, "--split", split) == uris
+        in_table = table.to_pyarrow_table(filters=[(SPLIT_COLUMN, "=", split)])
+        assert in_table.num_rows == entries.num_rows
+        assert Counter(map(str, pl.scan_parquet(uris).collect()[label])) == expected[split]
+    assert sorted(table.file_uris()) == sorted(listed(root, capsys))
+
+
+@pytest.mark.slow  # reshards on the session's Dask cluster
+def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chain,
+                                                                     capsys) -> None:
+    """Invariants: after the third version of a chain the table's newest version, Polars
+    and `ballast files` hold exactly the manifest's rows per split and class, the
+    children's ancestors' shards in place; a rollback is a new table version holding the
+    version rolled back to, and the table's history names each ballast version in order."""
+    root, ids = chain.root, chain.version_ids
+    check_readers(root, ids[-1], capsys)
+    assert listed(root, capsys, "--version", ids[0]) == [
+        shard_uri(read_manifest(str(root / f"v-{ids[0]}"))[1], entry)
+        for split in read_manifest(str(root / f"v-{ids[0]}"))[0].splits.values()
+        for entry in split.shards]
+    rollback_dataset(str(root), ids[1])
+    check_readers(root, ids[1], capsys)
+    history = [h[VERSION_KEY] for h in reversed(DeltaTable(str(root)).history())]
+    assert history == [*ids, ids[1]]
+
+
+def write_version(root: Path, version_id: str) -> None:
+    """A tiny version committed in this process (tests/preprocessing/version_writer.py)."""
+    previous = read_current_version(str(root))
+    with VersionAttempt(str(root), version_id) as attempt:
+        entries = [write_test_shard(attempt.shard_uri(shard_name("train", index)), version_id,
+                                    index) for index in range(2)]
+        attempt.commit(manifest_of(version_id, entries), expected=previous)
+
+
+def head_version(root: Path) -> str | None:
+    head = read_head(str(root))
+    return None if head is None else head.version_id
+
+
+@pytest.mark.slow  # the writer runs as its own process, SIGKILLed mid-commit
+@pytest.mark.parametrize("step", ["manifest", "swap"])
+def test_a_crash_between_current_and_the_table_is_repaired_by_the_rerun(tmp_path,
+                                                                       step) -> None:
+    """Invariants: killed after the manifest or after `_CURRENT` moved, the table still
+    holds the old version (never one `_CURRENT` did not name); the rerun brings the table
+    to the new version in one table commit."""
+    write_version(tmp_path, "old")
+    env = {"PYTHONPATH": str(REPO), KILL_AT_ENV: step}
+    killed = subprocess.run([sys.executable, str(WRITER), str(tmp_path), "new"],
+                            env={**os.environ, **env}, timeout=120)
+    assert killed.returncode == -9
+    assert head_version(tmp_path) == "old"
+    rerun = subprocess.run([sys.executable, str(WRITER), str(tmp_path), "new"],
+                           env={**os.environ, "PYTHONPATH": str(REPO)},
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert read_current_version(str(tmp_path)) == head_version(tmp_path) == "new"
+    assert DeltaTable(str(tmp_path)).version() == 1
+
+
+def test_a_publisher_that_loses_the_table_commit_converges_on_current(tmp_path) -> None:
+    """Invariants: of two publishers that read the same table head, the second's commit
+    fails (no retry on a stale head) and its next look finds the table in step with
+    `_CURRENT`; the table never gets a version `_CURRENT` does not name."""
+    write_version(tmp_path, "a")
+    write_version(tmp_path, "b")
+    rollback_dataset(str(tmp_path), "a")
+    stale = read_head(str(tmp_path))
+    assert stale is not None and stale.version_id == "a"
+    write_version(tmp_path, "c")  # moves `_CURRENT`, then publishes c on top of `stale`
+    manifest = read_manifest(str(tmp_path / "v-a"))[0]
+    with pytest.raises(Exception, match="Failed to commit"):
+        _commit(str(tmp_path), manifest, stale)
+    assert publish_current(str(tmp_path)) == 3 and head_version(tmp_path) == "c"
+    history = [h[VERSION_KEY] for h in reversed(DeltaTable(str(tmp_path)).history())]
+    assert history == ["a", "b", "a", "c"]
+
+
+def test_a_rollback_cut_off_before_its_table_commit_is_finished_by_running_it_again(
+        tmp_path) -> None:
+    """Invariants: `_CURRENT` moved back by hand (a rollback killed before publishing)
+    leaves the table on the newer version; `ballast rollback` to the same version then
+    publishes it as a new table version and changes nothing else."""
+    write_version(tmp_path, "a")
+    write_version(tmp_path, "b")
+    swap_current(str(tmp_path), "a", expected="b")
+    assert head_version(tmp_path) == "b"
+    assert "nothing to do" in rollback_dataset(str(tmp_path), "a")
+    assert head_version(tmp_path) == "a" and DeltaTable(str(tmp_path)).version() == 2
+    assert sorted(DeltaTable(str(tmp_path)).file_uris()) == sorted(
+        str(tmp_path / "v-a" / shard_name("train", index)) for index in range(2))
+
+
+def test_a_column_delta_lake_cannot_type_fails_the_publication_naming_it(tmp_path) -> None:
+    """Invariants: a shard column of a type Delta Lake lacks (time64) fails the commit's
+    publication with TableError naming the column and its type; the version itself is
+    committed and current, and no table is written."""
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "label": pa.array([0, 1], pa.int64()),
+                     "at": pa.array([1, 2], pa.time64("us"))})
+    with pytest.raises(TableError, match=r"column 'at' of type time64\[us\]"), \
+            VersionAttempt(str(tmp_path), "timed") as attempt:
+        entry = write_shard(attempt.shard_uri(shard_name("train", 0)), rows, 2, "label")
+        attempt.commit(manifest_of("timed", [entry]), expected=None)
+    assert read_current_version(str(tmp_path)) == "timed" and read_head(str(tmp_path)) is None
+
+
+def test_a_commit_that_loses_the_swap_leaves_the_table_on_the_winner(tmp_path) -> None:
+    """Invariants: a commit whose expected `_CURRENT` is stale raises CommitConflict and
+    commits no table version: `_CURRENT` and the table both stay on the winner."""
+    write_version(tmp_path, "winner")
+    with pytest.raises(CommitConflict), VersionAttempt(str(tmp_path), "loser") as attempt:
+        entries = [write_test_shard(attempt.shard_uri(shard_name("train", 0)), "loser", 0)]
+        attempt.commit(manifest_of("loser", entries), expected=None)
+    assert read_current_version(str(tmp_path)) == head_version(tmp_path) == "winner"
+    assert DeltaTable(str(tmp_path)).version() == 0
