@@ -257,20 +257,12 @@ def report_error(args: argparse.Namespace, error: BaseException) -> None:
     print(redact("\n".join(lines)), file=sys.stderr)
 
 
-PREFECT_START_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API"
-
-
 def fix_for(error: BaseException) -> str | None:
-    """What to do about `error`, when it is not in its message already: the error's own
-    `fix`, or that of a known failure of a library."""
+    """What to do about `error` when the error carries it apart from its message (`fix`);
+    ballast's own errors mostly say it in their message (the temporary Prefect server's
+    failure: flows/temporary_server.py)."""
     fix = getattr(error, "fix", None)
-    if fix:
-        return str(fix)
-    if PREFECT_START_TIMEOUT in str(error):
-        return ("give Prefect's temporary server longer on a busy machine (export "
-                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=300), or start one with "
-                "`prefect server start` and export PREFECT_API_URL=http://127.0.0.1:4200/api")
-    return None
+    return str(fix) if fix else None
 
 
 def failure_status(error: BaseException) -> int:

@@ -71,13 +71,14 @@ def test_a_refused_run_prints_its_cause_and_log_in_a_few_lines(
 
 def test_a_failed_run_prints_its_cause_in_a_few_lines_and_the_traceback_with_v(
         prefect_harness: None, tmp_path: Path) -> None:
-    """Invariants: a run that fails (no Dask scheduler at the configured address) exits 1,
+    """Invariants: a run that fails (no Dask scheduler at the configured address) exits 4
+    (a service that may answer later),
     prints at most 15 lines, no traceback, the cause and the log last; with `-v` the
     console shows the traceback too."""
     dask = {"kind": "address", "address": "tcp://127.0.0.1:9"}
     run = _ballast(tmp_path, _config(tmp_path, **dask))
-    assert run.returncode == 1, run.stderr
+    assert run.returncode == 4, run.stderr
     _check_printed(run, "127.0.0.1:9")
     verbose = _ballast(tmp_path, _config(tmp_path, **dask), "-v")
-    assert verbose.returncode == 1
+    assert verbose.returncode == 4
     assert "Traceback (most recent call last)" in verbose.stderr
