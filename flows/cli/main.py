@@ -13,8 +13,8 @@
     ballast files /data/datasets [--split train] [--version ID]       a version's shard URIs
 
 A command that fails ends with its cause on one line and the path of a log file that
-holds the traceback (printed too with `-v`), then the fix on a line of its own when one
-is known. Its exit status is that of `python -m preprocessing`: 2 for a config
+holds the traceback (printed too with `-v`), then the fix on a line of its own when the
+error carries one apart from its message. Its exit status is that of `python -m preprocessing`: 2 for a config
 or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
 a service that may answer later, 5 for storage that refuses (no space, permission, a
 read-only file system, a missing bucket), 1 for anything else.
