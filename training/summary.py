@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.names import mlflow_key
 from tracking.lifecycle.metrics import macro_f1, per_class_recall
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ def tracking_run_id(trainer: lightning.Trainer, cfg: TrainConfig) -> str | None:
 
 
 def confusion_summary(confusion: np.ndarray | None, classes: list[str]) -> dict[str, Any]:
-    """Macro F1, recall per class (None without support) and the matrix itself."""
+    """Macro F1, recall per class (None without support), the matrix itself, and the
+    MLflow key of each class whose `val_recall/` metric is not named by the label as it is
+    (`val_recall_keys`: label -> key, see preprocessing/contract/names.py)."""
     if confusion is None:
         return {"val_macro_f1": None, "val_recall": {}, "confusion_matrix": None}
     recall = per_class_recall(confusion)
@@ -126,6 +129,8 @@ def confusion_summary(confusion: np.ndarray | None, classes: list[str]) -> dict[
             for name, value in zip(classes, recall, strict=True)
         },
         "confusion_matrix": np.asarray(confusion).tolist(),
+        "val_recall_keys": {str(name): key for name in classes
+                            if (key := mlflow_key(name, "val_recall/")) != f"val_recall/{name}"},
     }
 
 

@@ -4,13 +4,17 @@ The console holds ballast's own progress (the lines the flows log, flows/runlog.
 what their tasks print), every warning and error, and the result at the end. Libraries'
 INFO lines (Dask's clusters starting and stopping, Prefect's task states and temporary
 server, MLflow's store set-up) go to the command's log file only, and to the console too
-with `-v`. Dask's worker processes configure their logging when they start, from their
+with `-v`. A quiet console shows each line it keeps as one line, without a traceback
+(Prefect logs a failed task's and flow's, the same error twice): a refused or failed run
+ends in a few lines, the cause last (flows/cli/main.py); the log file keeps every
+traceback. Dask's worker processes configure their logging when they start, from their
 environment: `DASK_DISTRIBUTED__LOGGING` (a `logging.dictConfig`, set here for the
 command's duration) sends their lines to the same file.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -55,6 +59,22 @@ class ProgressOnly(logging.Filter):
                 and not str(record.msg).startswith(STATE_PREFIX))
 
 
+class FirstLineOnly(logging.Formatter):
+    """A quiet console's formatter around a handler's own: the record's first line, its
+    traceback left out (the log file's handler formats the record whole)."""
+
+    def __init__(self, inner: logging.Formatter | None = None, fmt: str | None = None) -> None:
+        super().__init__()
+        self.inner = inner  # put back when the command's logging ends
+        self._fallback = logging.Formatter(fmt)  # a handler without a formatter of its own
+
+    def format(self, record: logging.LogRecord) -> str:
+        short = copy.copy(record)
+        short.msg, short.args = record.getMessage().split("\n", 1)[0], None
+        short.exc_info = short.exc_text = short.stack_info = None
+        return (self.inner or self._fallback).format(short)
+
+
 def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
     return [handler for handler in logger.handlers
             if isinstance(handler, logging.StreamHandler)
@@ -71,18 +91,20 @@ def _loggers_with_handlers() -> list[logging.Logger]:
 
 def worker_logging(path: Path, verbose: bool) -> dict[str, object]:
     """The dictConfig Dask workers start with: their INFO lines to `path`, errors (INFO
-    with `verbose`) to their stderr, which is the command's. A LocalCluster started
+    with `verbose`) to their stderr, which is the command's (each on one line, without
+    its traceback, unless `verbose`). A LocalCluster started
     meanwhile keeps these levels (preprocessing/driver/cluster.py turns its `silence_logs`
     off when the environment holds this config)."""
-    formatter = {"format": LINE_FORMAT}
+    first_line = {"()": f"{__name__}.FirstLineOnly", "fmt": LINE_FORMAT}
     return {
         "version": 1, "disable_existing_loggers": False,
-        "formatters": {"line": formatter},
+        "formatters": {"line": {"format": LINE_FORMAT},
+                       "console": {"format": LINE_FORMAT} if verbose else first_line},
         "handlers": {
             "file": {"class": "logging.FileHandler", "filename": str(path),
                      "formatter": "line"},
             "console": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                        "formatter": "line", "level": "INFO" if verbose else "ERROR"}},
+                        "formatter": "console", "level": "INFO" if verbose else "ERROR"}},
         "loggers": {"distributed": {"level": "INFO", "handlers": ["file", "console"],
                                     "propagate": False}}}
 
@@ -102,6 +124,8 @@ def command_logging(path: Path, verbose: bool, stay_quiet: bool = False) -> Iter
         logger.addHandler(file_handler)
         for handler in _console_handlers(logger) if not verbose else []:
             handler.addFilter(quiet)
+            if not isinstance(handler.formatter, FirstLineOnly):
+                handler.setFormatter(FirstLineOnly(handler.formatter))
     before = os.environ.get(DASK_LOGGING_ENV)
     os.environ[DASK_LOGGING_ENV] = repr(worker_logging(path, verbose))
     try:
@@ -112,6 +136,8 @@ def command_logging(path: Path, verbose: bool, stay_quiet: bool = False) -> Iter
             logger.removeHandler(file_handler)
             for handler in _console_handlers(logger) if not stay_quiet else []:
                 handler.removeFilter(quiet)
+                if isinstance(handler.formatter, FirstLineOnly):
+                    handler.setFormatter(handler.formatter.inner)
         file_handler.close()
 
 

@@ -8,9 +8,9 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import yaml
 
 from preprocessing.contract.manifest import read_manifest
+from preprocessing.contract.names import yaml_text
 
 
 def describe_version(dataset: str) -> str:
@@ -37,7 +37,7 @@ def describe_version(dataset: str) -> str:
         "dropped_rows": manifest.features.get("dropped_rows", {}),
         "unlabelled_rows": manifest.features.get("unlabelled_rows", {}),
     }
-    return yaml.safe_dump(report, sort_keys=False)
+    return yaml_text(report)
 
 
 def _summed(counts: Any) -> dict[str, int]:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from preprocessing.config import DatasetSpec
+from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.scan.column_roles import TableSurvey, check_proposal, survey_columns
 from preprocessing.scan.feature_stats import policies_for
 from preprocessing.storage.sources import list_inputs, stream_schema
@@ -93,7 +94,7 @@ def describe_inputs(inputs: str, label: str | None = None) -> str:
     survey = survey_inputs(inputs, label)
     config = starter_config(survey, inputs)
     check_proposal(survey, DatasetSpec.model_validate(config["reshard"]["dataset"]))
-    body = yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=1 << 16)
+    body = yaml_text(config)
     return "\n".join(header_lines(survey, inputs)) + "\n" + _mark_confirm(body, survey)
 
 
@@ -101,15 +102,16 @@ def header_lines(survey: TableSurvey, inputs: str) -> list[str]:
     """The comments above the config: the column table, the classes, what was left out."""
     read = (f"the first {survey.num_rows} rows" if survey.sampled
             else f"all {survey.num_rows} rows")
-    lines = [f"# Starter config for {len(survey.files)} files under {inputs}; counts over "
-             f"{read}. Check each CONFIRM, then run:",
+    lines = [f"# Starter config for {len(survey.files)} files under {yaml_comment(inputs)}; "
+             f"counts over {read}. Check each CONFIRM, then run:",
              "#   ballast run pipeline --config THIS.yaml --work-dir DIR", "#",
              f"# {'column':<24} {'type':<28} {'nulls':>8}  role"]
-    lines += [f"# {c.name:<24} {c.arrow_type!s:<28} {c.null_rows:>8}  "
+    lines += [f"# {yaml_comment(c.name):<24} {c.arrow_type!s:<28} {c.null_rows:>8}  "
               f"{ROLE_NOTES.get(c.role, f'feature ({c.kind})')}"
               for c in survey.columns.values()]
     lines += ["#", f"# classes of {survey.label!r} (rows): " + ", ".join(
-        f"{value}: {count}" for value, count in sorted(survey.classes.items(), key=str))]
+        f"{yaml_comment(value)}: {count}"
+        for value, count in sorted(survey.classes.items(), key=str))]
     if not survey.named("id_column"):
         lines.append("# no unique integer id column found: ballast derives a row id from "
                      "each file's path and row (column __ballast_row_id)")

@@ -13,7 +13,8 @@
     ballast files /data/datasets [--split train] [--version ID]       a version's shard URIs
 
 A command that fails ends with its cause on one line and the path of a log file that
-holds the traceback. Its exit status is that of `python -m preprocessing`: 2 for a config
+holds the traceback (printed too with `-v`), then the fix on a line of its own when the
+error carries one apart from its message. Its exit status is that of `python -m preprocessing`: 2 for a config
 or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
 a service that may answer later, 5 for storage that refuses (no space, permission, a
 read-only file system, a missing bucket), 1 for anything else.
@@ -227,9 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(args)
         output = _dispatch(args)
     except Exception as error:
-        log = write_error_log(args.command, error, getattr(args, "log_path", None))
-        print(redact(f"ballast {args.command}: {one_line(error)} (traceback: {log})"),
-              file=sys.stderr)
+        report_error(args, error)
         return failure_status(error)
     if output:
         print(redact(output), end="" if output.endswith("\n") else "\n")
@@ -243,6 +242,27 @@ def _verify(args: argparse.Namespace) -> int:
     report = verify_chain(args.root, args.version, deep=args.deep)
     print(redact(report.text()))
     return 0 if report.whole else 1
+
+
+def report_error(args: argparse.Namespace, error: BaseException) -> None:
+    """The cause on one line with the log file that holds the traceback, the traceback
+    itself with `-v`, and the fix when one is known."""
+    log = write_error_log(args.command, error, getattr(args, "log_path", None))
+    if getattr(args, "verbose", False):
+        traceback.print_exception(error, file=sys.stderr)
+    lines = [f"ballast {args.command}: {one_line(error)} (traceback: {log})"]
+    fix = fix_for(error)
+    if fix is not None:
+        lines.append(f"  fix: {fix}")
+    print(redact("\n".join(lines)), file=sys.stderr)
+
+
+def fix_for(error: BaseException) -> str | None:
+    """What to do about `error` when the error carries it apart from its message (`fix`);
+    ballast's own errors mostly say it in their message (the temporary Prefect server's
+    failure: flows/temporary_server.py)."""
+    fix = getattr(error, "fix", None)
+    return str(fix) if fix else None
 
 
 def failure_status(error: BaseException) -> int:

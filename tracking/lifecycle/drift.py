@@ -34,6 +34,7 @@ from statistics import NormalDist
 from typing import Any
 
 from preprocessing.contract.manifest import Manifest
+from preprocessing.contract.names import mlflow_key
 
 SHARE_FLOOR = 1e-4
 NUM_BINS = 10
@@ -123,8 +124,9 @@ class DriftReport:
                   **{f"drift.rows.{name}": float(count) for name, count in self.rows.items()}}
         for column in self.features:
             if column.psi is not None:
-                values[f"drift.feature.{column.name}.psi"] = column.psi
-            values[f"drift.feature.{column.name}.null_rate_change"] = column.null_rate_change
+                values[mlflow_key(column.name, "drift.feature.", ".psi")] = column.psi
+            values[mlflow_key(column.name, "drift.feature.", ".null_rate_change")] = \
+                column.null_rate_change
         return values
 
 

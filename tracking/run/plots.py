@@ -15,6 +15,12 @@ from matplotlib.figure import Figure
 from preprocessing.contract.manifest import Manifest
 
 
+def literal_text(value: object) -> str:
+    """A value of the data (a class, a source) as text matplotlib draws as it is: each `$`
+    escaped, as two of them would start mathtext, which fails on most such text."""
+    return str(value).replace("$", r"\$")
+
+
 def split_histogram(manifest: Manifest, field: str, split: str = "train") -> dict[str, int]:
     """Rows per class (`class_counts`) or source (`source_counts`) of a split."""
     totals: dict[str, int] = {}
@@ -34,7 +40,8 @@ def mix_figure(manifest: Manifest) -> Figure:
         x = np.arange(len(keys))
         axis.bar(x - 0.2, [before.get(k, 0) for k in keys], 0.4, label="input")
         axis.bar(x + 0.2, [after.get(k, 0) for k in keys], 0.4, label="after reshard")
-        axis.set_xticks(x, keys, rotation=45 if len(keys) > 10 else 0)
+        axis.set_xticks(x, [literal_text(key) for key in keys],
+                        rotation=45 if len(keys) > 10 else 0)
         axis.set_title(f"rows per {name}")
         axis.legend()
     figure.tight_layout()
@@ -59,8 +66,9 @@ def confusion_figure(confusion: list[list[int]], classes: list[str]) -> Figure:
     normalised = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
     figure, axis = plt.subplots(figsize=(6, 5))
     image = axis.imshow(normalised, cmap="Blues", vmin=0, vmax=1)
-    axis.set_xticks(range(len(classes)), classes)
-    axis.set_yticks(range(len(classes)), classes)
+    shown = [literal_text(name) for name in classes]
+    axis.set_xticks(range(len(classes)), shown)
+    axis.set_yticks(range(len(classes)), shown)
     axis.set_xlabel("predicted")
     axis.set_ylabel("true")
     for (row, column), count in np.ndenumerate(matrix):

@@ -35,9 +35,9 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
+from preprocessing.contract.names import mlflow_params
 from preprocessing.toolbox.secrets import REDACTED, SECRET_NAME, redact
 from tracking.config import TrackingConfig
-from tracking.run.param_keys import mlflow_params
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept
 from tracking.run.spool import MANIFEST_ARTIFACT, Spool, is_local_run
@@ -80,7 +80,7 @@ def flatten(values: dict[str, Any]) -> dict[str, str]:
     """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
     anything whose name looks like a credential, and any password in a URI, is redacted.
     Keys MLflow refuses (a column name `Body Mass (g)` in `dataset.nulls`) get a valid
-    form, their value the original key (tracking/run/param_keys.py)."""
+    form, their value the original key (preprocessing/contract/names.py)."""
     return mlflow_params(_dotted(values), _MAX_PARAM_CHARS)
 
 

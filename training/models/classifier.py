@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from preprocessing.contract.names import mlflow_key
 from tracking.lifecycle.metrics import macro_f1, per_class_recall
 from training.config import ModelConfig
 
@@ -129,11 +130,12 @@ class FeatureClassifier(Classifier):
 
 
 def validation_metrics(confusion: np.ndarray, classes: list[str]) -> dict[str, float]:
-    """`val_macro_f1` and `val_recall/<class>` (classes without support are left out)."""
+    """`val_macro_f1` and `val_recall/<class>` (classes without support are left out), the
+    class as `mlflow_key` maps it (the summary keeps each class's key and label)."""
     metrics = {"val_macro_f1": macro_f1(confusion)}
     for name, recall in zip(classes, per_class_recall(confusion), strict=True):
         if not np.isnan(recall):
-            metrics[f"val_recall/{name}"] = float(recall)
+            metrics[mlflow_key(name, "val_recall/")] = float(recall)
     return metrics
 
 
