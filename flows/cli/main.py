@@ -27,9 +27,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from pydantic import ValidationError
 
+from flows.cli.values import apply_override as apply_override  # the CLI's, tested here
 from preprocessing.contract.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                              help="fills ${WORK_DIR} in the presets")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
+    status.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field, as `ballast run --set` does")
     init = commands.add_parser("init", help="print a starter pipeline config for your files")
     init.add_argument("--inputs", required=True, help="directory, file or glob of raw files")
     init.add_argument("--label", help="the label column (default: label, target, class, y)")
@@ -116,32 +118,21 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
                         "too; they are always in the command's log file")
 
 
-def apply_override(values: dict[str, Any], assignment: str) -> None:
-    """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set {assignment!r}: expected KEY=VALUE")
-    *parents, leaf = key.split(".")
-    node = values
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
-
-
 def _run(args: argparse.Namespace) -> str:
     from flows.cli.summary import format_result
+    from flows.cli.values import resolved_values
     from flows.deployments import FLOWS
-    from flows.params import load_preset, parse_params
+    from flows.params import parse_params
 
-    values = load_preset(args.config, args.work_dir)
-    for assignment in args.set:
-        apply_override(values, assignment)
+    values, tracking_lines = resolved_values(args.config, args.work_dir, args.set)
     if args.force:
         if args.flow != "pipeline":
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
         values.setdefault("promotion", {})["force"] = True
     flow, params_type = FLOWS[args.flow]
     params = parse_params(params_type, values, args.config)
+    for line in tracking_lines:  # which tracking server, and why (README: With MLflow)
+        print(line, file=sys.stderr)
     with _quiet(args):
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
@@ -193,7 +184,7 @@ def _dispatch(args: argparse.Namespace) -> str | None:
     if args.command == "status":
         from flows.cli.status import describe_status
 
-        return describe_status(args.config, args.work_dir)
+        return describe_status(args.config, args.work_dir, args.set)
     if args.command == "rollback":
         from flows.cli.rollback import rollback
 
