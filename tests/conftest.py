@@ -41,11 +41,6 @@ END_TO_END: frozenset[str] = frozenset({
     "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
     "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
     "tests/tracking/test_lifecycle.py::test_tracked_jobs_register_champion_then_challenger",
-    # Builds the model's own virtualenv with pip from its requirements.txt (torch and
-    # mlflow unpacked: ~80 s here) after the wine reshard and a 30-epoch MLP: the
-    # registered model is checked where ballast is not, as a serving host would hold it.
-    "tests/tracking/test_standalone_model.py::"
-    "test_the_champion_loads_predicts_and_evaluates_in_its_own_virtualenv",
     "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
     "tests/tracking/test_outage.py::"
     "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",

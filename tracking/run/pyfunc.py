@@ -2,11 +2,12 @@
 
 `mlflow.pyfunc.load_model("models:/<name>@champion").predict(df)` takes a pandas
 DataFrame of the dataset's original feature columns (nulls, strings, dates and lists as
-they came) and returns one row per input row, one column: `predicted`, the class label
-in the label's own type (an int64 label stays int64, a string a string). That single
-column is what `mlflow.models.evaluate(..., model_type="classifier")` reads as the
-predictions. With the param `details=True` (`predict(df, params={"details": True})`, or
-`"params": {"details": true}` in a serving request) two columns follow it:
+they came) and returns one value per input row, a Series `predicted`: the class label in
+the label's own type (an int64 label stays int64, a string a string), what
+`mlflow.models.evaluate(..., model_type="classifier")` reads as the predictions (it
+refuses a DataFrame of two columns, and of one). With the param `details=True`
+(`predict(df, params={"details": True})`, or `"params": {"details": true}` in a serving
+request) a DataFrame, `predicted` followed by two columns:
 `probabilities` (one float per class, in the order of the model metadata's `classes`)
 and `filled` (the feature columns whose null was filled in that row). MLflow's evaluator
 asks only scikit-learn, XGBoost and CatBoost models for probabilities (`predict_proba`),
@@ -94,17 +95,18 @@ class CodecClassifier(PythonModel):
         return torch.softmax(logits, dim=1).float().numpy()
 
     def predict(self, context: Any, model_input: pd.DataFrame,
-                params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """`predicted` label for each row of a DataFrame of raw rows (and, with
-        `details`, `probabilities` and `filled`)."""
+                params: dict[str, Any] | None = None) -> pd.Series | pd.DataFrame:
+        """The `predicted` label of each row of a DataFrame of raw rows, a Series (what
+        MLflow's classifier evaluator reads); with `details`, a DataFrame that adds
+        `probabilities` and `filled`."""
         assert self.codec is not None, "the model's codec is not loaded"
         table, features = encode_rows(serving_codec(self.codec), pd.DataFrame(model_input))
         probs = self.probabilities_of(features)
-        out = pd.DataFrame({"predicted": [self.labels[i] for i in probs.argmax(axis=1)]})
-        if (params or {}).get(DETAILS_PARAM):
-            out["probabilities"] = list(probs)
-            out["filled"] = filled_columns(self.codec, table)
-        return out
+        predicted = pd.Series([self.labels[i] for i in probs.argmax(axis=1)], name="predicted")
+        if not (params or {}).get(DETAILS_PARAM):
+            return predicted
+        return pd.DataFrame({"predicted": predicted, "probabilities": list(probs),
+                             "filled": filled_columns(self.codec, table)})
 
 
 def serving_codec(codec: FeatureCodec) -> FeatureCodec:
