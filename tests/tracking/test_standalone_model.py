@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from importlib.metadata import Distribution, PackageNotFoundError, distribution
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -115,7 +116,8 @@ def requirement_closure(names: list[str]) -> dict[str, Distribution]:
 def link_virtualenv(env: Path, requirements: list[str]) -> None:
     """A `venv --without-pip` whose site-packages links the requirements' closure, with
     the console scripts MLflow calls (`mlflow`, `uvicorn`) bound to its interpreter."""
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter, not a venv's
+    subprocess.run([base, "-m", "venv", "--without-pip", str(env)], check=True)
     site = next((env / "lib").glob("python*/site-packages"))
     for dist in requirement_closure(requirements).values():
         for top in {Path(str(file)).parts[0] for file in dist.files or []} - {"..", "__pycache__"}:
@@ -170,7 +172,7 @@ def served(champion) -> Iterator[str]:
         stop_server(process)
 
 
-def invoke(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+def invoke(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(f"{url}/invocations", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
