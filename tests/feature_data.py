@@ -50,7 +50,7 @@ def codec_classifier(network: torch.nn.Module, dataset: str) -> CodecClassifier:
     Python object, without a tracking server."""
     manifest, _ = read_manifest(dataset)
     return CodecClassifier(network.eval(), FeatureCodec.from_manifest(manifest),
-                           [str(label) for label in manifest.classes])
+                           [str(label) for label in manifest.classes], list(manifest.classes))
 
 
 def train_mlp(dataset: str, epochs: int, seed: int = 0) -> torch.nn.Module:

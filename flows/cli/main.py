@@ -14,7 +14,8 @@
 
 A command that fails ends with its cause on one line and the path of a log file that
 holds the traceback (printed too with `-v`), then the fix on a line of its own when the
-error carries one apart from its message. Its exit status is that of `python -m preprocessing`: 2 for a config
+error carries one apart from its message. Its exit status is that of
+`python -m preprocessing`: 2 for a config
 or data error, 3 when another run moved a dataset's `_CURRENT` meanwhile, 4 for storage or
 a service that may answer later, 5 for storage that refuses (no space, permission, a
 read-only file system, a missing bucket), 1 for anything else.
@@ -35,7 +36,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from flows.cli.files import add_files_command
-from flows.overrides import apply_override
+from flows.overrides import apply_override as apply_override  # the CLI's, tested here
 from preprocessing.toolbox.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                              "kept, for each flow run to fill from $BALLAST_WORK_DIR)")
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
+    status.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field, as `ballast run --set` does")
     init = commands.add_parser("init", help="print a starter pipeline config for your files")
     init.add_argument("--inputs", required=True, help="directory, file or glob of raw files")
     init.add_argument("--label", help="the label column (default: label, target, class, y)")
@@ -125,13 +128,12 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> str:
     from flows.cli.summary import format_result
+    from flows.cli.values import resolved_values
     from flows.deployments import FLOWS
-    from flows.params import load_preset, parse_params
+    from flows.params import parse_params
     from flows.temporary_server import start_temporary_server
 
-    values = load_preset(args.config, args.work_dir)
-    for assignment in args.set:
-        apply_override(values, assignment)
+    values, tracking_lines = resolved_values(args.config, args.work_dir, args.set)
     if args.force:
         if args.flow != "pipeline":
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
@@ -140,6 +142,8 @@ def _run(args: argparse.Namespace) -> str:
     overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
     origin = f"{args.config} with {overridden}" if overridden else args.config
     params = parse_params(params_type, values, origin)
+    for line in tracking_lines:  # which tracking server, and why (README: With MLflow)
+        print(line, file=sys.stderr)
     with _quiet(args):
         start_temporary_server()
         result = cast(dict[str, Any], flow(**params.arguments()))
@@ -194,7 +198,7 @@ def _dispatch(args: argparse.Namespace) -> str | None:
     if args.command == "status":
         from flows.cli.status import describe_status
 
-        return describe_status(args.config, args.work_dir)
+        return describe_status(args.config, args.work_dir, args.set)
     if args.command == "rollback":
         from flows.cli.rollback import rollback
 

@@ -8,13 +8,14 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from flows.params import load_preset
+from flows.cli.values import resolved_values
 from preprocessing.contract.manifest import (
     ManifestError,
     read_current_version,
     read_manifest,
     version_dir,
 )
+from tracking.config import TrackingConfig
 from tracking.lifecycle.champion import champion
 from tracking.server import TrackingUnavailable
 
@@ -54,9 +55,12 @@ def describe_champion(tracking_uri: str, name: str) -> str:
     return f"{name} v{found['version']} (macro-F1 {score}, run {found['run_id']})"
 
 
-def describe_status(config: str, work_dir: str) -> str:
-    """Text for a person: versions (the current one marked) and the champion."""
-    values = load_preset(config, work_dir)
+def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | list[str] = ()
+                    ) -> str:
+    """Text for a person: versions (the current one marked) and the champion, from the
+    config as `ballast run` resolves it (presets, `--set`, MLflow's environment variables,
+    the fields' defaults)."""
+    values, _ = resolved_values(config, work_dir, overrides)
     lines = []
     root = values.get("reshard", {}).get("output_root")
     if root:
@@ -68,8 +72,9 @@ def describe_status(config: str, work_dir: str) -> str:
                   for v in dataset_versions(root)]
         if current:
             lines += [f"lineage of {current}:", *lineage_lines(root, current)]
-    tracking = values.get("train", {}).get("tracking") or values.get("tracking")
-    if tracking and tracking.get("registered_model_name"):
-        name = tracking["registered_model_name"]
-        lines.append(f"champion: {describe_champion(tracking['tracking_uri'], name)}")
+    section = values.get("train", {}).get("tracking") or values.get("tracking")
+    tracking = TrackingConfig.model_validate(section) if section else None
+    if tracking and tracking.registered_model_name:
+        name = tracking.registered_model_name
+        lines.append(f"champion: {describe_champion(tracking.tracking_uri, name)}")
     return "\n".join(lines) or f"{config}: nothing to report (no output_root or tracking)"

@@ -5,7 +5,9 @@ Every reader of a version encodes rows through this module: the training loader
 state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
 (preprocessing/scan/feature_stats.py) and stored in the manifest (`Manifest.features["columns"]`),
 so the same row gives the same numbers everywhere. It depends on the standard library,
-numpy and pyarrow only (docs/architecture.md 1). Column kinds, and what each becomes:
+numpy and pyarrow only (docs/architecture.md 1): every logged model carries this module
+(tracking/run/model.py), the manifest module is imported only to read a manifest.
+Column kinds, and what each becomes:
 
 - `numeric` (integers, floats, decimals of any width): one value, standardized as
   `(x - shift) / scale` (the scan's mean and standard deviation; 0 and 1 when
@@ -35,13 +37,14 @@ import re
 import zlib
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from preprocessing.contract.manifest import Manifest, ManifestError
+if TYPE_CHECKING:  # imported when needed: a logged model ships this module alone
+    from preprocessing.contract.manifest import Manifest
 
 SCALAR_KINDS = ("numeric", "boolean", "temporal")
 FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
@@ -173,6 +176,8 @@ class FeatureCodec:
 
 
 def _spec_from_type_name(name: str, type_name: str | None) -> ColumnSpec:
+    from preprocessing.contract.manifest import ManifestError
+
     if type_name is None:
         raise ManifestError(f"feature column {name!r} is not in the manifest's schema")
     if match := _FIXED_SIZE_LIST.fullmatch(type_name):

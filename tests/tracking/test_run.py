@@ -27,7 +27,8 @@ def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_c
                                                       mlflow_uri) -> None:
     """Invariants (against a real mlflow server): params hold the flattened config; tags hold
     the dataset version; the dataset input's digest is the version id and its source the
-    manifest URI; the manifest is an artifact; the run ends FINISHED with the summary."""
+    manifest URI, as MLflow's own `local` source; the manifest is an artifact; the run ends
+    FINISHED with the summary."""
     result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
                                        output_root=str(tmp_path / "out")), dask_client)
     config = TrackingConfig(tracking_uri=mlflow_uri, experiment="test-run")
@@ -42,6 +43,7 @@ def test_run_records_params_tags_lineage_and_manifest(tiny_raw, tmp_path, dask_c
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == result.manifest.version_id
     assert json.loads(dataset_input.dataset.source)["uri"] == result.manifest_uri
+    assert dataset_input.dataset.source_type == "local"  # a source MLflow itself reads
     artifacts = {a.path for a in client.list_artifacts(run_id, "dataset")}
     assert artifacts == {"dataset/_MANIFEST.json"}
     assert run.info.status == "FINISHED"

@@ -13,6 +13,7 @@ and whether the model beats it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from functools import lru_cache, partial
@@ -52,7 +53,11 @@ class ModelError(PermanentError, ValueError):
 def load_classifier(model_uri: str, tracking_uri: str) -> CodecClassifier:
     """The registered model's network, codec and classes, cached per process."""
     mlflow.set_tracking_uri(tracking_uri)
+    # MLflow puts the model's `code/` (its copy of ballast's pyfunc and codec modules) first
+    # on sys.path; in a ballast process that copy would shadow ballast's own packages.
+    before = list(sys.path)
     model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    sys.path[:] = before
     if not isinstance(model, CodecClassifier):
         raise ModelError(f"model {model_uri} was not logged by ballast with its feature "
                          "codec; train it again")

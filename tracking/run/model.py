@@ -4,10 +4,20 @@ The model is logged as a pyfunc `CodecClassifier` (tracking/run/pyfunc.py): the 
 without Lightning plus its dataset's feature codec, with a signature naming the original
 input columns and an input example of raw rows, so `mlflow.pyfunc.load_model(
 "models:/<name>@champion").predict(df)` takes rows as the input files hold them. The
-class labels travel as model metadata too. A model the server cannot take is saved in the
-run's spool as an MLflow model (it loads from there as it is) and logged when the spool is
-delivered (tracking/run/runs.py `deliver`): that is why the model's logging lives with the
-run, below registration (tracking/lifecycle/registry.py).
+class labels travel as model metadata too.
+
+The model stands on its own: its artifacts are the codec with the classes (`codec.json`)
+and the network's weights (`weights.pt`, a state dict with the layer sizes, read with
+`torch.load(weights_only=True)`); its code is the pyfunc module and the codec module it
+imports, shipped as MLflow `code_paths` under their package paths (`code/tracking/run/
+pyfunc.py`, `code/preprocessing/contract/codec.py`), which import only the packages of
+its requirements (torch, numpy, pandas, pyarrow, mlflow). A network other than the
+built-in MLP is saved whole (`network.pt`) and loads only where its class imports.
+
+A model the server cannot take is saved in the run's spool as an MLflow model (it loads
+from there as it is) and logged when the spool is delivered (tracking/run/runs.py
+`deliver`): that is why the model's logging lives with the run, below registration
+(tracking/lifecycle/registry.py).
 
 The model is logged into the job's run without making it the active run, so logging it
 never ends the run (tracking/run/runs.py opens and closes runs).
@@ -15,6 +25,7 @@ never ends the run (tracking/run/runs.py opens and closes runs).
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import tempfile
@@ -38,15 +49,19 @@ from tracking.config import TrackingConfig
 from tracking.run.pyfunc import (
     CODEC_ARTIFACT,
     NETWORK_ARTIFACT,
+    WEIGHTS_ARTIFACT,
     CodecClassifier,
     mlflow_type,
+    network_weights,
     signature,
 )
 from tracking.run.sending import send_or_keep
 from tracking.run.spool import Spool
 
 NUM_EXAMPLE_ROWS = 5
-_REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow")
+_REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "mlflow")
+# The modules a model runs: shipped in it with their packages' __init__ files.
+SHIPPED_MODULES = ("preprocessing.contract.codec", "tracking.run.pyfunc")
 
 
 def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
@@ -58,7 +73,7 @@ def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
     manifest, location = read_manifest(dataset)
     codec = FeatureCodec.from_manifest(manifest)
     model = CodecClassifier(network.eval().cpu(), codec,
-                            [str(label) for label in manifest.classes])
+                            [str(label) for label in manifest.classes], list(manifest.classes))
     example = example_rows(manifest, location, codec)
     extra = {"dataset_version": manifest.version_id}
     return send_or_keep(
@@ -90,15 +105,40 @@ def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
     signature, example, labels, requirements."""
     assert model.codec is not None
     with tempfile.TemporaryDirectory() as work:
-        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json", NETWORK_ARTIFACT: f"{work}/net.pt"}
+        artifacts = {CODEC_ARTIFACT: f"{work}/codec.json"}
         Path(artifacts[CODEC_ARTIFACT]).write_text(json.dumps(
-            {"columns": model.codec.to_json(), "classes": model.classes}, indent=1))
-        torch.save(model.network, artifacts[NETWORK_ARTIFACT])
+            {"columns": model.codec.to_json(), "classes": model.classes,
+             "labels": model.labels}, indent=1))
+        artifacts.update(_save_network(model.network, Path(work)))
         yield {"python_model": CodecClassifier(), "artifacts": artifacts,
-               "signature": signature(model.codec), "input_example": example,
+               "code_paths": shipped_code(Path(work) / "code"),
+               "signature": signature(model.codec, model.labels), "input_example": example,
                "metadata": {**extra, "classes": model.classes},
                "pip_requirements": [f"{name}=={package_version(name).split('+')[0]}"
                                     for name in _REQUIREMENTS]}
+
+
+def _save_network(network: torch.nn.Module, work: Path) -> dict[str, str]:
+    """The network's artifact: its weights, or the whole network when it is no MLP."""
+    weights = network_weights(network)
+    if weights is None:
+        torch.save(network, work / "network.pt")
+        return {NETWORK_ARTIFACT: str(work / "network.pt")}
+    torch.save(weights, work / "weights.pt")
+    return {WEIGHTS_ARTIFACT: str(work / "weights.pt")}
+
+
+def shipped_code(root: Path) -> list[str]:
+    """Copies of SHIPPED_MODULES under `root` at their package paths; returns the
+    top-level package folders (MLflow puts each into the model's `code/`)."""
+    for name in SHIPPED_MODULES:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            source = Path(str(importlib.import_module(".".join(parts[:depth])).__file__))
+            folder = root.joinpath(*parts[:depth - 1 if source.name != "__init__.py" else depth])
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, folder / source.name)
+    return sorted({str(root / name.split(".")[0]) for name in SHIPPED_MODULES})
 
 
 def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,

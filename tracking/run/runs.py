@@ -31,7 +31,9 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
+from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
@@ -118,15 +120,30 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
     its parent (a chain's child) as a tag and in the profile."""
     profile = {name: split.num_rows for name, split in manifest.splits.items()}
     lineage = [InputTag("ballast.parent_version", manifest.parent_version or "none")]
+    source_type, source = manifest_source(redact(manifest_uri))
     dataset = Dataset(
         name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
-        source_type="ballast-manifest", source=json.dumps({"uri": redact(manifest_uri)}),
+        source_type=source_type, source=source,
         schema=mlflow_schema_json(manifest.arrow_schema),  # the UI's own format
         profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes),
                             "parent_version": manifest.parent_version,
                             "chain_length": len(manifest.deltas)}),
     )
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training"), *lineage])
+
+
+def manifest_source(uri: str) -> tuple[str, str]:
+    """The type and JSON of the MLflow dataset source of a manifest at `uri`: one MLflow
+    ships (`local`, `s3`, `gs`, ... of its artifact repositories), so that
+    `mlflow.data.get_source(dataset_input).load()` fetches the manifest in any Python with
+    mlflow, no ballast needed; `ballast-manifest` for a scheme MLflow cannot read."""
+    try:
+        with warnings.catch_warnings():  # a local path fits two of MLflow's sources alike
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(uri)
+    except MlflowException:
+        return "ballast-manifest", json.dumps({"uri": uri})
+    return source._get_source_type(), source.to_json()
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
