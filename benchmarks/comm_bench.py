@@ -54,22 +54,32 @@ MIB = 2**20
 OPTIMIZER = "adamw:0.001"  # NAME:LEARNING_RATE; `sgd` is SGD with Nesterov momentum 0.9
 
 
-def job_config(dataset: str, out: str, name: str, warmup: int, epochs: int,
-               optimizer: str = OPTIMIZER) -> TrainConfig:
+def job_config(
+    dataset: str, out: str, name: str, warmup: int, epochs: int, optimizer: str = OPTIMIZER
+) -> TrainConfig:
     optimizer_name, learning_rate = optimizer.split(":")
     comm = DDP_RUNS.get(name, {"hook": "none"}) | {"warmup_steps": warmup}
-    return TrainConfig.model_validate({
-        "dataset": dataset, "output_dir": f"{out}/{name}", "max_epochs": epochs, "seed": 11,
-        "strategy": "fsdp" if name == "fsdp" else "ddp",
-        "comm": comm if name != "fsdp" else {"hook": "none"},
-        "loader": {"batch_size": BATCH_SIZE},
-        "model": {"class_path": "transformer", "optimizer": optimizer_name,
-                  "learning_rate": float(learning_rate)},
-    })
+    return TrainConfig.model_validate(
+        {
+            "dataset": dataset,
+            "output_dir": f"{out}/{name}",
+            "max_epochs": epochs,
+            "seed": 11,
+            "strategy": "fsdp" if name == "fsdp" else "ddp",
+            "comm": comm if name != "fsdp" else {"hook": "none"},
+            "loader": {"batch_size": BATCH_SIZE},
+            "model": {
+                "class_path": "transformer",
+                "optimizer": optimizer_name,
+                "learning_rate": float(learning_rate),
+            },
+        }
+    )
 
 
-def worker(dataset: str, out: str, names: list[str], warmup: int, epochs: int,
-           optimizer: str) -> None:
+def worker(
+    dataset: str, out: str, names: list[str], warmup: int, epochs: int, optimizer: str
+) -> None:
     """One rank: train each named run in turn (started by torchrun, see `launch`)."""
     from training.train import exit_rank, run_training
 
@@ -78,12 +88,33 @@ def worker(dataset: str, out: str, names: list[str], warmup: int, epochs: int,
     exit_rank(0)
 
 
-def launch(dataset: str, out: str, names: list[str], warmup: int, epochs: int,
-           optimizer: str) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", "0", __file__,
-               "--worker", "--dataset", dataset, "--out", out, "--warmup", str(warmup),
-               "--epochs", str(epochs), "--optimizer", optimizer, "--names", *names]
+def launch(
+    dataset: str, out: str, names: list[str], warmup: int, epochs: int, optimizer: str
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(WORLD_SIZE),
+        "--max-restarts",
+        "0",
+        __file__,
+        "--worker",
+        "--dataset",
+        dataset,
+        "--out",
+        out,
+        "--warmup",
+        str(warmup),
+        "--epochs",
+        str(epochs),
+        "--optimizer",
+        optimizer,
+        "--names",
+        *names,
+    ]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"benchmark job failed:\n{done.stderr[-6000:]}")
@@ -99,24 +130,30 @@ def comm_row(name: str, run: dict[str, Any], base: dict[str, Any], warmup: int) 
     comm_s = comm["allreduce_s_per_step"]
     ratio = max(step_s - comm_s, 0) / comm_s if comm_s else float("inf")
     loss_change = run["train_loss"] / base["train_loss"] - 1
-    return (f"{name:<15} {step_s * 1e3:8.1f} {comm['allreduce_bytes_per_step'] / MIB:9.2f} "
-            f"{steady / MIB:9.3f} {full / max(steady, 1):8.1f}x {comm_s * 1e3:9.1f} "
-            f"{ratio:8.1f} {run['train_loss']:8.4f} {loss_change:+8.2%} "
-            f"{run['val_macro_f1']:6.3f}")
+    return (
+        f"{name:<15} {step_s * 1e3:8.1f} {comm['allreduce_bytes_per_step'] / MIB:9.2f} "
+        f"{steady / MIB:9.3f} {full / max(steady, 1):8.1f}x {comm_s * 1e3:9.1f} "
+        f"{ratio:8.1f} {run['train_loss']:8.4f} {loss_change:+8.2%} "
+        f"{run['val_macro_f1']:6.3f}"
+    )
 
 
 def memory_row(name: str, run: dict[str, Any]) -> str:
-    return (f"{name:<6} {run['param_bytes_per_rank'][0] / MIB:10.2f} "
-            f"{run['optimizer_state_bytes_per_rank'][0] / MIB:12.2f} "
-            f"{max(run['peak_memory_bytes_per_rank']) / MIB:14.0f} "
-            f"{run['train_loss']:8.4f}")
+    return (
+        f"{name:<6} {run['param_bytes_per_rank'][0] / MIB:10.2f} "
+        f"{run['optimizer_state_bytes_per_rank'][0] / MIB:12.2f} "
+        f"{max(run['peak_memory_bytes_per_rank']) / MIB:14.0f} "
+        f"{run['train_loss']:8.4f}"
+    )
 
 
 def report(runs: dict[str, dict[str, Any]], warmup: int) -> None:
     steps = runs["none"]["comm"]["steps"]
     print(f"\nDDP comm options: 2 ranks (gloo, CPU), {steps} steps, warm-up {warmup}")
-    print(f"{'option':<15} {'step ms':>8} {'MiB/step':>9} {'steady':>9} {'cut':>9} "
-          f"{'comm ms':>9} {'cmp/comm':>8} {'loss':>8} {'vs none':>8} {'F1':>6}")
+    print(
+        f"{'option':<15} {'step ms':>8} {'MiB/step':>9} {'steady':>9} {'cut':>9} "
+        f"{'comm ms':>9} {'cmp/comm':>8} {'loss':>8} {'vs none':>8} {'F1':>6}"
+    )
     for name in DDP_RUNS:
         print(comm_row(name, runs[name], runs["none"], warmup))
     print("\nFSDP2 vs DDP, per rank")
@@ -126,22 +163,42 @@ def report(runs: dict[str, dict[str, Any]], warmup: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=60, help="Optimizer steps per epoch.")
     parser.add_argument("--epochs", type=int, default=3, help="Epochs; loss: the last one's.")
-    parser.add_argument("--warmup-fraction", type=float, default=0.1,
-                        help="PowerSGD / post-local SGD plain steps, as a share of all steps.")
-    parser.add_argument("--label-noise", type=float, default=0.2,
-                        help="Share of rows with a random label (a loss floor, as real data).")
-    parser.add_argument("--signal", type=float, default=0.1,
-                        help="Share of positions holding class tokens (lower: harder task).")
-    parser.add_argument("--only", nargs="*", default=[*DDP_RUNS, "fsdp"],
-                        help="Runs to make (default: all); the report needs all.")
+    parser.add_argument(
+        "--warmup-fraction",
+        type=float,
+        default=0.1,
+        help="PowerSGD / post-local SGD plain steps, as a share of all steps.",
+    )
+    parser.add_argument(
+        "--label-noise",
+        type=float,
+        default=0.2,
+        help="Share of rows with a random label (a loss floor, as real data).",
+    )
+    parser.add_argument(
+        "--signal",
+        type=float,
+        default=0.1,
+        help="Share of positions holding class tokens (lower: harder task).",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=[*DDP_RUNS, "fsdp"],
+        help="Runs to make (default: all); the report needs all.",
+    )
     parser.add_argument("--out", default=None, help="Work directory (default: a temp dir).")
-    parser.add_argument("--optimizer", default=OPTIMIZER,
-                        help="NAME:LR for every run, NAME adamw or sgd (Nesterov momentum 0.9, "
-                             "the setting PowerSGD was designed for).")
+    parser.add_argument(
+        "--optimizer",
+        default=OPTIMIZER,
+        help="NAME:LR for every run, NAME adamw or sgd (Nesterov momentum 0.9, "
+        "the setting PowerSGD was designed for).",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
@@ -151,17 +208,23 @@ def main() -> None:
         worker(args.dataset, args.out, args.names, args.warmup, args.epochs, args.optimizer)
         return
     out = args.out or tempfile.mkdtemp(prefix="comm-bench-")
-    spec = TokenDatasetSpec(num_rows=args.steps * BATCH_SIZE * WORLD_SIZE, holdout_rows=512,
-                            rows_per_shard=2048, rows_per_row_group=256, signal=args.signal,
-                            label_noise=args.label_noise)
+    spec = TokenDatasetSpec(
+        num_rows=args.steps * BATCH_SIZE * WORLD_SIZE,
+        holdout_rows=512,
+        rows_per_shard=2048,
+        rows_per_row_group=256,
+        signal=args.signal,
+        label_noise=args.label_noise,
+    )
     dataset = write_token_dataset(f"{out}/tokens", spec)
     warmup = max(2, int(args.epochs * args.steps * args.warmup_fraction))
     ddp = [name for name in DDP_RUNS if name in args.only]
     for names in (ddp, ["fsdp"] if "fsdp" in args.only else []):
         if names:
             launch(dataset, f"{out}/runs", names, warmup, args.epochs, args.optimizer)
-    runs = {p.parent.name: json.loads(p.read_text())
-            for p in Path(f"{out}/runs").glob("*/summary.json")}
+    runs = {
+        p.parent.name: json.loads(p.read_text()) for p in Path(f"{out}/runs").glob("*/summary.json")
+    }
     if set(runs) >= set(DDP_RUNS) | {"fsdp"}:
         report(runs, warmup)
     else:

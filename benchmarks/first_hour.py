@@ -78,12 +78,16 @@ def write_table(name: str, raw: Path) -> pd.DataFrame:
     return frame
 
 
-def ballast(arguments: list[str], **kwargs: Any) -> tuple[subprocess.CompletedProcess[str],
-                                                           float]:
+def ballast(arguments: list[str], **kwargs: Any) -> tuple[subprocess.CompletedProcess[str], float]:
     """`ballast ARGUMENTS` as a subprocess (this Python, this checkout); it and its seconds."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flows", *arguments], capture_output=True,
-                          text=True, check=False, **kwargs)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows", *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+        **kwargs,
+    )
     if done.returncode:
         raise RuntimeError(f"ballast {' '.join(arguments)} failed:\n{done.stderr[-3000:]}")
     return done, time.perf_counter() - start
@@ -96,8 +100,9 @@ def stage_times(log: Path) -> dict[str, float]:
     for line in log.read_text().splitlines():
         match = PROGRESS.match(line)
         if match:
-            stamps.append((match.group(2), datetime.strptime(match.group(1),
-                                                             "%Y-%m-%d %H:%M:%S,%f")))
+            stamps.append(
+                (match.group(2), datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"))
+            )
     times: dict[str, float] = {}
     for (_, before), (step, after) in pairwise(stamps):
         times[step] = times.get(step, 0.0) + (after - before).total_seconds()
@@ -118,8 +123,9 @@ def model_inputs(frame: pd.DataFrame, dataset: dict[str, Any]) -> pd.DataFrame:
     return inputs
 
 
-def sklearn_balanced_accuracy(frame: pd.DataFrame, holdout_ids: set[int],
-                              dataset: dict[str, Any]) -> float:
+def sklearn_balanced_accuracy(
+    frame: pd.DataFrame, holdout_ids: set[int], dataset: dict[str, Any]
+) -> float:
     """HistGradientBoosting (balanced class weights) fit on the labelled rows outside the
     holdout, over init's feature columns, its balanced accuracy on the held-out ones."""
     from sklearn.ensemble import HistGradientBoostingClassifier
@@ -129,14 +135,16 @@ def sklearn_balanced_accuracy(frame: pd.DataFrame, holdout_ids: set[int],
     frame = frame[frame["target"].notna()]
     held = frame["id"].isin(holdout_ids)
     inputs = model_inputs(frame, dataset)
-    model = HistGradientBoostingClassifier(class_weight="balanced", random_state=0,
-                                           categorical_features="from_dtype")
+    model = HistGradientBoostingClassifier(
+        class_weight="balanced", random_state=0, categorical_features="from_dtype"
+    )
     # One thread: OpenMP's threads spin against a loaded machine's other work (minutes,
     # against 24 s on one thread, measured on the shared 2-core machine).
     with threadpool_limits(limits=1):
         model.fit(inputs[~held], frame.loc[~held, "target"].astype(str))
-    return float(balanced_accuracy_score(frame.loc[held, "target"].astype(str),
-                                         model.predict(inputs[held])))
+    return float(
+        balanced_accuracy_score(frame.loc[held, "target"].astype(str), model.predict(inputs[held]))
+    )
 
 
 def holdout_ids(manifest_uri: str) -> set[int]:
@@ -144,9 +152,11 @@ def holdout_ids(manifest_uri: str) -> set[int]:
     from preprocessing.contract.manifest import read_manifest, shard_uri
 
     manifest, location = read_manifest(manifest_uri)
-    return {int(value) for entry in manifest.split("holdout").shards
-            for value in pq.read_table(shard_uri(location, entry), columns=["id"])["id"]
-            .to_pylist()}
+    return {
+        int(value)
+        for entry in manifest.split("holdout").shards
+        for value in pq.read_table(shard_uri(location, entry), columns=["id"])["id"].to_pylist()
+    }
 
 
 def first_hour(name: str, work: Path) -> dict[str, Any]:
@@ -155,28 +165,47 @@ def first_hour(name: str, work: Path) -> dict[str, Any]:
     init, init_s = ballast(["init", "--inputs", str(work / "raw"), "--label", "target"])
     (work / "pipeline.yaml").write_text(init.stdout)
     # A loaded machine starts Prefect's temporary server past its 20 s default (issue 33.7).
-    env = {**os.environ, "BALLAST_LOG_DIR": str(work / "logs"),
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-    run, run_s = ballast(["run", "pipeline", "--config", str(work / "pipeline.yaml"),
-                          "--work-dir", str(work), "--result-file", str(work / "result.json")],
-                         env=env)
+    env = {
+        **os.environ,
+        "BALLAST_LOG_DIR": str(work / "logs"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
+    run, run_s = ballast(
+        [
+            "run",
+            "pipeline",
+            "--config",
+            str(work / "pipeline.yaml"),
+            "--work-dir",
+            str(work),
+            "--result-file",
+            str(work / "result.json"),
+        ],
+        env=env,
+    )
     result = json.loads((work / "result.json").read_text())
-    ours = {arm: evaluation["balanced_accuracy"]
-            for arm, evaluation in result["evaluations"].items()}
+    ours = {
+        arm: evaluation["balanced_accuracy"] for arm, evaluation in result["evaluations"].items()
+    }
     proposed = yaml.safe_load(init.stdout)["reshard"]["dataset"]
     theirs = sklearn_balanced_accuracy(frame, holdout_ids(result["manifest_uri"]), proposed)
     log = Path(run.stdout.rsplit("log: ", 1)[1].strip())
     stages = stage_times(log)
-    return {"table": name, "rows": len(frame), "init_s": round(init_s, 1),
-            "init_output": init.stdout.splitlines()[:40],
-            "run_s": round(run_s, 1),
-            "console_lines": len((run.stdout + run.stderr).splitlines()),
-            "stages_s": stages, "outside_stages_s": round(run_s - sum(stages.values()), 1),
-            "holdout_rows": next(
-                iter(result["evaluations"].values()))["num_rows"],
-            "balanced_accuracy": ours, "sklearn_hgb_balanced_accuracy": round(theirs, 4),
-            "ratio": {arm: round(value / theirs, 3) for arm, value in ours.items()},
-            "meets_target": all(value >= TARGET_RATIO * theirs for value in ours.values())}
+    return {
+        "table": name,
+        "rows": len(frame),
+        "init_s": round(init_s, 1),
+        "init_output": init.stdout.splitlines()[:40],
+        "run_s": round(run_s, 1),
+        "console_lines": len((run.stdout + run.stderr).splitlines()),
+        "stages_s": stages,
+        "outside_stages_s": round(run_s - sum(stages.values()), 1),
+        "holdout_rows": next(iter(result["evaluations"].values()))["num_rows"],
+        "balanced_accuracy": ours,
+        "sklearn_hgb_balanced_accuracy": round(theirs, 4),
+        "ratio": {arm: round(value / theirs, 3) for arm, value in ours.items()},
+        "meets_target": all(value >= TARGET_RATIO * theirs for value in ours.values()),
+    }
 
 
 def main() -> None:

@@ -30,8 +30,11 @@ LABEL, SOURCE = "label", "source"  # ballast's label and source columns on this 
 
 def row_groups(input_dir: str) -> list[tuple[str, int]]:
     """(file, row group) of every row group of the input, in file order."""
-    return [(str(path), group) for path in sorted(Path(input_dir).glob("*.parquet"))
-            for group in range(pq.ParquetFile(path).num_row_groups)]
+    return [
+        (str(path), group)
+        for path in sorted(Path(input_dir).glob("*.parquet"))
+        for group in range(pq.ParquetFile(path).num_row_groups)
+    ]
 
 
 def encode_row_group(path: str, group: int, row_group_rows: int) -> float:
@@ -41,8 +44,9 @@ def encode_row_group(path: str, group: int, row_group_rows: int) -> float:
     start = time.process_time()
     table = pq.ParquetFile(path).read_row_group(group)
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema,
-                          **parquet_options(table.schema, [LABEL, SOURCE])) as writer:
+    with pq.ParquetWriter(
+        sink, table.schema, **parquet_options(table.schema, [LABEL, SOURCE])
+    ) as writer:
         writer.write_table(table, row_group_size=row_group_rows)
     return time.process_time() - start
 
@@ -72,8 +76,14 @@ def run_floor(job: dict[str, Any]) -> dict[str, Any]:
     groups = row_groups(job["input"])
     start = time.perf_counter()
     with ProcessPoolExecutor(FLOOR_PROCESSES) as pool:
-        cpu = sum(pool.map(encode_row_group, [path for path, _ in groups],
-                           [group for _, group in groups], [job["row_group_rows"]] * len(groups)))
+        cpu = sum(
+            pool.map(
+                encode_row_group,
+                [path for path, _ in groups],
+                [group for _, group in groups],
+                [job["row_group_rows"]] * len(groups),
+            )
+        )
     return {"wall_s": time.perf_counter() - start, "cpu_s": cpu}
 
 
@@ -87,9 +97,14 @@ def run_two_pass_floor(job: dict[str, Any]) -> dict[str, Any]:
     shards = [f"{job['output']}/shard-{index:05d}.parquet" for index in range(len(groups))]
     start = time.perf_counter()
     with ProcessPoolExecutor(FLOOR_PROCESSES) as pool:  # one pool: both passes, as ballast's
-        cpu = sum(pool.map(stage_row_group, [path for path, _ in groups],
-                           [group for _, group in groups], staged))
+        cpu = sum(
+            pool.map(
+                stage_row_group,
+                [path for path, _ in groups],
+                [group for _, group in groups],
+                staged,
+            )
+        )
         staged_s = time.perf_counter() - start
-        cpu += sum(pool.map(write_staged, staged, shards,
-                            [job["row_group_rows"]] * len(groups)))
+        cpu += sum(pool.map(write_staged, staged, shards, [job["row_group_rows"]] * len(groups)))
     return {"wall_s": time.perf_counter() - start, "cpu_s": cpu, "stage_s": staged_s}

@@ -77,10 +77,20 @@ class StepRecord:
         if module.global_rank == 1 and (self.record_dir / "slow").exists():
             time.sleep(2 * (time.perf_counter() - started))
 
-    def record(self, module: Any, batch: dict[str, torch.Tensor], loss: torch.Tensor,
-               forward_s: float = 0.0) -> None:
-        line = {"epoch": module.current_epoch, "t": time.time(), "rows": len(batch["id"]),
-                "loss": float(loss.detach()), "forward_s": forward_s}
+    def record(
+        self,
+        module: Any,
+        batch: dict[str, torch.Tensor],
+        loss: torch.Tensor,
+        forward_s: float = 0.0,
+    ) -> None:
+        line = {
+            "epoch": module.current_epoch,
+            "t": time.time(),
+            "rows": len(batch["id"]),
+            "loss": float(loss.detach()),
+            "forward_s": forward_s,
+        }
         with open(self.record_dir / f"rank{module.global_rank}.jsonl", "a") as handle:
             handle.write(json.dumps(line) + "\n")
 
@@ -128,25 +138,48 @@ def tabular_dataset(work: Path, rows: int) -> str:
     if not (raw / "_DONE").exists():
         write_sample(raw, SampleSpec(num_rows=rows, num_files=8, seed=0))
         (raw / "_DONE").touch()
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
-                           output_root=str(work / f"dataset-{rows}"), target_shard_rows=8192,
-                           rows_per_row_group=1024, holdout_fraction=0.0, num_workers=2)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
+        output_root=str(work / f"dataset-{rows}"),
+        target_shard_rows=8192,
+        rows_per_row_group=1024,
+        holdout_fraction=0.0,
+        num_workers=2,
+    )
     return run_reshard(config).manifest_uri
 
 
-def job_config(dataset: str, run_dir: Path, args: argparse.Namespace, balance: str,
-               tokens: bool) -> dict[str, Any]:
-    model = ({"class_path": TOKEN_MODEL, "transformer": {"d_model": 64, "num_layers": 2,
-                                                         "num_heads": 4, "vocab_size": 512}}
-             if tokens else {"class_path": MODEL, "hidden_sizes": args.hidden})
-    loader = {"batch_size": args.batch_size, "balance": balance,
-              "balance_every_n_steps": args.every, "num_partitions": 16}
+def job_config(
+    dataset: str, run_dir: Path, args: argparse.Namespace, balance: str, tokens: bool
+) -> dict[str, Any]:
+    model = (
+        {
+            "class_path": TOKEN_MODEL,
+            "transformer": {"d_model": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 512},
+        }
+        if tokens
+        else {"class_path": MODEL, "hidden_sizes": args.hidden}
+    )
+    loader = {
+        "batch_size": args.batch_size,
+        "balance": balance,
+        "balance_every_n_steps": args.every,
+        "num_partitions": 16,
+    }
     if tokens:
-        loader |= {"balance_by": "tokens" if run_dir.name == "tokens-unloaded" else "samples",
-                   "batch_size": args.token_batch_size}
-    return {"dataset": dataset, "output_dir": str(run_dir), "max_epochs": args.epochs,
-            "seed": 3, "strategy": "ddp", "loader": loader,
-            "model": model | {"options": {"record_dir": str(run_dir / "record")}}}
+        loader |= {
+            "balance_by": "tokens" if run_dir.name == "tokens-unloaded" else "samples",
+            "batch_size": args.token_batch_size,
+        }
+    return {
+        "dataset": dataset,
+        "output_dir": str(run_dir),
+        "max_epochs": args.epochs,
+        "seed": 3,
+        "strategy": "ddp",
+        "loader": loader,
+        "model": model | {"options": {"record_dir": str(run_dir / "record")}},
+    }
 
 
 def free_port() -> int:
@@ -165,8 +198,13 @@ def steps_recorded(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
-              timeout_s: float, slow_by: str = "busy-loop") -> None:
+def run_nodes(
+    config: dict[str, Any],
+    run_dir: Path,
+    slow_at: int | None,
+    timeout_s: float,
+    slow_by: str = "busy-loop",
+) -> None:
     """Two torchrun nodes of one process each, node r on core r; node 1 slowed from rank
     0's step `slow_at` on (0: from the start; None: never; written to `slowed_at`) by a
     busy loop beside it or (`slow_by` sleep) by sleeping in its steps."""
@@ -174,6 +212,7 @@ def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
     (run_dir / "record").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     port, env = free_port(), child_env({"OMP_NUM_THREADS": "1"})
+
     def slow_down() -> subprocess.Popen[bytes] | None:
         if slow_by == "busy-loop":
             return busy_loop()
@@ -182,12 +221,38 @@ def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
 
     hog, slowed = (slow_down(), True) if slow_at == 0 else (None, False)
     logs = [open(run_dir / f"node{node}.log", "w") for node in range(2)]  # noqa: SIM115
-    nodes = [subprocess.Popen(
-        ["taskset", "-c", str(node), sys.executable, "-m", "torch.distributed.run",
-         "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
-         "-m", "training", "--config", str(run_dir / "config.yaml")],
-        env=env, stdout=logs[node], stderr=subprocess.STDOUT) for node in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                str(node),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--max-restarts",
+                "0",
+                "-m",
+                "training",
+                "--config",
+                str(run_dir / "config.yaml"),
+            ],
+            env=env,
+            stdout=logs[node],
+            stderr=subprocess.STDOUT,
+        )
+        for node in range(2)
+    ]
     deadline = time.monotonic() + timeout_s
     try:
         while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
@@ -208,8 +273,13 @@ def run_nodes(config: dict[str, Any], run_dir: Path, slow_at: int | None,
 
 
 def read_records(run_dir: Path) -> list[list[dict[str, Any]]]:
-    return [[json.loads(line) for line in (run_dir / "record" / f"rank{r}.jsonl").read_text()
-             .splitlines()] for r in range(2)]
+    return [
+        [
+            json.loads(line)
+            for line in (run_dir / "record" / f"rank{r}.jsonl").read_text().splitlines()
+        ]
+        for r in range(2)
+    ]
 
 
 def run_figures(run_dir: Path) -> dict[str, Any]:
@@ -225,15 +295,23 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     losses = [sum(step["loss"] for step in steps) / 2 for steps in zip(*ranks, strict=True)]
     rows = [[step["rows"] for step in rank] for rank in ranks]
     # Per step: the slower rank's forward over the two ranks' median (their mean).
-    spread = [max(a["forward_s"], b["forward_s"]) / median([a["forward_s"], b["forward_s"]])
-              - 1 for a, b in zip(*ranks, strict=True) if a["forward_s"] + b["forward_s"] > 0]
+    spread = [
+        max(a["forward_s"], b["forward_s"]) / median([a["forward_s"], b["forward_s"]]) - 1
+        for a, b in zip(*ranks, strict=True)
+        if a["forward_s"] + b["forward_s"] > 0
+    ]
     slowed = run_dir / "slowed_at"
     change = int(slowed.read_text()) if slowed.exists() else 0
-    return {"per_rank": {name: summary[f"{name}_per_rank"] for name in FIGURES},
-            "epoch_wall_s": walls, "losses": losses, "last_rows": [r[-1] for r in rows],
-            "step_spread": sum(spread) / len(spread) if spread else None,
-            "slowed_at": change, "settle_steps": settle_steps(rows, change),
-            "moves": summary.get("balance_moves", [])}
+    return {
+        "per_rank": {name: summary[f"{name}_per_rank"] for name in FIGURES},
+        "epoch_wall_s": walls,
+        "losses": losses,
+        "last_rows": [r[-1] for r in rows],
+        "step_spread": sum(spread) / len(spread) if spread else None,
+        "slowed_at": change,
+        "settle_steps": settle_steps(rows, change),
+        "moves": summary.get("balance_moves", []),
+    }
 
 
 def settle_steps(rows: list[list[int]], change: int) -> int | None:
@@ -241,8 +319,10 @@ def settle_steps(rows: list[list[int]], change: int) -> int | None:
     mean of the last 5 steps); None when they never do."""
     final = [sum(rank[-5:]) / len(rank[-5:]) for rank in rows]
     steps = len(rows[0])
-    within = [all(abs(rank[s] - f) <= 0.05 * f for rank, f in zip(rows, final, strict=True))
-              for s in range(steps)]
+    within = [
+        all(abs(rank[s] - f) <= 0.05 * f for rank, f in zip(rows, final, strict=True))
+        for s in range(steps)
+    ]
     for step in range(change, steps):
         if all(within[step:]):
             return step - change
@@ -250,8 +330,10 @@ def settle_steps(rows: list[list[int]], change: int) -> int | None:
 
 
 def print_run(name: str, run: dict[str, Any]) -> None:
-    print(f"\n{name}: epoch wall s {[round(w, 2) for w in run['epoch_wall_s']]}, "
-          f"rows per rank at the last step {run['last_rows']}")
+    print(
+        f"\n{name}: epoch wall s {[round(w, 2) for w in run['epoch_wall_s']]}, "
+        f"rows per rank at the last step {run['last_rows']}"
+    )
     print(f"  {'rank':<5}" + "".join(f"{figure:>20}" for figure in FIGURES))
     for rank in range(2):
         print(f"  {rank:<5}" + "".join(f"{run['per_rank'][f][rank]:>20.4f}" for f in FIGURES))
@@ -267,9 +349,11 @@ def report(runs: dict[str, dict[str, Any]]) -> None:
     for name, run in runs.items():
         print_run(name, run)
     print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: noisy figures")
-    print("targets (speed / equal wall: last epoch, all epochs; loss: max relative "
-          "difference per step; settle: steps from the slow-down to within 5 % of the "
-          "final split):")
+    print(
+        "targets (speed / equal wall: last epoch, all epochs; loss: max relative "
+        "difference per step; settle: steps from the slow-down to within 5 % of the "
+        "final split):"
+    )
     for model, case in ((m, c) for m in ("", "tokens-") for c in CASES):
         eq, sp = runs.get(f"{model}equal-{case}"), runs.get(f"{model}speed-{case}")
         if eq is not None and sp is not None:
@@ -277,10 +361,15 @@ def report(runs: dict[str, dict[str, Any]]) -> None:
     for name in ("tokens-by-samples", "tokens-unloaded"):
         if name in runs:
             busy, spread = runs[name]["per_rank"]["busy_s"], runs[name]["step_spread"]
-            print(f"  {name}: slower rank's forward per step {spread:+.1%} over the median, "
-                  f"on average; run busy time {max(busy) / median(busy) - 1:+.1%} "
-                  + ("(target <= 15%) " + ("met" if spread <= 0.15 else "NOT met")
-                     if name == "tokens-unloaded" else "(the split by rows, for reference)"))
+            print(
+                f"  {name}: slower rank's forward per step {spread:+.1%} over the median, "
+                f"on average; run busy time {max(busy) / median(busy) - 1:+.1%} "
+                + (
+                    "(target <= 15%) " + ("met" if spread <= 0.15 else "NOT met")
+                    if name == "tokens-unloaded"
+                    else "(the split by rows, for reference)"
+                )
+            )
 
 
 def print_case(label: str, case: str, eq: dict[str, Any], sp: dict[str, Any]) -> None:
@@ -289,57 +378,88 @@ def print_case(label: str, case: str, eq: dict[str, Any], sp: dict[str, Any]) ->
     total = sum(sp["epoch_wall_s"]) / sum(eq["epoch_wall_s"])
     diff = loss_difference(sp["losses"], eq["losses"])
     target = {"loaded": 0.75, "unloaded": 1.03}.get(case)
-    verdict = "" if target is None else (f"(target <= {target}x: "
-                                         + ("met" if last <= target else "NOT met") + ")")
-    print(f"  {label}: speed / equal {last:.3f}x last epoch, {total:.3f}x all {verdict}; "
-          f"loss {diff:.2e} ({'met' if diff <= 1e-5 else 'NOT met'}); settle "
-          f"{sp['settle_steps']} steps from step {sp['slowed_at']}; rows at the end "
-          f"{sp['last_rows']}; moves logged {len(sp['moves'])}")
+    verdict = (
+        ""
+        if target is None
+        else (f"(target <= {target}x: " + ("met" if last <= target else "NOT met") + ")")
+    )
+    print(
+        f"  {label}: speed / equal {last:.3f}x last epoch, {total:.3f}x all {verdict}; "
+        f"loss {diff:.2e} ({'met' if diff <= 1e-5 else 'NOT met'}); settle "
+        f"{sp['settle_steps']} steps from step {sp['slowed_at']}; rows at the end "
+        f"{sp['last_rows']}; moves logged {len(sp['moves'])}"
+    )
 
 
 CASES = ("loaded", "unloaded", "midslow")
 RUNS = {  # name: (balance, case, token dataset)
-    **{f"{model}{balance}-{case}": (balance, case, model == "tokens-")
-       for model in ("", "tokens-") for case in CASES for balance in ("equal", "speed")},
+    **{
+        f"{model}{balance}-{case}": (balance, case, model == "tokens-")
+        for model in ("", "tokens-")
+        for case in CASES
+        for balance in ("equal", "speed")
+    },
     "tokens-by-samples": ("equal", "unloaded", True),
     "tokens-unloaded": ("equal", "unloaded", True),
 }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=40_000, help="Tabular train rows.")
     parser.add_argument("--token-rows", type=int, default=4_096, help="Token dataset rows.")
     parser.add_argument("--batch-size", type=int, default=256, help="Rows per rank per step.")
     parser.add_argument("--token-batch-size", type=int, default=32)
-    parser.add_argument("--hidden", type=int, nargs="*", default=[512, 512],
-                        help="MLP widths: per-sample compute large against a step's overhead.")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        nargs="*",
+        default=[512, 512],
+        help="MLP widths: per-sample compute large against a step's overhead.",
+    )
     parser.add_argument("--epochs", type=int, default=2, help="Epochs per run.")
     parser.add_argument("--every", type=int, default=4, help="balance_every_n_steps.")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--slow-by", choices=["busy-loop", "sleep"], default="busy-loop",
-                        help="How node 1 is slowed: a busy loop on its core, or sleeping "
-                        "twice its forward time in each step (the same 2x whatever else "
-                        "runs on the host).")
-    parser.add_argument("--slow-at", type=float, default=None,
-                        help="midslow: the step (fraction of the run) the busy loop starts at; "
-                        "default: half way through the last epoch.")
+    parser.add_argument(
+        "--slow-by",
+        choices=["busy-loop", "sleep"],
+        default="busy-loop",
+        help="How node 1 is slowed: a busy loop on its core, or sleeping "
+        "twice its forward time in each step (the same 2x whatever else "
+        "runs on the host).",
+    )
+    parser.add_argument(
+        "--slow-at",
+        type=float,
+        default=None,
+        help="midslow: the step (fraction of the run) the busy loop starts at; "
+        "default: half way through the last epoch.",
+    )
     parser.add_argument("--work-dir", default=None, help="Work directory (default: temp).")
     parser.add_argument("--timeout-s", type=float, default=900, help="Per run.")
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="hetero-bench-"))
     tabular = tabular_dataset(work, args.rows)
-    tokens = write_token_dataset(str(work / "tokens"), TokenDatasetSpec(
-        num_rows=args.token_rows, holdout_rows=0, seq_len=32, min_seq_len=4, vocab_size=512,
-        rows_per_shard=1024, rows_per_row_group=128))
+    tokens = write_token_dataset(
+        str(work / "tokens"),
+        TokenDatasetSpec(
+            num_rows=args.token_rows,
+            holdout_rows=0,
+            seq_len=32,
+            min_seq_len=4,
+            vocab_size=512,
+            rows_per_shard=1024,
+            rows_per_row_group=128,
+        ),
+    )
     runs = {}
     for name in args.runs:
         balance, case, on_tokens = RUNS[name]
         run_dir = work / "runs" / name
         config = job_config(tokens if on_tokens else tabular, run_dir, args, balance, on_tokens)
-        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s,
-                  args.slow_by)
+        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s, args.slow_by)
         runs[name] = run_figures(run_dir)
     report(runs)
 

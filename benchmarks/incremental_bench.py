@@ -67,20 +67,27 @@ def new_files(directory: Path, spec: RawSpec, fraction: float) -> list[Path]:
         directory.mkdir(parents=True)
         first_id = spec.num_rows
         for index, rows in enumerate(file_sizes(num_rows, num_files)):
-            write_raw_file(directory / f"new-{index:03d}.parquet", 10_000 + index, first_id,
-                           int(rows), spec)
+            write_raw_file(
+                directory / f"new-{index:03d}.parquet", 10_000 + index, first_id, int(rows), spec
+            )
             first_id += int(rows)
         marker.write_text(json.dumps(key))
     return sorted(directory.glob("*.parquet"))
 
 
-def config_for(inputs: Path, root: Path, mode: str, shard_rows: int,
-               args: argparse.Namespace) -> ReshardConfig:
+def config_for(
+    inputs: Path, root: Path, mode: str, shard_rows: int, args: argparse.Namespace
+) -> ReshardConfig:
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(inputs)], id_column="id"), output_root=str(root),
-        mix=MixConfig(class_weighting="uniform"), target_shard_rows=shard_rows,
-        rows_per_row_group=args.row_group_rows, holdout_fraction=args.holdout_fraction,
-        num_workers=2, mode=mode)
+        dataset=DatasetSpec(inputs=[str(inputs)], id_column="id"),
+        output_root=str(root),
+        mix=MixConfig(class_weighting="uniform"),
+        target_shard_rows=shard_rows,
+        rows_per_row_group=args.row_group_rows,
+        holdout_fraction=args.holdout_fraction,
+        num_workers=2,
+        mode=mode,
+    )
 
 
 def timed(config: ReshardConfig, client: Client) -> tuple[float, ReshardResult]:
@@ -95,8 +102,15 @@ def back_to(root: Path, base: Manifest, child: Manifest) -> None:
     withdraw_version(str(root), child)
 
 
-def night(inputs: Path, root: Path, added: list[Path], base: Manifest, shard_rows: int,
-          client: Client, args: argparse.Namespace) -> tuple[list[float], ReshardResult]:
+def night(
+    inputs: Path,
+    root: Path,
+    added: list[Path],
+    base: Manifest,
+    shard_rows: int,
+    client: Client,
+    args: argparse.Namespace,
+) -> tuple[list[float], ReshardResult]:
     """Link the new files in and append them, `args.repeat` times from the same base."""
     for path in added:
         os.link(path, inputs / path.name)
@@ -112,13 +126,13 @@ def night(inputs: Path, root: Path, added: list[Path], base: Manifest, shard_row
     return times, result
 
 
-def full(inputs: Path, work: Path, shard_rows: int, client: Client,
-         args: argparse.Namespace) -> tuple[list[float], ReshardResult]:
+def full(
+    inputs: Path, work: Path, shard_rows: int, client: Client, args: argparse.Namespace
+) -> tuple[list[float], ReshardResult]:
     times, result = [], None
     for repeat in range(args.repeat):
         shutil.rmtree(work / "full", ignore_errors=True)
-        seconds, result = timed(config_for(inputs, work / "full", "full", shard_rows, args),
-                                client)
+        seconds, result = timed(config_for(inputs, work / "full", "full", shard_rows, args), client)
         times.append(seconds)
         print(f"full reshard {repeat + 1}: {seconds:.1f} s", flush=True)
     assert result is not None
@@ -136,20 +150,26 @@ def warm_up(work: Path, client: Client, args: argparse.Namespace) -> None:
     run_reshard(config_for(inputs, work / "warm" / "out", "incremental", 5_000, args), client)
 
 
-def report(base_s: float, nights: list[float], fulls: list[float], child: Manifest,
-           flat: Manifest) -> dict[str, Any]:
+def report(
+    base_s: float, nights: list[float], fulls: list[float], child: Manifest, flat: Manifest
+) -> dict[str, Any]:
     own = child.deltas[-1]
     listed = sum(record.num_bytes for record in child.inputs)
     figures = {
-        "base_s": round(base_s, 2), "incremental_s": [round(t, 2) for t in nights],
-        "full_s": [round(t, 2) for t in fulls], "ratio": round(min(nights) / min(fulls), 3),
-        "files_read": own.num_files, "files_skipped": len(child.inputs) - own.num_files,
+        "base_s": round(base_s, 2),
+        "incremental_s": [round(t, 2) for t in nights],
+        "full_s": [round(t, 2) for t in fulls],
+        "ratio": round(min(nights) / min(fulls), 3),
+        "files_read": own.num_files,
+        "files_skipped": len(child.inputs) - own.num_files,
         "gb_read": round(own.num_bytes / GB, 3),
         "gb_skipped": round((listed - own.num_bytes) / GB, 3),
-        "rows_added": own.added_rows(), "train_rows": child.split("train").num_rows,
+        "rows_added": own.added_rows(),
+        "train_rows": child.split("train").num_rows,
         "train_rows_full": flat.split("train").num_rows,
         "shards_reused": sum(e.version is not None for e in child.split("train").shards),
-        "incremental_stages_s": child.timings_s, "full_stages_s": flat.timings_s,
+        "incremental_stages_s": child.timings_s,
+        "full_stages_s": flat.timings_s,
     }
     print(json.dumps(figures, indent=1))
     verdict = "meets" if figures["ratio"] <= 0.15 else "misses"
@@ -162,18 +182,23 @@ def main() -> None:
     work = Path(args.work_dir)
     raw, spec = prepare(args.gb, args)
     added = new_files(work / f"new-{args.gb:g}gb-seed{args.seed}", spec, args.new_fraction)
-    print(f"night: {len(added)} new files, {sum(p.stat().st_size for p in added) / GB:.3f} GB; "
-          f"base {dir_bytes(raw) / GB:.2f} GB", flush=True)
+    print(
+        f"night: {len(added)} new files, {sum(p.stat().st_size for p in added) / GB:.3f} GB; "
+        f"base {dir_bytes(raw) / GB:.2f} GB",
+        flush=True,
+    )
     shard_rows = -(-spec.num_rows // args.shards)
     with local_cluster(2) as cluster, Client(cluster) as client:
         warm_up(work, client, args)
         inputs = linked_inputs(raw, work / "inc" / "inputs")
         shutil.rmtree(work / "inc" / "out", ignore_errors=True)
-        base_s, base = timed(config_for(inputs, work / "inc" / "out", "incremental",
-                                        shard_rows, args), client)
+        base_s, base = timed(
+            config_for(inputs, work / "inc" / "out", "incremental", shard_rows, args), client
+        )
         print(f"base version: {base_s:.1f} s", flush=True)
-        nights, child = night(inputs, work / "inc" / "out", added, base.manifest, shard_rows,
-                              client, args)
+        nights, child = night(
+            inputs, work / "inc" / "out", added, base.manifest, shard_rows, client, args
+        )
         fulls, flat = full(inputs, work / "inc", shard_rows, client, args)
     figures = report(base_s, nights, fulls, child.manifest, flat.manifest)
     if args.out:
@@ -183,8 +208,12 @@ def main() -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=2.0, help="base raw input size, GB")
-    parser.add_argument("--new-fraction", type=float, default=0.1,
-                        help="the night's new rows (and files) as a fraction of the base's")
+    parser.add_argument(
+        "--new-fraction",
+        type=float,
+        default=0.1,
+        help="the night's new rows (and files) as a fraction of the base's",
+    )
     parser.add_argument("--work-dir", default="/tmp/ballast-bench")
     parser.add_argument("--shards", type=int, default=24, help="base output files to aim for")
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")

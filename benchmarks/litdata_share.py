@@ -54,8 +54,9 @@ print(json.dumps({"served": served, "decoded": decoded[0],
 dist.destroy_process_group()
 """
 
-INDEX_SCRIPT = ("import sys; from litdata import index_parquet_dataset; "
-                "index_parquet_dataset(sys.argv[1])")
+INDEX_SCRIPT = (
+    "import sys; from litdata import index_parquet_dataset; index_parquet_dataset(sys.argv[1])"
+)
 
 
 def free_port() -> int:
@@ -67,13 +68,21 @@ def free_port() -> int:
 def run_ranks(python: str, source: Path, cache: str, world: int) -> list[dict[str, float]]:
     """Every rank of a `world`-rank LitData job at once, each its own process."""
     port = free_port()
-    ranks = [subprocess.Popen([python, "-c", RANK_SCRIPT, str(source), cache, str(rank),
-                               str(world), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    ranks = [
+        subprocess.Popen(
+            [python, "-c", RANK_SCRIPT, str(source), cache, str(rank), str(world), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
     outputs = [rank.communicate() for rank in ranks]
-    failed = [err.strip().splitlines()[-1:] for (_, err), rank in zip(outputs, ranks,
-                                                                       strict=True)
-              if rank.returncode]
+    failed = [
+        err.strip().splitlines()[-1:]
+        for (_, err), rank in zip(outputs, ranks, strict=True)
+        if rank.returncode
+    ]
     if failed:
         raise RuntimeError(f"a rank of the {world}-rank LitData pass failed: {failed}")
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
@@ -85,10 +94,10 @@ def litdata_share(python: str, paths: list[str], worlds: list[int]) -> dict[int,
         (source := Path(scratch) / "shards").mkdir()
         for path in paths:
             os.symlink(path, source / Path(path).name)
-        subprocess.run([python, "-c", INDEX_SCRIPT, str(source)], check=True,
-                       capture_output=True)
-        return {world: run_ranks(python, source, f"{scratch}/cache-{world}", world)
-                for world in worlds}
+        subprocess.run([python, "-c", INDEX_SCRIPT, str(source)], check=True, capture_output=True)
+        return {
+            world: run_ranks(python, source, f"{scratch}/cache-{world}", world) for world in worlds
+        }
 
 
 def share_report(python: str, paths: list[str], worlds: list[int]) -> float | None:
@@ -108,8 +117,10 @@ def share_report(python: str, paths: list[str], worlds: list[int]) -> float | No
     for world, ranks in figures.items():
         for rank, r in enumerate(ranks):
             worst = max(worst, r["decoded"] / split - 1 / world)
-            print(f"        {world:5d} {rank:4d} {r['served']:9d} {r['decoded']:9d} "
-                  f"{r['decoded'] / split:13.3f}")
+            print(
+                f"        {world:5d} {rank:4d} {r['served']:9d} {r['decoded']:9d} "
+                f"{r['decoded'] / split:13.3f}"
+            )
     print(f"LitData: worst 1/W + {worst:.3f}")
     return worst
 

@@ -98,8 +98,9 @@ class Result:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-def timed_pass(name: str, batches: Iterable[Any], size: Callable[[Any], int], limit: int,
-               started: float) -> Result:
+def timed_pass(
+    name: str, batches: Iterable[Any], size: Callable[[Any], int], limit: int, started: float
+) -> Result:
     """Consume `batches` (up to `limit` rows), timing from `started`."""
     rows, first = 0, 0.0
     for batch in batches:
@@ -114,14 +115,24 @@ def prepare_dataset(work_dir: Path, num_rows: int) -> str:
     """Raw sample + reshard into a committed version (both reused when already there)."""
     raw = work_dir / f"raw-{num_rows}"
     if not (raw / "_DONE").exists():
-        spec = SampleSpec(num_rows=num_rows, num_files=16, num_classes=NUM_CLASSES,
-                          num_features=NUM_FEATURES, class_ratio=5.0, seed=0)
+        spec = SampleSpec(
+            num_rows=num_rows,
+            num_files=16,
+            num_classes=NUM_CLASSES,
+            num_features=NUM_FEATURES,
+            class_ratio=5.0,
+            seed=0,
+        )
         write_sample(raw, spec)
         (raw / "_DONE").touch()
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
-                           output_root=str(work_dir / f"dataset-{num_rows}"),
-                           target_shard_rows=65_536, rows_per_row_group=8_192,
-                           holdout_fraction=0.0, num_workers=2)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
+        output_root=str(work_dir / f"dataset-{num_rows}"),
+        target_shard_rows=65_536,
+        rows_per_row_group=8_192,
+        holdout_fraction=0.0,
+        num_workers=2,
+    )
     return run_reshard(config).manifest_uri
 
 
@@ -138,25 +149,36 @@ def train_shards(root: str) -> list[str]:
 
 def bench_raw(paths: list[str]) -> Result:
     """The ceiling: pyarrow decode of the same columns to numpy, shard after shard."""
+
     def batches() -> Iterable[tuple[pa.RecordBatch, np.ndarray, np.ndarray]]:
         for path in paths:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=COLUMNS):
                 batch.column("features").values.to_numpy().reshape(-1, NUM_FEATURES)
                 yield batch, batch.column("label").to_numpy(), batch.column("id").to_numpy()
+
     started = time.perf_counter()
-    return timed_pass("pyarrow iter_batches (ceiling)", batches(), lambda b: len(b[1]), 2**62,
-                      started)
+    return timed_pass(
+        "pyarrow iter_batches (ceiling)", batches(), lambda b: len(b[1]), 2**62, started
+    )
 
 
-def make_loader(root: str, num_workers: int, depth: int = DEFAULT_READ.prefetch_row_groups,
-                batches: int = DEFAULT_READ.prefetch_batches) -> StreamLoader:
+def make_loader(
+    root: str,
+    num_workers: int,
+    depth: int = DEFAULT_READ.prefetch_row_groups,
+    batches: int = DEFAULT_READ.prefetch_batches,
+) -> StreamLoader:
     read = ReadConfig(prefetch_row_groups=depth, prefetch_batches=batches)
     stream = ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0, read=read)
     return StreamLoader(stream, num_workers=num_workers)
 
 
-def bench_ballast(root: str, num_workers: int, depth: int = DEFAULT_READ.prefetch_row_groups,
-                  batches: int = DEFAULT_READ.prefetch_batches) -> Result:
+def bench_ballast(
+    root: str,
+    num_workers: int,
+    depth: int = DEFAULT_READ.prefetch_row_groups,
+    batches: int = DEFAULT_READ.prefetch_batches,
+) -> Result:
     started = time.perf_counter()
     loader = make_loader(root, num_workers, depth, batches)
     name = f"ballast StreamLoader, {num_workers} workers, read-ahead {depth}+{batches} batches"
@@ -169,21 +191,27 @@ class TableDataset(Dataset):
     def __init__(self, paths: list[str]) -> None:
         table = pa.concat_tables(pq.read_table(path, columns=COLUMNS) for path in paths)
         features = table.column("features").combine_chunks().values.to_numpy()
-        self.features, self.label, self.id = features.reshape(-1, NUM_FEATURES), *(
-            table.column(name).to_numpy() for name in ("label", "id"))
+        self.features, self.label, self.id = (
+            features.reshape(-1, NUM_FEATURES),
+            *(table.column(name).to_numpy() for name in ("label", "id")),
+        )
 
     def __len__(self) -> int:
         return len(self.id)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"features": torch.from_numpy(self.features[index]),
-                "label": int(self.label[index]), "id": int(self.id[index])}
+        return {
+            "features": torch.from_numpy(self.features[index]),
+            "label": int(self.label[index]),
+            "id": int(self.id[index]),
+        }
 
 
 def bench_map_style(paths: list[str], num_workers: int, limit: int) -> Result:
     started = time.perf_counter()
-    loader = DataLoader(TableDataset(paths), batch_size=BATCH, shuffle=True,
-                        num_workers=num_workers)
+    loader = DataLoader(
+        TableDataset(paths), batch_size=BATCH, shuffle=True, num_workers=num_workers
+    )
     name = f"torch DataLoader, map-style pyarrow tables, {num_workers} workers"
     return timed_pass(name, loader, lambda b: len(b["id"]), limit, started)
 
@@ -213,31 +241,44 @@ def bench_litdata(python: str, paths: list[str], limit: int) -> Result | str:
         (source := Path(scratch) / "shards").mkdir()
         for path in paths:
             os.symlink(path, source / Path(path).name)
-        done = subprocess.run([python, "-c", LITDATA_SCRIPT, str(source), f"{scratch}/cache",
-                               str(limit), str(BATCH)], capture_output=True, text=True)
+        done = subprocess.run(
+            [python, "-c", LITDATA_SCRIPT, str(source), f"{scratch}/cache", str(limit), str(BATCH)],
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
         return f"failed: {done.stderr.strip().splitlines()[-1:]}"
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    return Result("LitData StreamingDataset + ParquetLoader, 0 workers", figures["rows"],
-                  figures["seconds"], figures["first"])
+    return Result(
+        "LitData StreamingDataset + ParquetLoader, 0 workers",
+        figures["rows"],
+        figures["seconds"],
+        figures["first"],
+    )
 
 
 def mlp_step() -> Callable[[dict[str, torch.Tensor]], None]:
     """One AdamW step of a 64-256-256-10 MLP on a batch."""
-    model = torch.nn.Sequential(torch.nn.Linear(NUM_FEATURES, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, NUM_CLASSES))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(NUM_FEATURES, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, NUM_CLASSES),
+    )
     optimizer = torch.optim.AdamW(model.parameters())
 
     def step(batch: dict[str, torch.Tensor]) -> None:
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(batch["features"]), batch["label"]).backward()
         optimizer.step()
+
     return step
 
 
-def stall(root: str, num_workers: int, ahead: int, skip: int, num_batches: int | None
-          ) -> tuple[float, float]:
+def stall(
+    root: str, num_workers: int, ahead: int, skip: int, num_batches: int | None
+) -> tuple[float, float]:
     """After `skip` batches (trained, untimed), `num_batches` (None: the rest of the epoch):
     (1 - in-memory loop time / loader loop time, with the in-memory loop run just before
     and just after; the loader's data-wait fraction)."""
@@ -264,12 +305,16 @@ def stall(root: str, num_workers: int, ahead: int, skip: int, num_batches: int |
 
 def report(results: list[Result], skipped: list[str]) -> None:
     raw = results[0]
-    print(f"\n{'reader':62} {'rows':>9} {'rows/s':>10} {'vs raw':>7} {'1st batch':>9} "
-          f"{'rows/cpu-s':>10} {'vs raw':>7}")
+    print(
+        f"\n{'reader':62} {'rows':>9} {'rows/s':>10} {'vs raw':>7} {'1st batch':>9} "
+        f"{'rows/cpu-s':>10} {'vs raw':>7}"
+    )
     for r in results:
-        print(f"{r.name:62} {r.rows:9d} {r.rows_per_s:10,.0f} {r.rows_per_s / raw.rows_per_s:7.0%} "
-              f"{r.first_batch_s:8.2f}s {r.rows_per_cpu_s:10,.0f} "
-              f"{r.rows_per_cpu_s / raw.rows_per_cpu_s:7.0%}")
+        print(
+            f"{r.name:62} {r.rows:9d} {r.rows_per_s:10,.0f} {r.rows_per_s / raw.rows_per_s:7.0%} "
+            f"{r.first_batch_s:8.2f}s {r.rows_per_cpu_s:10,.0f} "
+            f"{r.rows_per_cpu_s / raw.rows_per_cpu_s:7.0%}"
+        )
     for line in skipped:
         print(f"  {line}")
 
@@ -278,11 +323,14 @@ def compare_readers(root: str, paths: list[str], args: argparse.Namespace) -> li
     """Every reader `--repeat` times, round robin; each keeps its fastest pass. CPU time
     counts this process and its finished children (DataLoader workers, LitData)."""
     readers: list[Callable[[], Result | str]] = [
-        lambda: bench_raw(paths), lambda: bench_ballast(root, 0), lambda: bench_ballast(root, 2),
+        lambda: bench_raw(paths),
+        lambda: bench_ballast(root, 0),
+        lambda: bench_ballast(root, 2),
         lambda: bench_ballast(root, 0, depth=0, batches=0),
         lambda: bench_ballast(root, 0, batches=0),
         lambda: bench_map_style(paths, 0, args.peer_rows),
-        lambda: bench_litdata(args.litdata_python, paths, args.peer_rows)]
+        lambda: bench_litdata(args.litdata_python, paths, args.peer_rows),
+    ]
     best: dict[int, Result | str] = {}
     for _ in range(args.repeat):
         for index, reader in enumerate(readers):
@@ -290,14 +338,16 @@ def compare_readers(root: str, paths: list[str], args: argparse.Namespace) -> li
             result, kept = reader(), best.get(index)
             if isinstance(result, Result):
                 result.cpu_s = cpu_seconds() - cpu
-            if not isinstance(kept, Result) or (isinstance(result, Result)
-                                                and result.rows_per_s > kept.rows_per_s):
+            if not isinstance(kept, Result) or (
+                isinstance(result, Result) and result.rows_per_s > kept.rows_per_s
+            ):
                 best[index] = result
     return [best[index] for index in range(len(readers))]
 
 
-def median_stall(root: str, num_workers: int, ahead: int, skip: int,
-                 num_batches: int | None, repeat: int) -> tuple[float, float]:
+def median_stall(
+    root: str, num_workers: int, ahead: int, skip: int, num_batches: int | None, repeat: int
+) -> tuple[float, float]:
     """The run of median stall among `repeat` runs."""
     runs = sorted(stall(root, num_workers, ahead, skip, num_batches) for _ in range(repeat))
     return runs[len(runs) // 2]
@@ -307,8 +357,10 @@ def readers_section(root: str, paths: list[str], args: argparse.Namespace) -> li
     bench_raw(paths)  # warm the page cache, so no reader pays for the first disk read
     found = compare_readers(root, paths, args)
     results = [r for r in found if isinstance(r, Result)]
-    skipped = ["Mosaic Streaming: skipped (needs its own environment with the CUDA torch "
-               "build and torchvision, and MDS shards: benchmarks/RESULTS.md M13)"]
+    skipped = [
+        "Mosaic Streaming: skipped (needs its own environment with the CUDA torch "
+        "build and torchvision, and MDS shards: benchmarks/RESULTS.md M13)"
+    ]
     report(results, skipped + [f"LitData: {r}" for r in found if isinstance(r, str)])
     return results
 
@@ -320,16 +372,24 @@ def stall_section(root: str, args: argparse.Namespace) -> float:
     first, steady = (1, args.stall_batches), args.steady_after
     steady = 8 * LoaderConfig().num_partitions if steady is None else steady
     ahead = DEFAULT_READ.prefetch_batches
-    runs = {"defaults, whole epoch": (0, ahead, 0, None),
-            f"defaults, batches 1-{args.stall_batches}": (0, ahead, *first),
-            f"defaults, {args.stall_batches} batches after {steady}":
-                (0, ahead, steady, args.stall_batches),
-            "no batch ahead, whole epoch": (0, 0, 0, None),
-            "1 worker, first batches": (1, ahead, *first)}
+    runs = {
+        "defaults, whole epoch": (0, ahead, 0, None),
+        f"defaults, batches 1-{args.stall_batches}": (0, ahead, *first),
+        f"defaults, {args.stall_batches} batches after {steady}": (
+            0,
+            ahead,
+            steady,
+            args.stall_batches,
+        ),
+        "no batch ahead, whole epoch": (0, 0, 0, None),
+        "1 worker, first batches": (1, ahead, *first),
+    }
     stalls = {name: median_stall(root, *run, args.repeat) for name, run in runs.items()}
     for name, (fraction, waited) in stalls.items():
-        print(f"training-loop stall, {name}: {fraction:.1%} (loader's data-wait fraction "
-              f"{waited:.1%})")
+        print(
+            f"training-loop stall, {name}: {fraction:.1%} (loader's data-wait fraction "
+            f"{waited:.1%})"
+        )
     return stalls["defaults, whole epoch"][0]
 
 
@@ -355,27 +415,55 @@ def main() -> None:
     parts, checks = args.parts.split(","), []
     if "readers" in parts:
         results = readers_section(root, train_shards(root), args)
-        ratio, cpu_ratio = (getattr(results[1], k) / getattr(results[0], k)
-                            for k in ("rows_per_s", "rows_per_cpu_s"))
-        checks.append((">= 90% of raw decode rate per process", ratio >= 0.9, f"{ratio:.0%} of "
-                       f"rows/s, {cpu_ratio:.0%} of rows per CPU-second (defaults, 0 workers)"))
+        ratio, cpu_ratio = (
+            getattr(results[1], k) / getattr(results[0], k)
+            for k in ("rows_per_s", "rows_per_cpu_s")
+        )
+        checks.append(
+            (
+                ">= 90% of raw decode rate per process",
+                ratio >= 0.9,
+                f"{ratio:.0%} of "
+                f"rows/s, {cpu_ratio:.0%} of rows per CPU-second (defaults, 0 workers)",
+            )
+        )
     if "startup" in parts:
         worst = start_up_report(root, args.num_shards, work)
-        checks.append((f"first batch and resume < 5 s at {args.num_shards:,} shards", worst < 5,
-                       f"worst {worst:.2f}s"))
+        checks.append(
+            (
+                f"first batch and resume < 5 s at {args.num_shards:,} shards",
+                worst < 5,
+                f"worst {worst:.2f}s",
+            )
+        )
     if "stall" in parts:
         fraction = stall_section(root, args)
         checks.append(("stall <= 5%", fraction <= 0.05, f"{fraction:.1%} (defaults, whole epoch)"))
     if "scale" in parts:
         excess, distinct = scale_section(root, args)
-        checks.append(("rows decoded per rank <= (1/W + 0.05) x split", excess <= 0.05,
-                       f"worst 1/W + {excess:.3f}"))
-        checks.append(("distinct batch-mates within 10% of uniform", distinct >= 0.9,
-                       f"{distinct:.1%} of uniform's"))
+        checks.append(
+            (
+                "rows decoded per rank <= (1/W + 0.05) x split",
+                excess <= 0.05,
+                f"worst 1/W + {excess:.3f}",
+            )
+        )
+        checks.append(
+            (
+                "distinct batch-mates within 10% of uniform",
+                distinct >= 0.9,
+                f"{distinct:.1%} of uniform's",
+            )
+        )
     if "tabular" in parts:
         share = tabular_report(work, args.tabular_rows, args.repeat)
-        checks.append(("codec costs <= 10% of rows/s (tabular case)", share >= 0.9,
-                       f"{share:.0%} of the fixed-size-list path's rows/s"))
+        checks.append(
+            (
+                "codec costs <= 10% of rows/s (tabular case)",
+                share >= 0.9,
+                f"{share:.0%} of the fixed-size-list path's rows/s",
+            )
+        )
     verify_report(root, args)  # only with --verify
     print("\ntargets:")
     for label, ok, detail in checks:
@@ -387,15 +475,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="Raw rows to generate.")
     parser.add_argument("--dataset", help="An existing dataset root or manifest to read instead.")
     parser.add_argument("--work-dir", default="/tmp/ballast-loader-bench")
-    parser.add_argument("--parts", default="readers,startup,stall,scale,tabular",
-                        help="Sections to run.")
+    parser.add_argument(
+        "--parts", default="readers,startup,stall,scale,tabular", help="Sections to run."
+    )
     parser.add_argument("--num-shards", type=int, default=100_000)
     parser.add_argument("--peer-rows", type=int, default=300_000)
     parser.add_argument("--tabular-rows", type=int, default=400_000, help="Tabular case rows.")
     parser.add_argument("--stall-batches", type=int, default=300)
-    parser.add_argument("--steady-after", type=int, default=None,
-                        help="Batches before the steady stretch of the stall section "
-                        "(default: 8 x num_partitions; lower it for a tiny --rows).")
+    parser.add_argument(
+        "--steady-after",
+        type=int,
+        default=None,
+        help="Batches before the steady stretch of the stall section "
+        "(default: 8 x num_partitions; lower it for a tiny --rows).",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="Passes per reader (best kept).")
     parser.add_argument("--torch-threads", type=int, default=1, help="Threads of the MLP step.")
     parser.add_argument("--litdata-python", default="/tmp/litdata-venv/bin/python")

@@ -62,8 +62,9 @@ BATCH, TRACKED_ROWS, NUM_FEATURES, NUM_CLASSES = 1024, 2000, 64, 10
 
 def default_loader(root: str) -> StreamLoader:
     """The loader with every default setting, in this process (0 workers)."""
-    return StreamLoader(ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0),
-                        num_workers=0)
+    return StreamLoader(
+        ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0), num_workers=0
+    )
 
 
 def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20) -> str:
@@ -74,17 +75,25 @@ def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20
         spec = SampleSpec(num_features=NUM_FEATURES, num_classes=NUM_CLASSES)
         rng = np.random.default_rng(0)
         with VersionAttempt(str(root), "many") as attempt:
-            real = [write_shard(attempt.shard_uri(f"real-{k}.parquet"),
-                                sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec),
-                                rows_per_shard, "label", "source") for k in range(4)]
+            real = [
+                write_shard(
+                    attempt.shard_uri(f"real-{k}.parquet"),
+                    sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec),
+                    rows_per_shard,
+                    "label",
+                    "source",
+                )
+                for k in range(4)
+            ]
             entries = [link_entry(attempt, index, real[index % 4]) for index in range(num_shards)]
             schema = pq.read_schema(attempt.shard_uri(real[0].path))
             attempt.commit(many_manifest(schema, entries))
     return str(root)
 
 
-def link_entry(attempt: VersionAttempt, index: int,
-               real: contract.ShardEntry) -> contract.ShardEntry:
+def link_entry(
+    attempt: VersionAttempt, index: int, real: contract.ShardEntry
+) -> contract.ShardEntry:
     """Shard `index` of the split: a hard link (in the attempt's staging) to a real file,
     published as one more, and its manifest entry."""
     name = contract.shard_name("train", index)
@@ -95,11 +104,21 @@ def link_entry(attempt: VersionAttempt, index: int,
 def many_manifest(schema: pa.Schema, entries: list[contract.ShardEntry]) -> contract.Manifest:
     num_rows = sum(entry.num_rows for entry in entries)
     return contract.Manifest(
-        version_id="many", label_column="label", source_column="source", id_column="id",
-        feature_columns=["features"], classes=list(range(NUM_CLASSES)), sources=["source-0"],
+        version_id="many",
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["features"],
+        classes=list(range(NUM_CLASSES)),
+        sources=["source-0"],
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits={"train": contract.SplitEntry(num_rows, entries)}, seed=0, config={},
-        input_fingerprint="synthetic", input_class_counts={}, input_source_counts={})
+        splits={"train": contract.SplitEntry(num_rows, entries)},
+        seed=0,
+        config={},
+        input_fingerprint="synthetic",
+        input_class_counts={},
+        input_source_counts={},
+    )
 
 
 def first_batch_s(root: str, position: int | None = None) -> float:
@@ -127,13 +146,15 @@ def start_up_report(root: str, num_shards: int, work: Path) -> float:
     manifest_s = time.perf_counter() - started
     many_first, many_resume = start_up(many)
     num_real = len(contract.read_manifest(root)[0].split("train").shards)
-    print(f"\nstart-up, {num_real} shards: first batch {real_first:.2f}s, "
-          f"resume at mid-epoch {real_resume:.2f}s")
-    print(f"start-up, {num_shards:,} shards (manifest read {manifest_s:.2f}s): first batch "
-          f"{many_first:.2f}s, resume at mid-epoch {many_resume:.2f}s")
+    print(
+        f"\nstart-up, {num_real} shards: first batch {real_first:.2f}s, "
+        f"resume at mid-epoch {real_resume:.2f}s"
+    )
+    print(
+        f"start-up, {num_shards:,} shards (manifest read {manifest_s:.2f}s): first batch "
+        f"{many_first:.2f}s, resume at mid-epoch {many_resume:.2f}s"
+    )
     return max(many_first, many_resume)
-
-
 
 
 def rank_pass(dataset: str) -> dict[str, float]:
@@ -144,8 +165,13 @@ def rank_pass(dataset: str) -> dict[str, float]:
     served = sum(int(batch["weight"].sum()) for batch in loader)
     stream = loader.stream
     seconds = time.perf_counter() - started
-    return {"rows": stream.num_rows, "served": served, "decoded": stream.rows_decoded,
-            "seconds": seconds, "s3_bytes": read_bytes()}
+    return {
+        "rows": stream.num_rows,
+        "served": served,
+        "decoded": stream.rows_decoded,
+        "seconds": seconds,
+        "s3_bytes": read_bytes(),
+    }
 
 
 def count_s3_reads() -> Any:
@@ -167,10 +193,15 @@ def count_s3_reads() -> Any:
 
 def decode_share(dataset: str, world_size: int) -> list[dict[str, float]]:
     """Every rank of a `world_size` job at once, each its own process."""
-    ranks = [subprocess.Popen(
-        [sys.executable, __file__, "rank", dataset, str(rank), str(world_size)],
-        stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
-        for rank in range(world_size)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, __file__, "rank", dataset, str(rank), str(world_size)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ | {"PYTHONPATH": os.getcwd()},
+        )
+        for rank in range(world_size)
+    ]
     outputs = [rank.communicate()[0] for rank in ranks]
     if any(rank.returncode for rank in ranks):
         raise RuntimeError(f"a rank of the {world_size}-rank pass failed")
@@ -180,16 +211,20 @@ def decode_share(dataset: str, world_size: int) -> list[dict[str, float]]:
 def share_report(dataset: str, worlds: list[int]) -> float:
     """Print per-rank figures for each world size; returns the worst excess of rows decoded
     over 1/W of the split (as a fraction of the split)."""
-    print(f"\n{'ranks':>5} {'rank':>4} {'served':>9} {'decoded':>9} {'decoded/split':>13} "
-          f"{'decoded/served':>14} {'rows/s':>9} {'S3 MB':>7}")
+    print(
+        f"\n{'ranks':>5} {'rank':>4} {'served':>9} {'decoded':>9} {'decoded/split':>13} "
+        f"{'decoded/served':>14} {'rows/s':>9} {'S3 MB':>7}"
+    )
     worst = -1.0
     for world in worlds:
         for rank, r in enumerate(decode_share(dataset, world)):
             share = r["decoded"] / r["rows"]
             worst = max(worst, share - 1 / world)
-            print(f"{world:5d} {rank:4d} {int(r['served']):9d} {int(r['decoded']):9d} "
-                  f"{share:13.3f} {r['decoded'] / r['served']:14.3f} "
-                  f"{r['served'] / r['seconds']:9,.0f} {r['s3_bytes'] / 2**20:7.1f}")
+            print(
+                f"{world:5d} {rank:4d} {int(r['served']):9d} {int(r['decoded']):9d} "
+                f"{share:13.3f} {r['decoded'] / r['served']:14.3f} "
+                f"{r['served'] / r['seconds']:9,.0f} {r['s3_bytes'] / 2**20:7.1f}"
+            )
     return worst
 
 
@@ -217,18 +252,22 @@ def quality(epochs: list[np.ndarray], group_of: np.ndarray) -> dict[str, float]:
     tracked = np.random.default_rng(7).choice(len(group_of), TRACKED_ROWS, replace=False)
     tracked = tracked[np.all([batch_of[tracked] >= 0 for batch_of in epochs], axis=0)]
     mates = [batch_mates(batch_of, tracked) for batch_of in epochs]
-    remeet = [np.mean(later[mates_now] == later[tracked][:, None])
-              for mates_now, later in zip(mates, epochs[1:], strict=False)]
+    remeet = [
+        np.mean(later[mates_now] == later[tracked][:, None])
+        for mates_now, later in zip(mates, epochs[1:], strict=False)
+    ]
     pairs = np.concatenate([tracked[:, None] * len(group_of) + m for m in mates], axis=None)
-    return {"top_group_share": top_group_share(epochs[0], group_of),
-            "remeet_rate": float(np.mean(remeet)),
-            "distinct_mates": len(np.unique(pairs)) / len(pairs)}
+    return {
+        "top_group_share": top_group_share(epochs[0], group_of),
+        "remeet_rate": float(np.mean(remeet)),
+        "distinct_mates": len(np.unique(pairs)) / len(pairs),
+    }
 
 
 def batch_mates(batch_of: np.ndarray, tracked: np.ndarray) -> np.ndarray:
     """[tracked, BATCH - 1] the other rows of each tracked row's batch (all in one)."""
     order = np.argsort(batch_of, kind="stable")
-    members = order[int(np.sum(batch_of < 0)):].reshape(-1, BATCH)[batch_of[tracked]]
+    members = order[int(np.sum(batch_of < 0)) :].reshape(-1, BATCH)[batch_of[tracked]]
     keep = members != tracked[:, None]
     return members[keep].reshape(len(tracked), BATCH - 1)
 
@@ -248,18 +287,28 @@ def quality_report(dataset: str, num_epochs: int) -> float:
     layout = ShardStream(dataset, "train", LoaderConfig(batch_size=BATCH), seed=0).layout
     group_of = np.repeat(np.arange(len(layout.group_rows)), layout.group_rows)
     default = LoaderConfig(batch_size=BATCH)
-    orders = {"uniform shuffle of the split": lambda e: uniform_batches(len(group_of), e),
-              f"ballast, window {default.shuffle_window_row_groups} row groups (default)":
-                  lambda e: batch_of_rows(layout, default, 0, e),
-              "ballast, window 1 row group": lambda e: batch_of_rows(
-                  layout, default.model_copy(update={"shuffle_window_row_groups": 1}), 0, e)}
-    print(f"\nshuffle quality over {num_epochs} epochs of {BATCH}-row batches: {'':10} "
-          "top row group  re-meet  distinct mates")
-    figures = {name: quality([make(e) for e in range(num_epochs)], group_of)
-               for name, make in orders.items()}
+    orders = {
+        "uniform shuffle of the split": lambda e: uniform_batches(len(group_of), e),
+        f"ballast, window {default.shuffle_window_row_groups} row groups (default)": lambda e: (
+            batch_of_rows(layout, default, 0, e)
+        ),
+        "ballast, window 1 row group": lambda e: batch_of_rows(
+            layout, default.model_copy(update={"shuffle_window_row_groups": 1}), 0, e
+        ),
+    }
+    print(
+        f"\nshuffle quality over {num_epochs} epochs of {BATCH}-row batches: {'':10} "
+        "top row group  re-meet  distinct mates"
+    )
+    figures = {
+        name: quality([make(e) for e in range(num_epochs)], group_of)
+        for name, make in orders.items()
+    }
     for name, q in figures.items():
-        print(f"  {name:58} {q['top_group_share']:8.1%} {q['remeet_rate']:9.2%} "
-              f"{q['distinct_mates']:12.2%}")
+        print(
+            f"  {name:58} {q['top_group_share']:8.1%} {q['remeet_rate']:9.2%} "
+            f"{q['distinct_mates']:12.2%}"
+        )
     uniform, ours = list(figures.values())[:2]
     return ours["distinct_mates"] / uniform["distinct_mates"]
 
@@ -277,8 +326,12 @@ def on_s3(dataset: str) -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    settings = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+    settings = {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

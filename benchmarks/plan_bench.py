@@ -91,8 +91,11 @@ class RssSampler:
         wall = time.perf_counter() - start
         after = self.process.memory_info().rss
         self.peak = max(self.peak, after)
-        print(f"{name:<34} {wall:>8.2f} s   RSS {after / GB:5.2f} GB   "
-              f"peak +{(self.peak - before) / GB:5.2f} GB", flush=True)
+        print(
+            f"{name:<34} {wall:>8.2f} s   RSS {after / GB:5.2f} GB   "
+            f"peak +{(self.peak - before) / GB:5.2f} GB",
+            flush=True,
+        )
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -103,8 +106,9 @@ class RssSampler:
         self._thread.join()
 
 
-def synthetic_counts(num_files: int, strata_per_piece: int,
-                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def synthetic_counts(
+    num_files: int, strata_per_piece: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(piece, label, source, rows) columns: each file's distinct classes and row counts."""
     rng = np.random.default_rng(seed)
     pieces = np.repeat(np.arange(num_files), strata_per_piece)
@@ -121,8 +125,9 @@ def build_records(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     table = np.zeros(len(columns[0]), dtype=COUNT_DTYPE)
     for name, column in zip(("piece", "label", "source", "num_rows"), columns, strict=True):
         table[name] = column
-    return Counts(table.tobytes(), tuple(range(NUM_CLASSES)),
-                  tuple(f"source-{s}" for s in range(NUM_SOURCES)))
+    return Counts(
+        table.tobytes(), tuple(range(NUM_CLASSES)), tuple(f"source-{s}" for s in range(NUM_SOURCES))
+    )
 
 
 def profile(call: Callable[[], Any], top: int) -> None:
@@ -145,16 +150,24 @@ def run(args: argparse.Namespace) -> None:
         for mode in args.modes:
             with sampler.phase(f"plan_split train {mode}"):
                 plan = plan_split(records, "train", mix, None, SHARD_ROWS, mode, args.seed)
-            print(f"  -> {plan.num_shards} shards, {plan.num_output_rows:,} rows, "
-                  f"{len(plan.piece_offsets.offsets):,} piece offsets", flush=True)
+            print(
+                f"  -> {plan.num_shards} shards, {plan.num_output_rows:,} rows, "
+                f"{len(plan.piece_offsets.offsets):,} piece offsets",
+                flush=True,
+            )
             del plan
         with sampler.phase("plan_split holdout (empty)"):
             plan_split(records, "holdout", None, None, SHARD_ROWS, "stratified", args.seed)
-        print(f"process peak RSS {psutil.Process().memory_info().rss / GB:.2f} GB now, "
-              f"{_max_rss_gb():.2f} GB at most", flush=True)
+        print(
+            f"process peak RSS {psutil.Process().memory_info().rss / GB:.2f} GB now, "
+            f"{_max_rss_gb():.2f} GB at most",
+            flush=True,
+        )
     if args.profile:
-        profile(lambda: plan_split(records, "train", mix, None, SHARD_ROWS, args.modes[0],
-                                   args.seed), args.top)
+        profile(
+            lambda: plan_split(records, "train", mix, None, SHARD_ROWS, args.modes[0], args.seed),
+            args.top,
+        )
 
 
 def _max_rss_gb() -> float:

@@ -69,16 +69,27 @@ BYTES_PER_ROW = NUM_FEATURES * 4 + 8 + 8 + UID_CHARS + 4  # as stored, roughly (
 SAMPLE_INTERVAL_S = 0.05
 GB = 1e9
 BALLAST_MODES = ("stratified", "global", "block", "none")
-TOOLS = (*(f"ballast-{mode}" for mode in BALLAST_MODES),
-         "pyarrow-write_dataset", "duckdb-copy", "duckdb-order-random", "dask-repartition",
-         "floor", "floor-two-pass")
+TOOLS = (
+    *(f"ballast-{mode}" for mode in BALLAST_MODES),
+    "pyarrow-write_dataset",
+    "duckdb-copy",
+    "duckdb-order-random",
+    "dask-repartition",
+    "floor",
+    "floor-two-pass",
+)
 # The peers a tool needs beyond ballast's own install (the `bench` extra); every run also
 # needs psutil, to sample memory.
 PEERS = {"duckdb-copy": "duckdb", "duckdb-order-random": "duckdb"}
-SCHEMA = pa.schema([
-    ("id", pa.int64()), ("uid", pa.string()), ("label", pa.int64()), ("source", pa.string()),
-    ("features", pa.list_(pa.float32(), NUM_FEATURES)),
-])
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("uid", pa.string()),
+        ("label", pa.int64()),
+        ("source", pa.string()),
+        ("features", pa.list_(pa.float32(), NUM_FEATURES)),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -97,23 +108,32 @@ class RawSpec:
 # ---------------------------------------------------------------- data generation
 
 
-def raw_chunk(rng: np.random.Generator, first_id: int, num_rows: int, source: int,
-              spec: RawSpec) -> pa.Table:
+def raw_chunk(
+    rng: np.random.Generator, first_id: int, num_rows: int, source: int, spec: RawSpec
+) -> pa.Table:
     """`num_rows` rows of one source: long-tailed labels, class-dependent features."""
-    labels = rng.choice(spec.num_classes, size=num_rows,
-                        p=class_probabilities(spec.num_classes, spec.class_ratio))
-    means = np.random.default_rng(spec.seed + 1).normal(
-        0, 1.1, (spec.num_classes, NUM_FEATURES)).astype(np.float32)
+    labels = rng.choice(
+        spec.num_classes, size=num_rows, p=class_probabilities(spec.num_classes, spec.class_ratio)
+    )
+    means = (
+        np.random.default_rng(spec.seed + 1)
+        .normal(0, 1.1, (spec.num_classes, NUM_FEATURES))
+        .astype(np.float32)
+    )
     features = rng.standard_normal((num_rows, NUM_FEATURES), dtype=np.float32)
     features += means[labels] + np.float32(0.3 * source)
-    return pa.table([
-        pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
-        uid_array(rng, num_rows),
-        pa.array(labels, pa.int64()),
-        pa.DictionaryArray.from_arrays(np.zeros(num_rows, np.int32),
-                                       [f"source-{source}"]).cast(pa.string()),
-        pa.FixedSizeListArray.from_arrays(features.reshape(-1), NUM_FEATURES),
-    ], schema=SCHEMA)
+    return pa.table(
+        [
+            pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
+            uid_array(rng, num_rows),
+            pa.array(labels, pa.int64()),
+            pa.DictionaryArray.from_arrays(np.zeros(num_rows, np.int32), [f"source-{source}"]).cast(
+                pa.string()
+            ),
+            pa.FixedSizeListArray.from_arrays(features.reshape(-1), NUM_FEATURES),
+        ],
+        schema=SCHEMA,
+    )
 
 
 def uid_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
@@ -124,8 +144,7 @@ def uid_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
     return pa.StringArray.from_buffers(num_rows, pa.py_buffer(offsets), pa.py_buffer(chars))
 
 
-def write_raw_file(path: Path, index: int, first_id: int, num_rows: int,
-                   spec: RawSpec) -> None:
+def write_raw_file(path: Path, index: int, first_id: int, num_rows: int, spec: RawSpec) -> None:
     """One raw file, written one row group at a time (memory bounded by a row group)."""
     rng = np.random.default_rng([spec.seed, index])
     with pq.ParquetWriter(path, SCHEMA) as writer:
@@ -144,12 +163,14 @@ def ensure_raw(directory: Path, spec: RawSpec) -> Path:
     directory.mkdir(parents=True)
     start, first_id = time.perf_counter(), 0
     for index, num_rows in enumerate(file_sizes(spec.num_rows, spec.num_files)):
-        write_raw_file(directory / f"raw-{index:03d}.parquet", index, first_id,
-                       int(num_rows), spec)
+        write_raw_file(directory / f"raw-{index:03d}.parquet", index, first_id, int(num_rows), spec)
         first_id += int(num_rows)
     marker.write_text(json.dumps(asdict(spec)))
-    print(f"generated {spec.num_rows:,} rows, {dir_bytes(directory) / GB:.2f} GB in "
-          f"{time.perf_counter() - start:.0f} s: {directory}", flush=True)
+    print(
+        f"generated {spec.num_rows:,} rows, {dir_bytes(directory) / GB:.2f} GB in "
+        f"{time.perf_counter() - start:.0f} s: {directory}",
+        flush=True,
+    )
     return directory
 
 
@@ -166,11 +187,16 @@ def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
     from preprocessing.driver.reshard import run_reshard
 
     config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[job["input"]], id_column="id"), output_root=job["output"],
-        mix=MixConfig(class_weighting="uniform"), shuffle=mode,
-        num_output_rows=job["num_rows"], target_shard_rows=job["shard_rows"],
-        rows_per_row_group=job["row_group_rows"], holdout_fraction=job["holdout_fraction"],
-        num_workers=2)
+        dataset=DatasetSpec(inputs=[job["input"]], id_column="id"),
+        output_root=job["output"],
+        mix=MixConfig(class_weighting="uniform"),
+        shuffle=mode,
+        num_output_rows=job["num_rows"],
+        target_shard_rows=job["shard_rows"],
+        rows_per_row_group=job["row_group_rows"],
+        holdout_fraction=job["holdout_fraction"],
+        num_workers=2,
+    )
     start = time.perf_counter()
     result = run_reshard(config)
     return {"wall_s": time.perf_counter() - start, "timings_s": result.manifest.timings_s}
@@ -182,11 +208,14 @@ def run_pyarrow(job: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     ds.write_dataset(
-        ds.dataset(job["input"], format="parquet"), job["output"], format="parquet",
+        ds.dataset(job["input"], format="parquet"),
+        job["output"],
+        format="parquet",
         file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
         max_rows_per_file=job["shard_rows"],
         max_rows_per_group=min(job["row_group_rows"], job["shard_rows"]),
-        existing_data_behavior="overwrite_or_ignore")
+        existing_data_behavior="overwrite_or_ignore",
+    )
     return {"wall_s": time.perf_counter() - start}
 
 
@@ -196,9 +225,11 @@ def run_duckdb(job: dict[str, Any], order_random: bool) -> dict[str, Any]:
 
     order = " ORDER BY random()" if order_random else ""
     Path(job["output"]).mkdir(parents=True)
-    query = (f"COPY (SELECT * FROM read_parquet('{job['input']}/*.parquet'){order}) "
-             f"TO '{job['output']}/data.parquet' "
-             f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {job['row_group_rows']})")
+    query = (
+        f"COPY (SELECT * FROM read_parquet('{job['input']}/*.parquet'){order}) "
+        f"TO '{job['output']}/data.parquet' "
+        f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {job['row_group_rows']})"
+    )
     start = time.perf_counter()
     duckdb.connect().execute(query)
     return {"wall_s": time.perf_counter() - start}
@@ -213,8 +244,12 @@ def run_dask(job: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     frame = dd.read_parquet(f"{job['input']}/*.parquet")
     frame.repartition(npartitions=job["num_shards"]).to_parquet(
-        job["output"], schema=schema, compression="zstd", write_index=False,
-        row_group_size=job["row_group_rows"])
+        job["output"],
+        schema=schema,
+        compression="zstd",
+        write_index=False,
+        row_group_size=job["row_group_rows"],
+    )
     return {"wall_s": time.perf_counter() - start}
 
 
@@ -295,26 +330,52 @@ def measure(job: dict[str, Any], scratch: Path) -> tuple[dict[str, Any], MemoryP
 def output_stats(output: Path, expected_type: pa.DataType) -> dict[str, Any]:
     """Files, rows per file and whether the feature column kept its type, from footers
     (ballast's holdout files, present only with --holdout-fraction > 0, are left out)."""
-    files = sorted(p for p in output.rglob("*.parquet")
-                   if "_staging" not in p.parts and not p.name.startswith("holdout-"))
+    files = sorted(
+        p
+        for p in output.rglob("*.parquet")
+        if "_staging" not in p.parts and not p.name.startswith("holdout-")
+    )
     rows = [pq.ParquetFile(path).metadata.num_rows for path in files]
-    kept = all(pq.read_schema(path).field("features").type.equals(expected_type)
-               for path in files[:1])
-    return {"num_files": len(files), "min_rows": min(rows, default=0),
-            "max_rows": max(rows, default=0), "rows_out": sum(rows), "schema_kept": kept}
+    kept = all(
+        pq.read_schema(path).field("features").type.equals(expected_type) for path in files[:1]
+    )
+    return {
+        "num_files": len(files),
+        "min_rows": min(rows, default=0),
+        "max_rows": max(rows, default=0),
+        "rows_out": sum(rows),
+        "schema_kept": kept,
+    }
 
 
-def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
-             keep: bool, schema: pa.Schema = SCHEMA) -> dict[str, Any]:
+def run_tool(
+    tool: str,
+    raw: Path,
+    work_dir: Path,
+    base_job: dict[str, Any],
+    keep: bool,
+    schema: pa.Schema = SCHEMA,
+) -> dict[str, Any]:
     """Measure one tool end to end: fresh output directory, result, memory, output stats."""
     output = work_dir / "out" / tool
     shutil.rmtree(output, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as scratch:
-        job = {**base_job, "tool": tool, "input": str(raw), "output": str(output),
-               "result": f"{scratch}/{tool}.result.json"}
+        job = {
+            **base_job,
+            "tool": tool,
+            "input": str(raw),
+            "output": str(output),
+            "result": f"{scratch}/{tool}.result.json",
+        }
         result, peaks = measure(job, Path(scratch))
-    row = {"tool": tool, **result, "peak_total": peaks.total, "peak_driver": peaks.driver,
-           "peak_worker": peaks.descendant, "tree_cpu_s": peaks.cpu_s}
+    row = {
+        "tool": tool,
+        **result,
+        "peak_total": peaks.total,
+        "peak_driver": peaks.driver,
+        "peak_worker": peaks.descendant,
+        "tree_cpu_s": peaks.cpu_s,
+    }
     if tool == "floor":  # writes nothing
         return row
     if "error" not in result:
@@ -329,11 +390,14 @@ def run_tool(tool: str, raw: Path, work_dir: Path, base_job: dict[str, Any],
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """One line per tool; ratios are to the pyarrow copy's wall time."""
-    baseline = next((r["wall_s"] for r in rows
-                     if r["tool"] == "pyarrow-write_dataset" and "wall_s" in r), None)
-    header = (f"{'tool':<22} {'wall s':>7} {'CPU s':>6} {'x pyarrow':>9} {'RSS sum GB':>10} "
-              f"{'driver GB':>9} {'1 proc GB':>9} {'files':>5} {'rows/file min..max':>19} "
-              f"{'rows out':>10} schema")
+    baseline = next(
+        (r["wall_s"] for r in rows if r["tool"] == "pyarrow-write_dataset" and "wall_s" in r), None
+    )
+    header = (
+        f"{'tool':<22} {'wall s':>7} {'CPU s':>6} {'x pyarrow':>9} {'RSS sum GB':>10} "
+        f"{'driver GB':>9} {'1 proc GB':>9} {'files':>5} {'rows/file min..max':>19} "
+        f"{'rows out':>10} schema"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         if "error" in row:
@@ -341,9 +405,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             continue
         ratio = f"{row['wall_s'] / baseline:.2f}" if baseline else "-"
         if row["tool"] == "floor":  # writes nothing
-            lines.append(f"{row['tool']:<22} {row['wall_s']:>7.1f} {row['tree_cpu_s']:>6.1f} "
-                         f"{ratio:>9} {row['peak_total'] / GB:>10.2f}   (decode + encode "
-                         f"{row['cpu_s']:.1f} CPU-s)")
+            lines.append(
+                f"{row['tool']:<22} {row['wall_s']:>7.1f} {row['tree_cpu_s']:>6.1f} "
+                f"{ratio:>9} {row['peak_total'] / GB:>10.2f}   (decode + encode "
+                f"{row['cpu_s']:.1f} CPU-s)"
+            )
             continue
         span = f"{row['min_rows']:,}..{row['max_rows']:,}"
         lines.append(
@@ -352,7 +418,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{row['peak_driver'] / GB:>9.2f} {row['peak_worker'] / GB:>9.2f} "
             f"{row['num_files']:>5} {span:>19} {row['rows_out']:>10,} "
             f"{'kept' if row['schema_kept'] else 'CHANGED'}"
-            + (f"  (stage + write {row['cpu_s']:.1f} CPU-s)" if "cpu_s" in row else ""))
+            + (f"  (stage + write {row['cpu_s']:.1f} CPU-s)" if "cpu_s" in row else "")
+        )
     return "\n".join(lines)
 
 
@@ -362,26 +429,44 @@ def format_targets(rows: list[dict[str, Any]]) -> str:
     peak = {row["tool"]: row.get("peak_total") for row in rows}
     stratified, copy = wall.get("ballast-stratified"), wall.get("pyarrow-write_dataset")
     shuffled = wall.get("duckdb-order-random")
-    workers = max((r["peak_worker"] for r in rows
-                   if r["tool"].startswith("ballast-") and "error" not in r), default=None)
+    workers = max(
+        (r["peak_worker"] for r in rows if r["tool"].startswith("ballast-") and "error" not in r),
+        default=None,
+    )
     checks = []
     if stratified and copy:
-        checks.append(("stratified <= 1.2x pyarrow copy", stratified <= 1.2 * copy,
-                       f"{stratified / copy:.2f}x"))
+        checks.append(
+            (
+                "stratified <= 1.2x pyarrow copy",
+                stratified <= 1.2 * copy,
+                f"{stratified / copy:.2f}x",
+            )
+        )
     if stratified:
         checks += floor_checks(rows)
     if stratified and shuffled:
         memory = peak["ballast-stratified"] / peak["duckdb-order-random"]
-        checks.append(("stratified <= 0.75x DuckDB ORDER BY random()",
-                       stratified <= 0.75 * shuffled,
-                       f"{stratified / shuffled:.2f}x ({stratified:.1f} s vs {shuffled:.1f} s)"))
-        checks.append(("stratified RSS < 1/3 of DuckDB ORDER BY random()", memory < 1 / 3,
-                       f"{memory:.2f}x"))
+        checks.append(
+            (
+                "stratified <= 0.75x DuckDB ORDER BY random()",
+                stratified <= 0.75 * shuffled,
+                f"{stratified / shuffled:.2f}x ({stratified:.1f} s vs {shuffled:.1f} s)",
+            )
+        )
+        checks.append(
+            ("stratified RSS < 1/3 of DuckDB ORDER BY random()", memory < 1 / 3, f"{memory:.2f}x")
+        )
     if workers is not None:
-        checks.append(("peak RSS per Dask worker <= 1 GB (all ballast modes)",
-                       workers <= GB, f"{workers / GB:.2f} GB"))
-    return "\n".join(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}"
-                     for name, ok, detail in checks)
+        checks.append(
+            (
+                "peak RSS per Dask worker <= 1 GB (all ballast modes)",
+                workers <= GB,
+                f"{workers / GB:.2f} GB",
+            )
+        )
+    return "\n".join(
+        f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}" for name, ok, detail in checks
+    )
 
 
 # The issue's targets against each floor: (tool, most times its wall and CPU).
@@ -400,11 +485,20 @@ def floor_checks(rows: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
             continue
         floor = by_tool[tool]
         wall, cpu = ballast["wall_s"] / floor["wall_s"], ballast["tree_cpu_s"] / floor["cpu_s"]
-        checks.append((f"stratified wall <= {target}x {tool}", wall <= target,
-                       f"{wall:.2f}x ({ballast['wall_s']:.1f} s vs {floor['wall_s']:.1f} s)"))
-        checks.append((f"stratified CPU-s <= {target}x {tool}'s CPU-s", cpu <= target,
-                       f"{cpu:.2f}x ({ballast['tree_cpu_s']:.1f} vs {floor['cpu_s']:.1f} "
-                       f"CPU-s)"))
+        checks.append(
+            (
+                f"stratified wall <= {target}x {tool}",
+                wall <= target,
+                f"{wall:.2f}x ({ballast['wall_s']:.1f} s vs {floor['wall_s']:.1f} s)",
+            )
+        )
+        checks.append(
+            (
+                f"stratified CPU-s <= {target}x {tool}'s CPU-s",
+                cpu <= target,
+                f"{cpu:.2f}x ({ballast['tree_cpu_s']:.1f} vs {floor['cpu_s']:.1f} CPU-s)",
+            )
+        )
     return checks
 
 
@@ -422,22 +516,31 @@ def format_stage_timings(rows: list[dict[str, Any]]) -> str:
 
 
 def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
-    spec = RawSpec(num_rows=int(gb * GB / BYTES_PER_ROW), seed=args.seed,
-                   row_group_rows=args.raw_row_group_rows)
+    spec = RawSpec(
+        num_rows=int(gb * GB / BYTES_PER_ROW),
+        seed=args.seed,
+        row_group_rows=args.raw_row_group_rows,
+    )
     raw = ensure_raw(Path(args.work_dir) / f"raw-{gb:g}gb-seed{args.seed}", spec)
     for path in raw.glob("*.parquet"):  # into the page cache, as for every tool after this
         with path.open("rb") as handle:
             while handle.read(1 << 24):
                 pass
-    print(f"input: {spec.num_rows:,} rows in {spec.num_files} files, "
-          f"{dir_bytes(raw) / GB:.2f} GB", flush=True)
+    print(
+        f"input: {spec.num_rows:,} rows in {spec.num_files} files, {dir_bytes(raw) / GB:.2f} GB",
+        flush=True,
+    )
     return raw, spec
 
 
 def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[str, Any]:
-    return {"num_rows": num_rows, "shard_rows": shard_rows,
-            "num_shards": -(-num_rows // shard_rows), "row_group_rows": args.row_group_rows,
-            "holdout_fraction": args.holdout_fraction}
+    return {
+        "num_rows": num_rows,
+        "shard_rows": shard_rows,
+        "num_shards": -(-num_rows // shard_rows),
+        "row_group_rows": args.row_group_rows,
+        "holdout_fraction": args.holdout_fraction,
+    }
 
 
 def warm_up(tools: list[str], args: argparse.Namespace) -> None:
@@ -456,8 +559,9 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     done = [run for run in runs if "error" not in run]
     if not done:
         return runs[0]
-    peaks = {key: max(run[key] for run in done)
-             for key in ("peak_total", "peak_driver", "peak_worker")}
+    peaks = {
+        key: max(run[key] for run in done) for key in ("peak_total", "peak_driver", "peak_worker")
+    }
     peaks["tree_cpu_s"] = min(run["tree_cpu_s"] for run in done)
     return {**min(done, key=lambda run: run["wall_s"]), **peaks}
 
@@ -473,8 +577,10 @@ def compare(args: argparse.Namespace) -> None:
             print(f"running {tool} ({repeat + 1}/{args.repeat}) ...", flush=True)
             runs[tool].append(run_tool(tool, raw, Path(args.work_dir), job, args.keep_outputs))
     rows = [best_of(tool_runs) for tool_runs in runs.values()]
-    print(f"\n{spec.num_rows:,} rows, {dir_bytes(raw) / GB:.2f} GB in, "
-          f"{job['num_shards']} shards of <= {job['shard_rows']:,} rows")
+    print(
+        f"\n{spec.num_rows:,} rows, {dir_bytes(raw) / GB:.2f} GB in, "
+        f"{job['num_shards']} shards of <= {job['shard_rows']:,} rows"
+    )
     print(format_table(rows), format_targets(rows), format_stage_timings(rows), sep="\n\n")
 
 
@@ -493,24 +599,41 @@ def scale_check(args: argparse.Namespace) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gb", type=float, default=2.0,
-                        help="raw input size, GB (generated once per size and seed under "
-                        "--work-dir; 2 is the issues' benchmark size)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--gb",
+        type=float,
+        default=2.0,
+        help="raw input size, GB (generated once per size and seed under "
+        "--work-dir; 2 is the issues' benchmark size)",
+    )
     parser.add_argument("--work-dir", default="/tmp/ballast-bench")
     parser.add_argument("--shards", type=int, default=24, help="output files to aim for")
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--holdout-fraction", type=float, default=0.0,
-                        help="ballast's holdout (0: none; every shuffle mode works with an "
-                        "empty holdout split)")
-    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS),
-                        help="tools to run (default: all); `floor` and `floor-two-pass` are "
-                        "the single- and two-pass floors described above")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per tool; the table shows the fastest, the highest peaks")
+    parser.add_argument(
+        "--holdout-fraction",
+        type=float,
+        default=0.0,
+        help="ballast's holdout (0: none; every shuffle mode works with an empty holdout split)",
+    )
+    parser.add_argument(
+        "--tools",
+        nargs="+",
+        choices=TOOLS,
+        default=list(TOOLS),
+        help="tools to run (default: all); `floor` and `floor-two-pass` are "
+        "the single- and two-pass floors described above",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per tool; the table shows the fastest, the highest peaks",
+    )
     parser.add_argument("--scale-check", action="store_true")
     parser.add_argument("--keep-outputs", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -527,9 +650,11 @@ def main() -> None:
     args = parse_args()
     missing = missing_peers(["ballast-stratified"] if args.scale_check else args.tools)
     if missing and not args.child:
-        raise SystemExit(f"reshard_bench: {', '.join(missing)} not installed: install the "
-                         "`bench` extra (pip install -c constraints.txt -e '.[bench]'), or "
-                         "leave those tools out with --tools")
+        raise SystemExit(
+            f"reshard_bench: {', '.join(missing)} not installed: install the "
+            "`bench` extra (pip install -c constraints.txt -e '.[bench]'), or "
+            "leave those tools out with --tools"
+        )
     if args.child:
         run_child(args.child)
     elif args.scale_check:

@@ -73,8 +73,14 @@ from benchmarks.reshard_bench import (
 )
 from preprocessing.synthetic.tabular import class_probabilities
 
-SMALL_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64()), ("source", pa.string()),
-                          ("features", pa.list_(pa.float32(), 4))])
+SMALL_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("label", pa.int64()),
+        ("source", pa.string()),
+        ("features", pa.list_(pa.float32(), 4)),
+    ]
+)
 NUM_CLASSES, NUM_SOURCES = 16, 3
 MARKER = "_GENERATED.json"
 
@@ -95,49 +101,69 @@ def ensure_small_files(directory: Path, num_files: int, rows_per_file: int, seed
     for index in range(num_files):
         labels = rng.choice(NUM_CLASSES, rows_per_file, p=probabilities)
         features = rng.standard_normal((rows_per_file, 4), dtype=np.float32)
-        table = pa.table([
-            pa.array(np.arange(index * rows_per_file, (index + 1) * rows_per_file)),
-            pa.array(labels), pa.array([f"source-{index % NUM_SOURCES}"] * rows_per_file),
-            pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), 4),
-        ], schema=SMALL_SCHEMA)
+        table = pa.table(
+            [
+                pa.array(np.arange(index * rows_per_file, (index + 1) * rows_per_file)),
+                pa.array(labels),
+                pa.array([f"source-{index % NUM_SOURCES}"] * rows_per_file),
+                pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), 4),
+            ],
+            schema=SMALL_SCHEMA,
+        )
         pq.write_table(table, directory / f"part-{index:05d}.parquet")
     marker.write_text(json.dumps(spec))
     return directory
 
 
 def case_pieces(args: argparse.Namespace) -> None:
-    raw = ensure_small_files(Path(args.work_dir) / "raw-pieces", args.files,
-                             args.rows_per_file, args.seed)
+    raw = ensure_small_files(
+        Path(args.work_dir) / "raw-pieces", args.files, args.rows_per_file, args.seed
+    )
     num_rows = args.files * args.rows_per_file
-    job = {"num_rows": num_rows, "shard_rows": args.shard_rows,
-           "num_shards": -(-num_rows // args.shard_rows), "row_group_rows": 8_192,
-           "holdout_fraction": 0.0}
-    print(f"(a) {args.files:,} files x {args.rows_per_file:,} rows, "
-          f"{dir_bytes(raw) / GB:.3f} GB, into {job['num_shards']:,} shards", flush=True)
+    job = {
+        "num_rows": num_rows,
+        "shard_rows": args.shard_rows,
+        "num_shards": -(-num_rows // args.shard_rows),
+        "row_group_rows": 8_192,
+        "holdout_fraction": 0.0,
+    }
+    print(
+        f"(a) {args.files:,} files x {args.rows_per_file:,} rows, "
+        f"{dir_bytes(raw) / GB:.3f} GB, into {job['num_shards']:,} shards",
+        flush=True,
+    )
     tools = ("ballast-stratified", "pyarrow-write_dataset")
     runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in tools}
     for _ in range(args.repeat):  # round robin, so load drifts hit both tools alike
         for tool in tools:
-            runs[tool].append(run_tool(tool, raw, Path(args.work_dir), job, keep=False,
-                                       schema=SMALL_SCHEMA))
+            runs[tool].append(
+                run_tool(tool, raw, Path(args.work_dir), job, keep=False, schema=SMALL_SCHEMA)
+            )
     rows = [best_of(runs[tool]) for tool in tools]
     print(format_table(rows))
     for tool in tools:
         print(f"    {tool} wall s of every run: {[run.get('wall_s') for run in runs[tool]]}")
     ballast, copy = rows
     if "error" not in ballast:
-        report("(a) ballast within 2x pyarrow write_dataset", ballast["wall_s"]
-               <= 2 * copy["wall_s"], f"{ballast['wall_s'] / copy['wall_s']:.2f}x")
-        report("(a) driver RSS under 1 GB", ballast["peak_driver"] < GB,
-               f"{ballast['peak_driver'] / GB:.2f} GB")
+        report(
+            "(a) ballast within 2x pyarrow write_dataset",
+            ballast["wall_s"] <= 2 * copy["wall_s"],
+            f"{ballast['wall_s'] / copy['wall_s']:.2f}x",
+        )
+        report(
+            "(a) driver RSS under 1 GB",
+            ballast["peak_driver"] < GB,
+            f"{ballast['peak_driver'] / GB:.2f} GB",
+        )
         print(f"    ballast stages: {ballast['timings_s']}")
 
 
 # ---------------------------------------------------------------- (b) bookkeeping
 
 
-def synthetic_scans(num_pieces: int, rows_per_piece: int, piece_bytes: int,
-                    strata_per_piece: int, seed: int) -> list[Any]:
+def synthetic_scans(
+    num_pieces: int, rows_per_piece: int, piece_bytes: int, strata_per_piece: int, seed: int
+) -> list[Any]:
     """What a scan of `num_pieces` single-piece files would return: each file's counts
     its own small table, as they arrive from the workers."""
     from preprocessing.plan.counts import COUNT_DTYPE, Counts
@@ -155,8 +181,14 @@ def synthetic_scans(num_pieces: int, rows_per_piece: int, piece_bytes: int,
         labels = tuple(int(first[piece] + step) % NUM_CLASSES for step in range(strata_per_piece))
         counts = Counts(template.tobytes(), labels, (f"source-{piece % NUM_SOURCES}",))
         uri = f"s3://bucket/raw/part-{piece:07d}.parquet"
-        scans.append(FileScan(InputFile(uri, "s3://bucket/raw", uri[19:], piece_bytes, "tag"),
-                              None, [rows_per_piece], counts))
+        scans.append(
+            FileScan(
+                InputFile(uri, "s3://bucket/raw", uri[19:], piece_bytes, "tag"),
+                None,
+                [rows_per_piece],
+                counts,
+            )
+        )
     return scans
 
 
@@ -171,21 +203,27 @@ def case_bookkeeping(args: argparse.Namespace) -> None:
         peak = max_rss_bytes()
         print(f"    whole: {wall:.1f} s, process peak RSS {peak / GB:.2f} GB")
         if num_pieces >= 1_000_000:
-            report("(b) under 2 GB and 120 s at 1e6 x 1e5", peak < 2 * GB and wall < 120,
-                   f"{peak / GB:.2f} GB, {wall:.0f} s")
+            report(
+                "(b) under 2 GB and 120 s at 1e6 x 1e5",
+                peak < 2 * GB and wall < 120,
+                f"{peak / GB:.2f} GB, {wall:.0f} s",
+            )
 
 
-def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
-                sampler: RssSampler) -> None:
+def bookkeeping(
+    num_pieces: int, num_shards: int, args: argparse.Namespace, sampler: RssSampler
+) -> None:
     """Plan, layout and every descriptor of every round, as the driver makes them."""
     from preprocessing.config import DatasetSpec, ReshardConfig
     from preprocessing.driver import reshard
     from preprocessing.exchange import tasks as exchange
 
     rows_per_piece = 10_000
-    config = ReshardConfig(dataset=DatasetSpec(inputs=["s3://bucket/raw"], id_column="id"),
-                           output_root="s3://bucket/out",
-                           target_shard_rows=num_pieces * rows_per_piece // num_shards)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=["s3://bucket/raw"], id_column="id"),
+        output_root="s3://bucket/out",
+        target_shard_rows=num_pieces * rows_per_piece // num_shards,
+    )
     with sampler.phase("synthetic scans"):
         scans = synthetic_scans(num_pieces, rows_per_piece, args.piece_mb << 20, 4, args.seed)
     with sampler.phase("plan (count records, plan both splits)"):
@@ -193,25 +231,38 @@ def bookkeeping(num_pieces: int, num_shards: int, args: argparse.Namespace,
     with sampler.phase("exchange layout"):
         destinations = exchange.destinations_for(plans, SMALL_SCHEMA)
         layout = exchange.exchange_layout(scans, plans, pieces, config, threads=2)
-        staging = exchange.Staging("s3://bucket/out/_staging/0123456789abcdef", layout,
-                          destinations.schema)
-    print(f"    {layout.num_map_tasks:,} map tasks, {destinations.count:,} destinations, "
-          f"fan-in {layout.fan_in}, {layout.num_read_rounds} read rounds, tasks per round "
-          f"{[r.num_objects for r in layout.rounds]}; shared once per worker: plans "
-          f"{sum_pickled([destinations]) / 1e6:.1f} MB, layout "
-          f"{sum_pickled([staging]) / 1e6:.1f} MB", flush=True)
+        staging = exchange.Staging(
+            "s3://bucket/out/_staging/0123456789abcdef", layout, destinations.schema
+        )
+    print(
+        f"    {layout.num_map_tasks:,} map tasks, {destinations.count:,} destinations, "
+        f"fan-in {layout.fan_in}, {layout.num_read_rounds} read rounds, tasks per round "
+        f"{[r.num_objects for r in layout.rounds]}; shared once per worker: plans "
+        f"{sum_pickled([destinations]) / 1e6:.1f} MB, layout "
+        f"{sum_pickled([staging]) / 1e6:.1f} MB",
+        flush=True,
+    )
     with sampler.phase("map descriptors"):
         first_rows = exchange.piece_rows(scans, pieces)[0]
-        sent = [sum_pickled(exchange.map_task(scans, plans, pieces, first_rows, staging, task)
-                            for task in range(layout.num_map_tasks))]
+        sent = [
+            sum_pickled(
+                exchange.map_task(scans, plans, pieces, first_rows, staging, task)
+                for task in range(layout.num_map_tasks)
+            )
+        ]
     for index in range(1, len(layout.rounds)):
         with sampler.phase(f"merge round {index} descriptors"):
-            sent.append(sum_pickled((index, task)
-                                    for task in range(layout.rounds[index].num_objects)))
+            sent.append(
+                sum_pickled((index, task) for task in range(layout.rounds[index].num_objects))
+            )
     with sampler.phase("write descriptors"):
         shards = exchange.shard_jobs(plans, lambda name: f"s3://bucket/out/v-0123/{name}")
-        sent.append(sum_pickled((first, shards[first:stop])
-                                for first, stop in pairwise(layout.write_bounds.tolist())))
+        sent.append(
+            sum_pickled(
+                (first, shards[first:stop])
+                for first, stop in pairwise(layout.write_bounds.tolist())
+            )
+        )
     print(f"    descriptor bytes sent per round: {[f'{b / 1e6:.0f} MB' for b in sent]}")
 
 
@@ -236,32 +287,47 @@ DISK_PER_INPUT_BYTE = 3.2
 
 def disk_needed(sizes: list[float], made: set[float]) -> float:
     """GB of free disk a run of `sizes` needs, the inputs of `made` already on disk."""
-    return (sum(gb for gb in sizes if gb not in made)
-            + (DISK_PER_INPUT_BYTE - 1) * max(sizes, default=0))
+    return sum(gb for gb in sizes if gb not in made) + (DISK_PER_INPUT_BYTE - 1) * max(
+        sizes, default=0
+    )
 
 
 def case_sizes(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     shard_rows = None
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
-    made = {gb for gb in args.sizes
-            if Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}", MARKER).exists()}
-    print(f"(c) sizes {args.sizes} GB: about {disk_needed(args.sizes, made):.0f} GB of free disk "
-          f"needed, {shutil.disk_usage(args.work_dir).free / GB:.0f} GB free", flush=True)
+    made = {
+        gb
+        for gb in args.sizes
+        if Path(args.work_dir, f"raw-{gb:g}gb-seed{args.seed}", MARKER).exists()
+    }
+    print(
+        f"(c) sizes {args.sizes} GB: about {disk_needed(args.sizes, made):.0f} GB of free disk "
+        f"needed, {shutil.disk_usage(args.work_dir).free / GB:.0f} GB free",
+        flush=True,
+    )
     for gb in args.sizes:
         free = shutil.disk_usage(args.work_dir).free  # the work directory's filesystem
         needed = (DISK_PER_INPUT_BYTE - (gb in made)) * gb
         if free < needed * GB:
-            print(f"[SKIP] (c) {gb:g} GB: needs about {needed:.1f} GB of free disk "
-                  f"({'staging, shards' if gb in made else 'input, staging, shards'}), "
-                  f"{free / GB:.1f} GB free", flush=True)
+            print(
+                f"[SKIP] (c) {gb:g} GB: needs about {needed:.1f} GB of free disk "
+                f"({'staging, shards' if gb in made else 'input, staging, shards'}), "
+                f"{free / GB:.1f} GB free",
+                flush=True,
+            )
             continue
         with DiskSampler(args.work_dir) as disk:
             raw, spec = prepare(gb, args)
             warm_up(["ballast-stratified"], args)
             shard_rows = shard_rows or -(-spec.num_rows // args.shards)
-            row = run_tool("ballast-stratified", raw, Path(args.work_dir),
-                           base_job(spec.num_rows, shard_rows, args), keep=False)
+            row = run_tool(
+                "ballast-stratified",
+                raw,
+                Path(args.work_dir),
+                base_job(spec.num_rows, shard_rows, args),
+                keep=False,
+            )
         rows.append({**row, "tool": f"stratified@{gb:g}GB", "gb": dir_bytes(raw) / GB})
         print_size(rows[-1], (disk.peak - disk.start) / GB)
     print(format_table(rows))
@@ -269,12 +335,16 @@ def case_sizes(args: argparse.Namespace) -> None:
         return
     first, largest = rows[0], rows[-1]
     growth = (largest["wall_s"] / largest["gb"]) / (first["wall_s"] / first["gb"])
-    report(f"(c) seconds per GB flat within 15% ({first['tool']} -> {largest['tool']})",
-           all(r["wall_s"] / r["gb"] <= 1.15 * first["wall_s"] / first["gb"] for r in rows),
-           f"{growth:.2f}x")
-    report("(c) per-worker RSS flat within 15%",
-           all(r["peak_worker"] <= 1.15 * first["peak_worker"] for r in rows),
-           f"{largest['peak_worker'] / first['peak_worker']:.2f}x")
+    report(
+        f"(c) seconds per GB flat within 15% ({first['tool']} -> {largest['tool']})",
+        all(r["wall_s"] / r["gb"] <= 1.15 * first["wall_s"] / first["gb"] for r in rows),
+        f"{growth:.2f}x",
+    )
+    report(
+        "(c) per-worker RSS flat within 15%",
+        all(r["peak_worker"] <= 1.15 * first["peak_worker"] for r in rows),
+        f"{largest['peak_worker'] / first['peak_worker']:.2f}x",
+    )
 
 
 def print_size(row: dict[str, Any], disk_gb: float) -> None:
@@ -282,11 +352,14 @@ def print_size(row: dict[str, Any], disk_gb: float) -> None:
     if "error" in row:
         print(f"    {row['tool']}: FAILED: {row['error']}", flush=True)
         return
-    print(f"    {row['tool']}: {row['wall_s']:.1f} s, {row['wall_s'] / row['gb']:.1f} s/GB, "
-          f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
-          f"{row['peak_worker'] / GB:.2f} GB, driver {row['peak_driver'] / GB:.2f} GB, disk "
-          f"used at peak {disk_gb:.1f} GB ({disk_gb / row['gb']:.1f}x the input, its "
-          f"generation included when new); stages {row.get('timings_s')}", flush=True)
+    print(
+        f"    {row['tool']}: {row['wall_s']:.1f} s, {row['wall_s'] / row['gb']:.1f} s/GB, "
+        f"{row['tree_cpu_s'] / row['gb']:.1f} CPU-s/GB, worker RSS "
+        f"{row['peak_worker'] / GB:.2f} GB, driver {row['peak_driver'] / GB:.2f} GB, disk "
+        f"used at peak {disk_gb:.1f} GB ({disk_gb / row['gb']:.1f}x the input, its "
+        f"generation included when new); stages {row.get('timings_s')}",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- (d) S3 requests
@@ -310,27 +383,37 @@ def case_s3(args: argparse.Namespace) -> None:
             log.clear()
             config = ReshardConfig(
                 dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"], id_column="id"),
-                output_root=f"s3://{bucket}/out", mix=MixConfig(class_weighting="uniform"),
-                target_shard_rows=-(-spec.num_rows // args.shards), holdout_fraction=0.0,
-                exchange_task_bytes=task_mb << 20, num_workers=2)
+                output_root=f"s3://{bucket}/out",
+                mix=MixConfig(class_weighting="uniform"),
+                target_shard_rows=-(-spec.num_rows // args.shards),
+                holdout_fraction=0.0,
+                exchange_task_bytes=task_mb << 20,
+                num_workers=2,
+            )
             start = time.perf_counter()
             manifest = run_reshard(config).manifest
             wall = time.perf_counter() - start
         s3_report(log.requests, raw, manifest, config, num_bytes, wall)
 
 
-def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int,
-              wall: float) -> None:
+def s3_report(
+    requests: list[Any], raw: Path, manifest: Any, config: Any, num_bytes: int, wall: float
+) -> None:
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
     from preprocessing.driver import reshard
     from preprocessing.exchange import tasks as exchange
     from preprocessing.scan.inputs import check_schemas, scan_file
     from preprocessing.storage.sources import list_inputs
 
-    local = config.model_copy(update={"dataset": config.dataset.model_copy(
-        update={"inputs": [str(raw)]})})
-    scans = check_schemas([scan_file(file, local.dataset, local.seed, local.holdout_fraction,
-                                     local.max_piece_rows) for file in list_inputs(local.dataset)])
+    local = config.model_copy(
+        update={"dataset": config.dataset.model_copy(update={"inputs": [str(raw)]})}
+    )
+    scans = check_schemas(
+        [
+            scan_file(file, local.dataset, local.seed, local.holdout_fraction, local.max_piece_rows)
+            for file in list_inputs(local.dataset)
+        ]
+    )
     plans, pieces = reshard._plan(scans, local)
     layout = exchange.exchange_layout(scans, plans, pieces, local, threads=2)
     shards = sum(len(split.shards) for split in manifest.splits.values())
@@ -339,15 +422,22 @@ def s3_report(requests: list[Any], raw: Path, manifest: Any, config: Any, num_by
     multipart = sum("uploads" in r.query for r in requests)
     median = statistics.median(r.bytes_moved for r in requests)
     staged = statistics.median(r.bytes_moved for r in staging)
-    print(f"\n(d) S3 -> S3 on moto, {num_bytes / GB:.2f} GB, task "
-          f"{config.exchange_task_bytes >> 20} MiB: {len(pieces)} pieces, {shards} shards, "
-          f"{layout.num_map_tasks} map tasks, fan-in {layout.fan_in}, "
-          f"{layout.num_read_rounds} read rounds, {wall:.0f} s")
-    print(f"    {len(requests):,} requests ({len(requests) / (num_bytes / GB):,.0f} per GB), "
-          f"{len(staging):,} on staging; median {median:,.0f} bytes per request, staging "
-          f"median {staged:,.0f}; multipart starts {multipart}")
-    report("(d) requests <= 2 (P + S) F R + 64", len(requests) <= bound,
-           f"{len(requests):,} <= {bound:,}")
+    print(
+        f"\n(d) S3 -> S3 on moto, {num_bytes / GB:.2f} GB, task "
+        f"{config.exchange_task_bytes >> 20} MiB: {len(pieces)} pieces, {shards} shards, "
+        f"{layout.num_map_tasks} map tasks, fan-in {layout.fan_in}, "
+        f"{layout.num_read_rounds} read rounds, {wall:.0f} s"
+    )
+    print(
+        f"    {len(requests):,} requests ({len(requests) / (num_bytes / GB):,.0f} per GB), "
+        f"{len(staging):,} on staging; median {median:,.0f} bytes per request, staging "
+        f"median {staged:,.0f}; multipart starts {multipart}"
+    )
+    report(
+        "(d) requests <= 2 (P + S) F R + 64",
+        len(requests) <= bound,
+        f"{len(requests):,} <= {bound:,}",
+    )
 
 
 def report(name: str, ok: bool, detail: str) -> None:
@@ -356,24 +446,47 @@ def report(name: str, ok: bool, detail: str) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", default=["pieces", "bookkeeping", "sizes", "s3"],
-                        choices=["pieces", "bookkeeping", "sizes", "s3"])
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["pieces", "bookkeeping", "sizes", "s3"],
+        choices=["pieces", "bookkeeping", "sizes", "s3"],
+    )
     parser.add_argument("--work-dir", default="/tmp/ballast-bench")
     parser.add_argument("--files", type=int, default=5_000, help="(a) input files")
     parser.add_argument("--rows-per-file", type=int, default=2_000, help="(a)")
     parser.add_argument("--shard-rows", type=int, default=5_000, help="(a) rows per shard")
-    parser.add_argument("--repeat", type=int, default=1, help="(a) runs of each tool, round "
-                        "robin; the table keeps each tool's fastest (the machine may be shared)")
-    parser.add_argument("--bookkeeping", nargs="+", default=["1e5x1e4", "1e6x1e5"],
-                        help="(b) PIECESxSHARDS shapes")
-    parser.add_argument("--piece-mb", type=int, default=64,
-                        help="(b) bytes per piece, MiB: 64 = one map task per piece")
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0, 16.0],
-                        help="(c) input sizes, GB; one that does not fit the free disk is "
-                        "skipped, said so")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="(a) runs of each tool, round "
+        "robin; the table keeps each tool's fastest (the machine may be shared)",
+    )
+    parser.add_argument(
+        "--bookkeeping", nargs="+", default=["1e5x1e4", "1e6x1e5"], help="(b) PIECESxSHARDS shapes"
+    )
+    parser.add_argument(
+        "--piece-mb",
+        type=int,
+        default=64,
+        help="(b) bytes per piece, MiB: 64 = one map task per piece",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=float,
+        nargs="+",
+        default=[1.0, 4.0, 16.0],
+        help="(c) input sizes, GB; one that does not fit the free disk is skipped, said so",
+    )
     parser.add_argument("--s3-gb", type=float, default=0.25, help="(d) input size, GB")
-    parser.add_argument("--s3-task-mb", type=int, nargs="+", default=[64, 4],
-                        help="(d) exchange_task_bytes in MiB, one run each (small: rounds)")
+    parser.add_argument(
+        "--s3-task-mb",
+        type=int,
+        nargs="+",
+        default=[64, 4],
+        help="(d) exchange_task_bytes in MiB, one run each (small: rounds)",
+    )
     parser.add_argument("--shards", type=int, default=24, help="(c, d) output shards")
     parser.add_argument("--row-group-rows", type=int, default=8_192)
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
@@ -385,8 +498,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cases = {"pieces": case_pieces, "bookkeeping": case_bookkeeping, "sizes": case_sizes,
-             "s3": case_s3}
+    cases = {
+        "pieces": case_pieces,
+        "bookkeeping": case_bookkeeping,
+        "sizes": case_sizes,
+        "s3": case_s3,
+    }
     for name in args.cases:
         cases[name](args)
 

@@ -32,14 +32,17 @@ CATEGORIES = {"city": 8, "product": 50}
 
 def tabular_file(rng: np.random.Generator, first_id: int, num_rows: int) -> pa.Table:
     """One raw file of the tabular case: ids, 4 classes, 20 scalars, 2 categories."""
-    columns = {"id": pa.array(np.arange(first_id, first_id + num_rows)),
-               "label": pa.array(rng.integers(0, 4, num_rows)),
-               "source": pa.array(np.full(num_rows, "bench"))}
+    columns = {
+        "id": pa.array(np.arange(first_id, first_id + num_rows)),
+        "label": pa.array(rng.integers(0, 4, num_rows)),
+        "source": pa.array(np.full(num_rows, "bench")),
+    }
     for index in range(NUM_SCALARS):
         values = rng.normal(index * 10.0, 1.0 + index, num_rows)
         arrow_type = SCALAR_TYPES[index % len(SCALAR_TYPES)]
         columns[f"x{index}"] = pa.array(values, mask=rng.random(num_rows) < 0.1).cast(
-            arrow_type, safe=False)
+            arrow_type, safe=False
+        )
     for name, size in CATEGORIES.items():
         values = np.array([f"{name}-{k}" for k in range(size)])[rng.integers(0, size, num_rows)]
         columns[name] = pa.array(values, mask=rng.random(num_rows) < 0.05)
@@ -49,8 +52,12 @@ def tabular_file(rng: np.random.Generator, first_id: int, num_rows: int) -> pa.T
 def tabular_spec(raw: Path) -> DatasetSpec:
     scalars = [f"x{index}" for index in range(NUM_SCALARS)]
     nulls = {name: "indicator" if i % 5 == 0 else "fill_mean" for i, name in enumerate(scalars)}
-    return DatasetSpec(inputs=[str(raw)], id_column="id", feature_columns=[*scalars, *CATEGORIES],
-                       nulls={**nulls, **dict.fromkeys(CATEGORIES, "fill_zero")})
+    return DatasetSpec(
+        inputs=[str(raw)],
+        id_column="id",
+        feature_columns=[*scalars, *CATEGORIES],
+        nulls={**nulls, **dict.fromkeys(CATEGORIES, "fill_zero")},
+    )
 
 
 def write_raw(raw: Path, num_rows: int, width: int | None) -> None:
@@ -63,7 +70,8 @@ def write_raw(raw: Path, num_rows: int, width: int | None) -> None:
         if width is not None:
             values = pa.array(rng.normal(size=per_file * width).astype(np.float32))
             table = table.select(["id", "label", "source"]).append_column(
-                "features", pa.FixedSizeListArray.from_arrays(values, width))
+                "features", pa.FixedSizeListArray.from_arrays(values, width)
+            )
         pq.write_table(table, raw / f"part-{index}.parquet")
 
 
@@ -73,9 +81,15 @@ def prepare(work: Path, name: str, num_rows: int, spec_of: object, width: int | 
     if not raw.exists():
         write_raw(raw, num_rows, width)
     spec = spec_of(raw) if callable(spec_of) else DatasetSpec(inputs=[str(raw)], id_column="id")
-    config = ReshardConfig(dataset=spec, output_root=str(work / f"{name}-{num_rows}"),
-                           target_shard_rows=65_536, rows_per_row_group=8_192,
-                           holdout_fraction=0.0, num_workers=2, shuffle="global")
+    config = ReshardConfig(
+        dataset=spec,
+        output_root=str(work / f"{name}-{num_rows}"),
+        target_shard_rows=65_536,
+        rows_per_row_group=8_192,
+        holdout_fraction=0.0,
+        num_workers=2,
+        shuffle="global",
+    )
     return run_reshard(config).manifest_uri
 
 
@@ -98,7 +112,9 @@ def tabular_report(work: Path, num_rows: int, repeat: int) -> float:
     plain = prepare(work, f"fsl{width}", num_rows, None, width)
     coded, listed = rows_per_s(tabular, repeat), rows_per_s(plain, repeat)
     print(f"\ntabular case, {num_rows:,} rows, {width} floats a row:")
-    print(f"  codec ({NUM_SCALARS} scalars with nulls filled, {len(CATEGORIES)} categories)"
-          f" {coded:12,.0f} rows/s")
+    print(
+        f"  codec ({NUM_SCALARS} scalars with nulls filled, {len(CATEGORIES)} categories)"
+        f" {coded:12,.0f} rows/s"
+    )
     print(f"  fixed-size list<float32>[{width}]{'':28} {listed:12,.0f} rows/s")
     return coded / listed

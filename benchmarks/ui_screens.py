@@ -36,9 +36,17 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: the clone's pack
 from tests import services  # noqa: E402 - after the clone's root is on sys.path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 MODEL_NAME = "ui-screens-classifier"
 EXPERIMENT = "ui-screens"
 
@@ -48,15 +56,21 @@ def browser() -> str:
     for name in BROWSERS:
         if found := shutil.which(name):
             return found
-    sys.exit("ui_screens: no Chromium on PATH. Install it, e.g. on Debian/Ubuntu as root: "
-             "`apt-get install -y chromium` (or put chromium / google-chrome on PATH).")
+    sys.exit(
+        "ui_screens: no Chromium on PATH. Install it, e.g. on Debian/Ubuntu as root: "
+        "`apt-get install -y chromium` (or put chromium / google-chrome on PATH)."
+    )
 
 
 def prefect_env(work: Path, port: int) -> dict[str, str]:
     """The test services' Prefect environment with the UI on, the clone's packages and
     ballast's run logs under `work`."""
-    return {**services.prefect_env(work / "prefect-home", port), "PREFECT_UI_ENABLED": "true",
-            "PYTHONPATH": str(ROOT), "BALLAST_LOG_DIR": str(work / "logs")}
+    return {
+        **services.prefect_env(work / "prefect-home", port),
+        "PREFECT_UI_ENABLED": "true",
+        "PYTHONPATH": str(ROOT),
+        "BALLAST_LOG_DIR": str(work / "logs"),
+    }
 
 
 def pipeline_config(work: Path, tracking_uri: str) -> dict[str, Any]:
@@ -66,11 +80,18 @@ def pipeline_config(work: Path, tracking_uri: str) -> dict[str, Any]:
     config = load_preset("demo", work)
     config["reshard"]["target_shard_rows"] = 2000
     config["train"]["max_epochs"] = 3
-    config["train"]["tracking"] = {"tracking_uri": tracking_uri, "experiment": EXPERIMENT,
-                                   "registered_model_name": MODEL_NAME,
-                                   "system_metrics_interval_s": 1.0}
-    config["job"] = {"kind": "local", "num_processes_per_node": 2, "timeout_s": 900,
-                     "retry": {"attempts": 1}}
+    config["train"]["tracking"] = {
+        "tracking_uri": tracking_uri,
+        "experiment": EXPERIMENT,
+        "registered_model_name": MODEL_NAME,
+        "system_metrics_interval_s": 1.0,
+    }
+    config["job"] = {
+        "kind": "local",
+        "num_processes_per_node": 2,
+        "timeout_s": 900,
+        "retry": {"attempts": 1},
+    }
     return config
 
 
@@ -81,10 +102,25 @@ def run_pipeline(work: Path, env: dict[str, str], tracking_uri: str, rows: int) 
     if not (work / "raw").exists():
         write_sample(work / "raw", SampleSpec(num_rows=rows, num_files=6, seed=0))
     (work / "pipeline.yaml").write_text(yaml.safe_dump(pipeline_config(work, tracking_uri)))
-    done = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config",
-                           str(work / "pipeline.yaml"), "--result-file",
-                           str(work / "result.json")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows",
+            "run",
+            "pipeline",
+            "--config",
+            str(work / "pipeline.yaml"),
+            "--result-file",
+            str(work / "result.json"),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
     print(done.stdout, file=sys.stderr)
     if done.returncode:
         raise RuntimeError(f"ballast run pipeline failed:\n{done.stderr[-4000:]}")
@@ -110,12 +146,15 @@ async def _read_ids() -> dict[str, str]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     async with get_client() as client:
-        runs = [run for run in await client.read_flow_runs()
-                if run.state is not None and run.state.is_completed()
-                and run.deployment_id is None]
+        runs = [
+            run
+            for run in await client.read_flow_runs()
+            if run.state is not None and run.state.is_completed() and run.deployment_id is None
+        ]
         run = max(runs, key=lambda found: found.created or 0)
-        artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
         summary = next(a for a in artifacts if a.key == "training-summary")
         nightly = await client.read_deployment_by_name("pipeline/nightly")
     return {"flow_run": str(run.id), "summary": str(summary.id), "nightly": str(nightly.id)}
@@ -131,19 +170,24 @@ def pages(prefect: str, mlflow: str, ids: dict[str, str], result: dict) -> dict[
     registration = result["registration"]
     # The flow run's tabs are not addressed by URL in headless Chromium (`?tab=` stays on
     # Logs): its artifacts are shown by the training summary's own page.
-    found = {"prefect-flow-run-log": run,
-             "prefect-training-summary": f"{prefect}/artifacts/artifact/{ids['summary']}",
-             "prefect-deployment-parameters":
-                 f"{prefect}/deployments/deployment/{ids['nightly']}?tab=Parameters",
-             # MLflow 3.17 opens `#/experiments/<id>` on its GenAI overview (a per-browser
-             # toggle); the training runs are the experiment's `runs` page.
-             "mlflow-experiment-runs": f"{mlflow}/#/experiments/{exp}/runs",
-             "mlflow-model-version":
-                 f"{mlflow}/#/models/{registration['name']}/versions/{registration['version']}"}
+    found = {
+        "prefect-flow-run-log": run,
+        "prefect-training-summary": f"{prefect}/artifacts/artifact/{ids['summary']}",
+        "prefect-deployment-parameters": (
+            f"{prefect}/deployments/deployment/{ids['nightly']}?tab=Parameters"
+        ),
+        # MLflow 3.17 opens `#/experiments/<id>` on its GenAI overview (a per-browser
+        # toggle); the training runs are the experiment's `runs` page.
+        "mlflow-experiment-runs": f"{mlflow}/#/experiments/{exp}/runs",
+        "mlflow-model-version": (
+            f"{mlflow}/#/models/{registration['name']}/versions/{registration['version']}"
+        ),
+    }
     for arm, run_id in result["runs"].items():
         found[f"mlflow-run-{arm}"] = f"{mlflow}/#/experiments/{exp}/runs/{run_id}"
-        found[f"mlflow-run-{arm}-metrics"] = (f"{mlflow}/#/experiments/{exp}/runs/{run_id}"
-                                              "/model-metrics")
+        found[f"mlflow-run-{arm}-metrics"] = (
+            f"{mlflow}/#/experiments/{exp}/runs/{run_id}/model-metrics"
+        )
     return found
 
 
@@ -151,10 +195,20 @@ def screenshot(chromium: str, url: str, out: Path, size: str, wait_ms: int) -> N
     """One page as a PNG: a fresh profile, no network but loopback, `wait_ms` of page time
     for the single-page apps to fetch and draw."""
     with tempfile.TemporaryDirectory(prefix="ui-screens-profile-") as profile:
-        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                        f"--window-size={size}", f"--virtual-time-budget={wait_ms}",
-                        f"--screenshot={out}", url], capture_output=True, timeout=180,
-                       check=True)
+        subprocess.run(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={size}",
+                f"--virtual-time-budget={wait_ms}",
+                f"--screenshot={out}",
+                url,
+            ],
+            capture_output=True,
+            timeout=180,
+            check=True,
+        )
 
 
 def main() -> None:
@@ -163,8 +217,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="PNGs here (default: WORK_DIR/png)")
     parser.add_argument("--rows", type=int, default=6000, help="rows of the sample")
     parser.add_argument("--size", default="1400,1000", help="browser window WIDTH,HEIGHT")
-    parser.add_argument("--fresh", action="store_true", help="run the pipeline again even "
-                        "when WORK_DIR holds a finished run (result.json), else reused")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run the pipeline again even "
+        "when WORK_DIR holds a finished run (result.json), else reused",
+    )
     parser.add_argument("--wait-ms", type=int, default=25000, help="page time per shot")
     args = parser.parse_args()
     chromium = browser()
@@ -178,11 +236,15 @@ def main() -> None:
     with ExitStack() as stack:
         # The tests' own servers (tests/services.py): MLflow without its job runner.
         stack.callback(services.stop_server, services.start_prefect_server(env, prefect_port))
-        stack.callback(services.stop_server,
-                       services.start_mlflow_server(work / "mlflow", mlflow_port))
+        stack.callback(
+            services.stop_server, services.start_mlflow_server(work / "mlflow", mlflow_port)
+        )
         done = work / "result.json"
-        result = (json.loads(done.read_text()) if done.exists() and not args.fresh
-                  else run_pipeline(work, env, mlflow, args.rows))
+        result = (
+            json.loads(done.read_text())
+            if done.exists() and not args.fresh
+            else run_pipeline(work, env, mlflow, args.rows)
+        )
         found = pages(prefect, mlflow, prefect_ids(work, env["PREFECT_API_URL"]), result)
         for name, url in found.items():
             screenshot(chromium, url, out / f"{name}.png", args.size, args.wait_ms)

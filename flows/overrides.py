@@ -21,8 +21,10 @@ from preprocessing.toolbox.config_files import parse_config, parse_yaml_value
 
 M = TypeVar("M", bound=BaseModel)
 OVERRIDES = "overrides"
-OVERRIDES_DESCRIPTION = ("Fields to change for this run, each `path=value` as `ballast run "
-                         "--set` takes them (`train.max_epochs=1`); the value is YAML.")
+OVERRIDES_DESCRIPTION = (
+    "Fields to change for this run, each `path=value` as `ballast run "
+    "--set` takes them (`train.max_epochs=1`); the value is YAML."
+)
 NO_OVERRIDES: list[str] = []  # never mutated: the flow's default
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 WORK_DIR_VARIABLE = "BALLAST_WORK_DIR"
@@ -39,7 +41,7 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
     for depth, part in enumerate(parents):
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            section = ".".join(parents[:depth + 1])
+            section = ".".join(parents[: depth + 1])
             raise ValueError(f"override {assignment!r}: {section} is a value, not a section")
     node[leaf] = parse_yaml_value(raw, f"--set {key}")
 
@@ -55,10 +57,12 @@ def fill_work_dir(values: Any) -> Any:
         return values
     work_dir = os.environ.get(WORK_DIR_VARIABLE)
     if not work_dir:
-        raise ValueError(f"parameter {values!r} holds {WORK_DIR_PLACEHOLDER}: export "
-                         f"{WORK_DIR_VARIABLE} for the worker (the directory of raw/, "
-                         "datasets/, mlflow.db), or deploy a file rendered by `ballast "
-                         "deployments --work-dir DIR`")
+        raise ValueError(
+            f"parameter {values!r} holds {WORK_DIR_PLACEHOLDER}: export "
+            f"{WORK_DIR_VARIABLE} for the worker (the directory of raw/, "
+            "datasets/, mlflow.db), or deploy a file rendered by `ballast "
+            "deployments --work-dir DIR`"
+        )
     return values.replace(WORK_DIR_PLACEHOLDER, work_dir.rstrip("/"))
 
 
@@ -83,8 +87,10 @@ def resolve_parameters(params_type: type[M], parameters: dict[str, Any]) -> dict
     for assignment in overrides:
         apply_override(values, assignment)
     model = _validated(params_type, fill_work_dir(values), overrides)
-    return {**{name: getattr(model, name) for name in type(model).model_fields},
-            OVERRIDES: overrides}
+    return {
+        **{name: getattr(model, name) for name in type(model).model_fields},
+        OVERRIDES: overrides,
+    }
 
 
 def _validated(params_type: type[M], values: dict[str, Any], overrides: list[str]) -> M:
@@ -95,6 +101,6 @@ def _validated(params_type: type[M], values: dict[str, Any], overrides: list[str
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
-            for problem in error.errors(include_url=False))
-        raise ValueError(f"invalid parameters with overrides {overrides}: {problems}"
-                         ) from None
+            for problem in error.errors(include_url=False)
+        )
+        raise ValueError(f"invalid parameters with overrides {overrides}: {problems}") from None

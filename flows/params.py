@@ -37,11 +37,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
 PRESETS_DIR = Path(__file__).parent / "presets"
-RESHARD_DESCRIPTION = ("Raw files in, one balanced, committed dataset version out: the "
-                       "dataset's columns, the class and source mix, shuffle, shard sizes.")
+RESHARD_DESCRIPTION = (
+    "Raw files in, one balanced, committed dataset version out: the "
+    "dataset's columns, the class and source mix, shuffle, shard sizes."
+)
 TRACKING_DESCRIPTION = "The MLflow server (or store) the model is read from."
-JOB_DESCRIPTION = ("Where the training job runs and how it is retried (training/launch/): "
-                   "by default torchrun on this machine, 2 processes, 2 attempts.")
+JOB_DESCRIPTION = (
+    "Where the training job runs and how it is retried (training/launch/): "
+    "by default torchrun on this machine, 2 processes, 2 attempts."
+)
 
 
 class FlowParams(BaseModel):
@@ -64,8 +68,10 @@ class ReshardParams(FlowParams):
 class TrainParams(FlowParams):
     """The `train` flow: one tracked training job on a dataset version."""
 
-    train: TrainConfig = Field(description="The training job: its dataset version, model, "
-                               "loader, precision and MLflow tracking.")
+    train: TrainConfig = Field(
+        description="The training job: its dataset version, model, "
+        "loader, precision and MLflow tracking."
+    )
     job: LaunchConfig = Field(default_factory=LocalJob, description=JOB_DESCRIPTION)
 
 
@@ -77,8 +83,9 @@ class EvaluateParams(FlowParams):
     tracking: TrackingConfig = Field(description=TRACKING_DESCRIPTION)
     baseline_model_uri: str | None = Field(None, description="A model to compare against.")
     split: str = Field("holdout", description="The split of the version to score on.")
-    dask: DaskConfig = Field(default_factory=DaskConfig,
-                             description="Where Dask runs (one task per shard).")
+    dask: DaskConfig = Field(
+        default_factory=DaskConfig, description="Where Dask runs (one task per shard)."
+    )
 
 
 class InferenceParams(FlowParams):
@@ -90,10 +97,12 @@ class InferenceParams(FlowParams):
     inputs: list[str] = Field(default_factory=list, description="Or any Parquet files/globs.")
     split: str = Field("train", description="Split of `dataset` to predict on.")
     id_column: str | None = Field(
-        None, description="Row id column carried to the predictions (the feature columns are "
+        None,
+        description="Row id column carried to the predictions (the feature columns are "
         "those of the model's codec); None (the default): the id column of `dataset`'s "
         "manifest, its configured one or the derived `__ballast_row_id`. Needed with "
-        "`inputs` alone.")
+        "`inputs` alone.",
+    )
     output_root: str = Field(description="Predictions are committed as versions here.")
     dask: DaskConfig = Field(default_factory=DaskConfig, description="Where Dask runs.")
 
@@ -108,12 +117,16 @@ class PipelineParams(FlowParams):
     )
     job: LaunchConfig = Field(default_factory=LocalJob, description=JOB_DESCRIPTION)
     compare_with_natural_mix: bool = Field(
-        False, description="Also train on the un-rebalanced data (natural class mix) and "
-        "evaluate both on the same held-out rows, to show what rebalancing bought.")
+        False,
+        description="Also train on the un-rebalanced data (natural class mix) and "
+        "evaluate both on the same held-out rows, to show what rebalancing bought.",
+    )
     promotion: PromotionConfig = Field(
-        default_factory=PromotionConfig, description="When the night's model becomes "
+        default_factory=PromotionConfig,
+        description="When the night's model becomes "
         "`champion`: it must beat the champion on the same held-out rows, and the data must "
-        "not drift past these thresholds against the parent version (else `challenger`).")
+        "not drift past these thresholds against the parent version (else `challenger`).",
+    )
 
 
 def preset_location(name_or_path: str) -> str:
@@ -149,8 +162,9 @@ class RedactingFlow(Flow[P, R]):
     Before Prefect validates a run's parameters, their `overrides` are applied and
     `${WORK_DIR}` filled (flows/overrides.py), against the flow's `params_type`."""
 
-    def __init__(self, function: Callable[P, R], params_type: type[FlowParams],
-                 **options: Any) -> None:
+    def __init__(
+        self, function: Callable[P, R], params_type: type[FlowParams], **options: Any
+    ) -> None:
         super().__init__(function, **options)
         self.params_type = params_type
 
@@ -161,12 +175,14 @@ class RedactingFlow(Flow[P, R]):
         return dict(redact_value(super().serialize_parameters(parameters)))
 
 
-def ballast_flow(name: str, params_type: type[FlowParams]
-                 ) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
+def ballast_flow(
+    name: str, params_type: type[FlowParams]
+) -> Callable[[Callable[P, R]], RedactingFlow[P, R]]:
     """`@flow(name=..., log_prints=True)`, recording its parameters redacted; the function's
     parameters must be `params_type`'s fields, in order, with the same defaults, then
     `overrides`; their descriptions are the fields' (an `Args:` section of the docstring,
     which Prefect reads)."""
+
     def decorate(function: Callable[P, R]) -> RedactingFlow[P, R]:
         _check_signature(function, params_type)
         function.__doc__ = f"{inspect.getdoc(function)}\n\n{_args_section(params_type)}"
@@ -180,20 +196,29 @@ def _check_signature(function: Callable[..., Any], params_type: type[FlowParams]
     fields = params_type.model_fields
     signature = inspect.signature(function).parameters
     if list(signature) != [*fields, OVERRIDES]:
-        raise TypeError(f"flow {function.__name__}: parameters {list(signature)} are not "
-                        f"the fields of {params_type.__name__} {list(fields)} and "
-                        f"{OVERRIDES!r}")
+        raise TypeError(
+            f"flow {function.__name__}: parameters {list(signature)} are not "
+            f"the fields of {params_type.__name__} {list(fields)} and "
+            f"{OVERRIDES!r}"
+        )
     for field_name, field in fields.items():
         default = signature[field_name].default
-        expected = (inspect.Parameter.empty if field.is_required()
-                    else field.get_default(call_default_factory=True))
+        expected = (
+            inspect.Parameter.empty
+            if field.is_required()
+            else field.get_default(call_default_factory=True)
+        )
         if default != expected:
-            raise TypeError(f"flow {function.__name__}: the default of {field_name} is "
-                            f"{default!r}, {params_type.__name__}'s is {expected!r}")
+            raise TypeError(
+                f"flow {function.__name__}: the default of {field_name} is "
+                f"{default!r}, {params_type.__name__}'s is {expected!r}"
+            )
 
 
 def _args_section(params_type: type[FlowParams]) -> str:
-    lines = [f"    {field_name}: {' '.join((field.description or field_name).split())}"
-             for field_name, field in params_type.model_fields.items()]
+    lines = [
+        f"    {field_name}: {' '.join((field.description or field_name).split())}"
+        for field_name, field in params_type.model_fields.items()
+    ]
     lines.append(f"    {OVERRIDES}: {OVERRIDES_DESCRIPTION}")
     return "Args:\n" + "\n".join(lines)

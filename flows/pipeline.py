@@ -58,15 +58,17 @@ DASK, LOCAL_JOB, PROMOTION = DaskConfig(), LocalJob(), PromotionConfig()
 NO_INPUTS: list[str] = []  # never mutated: the flow copies it
 
 
-def _reshard(config: ReshardConfig, dask: Executor, arm: str,
-             listing: Listing | None = None) -> tuple[DatasetVersion, Manifest]:
+def _reshard(
+    config: ReshardConfig, dask: Executor, arm: str, listing: Listing | None = None
+) -> tuple[DatasetVersion, Manifest]:
     """The version of `config` (made, reused or a cache hit), logged; and its manifest.
     `listing`: `config`'s inputs as listed for another arm (the same inputs); else listed
     here. The version is planned here, once: the reshard task gets the plan."""
     # The cache is keyed by version id; a version deleted since it was cached is made again.
     plan = plan_version(config, listing)
-    runlog.log_reshard_start(arm, plan.version_id, config.dataset.inputs,
-                             config.mix.class_weighting)
+    runlog.log_reshard_start(
+        arm, plan.version_id, config.dataset.inputs, config.mix.class_weighting
+    )
     committed = version_is_committed(config.output_root, plan.version_id)
     task = tasks.reshard.with_options(refresh_cache=not committed)
     # quote(): Prefect would otherwise walk every input file looking for upstream results.
@@ -78,17 +80,24 @@ def _reshard(config: ReshardConfig, dask: Executor, arm: str,
     return dataset, manifest
 
 
-def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str,
-                 arm: str) -> dict[str, Any]:
+def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str, arm: str) -> dict[str, Any]:
     """Run the job on `dataset` (its launcher pins the version and opens the MLflow run),
     then close the run; the job's summary, with `run_id`."""
     summary: dict[str, Any] = tasks.train(
         config.model_copy(update={"dataset": dataset, "tracking": _run_named(config, arm)}),
-        job, arm)
+        job,
+        arm,
+    )
     runlog.log_training(arm, summary)
     if config.tracking is not None:
-        tasks.close_run(config.tracking, summary["run_id"], summary, summary["manifest_uri"],
-                        config.checkpoint_uri, arm)
+        tasks.close_run(
+            config.tracking,
+            summary["run_id"],
+            summary,
+            summary["manifest_uri"],
+            config.checkpoint_uri,
+            arm,
+        )
     return summary
 
 
@@ -104,16 +113,18 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
 
 
 @ballast_flow("reshard", ReshardParams)
-def reshard_flow(*, reshard: ReshardConfig, dask: DaskConfig = DASK,
-                 overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
+def reshard_flow(
+    *, reshard: ReshardConfig, dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
+) -> dict[str, Any]:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
     return dataset.as_dict()
 
 
 @ballast_flow("train", TrainParams)
-def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB,
-               overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
+def train_flow(
+    *, train: TrainConfig, job: LaunchConfig = LOCAL_JOB, overrides: list[str] = NO_OVERRIDES
+) -> dict[str, Any]:
     """One tracked training job on a dataset version."""
     manifest, _ = read_manifest(train.dataset)
     arm = arm_for(manifest.config["mix"]["class_weighting"])
@@ -124,10 +135,16 @@ def train_flow(*, train: TrainConfig, job: LaunchConfig = LOCAL_JOB,
 
 
 @ballast_flow("evaluate", EvaluateParams)
-def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
-                  baseline_model_uri: str | None = None, split: str = "holdout",
-                  dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
-                  ) -> dict[str, Any]:
+def evaluate_flow(
+    *,
+    model_uri: str,
+    dataset: str,
+    tracking: TrackingConfig,
+    baseline_model_uri: str | None = None,
+    split: str = "holdout",
+    dask: DaskConfig = DASK,
+    overrides: list[str] = NO_OVERRIDES,
+) -> dict[str, Any]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
     models = {"model": model_uri}
@@ -135,31 +152,52 @@ def evaluate_flow(*, model_uri: str, dataset: str, tracking: TrackingConfig,
         models["baseline"] = baseline_model_uri
     with dask_client(dask) if on_cluster(dataset, split) else nullcontext(dask) as executor:
         # One cluster for both models, and none for a split scored in process.
-        evaluations = {name: tasks.evaluate(uri, tracking, dataset, split, executor, name)
-                       for name, uri in models.items()}
+        evaluations = {
+            name: tasks.evaluate(uri, tracking, dataset, split, executor, name)
+            for name, uri in models.items()
+        }
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
 
 
 @ballast_flow("batch_inference", InferenceParams)
-def batch_inference_flow(*, model_uri: str, tracking: TrackingConfig, dataset: str | None = None,
-                         inputs: list[str] = NO_INPUTS, split: str = "train",
-                         id_column: str | None = None, output_root: str,
-                         dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
-                         ) -> dict[str, Any]:
+def batch_inference_flow(
+    *,
+    model_uri: str,
+    tracking: TrackingConfig,
+    dataset: str | None = None,
+    inputs: list[str] = NO_INPUTS,
+    split: str = "train",
+    id_column: str | None = None,
+    output_root: str,
+    dask: DaskConfig = DASK,
+    overrides: list[str] = NO_OVERRIDES,
+) -> dict[str, Any]:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
-    params = InferenceParams(model_uri=model_uri, tracking=tracking, dataset=dataset,
-                             inputs=inputs, split=split, id_column=id_column,
-                             output_root=output_root, dask=dask)
+    params = InferenceParams(
+        model_uri=model_uri,
+        tracking=tracking,
+        dataset=dataset,
+        inputs=inputs,
+        split=split,
+        id_column=id_column,
+        output_root=output_root,
+        dask=dask,
+    )
     inputs = list(params.inputs)
     if params.dataset:
         inputs += tasks.split_uris(params.dataset, params.split)
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
     output: dict[str, Any] = tasks.predict(
-        inputs, params.model_uri, params.tracking, _id_column(params), params.output_root,
-        params.dask)
+        inputs,
+        params.model_uri,
+        params.tracking,
+        _id_column(params),
+        params.output_root,
+        params.dask,
+    )
     runlog.log_predictions(output)
     return output
 
@@ -170,25 +208,38 @@ def _id_column(params: InferenceParams) -> str:
     if params.id_column is not None:
         return params.id_column
     if params.dataset is None:
-        raise ValueError("batch_inference: `id_column` is required with `inputs` alone (no "
-                         "`dataset` version to take it from): name the files' row id column")
+        raise ValueError(
+            "batch_inference: `id_column` is required with `inputs` alone (no "
+            "`dataset` version to take it from): name the files' row id column"
+        )
     return read_manifest(params.dataset)[0].id_column
 
 
 @ballast_flow("pipeline", PipelineParams)
-def pipeline(*, reshard: ReshardConfig, dask: DaskConfig = DASK, train: TrainConfig,
-             job: LaunchConfig = LOCAL_JOB, compare_with_natural_mix: bool = False,
-             promotion: PromotionConfig = PROMOTION,
-             overrides: list[str] = NO_OVERRIDES) -> dict[str, Any]:
+def pipeline(
+    *,
+    reshard: ReshardConfig,
+    dask: DaskConfig = DASK,
+    train: TrainConfig,
+    job: LaunchConfig = LOCAL_JOB,
+    compare_with_natural_mix: bool = False,
+    promotion: PromotionConfig = PROMOTION,
+    overrides: list[str] = NO_OVERRIDES,
+) -> dict[str, Any]:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
     A local or running Dask cluster serves every step of the run that needs one (both arms'
     reshards and evaluations): starting one costs seconds, and its workers keep the models
     they loaded. A cluster of batch jobs (SLURM, PBS, Kubernetes) is started per Dask step
     instead and its jobs end with the step (`run_executor`): none waits idle through
     training, or reaches its walltime between steps."""
-    params = PipelineParams(reshard=reshard, dask=dask, train=train, job=job,
-                            compare_with_natural_mix=compare_with_natural_mix,
-                            promotion=promotion)
+    params = PipelineParams(
+        reshard=reshard,
+        dask=dask,
+        train=train,
+        job=job,
+        compare_with_natural_mix=compare_with_natural_mix,
+        promotion=promotion,
+    )
     with run_executor(params.dask) as executor:
         return _pipeline(params, executor)
 
@@ -199,69 +250,105 @@ def _pipeline(params: PipelineParams, dask: Executor) -> dict[str, Any]:
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
     dataset, _ = _reshard(params.reshard, dask, arm, listing)
     summary = _tracked_job(params.train, params.job, dataset.manifest_uri, arm)
-    result: dict[str, Any] = {**dataset.as_dict(), "run_id": summary.pop("run_id"),
-                              "training": summary}
+    result: dict[str, Any] = {
+        **dataset.as_dict(),
+        "run_id": summary.pop("run_id"),
+        "training": summary,
+    }
     tracking = params.train.tracking
     if tracking is not None and summary.get("model_uri"):
-        arms = {arm: {**summary, "run_id": result["run_id"]},
-                **_other_arms(params, tracking, arm, dask, listing)}
+        arms = {
+            arm: {**summary, "run_id": result["run_id"]},
+            **_other_arms(params, tracking, arm, dask, listing),
+        }
         result["runs"] = {name: job["run_id"] for name, job in arms.items()}
         result["evaluations"] = _evaluations(tracking, dataset.manifest_uri, arms, dask)
         if tracking.registered_model_name:
-            result["registration"] = _register(params, tracking, result, current_before, arm,
-                                               dask)
+            result["registration"] = _register(params, tracking, result, current_before, arm, dask)
     publish_training(result, tracking.tracking_uri if tracking else None, arm)
     return result
 
 
-def _other_arms(params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor,
-                listing: Listing) -> dict[str, dict[str, Any]]:
+def _other_arms(
+    params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor, listing: Listing
+) -> dict[str, dict[str, Any]]:
     """The natural-mix arm's job summary, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
-        get_run_logger().warning("compare_with_natural_mix: this run already trains on the "
-                                 "natural class mix; there is no other arm to compare with")
+        get_run_logger().warning(
+            "compare_with_natural_mix: this run already trains on the "
+            "natural class mix; there is no other arm to compare with"
+        )
     if not params.compare_with_natural_mix or arm == NATURAL_MIX:
         return {}
     return {NATURAL_MIX: _natural_mix_job(params, tracking, dask, listing)}
 
 
-def _evaluations(tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]],
-                 dask: Executor) -> dict[str, dict[str, Any]]:
+def _evaluations(
+    tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]], dask: Executor
+) -> dict[str, dict[str, Any]]:
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
-    evaluations = {name: tasks.evaluate(job["model_uri"], tracking, manifest_uri, "holdout",
-                                        dask, name, job.get("run_id"),
-                                        run_description(name, job, manifest_uri,
-                                                        flow_run.get_name()))
-                   for name, job in arms.items()}
+    evaluations = {
+        name: tasks.evaluate(
+            job["model_uri"],
+            tracking,
+            manifest_uri,
+            "holdout",
+            dask,
+            name,
+            job.get("run_id"),
+            run_description(name, job, manifest_uri, flow_run.get_name()),
+        )
+        for name, job in arms.items()
+    }
     for name, evaluation in evaluations.items():
         runlog.log_evaluation(name, evaluation)
     return evaluations
 
 
-def _register(params: PipelineParams, tracking: TrackingConfig, result: dict[str, Any],
-              current_before: str | None, arm: str, dask: Executor) -> dict[str, Any]:
+def _register(
+    params: PipelineParams,
+    tracking: TrackingConfig,
+    result: dict[str, Any],
+    current_before: str | None,
+    arm: str,
+    dask: Executor,
+) -> dict[str, Any]:
     """Register the model, described; flows/promotion.py decides its alias on the same
     rows as the champion's (and holds it back on drift against the parent version)."""
-    registration = promote(tracking, params.promotion, dask, result, current_before, arm,
-                           version_description(result, arm, flow_run.get_name()))
+    registration = promote(
+        tracking,
+        params.promotion,
+        dask,
+        result,
+        current_before,
+        arm,
+        version_description(result, arm, flow_run.get_name()),
+    )
     runlog.log_registration(arm, registration)
     return registration
 
 
-def _natural_mix_job(params: PipelineParams, tracking: TrackingConfig, dask: Executor,
-                     listing: Listing) -> dict[str, Any]:
+def _natural_mix_job(
+    params: PipelineParams, tracking: TrackingConfig, dask: Executor, listing: Listing
+) -> dict[str, Any]:
     """Train the same model on the data as it came (same held-out rows: same seed/files);
     the job's summary, with `run_id`."""
-    natural = params.reshard.model_copy(update={
-        "output_root": f"{params.reshard.output_root.rstrip('/')}-natural",
-        "mix": params.reshard.mix.model_copy(update={"class_weighting": "natural"}),
-        "num_output_rows": None})
+    natural = params.reshard.model_copy(
+        update={
+            "output_root": f"{params.reshard.output_root.rstrip('/')}-natural",
+            "mix": params.reshard.mix.model_copy(update={"class_weighting": "natural"}),
+            "num_output_rows": None,
+        }
+    )
     dataset, _ = _reshard(natural, dask, NATURAL_MIX, listing)
     # Its own outputs, checkpoints and run: sharing them, a retry would resume the other job.
     checkpoint_dir = params.train.checkpoint_dir
-    train = params.train.model_copy(update={
-        "output_dir": f"{params.train.output_dir.rstrip('/')}-natural",
-        "checkpoint_dir": f"{checkpoint_dir.rstrip('/')}-natural" if checkpoint_dir else None,
-        "tracking": tracking.model_copy(update={"run_id": None})})
+    train = params.train.model_copy(
+        update={
+            "output_dir": f"{params.train.output_dir.rstrip('/')}-natural",
+            "checkpoint_dir": f"{checkpoint_dir.rstrip('/')}-natural" if checkpoint_dir else None,
+            "tracking": tracking.model_copy(update={"run_id": None}),
+        }
+    )
     return _tracked_job(train, params.job, dataset.manifest_uri, NATURAL_MIX)

@@ -38,33 +38,60 @@ def drift(location: str, parent: str, arm: str) -> DriftReport:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="score-champion[{arm}]", **TRANSIENT_RETRIES)
-def score_champion(tracking: TrackingConfig, name: str, location: str, dask: Executor,
-                   arm: str) -> SameRows | None:
+def score_champion(
+    tracking: TrackingConfig, name: str, location: str, dask: Executor, arm: str
+) -> SameRows | None:
     """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
-    return champion_on_same_rows(tracking.tracking_uri, name, location,
-                                 partial(dask_map, dask, [location]))
+    return champion_on_same_rows(
+        tracking.tracking_uri, name, location, partial(dask_map, dask, [location])
+    )
 
 
 @task(cache_policy=NO_CACHE, task_run_name="register[{arm}]", **TRANSIENT_RETRIES)
-def register(tracking: TrackingConfig, name: str, model_uri: str, evaluation: dict[str, Any],
-             promotion: Promotion, arm: str, description: str = "") -> dict[str, Any]:
+def register(
+    tracking: TrackingConfig,
+    name: str,
+    model_uri: str,
+    evaluation: dict[str, Any],
+    promotion: Promotion,
+    arm: str,
+    description: str = "",
+) -> dict[str, Any]:
     """Register the model (with `description`); tracking/lifecycle/promotion.py decides its alias on
     the same rows."""
-    return register_and_promote(tracking, model_uri, name, evaluation["macro_f1"],
-                                evaluation["beats_class_prior"], promotion, description)
+    return register_and_promote(
+        tracking,
+        model_uri,
+        name,
+        evaluation["macro_f1"],
+        evaluation["beats_class_prior"],
+        promotion,
+        description,
+    )
 
 
 @task(cache_policy=NO_CACHE, task_run_name="record-promotion[{arm}]", **TRANSIENT_RETRIES)
-def record(tracking: TrackingConfig, run_id: str, registration: dict[str, Any],
-           report: DriftReport | None, markdown: str | None, arm: str) -> None:
+def record(
+    tracking: TrackingConfig,
+    run_id: str,
+    registration: dict[str, Any],
+    report: DriftReport | None,
+    markdown: str | None,
+    arm: str,
+) -> None:
     """Scores, rows, reasons and drift metrics on the new model's MLflow run."""
-    log_promotion(tracking, run_id, registration,
-                  report.metrics() if report else {}, markdown)
+    log_promotion(tracking, run_id, registration, report.metrics() if report else {}, markdown)
 
 
-def promote(tracking: TrackingConfig, config: PromotionConfig, dask: Executor,
-            result: Mapping[str, Any], current_before: str | None, arm: str,
-            description: str = "") -> dict[str, Any]:
+def promote(
+    tracking: TrackingConfig,
+    config: PromotionConfig,
+    dask: Executor,
+    result: Mapping[str, Any],
+    current_before: str | None,
+    arm: str,
+    description: str = "",
+) -> dict[str, Any]:
     """Drift, champion on the same rows, registration (with `description`) of the model of
     the pipeline's `result` so far: the registration's summary."""
     name = str(tracking.registered_model_name)
@@ -76,45 +103,69 @@ def promote(tracking: TrackingConfig, config: PromotionConfig, dask: Executor,
     breaches = drift_breaches(report, config) if report else []
     markdown = drift_markdown(report, breaches) if report else None
     if report is not None and markdown is not None:
-        create_markdown_artifact(markdown, key="drift", description=f"dataset version "
-                                 f"{report.version} against its parent {report.parent}")
+        create_markdown_artifact(
+            markdown,
+            key="drift",
+            description=f"dataset version {report.version} against its parent {report.parent}",
+        )
     same_rows = score_champion(tracking, name, location, dask, arm)
-    registration = register(tracking, name, result["training"]["model_uri"], evaluation,
-                            Promotion(same_rows, breaches, config.force), arm, description)
+    registration = register(
+        tracking,
+        name,
+        result["training"]["model_uri"],
+        evaluation,
+        Promotion(same_rows, breaches, config.force),
+        arm,
+        description,
+    )
     record(tracking, run_id, registration, report, markdown, arm)
     log_drift_line(arm, report)
     return {**registration, "drift": drift_summary(report, breaches) if report else None}
 
 
 def drift_summary(report: DriftReport, breaches: list[str]) -> dict[str, Any]:
-    return {"parent": report.parent, "class_psi": report.class_psi,
-            "source_psi": report.source_psi, "rows": report.rows, "breaches": breaches}
+    return {
+        "parent": report.parent,
+        "class_psi": report.class_psi,
+        "source_psi": report.source_psi,
+        "rows": report.rows,
+        "breaches": breaches,
+    }
 
 
 def _share_rows(title: str, changes: list[ShareChange]) -> list[str]:
     lines = [f"| {title} | share before | share after | PSI term |", "|---|---|---|---|"]
-    return lines + [f"| {c.name} | {c.before:.2%} | {c.after:.2%} | {c.term:.4f} |"
-                    for c in changes]
+    return lines + [
+        f"| {c.name} | {c.before:.2%} | {c.after:.2%} | {c.term:.4f} |" for c in changes
+    ]
 
 
 def drift_markdown(report: DriftReport, breaches: list[str]) -> str:
     """The report as Markdown: thresholds passed, classes, sources, features, rows."""
     rows = report.rows
-    lines = [f"# Drift: version {report.version} against {report.parent}", "",
-             *([f"- **held back**: {b}" for b in breaches] or ["- no threshold passed"]),
-             f"- class mix PSI {report.class_psi:.4f}, source mix PSI "
-             f"{report.source_psi:.4f}",
-             f"- input rows {rows['before']} -> {rows['after']} (added {rows['added']}, "
-             f"removed {rows['removed']}); dropped for nulls {rows['dropped_before']} -> "
-             f"{rows['dropped_after']}; rejected files {rows['rejected_files_before']} -> "
-             f"{rows['rejected_files_after']}",
-             *[f"- newly rejected: {path}" for path in report.new_rejected_files[:5]], "",
-             *_share_rows("class", report.classes), "", *_share_rows("source", report.sources),
-             "", "| feature | kind | PSI | null rate before | after | note |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {f.name} | {f.kind} | {'n/a' if f.psi is None else f'{f.psi:.4f}'} | "
-              f"{f.null_rate_before:.2%} | {f.null_rate_after:.2%} | {f.note} |"
-              for f in report.features]
+    lines = [
+        f"# Drift: version {report.version} against {report.parent}",
+        "",
+        *([f"- **held back**: {b}" for b in breaches] or ["- no threshold passed"]),
+        f"- class mix PSI {report.class_psi:.4f}, source mix PSI {report.source_psi:.4f}",
+        f"- input rows {rows['before']} -> {rows['after']} (added {rows['added']}, "
+        f"removed {rows['removed']}); dropped for nulls {rows['dropped_before']} -> "
+        f"{rows['dropped_after']}; rejected files {rows['rejected_files_before']} -> "
+        f"{rows['rejected_files_after']}",
+        *[f"- newly rejected: {path}" for path in report.new_rejected_files[:5]],
+        "",
+        *_share_rows("class", report.classes),
+        "",
+        *_share_rows("source", report.sources),
+        "",
+        "| feature | kind | PSI | null rate before | after | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {f.name} | {f.kind} | {'n/a' if f.psi is None else f'{f.psi:.4f}'} | "
+        f"{f.null_rate_before:.2%} | {f.null_rate_after:.2%} | {f.note} |"
+        for f in report.features
+    ]
     return "\n".join(lines)
 
 
@@ -126,9 +177,11 @@ def promotion_lines(registration: Mapping[str, Any] | None) -> list[str]:
     same = registration.get("same_rows")
     if same is not None:
         champion_score = same["champion_score"]
-        lines.append(f"  same rows ({SameRows(**same).describe()}): challenger macro-F1 "
-                     f"{registration['score']:.4f}, champion v{same['champion_version']} "
-                     f"{'cannot read them' if champion_score is None else f'{champion_score:.4f}'}")
+        lines.append(
+            f"  same rows ({SameRows(**same).describe()}): challenger macro-F1 "
+            f"{registration['score']:.4f}, champion v{same['champion_version']} "
+            f"{'cannot read them' if champion_score is None else f'{champion_score:.4f}'}"
+        )
     lines += [f"  because: {reason}" for reason in registration["reasons"]]
     return lines
 
@@ -137,6 +190,12 @@ def log_drift_line(arm: str, report: DriftReport | None) -> None:
     """The drift against the parent version; the registration's own line (its alias, the
     same rows, the reasons) is flows/runlog.py's `log_registration`."""
     if report is not None:
-        get_run_logger().info("drift[%s]: version %s against %s: class mix PSI %.4f, source "
-                              "mix PSI %.4f, rows %s", arm, report.version, report.parent,
-                              report.class_psi, report.source_psi, report.rows)
+        get_run_logger().info(
+            "drift[%s]: version %s against %s: class mix PSI %.4f, source mix PSI %.4f, rows %s",
+            arm,
+            report.version,
+            report.parent,
+            report.class_psi,
+            report.source_psi,
+            report.rows,
+        )

@@ -34,8 +34,7 @@ def run_spool_dir(training: dict[str, Any]) -> str | None:
 
 def how_to_open_run(result: dict[str, Any], tracking_uri: str) -> str:
     """The run's page on the tracking server, or how to open or send it."""
-    return how_to_open(tracking_uri, result["run_id"],
-                       run_spool_dir(result.get("training") or {}))
+    return how_to_open(tracking_uri, result["run_id"], run_spool_dir(result.get("training") or {}))
 
 
 def publish_dataset(manifest: Manifest, arm: str) -> None:
@@ -44,44 +43,69 @@ def publish_dataset(manifest: Manifest, arm: str) -> None:
     both arms' versions side by side."""
     after = class_rows_after(manifest)
     create_table_artifact(
-        [{"class": str(label), "input rows": manifest.input_class_counts.get(str(label), 0),
-          "training rows": after.get(str(label), 0)} for label in manifest.classes],
-        key=f"{arm}-class-mix", description=f"dataset version {manifest.version_id} "
-        f"({arm}): rows per class in the input and in the training split")
+        [
+            {
+                "class": str(label),
+                "input rows": manifest.input_class_counts.get(str(label), 0),
+                "training rows": after.get(str(label), 0),
+            }
+            for label in manifest.classes
+        ],
+        key=f"{arm}-class-mix",
+        description=f"dataset version {manifest.version_id} "
+        f"({arm}): rows per class in the input and in the training split",
+    )
     sources: dict[str, int] = {}
     for shard in manifest.split("train").shards:
         for source, rows in shard.source_counts.items():
             sources[source] = sources.get(source, 0) + rows
     create_table_artifact(
-        [{"source": source, "input rows": manifest.input_source_counts.get(source, 0),
-          "training rows": sources.get(source, 0)} for source in sorted(sources)],
-        key=f"{arm}-source-mix", description=f"dataset version {manifest.version_id} "
-        f"({arm}): rows per source in the input and in the training split")
+        [
+            {
+                "source": source,
+                "input rows": manifest.input_source_counts.get(source, 0),
+                "training rows": sources.get(source, 0),
+            }
+            for source in sorted(sources)
+        ],
+        key=f"{arm}-source-mix",
+        description=f"dataset version {manifest.version_id} "
+        f"({arm}): rows per source in the input and in the training split",
+    )
     create_table_artifact(
-        [{"split": name, "shards": len(split.shards),
-          "min rows": min(s.num_rows for s in split.shards),
-          "max rows": max(s.num_rows for s in split.shards)}
-         for name, split in manifest.splits.items()],
-        key=f"{arm}-shard-balance", description=f"dataset version {manifest.version_id} "
-        f"({arm}): shards and the fewest and most rows in one, per split")
-    create_markdown_artifact(increment_summary(manifest), key=f"{arm}-increment",
-                             description=f"dataset version {manifest.version_id}: files read "
-                             "and skipped, shards reused from its parent")
+        [
+            {
+                "split": name,
+                "shards": len(split.shards),
+                "min rows": min(s.num_rows for s in split.shards),
+                "max rows": max(s.num_rows for s in split.shards),
+            }
+            for name, split in manifest.splits.items()
+        ],
+        key=f"{arm}-shard-balance",
+        description=f"dataset version {manifest.version_id} "
+        f"({arm}): shards and the fewest and most rows in one, per split",
+    )
+    create_markdown_artifact(
+        increment_summary(manifest),
+        key=f"{arm}-increment",
+        description=f"dataset version {manifest.version_id}: files read "
+        "and skipped, shards reused from its parent",
+    )
 
 
 def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     """A Markdown table: one column per arm, one row per figure, on the same held-out rows."""
     arms = list(evaluations)
     num_rows = next(iter(evaluations.values()))["num_rows"]
-    lines = [f"| held-out ({num_rows} rows) | {' | '.join(arms)} |",
-             f"|---|{'---|' * len(arms)}"]
+    lines = [f"| held-out ({num_rows} rows) | {' | '.join(arms)} |", f"|---|{'---|' * len(arms)}"]
     by_arm = {arm: figures(evaluation) for arm, evaluation in evaluations.items()}
     for name in FIGURE_NAMES:
-        lines.append(f"| {name} | "
-                     f"{' | '.join(_cell(by_arm[arm][name]) for arm in arms)} |")
+        lines.append(f"| {name} | {' | '.join(_cell(by_arm[arm][name]) for arm in arms)} |")
     worst = [worst_class(evaluation) for evaluation in evaluations.values()]
-    lines.append(f"| worst class | "
-                 f"{' | '.join(markdown_text(w[0]) if w else 'n/a' for w in worst)} |")
+    lines.append(
+        f"| worst class | {' | '.join(markdown_text(w[0]) if w else 'n/a' for w in worst)} |"
+    )
     if len(arms) > 1:
         lines += ["", same_rows_line(evaluations)]
     return lines
@@ -90,10 +114,12 @@ def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
 def same_rows_line(evaluations: dict[str, dict[str, Any]]) -> str:
     """Why the arms' figures compare: one set of held-out rows for all of them."""
     first = next(iter(evaluations.values()))
-    return (f"All arms are scored on the same {first['num_rows']} held-out rows, those of "
-            f"version {first['dataset_version']}: the natural-mix version is cut from the "
-            "same input files with the same seed, so it holds out the same rows, and one "
-            "set of rows makes the figures differ by the model alone.")
+    return (
+        f"All arms are scored on the same {first['num_rows']} held-out rows, those of "
+        f"version {first['dataset_version']}: the natural-mix version is cut from the "
+        "same input files with the same seed, so it holds out the same rows, and one "
+        "set of rows makes the figures differ by the model alone."
+    )
 
 
 def version_description(result: dict[str, Any], arm: str, flow_run_name: str | None) -> str:
@@ -101,12 +127,14 @@ def version_description(result: dict[str, Any], arm: str, flow_run_name: str | N
     evaluation = result["evaluations"][arm]
     scores = ", ".join(f"{name} {_cell(value)}" for name, value in figures(evaluation).items())
     baseline = evaluation["class_prior_baseline"]
-    return (f"Arm `{arm}` of flow run `{flow_run_name}`, trained on dataset version "
-            f"{result['version_id']} (MLflow run {result['run_id']}). Held-out "
-            f"({evaluation['num_rows']} rows of version {evaluation['dataset_version']}): "
-            f"{scores}; the class-prior baseline on the same rows: macro-F1 "
-            f"{_cell(baseline['macro_f1'])}, balanced accuracy "
-            f"{_cell(baseline['balanced_accuracy'])}.")
+    return (
+        f"Arm `{arm}` of flow run `{flow_run_name}`, trained on dataset version "
+        f"{result['version_id']} (MLflow run {result['run_id']}). Held-out "
+        f"({evaluation['num_rows']} rows of version {evaluation['dataset_version']}): "
+        f"{scores}; the class-prior baseline on the same rows: macro-F1 "
+        f"{_cell(baseline['macro_f1'])}, balanced accuracy "
+        f"{_cell(baseline['balanced_accuracy'])}."
+    )
 
 
 def _cell(value: float | None) -> str:
@@ -123,9 +151,11 @@ def markdown_text(value: object) -> str:
 def _description(result: dict[str, Any]) -> str:
     arms = " and ".join(result.get("evaluations") or {}) or "no held-out evaluation"
     version = result.get("version_id") or result["training"].get("manifest_uri")
-    return (f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
-            f"and worst-class recall ({arms}), the registration and the MLflow "
-            f"{'runs' if len(result.get('runs') or {}) > 1 else 'run'}")
+    return (
+        f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
+        f"and worst-class recall ({arms}), the registration and the MLflow "
+        f"{'runs' if len(result.get('runs') or {}) > 1 else 'run'}"
+    )
 
 
 def increment_summary(manifest: Manifest) -> str:
@@ -135,16 +165,20 @@ def increment_summary(manifest: Manifest) -> str:
     own = manifest.deltas[-1]
     listed_bytes = sum(record.num_bytes for record in manifest.inputs)
     reused = sum(entry.version is not None for entry in manifest.split("train").shards)
-    return "\n".join([
-        f"# Dataset version {manifest.version_id}", "",
-        f"- parent: {manifest.parent_version or 'none (a full reshard)'}; chain of "
-        f"{count(len(manifest.deltas), 'version')}",
-        f"- input files: {own.num_files} read (new), "
-        f"{len(manifest.inputs) - own.num_files} skipped of {len(manifest.inputs)}",
-        f"- input bytes: {own.num_bytes} read, {listed_bytes - own.num_bytes} skipped",
-        f"- training rows added: {own.added_rows()} of {manifest.split('train').num_rows}",
-        f"- training shards: {reused} reused from earlier versions, "
-        f"{len(manifest.split('train').shards) - reused} written"])
+    return "\n".join(
+        [
+            f"# Dataset version {manifest.version_id}",
+            "",
+            f"- parent: {manifest.parent_version or 'none (a full reshard)'}; chain of "
+            f"{count(len(manifest.deltas), 'version')}",
+            f"- input files: {own.num_files} read (new), "
+            f"{len(manifest.inputs) - own.num_files} skipped of {len(manifest.inputs)}",
+            f"- input bytes: {own.num_bytes} read, {listed_bytes - own.num_bytes} skipped",
+            f"- training rows added: {own.added_rows()} of {manifest.split('train').num_rows}",
+            f"- training shards: {reused} reused from earlier versions, "
+            f"{len(manifest.split('train').shards) - reused} written",
+        ]
+    )
 
 
 def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = None) -> str:
@@ -158,42 +192,54 @@ def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = N
         return f"- {label}: [{run_id}]({url})"
     if is_local_run(run_id):
         return f"- {label} {run_id}: {how_to_open_run({**result, 'run_id': run_id}, tracking_uri)}"
-    return (f"- {label} {run_id}: no server to link to; open a UI on the store with "
-            f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`")
+    return (
+        f"- {label} {run_id}: no server to link to; open a UI on the store with "
+        f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`"
+    )
 
 
-def run_description(arm: str, job: dict[str, Any], holdout_uri: str,
-                    flow_run_name: str | None) -> str:
+def run_description(
+    arm: str, job: dict[str, Any], holdout_uri: str, flow_run_name: str | None
+) -> str:
     """An arm's MLflow run description: which flow run, which version it trained on, and
     which rows its `holdout_*` metrics are of (the same for every arm)."""
     trained, _ = read_manifest(job["manifest_uri"])
     held, _ = read_manifest(holdout_uri)
-    return (f"Arm `{arm}` of flow run `{flow_run_name}`: trained on dataset version "
-            f"{trained.version_id} ({trained.config['mix']['class_weighting']} class mix). "
-            f"Its `holdout_*` metrics are on the {held.split('holdout').num_rows} held-out "
-            f"rows of version {held.version_id}, the same rows for every arm of the run.")
+    return (
+        f"Arm `{arm}` of flow run `{flow_run_name}`: trained on dataset version "
+        f"{trained.version_id} ({trained.config['mix']['class_weighting']} class mix). "
+        f"Its `holdout_*` metrics are on the {held.split('holdout').num_rows} held-out "
+        f"rows of version {held.version_id}, the same rows for every arm of the run."
+    )
 
 
-def publish_training(result: dict[str, Any], tracking_uri: str | None,
-                     arm: str | None = None) -> None:
+def publish_training(
+    result: dict[str, Any], tracking_uri: str | None, arm: str | None = None
+) -> None:
     """Markdown: figures of `arm`'s job, both arms side by side, registration and the
     runs' links."""
     training = result["training"]
     job = f" ({arm})" if arm else ""
-    lines = ["# Training summary", "",
-             f"- training job{job}: {count(training['world_size'], 'rank')}, "
-             f"{count(training.get('epochs'), 'epoch')}, batches per rank "
-             f"{training['batches_per_rank']}; validation macro-F1 "
-             f"{_cell(training.get('val_macro_f1'))}"]
+    lines = [
+        "# Training summary",
+        "",
+        f"- training job{job}: {count(training['world_size'], 'rank')}, "
+        f"{count(training.get('epochs'), 'epoch')}, batches per rank "
+        f"{training['batches_per_rank']}; validation macro-F1 "
+        f"{_cell(training.get('val_macro_f1'))}",
+    ]
     if result.get("evaluations"):
         lines += ["", *comparison_lines(result["evaluations"]), ""]
     if result.get("registration"):
         registration = result["registration"]
-        lines.append(f"- registered {registration['name']} v{registration['version']} as "
-                     f"`{registration['alias']}`")
+        lines.append(
+            f"- registered {registration['name']} v{registration['version']} as "
+            f"`{registration['alias']}`"
+        )
         lines += [f"  -{line[1:]}" for line in promotion_lines(registration)]
     if result.get("run_id") and tracking_uri:
         arms: list[str | None] = list(result.get("runs") or [None])
         lines += [run_link_line(result, tracking_uri, arm) for arm in arms]
-    create_markdown_artifact("\n".join(lines), key="training-summary",
-                             description=_description(result))
+    create_markdown_artifact(
+        "\n".join(lines), key="training-summary", description=_description(result)
+    )

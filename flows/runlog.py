@@ -34,28 +34,45 @@ def _number(value: float | None) -> str:
 
 
 def log_reshard_start(arm: str, version_id: str, inputs: list[str], mix: str) -> None:
-    get_run_logger().info("reshard[%s]: dataset version %s from %s (%s class mix)",
-                          arm, version_id, ", ".join(inputs), mix)
+    get_run_logger().info(
+        "reshard[%s]: dataset version %s from %s (%s class mix)",
+        arm,
+        version_id,
+        ", ".join(inputs),
+        mix,
+    )
 
 
 def log_dataset(arm: str, manifest: Manifest, reused: bool, cached: bool) -> None:
     """Rows in and out, shards per split and every rejected input file (with its reason)."""
     logger = get_run_logger()
     how = " (cached: no resharding)" if cached else " (reused)" if reused else ""
-    splits = "; ".join(f"{name} {split.num_rows} rows in {len(split.shards)} shards of "
-                       f"{min(s.num_rows for s in split.shards)}.."
-                       f"{max(s.num_rows for s in split.shards)}"
-                       for name, split in manifest.splits.items())
+    splits = "; ".join(
+        f"{name} {split.num_rows} rows in {len(split.shards)} shards of "
+        f"{min(s.num_rows for s in split.shards)}.."
+        f"{max(s.num_rows for s in split.shards)}"
+        for name, split in manifest.splits.items()
+    )
     rows_out = sum(split.num_rows for split in manifest.splits.values())
-    logger.info("reshard[%s]: dataset version %s%s: %d rows in -> %d rows out (%s); "
-                "%d rejected input files", arm, manifest.version_id, how,
-                sum(manifest.input_class_counts.values()), rows_out, splits,
-                len(manifest.rejected))
+    logger.info(
+        "reshard[%s]: dataset version %s%s: %d rows in -> %d rows out (%s); "
+        "%d rejected input files",
+        arm,
+        manifest.version_id,
+        how,
+        sum(manifest.input_class_counts.values()),
+        rows_out,
+        splits,
+        len(manifest.rejected),
+    )
     for rejected in manifest.rejected[:MAX_REJECTED_LINES]:
         logger.warning("reshard[%s]: rejected %s: %s", arm, rejected.path, rejected.reason)
     if len(manifest.rejected) > MAX_REJECTED_LINES:
-        logger.warning("reshard[%s]: %d more rejected files are listed in the manifest",
-                       arm, len(manifest.rejected) - MAX_REJECTED_LINES)
+        logger.warning(
+            "reshard[%s]: %d more rejected files are listed in the manifest",
+            arm,
+            len(manifest.rejected) - MAX_REJECTED_LINES,
+        )
     for line in unlabelled_lines(manifest):
         logger.info("reshard[%s]: %s", arm, line.strip())
     for line in identifying_lines(manifest):
@@ -67,11 +84,16 @@ def log_training(arm: str, summary: dict[str, Any]) -> None:
     attempts = summary.get("attempts") or []
     get_run_logger().info(
         "train[%s]: %s on %s ranks, batches per rank %s, %s; validation "
-        "macro-F1 %s, validation loss %s; MLflow run %s", arm,
-        count(summary.get("epochs"), "epoch"), summary.get("world_size"),
-        summary.get("batches_per_rank"), count(len(attempts), "attempt"),
-        _number(summary.get("val_macro_f1")), _number(summary.get("val_loss")),
-        summary.get("run_id") or "none (tracking off)")
+        "macro-F1 %s, validation loss %s; MLflow run %s",
+        arm,
+        count(summary.get("epochs"), "epoch"),
+        summary.get("world_size"),
+        summary.get("batches_per_rank"),
+        count(len(attempts), "attempt"),
+        _number(summary.get("val_macro_f1")),
+        _number(summary.get("val_loss")),
+        summary.get("run_id") or "none (tracking off)",
+    )
     if (ranks := straggler_line(summary)) is not None:
         get_run_logger().info("train[%s]: %s", arm, ranks)
     for line in balance_lines(summary):
@@ -93,11 +115,15 @@ def straggler_line(summary: dict[str, Any]) -> str | None:
         return None
     per_step = ", ".join(
         f"rank {rank} {step * 1000:.1f} ms ({blocked * 1000:.1f} ms blocked in all-reduce)"
-        for rank, (step, blocked) in enumerate(zip(
-            summary["step_s_per_rank"], summary["allreduce_blocked_s_per_rank"], strict=True)))
-    return (f"slowest rank {found['rank']}, {found['slowdown_vs_median']:.2f}x the median "
-            f"rank's busy time; the job loses {found['lost_share']:.1%} of each step waiting "
-            f"for it; step time per rank: {per_step}")
+        for rank, (step, blocked) in enumerate(
+            zip(summary["step_s_per_rank"], summary["allreduce_blocked_s_per_rank"], strict=True)
+        )
+    )
+    return (
+        f"slowest rank {found['rank']}, {found['slowdown_vs_median']:.2f}x the median "
+        f"rank's busy time; the job loses {found['lost_share']:.1%} of each step waiting "
+        f"for it; step time per rank: {per_step}"
+    )
 
 
 def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
@@ -105,9 +131,14 @@ def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
     worst = worst_class(evaluation)
     get_run_logger().info(
         "evaluate[%s]: %d held-out rows of version %s: macro-F1 %s, balanced accuracy %s, "
-        "worst-class recall %s", arm, evaluation["num_rows"], evaluation["dataset_version"],
-        _number(evaluation["macro_f1"]), _number(evaluation["balanced_accuracy"]),
-        f"{worst[1]:.4f} ({worst[0]})" if worst else "n/a")
+        "worst-class recall %s",
+        arm,
+        evaluation["num_rows"],
+        evaluation["dataset_version"],
+        _number(evaluation["macro_f1"]),
+        _number(evaluation["balanced_accuracy"]),
+        f"{worst[1]:.4f} ({worst[0]})" if worst else "n/a",
+    )
 
 
 def log_registration(arm: str, registration: dict[str, Any]) -> None:
@@ -118,9 +149,11 @@ def registration_line(arm: str, registration: dict[str, Any]) -> str:
     """One line per registration: the version, its alias and held-out score, and why: the
     champion's score on the same rows and every reason of the decision (flows/promotion.py)."""
     details = "; ".join(line.strip() for line in promotion_lines(registration))
-    return (f"register[{arm}]: {registration['name']} v{registration['version']} is "
-            f"`{registration['alias']}` (held-out macro-F1 {registration['score']:.4f}); "
-            f"{details or _versus(registration)}")
+    return (
+        f"register[{arm}]: {registration['name']} v{registration['version']} is "
+        f"`{registration['alias']}` (held-out macro-F1 {registration['score']:.4f}); "
+        f"{details or _versus(registration)}"
+    )
 
 
 def _versus(registration: dict[str, Any]) -> str:
@@ -134,5 +167,9 @@ def _versus(registration: dict[str, Any]) -> str:
 
 
 def log_predictions(output: dict[str, Any]) -> None:
-    get_run_logger().info("predict: %d predictions committed as version %s at %s",
-                          output["num_rows"], output["version_id"], output["manifest_uri"])
+    get_run_logger().info(
+        "predict: %d predictions committed as version %s at %s",
+        output["num_rows"],
+        output["version_id"],
+        output["manifest_uri"],
+    )

@@ -38,7 +38,8 @@ def serve_deployments(work_dir: str | Path) -> str:
             "another tool: serving it moves its runs off its work pool, and stopping the "
             "serve pauses it and deletes its scheduled runs. Leave those schedules to the "
             "pool's worker, delete the deployments first (`prefect deployment delete "
-            "NAME`), or serve against another Prefect server (PREFECT_API_URL)")
+            "NAME`), or serve against another Prefect server (PREFECT_API_URL)"
+        )
     serve(*deployments)  # returns once interrupted
     return serve_stopped_message(deployments)
 
@@ -64,6 +65,8 @@ def serve_stopped_message(deployments: list[RunnerDeployment]) -> str:
     removes their scheduled runs (docs/architecture.md M16), so nothing runs until served
     again or resumed."""
     names = ", ".join(deployment.full_name for deployment in deployments)
-    return (f"ballast serve stopped: paused the deployments it served ({names}) and removed "
-            "their scheduled runs; nothing runs on their schedules until `ballast serve` "
-            "runs again.")
+    return (
+        f"ballast serve stopped: paused the deployments it served ({names}) and removed "
+        "their scheduled runs; nothing runs on their schedules until `ballast serve` "
+        "runs again."
+    )

@@ -53,8 +53,11 @@ def is_transient(_: Any, __: Any, state: State[Any]) -> bool:
 
 # Tasks with no retry inside (MLflow's registry, an evaluation's reads) retry a transient
 # failure twice; a permanent or config error fails once.
-TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5,
-                                     "retry_condition_fn": is_transient}
+TRANSIENT_RETRIES: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay_seconds": 5,
+    "retry_condition_fn": is_transient,
+}
 
 
 @contextmanager
@@ -63,6 +66,7 @@ def dask_map(dask: Executor, storage: list[str]) -> Iterator[Mapper]:
     here that can read `storage`): what tracking/lifecycle/scoring.py scores a large split
     through."""
     with dask_client(dask, storage=storage) as client:
+
         def mapper(function: Any, uris: list[Any]) -> list[Any]:
             return list(client.gather(client.map(function, uris, pure=False)))
 
@@ -74,16 +78,26 @@ def _version_key(_: Any, parameters: dict[str, Any]) -> str:
     return f"reshard-{parameters['version_id']}"
 
 
-@task(cache_key_fn=_version_key, persist_result=True, cache_expiration=timedelta(days=30),
-      task_run_name="reshard[{arm}]")
-def reshard(config: ReshardConfig, dask: Executor, version_id: str,
-            arm: str, plan: VersionPlan | None = None) -> DatasetVersion:
+@task(
+    cache_key_fn=_version_key,
+    persist_result=True,
+    cache_expiration=timedelta(days=30),
+    task_run_name="reshard[{arm}]",
+)
+def reshard(
+    config: ReshardConfig,
+    dask: Executor,
+    version_id: str,
+    arm: str,
+    plan: VersionPlan | None = None,
+) -> DatasetVersion:
     """Make the dataset version (a cache hit on its version id skips it entirely). Not
     retried as a task: every read inside is, under `config.retry`.
     `plan` is the caller's `plan_version(config)` and `version_id` its id (the cache key):
     listing a large input is not free, and the version is planned once per run."""
     progress_id = create_progress_artifact(
-        0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write")
+        0.0, description=f"reshard[{arm}] of version {version_id}: scan, exchange, write"
+    )
     stages = {"scan": 0, "exchange": 1, "write": 2}
 
     reporting = [True]
@@ -93,12 +107,12 @@ def reshard(config: ReshardConfig, dask: Executor, version_id: str,
         # (its commit is what a rerun reuses), so the first failed update ends reporting.
         try:
             if reporting[0]:
-                update_progress_artifact(cast(UUID, progress_id),
-                                         100 * (stages[stage] + done / total) / 3)
+                update_progress_artifact(
+                    cast(UUID, progress_id), 100 * (stages[stage] + done / total) / 3
+                )
         except Exception as error:
             reporting[0] = False
-            print(redact(f"reshard progress no longer reported (the Prefect API failed: "
-                         f"{error})"))
+            print(redact(f"reshard progress no longer reported (the Prefect API failed: {error})"))
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report, plan=plan)
@@ -114,24 +128,38 @@ def train(config: TrainConfig, job: AnyJob, arm: str = "adhoc") -> dict[str, Any
 
 
 @task(cache_policy=NO_CACHE, task_run_name="close-run[{arm}]")
-def close_run(tracking: TrackingConfig, run_id: str, summary: dict[str, Any],
-              manifest_uri: str, checkpoint_uri: str, arm: str) -> None:
+def close_run(
+    tracking: TrackingConfig,
+    run_id: str,
+    summary: dict[str, Any],
+    manifest_uri: str,
+    checkpoint_uri: str,
+    arm: str,
+) -> None:
     """Attach the summary, plots and checkpoints to the run and mark it finished."""
     manifest, _ = read_manifest(manifest_uri)
     finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
-def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
-             dask: Executor, arm: str, run_id: str | None = None,
-             description: str = "") -> dict[str, Any]:
+def evaluate(
+    model_uri: str,
+    tracking: TrackingConfig,
+    dataset: str,
+    split: str,
+    dask: Executor,
+    arm: str,
+    run_id: str | None = None,
+    description: str = "",
+) -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
     split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
     if given, with `description` as that run's description. Scored here or one task per
     shard on Dask (the flow's cluster, or one started for it), as
     tracking/lifecycle/scoring.py `on_cluster` chooses."""
-    evaluation = scoring.evaluate(model_uri, tracking.tracking_uri, dataset, split,
-                                  partial(dask_map, dask, [dataset]))
+    evaluation = scoring.evaluate(
+        model_uri, tracking.tracking_uri, dataset, split, partial(dask_map, dask, [dataset])
+    )
     if run_id is not None:
         log_holdout(tracking, run_id, evaluation)
         if description:
@@ -140,17 +168,30 @@ def evaluate(model_uri: str, tracking: TrackingConfig, dataset: str, split: str,
 
 
 @task(cache_policy=NO_CACHE)
-def predict(inputs: list[str], model_uri: str, tracking: TrackingConfig, id_column: str,
-            output_root: str, dask: Executor) -> dict[str, Any]:
+def predict(
+    inputs: list[str],
+    model_uri: str,
+    tracking: TrackingConfig,
+    id_column: str,
+    output_root: str,
+    dask: Executor,
+) -> dict[str, Any]:
     """Map the model over the inputs on Dask; commit the predictions as a version. Not
     retried as a task: each file's map is, inside `map_to_version`."""
-    transform = partial(predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri,
-                        id_column=id_column)
-    spec = OutputSpec(id_column=id_column, label_column="predicted",
-                      feature_columns=["probabilities"], classes=[],
-                      config={"model_uri": model_uri, "inputs": inputs})
+    transform = partial(
+        predict_table, model_uri=model_uri, tracking_uri=tracking.tracking_uri, id_column=id_column
+    )
+    spec = OutputSpec(
+        id_column=id_column,
+        label_column="predicted",
+        feature_columns=["probabilities"],
+        classes=[],
+        config={"model_uri": model_uri, "inputs": inputs},
+    )
     with dask_client(dask) as client:
         manifest, location = map_to_version(inputs, transform, output_root, spec, client)
-    return {"manifest_uri": location, "version_id": manifest.version_id,
-            "num_rows": manifest.split("predictions").num_rows}
-
+    return {
+        "manifest_uri": location,
+        "version_id": manifest.version_id,
+        "num_rows": manifest.split("predictions").num_rows,
+    }

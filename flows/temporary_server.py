@@ -45,17 +45,26 @@ def start_temporary_server() -> None:
     started, server = time.monotonic(), SubprocessASGIServer()
     for attempt in range(1, ATTEMPTS + 1):
         if _attempt(server, timeout_s, attempt):
-            logger.info("temporary Prefect server up after %.1f s (attempt %d of %d)",
-                        time.monotonic() - started, attempt, ATTEMPTS)
+            logger.info(
+                "temporary Prefect server up after %.1f s (attempt %d of %d)",
+                time.monotonic() - started,
+                attempt,
+                ATTEMPTS,
+            )
             return
-        logger.info("temporary Prefect server not up after %.1f s (attempt %d of %d)",
-                    time.monotonic() - started, attempt, ATTEMPTS)
+        logger.info(
+            "temporary Prefect server not up after %.1f s (attempt %d of %d)",
+            time.monotonic() - started,
+            attempt,
+            ATTEMPTS,
+        )
     server.stop()
     raise TemporaryServerFailed(
         f"Prefect's temporary API server did not start within {timeout_s} s, {ATTEMPTS} "
         "times (a busy machine?): start a server once (`prefect server start`) and export "
         "PREFECT_API_URL=http://127.0.0.1:4200/api, or raise "
-        f"{TIMEOUT_VARIABLE}")
+        f"{TIMEOUT_VARIABLE}"
+    )
 
 
 def _attempt(server: Any, timeout_s: int, attempt: int) -> bool:

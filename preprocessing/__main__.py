@@ -33,11 +33,15 @@ from preprocessing.toolbox.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preprocessing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocessing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True, help="YAML file of a ReshardConfig")
-    parser.add_argument("--compact", action="store_true",
-                        help="a full reshard into one flat version (mode: full)")
+    parser.add_argument(
+        "--compact", action="store_true", help="a full reshard into one flat version (mode: full)"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", help="address of a running Dask scheduler")
     where.add_argument("--dask", help="YAML file of a DaskConfig (kind, address, options)")

@@ -23,9 +23,13 @@ OUTPUT_NEUTRAL: dict[str, Any] = {"output_neutral": True}
 
 def output_neutral_fields(model: type[BaseModel]) -> frozenset[str]:
     """The fields of `model` marked OUTPUT_NEUTRAL."""
-    return frozenset(name for name, field in model.model_fields.items()
-                     if isinstance(field.json_schema_extra, dict)
-                     and field.json_schema_extra.get("output_neutral") is True)
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if isinstance(field.json_schema_extra, dict)
+        and field.json_schema_extra.get("output_neutral") is True
+    )
+
 
 # Dataset settings added after versions were committed, with the value that makes the content
 # those versions have: hashed only when set otherwise, so an unchanged config keeps its
@@ -33,7 +37,9 @@ def output_neutral_fields(model: type[BaseModel]) -> frozenset[str]:
 # `unlabelled: drop` keeps every row of a file without null labels, the only files that
 # committed before it (null labels were refused).
 SETTINGS_ADDED_LATER: dict[str, Any] = {
-    "unlabelled": "drop", "date_columns": [], "on_identifying_feature": "warn",
+    "unlabelled": "drop",
+    "date_columns": [],
+    "on_identifying_feature": "warn",
 }
 
 
@@ -41,8 +47,11 @@ def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` (a dump of ReshardConfig's output fields, or a manifest's record of them)
     without the SETTINGS_ADDED_LATER that hold their earlier value: what ids and the
     comparison with a parent's settings see."""
-    dataset = {name: value for name, value in settings.get("dataset", {}).items()
-               if SETTINGS_ADDED_LATER.get(name, object()) != value}
+    dataset = {
+        name: value
+        for name, value in settings.get("dataset", {}).items()
+        if SETTINGS_ADDED_LATER.get(name, object()) != value
+    }
     return {**settings, "dataset": dataset} if "dataset" in settings else settings
 
 
@@ -61,60 +70,89 @@ class DatasetSpec(BaseModel):
         "source", description="The source of each row; None takes the input root as the source."
     )
     id_column: str | None = Field(
-        None, description="A unique integer row id, carried to every output row; None (the "
+        None,
+        description="A unique integer row id, carried to every output row; None (the "
         "default): ballast derives one from each file's path relative to its input root and "
         "the row's index in the file (preprocessing/plan/row_ids.py), written as the column "
-        "`__ballast_row_id`.")
+        "`__ballast_row_id`.",
+    )
     feature_columns: list[str] = Field(
-        default_factory=lambda: ["features"], description="Columns the model reads: numbers, "
+        default_factory=lambda: ["features"],
+        description="Columns the model reads: numbers, "
         "booleans, timestamps and dates, fixed-size or variable-length lists of numbers, "
-        "strings (categories); preprocessing/contract/codec.py says how each is encoded."
+        "strings (categories); preprocessing/contract/codec.py says how each is encoded.",
     )
     nulls: dict[str, NullPolicy] = Field(
-        default_factory=dict, description="Null policy per feature column: `error` (the "
+        default_factory=dict,
+        description="Null policy per feature column: `error` (the "
         "default: the scan fails naming the column), `drop_row`, `fill_zero`, `fill_mean` "
-        "(the scan's mean) or `indicator` (fill_mean plus a 0/1 is-null feature).")
+        "(the scan's mean) or `indicator` (fill_mean plus a 0/1 is-null feature).",
+    )
     standardize: bool = Field(
-        True, description="Standardize numeric and temporal features by the scan's mean and "
-        "standard deviation (stored in the manifest).")
+        True,
+        description="Standardize numeric and temporal features by the scan's mean and "
+        "standard deviation (stored in the manifest).",
+    )
     max_categories: int = Field(
-        1_000, gt=0, description="Most distinct values a string feature may hold; more fail "
-        "the scan unless `category_buckets` is set.")
+        1_000,
+        gt=0,
+        description="Most distinct values a string feature may hold; more fail "
+        "the scan unless `category_buckets` is set.",
+    )
     category_buckets: int | None = Field(
-        None, gt=0, description="If set, a string feature with more than `max_categories` "
-        "distinct values is hashed into this many buckets instead of failing the scan.")
+        None,
+        gt=0,
+        description="If set, a string feature with more than `max_categories` "
+        "distinct values is hashed into this many buckets instead of failing the scan.",
+    )
     sequence_length: int | None = Field(
-        None, gt=0, description="Length that variable-length list features are padded or "
-        "truncated to (with a mask); None: the longest list the scan finds.")
+        None,
+        gt=0,
+        description="Length that variable-length list features are padded or "
+        "truncated to (with a mask); None: the longest list the scan finds.",
+    )
     unlabelled: Literal["drop", "refuse"] = Field(
-        "drop", description="Rows whose label is null (or NaN): `drop` (the default: "
+        "drop",
+        description="Rows whose label is null (or NaN): `drop` (the default: "
         "unlabelled rows are normal in real data, and a file is not bad for holding some) "
         "leaves them out of the version and counts them per file (the manifest's "
         "`features.unlabelled_rows`, the run log, the summary); `refuse` rejects every file "
-        "that holds one, naming its first such row.")
+        "that holds one, naming its first such row.",
+    )
     date_columns: list[str] = Field(
-        default_factory=list, description="String feature columns that hold ISO 8601 dates "
+        default_factory=list,
+        description="String feature columns that hold ISO 8601 dates "
         "or timestamps (`2024-03-01`, `2024-03-01T12:30:00Z`): encoded as temporal features "
-        "(seconds since the epoch, standardized), not as categories.")
+        "(seconds since the epoch, standardized), not as categories.",
+    )
     on_identifying_feature: Literal["warn", "refuse"] = Field(
-        "warn", description="A string or integer feature column whose distinct values "
+        "warn",
+        description="A string or integer feature column whose distinct values "
         "approach its row count identifies rows (a key, not a feature: a model memorises "
-        "it): `warn` names it in the run log and the summary, `refuse` fails the scan.")
+        "it): `warn` names it in the run log and the summary, `refuse` fails the scan.",
+    )
     max_classes: int = Field(
-        1_000, gt=1, description="Most distinct label values; more fail the scan (a float "
-        "label with many values is a regression target, not classes).")
+        1_000,
+        gt=1,
+        description="Most distinct label values; more fail the scan (a float "
+        "label with many values is a regression target, not classes).",
+    )
 
     @model_validator(mode="after")
     def _null_policies_name_feature_columns(self) -> DatasetSpec:
         unknown = sorted(set(self.nulls) - set(self.feature_columns))
         if unknown:
-            raise ValueError(f"dataset.nulls names {unknown}, which are not feature columns "
-                             f"(dataset.feature_columns: {self.feature_columns})")
+            raise ValueError(
+                f"dataset.nulls names {unknown}, which are not feature columns "
+                f"(dataset.feature_columns: {self.feature_columns})"
+            )
         not_features = sorted(set(self.date_columns) - set(self.feature_columns))
         if not_features:
-            raise ValueError(f"dataset.date_columns names {not_features}, which are not "
-                             f"feature columns (dataset.feature_columns: "
-                             f"{self.feature_columns})")
+            raise ValueError(
+                f"dataset.date_columns names {not_features}, which are not "
+                f"feature columns (dataset.feature_columns: "
+                f"{self.feature_columns})"
+            )
         return self
 
 
@@ -158,16 +196,25 @@ class IncrementalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     on_changed_inputs: Literal["refuse", "rebuild"] = Field(
-        "refuse", description="When an input of the current version was "
+        "refuse",
+        description="When an input of the current version was "
         "rewritten or removed (or the settings or ballast's version differ), `refuse` fails "
-        "naming them, `rebuild` makes a full version instead.")
+        "naming them, `rebuild` makes a full version instead.",
+    )
     max_chain_length: int = Field(
-        16, ge=1, description="Most versions in a chain, its flat base "
-        "included; a run that would make a longer one compacts (a full reshard) instead.")
+        16,
+        ge=1,
+        description="Most versions in a chain, its flat base "
+        "included; a run that would make a longer one compacts (a full reshard) instead.",
+    )
     max_small_shard_fraction: float = Field(
-        0.25, ge=0, le=1, description="When more than this fraction of "
+        0.25,
+        ge=0,
+        le=1,
+        description="When more than this fraction of "
         "the current chain's training shards hold under half the rows of its largest, the "
-        "run compacts (a full reshard) instead of appending.")
+        "run compacts (a full reshard) instead of appending.",
+    )
 
 
 class ReshardConfig(BaseModel):
@@ -178,11 +225,14 @@ class ReshardConfig(BaseModel):
     # (preprocessing/toolbox/config_files.py).
     RENAMED: ClassVar[dict[str, str]] = {
         name: f"incremental.{name}"
-        for name in ("on_changed_inputs", "max_chain_length", "max_small_shard_fraction")}
+        for name in ("on_changed_inputs", "max_chain_length", "max_small_shard_fraction")
+    }
 
     dataset: DatasetSpec
-    output_root: str = Field(json_schema_extra=OUTPUT_NEUTRAL, description="Versions are "
-                             "written under this root (local or s3://).")
+    output_root: str = Field(
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Versions are written under this root (local or s3://).",
+    )
     mix: MixConfig = Field(default_factory=MixConfig)
     shuffle: Literal["stratified", "global", "block", "none"] = Field(
         "stratified",
@@ -197,69 +247,112 @@ class ReshardConfig(BaseModel):
     )
     target_shard_rows: int = Field(50_000, gt=0, description="Rows per shard, at most.")
     target_shard_bytes: int | None = Field(
-        None, gt=0, description="If set, rows per shard = this / the inputs' bytes per row "
-        "(compressed, as stored), instead of `target_shard_rows`.")
+        None,
+        gt=0,
+        description="If set, rows per shard = this / the inputs' bytes per row "
+        "(compressed, as stored), instead of `target_shard_rows`.",
+    )
     rows_per_row_group: int = Field(8_192, gt=0, description="Rows per Parquet row group.")
     max_piece_rows: int = Field(
-        1_000_000, gt=0, description="Most input rows one task holds: larger row groups and "
-        "CSV / JSON Lines files are cut into ranges of this many rows.")
+        1_000_000,
+        gt=0,
+        description="Most input rows one task holds: larger row groups and "
+        "CSV / JSON Lines files are cut into ranges of this many rows.",
+    )
     holdout_fraction: float = Field(
         0.1, ge=0, lt=1, description="Input rows held out, unresampled, for validation."
     )
     max_rejected_fraction: float = Field(
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
     )
-    num_workers: int = Field(2, gt=0, json_schema_extra=OUTPUT_NEUTRAL,
-                             description="Dask worker processes of a local cluster.")
+    num_workers: int = Field(
+        2,
+        gt=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Dask worker processes of a local cluster.",
+    )
     retry: RetryPolicy = Field(
-        default_factory=RetryPolicy, json_schema_extra=OUTPUT_NEUTRAL, description="Retries "
+        default_factory=RetryPolicy,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Retries "
         "of reads that failed for a reason that may pass (S3 503 / 500, resets, timeouts, "
-        "bodies cut short): preprocessing/toolbox/faults.py.")
+        "bodies cut short): preprocessing/toolbox/faults.py.",
+    )
     progress_deadline_s: float = Field(
-        180.0, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="A worker of a data stage "
+        180.0,
+        gt=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="A worker of a data stage "
         "(scan, exchange, write) silent this long while it holds a task is named in the log "
         "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
         "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
-        "may keep its worker from heartbeating; Dask's own timeout took 592 s.")
+        "may keep its worker from heartbeating; Dask's own timeout took 592 s.",
+    )
     # The exchange's shape (docs/data-path.md, step 4): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
     exchange_task_bytes: int = Field(
-        64 << 20, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Input bytes (as "
+        64 << 20,
+        gt=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Input bytes (as "
         "stored) one map task reads: consecutive pieces are grouped up to this size; merge "
-        "and write tasks hold about as much.")
+        "and write tasks hold about as much.",
+    )
     exchange_fan_in: int | None = Field(
-        None, ge=2, json_schema_extra=OUTPUT_NEUTRAL, description="Most staged objects a "
+        None,
+        ge=2,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Most staged objects a "
         "merge or write task reads from; None: on an object store exchange_task_bytes / 1 "
         "MiB, between 2 and 64 (a merge read is task bytes / fan-in), on local staging "
-        "1024 (a read is a memory map, a merge round one more copy of every row).")
+        "1024 (a read is a memory map, a merge round one more copy of every row).",
+    )
     exchange_rounds: int | None = Field(
-        None, ge=1, json_schema_extra=OUTPUT_NEUTRAL, description="Rounds of reads of staged "
+        None,
+        ge=1,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Rounds of reads of staged "
         "objects: 1 = the shard writes read the map outputs; None: the fewest whose reads "
-        "stay within the fan-in.")
+        "stay within the fan-in.",
+    )
     max_tasks_in_flight: int | None = Field(
-        None, gt=0, json_schema_extra=OUTPUT_NEUTRAL, description="Tasks submitted to Dask "
-        "and not yet done, at most; None: 4 per worker thread, at least 8.")
+        None,
+        gt=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="Tasks submitted to Dask "
+        "and not yet done, at most; None: 4 per worker thread, at least 8.",
+    )
     upload_part_bytes: int = Field(
-        DEFAULT_PART_BYTES, ge=MIN_PART_BYTES, json_schema_extra=OUTPUT_NEUTRAL,
+        DEFAULT_PART_BYTES,
+        ge=MIN_PART_BYTES,
+        json_schema_extra=OUTPUT_NEUTRAL,
         description="Part size of multipart uploads to S3: a staged object or shard of at "
         "least twice this goes up in parts of this size, sent concurrently, a smaller one in "
-        "one PUT; at least 5 MiB (S3's smallest part).")
+        "one PUT; at least 5 MiB (S3's smallest part).",
+    )
     # How a run relates to the version `_CURRENT` names (preprocessing/versions/incremental.py).
     mode: Literal["full", "incremental"] = Field(
-        "full", json_schema_extra=OUTPUT_NEUTRAL, description="`full`: reshard every input "
+        "full",
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="`full`: reshard every input "
         "into one flat version (run it to compact a chain); `incremental`: when the inputs "
         "are the current version's plus new files, reshard only the new files into a child "
         "version that lists the parent's shards without copying them (`incremental:` says "
-        "when it refuses or compacts instead).")
+        "when it refuses or compacts instead).",
+    )
     incremental: IncrementalConfig = Field(
-        default_factory=IncrementalConfig, json_schema_extra=OUTPUT_NEUTRAL,
-        description="How a `mode: incremental` run appends, refuses or compacts.")
+        default_factory=IncrementalConfig,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="How a `mode: incremental` run appends, refuses or compacts.",
+    )
 
     @model_validator(mode="after")
     def _incremental_total_not_fixed(self) -> ReshardConfig:
         if self.mode == "incremental" and self.num_output_rows is not None:
-            raise ValueError("num_output_rows fixes the total rows, which appending new files "
-                             "cannot keep: leave it unset with mode 'incremental'")
+            raise ValueError(
+                "num_output_rows fixes the total rows, which appending new files "
+                "cannot keep: leave it unset with mode 'incremental'"
+            )
         return self
 
     @model_validator(mode="after")
@@ -272,5 +365,5 @@ class ReshardConfig(BaseModel):
         """The settings that decide a flat version's content (every field not marked
         OUTPUT_NEUTRAL): part of its version id."""
         return comparable_settings(
-            self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig))))
-
+            self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
+        )

@@ -42,17 +42,31 @@ class CliRun:
 
 def pipeline_config(raw: Path, work: Path, tracking_uri: str) -> dict[str, object]:
     return {
-        "reshard": {"dataset": {"inputs": [str(raw)]}, "output_root": str(work / "data"),
-                    "target_shard_rows": 600},
-        "dask": {"kind": "local", "num_workers": 1,
-                 "options": {"env": {"BALLAST_API_TOKEN": TOKEN}}},
-        "train": {"dataset": str(work / "data"), "output_dir": str(work / "job"),
-                  "max_epochs": 1, "loader": {"batch_size": 64},
-                  "tracking": {"tracking_uri": tracking_uri, "experiment": "cli-pipeline",
-                               "registered_model_name": "cli-pipeline",
-                               "spool_dir": str(work / "spool")}},
+        "reshard": {
+            "dataset": {"inputs": [str(raw)]},
+            "output_root": str(work / "data"),
+            "target_shard_rows": 600,
+        },
+        "dask": {
+            "kind": "local",
+            "num_workers": 1,
+            "options": {"env": {"BALLAST_API_TOKEN": TOKEN}},
+        },
+        "train": {
+            "dataset": str(work / "data"),
+            "output_dir": str(work / "job"),
+            "max_epochs": 1,
+            "loader": {"batch_size": 64},
+            "tracking": {
+                "tracking_uri": tracking_uri,
+                "experiment": "cli-pipeline",
+                "registered_model_name": "cli-pipeline",
+                "spool_dir": str(work / "spool"),
+            },
+        },
         "job": {"kind": "local", "num_processes_per_node": 1, "timeout_s": 900},
-        "compare_with_natural_mix": True}
+        "compare_with_natural_mix": True,
+    }
 
 
 def recorded_parameters(prefect_home: Path) -> list[dict[str, Any]]:
@@ -66,9 +80,12 @@ def recorded_parameters(prefect_home: Path) -> list[dict[str, Any]]:
 def command_env(root: Path) -> dict[str, str]:
     """A new user's environment: no Prefect API URL (a temporary server is started), a
     fresh Prefect home, the log files under `root`; a loaded machine starts it slowly."""
-    env = {**os.environ, "BALLAST_LOG_DIR": str(root / "logs"),
-           "PREFECT_HOME": str(root / "prefect-home"),
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env = {
+        **os.environ,
+        "BALLAST_LOG_DIR": str(root / "logs"),
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }
     env.pop("PREFECT_API_URL", None)
     return env
 
@@ -82,10 +99,28 @@ def run_cli_pipeline(raw: Path, root: Path) -> CliRun:
     with mlflow_server(mlflow_dir) as mlflow_uri:
         tracking_uri = mlflow_uri.replace("http://", f"http://ada:{PASSWORD}@")
         config.write_text(yaml.safe_dump(pipeline_config(raw, root / "work", tracking_uri)))
-        run = subprocess.run([sys.executable, "-m", "flows", "run", "pipeline", "--config",
-                              str(config), "--result-file", str(root / "result.json")],
-                             env=command_env(root), capture_output=True, text=True,
-                             timeout=1200)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flows",
+                "run",
+                "pipeline",
+                "--config",
+                str(config),
+                "--result-file",
+                str(root / "result.json"),
+            ],
+            env=command_env(root),
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
     assert run.returncode == 0, run.stderr[-4000:]
-    return CliRun(root, config, run, json.loads((root / "result.json").read_text()),
-                  recorded_parameters(root / "prefect-home"))
+    return CliRun(
+        root,
+        config,
+        run,
+        json.loads((root / "result.json").read_text()),
+        recorded_parameters(root / "prefect-home"),
+    )

@@ -28,66 +28,75 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # A session fixture's setup counts toward the first test that asks for it: the pipeline run
 # (tests/flows/conftest.py) is paid by the first operator-view test of a full run, the
 # `ballast run pipeline` command (cli_pipeline_run) by the console test.
-END_TO_END: frozenset[str] = frozenset({
-    "tests/flows/test_operator_view.py::"
-    "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
-    "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
-    "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
-    "tests/flows/test_real_data_pipeline.py::"
-    "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
-    "tests/flows/test_init_proposal.py::"
-    "test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row",
-    "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
-    "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
-    "tests/flows/test_worker.py::test_worker_runs_the_shipped_file_with_one_overridden_field",
-    "tests/flows/test_prefect_down.py::"
-    "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
-    "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
-    "tests/tracking/test_lifecycle.py::test_tracked_jobs_register_champion_then_challenger",
-    "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
-    "tests/tracking/test_outage.py::"
-    "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",
-    "tests/tracking/test_outage.py::"
-    "test_down_through_the_job_and_log_model_delivered_at_the_close",
-    "tests/training/test_ddp_kill_resume.py::"
-    "test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was",
-    "tests/training/test_distributed_launch.py::"
-    "test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once",
-    "tests/training/test_distributed_launch.py::"
-    "test_two_torchrun_nodes_on_localhost_train_the_same_steps",
-    "tests/training/test_elastic_resume.py::"
-    "test_two_rank_checkpoint_resumes_on_another_world_size",
-    "tests/training/test_distributed.py::"
-    "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
-    # three reshards (each its own cluster), a rank process and the loaders, on tiny data
-    "tests/test_benchmarks.py::test_each_benchmark_runs_at_its_smallest_size[loader_bench]",
-    # a torchrun job whose rank is SIGSTOPped: the watchdog's timeout, torchrun's grace, a retry
-    "tests/training/test_rank_hang.py::"
-    "test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_once",
-    "tests/training/test_rank_time.py::test_a_rank_made_slower_is_named_with_its_time_split",
-    # whole pipeline runs under Prefect with MLflow: hostile names, the console, promotion
-    "tests/flows/test_column_names_pipeline.py::"
-    "test_hostile_column_names_train_register_and_predict_raw_rows",
-    "tests/flows/test_console.py::"
-    "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",
-    "tests/flows/test_promotion.py::test_an_easier_night_does_not_promote_a_worse_model",
-    # jobs on the real one-host SLURM: a 2-rank training job, a job run into its
-    # one-minute time limit (SLURM counts in minutes), a reshard on SLURM worker jobs
-    "tests/slurm/test_slurm_training.py::"
-    "test_two_rank_job_runs_ballasts_python_with_the_venv_off_path",
-    "tests/slurm/test_slurm_training.py::test_a_job_past_its_walltime_fails_naming_the_time_limit",
-    "tests/slurm/test_slurm_dask.py::test_reshard_on_slurm_workers_with_a_private_tmp",
-    # nights of the incremental chain, each a reshard subprocess under a fault
-    "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
-})
+END_TO_END: frozenset[str] = frozenset(
+    {
+        "tests/flows/test_operator_view.py::"
+        "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
+        "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
+        "tests/flows/test_pipeline.py::test_second_pipeline_run_does_no_resharding",
+        "tests/flows/test_real_data_pipeline.py::"
+        "test_the_champion_predicts_on_raw_rows_as_batch_inference_does",
+        "tests/flows/test_init_proposal.py::"
+        "test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row",
+        "tests/flows/test_serve.py::test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap",
+        "tests/flows/test_serve.py::test_stopping_serve_pauses_its_deployments_and_says_so",
+        "tests/flows/test_worker.py::test_worker_runs_the_shipped_file_with_one_overridden_field",
+        "tests/flows/test_prefect_down.py::"
+        "test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version",
+        "tests/test_secrets.py::test_no_file_or_output_of_a_pipeline_run_holds_a_credential",
+        "tests/tracking/test_lifecycle.py::test_tracked_jobs_register_champion_then_challenger",
+        "tests/tracking/test_outage.py::test_outage_mid_run_costs_time_only",
+        "tests/tracking/test_outage.py::"
+        "test_down_at_start_the_job_trains_and_an_upload_delivers_the_run",
+        "tests/tracking/test_outage.py::"
+        "test_down_through_the_job_and_log_model_delivered_at_the_close",
+        "tests/training/test_ddp_kill_resume.py::"
+        "test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was",
+        "tests/training/test_distributed_launch.py::"
+        "test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once",
+        "tests/training/test_distributed_launch.py::"
+        "test_two_torchrun_nodes_on_localhost_train_the_same_steps",
+        "tests/training/test_elastic_resume.py::"
+        "test_two_rank_checkpoint_resumes_on_another_world_size",
+        "tests/training/test_distributed.py::"
+        "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
+        # three reshards (each its own cluster), a rank process and the loaders, on tiny data
+        "tests/test_benchmarks.py::test_each_benchmark_runs_at_its_smallest_size[loader_bench]",
+        # a torchrun job whose rank is SIGSTOPped: the watchdog's timeout, torchrun's grace, a retry
+        "tests/training/test_rank_hang.py::"
+        "test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_once",
+        "tests/training/test_rank_time.py::test_a_rank_made_slower_is_named_with_its_time_split",
+        # whole pipeline runs under Prefect with MLflow: hostile names, the console, promotion
+        "tests/flows/test_column_names_pipeline.py::"
+        "test_hostile_column_names_train_register_and_predict_raw_rows",
+        "tests/flows/test_console.py::"
+        "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",
+        "tests/flows/test_promotion.py::test_an_easier_night_does_not_promote_a_worse_model",
+        # jobs on the real one-host SLURM: a 2-rank training job, a job run into its
+        # one-minute time limit (SLURM counts in minutes), a reshard on SLURM worker jobs
+        "tests/slurm/test_slurm_training.py::"
+        "test_two_rank_job_runs_ballasts_python_with_the_venv_off_path",
+        "tests/slurm/test_slurm_training.py::test_a_job_past_its_walltime_fails_naming_the_time_limit",
+        "tests/slurm/test_slurm_dask.py::test_reshard_on_slurm_workers_with_a_private_tmp",
+        # nights of the incremental chain, each a reshard subprocess under a fault
+        "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
+    }
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
 
 
-TINY = SampleSpec(num_rows=3_000, num_files=6, num_classes=4, num_sources=2, num_features=4,
-                  class_ratio=8.0, seed=3)
+TINY = SampleSpec(
+    num_rows=3_000,
+    num_files=6,
+    num_classes=4,
+    num_sources=2,
+    num_features=4,
+    class_ratio=8.0,
+    seed=3,
+)
 
 
 @pytest.fixture(scope="session")

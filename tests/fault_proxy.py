@@ -22,13 +22,22 @@ from urllib.parse import unquote, urlsplit
 FAULTS = ("503", "500", "reset", "truncate")
 _ERROR_BODIES = {
     "503": b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
-           b"<Message>Please reduce your request rate.</Message></Error>",
+    b"<Message>Please reduce your request rate.</Message></Error>",
     "500": b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
-           b"<Message>We encountered an internal error. Please try again.</Message></Error>",
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>",
 }
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"}
-_FORWARDED = {"host", "authorization", "content-type", "content-length", "content-md5", "range",
-              "if-match", "if-none-match", "content-encoding"}
+_FORWARDED = {
+    "host",
+    "authorization",
+    "content-type",
+    "content-length",
+    "content-md5",
+    "range",
+    "if-match",
+    "if-none-match",
+    "content-encoding",
+}
 
 
 class FaultyS3Proxy:
@@ -96,8 +105,7 @@ def _handler_for(proxy: FaultyS3Proxy) -> type[BaseHTTPRequestHandler]:
             key = unquote(urlsplit(self.path).path).lstrip("/")
             fault = proxy.fault_for(self.command, key)
             if fault in _ERROR_BODIES:
-                self._send(int(fault), {"Content-Type": "application/xml"},
-                           _ERROR_BODIES[fault])
+                self._send(int(fault), {"Content-Type": "application/xml"}, _ERROR_BODIES[fault])
             elif fault == "reset":
                 self._reset()
             else:
@@ -113,21 +121,28 @@ def _handler_for(proxy: FaultyS3Proxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
             upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             try:
-                sent = {name: value for name, value in self.headers.items()
-                        if name.lower() in _FORWARDED or name.lower().startswith("x-amz-")}
+                sent = {
+                    name: value
+                    for name, value in self.headers.items()
+                    if name.lower() in _FORWARDED or name.lower().startswith("x-amz-")
+                }
                 upstream.request(self.command, self.path, body=body or None, headers=sent)
                 response = upstream.getresponse()
                 payload = response.read()
-                headers = {name: value for name, value in response.getheaders()
-                           if name.lower() not in _HOP_HEADERS}
+                headers = {
+                    name: value
+                    for name, value in response.getheaders()
+                    if name.lower() not in _HOP_HEADERS
+                }
                 if self.command == "HEAD":
                     headers["Content-Length"] = response.getheader("Content-Length") or "0"
                 return response.status, headers, payload
             finally:
                 upstream.close()
 
-        def _send(self, status: int, headers: dict[str, str], payload: bytes,
-                  num_bytes: int | None = None) -> None:
+        def _send(
+            self, status: int, headers: dict[str, str], payload: bytes, num_bytes: int | None = None
+        ) -> None:
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
@@ -140,8 +155,7 @@ def _handler_for(proxy: FaultyS3Proxy) -> type[BaseHTTPRequestHandler]:
 
         def _reset(self) -> None:
             # Linger 0: closing sends a TCP reset, as a dropped connection does.
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                       struct.pack("ii", 1, 0))
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
 
     return Handler

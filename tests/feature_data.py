@@ -21,13 +21,19 @@ from training.data.loader import ShardStream
 from training.models.classifier import build_mlp, weighted_cross_entropy
 
 
-def reshard(raw: Path, out: Path, client: Client, dataset: dict[str, Any],
-            **config: Any) -> ReshardResult:
+def reshard(
+    raw: Path, out: Path, client: Client, dataset: dict[str, Any], **config: Any
+) -> ReshardResult:
     """One reshard of the files under `raw` (source: the input root)."""
-    spec = DatasetSpec.model_validate({"inputs": [str(raw)], "source_column": None,
-                                       "id_column": "id", **dataset})
-    settings = {"holdout_fraction": 0.25, "target_shard_rows": 300, "rows_per_row_group": 64,
-                **config}
+    spec = DatasetSpec.model_validate(
+        {"inputs": [str(raw)], "source_column": None, "id_column": "id", **dataset}
+    )
+    settings = {
+        "holdout_fraction": 0.25,
+        "target_shard_rows": 300,
+        "rows_per_row_group": 64,
+        **config,
+    }
     return run_reshard(ReshardConfig(dataset=spec, output_root=str(out), **settings), client)
 
 
@@ -38,9 +44,12 @@ def loader_rows(dataset: str, split: str) -> dict[int, tuple[np.ndarray, int]]:
     found: dict[int, tuple[np.ndarray, int]] = {}
     for batch in stream.iterate(rank_world=(0, 1)):
         real = batch["weight"].numpy() > 0
-        for row_id, features, label in zip(batch["id"].numpy()[real],
-                                           batch["features"].numpy()[real],
-                                           batch["label"].numpy()[real], strict=True):
+        for row_id, features, label in zip(
+            batch["id"].numpy()[real],
+            batch["features"].numpy()[real],
+            batch["label"].numpy()[real],
+            strict=True,
+        ):
             found[int(row_id)] = (features.copy(), int(label))
     return found
 
@@ -49,8 +58,12 @@ def codec_classifier(network: torch.nn.Module, dataset: str) -> CodecClassifier:
     """`network` behind the codec and classes of `dataset`: the registered model's
     Python object, without a tracking server."""
     manifest, _ = read_manifest(dataset)
-    return CodecClassifier(network.eval(), FeatureCodec.from_manifest(manifest),
-                           [str(label) for label in manifest.classes], list(manifest.classes))
+    return CodecClassifier(
+        network.eval(),
+        FeatureCodec.from_manifest(manifest),
+        [str(label) for label in manifest.classes],
+        list(manifest.classes),
+    )
 
 
 def train_mlp(dataset: str, epochs: int, seed: int = 0) -> torch.nn.Module:
@@ -65,8 +78,9 @@ def train_mlp(dataset: str, epochs: int, seed: int = 0) -> torch.nn.Module:
     try:
         for _ in range(epochs):
             for batch in stream.iterate(rank_world=(0, 1)):
-                loss = weighted_cross_entropy(network(batch["features"]), batch["label"],
-                                              batch["weight"])
+                loss = weighted_cross_entropy(
+                    network(batch["features"]), batch["label"], batch["weight"]
+                )
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

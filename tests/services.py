@@ -40,31 +40,60 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def start_mlflow_server(directory: Path, port: int, artifacts: str | None = None,
-                        timeout_s: float = 90) -> subprocess.Popen:
+def start_mlflow_server(
+    directory: Path, port: int, artifacts: str | None = None, timeout_s: float = 90
+) -> subprocess.Popen:
     """`mlflow server` on `port` with a sqlite backend in `directory`; returns once healthy.
     Artifacts are proxied to `artifacts` (a local folder by default, or an s3:// URI)."""
     log = open(directory / f"mlflow-server-{port}.log", "ab")  # noqa: SIM115 - child owns it
     process = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{directory}/mlflow.db",
-         "--artifacts-destination", artifacts or str(directory / "artifacts"),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **MLFLOW_SERVER_ENV},
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{directory}/mlflow.db",
+            "--artifacts-destination",
+            artifacts or str(directory / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **MLFLOW_SERVER_ENV},
     )
     log.close()
     wait_for_http(f"http://127.0.0.1:{port}/health", process, timeout_s)
     return process
 
 
-def start_prefect_server(env: dict[str, str], port: int,
-                         timeout_s: float = 180) -> subprocess.Popen:
+def start_prefect_server(
+    env: dict[str, str], port: int, timeout_s: float = 180
+) -> subprocess.Popen:
     """`prefect server start` on `port` with the environment `env` (its database under
     `PREFECT_HOME`, which a restart on the same port reuses); returns once healthy."""
     log = (Path(env["PREFECT_HOME"]) / "server.log").open("ab")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                               "127.0.0.1", "--port", str(port)], env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
     return server
@@ -73,9 +102,13 @@ def start_prefect_server(env: dict[str, str], port: int,
 def prefect_env(home: Path, port: int) -> dict[str, str]:
     """This process's environment pointed at a Prefect server on `port` with home `home`."""
     home.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    return {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    }
 
 
 def stop_server(process: subprocess.Popen) -> None:
@@ -106,9 +139,13 @@ def moto_s3() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
     server.start()
     host, port = server.get_host_and_port()
-    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}",
-                "MLFLOW_S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    settings = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "MLFLOW_S3_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

@@ -14,17 +14,22 @@ PACKAGES = ("flows", "preprocessing", "training", "tracking")
 def section_4() -> str:
     text = (ROOT / "docs" / "architecture.md").read_text()
     start = text.index("## 4. Where each concern lives")
-    return text[start:text.index("\n## 5.", start)]
+    return text[start : text.index("\n## 5.", start)]
 
 
 def modules() -> list[str]:
-    return sorted(str(path.relative_to(ROOT)) for package in PACKAGES
-                  for path in (ROOT / package).rglob("*.py") if path.name != "__init__.py")
+    return sorted(
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "__init__.py"
+    )
 
 
 def named_modules() -> set[str]:
-    return set(re.findall(r"`((?:flows|preprocessing|training|tracking)/[a-z_/]+\.py)`",
-                          section_4()))
+    return set(
+        re.findall(r"`((?:flows|preprocessing|training|tracking)/[a-z_/]+\.py)`", section_4())
+    )
 
 
 def test_every_module_has_a_home_in_the_map() -> None:
@@ -46,7 +51,7 @@ def drawing() -> list[str]:
     """The folders of section 1's drawing in reading order, each as a dotted package name
     (an indented folder is a room of the unindented one above it)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    block = text[text.index("## 1. Layers and rooms"):].split("```")[1]
+    block = text[text.index("## 1. Layers and rooms") :].split("```")[1]
     names, top = [], ""
     for line in block.splitlines():
         match = re.match(r"( *)([a-z_]+)/ ", line + " ")
@@ -68,8 +73,9 @@ def layer_contracts() -> list[list[str]]:
     found = []
     for contract in contracts["contracts"]:
         if contract["type"] == "layers":
-            packages = [layer for layer in contract["layers"]
-                        if (ROOT / layer.replace(".", "/")).is_dir()]
+            packages = [
+                layer for layer in contract["layers"] if (ROOT / layer.replace(".", "/")).is_dir()
+            ]
             found.append(packages)
     return found
 

@@ -20,35 +20,117 @@ WORK = ["--work-dir", "{tmp}/work"]
 # name -> (how it is run, its smallest-size arguments, a line its output must hold)
 SMALLEST = {
     "plan_bench": ("script", ["--files", "1000"], "plan_split train stratified"),
-    "reshard_bench": ("module", ["--gb", "0.001", "--shards", "2", "--tools",
-                                 "ballast-stratified", "pyarrow-write_dataset", "floor",
-                                 "floor-two-pass", *WORK],
-                      "peak RSS per Dask worker"),
-    "incremental_bench": ("script", ["--gb", "0.001", "--shards", "2", "--repeat", "1", *WORK],
-                          "incremental"),
-    "scale_bench": ("module", ["--cases", "bookkeeping", "s3", "--bookkeeping", "100x10",
-                               "--s3-gb", "0.001", "--s3-task-mb", "64", "--shards", "2", *WORK],
-                    "(b) bookkeeping at 100 pieces x 10 shards"),
-    "loader_bench": ("script", ["--rows", "20000", "--num-shards", "100", "--peer-rows", "2000",
-                                "--tabular-rows", "2000", "--stall-batches", "4",
-                                "--steady-after", "8", "--repeat", "1", "--ranks", "1",
-                                "--quality-epochs", "1", "--litdata-python", NO_LITDATA, *WORK],
-                     "targets:"),
-    "hetero_bench": ("script", ["--rows", "2000", "--token-rows", "256", "--batch-size", "32",
-                                "--hidden", "8", "--epochs", "1", "--runs", "speed-loaded",
-                                "tokens-unloaded", *WORK], "targets:"),
-    "comm_bench": ("module", ["--steps", "2", "--epochs", "1", "--only", "none",
-                              "--out", "{tmp}/out"], '"none"'),
+    "reshard_bench": (
+        "module",
+        [
+            "--gb",
+            "0.001",
+            "--shards",
+            "2",
+            "--tools",
+            "ballast-stratified",
+            "pyarrow-write_dataset",
+            "floor",
+            "floor-two-pass",
+            *WORK,
+        ],
+        "peak RSS per Dask worker",
+    ),
+    "incremental_bench": (
+        "script",
+        ["--gb", "0.001", "--shards", "2", "--repeat", "1", *WORK],
+        "incremental",
+    ),
+    "scale_bench": (
+        "module",
+        [
+            "--cases",
+            "bookkeeping",
+            "s3",
+            "--bookkeeping",
+            "100x10",
+            "--s3-gb",
+            "0.001",
+            "--s3-task-mb",
+            "64",
+            "--shards",
+            "2",
+            *WORK,
+        ],
+        "(b) bookkeeping at 100 pieces x 10 shards",
+    ),
+    "loader_bench": (
+        "script",
+        [
+            "--rows",
+            "20000",
+            "--num-shards",
+            "100",
+            "--peer-rows",
+            "2000",
+            "--tabular-rows",
+            "2000",
+            "--stall-batches",
+            "4",
+            "--steady-after",
+            "8",
+            "--repeat",
+            "1",
+            "--ranks",
+            "1",
+            "--quality-epochs",
+            "1",
+            "--litdata-python",
+            NO_LITDATA,
+            *WORK,
+        ],
+        "targets:",
+    ),
+    "hetero_bench": (
+        "script",
+        [
+            "--rows",
+            "2000",
+            "--token-rows",
+            "256",
+            "--batch-size",
+            "32",
+            "--hidden",
+            "8",
+            "--epochs",
+            "1",
+            "--runs",
+            "speed-loaded",
+            "tokens-unloaded",
+            *WORK,
+        ],
+        "targets:",
+    ),
+    "comm_bench": (
+        "module",
+        ["--steps", "2", "--epochs", "1", "--only", "none", "--out", "{tmp}/out"],
+        '"none"',
+    ),
 }
 
 
-def run_benchmark(name: str, how: str, args: list[str], cwd: Path,
-                  timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+def run_benchmark(
+    name: str, how: str, args: list[str], cwd: Path, timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    command = ([sys.executable, str(ROOT / "benchmarks" / f"{name}.py")] if how == "script"
-               else [sys.executable, "-m", f"benchmarks.{name}"])
-    return subprocess.run([*command, *args], cwd=ROOT if how == "module" else cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    command = (
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py")]
+        if how == "script"
+        else [sys.executable, "-m", f"benchmarks.{name}"]
+    )
+    return subprocess.run(
+        [*command, *args],
+        cwd=ROOT if how == "module" else cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SMALLEST))
@@ -87,9 +169,14 @@ def test_gpu_check_says_so_without_a_gpu(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: benchmarks/gpu_check.sh takes minutes, run it by hand")
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=tmp_path,
-                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "no CUDA GPU is visible" in done.stdout
 
 
@@ -98,9 +185,19 @@ def test_ui_screens_without_chromium_says_how_to_install_it(tmp_path: Path) -> N
     starting any server with a line saying how to install it, not a traceback."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["PATH"] = str(Path(sys.executable).parent)  # this Python, no browser
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ui_screens.py"),
-                           "--work-dir", str(tmp_path / "work")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ui_screens.py"),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "apt-get install -y chromium" in done.stderr
     assert not (tmp_path / "work").exists()

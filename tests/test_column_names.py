@@ -17,9 +17,32 @@ from preprocessing.contract.names import MAX_MLFLOW_KEY_CHARS, is_plain, mlflow_
 from tracking.run.pyfunc import dataset_types, signature
 from tracking.run.runs import flatten
 
-HOSTILE = ["Body Mass (g)", "a.b", "a/b", "../up", "/root", "it's", 'say "hi"', "x|y",
-           "naïve", "重量", "tab\tname", "new\nline", "", " ", ".", "..", "a//b",
-           "x" * 260, "Mass", "mass", "MASS", "dataset.nulls.x", "-h1234abcd", "emoji 🐧"]
+HOSTILE = [
+    "Body Mass (g)",
+    "a.b",
+    "a/b",
+    "../up",
+    "/root",
+    "it's",
+    'say "hi"',
+    "x|y",
+    "naïve",
+    "重量",
+    "tab\tname",
+    "new\nline",
+    "",
+    " ",
+    ".",
+    "..",
+    "a//b",
+    "x" * 260,
+    "Mass",
+    "mass",
+    "MASS",
+    "dataset.nulls.x",
+    "-h1234abcd",
+    "emoji 🐧",
+]
 names = st.one_of(st.sampled_from(HOSTILE), st.text(min_size=0, max_size=260))
 name_sets = st.lists(names, min_size=1, max_size=12, unique=True)
 
@@ -50,10 +73,10 @@ def test_nulls_params_of_any_column_names_are_valid_and_keep_the_name(columns) -
     assert len(flat) == len(columns)
     for key, value in flat.items():
         _validate_param(key, value)
-        if not key.startswith("dataset.nulls.") or key[len("dataset.nulls."):] not in columns:
+        if not key.startswith("dataset.nulls.") or key[len("dataset.nulls.") :] not in columns:
             record = json.loads(value)
             assert record["value"] == "fill_mean"
-            assert record["key"][len("dataset.nulls."):] in columns
+            assert record["key"][len("dataset.nulls.") :] in columns
 
 
 def test_params_keep_valid_keys_and_values_as_they_were() -> None:
@@ -63,8 +86,10 @@ def test_params_keep_valid_keys_and_values_as_they_were() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(columns=st.lists(names.filter(bool), min_size=1, max_size=6, unique=True),
-       seed=st.integers(0, 2**16))
+@given(
+    columns=st.lists(names.filter(bool), min_size=1, max_size=6, unique=True),
+    seed=st.integers(0, 2**16),
+)
 def test_codec_encodes_and_round_trips_columns_of_any_name(columns, seed) -> None:
     """Invariant: a codec over columns of any names survives its JSON (as the manifest
     stores it), encodes a table with those columns exactly as the same codec over plain
@@ -78,15 +103,18 @@ def test_codec_encodes_and_round_trips_columns_of_any_name(columns, seed) -> Non
         extra = {"vocabulary": ["a", "b|c"]} if kind == "category" else {}
         specs.append(ColumnSpec(name, kind, arrow_type, shift=0.5, **extra))
         plain.append(ColumnSpec(f"c{index}", kind, arrow_type, shift=0.5, **extra))
-        values[index] = {"numeric": rng.normal(size=5).tolist(),
-                         "category": rng.choice(["a", "b|c", "z"], 5).tolist(),
-                         "boolean": rng.integers(0, 2, 5).astype(bool).tolist()}[kind]
+        values[index] = {
+            "numeric": rng.normal(size=5).tolist(),
+            "category": rng.choice(["a", "b|c", "z"], 5).tolist(),
+            "boolean": rng.integers(0, 2, 5).astype(bool).tolist(),
+        }[kind]
     codec = FeatureCodec(tuple(specs))
     stored = FeatureCodec.from_json(json.loads(json.dumps(codec.to_json())))
     assert stored == codec
     table = pa.table({name: values[i] for i, name in enumerate(columns)})
     reference = FeatureCodec(tuple(plain)).encode(
-        pa.table({f"c{i}": values[i] for i in range(len(columns))}))
+        pa.table({f"c{i}": values[i] for i in range(len(columns))})
+    )
     np.testing.assert_array_equal(stored.encode(table), reference)
     assert signature(stored, ["a", "b"]).inputs.input_names() == columns
     assert dataset_types(table, stored).column_names == columns
@@ -102,10 +130,15 @@ def test_a_class_label_of_any_text_stays_in_its_markdown_table_cell(label: str) 
 
     from flows.report import comparison_lines
 
-    evaluation = {"num_rows": 3, "dataset_version": "0123456789abcdef", "macro_f1": 0.5,
-                  "balanced_accuracy": 0.5,
-                  "recall": {label: 0.1, "other": 0.9}, "class_prior_baseline": {},
-                  "beats_class_prior": True}
+    evaluation = {
+        "num_rows": 3,
+        "dataset_version": "0123456789abcdef",
+        "macro_f1": 0.5,
+        "balanced_accuracy": 0.5,
+        "recall": {label: 0.1, "other": 0.9},
+        "class_prior_baseline": {},
+        "beats_class_prior": True,
+    }
     lines = comparison_lines({"rebalanced": evaluation, "natural-mix": evaluation})
     assert all("\n" not in line and "\r" not in line for line in lines)
     cells = {len(re.split(r"(?<!\\)\|", line)) for line in lines if line.startswith("|")}

@@ -43,13 +43,25 @@ def test_every_layers_errors_are_classed_by_what_fixes_them() -> None:
     """Invariant: the errors the issue found retried as if they could pass are permanent
     or config (no retry loop tries them again), while a body cut short, a reset
     connection and a tracking server that did not answer stay transient."""
-    permanent = [TooManyRejected("x"), InputsUnreadable("x"), StagingError("x"),
-                 CommitConflict("x"), ShardChecksumError("x"), ModelError("x"),
-                 ManifestError("x"), TrainingFailed("exited with status 1", 1, "")]
+    permanent = [
+        TooManyRejected("x"),
+        InputsUnreadable("x"),
+        StagingError("x"),
+        CommitConflict("x"),
+        ShardChecksumError("x"),
+        ModelError("x"),
+        ManifestError("x"),
+        TrainingFailed("exited with status 1", 1, ""),
+    ]
     assert [classify(error) for error in permanent] == ["permanent"] * len(permanent)
     assert classify(StorageNotShared("x")) == "config" and classify(ValueError("x")) == "config"
-    transient = [TruncatedRead("cut"), ConnectionResetError("reset"), TrackingUnavailable("x"),
-                 TimeoutError(), FileNotFoundError(errno.ENOENT, "gone", "s3://b/k")]
+    transient = [
+        TruncatedRead("cut"),
+        ConnectionResetError("reset"),
+        TrackingUnavailable("x"),
+        TimeoutError(),
+        FileNotFoundError(errno.ENOENT, "gone", "s3://b/k"),
+    ]
     assert [classify(error) for error in transient] == ["transient"] * len(transient)
     # StorageNotShared and TrackingUnavailable keep their old base for the callers that catch it.
     assert isinstance(StorageNotShared("x"), RuntimeError)
@@ -61,12 +73,16 @@ def test_permission_quota_and_s3_refusals_are_permanent_everywhere() -> None:
     botocore raises them and as s3fs translates them into OSErrors), are
     permanent for the reads' retries, for a rank (reported, not retried by the launcher)
     and for the tracking spool (not kept to send later), each naming its path."""
-    refusals = [PermissionError(errno.EACCES, "Permission denied", "/data/raw/a.parquet"),
-                OSError(errno.EPERM, "Operation not permitted", "/data/raw/a.parquet"),
-                OSError(errno.EDQUOT, "Disk quota exceeded", "/data/raw/a.parquet")]
+    refusals = [
+        PermissionError(errno.EACCES, "Permission denied", "/data/raw/a.parquet"),
+        OSError(errno.EPERM, "Operation not permitted", "/data/raw/a.parquet"),
+        OSError(errno.EDQUOT, "Disk quota exceeded", "/data/raw/a.parquet"),
+    ]
     for code in ("AccessDenied", "QuotaExceeded"):
-        s3_error = ClientError({"Error": {"Code": code, "Message": "no"},
-                                "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")
+        s3_error = ClientError(
+            {"Error": {"Code": code, "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+            "PutObject",
+        )
         refusals += [s3_error, translate_boto_error(s3_error)]  # as boto and s3fs raise it
     for error in refusals:
         assert classify(error) == "permanent" and is_config_error(error)
@@ -123,8 +139,7 @@ def test_a_full_disk_fails_on_the_first_try_naming_path_and_bytes(tiny_disk: Pat
     with pytest.raises(StorageRefused) as raised:
         call_with_retries(write, policy=POLICY)
     assert tries == [1] and raised.value.errno == errno.ENOSPC
-    assert str(raised.value).startswith(
-        f"no space left on {target}: {len(payload)} bytes needed, ")
+    assert str(raised.value).startswith(f"no space left on {target}: {len(payload)} bytes needed, ")
     assert "free" in str(raised.value) and "try 1 of 5" in "".join(raised.value.__notes__)
     os.remove(target)  # the partial file of the plain write
     with pytest.raises(StorageRefused, match="no space left on"):

@@ -16,11 +16,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ("flows", "preprocessing", "training", "tracking")
-EXTRA_OF = {"preprocessing": None, "training": "training", "tracking": "tracking",
-            "flows": "flows"}
+EXTRA_OF = {"preprocessing": None, "training": "training", "tracking": "tracking", "flows": "flows"}
 # A module imported only where its backend is chosen, and the extra that installs it.
-OPTIONAL = {"dask_jobqueue": "slurm", "dask_kubernetes": "kubernetes", "kubernetes":
-            "kubernetes", "s3fs": "s3", "botocore": "s3", "deltalake": "all"}
+OPTIONAL = {
+    "dask_jobqueue": "slurm",
+    "dask_kubernetes": "kubernetes",
+    "kubernetes": "kubernetes",
+    "s3fs": "s3",
+    "botocore": "s3",
+    "deltalake": "all",
+}
 # Modules that ship inside a declared requirement (its core, or the extra it is named with).
 SHIPPED_WITH = {"distributed": "dask", "pydantic_core": "pydantic"}
 

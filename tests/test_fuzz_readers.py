@@ -48,16 +48,22 @@ from preprocessing.exchange.staged_objects import (
 from preprocessing.toolbox.config_files import ConfigFileError, load_config
 from training.config import load_train_config
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 ALARM_S = 10
 
 
 @contextmanager
 def no_hang(seconds: int = ALARM_S) -> Iterator[None]:
     """Fail an example that runs past `seconds` (a hang) instead of blocking the suite."""
+
     def expire(signum: int, frame: Any) -> None:
         raise TimeoutError(f"reader still running after {seconds} s")
+
     previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
     try:
@@ -68,36 +74,74 @@ def no_hang(seconds: int = ALARM_S) -> Iterator[None]:
 
 
 def entry(index: int, version: str | None = None) -> ShardEntry:
-    return ShardEntry(path=f"shard-{index:05d}.parquet", num_rows=100, num_bytes=4096,
-                      num_row_groups=4, rows_per_row_group=25, sha256=f"{index:064x}",
-                      class_counts={"a": 60, "b": 40}, source_counts={"s": 100},
-                      version=version)
+    return ShardEntry(
+        path=f"shard-{index:05d}.parquet",
+        num_rows=100,
+        num_bytes=4096,
+        num_row_groups=4,
+        rows_per_row_group=25,
+        sha256=f"{index:064x}",
+        class_counts={"a": 60, "b": 40},
+        source_counts={"s": 100},
+        version=version,
+    )
 
 
 def sample_manifest() -> Manifest:
     """A chain's child: one shard of its own, one held by its parent."""
-    deltas = [Delta("parent1", None, "2026-01-01T00:00:00+00:00", 1, 10, 1),
-              Delta("child1", "parent1", "", 1, 10, 1, {"train": [["a", "s", 5, 5]]})]
+    deltas = [
+        Delta("parent1", None, "2026-01-01T00:00:00+00:00", 1, 10, 1),
+        Delta("child1", "parent1", "", 1, 10, 1, {"train": [["a", "s", 5, 5]]}),
+    ]
     return Manifest(
-        version_id="child1", label_column="label", source_column="source", id_column="id",
-        feature_columns=["features"], classes=["a", "b"], sources=["s"],
+        version_id="child1",
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["features"],
+        classes=["a", "b"],
+        sources=["s"],
         arrow_schema=[{"name": "id", "type": "int64"}],
-        splits={"train": SplitEntry(200, [entry(0, "parent1"), entry(1)])}, seed=3,
-        config={"k": [1, 2]}, input_fingerprint="f", input_class_counts={"a": 1},
-        input_source_counts={"s": 1}, created_at="2026-01-02T00:00:00+00:00",
-        parent_version="parent1", inputs=[InputRecord("/in/a.parquet", 10, "t", [0, 9])],
-        deltas=deltas)
+        splits={"train": SplitEntry(200, [entry(0, "parent1"), entry(1)])},
+        seed=3,
+        config={"k": [1, 2]},
+        input_fingerprint="f",
+        input_class_counts={"a": 1},
+        input_source_counts={"s": 1},
+        created_at="2026-01-02T00:00:00+00:00",
+        parent_version="parent1",
+        inputs=[InputRecord("/in/a.parquet", 10, "t", [0, 9])],
+        deltas=deltas,
+    )
 
 
 # Raw JSON text put in place of a value: numbers no int64 holds (or no Python int parses
 # without raising the digit limit), and nesting deeper than the parser's recursion.
-HUGE = st.sampled_from(["1" + "0" * 30, "-1" + "0" * 30, "9223372036854775808", "-1",
-                        "1e999", "1e308", "1" + "0" * 5000])
+HUGE = st.sampled_from(
+    [
+        "1" + "0" * 30,
+        "-1" + "0" * 30,
+        "9223372036854775808",
+        "-1",
+        "1e999",
+        "1e308",
+        "1" + "0" * 5000,
+    ]
+)
 DEEP = st.sampled_from(["[" * n + "1" + "]" * n for n in (100, 2_000, 20_000)])
 HOLE = "\u0000hole\u0000"
-WRONG = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                  st.text(max_size=8), st.just([]), st.just({}), st.just([[1]]),
-                  st.just("../../../etc/passwd"), st.just("/etc/passwd"))
+WRONG = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.just([]),
+    st.just({}),
+    st.just([[1]]),
+    st.just("../../../etc/passwd"),
+    st.just("/etc/passwd"),
+)
 
 
 def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -129,7 +173,7 @@ def mutated_text(draw: st.DrawFn, text: str, as_object: Any) -> bytes:
         return data[: draw(st.integers(0, len(data) - 1))]
     if kind == "flip":
         at, bit = draw(st.integers(0, len(data) - 1)), draw(st.integers(0, 7))
-        return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1:]
+        return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1 :]
     if kind == "wrap":
         depth = draw(st.sampled_from([50, 5_000, 20_000]))
         return b"[" * depth + data + b"]" * depth
@@ -152,8 +196,7 @@ def inside(root: Path, uri: str) -> bool:
 
 @FUZZ
 @given(data=manifest_bytes())
-def test_mutated_manifest_reads_or_fails_with_manifest_error(tmp_path: Path,
-                                                             data: bytes) -> None:
+def test_mutated_manifest_reads_or_fails_with_manifest_error(tmp_path: Path, data: bytes) -> None:
     """A mutated manifest is read (every shard it names inside the root, its row groups
     as many as it says) or refused with a ManifestError with a message."""
     directory = tmp_path / "v-child1"
@@ -171,11 +214,20 @@ def test_mutated_manifest_reads_or_fails_with_manifest_error(tmp_path: Path,
                 assert len(shard.row_group_sizes()) == shard.num_row_groups
 
 
-RESHARD = {"dataset": {"inputs": ["/in"], "label_column": "label"},
-           "output_root": "/out", "target_shard_rows": 1000, "rows_per_row_group": 100,
-           "holdout_fraction": 0.1, "seed": 3}
-TRAIN = {"dataset": "/out", "max_epochs": 1, "loader": {"batch_size": 16},
-         "read": {"verify": "size", "prefetch_row_groups": 2}}
+RESHARD = {
+    "dataset": {"inputs": ["/in"], "label_column": "label"},
+    "output_root": "/out",
+    "target_shard_rows": 1000,
+    "rows_per_row_group": 100,
+    "holdout_fraction": 0.1,
+    "seed": 3,
+}
+TRAIN = {
+    "dataset": "/out",
+    "max_epochs": 1,
+    "loader": {"batch_size": 16},
+    "read": {"verify": "size", "prefetch_row_groups": 2},
+}
 
 
 @st.composite
@@ -223,8 +275,11 @@ def staged_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     writer = StagedWriter(StagedObject(str(path), 10, 4), SCHEMA)
     for rows in (3, 0, 5, 2):
         ids = np.arange(rows)
-        writer.add_batches([pa.record_batch([pa.array(ids), pa.array([f"n{i}" for i in ids])],
-                                            schema=SCHEMA)] if rows else [])
+        writer.add_batches(
+            [pa.record_batch([pa.array(ids), pa.array([f"n{i}" for i in ids])], schema=SCHEMA)]
+            if rows
+            else []
+        )
     writer.close()
     return path.read_bytes()
 
@@ -234,13 +289,14 @@ def staged_mutation(draw: st.DrawFn, data: bytes) -> bytes:
     kind = draw(st.sampled_from(["truncate", "flip", "flip_index", "huge_index"]))
     if kind == "truncate":
         return data[: draw(st.integers(0, len(data) - 1))]
-    at = draw(st.integers(0, 16 + 5 * 8 - 1) if kind == "flip_index"
-              else st.integers(0, len(data) - 1))
+    at = draw(
+        st.integers(0, 16 + 5 * 8 - 1) if kind == "flip_index" else st.integers(0, len(data) - 1)
+    )
     if kind == "huge_index":
         at = 16 + 8 * draw(st.integers(0, 4))
         value = draw(st.sampled_from([2**62, -(2**62), len(data) + 1, 0, 15]))
-        return data[:at] + np.int64(value).tobytes() + data[at + 8:]
-    return data[:at] + bytes([data[at] ^ (1 << draw(st.integers(0, 7)))]) + data[at + 1:]
+        return data[:at] + np.int64(value).tobytes() + data[at + 8 :]
+    return data[:at] + bytes([data[at] ^ (1 << draw(st.integers(0, 7)))]) + data[at + 1 :]
 
 
 @FUZZ
@@ -262,8 +318,9 @@ def test_mutated_staged_object_reads_or_fails_with_its_error(
                     batch.validate()
                     assert batch.schema.equals(SCHEMA)
             for index in range(4):
-                for batch in read_batches(raw[offsets[index]:offsets[index + 1]], SCHEMA,
-                                          str(path)):
+                for batch in read_batches(
+                    raw[offsets[index] : offsets[index + 1]], SCHEMA, str(path)
+                ):
                     batch.validate()  # buffers fit the lengths: nothing reads past them
                     assert batch.schema.equals(SCHEMA)
         except StagedObjectError as error:

@@ -21,18 +21,55 @@ from preprocessing.contract.names import (
     yaml_text,
 )
 
-HOSTILE = ["Adelie Penguin (Pygoscelis adeliae)", "a/b", "a:b", "1.5", "50%", "3rd", "",
-           " ", ".", "..", "../up", "/root", "it's", 'say "hi"', "new\nline", "cr\rlf",
-           "tab\tx", "x" * 300, "Mass", "mass", "MASS", "naïve", "重量", "emoji 🐧",
-           "line\u2028sep", "kind-h0123456789abcdef", "a//b", "-", "_", "trailing."]
-values = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=300),
-                   st.text(alphabet="()/:.% \n\"'0123456789aA", max_size=20))
+HOSTILE = [
+    "Adelie Penguin (Pygoscelis adeliae)",
+    "a/b",
+    "a:b",
+    "1.5",
+    "50%",
+    "3rd",
+    "",
+    " ",
+    ".",
+    "..",
+    "../up",
+    "/root",
+    "it's",
+    'say "hi"',
+    "new\nline",
+    "cr\rlf",
+    "tab\tx",
+    "x" * 300,
+    "Mass",
+    "mass",
+    "MASS",
+    "naïve",
+    "重量",
+    "emoji 🐧",
+    "line\u2028sep",
+    "kind-h0123456789abcdef",
+    "a//b",
+    "-",
+    "_",
+    "trailing.",
+]
+values = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.text(max_size=300),
+    st.text(alphabet="()/:.% \n\"'0123456789aA", max_size=20),
+)
 value_sets = st.lists(values, min_size=1, max_size=20, unique=True)
 # The prefixes and suffixes ballast puts around values (the metric families).
-AROUND = [("", ""), ("val_recall/", ""), ("drift.feature.", ".psi"),
-          ("drift.feature.", ".null_rate_change"), ("dataset.nulls.", "")]
-PLAIN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.- ", min_size=1, max_size=40
-                ).filter(lambda text: text[0] not in ". ")
+AROUND = [
+    ("", ""),
+    ("val_recall/", ""),
+    ("drift.feature.", ".psi"),
+    ("drift.feature.", ".null_rate_change"),
+    ("dataset.nulls.", ""),
+]
+PLAIN = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.- ", min_size=1, max_size=40
+).filter(lambda text: text[0] not in ". ")
 
 
 @settings(max_examples=300, deadline=None)
@@ -113,8 +150,14 @@ def test_a_value_in_a_yaml_comment_stays_in_the_comment(value) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(labels=st.lists(st.one_of(values, st.text(alphabet="$\\{}^_ab", max_size=8)),
-                       min_size=2, max_size=4, unique=True))
+@given(
+    labels=st.lists(
+        st.one_of(values, st.text(alphabet="$\\{}^_ab", max_size=8)),
+        min_size=2,
+        max_size=4,
+        unique=True,
+    )
+)
 def test_a_plot_of_any_class_labels_draws_them_as_they_are(labels) -> None:
     """Invariant: the confusion-matrix plot logged at a run's close draws with any class
     labels (`$\\frac{$` would start mathtext, which fails), and each tick shows its label

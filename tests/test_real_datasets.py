@@ -49,13 +49,18 @@ def wine(tmp_path_factory: pytest.TempPathFactory, dask_client) -> tuple[Path, p
     (work / "raw").mkdir()
     bounds = np.linspace(0, len(frame), 5).astype(int)
     for index, (low, high) in enumerate(pairwise(bounds)):
-        pa_csv.write_csv(pa.Table.from_pandas(frame.iloc[low:high], preserve_index=False),
-                         work / "raw" / f"wine-{index}.csv")
+        pa_csv.write_csv(
+            pa.Table.from_pandas(frame.iloc[low:high], preserve_index=False),
+            work / "raw" / f"wine-{index}.csv",
+        )
     raw = pa.concat_tables(pa_csv.read_csv(path) for path in sorted((work / "raw").iterdir()))
     features = [name for name in frame.columns if name not in ("id", "target")]
-    result = reshard(work / "raw", work / "out", dask_client,
-                     {"label_column": "target", "feature_columns": features,
-                      "nulls": WINE_NULLS})
+    result = reshard(
+        work / "raw",
+        work / "out",
+        dask_client,
+        {"label_column": "target", "feature_columns": features, "nulls": WINE_NULLS},
+    )
     return work, raw, result
 
 
@@ -72,8 +77,9 @@ def test_wine_csv_with_nulls_trains_a_model_that_beats_the_class_prior(wine) -> 
     assert specs["proline"]["scale"] > 100 and specs["hue"]["scale"] < 1
     network = train_mlp(result.manifest_uri, epochs=30)
     assert network[0].in_features == 14
-    scores = evaluate_classifier(codec_classifier(network, result.manifest_uri),
-                                 result.manifest_uri)
+    scores = evaluate_classifier(
+        codec_classifier(network, result.manifest_uri), result.manifest_uri
+    )
     holdout = loader_rows(result.manifest_uri, "holdout")
     assert scores["num_rows"] == len(holdout) == result.manifest.split("holdout").num_rows
     baseline = prior_macro_f1([label for _, label in holdout.values()])
@@ -90,8 +96,13 @@ def test_wine_predictions_on_raw_csv_rows_equal_those_on_loader_batches(wine) ->
     model = codec_classifier(network, result.manifest_uri)
     codec, classes = model.codec, model.classes
     predicted = predictions(model, raw, "id")
-    by_id = dict(zip(predicted.column("id").to_pylist(),
-                     predicted.column("predicted").to_pylist(), strict=True))
+    by_id = dict(
+        zip(
+            predicted.column("id").to_pylist(),
+            predicted.column("predicted").to_pylist(),
+            strict=True,
+        )
+    )
     encoded = dict(zip(raw.column("id").to_pylist(), codec.encode(raw), strict=True))
     for split in ("train", "holdout"):
         for row_id, (features, _) in loader_rows(result.manifest_uri, split).items():
@@ -123,8 +134,9 @@ def test_wine_through_a_logged_mlflow_model(wine, tmp_path) -> None:
     experiment_id = mlflow.tracking.MlflowClient(tracking_uri).create_experiment("wine")
     with mlflow.start_run(experiment_id=experiment_id) as run:
         pass
-    model_uri = log_model(TrackingConfig(tracking_uri=tracking_uri), run.info.run_id, network,
-                          result.manifest_uri)
+    model_uri = log_model(
+        TrackingConfig(tracking_uri=tracking_uri), run.info.run_id, network, result.manifest_uri
+    )
     loaded = mlflow.pyfunc.load_model(model_uri)
     inputs = {spec.name: spec.type for spec in loaded.metadata.get_input_schema().inputs}
     assert list(inputs) == result.manifest.feature_columns
@@ -134,16 +146,28 @@ def test_wine_through_a_logged_mlflow_model(wine, tmp_path) -> None:
     local = predictions(codec_classifier(network, result.manifest_uri), raw, "id")
     assert served["predicted"].dtype == frame["target"].dtype
     assert served["predicted"].astype(str).tolist() == local.column("predicted").to_pylist()
-    np.testing.assert_allclose(np.stack(served["probabilities"]),
-                               np.stack(local.column("probabilities").to_numpy(
-                                   zero_copy_only=False)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.stack(served["probabilities"]),
+        np.stack(local.column("probabilities").to_numpy(zero_copy_only=False)),
+        rtol=1e-6,
+    )
     scored = evaluate_model(model_uri, tracking_uri, result.manifest_uri)
-    assert scored == {"model_uri": model_uri, **evaluate_classifier(
-        codec_classifier(network, result.manifest_uri), result.manifest_uri)}
+    assert scored == {
+        "model_uri": model_uri,
+        **evaluate_classifier(codec_classifier(network, result.manifest_uri), result.manifest_uri),
+    }
 
 
-POLICIES = {"i8": "error", "u16": "drop_row", "i64": "fill_zero", "f32": "fill_mean",
-            "f64": "indicator", "flag": "fill_zero", "day": "error", "at": "fill_mean"}
+POLICIES = {
+    "i8": "error",
+    "u16": "drop_row",
+    "i64": "fill_zero",
+    "f32": "fill_mean",
+    "f64": "indicator",
+    "flag": "fill_zero",
+    "day": "error",
+    "at": "fill_mean",
+}
 
 
 def scalar_table(first_id: int, num_rows: int, seed: int) -> pa.Table:
@@ -155,19 +179,24 @@ def scalar_table(first_id: int, num_rows: int, seed: int) -> pa.Table:
 
     f64 = rng.normal(50, 20, num_rows)
     f64[rng.random(num_rows) < 0.05] = np.nan  # NaN counts as a null too
-    return pa.table({
-        "id": np.arange(first_id, first_id + num_rows), "label": rng.integers(0, 3, num_rows),
-        "i8": pa.array(rng.integers(-100, 100, num_rows), pa.int8()),
-        "u16": pa.array(rng.integers(0, 60_000, num_rows), pa.uint16(), mask=mask("u16")),
-        "i64": pa.array(rng.integers(-10**9, 10**9, num_rows), pa.int64(), mask=mask("i64")),
-        "f32": pa.array(rng.normal(0, 1e-3, num_rows), pa.float32(), mask=mask("f32")),
-        "f64": pa.array(f64, mask=mask("f64")),
-        "flag": pa.array(rng.random(num_rows) < 0.5, mask=mask("flag")),
-        "day": pa.array(rng.integers(0, 20_000, num_rows).astype(np.int32), pa.int32())
-        .cast(pa.date32()),
-        "at": pa.array(rng.integers(0, 2 * 10**12, num_rows), pa.timestamp("ms"),
-                       mask=mask("at")),
-    })
+    return pa.table(
+        {
+            "id": np.arange(first_id, first_id + num_rows),
+            "label": rng.integers(0, 3, num_rows),
+            "i8": pa.array(rng.integers(-100, 100, num_rows), pa.int8()),
+            "u16": pa.array(rng.integers(0, 60_000, num_rows), pa.uint16(), mask=mask("u16")),
+            "i64": pa.array(rng.integers(-(10**9), 10**9, num_rows), pa.int64(), mask=mask("i64")),
+            "f32": pa.array(rng.normal(0, 1e-3, num_rows), pa.float32(), mask=mask("f32")),
+            "f64": pa.array(f64, mask=mask("f64")),
+            "flag": pa.array(rng.random(num_rows) < 0.5, mask=mask("flag")),
+            "day": pa.array(rng.integers(0, 20_000, num_rows).astype(np.int32), pa.int32()).cast(
+                pa.date32()
+            ),
+            "at": pa.array(
+                rng.integers(0, 2 * 10**12, num_rows), pa.timestamp("ms"), mask=mask("at")
+            ),
+        }
+    )
 
 
 def expected_columns(raw: pa.Table, train_ids: set[int]) -> dict[str, np.ndarray]:
@@ -204,13 +233,22 @@ def test_mixed_scalar_columns_with_nulls_under_every_policy(tmp_path, dask_clien
     for index, table in enumerate(tables):
         (tmp_path / "raw").mkdir(exist_ok=True)
         pq.write_table(table, tmp_path / "raw" / f"part-{index}.parquet", row_group_size=150)
-    result = reshard(tmp_path / "raw", tmp_path / "out", dask_client,
-                     {"feature_columns": list(POLICIES),
-                      "nulls": {k: v for k, v in POLICIES.items() if v != "error"}},
-                     mix={"class_weighting": "natural"}, shuffle="global")
+    result = reshard(
+        tmp_path / "raw",
+        tmp_path / "out",
+        dask_client,
+        {
+            "feature_columns": list(POLICIES),
+            "nulls": {k: v for k, v in POLICIES.items() if v != "error"},
+        },
+        mix={"class_weighting": "natural"},
+        shuffle="global",
+    )
     dropped = result.manifest.features["dropped_rows"]
-    assert dropped == {f"file://{tmp_path}/raw/part-{i}.parquet": t.column("u16").null_count
-                       for i, t in enumerate(tables)}
+    assert dropped == {
+        f"file://{tmp_path}/raw/part-{i}.parquet": t.column("u16").null_count
+        for i, t in enumerate(tables)
+    }
     train = loader_rows(result.manifest_uri, "train")
     holdout = loader_rows(result.manifest_uri, "holdout")
     raw = pa.concat_tables(tables)
@@ -224,7 +262,8 @@ def test_mixed_scalar_columns_with_nulls_under_every_policy(tmp_path, dask_clien
 
 
 def test_a_string_categorical_feature_is_one_hot_with_unseen_values_out_of_vocabulary(
-        tmp_path, dask_client) -> None:
+    tmp_path, dask_client
+) -> None:
     """Invariants: the vocabulary is the training rows' distinct values; the loader one-hot
     encodes each row's city; a city never seen encodes as slot 0 on raw rows; a model on
     the one-hot features learns a label the city decides."""
@@ -235,32 +274,40 @@ def test_a_string_categorical_feature_is_one_hot_with_unseen_values_out_of_vocab
     tables = []
     for index in range(3):
         city = rng.choice(cities, 200)
-        tables.append(pa.table({"id": np.arange(200 * index, 200 * (index + 1)),
-                                "label": [group[c] for c in city], "city": city,
-                                "x": rng.normal(size=200)}))
+        tables.append(
+            pa.table(
+                {
+                    "id": np.arange(200 * index, 200 * (index + 1)),
+                    "label": [group[c] for c in city],
+                    "city": city,
+                    "x": rng.normal(size=200),
+                }
+            )
+        )
         pa_csv.write_csv(tables[-1], tmp_path / "raw" / f"c{index}.csv")
-    result = reshard(tmp_path / "raw", tmp_path / "out", dask_client,
-                     {"feature_columns": ["city", "x"]})
+    result = reshard(
+        tmp_path / "raw", tmp_path / "out", dask_client, {"feature_columns": ["city", "x"]}
+    )
     codec = FeatureCodec.from_manifest(result.manifest)
     vocabulary = codec.columns[0].vocabulary
     raw = pa.concat_tables(tables)
-    city_of = dict(zip(raw.column("id").to_pylist(), raw.column("city").to_pylist(),
-                       strict=True))
+    city_of = dict(zip(raw.column("id").to_pylist(), raw.column("city").to_pylist(), strict=True))
     train = loader_rows(result.manifest_uri, "train")
     assert vocabulary == sorted({city_of[i] for i in train})
     for row_id, (features, _) in train.items():
-        assert features[:7].tolist() == [float(k == 1 + vocabulary.index(city_of[row_id]))
-                                         for k in range(7)]
+        assert features[:7].tolist() == [
+            float(k == 1 + vocabulary.index(city_of[row_id])) for k in range(7)
+        ]
     unseen = codec.encode(pa.table({"city": ["atlantis"], "x": [0.0]}))
     assert unseen[0, :7].tolist() == [1, 0, 0, 0, 0, 0, 0]
     network = train_mlp(result.manifest_uri, epochs=15)
-    scores = evaluate_classifier(codec_classifier(network, result.manifest_uri),
-                                 result.manifest_uri)
+    scores = evaluate_classifier(
+        codec_classifier(network, result.manifest_uri), result.manifest_uri
+    )
     assert scores["macro_f1"] >= 0.95
 
 
-def test_variable_length_token_lists_are_padded_truncated_and_masked(tmp_path,
-                                                                     dask_client) -> None:
+def test_variable_length_token_lists_are_padded_truncated_and_masked(tmp_path, dask_client) -> None:
     """Invariants: each loader row holds the first 8 tokens of its list (0-padded) and a
     mask of its length; a null list under fill_zero is all zeros; the manifest records
     the null count."""
@@ -268,15 +315,23 @@ def test_variable_length_token_lists_are_padded_truncated_and_masked(tmp_path,
     lengths = rng.integers(0, 13, 500)
     tokens = [rng.integers(1, 1_000, n).tolist() for n in lengths]
     null = rng.random(500) < 0.05
-    table = pa.table({"id": np.arange(500), "label": rng.integers(0, 2, 500),
-                      "tokens": pa.array([None if n else t for t, n in zip(tokens, null,
-                                                                             strict=True)],
-                                         pa.list_(pa.int32()))})
+    table = pa.table(
+        {
+            "id": np.arange(500),
+            "label": rng.integers(0, 2, 500),
+            "tokens": pa.array(
+                [None if n else t for t, n in zip(tokens, null, strict=True)], pa.list_(pa.int32())
+            ),
+        }
+    )
     (tmp_path / "raw").mkdir()
     pq.write_table(table, tmp_path / "raw" / "tokens.parquet")
-    result = reshard(tmp_path / "raw", tmp_path / "out", dask_client,
-                     {"feature_columns": ["tokens"], "sequence_length": 8,
-                      "nulls": {"tokens": "fill_zero"}})
+    result = reshard(
+        tmp_path / "raw",
+        tmp_path / "out",
+        dask_client,
+        {"feature_columns": ["tokens"], "sequence_length": 8, "nulls": {"tokens": "fill_zero"}},
+    )
     (spec,) = result.manifest.features["columns"]
     assert (spec["kind"], spec["size"], spec["null_count"]) == ("sequence", 8, null.sum())
     for split in ("train", "holdout"):
@@ -297,13 +352,15 @@ def test_json_lines_with_a_string_label(tmp_path, dask_client) -> None:
     for index in range(600):
         name = str(rng.choice(list(animals)))
         weight, legs = animals[name]
-        rows.append({"id": index, "label": name, "weight": weight * rng.uniform(0.7, 1.3),
-                     "legs": legs})
+        rows.append(
+            {"id": index, "label": name, "weight": weight * rng.uniform(0.7, 1.3), "legs": legs}
+        )
     for part in range(2):
-        lines = (json.dumps(row) for row in rows[part * 300:(part + 1) * 300])
+        lines = (json.dumps(row) for row in rows[part * 300 : (part + 1) * 300])
         (tmp_path / "raw" / f"animals-{part}.jsonl").write_text("\n".join(lines) + "\n")
-    result = reshard(tmp_path / "raw", tmp_path / "out", dask_client,
-                     {"feature_columns": ["weight", "legs"]})
+    result = reshard(
+        tmp_path / "raw", tmp_path / "out", dask_client, {"feature_columns": ["weight", "legs"]}
+    )
     classes = result.manifest.classes
     assert classes == ["bird", "cat", "dog"]
     for row_id, (_, label) in loader_rows(result.manifest_uri, "train").items():
@@ -326,12 +383,16 @@ def test_a_class_whose_rows_are_all_held_out_stays_a_class(tmp_path, dask_client
     held = np.flatnonzero(holdout_mask("rare.parquet", 0, 200, 0, 0.25))
     labels[held[:2]] = 7
     (tmp_path / "raw").mkdir()
-    pq.write_table(pa.table({"id": np.arange(200), "label": labels,
-                             "x": rng.normal(size=200)}), tmp_path / "raw" / "rare.parquet")
-    result = reshard(tmp_path / "raw", tmp_path / "out", dask_client, {"feature_columns": ["x"]},
-                     seed=0)
+    pq.write_table(
+        pa.table({"id": np.arange(200), "label": labels, "x": rng.normal(size=200)}),
+        tmp_path / "raw" / "rare.parquet",
+    )
+    result = reshard(
+        tmp_path / "raw", tmp_path / "out", dask_client, {"feature_columns": ["x"]}, seed=0
+    )
     assert 7 in result.manifest.classes
-    assert "7" not in {label for entry in result.manifest.split("train").shards
-                       for label in entry.class_counts}
+    assert "7" not in {
+        label for entry in result.manifest.split("train").shards for label in entry.class_counts
+    }
     holdout = loader_rows(result.manifest_uri, "holdout")
     assert {holdout[int(i)][1] for i in held[:2]} == {result.manifest.classes.index(7)}

@@ -51,22 +51,28 @@ def test_the_limit_stretches_with_the_load_of_the_machine() -> None:
     """Invariant: at load 1 (or below) the limit is 60 s; on a machine loaded 2x over its
     cores a test has twice as long."""
     durations = {"a.py::test_a": 70.0, "a.py::test_b": 130.0}
-    assert tiers.over_limit(durations, (), {"a.py::test_a": 0.5, "a.py::test_b": 0.5}) == \
-        durations
-    assert tiers.over_limit(durations, (), {"a.py::test_a": 2.0, "a.py::test_b": 2.0}) == \
-        {"a.py::test_b": 130.0}
+    assert tiers.over_limit(durations, (), {"a.py::test_a": 0.5, "a.py::test_b": 0.5}) == durations
+    assert tiers.over_limit(durations, (), {"a.py::test_a": 2.0, "a.py::test_b": 2.0}) == {
+        "a.py::test_b": 130.0
+    }
 
 
-@pytest.mark.parametrize(("enforce", "status"), [("1", pytest.ExitCode.TESTS_FAILED),
-                                                 ("", pytest.ExitCode.OK)])
+@pytest.mark.parametrize(
+    ("enforce", "status"), [("1", pytest.ExitCode.TESTS_FAILED), ("", pytest.ExitCode.OK)]
+)
 def test_a_slow_unlisted_test_fails_the_run_only_when_enforced(
-        monkeypatch: pytest.MonkeyPatch, enforce: str, status: pytest.ExitCode) -> None:
+    monkeypatch: pytest.MonkeyPatch, enforce: str, status: pytest.ExitCode
+) -> None:
     """Invariant: with BALLAST_ENFORCE_DURATIONS=1 an unlisted test over the limit (its
     phases summed) turns a green session red; without it the status is left as it was."""
     monkeypatch.setenv(tiers.ENFORCE_VARIABLE, enforce)
     checks = tiers.TierChecks(end_to_end={"a.py::test_e2e"})
-    for nodeid, seconds in [("a.py::test_b", 30.0), ("a.py::test_b", 40.0),
-                            ("a.py::test_b", 0.5), ("a.py::test_e2e", 300.0)]:
+    for nodeid, seconds in [
+        ("a.py::test_b", 30.0),
+        ("a.py::test_b", 40.0),
+        ("a.py::test_b", 0.5),
+        ("a.py::test_e2e", 300.0),
+    ]:
         report = SimpleNamespace(nodeid=nodeid, duration=seconds)
         checks.pytest_runtest_logreport(report)  # type: ignore[arg-type]
     checks.slowdowns = {"a.py::test_b": 1.0, "a.py::test_e2e": 1.0}  # a quiet machine
@@ -113,7 +119,8 @@ def test_slow_runs_a_subprocess():
 
 @pytest.mark.slow
 def test_the_guard_fails_quick_tests_that_start_processes_or_services(
-        pytester: pytest.Pytester) -> None:
+    pytester: pytest.Pytester,
+) -> None:
     """Invariant: in a real pytest run a quick test that runs a subprocess, spawns a
     multiprocessing process or asks for a service fixture fails (the fixture never runs),
     while a pure quick test and a slow test that starts a subprocess pass."""
@@ -124,14 +131,16 @@ def test_the_guard_fails_quick_tests_that_start_processes_or_services(
         patch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
     result.assert_outcomes(passed=2, failed=2, errors=1)
-    result.stdout.fnmatch_lines([
-        "*test_quick_asks_for_a_cluster is in the quick tier but uses the service fixture "
-        "'dask_client'*",
-        "*test_quick_runs_a_subprocess is in the quick tier but started a process: "
-        "subprocess.Popen*",
-        "*test_quick_spawns_a_process is in the quick tier but started a process: "
-        "ballast.multiprocessing.start*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_quick_asks_for_a_cluster is in the quick tier but uses the service fixture "
+            "'dask_client'*",
+            "*test_quick_runs_a_subprocess is in the quick tier but started a process: "
+            "subprocess.Popen*",
+            "*test_quick_spawns_a_process is in the quick tier but started a process: "
+            "ballast.multiprocessing.start*",
+        ]
+    )
     assert "the guard lets a quick test start a service" not in result.stdout.str()
 
 
@@ -145,5 +154,6 @@ def test_every_listed_end_to_end_test_exists() -> None:
     for nodeid in END_TO_END:
         path, name = nodeid.split("[")[0].split("::")
         tree = ast.parse((ROOT / path).read_text())
-        assert name in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, \
+        assert name in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}, (
             nodeid
+        )

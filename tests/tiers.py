@@ -28,11 +28,22 @@ from typing import Any
 import pytest
 
 # Session or module fixtures that start a service; a test needing one is slow by definition.
-SERVICE_FIXTURES = frozenset({"dask_client", "s3_endpoint", "mlflow_uri", "proxy",
-                              "prefect_harness", "slurm_cluster"})
+SERVICE_FIXTURES = frozenset(
+    {"dask_client", "s3_endpoint", "mlflow_uri", "proxy", "prefect_harness", "slurm_cluster"}
+)
 MULTIPROCESSING_START = "ballast.multiprocessing.start"
-PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
-                            "os.spawn", "os.system", "os.exec", MULTIPROCESSING_START})
+PROCESS_EVENTS = frozenset(
+    {
+        "subprocess.Popen",
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "os.exec",
+        MULTIPROCESSING_START,
+    }
+)
 LIMIT_S = 60.0
 ENFORCE_VARIABLE = "BALLAST_ENFORCE_DURATIONS"
 
@@ -65,33 +76,43 @@ def describe_start(event: str, args: tuple[Any, ...]) -> str:
     return f"{event}: {str(what)[:120]} (thread {threading.current_thread().name})"
 
 
-def tier_violations(slow: bool, fixturenames: Iterable[str], starts: list[str],
-                    starting: Iterable[str] = ()) -> list[str]:
+def tier_violations(
+    slow: bool, fixturenames: Iterable[str], starts: list[str], starting: Iterable[str] = ()
+) -> list[str]:
     """Why a test does not belong in the quick tier; empty when it does (or is slow).
     `starting`: fixtures seen starting a process, beyond the SERVICE_FIXTURES."""
     if slow:
         return []
     names = set(fixturenames)
     problems = [f"uses the service fixture {name!r}" for name in sorted(SERVICE_FIXTURES & names)]
-    problems += [f"uses the fixture {name!r}, which starts a process"
-                 for name in sorted((set(starting) - SERVICE_FIXTURES) & names)]
+    problems += [
+        f"uses the fixture {name!r}, which starts a process"
+        for name in sorted((set(starting) - SERVICE_FIXTURES) & names)
+    ]
     return problems + [f"started a process: {start}" for start in starts]
 
 
 def violation_message(nodeid: str, problems: list[str]) -> str:
-    return (f"{nodeid} is in the quick tier but {'; '.join(problems)}. A test that starts a "
-            "subprocess, torchrun, a Dask cluster or a server is marked @pytest.mark.slow "
-            "(tests/tiers.py).")
+    return (
+        f"{nodeid} is in the quick tier but {'; '.join(problems)}. A test that starts a "
+        "subprocess, torchrun, a Dask cluster or a server is marked @pytest.mark.slow "
+        "(tests/tiers.py)."
+    )
 
 
-def over_limit(durations: dict[str, float], allowed: Iterable[str],
-               slowdowns: dict[str, float] | None = None) -> dict[str, float]:
+def over_limit(
+    durations: dict[str, float], allowed: Iterable[str], slowdowns: dict[str, float] | None = None
+) -> dict[str, float]:
     """Tests over LIMIT_S (stretched by their slowdown, when given), less those allowed by
     node id or by the node id without parameters (a listed test covers them all)."""
     allowed, slowdowns = set(allowed), slowdowns or {}
-    return {nodeid: seconds for nodeid, seconds in durations.items()
-            if seconds > LIMIT_S * max(1.0, slowdowns.get(nodeid, 1.0))
-            and nodeid.split("[")[0] not in allowed and nodeid not in allowed}
+    return {
+        nodeid: seconds
+        for nodeid, seconds in durations.items()
+        if seconds > LIMIT_S * max(1.0, slowdowns.get(nodeid, 1.0))
+        and nodeid.split("[")[0] not in allowed
+        and nodeid not in allowed
+    }
 
 
 def slowdown() -> float:
@@ -176,13 +197,17 @@ class TierChecks:
             return
         terminalreporter.section(f"over {LIMIT_S:.0f} s, not in END_TO_END (tests/conftest.py)")
         for nodeid, seconds in sorted(self.over.items(), key=lambda entry: -entry[1]):
-            terminalreporter.line(f"{seconds:7.1f} s  {nodeid}  (machine load "
-                                  f"{self.slowdowns[nodeid]:.1f}x its cores)"
-                                  + ("  FAILS" if enforced() and nodeid in self.failing else ""))
+            terminalreporter.line(
+                f"{seconds:7.1f} s  {nodeid}  (machine load "
+                f"{self.slowdowns[nodeid]:.1f}x its cores)"
+                + ("  FAILS" if enforced() and nodeid in self.failing else "")
+            )
         terminalreporter.line(
             f"{ENFORCE_VARIABLE}=1 fails the run on those over {LIMIT_S:.0f} s x the load"
-            if enforced() else f"report only; {ENFORCE_VARIABLE}=1 (.ci/run) fails the run "
-            f"on those over {LIMIT_S:.0f} s x the load")
+            if enforced()
+            else f"report only; {ENFORCE_VARIABLE}=1 (.ci/run) fails the run "
+            f"on those over {LIMIT_S:.0f} s x the load"
+        )
 
 
 def enforced() -> bool:

@@ -19,11 +19,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     upload = commands.add_parser("upload", help="send runs kept while MLflow was down")
     upload.add_argument("spools", nargs="+", metavar="DIR", help="a run's spool directory")
-    upload.add_argument("--tracking-uri", default=None,
-                        help="send there instead of the stored URI (needed when it had a "
-                        "password, which is never stored)")
-    upload.add_argument("--wait-s", type=float, default=60.0,
-                        help="how long to wait for a server that cannot be reached")
+    upload.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="send there instead of the stored URI (needed when it had a "
+        "password, which is never stored)",
+    )
+    upload.add_argument(
+        "--wait-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for a server that cannot be reached",
+    )
     return parser.parse_args(argv)
 
 
@@ -35,13 +42,15 @@ def upload(directory: str, tracking_uri: str | None, wait_s: float) -> bool:
         return False
     config = spool.tracking_config(tracking_uri)
     if "***" in config.tracking_uri:
-        print(f"{directory}: the stored tracking URI {config.tracking_uri} had a password; "
-              "pass --tracking-uri", file=sys.stderr)
+        print(
+            f"{directory}: the stored tracking URI {config.tracking_uri} had a password; "
+            "pass --tracking-uri",
+            file=sys.stderr,
+        )
         return False
     run_id = deliver(spool, config.model_copy(update={"delivery_wait_s": wait_s}))
     if run_id is None:
-        print(f"{directory}: not sent (see the warning above); nothing was lost",
-              file=sys.stderr)
+        print(f"{directory}: not sent (see the warning above); nothing was lost", file=sys.stderr)
         return False
     print(f"{directory}: sent as run {run_id}; {how_to_open(config.tracking_uri, run_id)}")
     return True

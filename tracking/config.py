@@ -23,16 +23,26 @@ class TrackingConfig(BaseModel):
     )
     run_name: str | None = Field(None, description="Display name of a newly created run.")
     system_metrics_interval_s: float | None = Field(
-        2.0, gt=0, description="Sample each node's CPU/memory/GPU this often (seconds; a "
-        "job of a minute gets a curve of 30 points); None: off.")
+        2.0,
+        gt=0,
+        description="Sample each node's CPU/memory/GPU this often (seconds; a "
+        "job of a minute gets a curve of 30 points); None: off.",
+    )
     registered_model_name: str | None = Field(
-        "ballast-classifier", description="Register trained models under this name; None "
-        "skips registration. A version becomes `champion` only if it beats the current one.")
+        "ballast-classifier",
+        description="Register trained models under this name; None "
+        "skips registration. A version becomes `champion` only if it beats the current one.",
+    )
     spool_dir: str | None = Field(
-        None, description="Local directory where what a down tracking server could not take "
+        None,
+        description="Local directory where what a down tracking server could not take "
         "is kept, one folder per run, until it is sent (at the run's close, or with "
-        "`python -m tracking upload <folder>`). None: `~/.ballast/mlflow-spool`.")
+        "`python -m tracking upload <folder>`). None: `~/.ballast/mlflow-spool`.",
+    )
     delivery_wait_s: float = Field(
-        60.0, ge=0, description="How long the end of a job (last metrics, the model, the "
+        60.0,
+        ge=0,
+        description="How long the end of a job (last metrics, the model, the "
         "run's close) keeps trying a tracking server that cannot be reached before keeping "
-        "the rest in `spool_dir`. The start of a job never waits: training goes on.")
+        "the rest in `spool_dir`. The start of a job never waits: training goes on.",
+    )

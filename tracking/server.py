@@ -49,8 +49,10 @@ def is_reachable(tracking_uri: str) -> bool:
     below 500 counts: a 401 behind authentication is a server that is up)."""
     if not is_server(tracking_uri):
         return True
-    probe = urllib.request.Request(f"{without_credentials(tracking_uri).rstrip('/')}/health",
-                                   headers=auth_headers(tracking_uri))
+    probe = urllib.request.Request(
+        f"{without_credentials(tracking_uri).rstrip('/')}/health",
+        headers=auth_headers(tracking_uri),
+    )
     try:
         with urllib.request.urlopen(probe, timeout=PROBE_TIMEOUT_S):
             return True
@@ -97,8 +99,7 @@ def is_transient(error: BaseException) -> bool:
         return error.get_http_status_code() >= 500 or error.error_code in _RETRY_CODES
     if classify(error) != "transient":
         return False
-    return (isinstance(error, MlflowException | OSError | TransientError)
-            or _is_transient_s3(error))
+    return isinstance(error, MlflowException | OSError | TransientError) or _is_transient_s3(error)
 
 
 def _is_transient_s3(error: BaseException) -> bool:

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_train_config(args.config)
         output_dir = cfg.output_dir
-        run_training(cfg.model_copy(update={"resume": cfg.resume or args.resume}),
-                     ckpt_path=args.ckpt_path)
+        run_training(
+            cfg.model_copy(update={"resume": cfg.resume or args.resume}), ckpt_path=args.ckpt_path
+        )
     except BaseException as error:
         close_process_group(wait_for_peers=False)
         if not is_config_error(error):

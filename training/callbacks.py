@@ -44,13 +44,21 @@ from training.distributed.watchdog import HangWatchdog
 class JobCallbacks:
     """The callbacks of a job, kept by name for the summary."""
 
-    def __init__(self, cfg: TrainConfig, strategy: Any, world_size: int = 1,
-                 train_stream: ShardStream | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        strategy: Any,
+        world_size: int = 1,
+        train_stream: ShardStream | None = None,
+    ) -> None:
         self.counter = BatchCounter()
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
-        self.balance = (SpeedReplan(train_stream) if cfg.loader.balance == "speed"
-                        and train_stream is not None else None)
+        self.balance = (
+            SpeedReplan(train_stream)
+            if cfg.loader.balance == "speed" and train_stream is not None
+            else None
+        )
         if self.balance is not None:
             self.ranks = RankTimes(meter, self.balance, cfg.loader.balance_every_n_steps)
         else:
@@ -82,9 +90,12 @@ class SpeedReplan:
         state = self.stream.state_dict()
         batch_size = self.stream.config.batch_size
         shares = self.stream.shares.replan(
-            state["epoch"], state["samples_consumed"], len(figures) * batch_size,
+            state["epoch"],
+            state["samples_consumed"],
+            len(figures) * batch_size,
             [rank["samples"] for rank in figures],
-            [rank["step_s"] - rank["allreduce_blocked_s"] for rank in figures])
+            [rank["step_s"] - rank["allreduce_blocked_s"] for rank in figures],
+        )
         rows = np.diff(row_bounds(shares, len(shares) * batch_size))
         if not trainer.is_global_zero:
             return
@@ -102,8 +113,7 @@ class SpeedReplan:
             return
         self._rows = rows
         split = "/".join(str(int(count)) for count in rows)
-        who = ("ranks alike" if rows.min() == rows.max()
-               else f"rank {int(np.argmin(rows))} slower")
+        who = "ranks alike" if rows.min() == rows.max() else f"rank {int(np.argmin(rows))} slower"
         line = f"step {step}: {who}: {split} rows a step"
         self.moves.append(line)
         rank_zero_info(f"balance: {line}")
@@ -113,12 +123,16 @@ def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:
     """One file (or DCP directory), last.ckpt, rewritten at every epoch's end and, when
     `checkpoint_every_n_steps` is set, every that many optimizer steps (Lightning takes
     the two triggers only as two callbacks)."""
-    common: dict[str, Any] = {"dirpath": cfg.checkpoint_uri,
-                              "filename": LAST_CHECKPOINT_NAME.removesuffix(".ckpt"),
-                              "save_top_k": 1, "enable_version_counter": False}
+    common: dict[str, Any] = {
+        "dirpath": cfg.checkpoint_uri,
+        "filename": LAST_CHECKPOINT_NAME.removesuffix(".ckpt"),
+        "save_top_k": 1,
+        "enable_version_counter": False,
+    }
     every = cfg.checkpoint_every_n_steps
     return [ModelCheckpoint(**common)] + (
-        [ModelCheckpoint(**common, every_n_train_steps=every)] if every else [])
+        [ModelCheckpoint(**common, every_n_train_steps=every)] if every else []
+    )
 
 
 class BatchCounter(lightning.Callback):
@@ -140,8 +154,12 @@ class GradientClipping(lightning.Callback):
     def on_before_optimizer_step(
         self, trainer: lightning.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer
     ) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None]
+        grads = [
+            p.grad
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
         if not grads:
             return
         total = torch.nn.utils.get_total_norm(grads)

@@ -80,7 +80,9 @@ class LoaderConfig(BaseModel):
         "does, with the same needs.",
     )
     balance_every_n_steps: int = Field(
-        10, gt=0, description="`balance: speed`: optimizer steps between re-plans (each one "
+        10,
+        gt=0,
+        description="`balance: speed`: optimizer steps between re-plans (each one "
         "rides on the per-interval all_gather of the step times, no collective of its own).",
     )
 
@@ -122,9 +124,7 @@ class TransformerConfig(BaseModel):
     @model_validator(mode="after")
     def heads_divide_width(self) -> TransformerConfig:
         if self.d_model % self.num_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must divide d_model ({self.d_model})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must divide d_model ({self.d_model})")
         return self
 
 
@@ -135,7 +135,7 @@ class ModelConfig(BaseModel):
 
     class_path: str = Field(
         "classifier",
-        description='`classifier` (MLP over features), `transformer` (over token ids), or a '
+        description="`classifier` (MLP over features), `transformer` (over token ids), or a "
         'LightningModule by import path "pkg.module:Class", built as '
         "Class(num_features, classes, model) with `model` this config as a dict.",
     )
@@ -144,7 +144,8 @@ class ModelConfig(BaseModel):
         default_factory=TransformerConfig, description="Transformer: its sizes."
     )
     optimizer: Literal["adamw", "sgd"] = Field(
-        "adamw", description="`adamw`, or `sgd` with Nesterov momentum 0.9.")
+        "adamw", description="`adamw`, or `sgd` with Nesterov momentum 0.9."
+    )
     learning_rate: float = Field(3e-3, gt=0, description="Learning rate.")
     weight_decay: float = Field(1e-4, ge=0, description="Weight decay (decoupled for AdamW).")
     options: dict[str, Any] = Field(
@@ -227,7 +228,9 @@ class TrainConfig(BaseModel):
         120, gt=0, description="A peer silent this long fails the job instead of hanging it."
     )
     hang_timeout_s: float | None = Field(
-        None, gt=0, description="A rank of a job of several that finishes no train step for "
+        None,
+        gt=0,
+        description="A rank of a job of several that finishes no train step for "
         "this long fails the attempt, naming the stuck ranks, and the launcher retries it "
         "(training/distributed/watchdog.py); it must exceed the longest step and checkpoint "
         "write. None: 90 % of process_group_timeout_s, so that it fires before the "
@@ -247,8 +250,10 @@ class TrainConfig(BaseModel):
                 "use bf16-mixed"
             )
         if self.loader.balanced and self.strategy not in ("ddp", "auto"):
-            raise ValueError(f"loader.balance: {self.loader.balance} / loader.balance_by: "
-                             f"{self.loader.balance_by} apply to ddp, not {self.strategy}")
+            raise ValueError(
+                f"loader.balance: {self.loader.balance} / loader.balance_by: "
+                f"{self.loader.balance_by} apply to ddp, not {self.strategy}"
+            )
         if self.comm.hook != "none" and self.strategy not in ("ddp", "auto"):
             raise ValueError(f"comm.hook: {self.comm.hook} applies to ddp, not {self.strategy}")
         return self

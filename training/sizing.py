@@ -26,6 +26,8 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
     rows = max(num_training_rows, 1)
     batch, width = next((batch, width) for limit, batch, width in SIZES if rows < limit)
     epochs = math.ceil(TARGET_STEPS * batch / rows)
-    return {"max_epochs": min(max(epochs, MIN_EPOCHS), MAX_EPOCHS),
-            "loader": {"batch_size": batch},
-            "model": {"hidden_sizes": [width, width], "learning_rate": LEARNING_RATE}}
+    return {
+        "max_epochs": min(max(epochs, MIN_EPOCHS), MAX_EPOCHS),
+        "loader": {"batch_size": batch},
+        "model": {"hidden_sizes": [width, width], "learning_rate": LEARNING_RATE},
+    }

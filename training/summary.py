@@ -56,7 +56,10 @@ def read_summary(output_dir: str) -> dict[str, Any]:
 
 
 def summarise(
-    trainer: lightning.Trainer, model: Any, cfg: TrainConfig, callbacks: JobCallbacks,
+    trainer: lightning.Trainer,
+    model: Any,
+    cfg: TrainConfig,
+    callbacks: JobCallbacks,
     elapsed_s: float,
 ) -> dict[str, Any]:
     """The figures of the run that a flow, a person or a test reads back (a collective)."""
@@ -97,14 +100,17 @@ def rank_time_figures(trainer: lightning.Trainer, callbacks: JobCallbacks) -> di
 
     per_rank = callbacks.ranks.per_rank(trainer)
     return {f"{name}_per_rank": values for name, values in per_rank.items()} | {
-        "straggler": straggler(per_rank)}
+        "straggler": straggler(per_rank)
+    }
 
 
 def loss_figures(trainer: lightning.Trainer) -> dict[str, float | None]:
     """The last epoch's train and validation loss, None where not logged."""
     metrics = trainer.callback_metrics
-    return {name: None if (value := metrics.get(name)) is None else float(value)
-            for name in ("train_loss", "val_loss")}
+    return {
+        name: None if (value := metrics.get(name)) is None else float(value)
+        for name in ("train_loss", "val_loss")
+    }
 
 
 def tracking_run_id(trainer: lightning.Trainer, cfg: TrainConfig) -> str | None:
@@ -129,8 +135,11 @@ def confusion_summary(confusion: np.ndarray | None, classes: list[str]) -> dict[
             for name, value in zip(classes, recall, strict=True)
         },
         "confusion_matrix": np.asarray(confusion).tolist(),
-        "val_recall_keys": {str(name): key for name in classes
-                            if (key := mlflow_key(name, "val_recall/")) != f"val_recall/{name}"},
+        "val_recall_keys": {
+            str(name): key
+            for name in classes
+            if (key := mlflow_key(name, "val_recall/")) != f"val_recall/{name}"
+        },
     }
 
 
@@ -147,8 +156,11 @@ def memory_figures(model: Any, trainer: lightning.Trainer) -> dict[str, int]:
     import torch
 
     optimizer_state = [
-        value for optimizer in trainer.optimizers for state in optimizer.state.values()
-        for value in state.values() if isinstance(value, torch.Tensor) and value.dim() > 0
+        value
+        for optimizer in trainer.optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
     ]
     if torch.cuda.is_available():
         peak = int(torch.cuda.max_memory_allocated())

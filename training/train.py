@@ -59,8 +59,7 @@ def fit(job: TrainingJob, tracking: TrackingConfig | None, resume_from: str | No
         warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
         # weights_only: a checkpoint holds tensors and plain metadata; unpickling code from
         # one is refused (docs/reliability.md, "Trust boundary").
-        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from,
-                        weights_only=True)
+        job.trainer.fit(job.model, datamodule=job.data, ckpt_path=resume_from, weights_only=True)
 
 
 @contextmanager

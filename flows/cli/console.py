@@ -55,8 +55,9 @@ class ProgressOnly(logging.Filter):
             return record.levelno >= logging.ERROR
         if record.levelno >= logging.WARNING:
             return True
-        return (record.name.startswith(PROGRESS_LOGGERS)
-                and not str(record.msg).startswith(STATE_PREFIX))
+        return record.name.startswith(PROGRESS_LOGGERS) and not str(record.msg).startswith(
+            STATE_PREFIX
+        )
 
 
 class FirstLineOnly(logging.Formatter):
@@ -76,16 +77,21 @@ class FirstLineOnly(logging.Formatter):
 
 
 def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
-    return [handler for handler in logger.handlers
-            if isinstance(handler, logging.StreamHandler)
-            and not isinstance(handler, logging.FileHandler)]
+    return [
+        handler
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+    ]
 
 
 def _loggers_with_handlers() -> list[logging.Logger]:
     """The root logger and every logger that does not pass its records up to it."""
-    named = [logger for logger in logging.Logger.manager.loggerDict.values()
-             if isinstance(logger, logging.Logger) and logger.handlers
-             and not logger.propagate]
+    named = [
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger) and logger.handlers and not logger.propagate
+    ]
     return [logging.getLogger(), *named]
 
 
@@ -97,16 +103,25 @@ def worker_logging(path: Path, verbose: bool) -> dict[str, object]:
     off when the environment holds this config)."""
     first_line = {"()": f"{__name__}.FirstLineOnly", "fmt": LINE_FORMAT}
     return {
-        "version": 1, "disable_existing_loggers": False,
-        "formatters": {"line": {"format": LINE_FORMAT},
-                       "console": {"format": LINE_FORMAT} if verbose else first_line},
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "line": {"format": LINE_FORMAT},
+            "console": {"format": LINE_FORMAT} if verbose else first_line,
+        },
         "handlers": {
-            "file": {"class": "logging.FileHandler", "filename": str(path),
-                     "formatter": "line"},
-            "console": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                        "formatter": "console", "level": "INFO" if verbose else "ERROR"}},
-        "loggers": {"distributed": {"level": "INFO", "handlers": ["file", "console"],
-                                    "propagate": False}}}
+            "file": {"class": "logging.FileHandler", "filename": str(path), "formatter": "line"},
+            "console": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "console",
+                "level": "INFO" if verbose else "ERROR",
+            },
+        },
+        "loggers": {
+            "distributed": {"level": "INFO", "handlers": ["file", "console"], "propagate": False}
+        },
+    }
 
 
 @contextmanager

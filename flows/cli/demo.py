@@ -12,8 +12,9 @@ from flows.pipeline import pipeline
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 
 
-def run_demo(work_dir: str | Path, num_rows: int = 120_000,
-             seed: int = 0) -> tuple[PipelineParams, dict[str, Any], float]:
+def run_demo(
+    work_dir: str | Path, num_rows: int = 120_000, seed: int = 0
+) -> tuple[PipelineParams, dict[str, Any], float]:
     """Write the sample under `work_dir`, run `pipeline`; its params, result and seconds."""
     work_dir = Path(work_dir).resolve()
     start = time.perf_counter()

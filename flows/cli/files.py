@@ -34,5 +34,4 @@ def list_files(root: str, split: str | None = None, version: str | None = None) 
         root = os.path.abspath(path)
     manifest, location = read_manifest(manifest_uri(root, version) if version else root)
     splits = [manifest.split(split)] if split else list(manifest.splits.values())
-    return "\n".join(shard_uri(location, entry) for entries in splits
-                     for entry in entries.shards)
+    return "\n".join(shard_uri(location, entry) for entries in splits for entry in entries.shards)

@@ -30,10 +30,15 @@ SOURCE_NAMES = ("source",)
 IMBALANCE_TO_REBALANCE = 2.0  # largest / smallest class count above which `uniform` is proposed
 HOLDOUT_FRACTION = 0.1
 MAX_CATEGORIES = DatasetSpec.model_fields["max_categories"].default
-ROLE_NOTES = {"label": "label", "source": "source", "id_column": "id",
-              "id": "id-like (not a feature)", "date": "feature (temporal: a date string)",
-              "wide": "left out (too many distinct strings)",
-              "ignored": "ignored (no codec reads this type)"}
+ROLE_NOTES = {
+    "label": "label",
+    "source": "source",
+    "id_column": "id",
+    "id": "id-like (not a feature)",
+    "date": "feature (temporal: a date string)",
+    "wide": "left out (too many distinct strings)",
+    "ignored": "ignored (no codec reads this type)",
+}
 
 
 def survey_inputs(inputs: str, label: str | None) -> TableSurvey:
@@ -42,8 +47,7 @@ def survey_inputs(inputs: str, label: str | None) -> TableSurvey:
     names = stream_schema(files[0]).names
     label = label or next((name for name in LABEL_NAMES if name in names), None)
     if label is None or label not in names:
-        raise ValueError(f"--label {label}: no such column in {files[0]}; the columns are "
-                         f"{names}")
+        raise ValueError(f"--label {label}: no such column in {files[0]}; the columns are {names}")
     source = next((name for name in SOURCE_NAMES if name in names and name != label), None)
     return survey_columns(files, label, source)
 
@@ -58,13 +62,21 @@ def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
     features = [*survey.named("feature"), *survey.named("date")]
     features = [name for name in survey.schema.names if name in features]  # file order
     ids = survey.named("id_column")
-    nulls = {name: proposed_policy(survey.columns[name].kind) for name in features
-             if survey.columns[name].null_rows or survey.sampled}
-    return {"inputs": [inputs], "label_column": survey.label,
-            "source_column": next(iter(survey.named("source")), None),
-            **({"id_column": _first_id(ids)} if ids else {}), "feature_columns": features,
-            **({"date_columns": survey.named("date")} if survey.named("date") else {}),
-            "nulls": nulls, **({"unlabelled": "drop"} if survey.unlabelled else {})}
+    nulls = {
+        name: proposed_policy(survey.columns[name].kind)
+        for name in features
+        if survey.columns[name].null_rows or survey.sampled
+    }
+    return {
+        "inputs": [inputs],
+        "label_column": survey.label,
+        "source_column": next(iter(survey.named("source")), None),
+        **({"id_column": _first_id(ids)} if ids else {}),
+        "feature_columns": features,
+        **({"date_columns": survey.named("date")} if survey.named("date") else {}),
+        "nulls": nulls,
+        **({"unlabelled": "drop"} if survey.unlabelled else {}),
+    }
 
 
 def _first_id(ids: list[str]) -> str:
@@ -77,14 +89,22 @@ def starter_config(survey: TableSurvey, inputs: str) -> dict[str, Any]:
     uniform = len(counts) > 1 and counts[-1] / max(counts[0], 1) > IMBALANCE_TO_REBALANCE
     labelled = survey.num_rows - survey.unlabelled
     return {
-        "reshard": {"dataset": dataset_section(survey, inputs),
-                    "output_root": "${WORK_DIR}/datasets", "holdout_fraction": HOLDOUT_FRACTION,
-                    "mix": {"class_weighting": "uniform" if uniform else "natural"}},
-        "train": {"dataset": "${WORK_DIR}/datasets", "output_dir": "${WORK_DIR}/training",
-                  **sized_training(int(labelled * (1 - HOLDOUT_FRACTION))),
-                  "tracking": {"tracking_uri": "sqlite:///${WORK_DIR}/mlflow.db",
-                               "artifact_location": "${WORK_DIR}/mlartifacts",
-                               "experiment": "ballast"}},
+        "reshard": {
+            "dataset": dataset_section(survey, inputs),
+            "output_root": "${WORK_DIR}/datasets",
+            "holdout_fraction": HOLDOUT_FRACTION,
+            "mix": {"class_weighting": "uniform" if uniform else "natural"},
+        },
+        "train": {
+            "dataset": "${WORK_DIR}/datasets",
+            "output_dir": "${WORK_DIR}/training",
+            **sized_training(int(labelled * (1 - HOLDOUT_FRACTION))),
+            "tracking": {
+                "tracking_uri": "sqlite:///${WORK_DIR}/mlflow.db",
+                "artifact_location": "${WORK_DIR}/mlartifacts",
+                "experiment": "ballast",
+            },
+        },
         "job": {"kind": "local", "num_processes_per_node": 1},
     }
 
@@ -100,42 +120,59 @@ def describe_inputs(inputs: str, label: str | None = None) -> str:
 
 def header_lines(survey: TableSurvey, inputs: str) -> list[str]:
     """The comments above the config: the column table, the classes, what was left out."""
-    read = (f"the first {survey.num_rows} rows" if survey.sampled
-            else f"all {survey.num_rows} rows")
-    lines = [f"# Starter config for {len(survey.files)} files under {yaml_comment(inputs)}; "
-             f"counts over {read}. Check each CONFIRM, then run:",
-             "#   ballast run pipeline --config THIS.yaml --work-dir DIR", "#",
-             f"# {'column':<24} {'type':<28} {'nulls':>8}  role"]
-    lines += [f"# {yaml_comment(c.name):<24} {c.arrow_type!s:<28} {c.null_rows:>8}  "
-              f"{ROLE_NOTES.get(c.role, f'feature ({c.kind})')}"
-              for c in survey.columns.values()]
-    lines += ["#", f"# classes of {survey.label!r} (rows): " + ", ".join(
-        f"{yaml_comment(value)}: {count}"
-        for value, count in sorted(survey.classes.items(), key=str))]
+    read = f"the first {survey.num_rows} rows" if survey.sampled else f"all {survey.num_rows} rows"
+    lines = [
+        f"# Starter config for {len(survey.files)} files under {yaml_comment(inputs)}; "
+        f"counts over {read}. Check each CONFIRM, then run:",
+        "#   ballast run pipeline --config THIS.yaml --work-dir DIR",
+        "#",
+        f"# {'column':<24} {'type':<28} {'nulls':>8}  role",
+    ]
+    lines += [
+        f"# {yaml_comment(c.name):<24} {c.arrow_type!s:<28} {c.null_rows:>8}  "
+        f"{ROLE_NOTES.get(c.role, f'feature ({c.kind})')}"
+        for c in survey.columns.values()
+    ]
+    lines += [
+        "#",
+        f"# classes of {survey.label!r} (rows): "
+        + ", ".join(
+            f"{yaml_comment(value)}: {count}"
+            for value, count in sorted(survey.classes.items(), key=str)
+        ),
+    ]
     if not survey.named("id_column"):
-        lines.append("# no unique integer id column found: ballast derives a row id from "
-                     "each file's path and row (column __ballast_row_id)")
+        lines.append(
+            "# no unique integer id column found: ballast derives a row id from "
+            "each file's path and row (column __ballast_row_id)"
+        )
     return lines + _left_out_lines(survey)
 
 
 def _left_out_lines(survey: TableSurvey) -> list[str]:
     lines = []
     if ids := survey.named("id"):
-        lines.append(f"# CONFIRM: {ids} look like ids (about one distinct value per row), so "
-                     "they are not features (a model would memorise them); add one to "
-                     "feature_columns only if it is a feature")
+        lines.append(
+            f"# CONFIRM: {ids} look like ids (about one distinct value per row), so "
+            "they are not features (a model would memorise them); add one to "
+            "feature_columns only if it is a feature"
+        )
     for name in survey.named("wide"):
         column = survey.columns[name]
-        lines.append(f"# CONFIRM: {name!r} holds {column.distinct} distinct strings in "
-                     f"{column.rows} rows (more than dataset.max_categories, "
-                     f"{MAX_CATEGORIES}, or than half the rows: most occur once), so it is "
-                     "left out; to "
-                     "use it, add it to feature_columns and set dataset.category_buckets "
-                     "(its values hashed into that many buckets)")
+        lines.append(
+            f"# CONFIRM: {name!r} holds {column.distinct} distinct strings in "
+            f"{column.rows} rows (more than dataset.max_categories, "
+            f"{MAX_CATEGORIES}, or than half the rows: most occur once), so it is "
+            "left out; to "
+            "use it, add it to feature_columns and set dataset.category_buckets "
+            "(its values hashed into that many buckets)"
+        )
     if dates := survey.named("date"):
-        lines.append(f"# CONFIRM: {dates} hold ISO 8601 dates, so they are temporal features "
-                     "(seconds since the epoch); remove them from date_columns to read them "
-                     "as categories")
+        lines.append(
+            f"# CONFIRM: {dates} hold ISO 8601 dates, so they are temporal features "
+            "(seconds since the epoch); remove them from date_columns to read them "
+            "as categories"
+        )
     return lines
 
 
@@ -150,12 +187,16 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             others = [p for p in policies_for(column.kind) if p != line.rsplit(": ", 1)[-1]]
             line += f"  # CONFIRM: {column.null_rows} nulls; or {', '.join(others)}"
         elif line.strip() == "unlabelled: drop":
-            line += (f"  # CONFIRM: {survey.unlabelled} rows have no {survey.label!r}: drop "
-                     "leaves them out (counted per file); refuse rejects their files")
+            line += (
+                f"  # CONFIRM: {survey.unlabelled} rows have no {survey.label!r}: drop "
+                "leaves them out (counted per file); refuse rejects their files"
+            )
         elif name == "class_weighting":
             counts = sorted(survey.classes.values()) or [0]
-            line += (f"  # CONFIRM: classes at {counts[-1]}:{counts[0]}; uniform rebalances "
-                     "them, natural keeps the mix")
+            line += (
+                f"  # CONFIRM: classes at {counts[-1]}:{counts[0]}; uniform rebalances "
+                "them, natural keeps the mix"
+            )
         out.append(line)
     return "\n".join(out) + "\n"
 

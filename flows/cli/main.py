@@ -49,53 +49,76 @@ def presets_help() -> str:
     """The shipped presets, each with the first line of its header comment."""
     lines = ["presets (--config NAME; or give any YAML file):"]
     for path in sorted(PRESETS_DIR.glob("*.yaml")):
-        header = next((line for line in path.read_text().splitlines()
-                       if line.startswith("#")), "#")
+        header = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
         lines.append(f"  {path.stem:<16} {header.lstrip('# ').rstrip(' :->')}")
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ballast", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="ballast", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="generate a skewed sample and run the pipeline")
     demo.add_argument("--work-dir", default="demo-output", help="where everything is written")
     demo.add_argument("--rows", type=int, default=120_000, help="rows of generated raw data")
     _output_arguments(demo)
-    run = commands.add_parser("run", help="run a flow ad hoc from a YAML config or preset",
-                              epilog=presets_help(),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = commands.add_parser(
+        "run",
+        help="run a flow ad hoc from a YAML config or preset",
+        epilog=presets_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("flow", choices=FLOW_NAMES, help="the flow to run")
     _config_arguments(run)
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override one field, e.g. --set train.max_epochs=1")
-    run.add_argument("--force", action="store_true", help="pipeline: promote even when the "
-                     "champion cannot read the new rows or the data drifted past a threshold")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one field, e.g. --set train.max_epochs=1",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="pipeline: promote even when the "
+        "champion cannot read the new rows or the data drifted past a threshold",
+    )
     _output_arguments(run)
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--work-dir", default=".", help="fills ${WORK_DIR} in the presets")
     deployments = commands.add_parser("deployments", help="print infra/prefect.yaml")
-    deployments.add_argument("--work-dir", help="fills ${WORK_DIR} in the presets (default: "
-                             "kept, for each flow run to fill from $BALLAST_WORK_DIR)")
+    deployments.add_argument(
+        "--work-dir",
+        help="fills ${WORK_DIR} in the presets (default: "
+        "kept, for each flow run to fill from $BALLAST_WORK_DIR)",
+    )
     status = commands.add_parser("status", help="newest dataset versions and the champion")
     _config_arguments(status)
-    status.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one field, as `ballast run --set` does")
+    status.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one field, as `ballast run --set` does",
+    )
     init = commands.add_parser("init", help="print a starter pipeline config for your files")
     init.add_argument("--inputs", required=True, help="directory, file or glob of raw files")
     init.add_argument("--label", help="the label column (default: label, target, class, y)")
     inspect = commands.add_parser("inspect", help="what a committed dataset version holds")
     inspect.add_argument("dataset", help="a manifest, version directory or output root")
-    _rollback_arguments(commands.add_parser(
-        "rollback", help="move the champion alias or a dataset's _CURRENT back"))
+    _rollback_arguments(
+        commands.add_parser("rollback", help="move the champion alias or a dataset's _CURRENT back")
+    )
     add_files_command(commands)
-    verify = commands.add_parser("verify", help="check a version and its chain; exit 1 if "
-                                 "anything is damaged")
+    verify = commands.add_parser(
+        "verify", help="check a version and its chain; exit 1 if anything is damaged"
+    )
     verify.add_argument("root", help="the output root of the dataset")
     verify.add_argument("--version", help="the version to check (default: _CURRENT's)")
-    verify.add_argument("--deep", action="store_true",
-                        help="also decode every page, verifying its checksum")
+    verify.add_argument(
+        "--deep", action="store_true", help="also decode every page, verifying its checksum"
+    )
     return parser
 
 
@@ -103,12 +126,21 @@ def _rollback_arguments(rollback: argparse.ArgumentParser) -> None:
     which = rollback.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="registered model whose `champion` alias moves back")
     which.add_argument("--dataset", help="output root whose `_CURRENT` moves back")
-    rollback.add_argument("--to", help="model version (default: the previous champion) or "
-                          "dataset version id (required with --dataset)")
-    rollback.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                          help="with --model (default: $MLFLOW_TRACKING_URI)")
-    rollback.add_argument("--reason", default="rolled back by `ballast rollback`",
-                          help="why, recorded as a tag on the model")
+    rollback.add_argument(
+        "--to",
+        help="model version (default: the previous champion) or "
+        "dataset version id (required with --dataset)",
+    )
+    rollback.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="with --model (default: $MLFLOW_TRACKING_URI)",
+    )
+    rollback.add_argument(
+        "--reason",
+        default="rolled back by `ballast rollback`",
+        help="why, recorded as a tag on the model",
+    )
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,13 +149,22 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _output_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", choices=("table", "json"), default="table",
-                        help="the result as a short table (default) or in full as JSON")
-    parser.add_argument("--result-file", metavar="PATH",
-                        help="also write the full result as JSON to this file")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="libraries' INFO lines (Dask, Prefect, MLflow) on the console "
-                        "too; they are always in the command's log file")
+    parser.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="the result as a short table (default) or in full as JSON",
+    )
+    parser.add_argument(
+        "--result-file", metavar="PATH", help="also write the full result as JSON to this file"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="libraries' INFO lines (Dask, Prefect, MLflow) on the console "
+        "too; they are always in the command's log file",
+    )
 
 
 def _run(args: argparse.Namespace) -> str:
@@ -286,12 +327,13 @@ def one_line(error: BaseException, max_chars: int = 600) -> str:
     links), or the error's message up to a launcher's output tail."""
     if isinstance(error, ValidationError):
         text = f"invalid {error.title} ({error.error_count()} problem(s)): " + "; ".join(
-            field_problem(problem) for problem in error.errors(include_url=False))
+            field_problem(problem) for problem in error.errors(include_url=False)
+        )
     else:
         message = str(error).split("\n--- last output ---", 1)[0]
         text = " ".join(line.strip() for line in message.splitlines() if line.strip())
         text = text or type(error).__name__
-    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def field_problem(problem: Any) -> str:

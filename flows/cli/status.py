@@ -29,18 +29,26 @@ def dataset_versions(root: str, limit: int = 5) -> list[dict[str, Any]]:
             manifest, _ = read_manifest(fs.unstrip_protocol(directory))
         except ManifestError:
             continue
-        found.append({"version": manifest.version_id, "created": manifest.created_at,
-                      "train rows": manifest.split("train").num_rows,
-                      "parent": manifest.parent_version})
+        found.append(
+            {
+                "version": manifest.version_id,
+                "created": manifest.created_at,
+                "train rows": manifest.split("train").num_rows,
+                "parent": manifest.parent_version,
+            }
+        )
     return sorted(found, key=lambda v: str(v["created"]), reverse=True)[:limit]
 
 
 def lineage_lines(root: str, version_id: str) -> list[str]:
     """One line per version of the chain that ends at `version_id`, oldest first."""
     manifest, _ = read_manifest(version_dir(root, version_id))
-    return [f"  {delta.version_id}  parent {delta.parent_version or '-':16}  "
-            f"+{delta.added_rows()} training rows from {delta.num_files} files  "
-            f"{delta.created_at}" for delta in manifest.lineage()]
+    return [
+        f"  {delta.version_id}  parent {delta.parent_version or '-':16}  "
+        f"+{delta.added_rows()} training rows from {delta.num_files} files  "
+        f"{delta.created_at}"
+        for delta in manifest.lineage()
+    ]
 
 
 def describe_champion(tracking_uri: str, name: str) -> str:
@@ -55,8 +63,7 @@ def describe_champion(tracking_uri: str, name: str) -> str:
     return f"{name} v{found['version']} (macro-F1 {score}, run {found['run_id']})"
 
 
-def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | list[str] = ()
-                    ) -> str:
+def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | list[str] = ()) -> str:
     """Text for a person: versions (the current one marked) and the champion, from the
     config as `ballast run` resolves it (presets, `--set`, MLflow's environment variables,
     the fields' defaults)."""
@@ -66,10 +73,12 @@ def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | lis
     if root:
         current = read_current_version(root)
         lines.append(f"dataset versions under {root}:")
-        lines += [f"  {'*' if v['version'] == current else ' '} {v['version']}  {v['created']}"
-                  f"  {v['train rows']} training rows"
-                  + (f"  (appends to {v['parent']})" if v["parent"] else "")
-                  for v in dataset_versions(root)]
+        lines += [
+            f"  {'*' if v['version'] == current else ' '} {v['version']}  {v['created']}"
+            f"  {v['train rows']} training rows"
+            + (f"  (appends to {v['parent']})" if v["parent"] else "")
+            for v in dataset_versions(root)
+        ]
         if current:
             lines += [f"lineage of {current}:", *lineage_lines(root, current)]
     section = values.get("train", {}).get("tracking") or values.get("tracking")

@@ -16,11 +16,15 @@ from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
     after = class_rows_after(manifest)
     mix = manifest.config["mix"]["class_weighting"]
-    lines = [f"dataset version {manifest.version_id}"
-             f"{' (reused, no resharding)' if reused else ''}",
-             f"  class      input rows -> training rows ({mix} mix)"]
-    lines += [f"  {label!s:<8} {manifest.input_class_counts.get(str(label), 0):>11} -> "
-              f"{after.get(str(label), 0):>7}" for label in manifest.classes]
+    lines = [
+        f"dataset version {manifest.version_id}{' (reused, no resharding)' if reused else ''}",
+        f"  class      input rows -> training rows ({mix} mix)",
+    ]
+    lines += [
+        f"  {label!s:<8} {manifest.input_class_counts.get(str(label), 0):>11} -> "
+        f"{after.get(str(label), 0):>7}"
+        for label in manifest.classes
+    ]
     for name, split in manifest.splits.items():
         rows = [shard.num_rows for shard in split.shards]
         lines.append(f"  {name}: {len(rows)} shards, rows per shard {min(rows)}..{max(rows)}")
@@ -33,9 +37,11 @@ def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for name, evaluation in evaluations.items():
         worst = worst_class(evaluation)
-        lines.append(f"  {name:<12} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
-                     f"{evaluation['balanced_accuracy']:.3f}, worst-class recall "
-                     f"{f'{worst[1]:.3f} ({worst[0]})' if worst else 'n/a'}")
+        lines.append(
+            f"  {name:<12} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
+            f"{evaluation['balanced_accuracy']:.3f}, worst-class recall "
+            f"{f'{worst[1]:.3f} ({worst[0]})' if worst else 'n/a'}"
+        )
     return lines
 
 
@@ -45,20 +51,29 @@ def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str
     training = result["training"]
     arms = list(result.get("runs") or [])  # this run's own arm first
     arm = f" ({arms[0]})" if len(arms) > 1 else ""  # which arm's job, beside the others
-    lines.append(f"training{arm}: {training['world_size']} ranks, batches per rank "
-                 f"{training['batches_per_rank']}, validation macro-F1 "
-                 f"{training['val_macro_f1']:.3f}")
+    lines.append(
+        f"training{arm}: {training['world_size']} ranks, batches per rank "
+        f"{training['batches_per_rank']}, validation macro-F1 "
+        f"{training['val_macro_f1']:.3f}"
+    )
     if result.get("evaluations"):
         first = next(iter(result["evaluations"].values()))
-        both = (", every arm on the same rows (the natural-mix version holds out the same "
-                "rows: same files and seed)" if len(result["evaluations"]) > 1 else "")
-        lines.append(f"held-out evaluation on {first['num_rows']} rows of version "
-                     f"{first['dataset_version']}{both}:")
+        both = (
+            ", every arm on the same rows (the natural-mix version holds out the same "
+            "rows: same files and seed)"
+            if len(result["evaluations"]) > 1
+            else ""
+        )
+        lines.append(
+            f"held-out evaluation on {first['num_rows']} rows of version "
+            f"{first['dataset_version']}{both}:"
+        )
         lines += evaluation_lines(result["evaluations"])
     if result.get("registration"):
         registration = result["registration"]
-        lines.append(f"model {registration['name']} v{registration['version']}: "
-                     f"{registration['alias']}")
+        lines.append(
+            f"model {registration['name']} v{registration['version']}: {registration['alias']}"
+        )
         lines += promotion_lines(registration)
     if result.get("run_id") and tracking_uri:
         runs = result.get("runs") or {"run": result["run_id"]}

@@ -28,8 +28,9 @@ ENV_OF = {"tracking_uri": "MLFLOW_TRACKING_URI", "experiment": "MLFLOW_EXPERIMEN
 SECTIONS = (("train", "tracking"), ("tracking",))
 
 
-def resolved_values(config: str, work_dir: str, overrides: Sequence[str],
-                    environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], list[str]]:
+def resolved_values(
+    config: str, work_dir: str, overrides: Sequence[str], environ: Mapping[str, str] = os.environ
+) -> tuple[dict[str, Any], list[str]]:
     """The config's values with `overrides` and the tracking conventions applied, and one
     line per tracking section saying where its URI and experiment came from."""
     from flows.params import PRESETS_DIR, load_preset, preset_location
@@ -42,8 +43,9 @@ def resolved_values(config: str, work_dir: str, overrides: Sequence[str],
     return values, apply_tracking_conventions(values, shipped, overridden, environ)
 
 
-def apply_tracking_conventions(values: dict[str, Any], shipped: bool, overridden: set[str],
-                               environ: Mapping[str, str]) -> list[str]:
+def apply_tracking_conventions(
+    values: dict[str, Any], shipped: bool, overridden: set[str], environ: Mapping[str, str]
+) -> list[str]:
     """Apply the precedence (module docstring) in place to each tracking section."""
     lines = []
     for path in SECTIONS:
@@ -51,19 +53,26 @@ def apply_tracking_conventions(values: dict[str, Any], shipped: bool, overridden
         if section is None:
             continue
         prefix = ".".join(path)
-        origins = {name: _resolve(section, name, f"{prefix}.{name}", shipped, overridden,
-                                  environ) for name in ENV_OF}
+        origins = {
+            name: _resolve(section, name, f"{prefix}.{name}", shipped, overridden, environ)
+            for name in ENV_OF
+        }
         uri = str(section.get("tracking_uri"))
         location_key = f"{prefix}.artifact_location"
-        if uri.startswith(("http://", "https://")) and shipped and \
-                location_key not in overridden and section.get("artifact_location"):
+        if (
+            uri.startswith(("http://", "https://"))
+            and shipped
+            and location_key not in overridden
+            and section.get("artifact_location")
+        ):
             section["artifact_location"] = None
             origins["artifacts"] = "the server's artifact proxy"
-        lines.append(f"MLflow ({prefix}): tracking {redact(uri)} from {origins['tracking_uri']}, "
-                     f"experiment {section.get('experiment', 'ballast')!r} from "
-                     f"{origins['experiment']}"
-                     + (f", artifacts through {origins['artifacts']}" if "artifacts" in origins
-                        else ""))
+        lines.append(
+            f"MLflow ({prefix}): tracking {redact(uri)} from {origins['tracking_uri']}, "
+            f"experiment {section.get('experiment', 'ballast')!r} from "
+            f"{origins['experiment']}"
+            + (f", artifacts through {origins['artifacts']}" if "artifacts" in origins else "")
+        )
     return lines
 
 
@@ -74,8 +83,14 @@ def _section(values: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | 
     return node if isinstance(node, dict) else None
 
 
-def _resolve(section: dict[str, Any], name: str, key: str, shipped: bool,
-             overridden: set[str], environ: Mapping[str, str]) -> str:
+def _resolve(
+    section: dict[str, Any],
+    name: str,
+    key: str,
+    shipped: bool,
+    overridden: set[str],
+    environ: Mapping[str, str],
+) -> str:
     """Where `section[name]` comes from, after putting the environment's value there when
     it takes precedence."""
     if key in overridden:

@@ -92,15 +92,21 @@ def kind_of(arrow_type: pa.DataType) -> str | None:
         return kind_of(arrow_type.value_type)
     if pa.types.is_boolean(arrow_type):
         return "boolean"
-    if (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
-            or pa.types.is_decimal(arrow_type)):
+    if (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_decimal(arrow_type)
+    ):
         return "numeric"
     if pa.types.is_temporal(arrow_type):
         return "temporal"
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
         return "category"
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
-            pa.types.is_fixed_size_list(arrow_type):
+    if (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
         element = kind_of(arrow_type.value_type)
         if element in ("numeric", "boolean"):
             return "vector" if pa.types.is_fixed_size_list(arrow_type) else "sequence"
@@ -128,16 +134,20 @@ class FeatureCodec:
     def slices(self) -> dict[str, slice]:
         """Where each column's values sit in a row of the matrix."""
         bounds = np.cumsum([0, *(spec.width for spec in self.columns)])
-        return {spec.name: slice(int(start), int(stop))
-                for spec, start, stop in zip(self.columns, bounds[:-1], bounds[1:], strict=True)}
+        return {
+            spec.name: slice(int(start), int(stop))
+            for spec, start, stop in zip(self.columns, bounds[:-1], bounds[1:], strict=True)
+        }
 
     def encode(self, table: pa.Table) -> np.ndarray:
         """float32 [rows, width]: every feature column of `table`, encoded by its spec."""
         present = set(table.column_names)
         missing = [name for name in self.names if name not in present]
         if missing:
-            raise FeatureError(f"feature columns {missing} are missing from the rows "
-                               f"(columns: {table.column_names})")
+            raise FeatureError(
+                f"feature columns {missing} are missing from the rows "
+                f"(columns: {table.column_names})"
+            )
         if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
             return view
         out = np.empty((table.num_rows, self.width), dtype=np.float32)
@@ -161,8 +171,9 @@ class FeatureCodec:
         if manifest.features.get("columns"):
             return cls.from_json(manifest.features["columns"])
         types = {item["name"]: item["type"] for item in manifest.arrow_schema}
-        return cls(tuple(_spec_from_type_name(name, types.get(name))
-                         for name in manifest.feature_columns))
+        return cls(
+            tuple(_spec_from_type_name(name, types.get(name)) for name in manifest.feature_columns)
+        )
 
     @classmethod
     def from_schema(cls, schema: pa.Schema, names: list[str]) -> FeatureCodec:
@@ -170,8 +181,9 @@ class FeatureCodec:
         variable-length lists need a length, so they are refused here."""
         missing = [name for name in names if name not in schema.names]
         if missing:
-            raise FeatureError(f"feature columns {missing} are missing from the rows "
-                               f"(columns: {schema.names})")
+            raise FeatureError(
+                f"feature columns {missing} are missing from the rows (columns: {schema.names})"
+            )
         return cls(tuple(_plain_spec(name, schema.field(name).type) for name in names))
 
 
@@ -187,8 +199,10 @@ def _spec_from_type_name(name: str, type_name: str | None) -> ColumnSpec:
     except (ValueError, KeyError):
         arrow_type = None
     if arrow_type is None or kind_of(arrow_type) not in ("numeric", "boolean"):
-        raise ManifestError(f"feature column {name!r} has type {type_name} and the manifest "
-                            "holds no feature codec for it; reshard the inputs again")
+        raise ManifestError(
+            f"feature column {name!r} has type {type_name} and the manifest "
+            "holds no feature codec for it; reshard the inputs again"
+        )
     return ColumnSpec(name, kind_of(arrow_type) or "numeric", type_name)
 
 
@@ -198,16 +212,22 @@ def _plain_spec(name: str, arrow_type: pa.DataType) -> ColumnSpec:
         return ColumnSpec(name, kind, str(arrow_type))
     if kind == "vector":
         return ColumnSpec(name, kind, str(arrow_type), size=arrow_type.list_size)
-    raise FeatureError(f"feature column {name!r} of type {arrow_type} needs the codec of its "
-                       "dataset version (a vocabulary or a sequence length)")
+    raise FeatureError(
+        f"feature column {name!r} of type {arrow_type} needs the codec of its "
+        "dataset version (a vocabulary or a sequence length)"
+    )
 
 
 def _plain_vector(spec: ColumnSpec, table: pa.Table) -> np.ndarray | None:
     """[n, size] float32 over a float32 fixed-size-list column's values, without a copy;
     None when the column needs the general path (another type, size or nulls)."""
     arrow_type = table.schema.field(spec.name).type
-    if not (spec.kind == "vector" and pa.types.is_fixed_size_list(arrow_type)
-            and arrow_type.list_size == spec.size and pa.types.is_float32(arrow_type.value_type)):
+    if not (
+        spec.kind == "vector"
+        and pa.types.is_fixed_size_list(arrow_type)
+        and arrow_type.list_size == spec.size
+        and pa.types.is_float32(arrow_type.value_type)
+    ):
         return None
     column = table.column(spec.name)
     array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
@@ -221,7 +241,8 @@ def _refuse_nulls(spec: ColumnSpec, count: int, what: str = "nulls") -> None:
     if count and spec.nulls not in FILL_POLICIES:
         raise FeatureError(
             f"feature column {spec.name!r} holds {count} {what}; its null policy is "
-            f"{spec.nulls!r} (dataset.nulls), so rows with nulls there cannot be encoded")
+            f"{spec.nulls!r} (dataset.nulls), so rows with nulls there cannot be encoded"
+        )
 
 
 def seconds(array: pa.Array) -> pa.Array:
@@ -251,8 +272,9 @@ def parse_timestamps(strings: pa.Array) -> pa.Array:
         try:
             _parsed(pa.array([value], pa.string()))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise FeatureError(f"{value!r} is not an ISO 8601 date or timestamp (a column of "
-                               "dataset.date_columns)") from None
+            raise FeatureError(
+                f"{value!r} is not an ISO 8601 date or timestamp (a column of dataset.date_columns)"
+            ) from None
     raise FeatureError("dates that do not parse as ISO 8601 (a column of dataset.date_columns)")
 
 
@@ -300,9 +322,11 @@ def _encode_vector(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:
     _refuse_nulls(spec, array.null_count, "null lists")
     lengths = pc.fill_null(pc.list_value_length(array), spec.size).to_numpy(zero_copy_only=False)
     if (lengths != spec.size).any():
-        raise FeatureError(f"feature column {spec.name!r} holds lists of "
-                           f"{lengths.min()} to {lengths.max()} values; the dataset's have "
-                           f"{spec.size}")
+        raise FeatureError(
+            f"feature column {spec.name!r} holds lists of "
+            f"{lengths.min()} to {lengths.max()} values; the dataset's have "
+            f"{spec.size}"
+        )
     out[:] = 0.0
     valid = ~array.is_null().to_numpy(zero_copy_only=False)
     out[valid] = _list_values(spec, array).reshape(-1, spec.size)
@@ -317,7 +341,7 @@ def _encode_sequence(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None
     kept = positions < spec.size
     out[:] = 0.0
     out[rows[kept], positions[kept]] = values[kept]
-    out[:, spec.size:] = np.arange(spec.size) < np.minimum(lengths, spec.size)[:, None]
+    out[:, spec.size :] = np.arange(spec.size) < np.minimum(lengths, spec.size)[:, None]
 
 
 def category_codes(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
@@ -326,8 +350,16 @@ def category_codes(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
     strings = array.cast(pa.string())
     if spec.num_buckets:
         encoded = pc.dictionary_encode(strings)
-        buckets = np.array([0, *(1 + zlib.crc32(value.encode()) % spec.num_buckets
-                                 for value in encoded.dictionary.to_pylist())], dtype=np.int64)
+        buckets = np.array(
+            [
+                0,
+                *(
+                    1 + zlib.crc32(value.encode()) % spec.num_buckets
+                    for value in encoded.dictionary.to_pylist()
+                ),
+            ],
+            dtype=np.int64,
+        )
         # Nulls take the first entry (slot 0); value i the entry after it.
         indices = pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), 1), 0)
         return buckets[indices.to_numpy(zero_copy_only=False)]
@@ -341,9 +373,14 @@ def _encode_category(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None
     out[np.arange(len(array)), category_codes(spec, array)] = 1.0
 
 
-ENCODERS = {"numeric": _encode_scalar, "boolean": _encode_scalar, "temporal": _encode_scalar,
-            "vector": _encode_vector, "sequence": _encode_sequence,
-            "category": _encode_category}
+ENCODERS = {
+    "numeric": _encode_scalar,
+    "boolean": _encode_scalar,
+    "temporal": _encode_scalar,
+    "vector": _encode_vector,
+    "sequence": _encode_sequence,
+    "category": _encode_category,
+}
 
 
 def label_indices(labels: pa.ChunkedArray | pa.Array, classes: list[Any]) -> np.ndarray:

@@ -64,7 +64,8 @@ def cause_line(error: BaseException) -> str:
     elif isinstance(error, ValidationError):
         text = f"invalid {error.title}: " + "; ".join(
             f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
-            for problem in error.errors(include_url=False))
+            for problem in error.errors(include_url=False)
+        )
     else:
         text = str(error) or type(error).__name__
     line = " ".join(text.split())

@@ -41,8 +41,11 @@ def _checker(hint: Any, depth: int = 0) -> Check | None:
         return lambda v: type(v) is list and (item is None or all(map(item, v)))
     if origin is dict:
         key, value = (_checker(arg, depth + 1) for arg in args)
-        return lambda v: type(v) is dict and (key is None or all(map(key, v))) and (
-            value is None or all(map(value, v.values())))
+        return lambda v: (
+            type(v) is dict
+            and (key is None or all(map(key, v)))
+            and (value is None or all(map(value, v.values())))
+        )
     if hint is int:
         return lambda v: type(v) is int and -MAX_INT <= v <= MAX_INT
     if hint is float:
@@ -68,20 +71,26 @@ def record_problem(record: Any) -> str:
     for name, hint, check in _checks(type(record)):
         value = getattr(record, name)
         if not check(value):
-            return (f"{type(record).__name__}.{name} is {str(value)[:60]!r} of type "
-                    f"{type(value).__name__}, expected {hint}")
+            return (
+                f"{type(record).__name__}.{name} is {str(value)[:60]!r} of type "
+                f"{type(value).__name__}, expected {hint}"
+            )
     return ""
 
 
 def entry_count_problem(entry: Any) -> str:
     """What is wrong with a shard entry's rows, row groups and bytes, or ""."""
     if entry.num_rows < 0 or entry.num_bytes < 0 or entry.rows_per_row_group <= 0:
-        return (f"shard {entry.path!r} has negative counts or rows_per_row_group "
-                f"{entry.rows_per_row_group} <= 0")
+        return (
+            f"shard {entry.path!r} has negative counts or rows_per_row_group "
+            f"{entry.rows_per_row_group} <= 0"
+        )
     groups = -(-entry.num_rows // entry.rows_per_row_group)
     if groups != entry.num_row_groups:
-        return (f"shard {entry.path!r} lists {entry.num_row_groups} row groups, but "
-                f"{entry.num_rows} rows at {entry.rows_per_row_group} per group make {groups}")
+        return (
+            f"shard {entry.path!r} lists {entry.num_row_groups} row groups, but "
+            f"{entry.num_rows} rows at {entry.rows_per_row_group} per group make {groups}"
+        )
     if groups > MAX_ROW_GROUPS:
         return f"shard {entry.path!r} lists {groups} row groups, more than {MAX_ROW_GROUPS}"
     return ""
@@ -91,8 +100,14 @@ def manifest_problem(manifest: Any) -> str:
     """The first value of a manifest (or of a record it holds) of the wrong type, or the
     first shard whose counts do not add up; "" when there is none."""
     entries = [e for split in manifest.splits.values() for e in split.shards]
-    records = [manifest, *manifest.splits.values(), *entries, *manifest.rejected,
-               *manifest.inputs, *manifest.deltas]
+    records = [
+        manifest,
+        *manifest.splits.values(),
+        *entries,
+        *manifest.rejected,
+        *manifest.inputs,
+        *manifest.deltas,
+    ]
     for record in records:
         if problem := record_problem(record):
             return problem

@@ -69,8 +69,10 @@ def split_shards(dataset: str, split: str) -> list[ShardRef]:
     """Every shard of a split of a version, read through its manifest."""
     manifest, location = read_manifest(dataset)
     uris = [shard_uri(location, entry) for entry in manifest.split(split).shards]
-    return [ShardRef(uri, entry, shard_version(uri))
-            for uri, entry in zip(uris, manifest.split(split).shards, strict=True)]
+    return [
+        ShardRef(uri, entry, shard_version(uri))
+        for uri, entry in zip(uris, manifest.split(split).shards, strict=True)
+    ]
 
 
 def check_size(ref: ShardRef, found: int) -> None:
@@ -80,7 +82,8 @@ def check_size(ref: ShardRef, found: int) -> None:
         raise ShardDamaged(
             f"version {ref.version}: shard {ref.entry.path} ({ref.uri}) is {found} bytes, "
             f"{shorter} than the {ref.entry.num_bytes} its manifest records: the file is "
-            f"damaged (cut short or overwritten); restore it or reshard the version")
+            f"damaged (cut short or overwritten); restore it or reshard the version"
+        )
 
 
 def handle_size(handle: Any) -> int:
@@ -103,7 +106,8 @@ def check_sha256(ref: ShardRef, handle: Any) -> None:
         raise ShardDamaged(
             f"version {ref.version}: shard {ref.entry.path} ({ref.uri}) has sha256 "
             f"{digest.hexdigest()}, but its manifest records {ref.entry.sha256}"
-            f"{f'; {where}' if where else ''}: the file is damaged or was rewritten")
+            f"{f'; {where}' if where else ''}: the file is damaged or was rewritten"
+        )
 
 
 def damaged_row_group(source: Any) -> str:
@@ -121,8 +125,9 @@ def damaged_row_group(source: Any) -> str:
     return ""
 
 
-def page_damage(ref: ShardRef, group: int, error: BaseException,
-                verified: bool = True) -> ShardDamaged | None:
+def page_damage(
+    ref: ShardRef, group: int, error: BaseException, verified: bool = True
+) -> ShardDamaged | None:
     """The ShardDamaged a failed read of row group `group` means (see `decode_damage`);
     with `verified` False (a reader told not to check shards) only a page checksum's."""
     return decode_damage(ref, error, f"row group {group}", verified)
@@ -134,8 +139,9 @@ def located_damage(ref: ShardRef, error: BaseException) -> ShardDamaged | None:
     return decode_damage(ref, error, "")
 
 
-def decode_damage(ref: ShardRef, error: BaseException, where: str,
-                  hashed: bool = True) -> ShardDamaged | None:
+def decode_damage(
+    ref: ShardRef, error: BaseException, where: str, hashed: bool = True
+) -> ShardDamaged | None:
     """The ShardDamaged that `error`, raised while decoding `ref` (at `where`, or anywhere
     when ""), means; None when it may pass. A page checksum mismatch is damage. Any other
     error that is not of the storage's (a thrift header that does not decode, a footer
@@ -153,19 +159,28 @@ def decode_damage(ref: ShardRef, error: BaseException, where: str,
     digest = "" if crc else _sha256_of(ref.uri)
     if not crc and digest == ref.entry.sha256:
         return None
-    what = ("a page's checksum does not match its bytes" if crc else
-            f"its sha256 is {digest}, not the manifest's {ref.entry.sha256}")
+    what = (
+        "a page's checksum does not match its bytes"
+        if crc
+        else f"its sha256 is {digest}, not the manifest's {ref.entry.sha256}"
+    )
     if not where:
         where = _located(ref.uri)
     place = f", {where}" if where else ""
     return ShardDamaged(
         f"version {ref.version}: shard {ref.entry.path} ({ref.uri}){place}: does not decode "
-        f"({type(error).__name__}: {_first_line(error)}); {what}: the file is damaged")
+        f"({type(error).__name__}: {_first_line(error)}); {what}: the file is damaged"
+    )
 
 
 # Errors of the storage, not of the bytes: they say nothing about the file's content.
-_STORAGE_ERRORS = (TransientError, ConnectionError, TimeoutError, FileNotFoundError,
-                   PermissionError)
+_STORAGE_ERRORS = (
+    TransientError,
+    ConnectionError,
+    TimeoutError,
+    FileNotFoundError,
+    PermissionError,
+)
 
 
 def _sha256_of(uri: str) -> str:

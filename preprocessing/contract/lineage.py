@@ -42,8 +42,12 @@ class Delta:
         return sum(int(stratum[3]) for stratum in self.strata.get(split, []))
 
 
-def lineage_problem(version_id: str, parent_version: str | None, deltas: list[Delta],
-                    shards: Iterable[tuple[str, str | None]]) -> str | None:
+def lineage_problem(
+    version_id: str,
+    parent_version: str | None,
+    deltas: list[Delta],
+    shards: Iterable[tuple[str, str | None]],
+) -> str | None:
     """What breaks the lineage of a version, or None: its own delta must come last, its
     parent be the delta before, and every shard (path, version) held elsewhere name an
     ancestor of that lineage (never the version itself, never another)."""
@@ -51,11 +55,15 @@ def lineage_problem(version_id: str, parent_version: str | None, deltas: list[De
     if chain and chain[-1] != version_id:
         return f"the last delta names {chain[-1]!r}, not the version {version_id!r} itself"
     if parent_version is not None and chain[-2:-1] != [parent_version]:
-        return (f"parent_version {parent_version!r} is not the delta before this version's "
-                f"in its lineage {chain}")
+        return (
+            f"parent_version {parent_version!r} is not the delta before this version's "
+            f"in its lineage {chain}"
+        )
     ancestors = set(chain[:-1])
     for path, version in shards:
         if version is not None and version not in ancestors:
-            return (f"shard {path!r} is said to be in version {version!r}, which is not an "
-                    f"ancestor in its lineage {chain}")
+            return (
+                f"shard {path!r} is said to be in version {version!r}, which is not an "
+                f"ancestor in its lineage {chain}"
+            )
     return None

@@ -138,8 +138,10 @@ class Manifest:
         raw = json.loads(text)
         found = raw.get("format_version")
         if found not in READABLE_FORMATS:
-            raise ManifestError(f"{origin}: manifest format_version {found!r} is not supported "
-                                f"(this ballast reads format_version {READABLE_FORMATS})")
+            raise ManifestError(
+                f"{origin}: manifest format_version {found!r} is not supported "
+                f"(this ballast reads format_version {READABLE_FORMATS})"
+            )
         raw["splits"] = {
             name: SplitEntry(split["num_rows"], [ShardEntry(**s) for s in split["shards"]])
             for name, split in raw["splits"].items()
@@ -153,8 +155,9 @@ class Manifest:
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
-            raise ManifestError(f"version {self.version_id} has no split {name!r}: "
-                                f"{list(self.splits)}")
+            raise ManifestError(
+                f"version {self.version_id} has no split {name!r}: {list(self.splits)}"
+            )
         return self.splits[name]
 
     def lineage(self) -> list[Delta]:
@@ -175,8 +178,10 @@ def code_version() -> str:
 def check_version_id(value: Any, origin: str) -> str:
     """`value` if it is a version id (letters, digits, `_`, `-`; no dots or separators)."""
     if not isinstance(value, str) or not _VERSION_ID.fullmatch(value):
-        raise ManifestError(f"{origin}: {value!r} is not a version id (letters, digits, '_' "
-                            f"and '-', at most 128, starting with a letter or digit)")
+        raise ManifestError(
+            f"{origin}: {value!r} is not a version id (letters, digits, '_' "
+            f"and '-', at most 128, starting with a letter or digit)"
+        )
     return value
 
 
@@ -184,11 +189,15 @@ def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
     """`entry` if its path is a plain file name, its sha256 64 lowercase hex digits and
     its `version` (if any) a version id."""
     if not isinstance(entry.path, str) or not _FILE_NAME.fullmatch(entry.path):
-        raise ManifestError(f"{origin}: shard path {entry.path!r} is not a plain file name in "
-                            f"the version directory (no '/', '..', scheme or absolute path)")
+        raise ManifestError(
+            f"{origin}: shard path {entry.path!r} is not a plain file name in "
+            f"the version directory (no '/', '..', scheme or absolute path)"
+        )
     if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
-        raise ManifestError(f"{origin}: shard {entry.path!r} has sha256 {entry.sha256!r}, "
-                            f"not 64 lowercase hex digits")
+        raise ManifestError(
+            f"{origin}: shard {entry.path!r} has sha256 {entry.sha256!r}, "
+            f"not 64 lowercase hex digits"
+        )
     if entry.version is not None:
         check_version_id(entry.version, f"{origin}: shard {entry.path!r} version")
     return entry
@@ -199,8 +208,10 @@ def check_manifest(manifest: Manifest, location: str) -> Manifest:
     and its version id names its directory."""
     check_contents(manifest, location)
     if location.rsplit("/", 2)[-2:-1] != [f"v-{manifest.version_id}"]:
-        raise ManifestError(f"{location}: manifest of version {manifest.version_id!r} is not "
-                            f"in its directory 'v-{manifest.version_id}'")
+        raise ManifestError(
+            f"{location}: manifest of version {manifest.version_id!r} is not "
+            f"in its directory 'v-{manifest.version_id}'"
+        )
     return manifest
 
 
@@ -212,8 +223,12 @@ def check_contents(manifest: Manifest, origin: str) -> Manifest:
     entries = [entry for split in manifest.splits.values() for entry in split.shards]
     for entry in entries:
         check_entry(entry, origin)
-    if problem := lineage_problem(manifest.version_id, manifest.parent_version,
-                                  manifest.deltas, [(e.path, e.version) for e in entries]):
+    if problem := lineage_problem(
+        manifest.version_id,
+        manifest.parent_version,
+        manifest.deltas,
+        [(e.path, e.version) for e in entries],
+    ):
         raise ManifestError(f"{origin}: {problem}")
     return manifest
 
@@ -251,8 +266,9 @@ def resolve_manifest_uri(uri: str) -> str:
         return f"{uri}/{MANIFEST_NAME}"
     version_id = read_current_version(uri)
     if version_id is None:
-        raise ManifestError(f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a "
-                            f"ballast dataset?")
+        raise ManifestError(
+            f"{uri}: no {MANIFEST_NAME} and no {CURRENT_NAME}; is this a ballast dataset?"
+        )
     return manifest_uri(uri, version_id)
 
 
@@ -265,8 +281,9 @@ def read_manifest(uri: str) -> tuple[Manifest, str]:
     except FileNotFoundError as error:
         raise ManifestError(f"{location}: manifest not found") from error
     try:  # ValueError: not UTF-8, not JSON, an integer of thousands of digits
-        return check_manifest(Manifest.from_json(data.decode(), origin=location),
-                              location), location
+        return check_manifest(
+            Manifest.from_json(data.decode(), origin=location), location
+        ), location
     except ManifestError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
@@ -373,9 +390,11 @@ def _check_expected(root: str, found: str | None, expected: str | None, version_
     if found == version_id:
         return False
     if expected != ANY_PREVIOUS and found != expected:
-        raise CommitConflict(f"{root}: _CURRENT moved to {found!r} while this run made "
-                             f"{version_id!r} (expected {expected!r}); version {version_id} "
-                             f"is written but not current")
+        raise CommitConflict(
+            f"{root}: _CURRENT moved to {found!r} while this run made "
+            f"{version_id!r} (expected {expected!r}); version {version_id} "
+            f"is written but not current"
+        )
     return True
 
 
@@ -388,8 +407,9 @@ def _swap_s3(fs: Any, root: str, pointer: str, version_id: str, expected: str | 
     bucket, key, _ = fs.split_path(pointer)
     condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
     try:
-        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f"{version_id}\n".encode(),
-                   **condition)
+        fs.call_s3(
+            "put_object", Bucket=bucket, Key=key, Body=f"{version_id}\n".encode(), **condition
+        )
     except OSError as error:  # 412 Precondition Failed: another commit won the race
         fs.invalidate_cache(pointer)
         if read_current_version(root) != version_id:

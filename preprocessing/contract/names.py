@@ -44,8 +44,11 @@ _MAPPED_END = re.compile(rf"-h[0-9a-f]{{{DIGEST_CHARS}}}")
 
 def is_plain(value: str, max_chars: int) -> bool:
     """Whether `value` is kept as it is in a key (see the module docstring)."""
-    return (0 < len(value) <= max_chars and _PLAIN.fullmatch(value) is not None
-            and _MAPPED_END.fullmatch(value[-DIGEST_CHARS - 2:]) is None)
+    return (
+        0 < len(value) <= max_chars
+        and _PLAIN.fullmatch(value) is not None
+        and _MAPPED_END.fullmatch(value[-DIGEST_CHARS - 2 :]) is None
+    )
 
 
 def digest(value: str) -> str:
@@ -64,7 +67,7 @@ def mlflow_key(value: object, prefix: str = "", suffix: str = "") -> str:
         return f"{prefix}{text}{suffix}"
     slug = _REFUSED.sub("_", text)
     slug = "_" + slug[1:] if slug[:1] in (".", " ") else slug
-    return f"{prefix}{slug[:room - DIGEST_CHARS - 2]}-h{digest(text)}{suffix}"
+    return f"{prefix}{slug[: room - DIGEST_CHARS - 2]}-h{digest(text)}{suffix}"
 
 
 def mlflow_params(params: dict[str, str], max_value_chars: int) -> dict[str, str]:

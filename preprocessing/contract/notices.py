@@ -19,25 +19,34 @@ def unlabelled_lines(manifest: Manifest) -> list[str]:
     if not per_file:
         return []
     total = sum(int(count) for count in per_file.values())
-    lines = [f"{total} rows without a label ('{manifest.label_column}') left out "
-             f"(dataset.unlabelled: drop), in {len(per_file)} files:"]
+    lines = [
+        f"{total} rows without a label ('{manifest.label_column}') left out "
+        f"(dataset.unlabelled: drop), in {len(per_file)} files:"
+    ]
     ordered = sorted(per_file.items())
     lines += [f"  {uri}: {count}" for uri, count in ordered[:MAX_FILE_LINES]]
     if len(ordered) > MAX_FILE_LINES:
-        lines.append(f"  and {len(ordered) - MAX_FILE_LINES} more files (the manifest's "
-                     "features.unlabelled_rows lists them)")
+        lines.append(
+            f"  and {len(ordered) - MAX_FILE_LINES} more files (the manifest's "
+            "features.unlabelled_rows lists them)"
+        )
     return lines
 
 
 def identifying_lines(manifest: Manifest) -> list[str]:
     """One warning per feature column whose distinct values approach its row count."""
     found = manifest.features.get("identifying_columns") or {}
-    return [identifying_message(name, **counts) + " (dataset.on_identifying_feature: "
-            "refuse makes this an error)" for name, counts in found.items()]
+    return [
+        identifying_message(name, **counts) + " (dataset.on_identifying_feature: "
+        "refuse makes this an error)"
+        for name, counts in found.items()
+    ]
 
 
 def identifying_message(name: str, distinct: int, rows: int) -> str:
     """What the run log, the summary and the scan's refusal say of an identifying feature."""
-    return (f"feature column '{name}' holds about {distinct} distinct values in {rows} "
-            "rows: it identifies rows (a key), which a model memorises instead of learning; "
-            "leave it out of dataset.feature_columns, or name it as dataset.id_column")
+    return (
+        f"feature column '{name}' holds about {distinct} distinct values in {rows} "
+        "rows: it identifies rows (a key), which a model memorises instead of learning; "
+        "leave it out of dataset.feature_columns, or name it as dataset.id_column"
+    )

@@ -53,9 +53,16 @@ class ShardWriter:
     order), then `entry = writer.close()`: the shard is encoded in memory and written as one
     object (a multipart upload of `part_bytes` parts on S3 from twice that size)."""
 
-    def __init__(self, uri: str, rows_per_row_group: int, label_column: str,
-                 source_column: str | None = None, schema: pa.Schema | None = None,
-                 part_bytes: int = DEFAULT_PART_BYTES, buffer: pa.Buffer | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        rows_per_row_group: int,
+        label_column: str,
+        source_column: str | None = None,
+        schema: pa.Schema | None = None,
+        part_bytes: int = DEFAULT_PART_BYTES,
+        buffer: pa.Buffer | None = None,
+    ) -> None:
         self.uri, self.rows_per_row_group = uri, rows_per_row_group
         self.label_column, self.source_column = label_column, source_column
         self.part_bytes = part_bytes
@@ -63,8 +70,9 @@ class ShardWriter:
         # An Arrow buffer: no regrowth copies, no copy out; or `buffer` (EncodeBuffer), which
         # an encode larger than it fails with OSError "Write out of bounds".
         self._buffer = buffer
-        self._sink: Any = (pa.BufferOutputStream() if buffer is None
-                           else pa.FixedSizeBufferWriter(buffer))
+        self._sink: Any = (
+            pa.BufferOutputStream() if buffer is None else pa.FixedSizeBufferWriter(buffer)
+        )
         self._writer: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []
         self._num_rows = self._num_row_groups = 0
@@ -96,7 +104,7 @@ class ShardWriter:
         assert self._writer is not None
         self._writer.close()
         if self._buffer is not None:
-            return memoryview(self._buffer)[:self._sink.tell()]
+            return memoryview(self._buffer)[: self._sink.tell()]
         return memoryview(self._sink.getvalue())
 
     def store(self, payload: memoryview) -> ShardEntry:
@@ -104,11 +112,15 @@ class ShardWriter:
         fs, path = url_to_fs(self.uri)
         write_object(fs, path, payload, self.part_bytes)
         return ShardEntry(
-            path=self.uri.rsplit("/", 1)[-1], num_rows=self._num_rows,
-            num_bytes=payload.nbytes, num_row_groups=self._num_row_groups,
+            path=self.uri.rsplit("/", 1)[-1],
+            num_rows=self._num_rows,
+            num_bytes=payload.nbytes,
+            num_row_groups=self._num_row_groups,
             rows_per_row_group=self.rows_per_row_group,
-            sha256=hashlib.sha256(payload).hexdigest(), class_counts=self._counts["class"],
-            source_counts=self._counts["source"])
+            sha256=hashlib.sha256(payload).hexdigest(),
+            class_counts=self._counts["class"],
+            source_counts=self._counts["source"],
+        )
 
     def _joined(self) -> pa.Table:
         # One chunk per row group: the encoder's pages follow the chunks.
@@ -120,8 +132,9 @@ class ShardWriter:
         if self._writer is None:
             schema = self._schema or table.schema
             dictionary = [self.label_column, *([self.source_column] if self.source_column else [])]
-            self._writer = pq.ParquetWriter(self._sink, schema,
-                                            **parquet_options(schema, dictionary))
+            self._writer = pq.ParquetWriter(
+                self._sink, schema, **parquet_options(schema, dictionary)
+            )
         self._writer.write_table(table, row_group_size=self.rows_per_row_group)
         self._num_rows += table.num_rows
         self._num_row_groups += -(-table.num_rows // self.rows_per_row_group)
@@ -143,8 +156,9 @@ def _value_counts(column: pa.ChunkedArray) -> zip[tuple[str, int]]:
         values, counts = np.unique(column.to_numpy(), return_counts=True)
         return zip(map(str, values.tolist()), counts.tolist(), strict=True)
     found = pc.value_counts(column)
-    return zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist(),
-               strict=True)
+    return zip(
+        map(str, found.field("values").to_pylist()), found.field("counts").to_pylist(), strict=True
+    )
 
 
 class EncodeBuffer:
@@ -170,21 +184,33 @@ class EncodeBuffer:
         return self._buffer
 
 
-def write_shard(uri: str, table: pa.Table, rows_per_row_group: int, label_column: str,
-                source_column: str | None = None, part_bytes: int = DEFAULT_PART_BYTES,
-                encode: EncodeBuffer | None = None) -> ShardEntry:
+def write_shard(
+    uri: str,
+    table: pa.Table,
+    rows_per_row_group: int,
+    label_column: str,
+    source_column: str | None = None,
+    part_bytes: int = DEFAULT_PART_BYTES,
+    encode: EncodeBuffer | None = None,
+) -> ShardEntry:
     """Write `table` as the shard at `uri`; its manifest entry. `encode`: a buffer reused
     across the caller's shards (same bytes written; a shard that does not fit it is
     encoded again into its own stream)."""
     buffer = encode.for_table(table) if encode is not None else None
-    writer = ShardWriter(uri, rows_per_row_group, label_column, source_column,
-                         schema=table.schema, part_bytes=part_bytes, buffer=buffer)
+    writer = ShardWriter(
+        uri,
+        rows_per_row_group,
+        label_column,
+        source_column,
+        schema=table.schema,
+        part_bytes=part_bytes,
+        buffer=buffer,
+    )
     try:
         writer.write(table)
         payload = writer.encoded()
     except OSError:
         if buffer is None:
             raise
-        return write_shard(uri, table, rows_per_row_group, label_column, source_column,
-                           part_bytes)
+        return write_shard(uri, table, rows_per_row_group, label_column, source_column, part_bytes)
     return writer.store(payload)

@@ -31,9 +31,21 @@ from dataclasses import dataclass
 from preprocessing.toolbox.faults import ConfigError, TransientError
 
 # States after which a job runs no more (squeue's and scontrol's names).
-ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED",
-                          "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
-                          "SPECIAL_EXIT", "REVOKED"})
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 # Set by `ballast` commands for their Dask workers (flows/console.py): a file of this host.
 HOST_ONLY_VARIABLES = frozenset({"DASK_DISTRIBUTED__LOGGING"})
 REFUSAL_MARK = "Batch job submission failed"
@@ -91,9 +103,14 @@ def require_command(name: str) -> str:
 
 def run_command(command: list[str], env: Mapping[str, str] | None = None) -> str:
     """Run a SLURM command; its stdout, or `SlurmUnavailable` with its stderr."""
-    done = subprocess.run([require_command(command[0]), *command[1:]], capture_output=True,
-                          text=True, env=None if env is None else dict(env),
-                          timeout=COMMAND_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        [require_command(command[0]), *command[1:]],
+        capture_output=True,
+        text=True,
+        env=None if env is None else dict(env),
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode != 0:
         raise SlurmUnavailable(f"{' '.join(command[:2])} failed: {error_line(done.stderr)}")
     return done.stdout
@@ -111,8 +128,14 @@ def submit(script: str, env: Mapping[str, str], what: str, test_only: bool = Fal
     `test_only`: ask sbatch whether it would accept the job, submitting nothing (returns
     ""). A refusal of the job itself raises `SubmissionRefused` naming `what`."""
     flag = "--test-only" if test_only else "--parsable"
-    done = subprocess.run([require_command("sbatch"), flag, script], capture_output=True,
-                          text=True, env=dict(env), timeout=COMMAND_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        [require_command("sbatch"), flag, script],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode != 0:
         line = error_line(done.stderr)
         if REFUSAL_MARK in line or "failure:" in line:
@@ -123,17 +146,26 @@ def submit(script: str, env: Mapping[str, str], what: str, test_only: bool = Fal
 
 def job_state(job_id: str) -> JobState | None:
     """The job's state, or None once slurmctld has forgotten it (MinJobAge after its end)."""
-    done = subprocess.run([require_command("scontrol"), "show", "job", "-o", job_id],
-                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                          check=False)
+    done = subprocess.run(
+        [require_command("scontrol"), "show", "job", "-o", job_id],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode != 0 or not done.stdout.strip():
         return None
     fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
     code = fields.get("ExitCode", "")
     output = expand_pattern(fields.get("StdOut", "(unknown)"), job_id, fields.get("JobName", ""))
-    return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
-                    int(code.split(":", 1)[0]) if code[:1].isdigit() else None,
-                    output, fields.get("TimeLimit", "(unknown)"))
+    return JobState(
+        job_id,
+        fields.get("JobState", "UNKNOWN"),
+        fields.get("Reason", "None"),
+        int(code.split(":", 1)[0]) if code[:1].isdigit() else None,
+        output,
+        fields.get("TimeLimit", "(unknown)"),
+    )
 
 
 def expand_pattern(path: str, job_id: str, job_name: str) -> str:
@@ -162,11 +194,18 @@ def cancel_and_wait(job_ids: Iterable[str], timeout_s: float = CANCEL_WAIT_S) ->
     ids = [job_id for job_id in job_ids if job_id]
     if not ids:
         return []
-    subprocess.run([require_command("scancel"), *ids], capture_output=True,
-                   timeout=COMMAND_TIMEOUT_S, check=False)
+    subprocess.run(
+        [require_command("scancel"), *ids],
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     deadline = time.monotonic() + timeout_s
-    return [job_id for job_id in ids
-            if wait_for_end(job_id, max(0.0, deadline - time.monotonic())) is None]
+    return [
+        job_id
+        for job_id in ids
+        if wait_for_end(job_id, max(0.0, deadline - time.monotonic())) is None
+    ]
 
 
 def host_only_variables(environ: Mapping[str, str]) -> list[str]:
@@ -174,8 +213,9 @@ def host_only_variables(environ: Mapping[str, str]) -> list[str]:
     (HOST_ONLY_VARIABLES) and any whose value holds a path in this host's temporary
     directory (a job with a private /tmp does not see it)."""
     temporary = tempfile.gettempdir().rstrip("/") + "/"
-    return sorted(name for name, value in environ.items()
-                  if name in HOST_ONLY_VARIABLES or temporary in value)
+    return sorted(
+        name for name, value in environ.items() if name in HOST_ONLY_VARIABLES or temporary in value
+    )
 
 
 def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

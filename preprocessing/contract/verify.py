@@ -61,8 +61,10 @@ class ChainReport:
         return not self.damage
 
     def text(self) -> str:
-        head = (f"{len(self.versions)} version(s) {' <- '.join(self.versions)}: "
-                f"{self.shards_checked} shard(s) checked")
+        head = (
+            f"{len(self.versions)} version(s) {' <- '.join(self.versions)}: "
+            f"{self.shards_checked} shard(s) checked"
+        )
         verdict = "whole" if self.whole else f"{len(self.damage)} problem(s)"
         return "\n".join([head, *(d.line() for d in self.damage), verdict])
 
@@ -98,12 +100,14 @@ def _check_lineage(report: ChainReport, parent: Manifest, child: Manifest | None
     mine = [delta.version_id for delta in child.deltas[:-1]]
     theirs = [delta.version_id for delta in parent.deltas]
     if mine != theirs:
-        report.damage.append(Damage(child.version_id, "", f"its lineage {mine} does not "
-                                    f"continue its parent's {theirs}"))
+        report.damage.append(
+            Damage(
+                child.version_id, "", f"its lineage {mine} does not continue its parent's {theirs}"
+            )
+        )
 
 
-def _check_own_shards(report: ChainReport, manifest: Manifest, location: str,
-                      deep: bool) -> None:
+def _check_own_shards(report: ChainReport, manifest: Manifest, location: str, deep: bool) -> None:
     for split in manifest.splits.values():
         for entry in split.shards:
             if entry.version is None:
@@ -123,8 +127,11 @@ def shard_problem(ref: ShardRef, deep: bool) -> str:
     if size != ref.entry.num_bytes:
         return f"{size} bytes, the manifest records {ref.entry.num_bytes} ({ref.uri})"
     digest = file_sha256(ref.uri)
-    problems = [] if digest == ref.entry.sha256 else [
-        f"sha256 {digest}, the manifest records {ref.entry.sha256}"]
+    problems = (
+        []
+        if digest == ref.entry.sha256
+        else [f"sha256 {digest}, the manifest records {ref.entry.sha256}"]
+    )
     if deep:
         problems += _decode_problems(ref)
     return f"{'; '.join(problems)} ({ref.uri})" if problems else ""
@@ -144,8 +151,9 @@ def _decode_problems(ref: ShardRef) -> list[str]:
     return []
 
 
-def _check_borrowed(report: ChainReport, manifest: Manifest,
-                    manifests: dict[str, Manifest]) -> None:
+def _check_borrowed(
+    report: ChainReport, manifest: Manifest, manifests: dict[str, Manifest]
+) -> None:
     """Every shard listed from an ancestor is listed, the same, by that ancestor."""
     for split in manifest.splits.values():
         for entry in split.shards:
@@ -154,8 +162,9 @@ def _check_borrowed(report: ChainReport, manifest: Manifest,
             owner = manifests.get(entry.version)
             if owner is None:
                 problem = f"held by version {entry.version}, which is not in the chain walked"
-            elif _same_file(entry) not in {_same_file(e) for s in owner.splits.values()
-                                           for e in s.shards if e.version is None}:
+            elif _same_file(entry) not in {
+                _same_file(e) for s in owner.splits.values() for e in s.shards if e.version is None
+            }:
                 problem = f"version {entry.version} does not list this file with this content"
             else:
                 continue

@@ -88,47 +88,68 @@ class DaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["local", "address", "kubernetes", "slurm", "pbs"] = Field(
-        "local", description="`local`: worker processes on this host; `address`: an existing "
+        "local",
+        description="`local`: worker processes on this host; `address`: an existing "
         "scheduler (workers started by someone else); `kubernetes`: a dask-kubernetes "
-        "operator cluster; `slurm` / `pbs`: dask-jobqueue jobs.")
+        "operator cluster; `slurm` / `pbs`: dask-jobqueue jobs.",
+    )
     address: str | None = Field(
-        None, description="Scheduler address for kind `address`, e.g. `tcp://10.0.0.5:8786`.")
+        None, description="Scheduler address for kind `address`, e.g. `tcp://10.0.0.5:8786`."
+    )
     num_workers: int = Field(
-        2, gt=0, description="Workers to start (every kind but `address`, which uses the "
-        "workers already there).")
+        2,
+        gt=0,
+        description="Workers to start (every kind but `address`, which uses the "
+        "workers already there).",
+    )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the cluster: LocalCluster "
+        default_factory=dict,
+        description="Keyword arguments of the cluster: LocalCluster "
         "(`local`), `make_cluster_spec` and KubeCluster (`kubernetes`: `image` with ballast "
         "installed is required; `namespace`, `resources`, `env`), SLURMCluster / PBSCluster "
-        "(`cores`, `memory`, `queue`, `account`, `walltime`, `job_script_prologue`).")
+        "(`cores`, `memory`, `queue`, `account`, `walltime`, `job_script_prologue`).",
+    )
     worker_profile: bool = Field(
-        False, description="Dask's statistical profiler (the dashboard's Profile page) on the "
-        "workers of kind `local`; it costs about 6% of their CPU.")
+        False,
+        description="Dask's statistical profiler (the dashboard's Profile page) on the "
+        "workers of kind `local`; it costs about 6% of their CPU.",
+    )
     jobs: JobSettings = Field(
-        default_factory=JobSettings, description="The site's settings of the worker jobs "
+        default_factory=JobSettings,
+        description="The site's settings of the worker jobs "
         "(kind `slurm` / `pbs`): partition, account, QOS, memory, constraint, walltime, "
-        "further options.")
+        "further options.",
+    )
     worker_timeout_s: float = Field(
-        600.0, gt=0, description="How long a cluster ballast starts may take to get its "
+        600.0,
+        gt=0,
+        description="How long a cluster ballast starts may take to get its "
         "first worker (a job may wait in a queue); then an error names the jobs and "
-        "SLURM's reason.")
+        "SLURM's reason.",
+    )
     dashboard_address: str = Field(
-        ":0", description="Where the dashboard of a scheduler ballast starts for batch jobs "
-        "listens (default: a free port, not 8787 of a shared login node).")
+        ":0",
+        description="Where the dashboard of a scheduler ballast starts for batch jobs "
+        "listens (default: a free port, not 8787 of a shared login node).",
+    )
 
     @model_validator(mode="after")
     def _settings_of_the_kind(self) -> DaskConfig:
         if self.kind == "address" and not self.address:
             raise ValueError("dask.address is required when dask.kind is 'address'")
         if self.kind != "address" and self.address:
-            raise ValueError(f"dask.address is only read when dask.kind is 'address', "
-                             f"not {self.kind!r}")
+            raise ValueError(
+                f"dask.address is only read when dask.kind is 'address', not {self.kind!r}"
+            )
         if self.kind not in ("slurm", "pbs") and self.jobs != JobSettings():
-            raise ValueError(f"dask.jobs is only read when dask.kind is 'slurm' or 'pbs', "
-                             f"not {self.kind!r}")
+            raise ValueError(
+                f"dask.jobs is only read when dask.kind is 'slurm' or 'pbs', not {self.kind!r}"
+            )
         if self.kind == "kubernetes" and "image" not in self.options:
-            raise ValueError("dask.options.image is required when dask.kind is 'kubernetes': "
-                             "an image with ballast installed (workers import its tasks)")
+            raise ValueError(
+                "dask.options.image is required when dask.kind is 'kubernetes': "
+                "an image with ballast installed (workers import its tasks)"
+            )
         return self
 
 
@@ -182,8 +203,7 @@ def build_cluster(config: DaskConfig) -> Any:
     """The cluster object of a kind ballast starts, workers not requested yet (no job is
     submitted and no pod created until it is scaled)."""
     if config.kind == "local":
-        return local_cluster(config.num_workers, config.worker_profile,
-                             **config.options)
+        return local_cluster(config.num_workers, config.worker_profile, **config.options)
     if config.kind == "kubernetes":
         return _kubernetes_cluster(config)
     if config.kind in ("slurm", "pbs"):
@@ -191,22 +211,27 @@ def build_cluster(config: DaskConfig) -> Any:
     raise ValueError(f"dask.kind={config.kind!r} joins a running cluster; nothing to build")
 
 
-def local_cluster(num_workers: int, worker_profile: bool = False,
-                  **options: Any) -> LocalCluster:
+def local_cluster(num_workers: int, worker_profile: bool = False, **options: Any) -> LocalCluster:
     """A LocalCluster of single-threaded worker processes with the allocator settings and,
     unless `worker_profile`, without Dask's statistical profiler; with a worker logging
     config in the environment, its handlers' levels left as it set them. A worker process
     that dies while its nanny starts it fails the whole start ("Nanny failed to start": one
     soak night's worker kill landed there); the start is tried `LOCAL_STARTS` times."""
-    environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
-               for name, value in WORKER_MALLOC_ENV.items()}
+    environ = {
+        f"distributed.nanny.pre-spawn-environ.{name}": value
+        for name, value in WORKER_MALLOC_ENV.items()
+    }
     silence = {"silence_logs": False} if WORKER_LOGGING_ENV in os.environ else {}
     for start in range(1, LOCAL_STARTS + 1):
         try:
             with dask.config.set({**environ, PROFILE_KEY: worker_profile}):
-                return LocalCluster(n_workers=num_workers, threads_per_worker=1,
-                                    processes=True, dashboard_address=":0",
-                                    **{**silence, **options})
+                return LocalCluster(
+                    n_workers=num_workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=":0",
+                    **{**silence, **options},
+                )
         except RuntimeError as error:  # LocalCluster closes what it started before raising
             if "failed to start" not in str(error) or start == LOCAL_STARTS:
                 raise
@@ -251,8 +276,9 @@ def _jobqueue_cluster(config: DaskConfig) -> Any:
     the worker starts, ahead of the user's prologue (options or jobqueue's config), with
     `dask.jobs` and the dashboard address (preprocessing/driver/jobqueue.py)."""
     module = _import_extra(config.kind)
-    options = jobqueue_options(config.kind, config.options, config.jobs,
-                               config.dashboard_address, WORKER_MALLOC_ENV)
+    options = jobqueue_options(
+        config.kind, config.options, config.jobs, config.dashboard_address, WORKER_MALLOC_ENV
+    )
     return getattr(module, _EXTERNAL[config.kind][1])(**options)
 
 
@@ -261,8 +287,9 @@ def _import_extra(kind: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"dask.kind={kind!r} needs the {package} package: "
-                         f"pip install 'ballast[{extra}]'") from error
+        raise ValueError(
+            f"dask.kind={kind!r} needs the {package} package: pip install 'ballast[{extra}]'"
+        ) from error
 
 
 def check_workers(client: Client, storage: Sequence[str] = ()) -> None:
@@ -285,7 +312,9 @@ def warn_missing_allocator_settings(client: Client) -> None:
             f"{len(lacking)} of {len(found)} Dask workers ({', '.join(lacking)}) run without "
             f"ballast's allocator settings; set {settings} in the workers' environment before "
             "they start (docs/architecture.md M21): the output is the same, the exchange slower",
-            WorkerEnvironmentWarning, stacklevel=3)
+            WorkerEnvironmentWarning,
+            stacklevel=3,
+        )
 
 
 def _allocator_environ() -> dict[str, str | None]:
@@ -309,7 +338,8 @@ def require_shared_storage(client: Client, storage: Sequence[str]) -> None:
                 f"{path} is a local path, but Dask workers {', '.join(blind)} on other hosts "
                 f"than this driver ({driver}) do not see it: staging and "
                 "output need storage every worker shares (a filesystem mounted at the same "
-                "path on every host, or an object store such as s3://)")
+                "path on every host, or an object store such as s3://)"
+            )
 
 
 def _is_local(uri: str) -> bool:

@@ -39,8 +39,12 @@ from preprocessing.toolbox.faults import TransientError
 
 POLL_S = 2.0
 # Options of `JobSettings` and the SLURMCluster / PBSCluster keyword each one becomes.
-JOBQUEUE_KEYWORDS = {"partition": "queue", "account": "account", "memory": "memory",
-                     "walltime": "walltime"}
+JOBQUEUE_KEYWORDS = {
+    "partition": "queue",
+    "account": "account",
+    "memory": "memory",
+    "walltime": "walltime",
+}
 SLURM_ONLY = ("qos", "constraint")
 
 
@@ -62,21 +66,30 @@ class JobSettings(BaseModel):
     constraint: str | None = Field(None, description="SLURM node features (--constraint).")
     walltime: str | None = Field(None, description="Time limit of each job (HH:MM:SS).")
     sbatch_options: list[str] = Field(
-        default_factory=list, description="Further job options, one per item "
-        "(e.g. --reservation=ml), written as directives of the job script.")
+        default_factory=list,
+        description="Further job options, one per item "
+        "(e.g. --reservation=ml), written as directives of the job script.",
+    )
 
     @field_validator("sbatch_options")
     @classmethod
     def options_are_flags(cls, options: list[str]) -> list[str]:
         for option in options:
             if not option.startswith("-"):
-                raise ValueError(f"dask.jobs.sbatch_options: {option!r} is not an option "
-                                 "(write --name=value, one per item)")
+                raise ValueError(
+                    f"dask.jobs.sbatch_options: {option!r} is not an option "
+                    "(write --name=value, one per item)"
+                )
         return options
 
 
-def jobqueue_options(kind: str, options: dict[str, Any], jobs: JobSettings,
-                     dashboard_address: str, worker_env: dict[str, int]) -> dict[str, Any]:
+def jobqueue_options(
+    kind: str,
+    options: dict[str, Any],
+    jobs: JobSettings,
+    dashboard_address: str,
+    worker_env: dict[str, int],
+) -> dict[str, Any]:
     """The keyword arguments of the cluster class: `options` with `jobs` mapped in, the
     prologue that unsets the host-only variables and exports `worker_env` before the
     user's, and the dashboard address."""
@@ -87,8 +100,10 @@ def jobqueue_options(kind: str, options: dict[str, Any], jobs: JobSettings,
             raise ValueError(f"dask.jobs.{field} and dask.options.{keyword} both set: keep one")
         if value is not None:
             merged[keyword] = value
-    merged["job_extra_directives"] = [*merged.get("job_extra_directives", []),
-                                      *extra_directives(kind, jobs)]
+    merged["job_extra_directives"] = [
+        *merged.get("job_extra_directives", []),
+        *extra_directives(kind, jobs),
+    ]
     prologue = merged.pop("job_script_prologue", None)
     if prologue is None:
         prologue = dask.config.get(f"jobqueue.{kind}.job-script-prologue", default=[])
@@ -129,11 +144,15 @@ def wait_for_job_workers(cluster: Any, client: Client, timeout_s: float, kind: s
     while not client.scheduler_info(n_workers=-1)["workers"]:
         states = job_states(cluster) if kind == "slurm" else []
         if states and all(state.ended for state in states):
-            raise WorkersNotReady(not_ready("every worker job ended before a worker joined",
-                                            states))
+            raise WorkersNotReady(
+                not_ready("every worker job ended before a worker joined", states)
+            )
         if time.monotonic() >= deadline:
-            raise WorkersNotReady(not_ready(
-                f"no Dask worker joined in {timeout_s:g} s (dask.worker_timeout_s)", states))
+            raise WorkersNotReady(
+                not_ready(
+                    f"no Dask worker joined in {timeout_s:g} s (dask.worker_timeout_s)", states
+                )
+            )
         time.sleep(POLL_S)
 
 
@@ -145,5 +164,6 @@ def job_states(cluster: Any) -> list[JobState]:
 
 def not_ready(what: str, states: list[JobState]) -> str:
     jobs = "; ".join(state.describe() for state in states) or (
-        "no job was submitted (the submission's error is in the run's log)")
+        "no job was submitted (the submission's error is in the run's log)"
+    )
     return f"{what}: {jobs}"

@@ -60,8 +60,14 @@ class OutputSpec:
     config: dict[str, Any]
 
 
-def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transform,
-             label_column: str, rows_per_row_group: int) -> ShardEntry:
+def map_file(
+    uri: str,
+    out_uri: str,
+    listed: ShardRef | None,
+    transform: Transform,
+    label_column: str,
+    rows_per_row_group: int,
+) -> ShardEntry:
     """Transform one file batch by batch into one part (preprocessing/contract/shards.py);
     `listed`: the input's manifest entry when it is a shard of a committed version (its
     size checked first, a page that fails its checksum named)."""
@@ -77,8 +83,9 @@ def map_file(uri: str, out_uri: str, listed: ShardRef | None, transform: Transfo
         raise damage from error
 
 
-def _mapped(uri: str, out_uri: str, transform: Transform, label_column: str,
-            rows_per_row_group: int) -> ShardEntry:
+def _mapped(
+    uri: str, out_uri: str, transform: Transform, label_column: str, rows_per_row_group: int
+) -> ShardEntry:
     writer = ShardWriter(out_uri, rows_per_row_group, label_column)
     rows = 0
     for batch in iter_batches(uri):
@@ -112,32 +119,55 @@ def mapped_version_id(inputs: list[str], spec: OutputSpec) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def map_to_version(inputs: list[str], transform: Transform, output_root: str,
-                   spec: OutputSpec, executor: Executor,
-                   rows_per_row_group: int = 8_192) -> tuple[Manifest, str]:
+def map_to_version(
+    inputs: list[str],
+    transform: Transform,
+    output_root: str,
+    spec: OutputSpec,
+    executor: Executor,
+    rows_per_row_group: int = 8_192,
+) -> tuple[Manifest, str]:
     """Run `transform` over every input file on Dask (a client, or the config of a cluster
     to start or join); commit one version of the results."""
     version_id = mapped_version_id(inputs, spec)
     previous = read_current_version(output_root)
-    with VersionAttempt(output_root, version_id) as attempt, \
-            dask_client(executor, storage=[output_root]) as client:
+    with (
+        VersionAttempt(output_root, version_id) as attempt,
+        dask_client(executor, storage=[output_root]) as client,
+    ):
         outputs = [attempt.shard_uri(shard_name("predictions", i)) for i in range(len(inputs))]
-        futures = client.map(retrying(map_file, RetryPolicy()), inputs, outputs,
-                             listed_shards(inputs),
-                             transform=transform, label_column=spec.label_column,
-                             rows_per_row_group=rows_per_row_group, pure=False)
+        futures = client.map(
+            retrying(map_file, RetryPolicy()),
+            inputs,
+            outputs,
+            listed_shards(inputs),
+            transform=transform,
+            label_column=spec.label_column,
+            rows_per_row_group=rows_per_row_group,
+            pure=False,
+        )
         entries: list[ShardEntry] = client.gather(futures)
         commit = attempt.commit(_manifest(version_id, inputs, spec, entries), expected=previous)
     return commit.manifest, commit.location
 
 
-def _manifest(version_id: str, inputs: list[str], spec: OutputSpec,
-              entries: list[ShardEntry]) -> Manifest:
+def _manifest(
+    version_id: str, inputs: list[str], spec: OutputSpec, entries: list[ShardEntry]
+) -> Manifest:
     return Manifest(
-        version_id=version_id, label_column=spec.label_column, source_column="",
-        id_column=spec.id_column, feature_columns=spec.feature_columns, classes=spec.classes,
-        sources=[], arrow_schema=[], seed=0, config=redact_value(spec.config),
+        version_id=version_id,
+        label_column=spec.label_column,
+        source_column="",
+        id_column=spec.id_column,
+        feature_columns=spec.feature_columns,
+        classes=spec.classes,
+        sources=[],
+        arrow_schema=[],
+        seed=0,
+        config=redact_value(spec.config),
         splits={"predictions": SplitEntry(sum(e.num_rows for e in entries), entries)},
         input_fingerprint=hashlib.sha256("\n".join(inputs).encode()).hexdigest(),
-        input_class_counts={}, input_source_counts={}, code_version=code_version(),
+        input_class_counts={},
+        input_source_counts={},
+        code_version=code_version(),
     )

@@ -133,8 +133,9 @@ def plan_version(config: ReshardConfig, listing: Listing | None = None) -> Versi
     listing = listing or list_once(config)
     previous = read_current_version(config.output_root)
     increment = plan_increment(config, listing.files, previous)
-    return VersionPlan(listing, previous, increment,
-                       version_id_of(listing.fingerprint, config, increment))
+    return VersionPlan(
+        listing, previous, increment, version_id_of(listing.fingerprint, config, increment)
+    )
 
 
 def version_id_for(config: ReshardConfig, listing: Listing | None = None) -> str:
@@ -147,10 +148,13 @@ def version_is_committed(output_root: str, version_id: str) -> bool:
     return _committed(output_root, version_id) is not None
 
 
-def run_reshard(config: ReshardConfig, executor: Executor | None = None,
-                progress: Progress | None = None,
-                listing: Listing | None = None,
-                plan: VersionPlan | None = None) -> ReshardResult:
+def run_reshard(
+    config: ReshardConfig,
+    executor: Executor | None = None,
+    progress: Progress | None = None,
+    listing: Listing | None = None,
+    plan: VersionPlan | None = None,
+) -> ReshardResult:
     """Make (or find) the dataset version for `config` and commit it.
 
     `executor`: a Dask client, or the config of a cluster to start or join; by default a
@@ -165,18 +169,27 @@ def run_reshard(config: ReshardConfig, executor: Executor | None = None,
     """
     root = config.output_root
     plan = plan or plan_version(config, listing)
-    listing, previous, increment, version_id = (plan.listing, plan.previous, plan.increment,
-                                                plan.version_id)
+    listing, previous, increment, version_id = (
+        plan.listing,
+        plan.previous,
+        plan.increment,
+        plan.version_id,
+    )
     existing = _committed(root, version_id)
     if existing is not None:
         collect_expired(root)
-        commit = commit_following(root, existing, previous, lambda expected: commit_version(
-            root, existing, expected=expected))
+        commit = commit_following(
+            root,
+            existing,
+            previous,
+            lambda expected: commit_version(root, existing, expected=expected),
+        )
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
     with VersionAttempt(root, version_id) as attempt:
         manifest = _make_version(config, listing, increment, attempt, executor, progress)
-        commit = commit_following(root, manifest, previous, lambda expected: attempt.commit(
-            manifest, expected=expected))
+        commit = commit_following(
+            root, manifest, previous, lambda expected: attempt.commit(manifest, expected=expected)
+        )
     return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
 
 
@@ -194,9 +207,14 @@ class _Cluster:
         return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
 
 
-def _make_version(config: ReshardConfig, listing: Listing, increment: Increment,
-                  attempt: VersionAttempt, executor: Executor | None,
-                  progress: Progress | None) -> Manifest:
+def _make_version(
+    config: ReshardConfig,
+    listing: Listing,
+    increment: Increment,
+    attempt: VersionAttempt,
+    executor: Executor | None,
+    progress: Progress | None,
+) -> Manifest:
     """Scan, plan, exchange and write the shards into `attempt` (of every input, or of the
     new files when appending); the version's manifest."""
     timings: dict[str, float] = {}
@@ -213,13 +231,30 @@ def _make_version(config: ReshardConfig, listing: Listing, increment: Increment,
         if parent:
             check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        staging = _timed(timings, "exchange_s", lambda: _exchange(
-            dask, scans, plans, pieces, schema, config, attempt, progress))
-        splits = _timed(timings, "write_s", lambda: _reduce(
-            dask, plans, staging, schema, config, attempt, progress))
+        staging = _timed(
+            timings,
+            "exchange_s",
+            lambda: _exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
+        )
+        splits = _timed(
+            timings,
+            "write_s",
+            lambda: _reduce(dask, plans, staging, schema, config, attempt, progress),
+        )
         attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
-    return version_manifest(config, attempt.version_id, listing.fingerprint, scans, schema, plans,
-                            splits, timings, features, parent, len(pieces))
+    return version_manifest(
+        config,
+        attempt.version_id,
+        listing.fingerprint,
+        scans,
+        schema,
+        plans,
+        splits,
+        timings,
+        features,
+        parent,
+        len(pieces),
+    )
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -236,21 +271,34 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     return result
 
 
-def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
-          progress: Progress | None, earlier: list[FileScan]) -> list[FileScan]:
+def _scan(
+    dask: _Cluster,
+    files: list[InputFile],
+    config: ReshardConfig,
+    progress: Progress | None,
+    earlier: list[FileScan],
+) -> list[FileScan]:
     """Scan `files`; the checks across files also see the `earlier` files of a parent
     (preprocessing/versions/incremental.py), whose ids are read again only where ranges overlap."""
     # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
-    bounds = group_pieces(np.array([f.num_bytes for f in files]), config.exchange_task_bytes,
-                          4 * dask.threads).tolist()
-    counter = StageProgress("scan", len(bounds) - 1, progress,
-                            config.progress_deadline_s)
-    groups = run_in_waves(dask.dask, _scan_files, ((files[a:b],) for a, b in pairwise(bounds)),
-                          len(bounds) - 1, dask.in_flight, counter,
-                          spec=config.dataset, seed=config.seed,
-                          holdout_fraction=config.holdout_fraction,
-                          max_piece_rows=config.max_piece_rows, retry=config.retry)
+    bounds = group_pieces(
+        np.array([f.num_bytes for f in files]), config.exchange_task_bytes, 4 * dask.threads
+    ).tolist()
+    counter = StageProgress("scan", len(bounds) - 1, progress, config.progress_deadline_s)
+    groups = run_in_waves(
+        dask.dask,
+        _scan_files,
+        ((files[a:b],) for a, b in pairwise(bounds)),
+        len(bounds) - 1,
+        dask.in_flight,
+        counter,
+        spec=config.dataset,
+        seed=config.seed,
+        holdout_fraction=config.holdout_fraction,
+        max_piece_rows=config.max_piece_rows,
+        retry=config.retry,
+    )
     counter.close()
     scans = check_schemas([scan for group in groups for scan in group])
     # A column no file has is the config's mistake: one error naming the field.
@@ -261,7 +309,8 @@ def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
         raise InputsUnreadable(
             f"{len(unreadable)} input files could not be read, for reasons that may pass; "
             "nothing is committed, rerun once the store answers: "
-            + redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable)))
+            + redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in unreadable))
+        )
     rejected = [scan for scan in scans if scan.reason is not None]
     if len(rejected) > config.max_rejected_fraction * len(scans):
         details = redact("; ".join(f"{scan.file.uri}: {scan.reason}" for scan in rejected))
@@ -272,9 +321,18 @@ def _scan(dask: _Cluster, files: list[InputFile], config: ReshardConfig,
     check_classes([*scans, *earlier], config.dataset)
     new = {scan.file.uri for scan in scans}
     groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
-    found = dask.dask.gather(dask.dask.map(
-        retrying(duplicate_ids, config.retry), groups, id_column=config.dataset.id_column,
-        pure=False)) if groups else []
+    found = (
+        dask.dask.gather(
+            dask.dask.map(
+                retrying(duplicate_ids, config.retry),
+                groups,
+                id_column=config.dataset.id_column,
+                pure=False,
+            )
+        )
+        if groups
+        else []
+    )
     if any(found):
         raise InputError("; ".join(problem for problem in found if problem))
     return scans
@@ -289,24 +347,34 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
     schema = schema.remove_metadata()
     if config.dataset.source_column is None:
         if DERIVED_SOURCE_COLUMN in schema.names:
-            raise ValueError(f"dataset.source_column is None but inputs already have a "
-                             f"'{DERIVED_SOURCE_COLUMN}' column; name it as source_column")
+            raise ValueError(
+                f"dataset.source_column is None but inputs already have a "
+                f"'{DERIVED_SOURCE_COLUMN}' column; name it as source_column"
+            )
         schema = schema.append(pa.field(DERIVED_SOURCE_COLUMN, pa.string()))
     if config.dataset.id_column is None:  # preprocessing/plan/row_ids.py
         schema = schema.append(pa.field(DERIVED_ID_COLUMN, pa.int64()))
     return schema
 
 
-def _plan(scans: list[FileScan],
-          config: ReshardConfig) -> tuple[dict[str, SplitPlan], np.ndarray]:
+def _plan(scans: list[FileScan], config: ReshardConfig) -> tuple[dict[str, SplitPlan], np.ndarray]:
     """Both splits' plans, and each piece's (scan index, piece in file)."""
     counts, pieces = count_records(scans)
     shard_rows = shard_rows_target(scans, config)
     plans = {
-        "train": plan_split(counts, "train", config.mix, config.num_output_rows, shard_rows,
-                            config.shuffle, config.seed, len(pieces)),
-        "holdout": plan_split(counts, "holdout", None, None, shard_rows, config.shuffle,
-                              config.seed, len(pieces)),
+        "train": plan_split(
+            counts,
+            "train",
+            config.mix,
+            config.num_output_rows,
+            shard_rows,
+            config.shuffle,
+            config.seed,
+            len(pieces),
+        ),
+        "holdout": plan_split(
+            counts, "holdout", None, None, shard_rows, config.shuffle, config.seed, len(pieces)
+        ),
     }
     if plans["train"].num_output_rows == 0:
         raise ValueError("no training rows: every accepted input row was held out or rejected")
@@ -323,57 +391,96 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
 
 
-def _exchange(dask: _Cluster, scans: list[FileScan], plans: dict[str, SplitPlan],
-              pieces: np.ndarray, schema: pa.Schema, config: ReshardConfig,
-              attempt: VersionAttempt, progress: Progress | None) -> Staging:
+def _exchange(
+    dask: _Cluster,
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+) -> Staging:
     """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
     or two integers, and the driver keeps nothing per staged object. A round's objects are
     discarded once the next round has read them: the disk (and page cache) holds two
     rounds at a time, not every round till the end."""
     destinations = destinations_for(plans, schema)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
-    staging = Staging(f"{attempt.uri}/exchange", layout, destinations.schema,
-                      config.upload_part_bytes)
-    counter = StageProgress("exchange", sum(r.num_objects for r in layout.rounds), progress,
-                            config.progress_deadline_s)
+    staging = Staging(
+        f"{attempt.uri}/exchange", layout, destinations.schema, config.upload_part_bytes
+    )
+    counter = StageProgress(
+        "exchange", sum(r.num_objects for r in layout.rounds), progress, config.progress_deadline_s
+    )
     # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
     # once, as a task's result a dead worker's successor can recompute (waves.share).
     first_rows = piece_rows(scans, pieces)[0]
-    tasks = ((map_task(scans, plans, pieces, first_rows, staging, task),)
-             for task in range(layout.num_map_tasks))
-    run_in_waves(dask.dask, retrying(map_pieces, config.retry), tasks, layout.num_map_tasks,
-                 dask.in_flight, counter,
-                 destinations=share(dask.dask, destinations),
-                 spec=config.dataset, seed=config.seed, holdout_fraction=config.holdout_fraction)
+    tasks = (
+        (map_task(scans, plans, pieces, first_rows, staging, task),)
+        for task in range(layout.num_map_tasks)
+    )
+    run_in_waves(
+        dask.dask,
+        retrying(map_pieces, config.retry),
+        tasks,
+        layout.num_map_tasks,
+        dask.in_flight,
+        counter,
+        destinations=share(dask.dask, destinations),
+        spec=config.dataset,
+        seed=config.seed,
+        holdout_fraction=config.holdout_fraction,
+    )
     shared = share(dask.dask, staging)
     for index in range(1, len(layout.rounds)):
-        run_in_waves(dask.dask, retrying(merge_task, config.retry), ((index, task) for task in
-                     range(layout.rounds[index].num_objects)), layout.rounds[index].num_objects,
-                     dask.in_flight, counter, staging=shared)
+        run_in_waves(
+            dask.dask,
+            retrying(merge_task, config.retry),
+            ((index, task) for task in range(layout.rounds[index].num_objects)),
+            layout.rounds[index].num_objects,
+            dask.in_flight,
+            counter,
+            staging=shared,
+        )
         attempt.discard(staging.round_uri(index - 1))
     counter.close()
     return staging
 
 
-def _reduce(dask: _Cluster, plans: dict[str, SplitPlan], staging: Staging, schema: pa.Schema,
-            config: ReshardConfig, attempt: VersionAttempt,
-            progress: Progress | None) -> dict[str, SplitEntry]:
+def _reduce(
+    dask: _Cluster,
+    plans: dict[str, SplitPlan],
+    staging: Staging,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+) -> dict[str, SplitEntry]:
     """Write tasks over runs of consecutive shards, each reading one range of each of the
     last round's objects that cover them."""
     shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
-    counter = StageProgress("write", len(tasks), progress,
-                            config.progress_deadline_s)
-    entries = run_in_waves(dask.dask, retrying(write_shards, config.retry), tasks, len(tasks),
-                           dask.in_flight, counter,
-                           staging=share(dask.dask, staging),
-                           schema=share(dask.dask, schema),
-                           spec=config.dataset, rows_per_row_group=config.rows_per_row_group)
+    counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
+    entries = run_in_waves(
+        dask.dask,
+        retrying(write_shards, config.retry),
+        tasks,
+        len(tasks),
+        dask.in_flight,
+        counter,
+        staging=share(dask.dask, staging),
+        schema=share(dask.dask, schema),
+        spec=config.dataset,
+        rows_per_row_group=config.rows_per_row_group,
+    )
     counter.close()
     flat = iter([entry for group in entries for entry in group])
-    return {split: _split_entry([next(flat) for _ in range(plan.num_shards)])
-            for split, plan in plans.items()}
+    return {
+        split: _split_entry([next(flat) for _ in range(plan.num_shards)])
+        for split, plan in plans.items()
+    }
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:

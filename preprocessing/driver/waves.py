@@ -38,8 +38,9 @@ class StageProgress:
     """Counts a stage's finished tasks: a terminal bar, and `progress(stage, done, total)`
     for an orchestrator."""
 
-    def __init__(self, stage: str, total: int, progress: Progress | None,
-                 deadline_s: float | None = None) -> None:
+    def __init__(
+        self, stage: str, total: int, progress: Progress | None, deadline_s: float | None = None
+    ) -> None:
         self.stage, self.total, self.done, self._progress = stage, total, 0, progress
         self.deadline_s = deadline_s  # see StallWatch
         self._bar = tqdm(total=total, desc=stage, unit="task", disable=not sys.stderr.isatty())
@@ -88,17 +89,23 @@ class StallWatch:
         for address, keys in self.client.processing().items():
             silent_s = time.time() - workers.get(address, {}).get("last_seen", time.time())
             if keys and silent_s > self.deadline_s:
-                log.warning("stage %s: worker %s silent for %.0f s holding %s; removing it, "
-                            "its tasks run on the other workers", self.stage, address,
-                            silent_s, ", ".join(str(key) for key in keys[:3]))
+                log.warning(
+                    "stage %s: worker %s silent for %.0f s holding %s; removing it, "
+                    "its tasks run on the other workers",
+                    self.stage,
+                    address,
+                    silent_s,
+                    ", ".join(str(key) for key in keys[:3]),
+                )
                 self.client.run_on_scheduler(_remove_worker, address)
                 self.retired.append(address)
 
 
 async def _remove_worker(address: str, dask_scheduler: Any = None) -> None:
     # close=False: a frozen worker cannot answer a close; the scheduler forgets it.
-    await dask_scheduler.remove_worker(address=address, close=False,
-                                       stimulus_id=f"ballast-stall-{time.time()}")
+    await dask_scheduler.remove_worker(
+        address=address, close=False, stimulus_id=f"ballast-stall-{time.time()}"
+    )
 
 
 def share(client: Client, value: Any) -> Future:
@@ -117,9 +124,15 @@ def _value(value: Any) -> Any:
     return value
 
 
-def run_in_waves(client: Client, function: Callable[..., Any], arguments: Iterable[tuple],
-                 total: int, limit: int, counter: StageProgress | None = None,
-                 **shared: Any) -> list[Any]:
+def run_in_waves(
+    client: Client,
+    function: Callable[..., Any],
+    arguments: Iterable[tuple],
+    total: int,
+    limit: int,
+    counter: StageProgress | None = None,
+    **shared: Any,
+) -> list[Any]:
     """`function(*args, **shared)` for each of the `total` argument tuples, at most `limit`
     in flight; the results in the order of `arguments`."""
     results: list[Any] = [None] * total

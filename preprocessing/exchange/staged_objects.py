@@ -72,15 +72,17 @@ class StagedWriter:
             self._fs.makedirs(self._path.rsplit("/", 1)[0], exist_ok=True)
             # Arrow's own buffered file: a destination's batch is about a dozen small
             # writes, which through a Python file cost 3.5x as much (RESULTS.md M36).
-            self._sink: Any = pa.BufferedOutputStream(pa.OSFile(self._path, "wb"),
-                                                      buffer_size=WRITE_BUFFER_BYTES)
+            self._sink: Any = pa.BufferedOutputStream(
+                pa.OSFile(self._path, "wb"), buffer_size=WRITE_BUFFER_BYTES
+            )
         else:  # object stores have no directories (and a check is a request)
             self._sink = pa.BufferOutputStream()
         self._sink.write(bytes(index_bytes))  # filled in by close()
         self._writer = pa.ipc.new_stream(self._sink, schema)
         # The stream header is written with the first batch: an empty one puts it here.
-        self._writer.write_batch(pa.record_batch([pa.array([], f.type) for f in schema],
-                                                 schema=schema))
+        self._writer.write_batch(
+            pa.record_batch([pa.array([], f.type) for f in schema], schema=schema)
+        )
         self._offsets = [self._sink.tell()]
 
     def add_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
@@ -100,8 +102,10 @@ class StagedWriter:
         if len(self._offsets) != self.staged.num_destinations + 1:
             if self._local:
                 self._sink.close()
-            raise ValueError(f"{self.staged.uri}: {len(self._offsets) - 1} destinations "
-                             f"written, {self.staged.num_destinations} expected")
+            raise ValueError(
+                f"{self.staged.uri}: {len(self._offsets) - 1} destinations "
+                f"written, {self.staged.num_destinations} expected"
+            )
         self._writer.close()  # the end-of-stream marker
         size = self._sink.tell()
         header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
@@ -115,19 +119,29 @@ class StagedWriter:
                 os.close(descriptor)
         else:
             body = self._sink.getvalue()
-            write_object(self._fs, self._path, b"".join([index, memoryview(body)[len(index):]]),
-                         self.staged.part_bytes)
+            write_object(
+                self._fs,
+                self._path,
+                b"".join([index, memoryview(body)[len(index) :]]),
+                self.staged.part_bytes,
+            )
         return int(size)
 
 
 def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:
     """The message bytes of destinations [first, stop) of `staged`, and where each
     destination starts in them (stop - first + 1 offsets, the last the length)."""
-    if not (staged.first_destination <= first <= stop
-            <= staged.first_destination + staged.num_destinations):
-        raise ValueError(f"{staged.uri}: destinations [{first}, {stop}) are outside "
-                         f"[{staged.first_destination}, "
-                         f"{staged.first_destination + staged.num_destinations})")
+    if not (
+        staged.first_destination
+        <= first
+        <= stop
+        <= staged.first_destination + staged.num_destinations
+    ):
+        raise ValueError(
+            f"{staged.uri}: destinations [{first}, {stop}) are outside "
+            f"[{staged.first_destination}, "
+            f"{staged.first_destination + staged.num_destinations})"
+        )
     read = _range_reader(staged.uri)
     position = _HEADER_BYTES + _INDEX_ITEM.itemsize * (first - staged.first_destination)
     raw = read(position, position + _INDEX_ITEM.itemsize * (stop - first + 1))
@@ -139,8 +153,9 @@ def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any,
     return read(int(index[0]), int(index[-1])), index - index[0]
 
 
-def read_batches(data: Any, schema: pa.Schema,
-                 origin: str = "a staged object") -> list[pa.RecordBatch]:
+def read_batches(
+    data: Any, schema: pa.Schema, origin: str = "a staged object"
+) -> list[pa.RecordBatch]:
     """The record batches of a run of IPC messages (zero-copy views of `data`), each
     checked for buffers that fit its lengths (not its values: a flipped byte in a value
     is not seen) so damaged bytes are a StagedObjectError, never a crash later."""
@@ -156,8 +171,9 @@ def read_batches(data: Any, schema: pa.Schema,
     return batches
 
 
-def destination_batches(data: Any, offsets: np.ndarray, schema: pa.Schema,
-                        origin: str = "a staged object") -> list[list[pa.RecordBatch]]:
+def destination_batches(
+    data: Any, offsets: np.ndarray, schema: pa.Schema, origin: str = "a staged object"
+) -> list[list[pa.RecordBatch]]:
     """`read_batches` of each destination of a range `read_destinations` returned, decoded
     in one pass over the range (one reader, not one per destination), with the same
     checks: every destination's bounds fall between messages."""
@@ -178,8 +194,7 @@ def destination_batches(data: Any, offsets: np.ndarray, schema: pa.Schema,
     return found
 
 
-def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
-                 schema: pa.Schema) -> int:
+def merge_staged(inputs: Sequence[StagedObject], output: StagedObject, schema: pa.Schema) -> int:
     """Write `output` with, for each of its destinations, those rows of every input (in
     input order); its size in bytes."""
     first, stop = output.first_destination, output.first_destination + output.num_destinations
@@ -187,8 +202,11 @@ def merge_staged(inputs: Sequence[StagedObject], output: StagedObject,
     views = [(memoryview(data) if len(data) else b"", offsets) for data, offsets in ranges]
     writer = StagedWriter(output, schema)
     for index in range(stop - first):
-        writer.add_messages(view[offsets[index]:offsets[index + 1]]
-                            for view, offsets in views if offsets[index + 1] > offsets[index])
+        writer.add_messages(
+            view[offsets[index] : offsets[index + 1]]
+            for view, offsets in views
+            if offsets[index + 1] > offsets[index]
+        )
     return writer.close()
 
 
@@ -206,17 +224,23 @@ def _range_reader(uri: str) -> Callable[[int, int], Any]:
 
         def read_mapped(start: int, stop: int) -> Any:
             if stop > size:
-                raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, the staged "
-                                        f"object holds {size}: cut short or damaged")
+                raise StagedObjectError(
+                    f"{uri}: bytes [{start}, {stop}) asked for, the staged "
+                    f"object holds {size}: cut short or damaged"
+                )
             return _mapped(path, start, stop)
+
         return read_mapped
 
     def read_remote(start: int, stop: int) -> Any:
         data = pa.py_buffer(fs.cat_file(path, start=start, end=stop))
         if len(data) != stop - start:
-            raise StagedObjectError(f"{uri}: bytes [{start}, {stop}) asked for, {len(data)} "
-                                    f"read: the staged object was cut short or its index damaged")
+            raise StagedObjectError(
+                f"{uri}: bytes [{start}, {stop}) asked for, {len(data)} "
+                f"read: the staged object was cut short or its index damaged"
+            )
         return data
+
     return read_remote
 
 
@@ -229,6 +253,11 @@ def _mapped(path: str, start: int, stop: int) -> pa.Buffer:
         return pa.py_buffer(b"")
     offset = start - start % mmap.ALLOCATIONGRANULARITY
     with open(path, "rb") as handle:
-        mapped = mmap.mmap(handle.fileno(), stop - offset, flags=mmap.MAP_SHARED | _POPULATE,
-                           prot=mmap.PROT_READ, offset=offset)
+        mapped = mmap.mmap(
+            handle.fileno(),
+            stop - offset,
+            flags=mmap.MAP_SHARED | _POPULATE,
+            prot=mmap.PROT_READ,
+            offset=offset,
+        )
     return pa.py_buffer(mapped).slice(start - offset)

@@ -90,8 +90,12 @@ class Staging:
 
     def object(self, round_index: int, object_id: int) -> StagedObject:
         first, stop = self.layout.object_destinations(round_index, object_id)
-        return StagedObject(f"{self.round_uri(round_index)}/part-{object_id:07d}.arrow",
-                            first, stop - first, self.part_bytes)
+        return StagedObject(
+            f"{self.round_uri(round_index)}/part-{object_id:07d}.arrow",
+            first,
+            stop - first,
+            self.part_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -108,22 +112,33 @@ class Destinations:
 def staged_schema(schema: pa.Schema) -> pa.Schema:
     """The output schema with dictionaries decoded (every piece has its own) plus the
     order key; write tasks cast back to `schema`."""
-    fields = [pa.field(f.name, f.type.value_type, f.nullable)
-              if pa.types.is_dictionary(f.type) else f for f in schema]
+    fields = [
+        pa.field(f.name, f.type.value_type, f.nullable) if pa.types.is_dictionary(f.type) else f
+        for f in schema
+    ]
     return pa.schema([*fields, pa.field(ORDER_COLUMN, pa.uint64())])
 
 
-def exchange_layout(scans: list[FileScan], plans: dict[str, SplitPlan],
-                    pieces: np.ndarray, config: ReshardConfig,
-                    threads: int) -> ExchangeLayout:
+def exchange_layout(
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    config: ReshardConfig,
+    threads: int,
+) -> ExchangeLayout:
     """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
     _, rows, piece_bytes = piece_rows(scans, pieces)
     # Bytes per output row as stored in the input: what sizes a shard's write task.
     row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
     shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
-    return plan_exchange(piece_bytes, shard_bytes, config.exchange_task_bytes,
-                         min_tasks=4 * threads, fan_in=default_fan_in(config),
-                         rounds=config.exchange_rounds)
+    return plan_exchange(
+        piece_bytes,
+        shard_bytes,
+        config.exchange_task_bytes,
+        min_tasks=4 * threads,
+        fan_in=default_fan_in(config),
+        rounds=config.exchange_rounds,
+    )
 
 
 def default_fan_in(config: ReshardConfig) -> int | None:
@@ -139,23 +154,26 @@ def default_fan_in(config: ReshardConfig) -> int | None:
 
 def destinations_for(plans: dict[str, SplitPlan], schema: pa.Schema) -> Destinations:
     """Destinations are the shards of every split, numbered one split after the other."""
-    first = dict(zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(),
-                     strict=False))
-    slim = {name: replace(plan, piece_offsets=PieceOffsets.empty())
-            for name, plan in plans.items()}
-    return Destinations(slim, first, sum(p.num_shards for p in plans.values()),
-                        staged_schema(schema))
+    first = dict(
+        zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(), strict=False)
+    )
+    slim = {name: replace(plan, piece_offsets=PieceOffsets.empty()) for name, plan in plans.items()}
+    return Destinations(
+        slim, first, sum(p.num_shards for p in plans.values()), staged_schema(schema)
+    )
 
 
-def piece_rows(scans: list[FileScan],
-               pieces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def piece_rows(
+    scans: list[FileScan], pieces: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first row in its file, rows, input bytes) of every piece, in one vectorised pass
     over the accepted files' pieces (`pieces` lists them file by file); a piece's bytes
     are its file's in proportion to its rows."""
     accepted = [scan for scan in scans if scan.reason is None]
     counts = np.array([len(scan.piece_rows) for scan in accepted], dtype=np.int64)
-    rows = np.fromiter(chain.from_iterable(scan.piece_rows for scan in accepted), np.int64,
-                       int(counts.sum()))
+    rows = np.fromiter(
+        chain.from_iterable(scan.piece_rows for scan in accepted), np.int64, int(counts.sum())
+    )
     if len(rows) != len(pieces):
         raise ValueError(f"{len(pieces)} pieces planned, {len(rows)} scanned")
     file_of = np.repeat(np.arange(len(accepted)), counts)
@@ -167,33 +185,50 @@ def piece_rows(scans: list[FileScan],
     return before - before[file_start][file_of], rows, sizes
 
 
-def map_task(scans: list[FileScan], plans: dict[str, SplitPlan], pieces: np.ndarray,
-             first_rows: np.ndarray, staging: Staging, task: int) -> MapTask:
+def map_task(
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    first_rows: np.ndarray,
+    staging: Staging,
+    task: int,
+) -> MapTask:
     """Map task `task`'s descriptor: its pieces ((scan index, piece in file) in `pieces`)
     and their offsets."""
-    first, stop = (int(bound) for bound in staging.layout.map_bounds[task:task + 2])
-    members = [PieceTask(piece, scans[scan_index].file, int(first_rows[piece]),
-                         scans[scan_index].piece_rows[index_in_file])
-               for piece, (scan_index, index_in_file)
-               in enumerate(pieces[first:stop].tolist(), start=first)]
+    first, stop = (int(bound) for bound in staging.layout.map_bounds[task : task + 2])
+    members = [
+        PieceTask(
+            piece,
+            scans[scan_index].file,
+            int(first_rows[piece]),
+            scans[scan_index].piece_rows[index_in_file],
+        )
+        for piece, (scan_index, index_in_file) in enumerate(
+            pieces[first:stop].tolist(), start=first
+        )
+    ]
     offsets = {name: plan.piece_offsets.flat(first, stop) for name, plan in plans.items()}
     return MapTask(members, staging.object(0, task), offsets)
 
 
-def shard_jobs(plans: dict[str, SplitPlan],
-               shard_uri: Callable[[str], str]) -> list[tuple[int, str]]:
+def shard_jobs(
+    plans: dict[str, SplitPlan], shard_uri: Callable[[str], str]
+) -> list[tuple[int, str]]:
     """(planned rows, URI to write it to) of every shard, in destination order;
     `shard_uri` maps a shard's name to where this attempt writes it."""
-    return [(int(rows), shard_uri(shard_name(split, shard))) for split, plan in plans.items()
-            for shard, rows in enumerate(plan.shard_rows())]
+    return [
+        (int(rows), shard_uri(shard_name(split, shard)))
+        for split, plan in plans.items()
+        for shard, rows in enumerate(plan.shard_rows())
+    ]
 
 
-def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int,
-               holdout_fraction: float) -> int:
+def map_pieces(
+    task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int, holdout_fraction: float
+) -> int:
     """Route a group of pieces' rows into one staged object, grouped by destination; the
     object's size in bytes."""
-    read = [read_piece(piece, destinations, spec, seed, holdout_fraction)
-            for piece in task.pieces]
+    read = [read_piece(piece, destinations, spec, seed, holdout_fraction) for piece in task.pieces]
     tables = [table for table, _ in read]
     table = pa.concat_tables(tables) if tables else _payload_schema(destinations).empty_table()
     held_out = np.concatenate([mask for _, mask in read]) if read else np.zeros(0, dtype=bool)
@@ -203,9 +238,14 @@ def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, see
     for split, plan in destinations.plans.items():
         members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
         if len(members):
-            routing = route_pieces(stratum_codes(table, plan, spec, members), piece_of[members],
-                                   dense_offsets(task.offsets[split], len(plan.strata)),
-                                   plan, seed, pieces)
+            routing = route_pieces(
+                stratum_codes(table, plan, spec, members),
+                piece_of[members],
+                dense_offsets(task.offsets[split], len(plan.strata)),
+                plan,
+                seed,
+                pieces,
+            )
             rows.append(members[routing.rows])
             targets.append(routing.shards + destinations.first[split])
             keys.append(routing.order_keys)
@@ -214,12 +254,18 @@ def map_pieces(task: MapTask, destinations: Destinations, spec: DatasetSpec, see
     grouped = table.take(pa.array(np.concatenate(rows)[by_target]))
     order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
     grouped = grouped.append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
-    return _write_grouped(grouped.combine_chunks(), target[by_target], task.output,
-                          destinations.schema)
+    return _write_grouped(
+        grouped.combine_chunks(), target[by_target], task.output, destinations.schema
+    )
 
 
-def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, seed: int,
-               holdout_fraction: float) -> tuple[pa.Table, np.ndarray]:
+def read_piece(
+    task: PieceTask,
+    destinations: Destinations,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+) -> tuple[pa.Table, np.ndarray]:
     """One piece's rows in the staged schema (without the order key), and which of them
     are held out."""
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
@@ -228,13 +274,15 @@ def read_piece(task: PieceTask, destinations: Destinations, spec: DatasetSpec, s
     if spec.id_column is None:
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
-    held_out = holdout_mask(task.file.relative_path, task.first_row, table.num_rows, seed,
-                            holdout_fraction)
+    held_out = holdout_mask(
+        task.file.relative_path, task.first_row, table.num_rows, seed, holdout_fraction
+    )
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():
         table, held_out = table.filter(pa.array(kept)), held_out[kept]
     return table.select(_payload_schema(destinations).names).cast(
-        _payload_schema(destinations)), held_out
+        _payload_schema(destinations)
+    ), held_out
 
 
 def _payload_schema(destinations: Destinations) -> pa.Schema:
@@ -242,8 +290,9 @@ def _payload_schema(destinations: Destinations) -> pa.Schema:
     return schema.remove(schema.get_field_index(ORDER_COLUMN))
 
 
-def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
-                  rows: np.ndarray | None = None) -> np.ndarray:
+def stratum_codes(
+    table: pa.Table, plan: SplitPlan, spec: DatasetSpec, rows: np.ndarray | None = None
+) -> np.ndarray:
     """Stratum index of every row (or of `rows`), by dictionary lookup (vectorised)."""
     labels = sorted({label for label, _ in plan.strata}, key=str)
     sources = sorted({source for _, source in plan.strata}, key=str)
@@ -255,15 +304,15 @@ def stratum_codes(table: pa.Table, plan: SplitPlan, spec: DatasetSpec,
     for name, values in ((spec.label_column, labels), (source_name, sources)):
         code = pc.index_in(table.column(name), pa.array(values)).fill_null(len(values))
         codes.append(code.to_numpy())
-    found = lookup[codes[0], codes[1]] if rows is None else lookup[codes[0][rows],
-                                                                     codes[1][rows]]
+    found = lookup[codes[0], codes[1]] if rows is None else lookup[codes[0][rows], codes[1][rows]]
     if (found < 0).any():
         raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
     return found
 
 
-def _write_grouped(grouped: pa.Table, targets: np.ndarray, output: StagedObject,
-                   schema: pa.Schema) -> int:
+def _write_grouped(
+    grouped: pa.Table, targets: np.ndarray, output: StagedObject, schema: pa.Schema
+) -> int:
     """Rows sorted by destination, one record batch per destination that has rows."""
     batch = grouped.to_batches()[0] if grouped.num_rows else None
     bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
@@ -275,32 +324,51 @@ def _write_grouped(grouped: pa.Table, targets: np.ndarray, output: StagedObject,
 
 def merge_task(round_index: int, task: int, staging: Staging) -> int:
     """Merge task `task` of a round: its block of each of its inputs into one object."""
-    inputs = [staging.object(round_index - 1, item)
-              for item in staging.layout.merge_inputs(round_index, task)]
+    inputs = [
+        staging.object(round_index - 1, item)
+        for item in staging.layout.merge_inputs(round_index, task)
+    ]
     return merge_staged(inputs, staging.object(round_index, task), staging.schema)
 
 
-def write_shards(first: int, shards: list[tuple[int, str]], staging: Staging,
-                 schema: pa.Schema, spec: DatasetSpec,
-                 rows_per_row_group: int) -> list[ShardEntry]:
+def write_shards(
+    first: int,
+    shards: list[tuple[int, str]],
+    staging: Staging,
+    schema: pa.Schema,
+    spec: DatasetSpec,
+    rows_per_row_group: int,
+) -> list[ShardEntry]:
     """Write the shards of destinations [first, first + len(shards)) ((planned rows, URI)
     each): one range read per last-round object, then each shard in keyed order."""
     last = len(staging.layout.rounds) - 1
     stop = first + len(shards)
-    ranges = [read_destinations(staging.object(last, item), first, stop)
-              for item in staging.layout.write_inputs(first)]
+    ranges = [
+        read_destinations(staging.object(last, item), first, stop)
+        for item in staging.layout.write_inputs(first)
+    ]
     decoded = [destination_batches(data, offsets, staging.schema) for data, offsets in ranges]
-    own = [[batch for by_destination in decoded for batch in by_destination[index]]
-           for index in range(len(shards))]
+    own = [
+        [batch for by_destination in decoded for batch in by_destination[index]]
+        for index in range(len(shards))
+    ]
     encode = EncodeBuffer()  # one encode buffer for the task's shards
     source = spec.source_column or DERIVED_SOURCE_COLUMN
     entries = []
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
         for rows, uri in shards[run_start:run_stop]:
-            entries.append(write_shard(uri, table.slice(offset, rows).cast(schema),
-                                       rows_per_row_group, spec.label_column, source,
-                                       staging.part_bytes, encode))
+            entries.append(
+                write_shard(
+                    uri,
+                    table.slice(offset, rows).cast(schema),
+                    rows_per_row_group,
+                    spec.label_column,
+                    source,
+                    staging.part_bytes,
+                    encode,
+                )
+            )
             offset += rows
     return entries
 
@@ -317,8 +385,9 @@ def order_runs(shard_bytes: list[int]) -> list[tuple[int, int]]:
     return [*runs, (start, len(shard_bytes))] if shard_bytes else runs
 
 
-def _ordered(own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]],
-             staging: Staging) -> pa.Table:
+def _ordered(
+    own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]], staging: Staging
+) -> pa.Table:
     """The staged rows of a run of shards (`own`: each shard's batches), each shard's in
     keyed order, one shard after the other, in one chunk, without the order key."""
     counts = [sum(batch.num_rows for batch in batches) for batches in own]
@@ -327,8 +396,9 @@ def _ordered(own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]],
             raise RuntimeError(f"{uri}: assembled {found} rows, plan says {rows}")
     table = pa.Table.from_batches([b for batches in own for b in batches], schema=staging.schema)
     keys, bounds = table.column(ORDER_COLUMN).to_numpy(), np.cumsum([0, *counts])
-    order = np.concatenate([np.zeros(0, dtype=np.int64), *(
-        np.argsort(keys[a:b]) + a for a, b in pairwise(bounds))])
+    order = np.concatenate(
+        [np.zeros(0, dtype=np.int64), *(np.argsort(keys[a:b]) + a for a, b in pairwise(bounds))]
+    )
     # One chunk whatever the number of inputs: the encoder's pages follow the chunks. The
     # cast to the output schema is per shard: a dictionary's values follow the shard's rows.
     return table.take(pa.array(order)).combine_chunks().drop_columns([ORDER_COLUMN])

@@ -89,8 +89,10 @@ class ExchangeLayout:
         group, block = divmod(task, this.num_blocks)
         parent = int(this.parent_block[block])
         first = group * self.fan_in
-        return [member * previous.num_blocks + parent
-                for member in range(first, min(first + self.fan_in, previous.num_groups))]
+        return [
+            member * previous.num_blocks + parent
+            for member in range(first, min(first + self.fan_in, previous.num_groups))
+        ]
 
     def write_inputs(self, destination: int) -> list[int]:
         """Ids of the last round's objects that hold rows of `destination`."""
@@ -99,9 +101,14 @@ class ExchangeLayout:
         return [group * last.num_blocks + block for group in range(last.num_groups)]
 
 
-def plan_exchange(piece_bytes: np.ndarray, destination_bytes: np.ndarray, task_bytes: int,
-                  min_tasks: int = 1, fan_in: int | None = None,
-                  rounds: int | None = None) -> ExchangeLayout:
+def plan_exchange(
+    piece_bytes: np.ndarray,
+    destination_bytes: np.ndarray,
+    task_bytes: int,
+    min_tasks: int = 1,
+    fan_in: int | None = None,
+    rounds: int | None = None,
+) -> ExchangeLayout:
     """The exchange of pieces of `piece_bytes` into destinations of `destination_bytes`:
     map and write tasks of about `task_bytes` each, at least `min_tasks` of each.
 
@@ -112,15 +119,19 @@ def plan_exchange(piece_bytes: np.ndarray, destination_bytes: np.ndarray, task_b
     map_bounds = group_pieces(piece_bytes, task_bytes, min_tasks)
     num_maps, num_destinations = len(map_bounds) - 1, len(destination_bytes)
     if fan_in is None:
-        fan_in = (smallest_fan_in(num_maps, rounds) if rounds is not None
-                  else int(np.clip(task_bytes // MIN_READ_BYTES, 2, MAX_DEFAULT_FAN_IN)))
+        fan_in = (
+            smallest_fan_in(num_maps, rounds)
+            if rounds is not None
+            else int(np.clip(task_bytes // MIN_READ_BYTES, 2, MAX_DEFAULT_FAN_IN))
+        )
     if rounds is None:
         rounds = 1 + merge_rounds_needed(num_maps, fan_in)
     layout = [Round(num_maps, np.array([0, num_destinations]), np.zeros(1, dtype=np.int64))]
     for _ in range(rounds - 1):
         layout.append(_merge_round(layout[-1], fan_in))
-    writes = np.union1d(group_pieces(destination_bytes, task_bytes, min_tasks),
-                        layout[-1].block_bounds)
+    writes = np.union1d(
+        group_pieces(destination_bytes, task_bytes, min_tasks), layout[-1].block_bounds
+    )
     return ExchangeLayout(num_destinations, fan_in, map_bounds, layout, writes)
 
 

@@ -74,9 +74,13 @@ def group_runs(groups: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndar
     return order, bounds
 
 
-def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
-                 keys: np.ndarray,
-                 runs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def permute_many(
+    indices: np.ndarray,
+    groups: np.ndarray,
+    domains: np.ndarray,
+    keys: np.ndarray,
+    runs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """`permute(indices[i], domains[g], keys[g])` with g = groups[i], for every i: a
     piece's rows of all strata at once. Rows are taken group by group (`runs`, as
     `group_runs` makes them, when the caller has them already), so that each group's
@@ -93,10 +97,16 @@ def permute_many(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
     bits = _domain_bits(domains.tobytes())
     table = _round_keys(np.asarray(keys, dtype=np.uint64).tobytes())
     values = np.asarray(indices).astype(np.uint64)[order]
-    outside = [_walk_group(values[int(bounds[group]):int(bounds[group + 1])],
-                           int(domains[group]), int(bits[group]),
-                           [int(key) for key in table[:, group]]) + bounds[group]
-               for group in present.tolist()]
+    outside = [
+        _walk_group(
+            values[int(bounds[group]) : int(bounds[group + 1])],
+            int(domains[group]),
+            int(bits[group]),
+            [int(key) for key in table[:, group]],
+        )
+        + bounds[group]
+        for group in present.tolist()
+    ]
     leftover = np.concatenate(outside) if outside else np.zeros(0, dtype=np.int64)
     if len(leftover):
         group_of = np.repeat(np.arange(len(domains)), np.diff(bounds))
@@ -118,8 +128,14 @@ def _walk_group(run: np.ndarray, domain: int, bits: int, round_keys: list[int]) 
     return outside
 
 
-def _walk_back(values: np.ndarray, outside: np.ndarray, group_of: np.ndarray,
-               domains: np.ndarray, bits: np.ndarray, table: np.ndarray) -> None:
+def _walk_back(
+    values: np.ndarray,
+    outside: np.ndarray,
+    group_of: np.ndarray,
+    domains: np.ndarray,
+    bits: np.ndarray,
+    table: np.ndarray,
+) -> None:
     """Cycle walking, in place: re-encrypt `values[outside]` (rows in group order, row i
     of group `group_of[i]`) until each is back inside its group's domain."""
     with np.errstate(over="ignore"):
@@ -161,8 +177,9 @@ def _domain_bits(domains: bytes) -> np.ndarray:
 def _round_keys(keys: bytes) -> np.ndarray:
     """[round, key] table of the Feistel round keys of each permutation key."""
     values = np.frombuffer(keys, dtype=np.uint64)
-    return np.array([[derive_key(int(key), r) for key in values] for r in range(_NUM_ROUNDS)],
-                    dtype=np.uint64).reshape(_NUM_ROUNDS, len(values))
+    return np.array(
+        [[derive_key(int(key), r) for key in values] for r in range(_NUM_ROUNDS)], dtype=np.uint64
+    ).reshape(_NUM_ROUNDS, len(values))
 
 
 def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
@@ -170,8 +187,12 @@ def permute(indices: np.ndarray, n: int, key: int) -> np.ndarray:
     if n <= 0:
         raise ValueError(f"permutation domain must be positive, got n={n}")
     values = np.asarray(indices, dtype=np.uint64)
-    return permute_many(values, np.zeros(len(values), dtype=np.int64), np.array([n]),
-                        np.array([key], dtype=np.uint64))
+    return permute_many(
+        values,
+        np.zeros(len(values), dtype=np.int64),
+        np.array([n]),
+        np.array([key], dtype=np.uint64),
+    )
 
 
 @lru_cache(maxsize=256)

@@ -42,8 +42,9 @@ class Routing:
     order_keys: np.ndarray
 
 
-def holdout_mask(file_key: str, first_row: int, num_rows: int, seed: int,
-                 fraction: float) -> np.ndarray:
+def holdout_mask(
+    file_key: str, first_row: int, num_rows: int, seed: int, fraction: float
+) -> np.ndarray:
     """True for rows held out; a function of (seed, file, row index in file) only."""
     if fraction <= 0:  # the draws are in [0, 1): none is below 0, and hashing costs 0.1 us/row
         return np.zeros(num_rows, dtype=bool)
@@ -51,8 +52,9 @@ def holdout_mask(file_key: str, first_row: int, num_rows: int, seed: int,
     return unit_interval(row_index, derive_key(seed, "holdout", file_key)) < fraction
 
 
-def rank_within_stratum(strata: np.ndarray, offsets: np.ndarray,
-                        piece_of: np.ndarray | None = None) -> np.ndarray:
+def rank_within_stratum(
+    strata: np.ndarray, offsets: np.ndarray, piece_of: np.ndarray | None = None
+) -> np.ndarray:
     """Within-stratum index of each row: its piece's offset of the stratum plus the row's
     rank among the piece's rows of that stratum. `offsets` is one piece's offsets, or one
     row of offsets per piece with `piece_of` each row's piece (rows in piece order)."""
@@ -68,8 +70,9 @@ def rank_within_stratum(strata: np.ndarray, offsets: np.ndarray,
     return offsets[piece_of, strata] + ranks
 
 
-def stratum_outputs(strata: np.ndarray, index: np.ndarray, plan: SplitPlan,
-                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratum_outputs(
+    strata: np.ndarray, index: np.ndarray, plan: SplitPlan, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(row repeat index, stratum output index) of every output copy of every row."""
     n = plan.input_rows[strata]
     k = plan.output_rows[strata]
@@ -80,20 +83,34 @@ def stratum_outputs(strata: np.ndarray, index: np.ndarray, plan: SplitPlan,
     source_row = np.repeat(np.arange(len(strata)), copies)
     copy = np.arange(len(source_row)) - np.repeat(np.cumsum(copies) - copies, copies)
     full_r, n_r = full[source_row], n[source_row]
-    output = np.where(copy < full_r, copy * n_r + index[source_row],
-                      full_r * n_r + permuted[source_row])
+    output = np.where(
+        copy < full_r, copy * n_r + index[source_row], full_r * n_r + permuted[source_row]
+    )
     return source_row, output
 
 
-def route_rows(strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan, seed: int,
-               piece: int = -1) -> Routing:
+def route_rows(
+    strata: np.ndarray, offsets: np.ndarray, plan: SplitPlan, seed: int, piece: int = -1
+) -> Routing:
     """Route the rows of one split of one piece to their shards, with in-shard order keys."""
-    return route_pieces(strata, np.zeros(len(strata), dtype=np.int64), offsets[None, :], plan,
-                        seed, np.array([piece]))
+    return route_pieces(
+        strata,
+        np.zeros(len(strata), dtype=np.int64),
+        offsets[None, :],
+        plan,
+        seed,
+        np.array([piece]),
+    )
 
 
-def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
-                 plan: SplitPlan, seed: int, pieces: np.ndarray) -> Routing:
+def route_pieces(
+    strata: np.ndarray,
+    piece_of: np.ndarray,
+    offsets: np.ndarray,
+    plan: SplitPlan,
+    seed: int,
+    pieces: np.ndarray,
+) -> Routing:
     """Route the rows of one split of several pieces at once (a map task's): row i belongs
     to piece `pieces[piece_of[i]]`, whose stratum offsets are `offsets[piece_of[i]]`; rows
     in piece order. The same fates as one piece at a time, in one vectorised pass."""
@@ -112,21 +129,28 @@ def route_pieces(strata: np.ndarray, piece_of: np.ndarray, offsets: np.ndarray,
     return Routing(rows=source_row, shards=shards, order_keys=order_keys)
 
 
-def shards_of(position: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
-              shard_bounds: np.ndarray) -> np.ndarray:
+def shards_of(
+    position: np.ndarray, runs: tuple[np.ndarray, np.ndarray], shard_bounds: np.ndarray
+) -> np.ndarray:
     """The shard of each output row from its position in its group: `runs` lists the rows
     group by group (`group_runs`), `shard_bounds[g, s]` is the rows of group g in shards
     0..s. One search per group present."""
     order, bounds = runs
     shards = np.empty(len(position), dtype=np.int64)
     for group in np.flatnonzero(np.diff(bounds)).tolist():
-        rows = order[bounds[group]:bounds[group + 1]]
+        rows = order[bounds[group] : bounds[group + 1]]
         shards[rows] = np.searchsorted(shard_bounds[group], position[rows], side="right")
     return shards
 
 
-def route_contiguous(strata: np.ndarray, index: np.ndarray, piece_of: np.ndarray,
-                     piece_starts: np.ndarray, plan: SplitPlan, seed: int) -> Routing:
+def route_contiguous(
+    strata: np.ndarray,
+    index: np.ndarray,
+    piece_of: np.ndarray,
+    piece_starts: np.ndarray,
+    plan: SplitPlan,
+    seed: int,
+) -> Routing:
     """`none` / `block` modes: systematic resampling, copies adjacent, each piece's outputs
     contiguous from its start; `block` then shuffles rows within each shard."""
     one = np.ones(len(strata), dtype=np.int64)

@@ -91,8 +91,9 @@ def class_weights(class_rows: dict[Any, int], mix: MixConfig) -> dict[Any, float
     return {label: float(weights[str(label)]) for label in class_rows}
 
 
-def source_fraction(stratum_rows: int, class_rows: int, num_sources: int, source: Any,
-                    mix: MixConfig) -> float:
+def source_fraction(
+    stratum_rows: int, class_rows: int, num_sources: int, source: Any, mix: MixConfig
+) -> float:
     """Share of a class's output given to one of its sources."""
     if mix.source_weighting == "natural":
         return stratum_rows / class_rows
@@ -104,8 +105,9 @@ def source_fraction(stratum_rows: int, class_rows: int, num_sources: int, source
     return float(weights[str(source)])
 
 
-def target_fractions(strata: list[tuple[Any, Any]], input_rows: np.ndarray,
-                     mix: MixConfig) -> np.ndarray:
+def target_fractions(
+    strata: list[tuple[Any, Any]], input_rows: np.ndarray, mix: MixConfig
+) -> np.ndarray:
     """Target share of the output for every stratum, from the class and source mix."""
     class_rows: dict[Any, int] = defaultdict(int)
     sources_of: dict[Any, int] = defaultdict(int)
@@ -113,17 +115,24 @@ def target_fractions(strata: list[tuple[Any, Any]], input_rows: np.ndarray,
         class_rows[label] += int(n)
         sources_of[label] += 1
     weights = class_weights(class_rows, mix)
-    raw = [source_fraction(int(n), class_rows[label], sources_of[label], source, mix)
-           for (label, source), n in zip(strata, input_rows, strict=True)]
+    raw = [
+        source_fraction(int(n), class_rows[label], sources_of[label], source, mix)
+        for (label, source), n in zip(strata, input_rows, strict=True)
+    ]
     within = np.array(raw, dtype=np.float64)
     labels = [label for label, _ in strata]
     within_sums: dict[Any, float] = defaultdict(float)
     for label, share in zip(labels, within, strict=True):
         within_sums[label] += share
     total_weight = sum(weights.values())
-    return np.array([weights[label] / total_weight * share / within_sums[label]
-                     if within_sums[label] else 0.0
-                     for label, share in zip(labels, within, strict=True)])
+    return np.array(
+        [
+            weights[label] / total_weight * share / within_sums[label]
+            if within_sums[label]
+            else 0.0
+            for label, share in zip(labels, within, strict=True)
+        ]
+    )
 
 
 def capped_apportion(total: int, fractions: np.ndarray, caps: np.ndarray | None) -> np.ndarray:
@@ -140,8 +149,13 @@ def capped_apportion(total: int, fractions: np.ndarray, caps: np.ndarray | None)
         capped |= over
 
 
-def stratum_targets(total: int, fractions: np.ndarray, input_rows: np.ndarray,
-                    classes: np.ndarray, max_oversample: float | None) -> np.ndarray:
+def stratum_targets(
+    total: int,
+    fractions: np.ndarray,
+    input_rows: np.ndarray,
+    classes: np.ndarray,
+    max_oversample: float | None,
+) -> np.ndarray:
     """Exact output rows per stratum: the total is split over classes first (so classes
     of equal weight get equal rows, +-1), then each class's rows over its sources."""
     caps = None if max_oversample is None else np.floor(input_rows * max_oversample)
@@ -179,12 +193,19 @@ def contiguous_rows(first: Any, count: Any, n: Any, k: Any) -> Any:
     return (k // n) * count + (first + count) * rest // n - first * rest // n
 
 
-def piece_starts(counts: SplitCounts, input_rows: np.ndarray, output_rows: np.ndarray,
-                 offsets: PieceOffsets, shuffled: bool, seed_key: int) -> np.ndarray:
+def piece_starts(
+    counts: SplitCounts,
+    input_rows: np.ndarray,
+    output_rows: np.ndarray,
+    offsets: PieceOffsets,
+    shuffled: bool,
+    seed_key: int,
+) -> np.ndarray:
     """First output position of every piece, pieces in input order or in keyed random
     order (0 for a piece without rows of the split)."""
-    sizes = contiguous_rows(offsets.offsets, counts.num_rows, input_rows[counts.stratum],
-                            output_rows[counts.stratum])
+    sizes = contiguous_rows(
+        offsets.offsets, counts.num_rows, input_rows[counts.stratum], output_rows[counts.stratum]
+    )
     present = np.unique(counts.piece)
     first_record = np.searchsorted(counts.piece, present)
     piece_sizes = np.add.reduceat(sizes, first_record) if len(sizes) else sizes
@@ -209,21 +230,34 @@ def split_counts(counts: Counts, split: str, num_pieces: int | None = None) -> S
     pair += counts.rows["source"][members]
     # (label, source) codes are few and dense: a lookup table, not a sort of the records.
     present = np.flatnonzero(np.bincount(pair, minlength=len(counts.labels) * num_sources))
-    pairs = [(counts.labels[code // num_sources], counts.sources[code % num_sources])
-             for code in present.tolist()]
+    pairs = [
+        (counts.labels[code // num_sources], counts.sources[code % num_sources])
+        for code in present.tolist()
+    ]
     order = sorted(range(len(pairs)), key=lambda i: _stratum_sort_key(pairs[i]))
     stratum_of = np.zeros(len(counts.labels) * num_sources, dtype=np.int32)
     stratum_of[present[order]] = np.arange(len(order))
     if num_pieces is None:
         num_pieces = int(counts.rows["piece"].max()) + 1 if len(counts.rows) else 0
-    return SplitCounts([pairs[i] for i in order], piece, stratum_of[pair],
-                       counts.rows["num_rows"][members], num_pieces)
+    return SplitCounts(
+        [pairs[i] for i in order],
+        piece,
+        stratum_of[pair],
+        counts.rows["num_rows"][members],
+        num_pieces,
+    )
 
 
-def plan_split(counts: Counts, split: str, mix: MixConfig | None,
-               num_output_rows: int | None, target_shard_rows: int,
-               mode: str = "stratified", seed: int = 0,
-               num_pieces: int | None = None) -> SplitPlan:
+def plan_split(
+    counts: Counts,
+    split: str,
+    mix: MixConfig | None,
+    num_output_rows: int | None,
+    target_shard_rows: int,
+    mode: str = "stratified",
+    seed: int = 0,
+    num_pieces: int | None = None,
+) -> SplitPlan:
     """The layout of one split; `mix=None` keeps every row exactly once (the holdout).
     `num_pieces`: pieces the counts' piece numbers range over (default: the last + 1)."""
     records = split_counts(counts, split, num_pieces)
@@ -237,21 +271,41 @@ def plan_split(counts: Counts, split: str, mix: MixConfig | None,
         output_rows = stratum_targets(total, fractions, input_rows, classes, mix.max_oversample)
     if mode not in SHUFFLE_MODES:
         raise ValueError(f"shuffle mode {mode!r} is not one of {SHUFFLE_MODES}")
-    plan = _layout(split, strata, input_rows, output_rows, records, target_shard_rows,
-                   stratified=mode == "stratified")
+    plan = _layout(
+        split,
+        strata,
+        input_rows,
+        output_rows,
+        records,
+        target_shard_rows,
+        stratified=mode == "stratified",
+    )
     if mode not in CONTIGUOUS_MODES:
         return plan
-    starts = piece_starts(records, input_rows, output_rows, plan.piece_offsets,
-                          shuffled=mode == "block", seed_key=derive_key(seed, split, "blocks"))
+    starts = piece_starts(
+        records,
+        input_rows,
+        output_rows,
+        plan.piece_offsets,
+        shuffled=mode == "block",
+        seed_key=derive_key(seed, split, "blocks"),
+    )
     return replace(plan, mode=mode, piece_starts=starts)
 
 
-def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
-            output_rows: np.ndarray, records: SplitCounts, target_shard_rows: int,
-            stratified: bool) -> SplitPlan:
+def _layout(
+    split: str,
+    strata: list[tuple[Any, Any]],
+    input_rows: np.ndarray,
+    output_rows: np.ndarray,
+    records: SplitCounts,
+    target_shard_rows: int,
+    stratified: bool,
+) -> SplitPlan:
     labels = sorted({label for label, _ in strata}, key=_stratum_sort_key)
-    group_of = np.array([labels.index(label) if stratified else 0 for label, _ in strata],
-                        dtype=np.int64)
+    group_of = np.array(
+        [labels.index(label) if stratified else 0 for label, _ in strata], dtype=np.int64
+    )
     num_groups = len(labels) if stratified else 1
     group_rows = np.bincount(group_of, weights=output_rows, minlength=num_groups)
     group_rows = group_rows.astype(np.int64)
@@ -262,8 +316,13 @@ def _layout(split: str, strata: list[tuple[Any, Any]], input_rows: np.ndarray,
     total = int(output_rows.sum())
     num_shards = max(1, -(-total // target_shard_rows))
     return SplitPlan(
-        name=split, strata=strata, input_rows=input_rows, output_rows=output_rows,
-        group_of=group_of, offset_in_group=offset_in_group, group_rows=group_rows,
+        name=split,
+        strata=strata,
+        input_rows=input_rows,
+        output_rows=output_rows,
+        group_of=group_of,
+        offset_in_group=offset_in_group,
+        group_rows=group_rows,
         group_start=np.concatenate([[0], np.cumsum(group_rows)[:-1]]).astype(np.int64),
         shard_alloc=allocate_shards(group_rows, num_shards),
         piece_offsets=piece_offsets(records),

@@ -112,17 +112,24 @@ def survey_columns(files: list[str], label: str, source: str | None) -> TableSur
     """Read the files (up to MAX_SURVEY_ROWS rows) and give every column its role."""
     first = next(iter_batches(files[0]))
     survey = TableSurvey(files, first.schema, label)
-    candidates = [f.name for f in first.schema if f.name not in (label, source)
-                  and kind_of(f.type) is not None]
+    candidates = [
+        f.name
+        for f in first.schema
+        if f.name not in (label, source) and kind_of(f.type) is not None
+    ]
     survey.profiles = new_profiles(first.schema, candidates, date_columns(first))
     integers: dict[str, list[np.ndarray]] = {
-        name: [] for name in candidates if pa.types.is_integer(first.schema.field(name).type)}
+        name: [] for name in candidates if pa.types.is_integer(first.schema.field(name).type)
+    }
     for uri in files:
         _read_file(survey, uri, integers)
         if survey.sampled:
             break
-    _assign_roles(survey, source, {name: np.concatenate(parts) if parts else np.zeros(0)
-                                   for name, parts in integers.items()})
+    _assign_roles(
+        survey,
+        source,
+        {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in integers.items()},
+    )
     return survey
 
 
@@ -147,8 +154,7 @@ def _read_file(survey: TableSurvey, uri: str, integers: dict[str, list[np.ndarra
             survey.files_with_nulls.setdefault(name, []).append(uri)
 
 
-def _assign_roles(survey: TableSurvey, source: str | None,
-                  integers: dict[str, np.ndarray]) -> None:
+def _assign_roles(survey: TableSurvey, source: str | None, integers: dict[str, np.ndarray]) -> None:
     spec = DatasetSpec(inputs=["-"])  # the scan's defaults (max_categories)
     for item in survey.schema:
         profile = survey.profiles.get(item.name)
@@ -164,30 +170,36 @@ def _assign_roles(survey: TableSurvey, source: str | None,
         survey.columns[item.name] = column
 
 
-def _role(column: ColumnRole, profile: ColumnProfile, spec: DatasetSpec,
-          integers: np.ndarray | None) -> str:
+def _role(
+    column: ColumnRole, profile: ColumnProfile, spec: DatasetSpec, integers: np.ndarray | None
+) -> str:
     named = ID_NAME.search(column.name) is not None and column.distinct == column.rows
     if len(profile.hashes) and (identifies_rows(column.distinct, column.rows) or named):
-        unique = (integers is not None and not column.null_rows
-                  and len(np.unique(integers)) == len(integers))
+        unique = (
+            integers is not None
+            and not column.null_rows
+            and len(np.unique(integers)) == len(integers)
+        )
         return "id_column" if unique else "id"
     if profile.kind == "temporal" and pa.types.is_string(column.arrow_type):
         return "date"
-    if profile.kind == "category" and (profile.values is None
-                                       or len(profile.values) > spec.max_categories
-                                       or _sparse(column)):
+    if profile.kind == "category" and (
+        profile.values is None or len(profile.values) > spec.max_categories or _sparse(column)
+    ):
         return "wide"
     return "feature"
 
 
 def _sparse(column: ColumnRole) -> bool:
-    return (column.rows >= MIN_IDENTIFYING_ROWS
-            and column.distinct > SPARSE_FRACTION * column.rows)
+    return column.rows >= MIN_IDENTIFYING_ROWS and column.distinct > SPARSE_FRACTION * column.rows
 
 
 def check_proposal(survey: TableSurvey, spec: DatasetSpec) -> None:
     """Raise the scan's own `InputError` where the scan would refuse `spec` on these rows:
     nulls without a policy, a policy the column's kind refuses, too many categories."""
     profiles = {name: survey.profiles[name] for name in spec.feature_columns}
-    build_codec(profiles, {name: survey.files_with_nulls.get(name, [])
-                           for name in spec.feature_columns}, spec)
+    build_codec(
+        profiles,
+        {name: survey.files_with_nulls.get(name, []) for name in spec.feature_columns},
+        spec,
+    )

@@ -33,8 +33,12 @@ def configured_columns(spec: DatasetSpec) -> dict[str, str]:
         fields["dataset.source_column"] = spec.source_column
     if spec.id_column:
         fields["dataset.id_column"] = spec.id_column
-    fields.update({f"dataset.feature_columns[{index}]": name
-                   for index, name in enumerate(spec.feature_columns)})
+    fields.update(
+        {
+            f"dataset.feature_columns[{index}]": name
+            for index, name in enumerate(spec.feature_columns)
+        }
+    )
     return fields
 
 
@@ -72,17 +76,26 @@ def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
         return f"schema drift: missing columns {missing}"
     internal = [name for name in schema.names if name.startswith(INTERNAL_PREFIX)]
     if internal:
-        return (f"columns {internal} collide with ballast's internal columns (names "
-                f"starting with '{INTERNAL_PREFIX}'): rename them")
+        return (
+            f"columns {internal} collide with ballast's internal columns (names "
+            f"starting with '{INTERNAL_PREFIX}'): rename them"
+        )
     if spec.id_column and not pa.types.is_integer(id_type := schema.field(spec.id_column).type):
-        return (f"id column '{spec.id_column}' is {id_type}: ids must be integers (cast the "
-                "column, name an integer column as dataset.id_column, or leave it unset "
-                "for ids ballast derives)")
-    unknown = [f"'{name}' ({schema.field(name).type})" for name in spec.feature_columns
-               if kind_of(schema.field(name).type) is None]
+        return (
+            f"id column '{spec.id_column}' is {id_type}: ids must be integers (cast the "
+            "column, name an integer column as dataset.id_column, or leave it unset "
+            "for ids ballast derives)"
+        )
+    unknown = [
+        f"'{name}' ({schema.field(name).type})"
+        for name in spec.feature_columns
+        if kind_of(schema.field(name).type) is None
+    ]
     if unknown:
-        return (f"feature columns {', '.join(unknown)} have types no feature kind encodes "
-                "(numbers, booleans, timestamps and dates, lists of numbers, strings)")
+        return (
+            f"feature columns {', '.join(unknown)} have types no feature kind encodes "
+            "(numbers, booleans, timestamps and dates, lists of numbers, strings)"
+        )
     return None
 
 
@@ -92,16 +105,20 @@ def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str
     if spec.unlabelled == "refuse":
         unlabelled = column_nulls(batch.column(spec.label_column))
         if unlabelled.any():
-            return (f"{int(unlabelled.sum())} null or NaN labels in column "
-                    f"'{spec.label_column}' (the first at row "
-                    f"{first_row + int(unlabelled.argmax())} of the file); "
-                    "dataset.unlabelled is 'refuse': set it to 'drop' to leave unlabelled "
-                    "rows out, counted per file")
+            return (
+                f"{int(unlabelled.sum())} null or NaN labels in column "
+                f"'{spec.label_column}' (the first at row "
+                f"{first_row + int(unlabelled.argmax())} of the file); "
+                "dataset.unlabelled is 'refuse': set it to 'drop' to leave unlabelled "
+                "rows out, counted per file"
+            )
     ids = batch.column(spec.id_column) if spec.id_column else None
     if ids is not None and ids.null_count:
         first = first_row + int(ids.is_null().to_numpy(zero_copy_only=False).argmax())
-        return (f"{ids.null_count} null ids in column '{spec.id_column}' (the first at row "
-                f"{first} of the file)")
+        return (
+            f"{ids.null_count} null ids in column '{spec.id_column}' (the first at row "
+            f"{first} of the file)"
+        )
     return None
 
 

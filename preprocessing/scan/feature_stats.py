@@ -42,8 +42,7 @@ from preprocessing.toolbox.faults import PermanentInputError
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
 CATEGORY_COUNT_CAP = 100_000
 _LIST_POLICIES = ("error", "drop_row", "fill_zero")
-_POLICIES_OF = {"vector": _LIST_POLICIES, "sequence": _LIST_POLICIES,
-                "category": _LIST_POLICIES}
+_POLICIES_OF = {"vector": _LIST_POLICIES, "sequence": _LIST_POLICIES, "category": _LIST_POLICIES}
 
 
 def policies_for(kind: str | None) -> tuple[str, ...]:
@@ -75,9 +74,15 @@ class ColumnProfile:
     def add_numbers(self, numbers: np.ndarray) -> None:
         """Fold values in (Chan's parallel update: exact, and merges across files)."""
         if len(numbers):
-            self.merge(ColumnProfile(self.arrow_type, self.kind, count=len(numbers),
-                                     mean=float(numbers.mean()),
-                                     m2=float(((numbers - numbers.mean()) ** 2).sum())))
+            self.merge(
+                ColumnProfile(
+                    self.arrow_type,
+                    self.kind,
+                    count=len(numbers),
+                    mean=float(numbers.mean()),
+                    m2=float(((numbers - numbers.mean()) ** 2).sum()),
+                )
+            )
 
     def merge(self, other: ColumnProfile) -> None:
         total = self.count + other.count
@@ -103,8 +108,9 @@ class ColumnProfile:
         return float(np.sqrt(self.m2 / self.count)) if self.count else 0.0
 
 
-def new_profiles(schema: pa.Schema, names: list[str],
-                 date_columns: list[str] | None = None) -> dict[str, ColumnProfile]:
+def new_profiles(
+    schema: pa.Schema, names: list[str], date_columns: list[str] | None = None
+) -> dict[str, ColumnProfile]:
     """An empty profile per feature column; a type the codec cannot encode is an error.
     The strings of `date_columns` are temporal, not categories."""
     profiles = {}
@@ -114,7 +120,8 @@ def new_profiles(schema: pa.Schema, names: list[str],
         if kind is None:
             raise InputError(
                 f"feature column '{name}' has type {arrow_type}, which no feature kind "
-                "encodes (numbers, booleans, timestamps/dates, lists of numbers, strings)")
+                "encodes (numbers, booleans, timestamps/dates, lists of numbers, strings)"
+            )
         size = arrow_type.list_size if kind == "vector" else 0
         profiles[name] = ColumnProfile(str(arrow_type), kind, size=size)
     return profiles
@@ -133,8 +140,11 @@ def column_nulls(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
         array = array.combine_chunks()
     if pa.types.is_floating(array.type):  # nulls come out as NaN
         return np.isnan(array.to_numpy(zero_copy_only=False))
-    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
-            or pa.types.is_fixed_size_list(array.type)):
+    if not (
+        pa.types.is_list(array.type)
+        or pa.types.is_large_list(array.type)
+        or pa.types.is_fixed_size_list(array.type)
+    ):
         if not array.null_count:  # most columns: no bitmap to unpack
             return np.zeros(len(array), dtype=bool)
         return array.is_null().to_numpy(zero_copy_only=False)
@@ -158,8 +168,9 @@ def drop_row_columns(spec: DatasetSpec) -> list[str]:
     return [name for name in spec.feature_columns if spec.nulls.get(name) == "drop_row"]
 
 
-def profile_batch(profiles: dict[str, ColumnProfile], batch: pa.RecordBatch,
-                  kept: np.ndarray) -> None:
+def profile_batch(
+    profiles: dict[str, ColumnProfile], batch: pa.RecordBatch, kept: np.ndarray
+) -> None:
     """Fold one batch into the profiles of the columns it holds; statistics cover the
     `kept` rows only, null counts every row."""
     for name, profile in profiles.items():
@@ -190,22 +201,27 @@ def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
         distinct = pc.unique(valid.cast(pa.string()))
         profile.count += len(valid)  # the rows the distinct values are of
         profile.add_values(set(distinct.to_pylist()))
-        profile.hashes = fold_hashes(profile.hashes, value_hashes(
-            distinct.to_numpy(zero_copy_only=False)))
+        profile.hashes = fold_hashes(
+            profile.hashes, value_hashes(distinct.to_numpy(zero_copy_only=False))
+        )
 
 
-def identifying_columns(profiles: dict[str, ColumnProfile],
-                        spec: DatasetSpec) -> dict[str, dict[str, int]]:
+def identifying_columns(
+    profiles: dict[str, ColumnProfile], spec: DatasetSpec
+) -> dict[str, dict[str, int]]:
     """Feature columns (strings, integers) whose distinct values approach their rows
     (plan/distinct.py: `identifies_rows`), each with its distinct and row counts;
     `InputError` naming them under `dataset.on_identifying_feature: refuse`."""
-    found = {name: {"distinct": distinct_count(profile.hashes), "rows": profile.count}
-             for name, profile in profiles.items() if len(profile.hashes)
-             and identifies_rows(distinct_count(profile.hashes), profile.count)}
+    found = {
+        name: {"distinct": distinct_count(profile.hashes), "rows": profile.count}
+        for name, profile in profiles.items()
+        if len(profile.hashes) and identifies_rows(distinct_count(profile.hashes), profile.count)
+    }
     if found and spec.on_identifying_feature == "refuse":
-        raise InputError("; ".join(identifying_message(name, **counts)
-                                   for name, counts in found.items())
-                         + " (dataset.on_identifying_feature is 'refuse')")
+        raise InputError(
+            "; ".join(identifying_message(name, **counts) for name, counts in found.items())
+            + " (dataset.on_identifying_feature is 'refuse')"
+        )
     return found
 
 
@@ -220,35 +236,48 @@ def merge_profiles(per_file: list[dict[str, ColumnProfile]]) -> dict[str, Column
     return merged
 
 
-def build_codec(profiles: dict[str, ColumnProfile], files_with_nulls: dict[str, list[str]],
-                spec: DatasetSpec) -> FeatureCodec:
+def build_codec(
+    profiles: dict[str, ColumnProfile], files_with_nulls: dict[str, list[str]], spec: DatasetSpec
+) -> FeatureCodec:
     """The codec of the version: one spec per feature column, or `InputError` for nulls
     under the `error` policy, an unsupported policy, or too many categories."""
-    refused = [(name, profiles[name]) for name in spec.feature_columns
-               if profiles[name].null_rows and spec.nulls.get(name, "error") == "error"]
+    refused = [
+        (name, profiles[name])
+        for name in spec.feature_columns
+        if profiles[name].null_rows and spec.nulls.get(name, "error") == "error"
+    ]
     if refused:
-        raise InputError("; ".join(_null_message(name, profile, files_with_nulls[name])
-                                   for name, profile in refused))
-    return FeatureCodec(tuple(_column_spec(name, profiles[name], spec)
-                              for name in spec.feature_columns))
+        raise InputError(
+            "; ".join(
+                _null_message(name, profile, files_with_nulls[name]) for name, profile in refused
+            )
+        )
+    return FeatureCodec(
+        tuple(_column_spec(name, profiles[name], spec) for name in spec.feature_columns)
+    )
 
 
 def _null_message(name: str, profile: ColumnProfile, files: list[str]) -> str:
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     fix = "fill_mean" if profile.kind in SCALAR_KINDS else "fill_zero"
-    return (f"feature column '{name}' holds {profile.null_rows} null rows (in {shown}); "
-            f"choose a null policy, e.g. `dataset.nulls: {{{name}: {fix}}}` "
-            f"(or drop_row{', fill_zero, indicator' if fix == 'fill_mean' else ''})")
+    return (
+        f"feature column '{name}' holds {profile.null_rows} null rows (in {shown}); "
+        f"choose a null policy, e.g. `dataset.nulls: {{{name}: {fix}}}` "
+        f"(or drop_row{', fill_zero, indicator' if fix == 'fill_mean' else ''})"
+    )
 
 
 def _column_spec(name: str, profile: ColumnProfile, spec: DatasetSpec) -> ColumnSpec:
     policy = spec.nulls.get(name, "error")
     allowed = _POLICIES_OF.get(profile.kind)
     if allowed and policy not in allowed:
-        raise InputError(f"dataset.nulls: {policy} does not apply to feature column '{name}' "
-                         f"({profile.kind}, {profile.arrow_type}); use one of {list(allowed)}")
-    base = ColumnSpec(name, profile.kind, profile.arrow_type, nulls=policy,
-                      null_count=profile.null_rows)
+        raise InputError(
+            f"dataset.nulls: {policy} does not apply to feature column '{name}' "
+            f"({profile.kind}, {profile.arrow_type}); use one of {list(allowed)}"
+        )
+    base = ColumnSpec(
+        name, profile.kind, profile.arrow_type, nulls=policy, null_count=profile.null_rows
+    )
     if profile.kind in SCALAR_KINDS:
         return _scalar_spec(base, profile, spec.standardize and profile.kind != "boolean")
     if profile.kind == "vector":
@@ -276,7 +305,8 @@ def _category_spec(base: ColumnSpec, profile: ColumnProfile, spec: DatasetSpec) 
     raise InputError(
         f"feature column '{base.name}' holds {count} distinct values, more than "
         f"dataset.max_categories={spec.max_categories}: raise max_categories, or set "
-        "dataset.category_buckets to hash the values into that many buckets")
+        "dataset.category_buckets to hash the values into that many buckets"
+    )
 
 
 def features_record(codec: FeatureCodec, dropped_rows: dict[str, int]) -> dict[str, Any]:
@@ -290,9 +320,15 @@ def profiles_record(profiles: dict[str, ColumnProfile], spec: DatasetSpec) -> di
     `max_categories`: past it the codec hashes or fails whatever a later file adds."""
     # The distinct-values sketch stays out (up to 4,096 hashes a column): a child's check
     # of identifying features covers its own new files.
-    return {name: {**_without_hashes(profile), "values": sorted(profile.values)
-                   if profile.values is not None and len(profile.values) <= spec.max_categories
-                   else None} for name, profile in profiles.items()}
+    return {
+        name: {
+            **_without_hashes(profile),
+            "values": sorted(profile.values)
+            if profile.values is not None and len(profile.values) <= spec.max_categories
+            else None,
+        }
+        for name, profile in profiles.items()
+    }
 
 
 def _without_hashes(profile: ColumnProfile) -> dict[str, Any]:
@@ -301,6 +337,9 @@ def _without_hashes(profile: ColumnProfile) -> dict[str, Any]:
 
 def earlier_profiles(features: dict[str, Any]) -> dict[str, ColumnProfile]:
     """The merged profiles a `features_record` holds ({} for a record without them)."""
-    return {name: ColumnProfile(**{**raw, "values": None if raw["values"] is None
-                                   else set(raw["values"])})
-            for name, raw in features.get("profiles", {}).items()}
+    return {
+        name: ColumnProfile(
+            **{**raw, "values": None if raw["values"] is None else set(raw["values"])}
+        )
+        for name, raw in features.get("profiles", {}).items()
+    }

@@ -91,25 +91,37 @@ class FileScan:
     id_range: tuple[int, int] | None = None
 
 
-def scan_file(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
-              max_piece_rows: int, retry: RetryPolicy | None = None) -> FileScan:
+def scan_file(
+    file: InputFile,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    max_piece_rows: int,
+    retry: RetryPolicy | None = None,
+) -> FileScan:
     """Count rows per (piece, split, class, source), trying again on transient errors; a
     file whose bytes do not decode is rejected with the reason, one still unreadable for
     a transient reason after every try comes back `transient` (never rejected), and any
     other permanent error (storage refusing, a config error) is raised."""
     policy = retry or RetryPolicy()
     try:
-        return call_with_retries(_scan, file, spec, seed, holdout_fraction, max_piece_rows,
-                                 policy=policy)
+        return call_with_retries(
+            _scan, file, spec, seed, holdout_fraction, max_piece_rows, policy=policy
+        )
     except Exception as error:
         kind = FORMATS.get("." + file.uri.rsplit(".", 1)[-1].lower(), "file")
         if isinstance(error, PermanentInputError):
             return FileScan(file, reason=f"unreadable {kind}: {_cause(error)}")
         if is_permanent(error):  # e.g. permission denied: the file is not bad, the run fails
             raise
-        return FileScan(file, transient=True, reason=(
-            f"not read after {policy.attempts} tries, for a reason that may pass: "
-            f"{type(error).__name__}: {error}"))
+        return FileScan(
+            file,
+            transient=True,
+            reason=(
+                f"not read after {policy.attempts} tries, for a reason that may pass: "
+                f"{type(error).__name__}: {error}"
+            ),
+        )
 
 
 def _cause(error: Exception) -> str:
@@ -118,45 +130,80 @@ def _cause(error: Exception) -> str:
     return f"{type(cause).__name__}: {cause}"
 
 
-def _scan(file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float,
-          max_piece_rows: int) -> FileScan:
+def _scan(
+    file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float, max_piece_rows: int
+) -> FileScan:
     settings = (spec, seed, holdout_fraction, max_piece_rows)
     if file_format(file.uri) != "parquet":
-        return _scan_rows(file, None, stream_schema(file.uri),
-                          lambda columns: iter_batches(file.uri, columns), *settings)
+        return _scan_rows(
+            file,
+            None,
+            stream_schema(file.uri),
+            lambda columns: iter_batches(file.uri, columns),
+            *settings,
+        )
     with open_input(file.uri) as source:  # one open for the footer and the columns
         parquet = pq.ParquetFile(source.reader)
         footer = footer_of(parquet, max_piece_rows)
-        return _scan_rows(file, footer, footer.schema,
-                          lambda columns: parquet_batches(source, parquet, columns), *settings)
+        return _scan_rows(
+            file,
+            footer,
+            footer.schema,
+            lambda columns: parquet_batches(source, parquet, columns),
+            *settings,
+        )
 
 
-def _scan_rows(file: InputFile, footer: Footer | None, schema: pa.Schema,
-               batches: Callable[[list[str]], Iterator[pa.RecordBatch]], spec: DatasetSpec,
-               seed: int, holdout_fraction: float, max_piece_rows: int) -> FileScan:
+def _scan_rows(
+    file: InputFile,
+    footer: Footer | None,
+    schema: pa.Schema,
+    batches: Callable[[list[str]], Iterator[pa.RecordBatch]],
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    max_piece_rows: int,
+) -> FileScan:
     """The scan of a file whose footer (Parquet) and schema are read: `batches(columns)`
     reads its rows."""
     if reason := schema_problem(schema, spec):
         return FileScan(file, schema, reason=reason)
-    tally = _Tally(new_profiles(schema, spec.feature_columns, spec.date_columns),
-                   np.array(footer.piece_starts, dtype=np.int64) if footer else None)
+    tally = _Tally(
+        new_profiles(schema, spec.feature_columns, spec.date_columns),
+        np.array(footer.piece_starts, dtype=np.int64) if footer else None,
+    )
     columns = scan_columns(spec, tally.profiles, footer)
-    if reason := _read_rows(tally, batches(columns), file, spec, seed, holdout_fraction,
-                            max_piece_rows):
+    if reason := _read_rows(
+        tally, batches(columns), file, spec, seed, holdout_fraction, max_piece_rows
+    ):
         return FileScan(file, schema, reason=reason)
     starts = tally.starts
-    bounds = (np.r_[starts, tally.num_rows] if starts is not None
-              else np.r_[np.arange(0, tally.num_rows, max_piece_rows), tally.num_rows])
-    return FileScan(file, schema, np.diff(bounds).tolist(),
-                    Counts.of((*key, n) for key, n in tally.counts.items()),
-                    profiles=tally.profiles, dropped_rows=tally.dropped,
-                    unlabelled_rows=tally.unlabelled,
-                    id_range=tally.id_range(file))
+    bounds = (
+        np.r_[starts, tally.num_rows]
+        if starts is not None
+        else np.r_[np.arange(0, tally.num_rows, max_piece_rows), tally.num_rows]
+    )
+    return FileScan(
+        file,
+        schema,
+        np.diff(bounds).tolist(),
+        Counts.of((*key, n) for key, n in tally.counts.items()),
+        profiles=tally.profiles,
+        dropped_rows=tally.dropped,
+        unlabelled_rows=tally.unlabelled,
+        id_range=tally.id_range(file),
+    )
 
 
-def _read_rows(tally: _Tally, batches: Iterator[pa.RecordBatch], file: InputFile,
-               spec: DatasetSpec, seed: int, holdout_fraction: float,
-               max_piece_rows: int) -> str | None:
+def _read_rows(
+    tally: _Tally,
+    batches: Iterator[pa.RecordBatch],
+    file: InputFile,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    max_piece_rows: int,
+) -> str | None:
     """Read the scan's columns into `tally`; the reason to reject the file, or None."""
     try:
         for batch in batches:
@@ -184,16 +231,27 @@ class _Tally:
     unlabelled: int = 0
     ids: IdTally = field(default_factory=IdTally)
 
-    def add(self, batch: pa.RecordBatch, file: InputFile, spec: DatasetSpec, seed: int,
-            holdout_fraction: float, max_piece_rows: int) -> None:
+    def add(
+        self,
+        batch: pa.RecordBatch,
+        file: InputFile,
+        spec: DatasetSpec,
+        seed: int,
+        holdout_fraction: float,
+        max_piece_rows: int,
+    ) -> None:
         """Count the batch's kept rows (preprocessing/scan/kept_rows.py: so the plan is
         exact) and fold its feature columns into the profiles: statistics of the kept
         training rows (held-out rows stay unseen), nulls of every row."""
         rows = np.arange(self.num_rows, self.num_rows + batch.num_rows)
-        pieces = (np.searchsorted(self.starts, rows, side="right") - 1
-                  if self.starts is not None else rows // max_piece_rows)
-        holdout = holdout_mask(file.relative_path, self.num_rows, batch.num_rows, seed,
-                               holdout_fraction)
+        pieces = (
+            np.searchsorted(self.starts, rows, side="right") - 1
+            if self.starts is not None
+            else rows // max_piece_rows
+        )
+        holdout = holdout_mask(
+            file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
+        )
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
         profile_batch(self.profiles, batch, kept & ~holdout)
@@ -214,8 +272,10 @@ class _Tally:
             return _too_many_classes(spec, len(labels))
         repeated = self.ids.repeated()
         if repeated.size:
-            return (f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
-                    f"ids (e.g. {repeated[0]}); ids must be unique")
+            return (
+                f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
+                f"ids (e.g. {repeated[0]}); ids must be unique"
+            )
         return None
 
     def id_range(self, file: InputFile) -> tuple[int, int]:
@@ -226,27 +286,39 @@ class _Tally:
 
 
 def _too_many_classes(spec: DatasetSpec, count: int) -> str:
-    return (f"label column '{spec.label_column}' holds {count} distinct values, more than "
-            f"dataset.max_classes={spec.max_classes} (a regression target? ballast trains "
-            "classifiers: bin the values into classes, or raise max_classes)")
+    return (
+        f"label column '{spec.label_column}' holds {count} distinct values, more than "
+        f"dataset.max_classes={spec.max_classes} (a regression target? ballast trains "
+        "classifiers: bin the values into classes, or raise max_classes)"
+    )
 
 
 def _null_lists_reason(profiles: dict[str, ColumnProfile], error: BaseException) -> str:
     lists = [name for name, profile in profiles.items() if profile.kind == "vector"]
-    return (f"fixed-size list columns {lists} hold null lists, which pyarrow cannot read "
-            f"back (docs/architecture.md M20: {error}): write the file with those rows "
-            "dropped or their lists filled")
+    return (
+        f"fixed-size list columns {lists} hold null lists, which pyarrow cannot read "
+        f"back (docs/architecture.md M20: {error}): write the file with those rows "
+        "dropped or their lists filled"
+    )
 
 
-def scan_columns(spec: DatasetSpec, profiles: dict[str, ColumnProfile],
-                 footer: Footer | None) -> list[str]:
+def scan_columns(
+    spec: DatasetSpec, profiles: dict[str, ColumnProfile], footer: Footer | None
+) -> list[str]:
     """The columns the scan reads: label, source and id, and the feature columns that
     need statistics; a fixed-size list whose footer shows no nulls is not read."""
-    columns = [spec.label_column, *([spec.source_column] if spec.source_column else []),
-               *([spec.id_column] if spec.id_column else [])]
-    columns += [name for name, profile in profiles.items()
-                if not (profile.kind == "vector" and footer is not None
-                        and footer.null_counts.get(name) == 0)]
+    columns = [
+        spec.label_column,
+        *([spec.source_column] if spec.source_column else []),
+        *([spec.id_column] if spec.id_column else []),
+    ]
+    columns += [
+        name
+        for name, profile in profiles.items()
+        if not (
+            profile.kind == "vector" and footer is not None and footer.null_counts.get(name) == 0
+        )
+    ]
     return list(dict.fromkeys(columns))
 
 
@@ -259,8 +331,9 @@ def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array
     return pa.repeat(pa.scalar(file.root, pa.string()), table.num_rows)
 
 
-def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray,
-                holdout: np.ndarray) -> dict[tuple[int, str, Any, Any], int]:
+def _count_rows(
+    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, holdout: np.ndarray
+) -> dict[tuple[int, str, Any, Any], int]:
     """Rows per (piece, split, label, source) of one batch: one integer key per row and a
     numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
     labels, label_codes = _value_codes(table.column(spec.label_column))
@@ -272,8 +345,10 @@ def _count_rows(table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.
     rest, label = np.divmod(rest, len(labels))
     piece, held = np.divmod(rest, 2)
     columns = (part.tolist() for part in (piece, held, label, source, counts))
-    return {(p, "holdout" if h else "train", labels[lab], sources[src]): n
-            for p, h, lab, src, n in zip(*columns, strict=True)}
+    return {
+        (p, "holdout" if h else "train", labels[lab], sources[src]): n
+        for p, h, lab, src, n in zip(*columns, strict=True)
+    }
 
 
 def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -303,10 +378,14 @@ def check_schemas(scans: list[FileScan]) -> list[FileScan]:
         return scans
     reference = Counter(s.remove_metadata().to_string() for s in schemas).most_common(1)[0][0]
     reference_schema = next(s for s in schemas if s.remove_metadata().to_string() == reference)
-    return [scan if scan.reason or scan.schema is None
-            or scan.schema.remove_metadata().equals(reference_schema.remove_metadata())
-            else replace(scan, reason=_describe_drift(scan.schema, reference_schema))
-            for scan in scans]
+    return [
+        scan
+        if scan.reason
+        or scan.schema is None
+        or scan.schema.remove_metadata().equals(reference_schema.remove_metadata())
+        else replace(scan, reason=_describe_drift(scan.schema, reference_schema))
+        for scan in scans
+    ]
 
 
 def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
@@ -314,8 +393,10 @@ def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
         if name not in found.names:
             return f"schema drift: missing column '{name}'"
         if not found.field(name).type.equals(expected.field(name).type):
-            return (f"schema drift: column '{name}' is {found.field(name).type}, "
-                    f"expected {expected.field(name).type}")
+            return (
+                f"schema drift: column '{name}' is {found.field(name).type}, "
+                f"expected {expected.field(name).type}"
+            )
     extra = [name for name in found.names if name not in expected.names]
     return f"schema drift: unexpected columns {extra}"
 
@@ -324,8 +405,9 @@ def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
     """The accepted files' counts over global pieces (files in order), and each piece's
     (scan index, piece in file) as a [pieces, 2] array."""
     accepted = [index for index, scan in enumerate(scans) if scan.reason is None]
-    num_pieces = np.fromiter((len(scans[index].piece_rows) for index in accepted), np.int64,
-                             len(accepted))
+    num_pieces = np.fromiter(
+        (len(scans[index].piece_rows) for index in accepted), np.int64, len(accepted)
+    )
     first_pieces = np.cumsum(num_pieces) - num_pieces
     counts = concat_counts([scans[index].counts for index in accepted], first_pieces)
     pieces = np.empty((int(num_pieces.sum()), 2), dtype=np.int64)
@@ -344,8 +426,11 @@ def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
 def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
     """Accepted files whose id ranges overlap, grouped (each file's own ids are unique
     already); files with disjoint ranges cannot share an id and need no read."""
-    ranged = sorted((scan.id_range, scan.file.uri) for scan in scans
-                    if scan.reason is None and scan.id_range is not None)
+    ranged = sorted(
+        (scan.id_range, scan.file.uri)
+        for scan in scans
+        if scan.reason is None and scan.id_range is not None
+    )
     groups: list[list[str]] = []
     reach = None
     for (low, high), uri in ranged:
@@ -362,12 +447,20 @@ def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
     """An id held by two of `uris`, named with both files, or None (reads the id column).
     Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
     if id_column is None:
-        return (f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
-                "those files have the same path relative to their input roots; list one "
-                "root that holds them all, or name an id column as dataset.id_column")
-    ids = [np.concatenate([batch.column(0).to_numpy(zero_copy_only=False)
-                           for batch in iter_batches(uri, columns=[id_column])])
-           for uri in uris]
+        return (
+            f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
+            "those files have the same path relative to their input roots; list one "
+            "root that holds them all, or name an id column as dataset.id_column"
+        )
+    ids = [
+        np.concatenate(
+            [
+                batch.column(0).to_numpy(zero_copy_only=False)
+                for batch in iter_batches(uri, columns=[id_column])
+            ]
+        )
+        for uri in uris
+    ]
     owner = np.repeat(np.arange(len(uris)), [len(part) for part in ids])
     values = np.concatenate(ids)
     order = np.argsort(values, kind="stable")
@@ -375,26 +468,37 @@ def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
     if not same.size:
         return None
     first, second = owner[order[same[0]]], owner[order[same[0] + 1]]
-    return (f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
-            f"and {uris[second]}; ids must be unique across the input files")
+    return (
+        f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
+        f"and {uris[second]}; ids must be unique across the input files"
+    )
 
 
-def feature_state(scans: list[FileScan], spec: DatasetSpec,
-                  earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+def feature_state(
+    scans: list[FileScan], spec: DatasetSpec, earlier: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The manifest's `features` field from the accepted files' profiles, folded into the
     `earlier` version's (a chain's parent: its files are not read again); `InputError` for
     nulls under `error`, unsupported policies, too many categories, identifying features."""
     accepted = [scan for scan in scans if scan.reason is None]
     earlier = earlier or {}
     profiles = merge_profiles([earlier_profiles(earlier), *(scan.profiles for scan in accepted)])
-    files_with_nulls = {name: [scan.file.uri for scan in accepted
-                               if scan.profiles[name].null_rows]
-                        for name in spec.feature_columns}
+    files_with_nulls = {
+        name: [scan.file.uri for scan in accepted if scan.profiles[name].null_rows]
+        for name in spec.feature_columns
+    }
     codec = build_codec(profiles, files_with_nulls, spec)
-    dropped = {**earlier.get("dropped_rows", {}),
-               **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows}}
-    unlabelled = {**earlier.get("unlabelled_rows", {}), **{
-        scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows}}
-    return {**features_record(codec, dropped), "unlabelled_rows": unlabelled,
-            "identifying_columns": identifying_columns(profiles, spec),
-            "profiles": profiles_record(profiles, spec)}
+    dropped = {
+        **earlier.get("dropped_rows", {}),
+        **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows},
+    }
+    unlabelled = {
+        **earlier.get("unlabelled_rows", {}),
+        **{scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows},
+    }
+    return {
+        **features_record(codec, dropped),
+        "unlabelled_rows": unlabelled,
+        "identifying_columns": identifying_columns(profiles, spec),
+        "profiles": profiles_record(profiles, spec),
+    }

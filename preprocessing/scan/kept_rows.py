@@ -34,6 +34,9 @@ def unlabelled_rows(table: pa.Table | pa.RecordBatch, spec: DatasetSpec) -> np.n
 
 def kept_rows(table: pa.Table | pa.RecordBatch, spec: DatasetSpec) -> KeptRows:
     """The rows of `table` that reach the version under `spec`."""
-    unlabelled = (unlabelled_rows(table, spec) if spec.unlabelled == "drop"
-                  else np.zeros(table.num_rows, dtype=bool))
+    unlabelled = (
+        unlabelled_rows(table, spec)
+        if spec.unlabelled == "drop"
+        else np.zeros(table.num_rows, dtype=bool)
+    )
     return KeptRows(~(unlabelled | null_rows(table, drop_row_columns(spec))), unlabelled)

@@ -53,8 +53,9 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return bool({"file", "local"} & set(protocols))
 
 
-def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
-                     only_if_absent: bool = False) -> None:
+def write_atomically(
+    fs: fsspec.AbstractFileSystem, path: str, data: bytes, only_if_absent: bool = False
+) -> None:
     """Readers see the old file or the new one, never half (rename locally; one PUT on S3).
     `only_if_absent`: FileExistsError if `path` exists, decided atomically (a hard link
     locally, a conditional PUT on S3), so of two writers exactly one succeeds."""
@@ -62,8 +63,9 @@ def write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
         _write_atomically(fs, path, data, only_if_absent)
 
 
-def _write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
-                      only_if_absent: bool) -> None:
+def _write_atomically(
+    fs: fsspec.AbstractFileSystem, path: str, data: bytes, only_if_absent: bool
+) -> None:
     if is_local(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -91,8 +93,12 @@ def _write_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes,
         fs.pipe_file(path, data)
 
 
-def write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview,
-                 part_bytes: int = DEFAULT_PART_BYTES) -> None:
+def write_object(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    data: bytes | memoryview,
+    part_bytes: int = DEFAULT_PART_BYTES,
+) -> None:
     """Write a whole object: a local file (directories made), or on S3 one PUT when it is
     under 2 x `part_bytes` and a multipart upload in parts of `part_bytes` (sent
     concurrently) from there; other stores get one `pipe_file`. A reader never sees part
@@ -101,8 +107,9 @@ def write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryv
         _write_object(fs, path, data, part_bytes)
 
 
-def _write_object(fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview,
-                  part_bytes: int) -> None:
+def _write_object(
+    fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview, part_bytes: int
+) -> None:
     if is_local(fs):
         try:
             handle = open(path, "wb")  # noqa: SIM115 - closed below

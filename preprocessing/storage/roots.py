@@ -34,11 +34,15 @@ def overlap_problem(output_root: str, inputs: Iterable[str]) -> str:
         if key[0] != output[0]:
             continue
         if _within(output[1], key[1]):
-            return (f"output_root {output_root} is inside dataset.inputs[{index}] {root}: "
-                    f"a later run would read its own shards as inputs; write it elsewhere")
+            return (
+                f"output_root {output_root} is inside dataset.inputs[{index}] {root}: "
+                f"a later run would read its own shards as inputs; write it elsewhere"
+            )
         if _within(key[1], output[1]):
-            return (f"dataset.inputs[{index}] {root} is inside output_root {output_root}: "
-                    f"a run would read shards of earlier versions as inputs")
+            return (
+                f"dataset.inputs[{index}] {root} is inside output_root {output_root}: "
+                f"a run would read shards of earlier versions as inputs"
+            )
     return ""
 
 
@@ -53,8 +57,11 @@ def ballast_outputs(paths: Iterable[str], root: str) -> set[str]:
             own.add(directory)
         if f"/{STAGING_NAME}/" in f"/{path}":
             own.add(f"/{path}".split(f"/{STAGING_NAME}/", 1)[0][1:])
-    return {directory for directory in own if _within(directory, root) and
-            directory.rstrip("/") != root.rstrip("/")}
+    return {
+        directory
+        for directory in own
+        if _within(directory, root) and directory.rstrip("/") != root.rstrip("/")
+    }
 
 
 def is_under(path: str, directories: set[str]) -> bool:

@@ -42,8 +42,13 @@ from preprocessing.toolbox.faults import (
 )
 from preprocessing.toolbox.secrets import redact
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
-           ".ndjson": "jsonl"}
+FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+}
 _BATCH_ROWS = 65_536
 # Parquet decodes on the calling thread: a Dask worker of ballast's has one thread per
 # core, and pyarrow's pool cost 0.17 of 0.43 ms per small file scanned
@@ -92,9 +97,11 @@ def _listed(root: str, retry: RetryPolicy) -> list[InputFile]:
     except Exception as error:
         if is_permanent(error) or isinstance(error, FileNotFoundError):
             raise  # a root that is not there is the config's to fix, as before
-        raise RetriesExhausted(f"input root {redact(root)} could not be listed after "
-                               f"{retry.attempts} tries ({type(error).__name__}: "
-                               f"{redact(str(error))}); rerun once it answers") from error
+        raise RetriesExhausted(
+            f"input root {redact(root)} could not be listed after "
+            f"{retry.attempts} tries ({type(error).__name__}: "
+            f"{redact(str(error))}); rerun once it answers"
+        ) from error
 
 
 def _list_root(root: str) -> list[InputFile]:
@@ -106,8 +113,9 @@ def _list_root(root: str) -> list[InputFile]:
     elif fs.isdir(path):
         found = fs.find(path)
         own = ballast_outputs(found, path)  # an old output under the root is not data
-        matches = sorted(p for p in found
-                         if p.lower().endswith(tuple(FORMATS)) and not is_under(p, own))
+        matches = sorted(
+            p for p in found if p.lower().endswith(tuple(FORMATS)) and not is_under(p, own)
+        )
         base = path
     else:
         matches, base = [path], path.rsplit("/", 1)[0]
@@ -115,9 +123,8 @@ def _list_root(root: str) -> list[InputFile]:
     for match in matches:
         info = fs.info(match)
         tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
-        relative = match[len(base):].lstrip("/") or match.rsplit("/", 1)[-1]
-        files.append(InputFile(fs.unstrip_protocol(match), root, relative, int(info["size"]),
-                               tag))
+        relative = match[len(base) :].lstrip("/") or match.rsplit("/", 1)[-1]
+        files.append(InputFile(fs.unstrip_protocol(match), root, relative, int(info["size"]), tag))
     return files
 
 
@@ -174,7 +181,8 @@ class _CheckedReads:
         if len(data) < expected:
             self.store_error = TruncatedRead(
                 f"{self.uri}: read {len(data)} of {expected} bytes at offset {offset} (the "
-                f"object holds {self.num_bytes}): the body was cut short")
+                f"object holds {self.num_bytes}): the body was cut short"
+            )
             raise self.store_error
         return bytes(data)
 
@@ -277,8 +285,11 @@ def _num_leaves(arrow_type: pa.DataType) -> int:
         return sum(_num_leaves(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
     if pa.types.is_map(arrow_type):
         return _num_leaves(arrow_type.key_type) + _num_leaves(arrow_type.item_type)
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
-            pa.types.is_fixed_size_list(arrow_type):
+    if (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
         return _num_leaves(arrow_type.value_type)
     return 1
 
@@ -289,21 +300,22 @@ def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.Reco
         yield from batches_of(handle.reader, uri, columns)
 
 
-def parquet_batches(source: _CheckedReads, parquet: pq.ParquetFile,
-                    columns: list[str]) -> Iterator[pa.RecordBatch]:
+def parquet_batches(
+    source: _CheckedReads, parquet: pq.ParquetFile, columns: list[str]
+) -> Iterator[pa.RecordBatch]:
     """`iter_batches` of a Parquet file open already (`parquet`, over `source`): a scan
     reads the footer and the columns in one open (0.7 of 2 ms per small file)."""
     with decode_errors(source):
         yield from parquet.iter_batches(_BATCH_ROWS, columns=columns, use_threads=_THREADS)
 
 
-def batches_of(handle: Any, uri: str,
-               columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+def batches_of(handle: Any, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """`iter_batches` over a file open from its start."""
     kind = file_format(uri)
     if kind == "parquet":
         yield from pq.ParquetFile(handle, **VERIFY_PAGES).iter_batches(
-            _BATCH_ROWS, columns=columns, use_threads=_THREADS)
+            _BATCH_ROWS, columns=columns, use_threads=_THREADS
+        )
     elif kind == "csv":
         convert = pa_csv.ConvertOptions(include_columns=columns) if columns else None
         yield from pa_csv.open_csv(handle, convert_options=convert)
@@ -354,8 +366,7 @@ def _whole_row_groups(uri: str, first_row: int, num_rows: int) -> pa.Table | Non
         first, last = np.searchsorted(bounds, [first_row, first_row + num_rows])
         if bounds[first] != first_row or bounds[last] != first_row + num_rows:
             return None
-        return parquet.read_row_groups(list(range(int(first), int(last))),
-                                       use_threads=_THREADS)
+        return parquet.read_row_groups(list(range(int(first), int(last))), use_threads=_THREADS)
 
 
 def _batches_from(uri: str, first_row: int) -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -372,8 +383,7 @@ def _batches_from(uri: str, first_row: int) -> Iterator[tuple[pa.RecordBatch, in
         # (pre_buffer): a piece inside a row group larger than max_piece_rows then holds a
         # batch and a buffer per column, not the group's chunks (3 M rows in one group:
         # 227 -> 130 MiB peak, as for the same rows in 65,536-row groups).
-        parquet = pq.ParquetFile(handle.reader, buffer_size=STREAM_BUFFER_BYTES,
-                                 pre_buffer=False)
+        parquet = pq.ParquetFile(handle.reader, buffer_size=STREAM_BUFFER_BYTES, pre_buffer=False)
         sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         starts = np.concatenate([[0], np.cumsum(sizes)])
         first_group = int(np.searchsorted(starts, first_row, side="right")) - 1

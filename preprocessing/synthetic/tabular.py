@@ -44,29 +44,35 @@ def file_sizes(num_rows: int, num_files: int) -> np.ndarray:
     return sizes
 
 
-def _features(rng: np.random.Generator, labels: np.ndarray, source: int,
-              spec: SampleSpec) -> np.ndarray:
+def _features(
+    rng: np.random.Generator, labels: np.ndarray, source: int, spec: SampleSpec
+) -> np.ndarray:
     means = np.random.default_rng(spec.seed + 1).normal(
-        0, spec.class_separation, (spec.num_classes, spec.num_features))
+        0, spec.class_separation, (spec.num_classes, spec.num_features)
+    )
     offsets = np.random.default_rng(spec.seed + 2).normal(
-        0, 0.3, (spec.num_sources, spec.num_features))
+        0, 0.3, (spec.num_sources, spec.num_features)
+    )
     noise = rng.normal(0, 1, (len(labels), spec.num_features))
     return (means[labels] + offsets[source] + noise).astype(np.float32)
 
 
-def sample_table(rng: np.random.Generator, first_id: int, num_rows: int, source: int,
-                 spec: SampleSpec) -> pa.Table:
+def sample_table(
+    rng: np.random.Generator, first_id: int, num_rows: int, source: int, spec: SampleSpec
+) -> pa.Table:
     """One raw file's rows: id, label, source, features."""
     probabilities = class_probabilities(spec.num_classes, spec.class_ratio)
     labels = rng.choice(spec.num_classes, size=num_rows, p=probabilities)
     features = _features(rng, labels, source, spec)
     flat = pa.array(features.reshape(-1), type=pa.float32())
-    return pa.table({
-        "id": pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
-        "label": pa.array(labels, pa.int64()),
-        "source": pa.array([f"source-{source}"] * num_rows, pa.string()),
-        "features": pa.FixedSizeListArray.from_arrays(flat, spec.num_features),
-    })
+    return pa.table(
+        {
+            "id": pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
+            "label": pa.array(labels, pa.int64()),
+            "source": pa.array([f"source-{source}"] * num_rows, pa.string()),
+            "features": pa.FixedSizeListArray.from_arrays(flat, spec.num_features),
+        }
+    )
 
 
 def write_sample(directory: str | Path, spec: SampleSpec = SampleSpec()) -> list[Path]:

@@ -57,12 +57,19 @@ class TokenDatasetSpec(BaseModel):
     signature_tokens: int = Field(8, gt=0, description="Signature tokens owned by each class.")
     signal: float = Field(0.15, gt=0, le=1, description="Fraction of positions from the class.")
     label_noise: float = Field(
-        0.0, ge=0, lt=1, description="Fraction of rows labelled with a random class instead "
-        "(an irreducible loss, as real data has).")
+        0.0,
+        ge=0,
+        lt=1,
+        description="Fraction of rows labelled with a random class instead "
+        "(an irreducible loss, as real data has).",
+    )
     min_seq_len: int = Field(
-        0, ge=0, description="0: every sequence has seq_len real tokens. Otherwise each "
+        0,
+        ge=0,
+        description="0: every sequence has seq_len real tokens. Otherwise each "
         "has a length drawn uniformly in [min_seq_len, seq_len], its tail padded with id 0 "
-        "and its real tokens drawn from ids >= 1 (uneven samples, for loader.balance_by).")
+        "and its real tokens drawn from ids >= 1 (uneven samples, for loader.balance_by).",
+    )
     rows_per_shard: int = Field(5_000, gt=0, description="Rows per Parquet shard.")
     rows_per_row_group: int = Field(500, gt=0, description="Rows per Parquet row group.")
     seed: int = Field(0, ge=0, description="Seeds the vocabulary split and every sequence.")
@@ -100,12 +107,14 @@ def make_rows(spec: TokenDatasetSpec, first_id: int, num_rows: int, stream: int)
     if spec.min_seq_len:
         tokens = padded(rng, tokens, spec)
     flat = pa.array(tokens.ravel(), type=pa.int32())
-    return pa.table({
-        "id": pa.array(np.arange(first_id, first_id + num_rows), type=pa.int64()),
-        "label": pa.array(labels, type=pa.int64()),
-        "source": pa.array(["synthetic"] * num_rows),
-        "tokens": pa.FixedSizeListArray.from_arrays(flat, spec.seq_len),
-    })
+    return pa.table(
+        {
+            "id": pa.array(np.arange(first_id, first_id + num_rows), type=pa.int64()),
+            "label": pa.array(labels, type=pa.int64()),
+            "source": pa.array(["synthetic"] * num_rows),
+            "tokens": pa.FixedSizeListArray.from_arrays(flat, spec.seq_len),
+        }
+    )
 
 
 def padded(rng: np.random.Generator, tokens: np.ndarray, spec: TokenDatasetSpec) -> np.ndarray:
@@ -118,14 +127,21 @@ def padded(rng: np.random.Generator, tokens: np.ndarray, spec: TokenDatasetSpec)
     return np.where(np.arange(spec.seq_len) < lengths[:, None], real, 0).astype(np.int32)
 
 
-def write_split(spec: TokenDatasetSpec, shard_uri: Callable[[str], str], split: str,
-                table: pa.Table) -> SplitEntry:
+def write_split(
+    spec: TokenDatasetSpec, shard_uri: Callable[[str], str], split: str, table: pa.Table
+) -> SplitEntry:
     """Write `table` as shards of `rows_per_shard` (shard `name` at `shard_uri(name)`);
     the split's manifest entry."""
-    entries = [write_shard(shard_uri(shard_name(split, index)),
-                           table.slice(offset, spec.rows_per_shard), spec.rows_per_row_group,
-                           "label", "source")
-               for index, offset in enumerate(range(0, table.num_rows, spec.rows_per_shard))]
+    entries = [
+        write_shard(
+            shard_uri(shard_name(split, index)),
+            table.slice(offset, spec.rows_per_shard),
+            spec.rows_per_row_group,
+            "label",
+            "source",
+        )
+        for index, offset in enumerate(range(0, table.num_rows, spec.rows_per_shard))
+    ]
     return SplitEntry(num_rows=table.num_rows, shards=entries)
 
 
@@ -160,29 +176,40 @@ def manifest_of(
     for entry in splits["train"].shards:
         counts.update(entry.class_counts)
     return Manifest(
-        version_id=spec.version_id(), label_column="label", source_column="source",
-        id_column="id", feature_columns=["tokens"], classes=list(range(spec.num_classes)),
+        version_id=spec.version_id(),
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["tokens"],
+        classes=list(range(spec.num_classes)),
         sources=["synthetic"],
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits, seed=spec.seed, config=json.loads(spec.model_dump_json()),
-        input_fingerprint=f"generated:{spec.version_id()}", input_class_counts=dict(counts),
+        splits=splits,
+        seed=spec.seed,
+        config=json.loads(spec.model_dump_json()),
+        input_fingerprint=f"generated:{spec.version_id()}",
+        input_class_counts=dict(counts),
         input_source_counts={"synthetic": splits["train"].num_rows},
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preprocessing.synthetic.tokens",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocessing.synthetic.tokens",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, help="Output root (local path or URI).")
     for name, field in TokenDatasetSpec.model_fields.items():
         flag = "--" + name.replace("_", "-").replace("num-rows", "rows")
-        parser.add_argument(flag, dest=name, type=type(field.default), default=field.default,
-                            help=field.description)
+        parser.add_argument(
+            flag, dest=name, type=type(field.default), default=field.default, help=field.description
+        )
     args = vars(parser.parse_args(argv))
     root = args.pop("out")
-    write_token_dataset(str(Path(root).absolute()) if "://" not in root else root,
-                        TokenDatasetSpec(**args))
+    write_token_dataset(
+        str(Path(root).absolute()) if "://" not in root else root, TokenDatasetSpec(**args)
+    )
     print(root)
     return 0
 

@@ -48,8 +48,9 @@ class ConfigFileError(ValueError):
     """A config file that cannot be read as a YAML mapping; the message names the file."""
 
 
-def read_config_file(uri: str | Path, substitutions: Mapping[str, str] | None = None
-                     ) -> dict[str, Any]:
+def read_config_file(
+    uri: str | Path, substitutions: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The YAML mapping in `uri` (path or fsspec URI), each `substitutions` key in its text
     replaced by its value first (`${WORK_DIR}`)."""
     fs, path = url_to_fs(str(uri))
@@ -73,8 +74,9 @@ def parse_yaml_mapping(text: str, origin: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigFileError(f"{origin}: holds a {type(data).__name__}, not a mapping "
-                              f"of field names to values")
+        raise ConfigFileError(
+            f"{origin}: holds a {type(data).__name__}, not a mapping of field names to values"
+        )
     return data
 
 
@@ -126,8 +128,11 @@ class _NodeBudget(yaml.composer.Composer):
             anchored = self.anchors.get(event.anchor)
             if anchored is not None and id(anchored) not in self._sizes:
                 raise yaml.composer.ComposerError(
-                    None, None, f"alias *{event.anchor} inside its own anchor (recursive)",
-                    event.start_mark)
+                    None,
+                    None,
+                    f"alias *{event.anchor} inside its own anchor (recursive)",
+                    event.start_mark,
+                )
             self._count(self._sizes.get(id(anchored), 0), event.start_mark)
             return super().compose_node(parent, index)
         before, mark = self._expanded, self.peek_event().start_mark
@@ -140,15 +145,19 @@ class _NodeBudget(yaml.composer.Composer):
         self._expanded += nodes
         if self._expanded > MAX_NODES:
             raise yaml.composer.ComposerError(
-                None, None, f"more than {MAX_NODES} nodes with every alias expanded",
-                mark)
+                None, None, f"more than {MAX_NODES} nodes with every alias expanded", mark
+            )
 
 
 _CParser: Any = getattr(getattr(yaml, "_yaml", None), "CParser", None)
 
 
-class _BoundedLoader(_NodeBudget, _CParser or yaml.SafeLoader,  # type: ignore[misc]
-                     yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+class _BoundedLoader(
+    _NodeBudget,
+    _CParser or yaml.SafeLoader,  # type: ignore[misc]
+    yaml.constructor.SafeConstructor,
+    yaml.resolver.Resolver,
+):
     """The safe loader under `_NodeBudget`; libyaml's scanner and parser where PyYAML has
     them (about 40 times faster than PyYAML's own on a 1 MiB scalar here)."""
 
@@ -179,8 +188,9 @@ def _size_problem(data: bytes) -> str:
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
 
-def load_config(model: type[M], uri: str | Path,
-                substitutions: Mapping[str, str] | None = None) -> M:
+def load_config(
+    model: type[M], uri: str | Path, substitutions: Mapping[str, str] | None = None
+) -> M:
     """Read `uri` (see `read_config_file`) and validate it as `model` (see `parse_config`)."""
     return parse_config(model, read_config_file(uri, substitutions), str(uri))
 
@@ -205,8 +215,13 @@ def explained(error: ValidationError, model: type[BaseModel], origin: str) -> Va
             message = problem["msg"]
         # The message is final: braces in it are not placeholders of a template.
         template = message.replace("{", "{{").replace("}", "}}")
-        details.append(InitErrorDetails(type=PydanticCustomError(problem["type"], template),
-                                        loc=loc, input=problem.get("input")))
+        details.append(
+            InitErrorDetails(
+                type=PydanticCustomError(problem["type"], template),
+                loc=loc,
+                input=problem.get("input"),
+            )
+        )
     return ValidationError.from_exception_data(f"{model.__name__} in {origin}", details)
 
 
@@ -222,7 +237,7 @@ def _unknown_field(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
     for candidate in candidates:
         renamed = getattr(candidate, "RENAMED", {})
         if name in renamed:
-            return (f"{prefix}{name} has moved: write it as {prefix}{renamed[name]}")
+            return f"{prefix}{name} has moved: write it as {prefix}{renamed[name]}"
     known = sorted({field for candidate in candidates for field in candidate.model_fields})
     close = difflib.get_close_matches(str(name), known, n=1)
     if close:
@@ -236,8 +251,11 @@ def _models_at(model: type[BaseModel], path: Iterable[Any]) -> list[type[BaseMod
     list index or dict key stays with the models of the container's values."""
     candidates = [model]
     for part in path:
-        fields = [c.model_fields[part] for c in candidates
-                  if isinstance(part, str) and part in c.model_fields]
+        fields = [
+            c.model_fields[part]
+            for c in candidates
+            if isinstance(part, str) and part in c.model_fields
+        ]
         if fields:
             candidates = [m for field in fields for m in _models_in(field.annotation)]
             continue
@@ -261,6 +279,9 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def _tags(model: type[BaseModel]) -> set[Any]:
     """The values of `model`'s Literal fields: the tags a discriminated union names it by."""
-    return {value for field in model.model_fields.values()
-            if typing.get_origin(field.annotation) is typing.Literal
-            for value in typing.get_args(field.annotation)}
+    return {
+        value
+        for field in model.model_fields.values()
+        if typing.get_origin(field.annotation) is typing.Literal
+        for value in typing.get_args(field.annotation)
+    }

@@ -49,21 +49,34 @@ ErrorKind = Literal["transient", "permanent", "config"]
 # What pyarrow raises when bytes do not decode (a corrupt page is a plain OSError, e.g.
 # "Couldn't deserialize thrift"); a store's own errors pass through pyarrow unchanged.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (
-    pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowKeyError,
-    pa.ArrowIndexError, pa.ArrowSerializationError, OSError)
+    pa.ArrowInvalid,
+    pa.ArrowNotImplementedError,
+    pa.ArrowTypeError,
+    pa.ArrowKeyError,
+    pa.ArrowIndexError,
+    pa.ArrowSerializationError,
+    OSError,
+)
 
 # errno -> what a person reads: the storage refused, and waiting does not change that.
 REFUSING_ERRNOS = {
-    errno.ENOSPC: "no space left on", errno.EDQUOT: "disk quota exceeded on",
-    errno.EACCES: "permission denied on", errno.EPERM: "operation not permitted on",
-    errno.EROFS: "read-only file system at"}
+    errno.ENOSPC: "no space left on",
+    errno.EDQUOT: "disk quota exceeded on",
+    errno.EACCES: "permission denied on",
+    errno.EPERM: "operation not permitted on",
+    errno.EROFS: "read-only file system at",
+}
 # The same refusals as S3 (and S3-compatible stores) name them in an error's code.
 REFUSING_S3_CODES = {
-    "AccessDenied": "permission denied on", "AllAccessDisabled": "permission denied on",
-    "InvalidAccessKeyId": "unknown access key for", "SignatureDoesNotMatch":
-    "wrong secret key for", "AccountProblem": "account blocked for",
-    "QuotaExceeded": "quota exceeded on", "ServiceQuotaExceededException":
-    "quota exceeded on", "NoSuchBucket": "no such bucket for"}
+    "AccessDenied": "permission denied on",
+    "AllAccessDisabled": "permission denied on",
+    "InvalidAccessKeyId": "unknown access key for",
+    "SignatureDoesNotMatch": "wrong secret key for",
+    "AccountProblem": "account blocked for",
+    "QuotaExceeded": "quota exceeded on",
+    "ServiceQuotaExceededException": "quota exceeded on",
+    "NoSuchBucket": "no such bucket for",
+}
 _ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)  # pyarrow's "Detail: [errno 28]"
 
 
@@ -118,10 +131,14 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attempts: int = Field(
-        5, ge=1, description="Tries in all (1 never retries); after the last, a transient "
-        "error fails the operation (a reshard commits nothing, it never rejects the file).")
+        5,
+        ge=1,
+        description="Tries in all (1 never retries); after the last, a transient "
+        "error fails the operation (a reshard commits nothing, it never rejects the file).",
+    )
     first_delay_s: float = Field(
-        0.5, ge=0, description="Wait before the second try; doubled before each later one.")
+        0.5, ge=0, description="Wait before the second try; doubled before each later one."
+    )
     max_delay_s: float = Field(8.0, ge=0, description="Longest wait between two tries.")
 
     @model_validator(mode="before")
@@ -129,9 +146,11 @@ class RetryPolicy(BaseModel):
     def refuse_old_names(cls, data: Any) -> Any:
         """The launcher's former policy named its first wait `backoff_s`."""
         if isinstance(data, dict) and "backoff_s" in data:
-            raise ValueError("retry.backoff_s is now retry.first_delay_s (each later wait "
-                             "doubles, up to retry.max_delay_s): preprocessing/contract/"
-                             "faults.py RetryPolicy")
+            raise ValueError(
+                "retry.backoff_s is now retry.first_delay_s (each later wait "
+                "doubles, up to retry.max_delay_s): preprocessing/contract/"
+                "faults.py RetryPolicy"
+            )
         return data
 
 
@@ -167,8 +186,9 @@ def _bucket_of(error: BaseException) -> str | None:
     return None
 
 
-def storage_refusal(error: BaseException, path: str | None = None,
-                    needed_bytes: int | None = None) -> StorageRefused | None:
+def storage_refusal(
+    error: BaseException, path: str | None = None, needed_bytes: int | None = None
+) -> StorageRefused | None:
     """`error` as the StorageRefused it is (naming `path`, or the path the error names),
     or None when it is not a refusal of the storage."""
     if isinstance(error, StorageRefused):
@@ -187,7 +207,7 @@ def storage_refusal(error: BaseException, path: str | None = None,
 
 
 def space_needed(path: str, needed_bytes: int | None) -> str:
-    """": N bytes needed, M free" as far as they are known (the free space of a local
+    """ ": N bytes needed, M free" as far as they are known (the free space of a local
     path's nearest existing directory; an object store's is not known)."""
     parts = [f"{needed_bytes} bytes needed"] if needed_bytes is not None else []
     if "://" not in path or path.startswith("file://"):
@@ -222,8 +242,9 @@ def backoff_s(policy: RetryPolicy, attempt: int) -> float:
     return ceiling * random.uniform(0.5, 1.0)
 
 
-def call_with_retries(action: Callable[..., T], *args: Any, policy: RetryPolicy,
-                      **kwargs: Any) -> T:
+def call_with_retries(
+    action: Callable[..., T], *args: Any, policy: RetryPolicy, **kwargs: Any
+) -> T:
     """`action(*args, **kwargs)`, tried again after a transient error up to
     `policy.attempts` times in all; a permanent error, or the last transient one, is
     raised (a storage refusal as StorageRefused) with a note saying how many tries it

@@ -22,7 +22,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 REDACTED = "***"
 # A name that says it holds a credential (a config key, a query parameter, a header).
 SECRET_NAME = re.compile(
-    r"secret|password|passwd|token|credential|access_key|api_key|signature", re.IGNORECASE)
+    r"secret|password|passwd|token|credential|access_key|api_key|signature", re.IGNORECASE
+)
 # scheme://user:password@ -- the password ends at the last "@" before the host part.
 _URI_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*):[^\s/?#]*@")
 # ?name=value / &name=value where the name looks like a credential.
@@ -40,8 +41,12 @@ def redact_value(value: Any) -> Any:
     every string held under a credential-named key (`API_TOKEN`, `password`) replaced by
     ***; numbers and flags stay whatever their key (`max_tokens` is no secret)."""
     if isinstance(value, dict):
-        return {key: REDACTED if isinstance(item, str) and item and SECRET_NAME.search(str(key))
-                else redact_value(item) for key, item in value.items()}
+        return {
+            key: REDACTED
+            if isinstance(item, str) and item and SECRET_NAME.search(str(key))
+            else redact_value(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list | tuple):
         return [redact_value(item) for item in value]
     return redact(value) if isinstance(value, str) else value

@@ -112,8 +112,12 @@ class VersionAttempt:
         self._beating.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         self._stopped.set()
         self._beating.join()
         for thread in self._discarding:
@@ -125,8 +129,12 @@ class VersionAttempt:
                 raise
             # The first error wins: a storage that refused the run refuses its cleanup too
             # (a read-only file system), and that must not replace the cause.
-            log.warning("staging %s not removed (%s); the run failed first: %s",
-                        redact(self.uri), redact(str(cleanup)), redact(str(error)))
+            log.warning(
+                "staging %s not removed (%s); the run failed first: %s",
+                redact(self.uri),
+                redact(str(cleanup)),
+                redact(str(error)),
+            )
             return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
@@ -138,8 +146,9 @@ class VersionAttempt:
         overlaps the cluster's shutdown and the commit. `__exit__` waits for it, then
         removes whatever is left, this too if the thread failed."""
         path = url_to_fs(uri)[1]
-        thread = threading.Thread(target=_discard, args=(self._fs, path), daemon=True,
-                                  name="staging-discard")
+        thread = threading.Thread(
+            target=_discard, args=(self._fs, path), daemon=True, name="staging-discard"
+        )
         thread.start()
         self._discarding.append(thread)
 
@@ -174,8 +183,9 @@ class VersionAttempt:
             try:
                 self.renew()
             except OSError as error:  # the next beat may get through; expiry allows 30 misses
-                log.warning("staging lease %s not renewed: %s", redact(self.uri),
-                            redact(str(error)))
+                log.warning(
+                    "staging lease %s not renewed: %s", redact(self.uri), redact(str(error))
+                )
 
     def _publish(self, manifest: Manifest) -> None:
         target = url_to_fs(version_dir(self.root, self.version_id))[1]

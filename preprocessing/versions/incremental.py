@@ -101,8 +101,7 @@ class Increment:
     new_files: list[InputFile] = field(default_factory=list)
 
 
-def plan_increment(config: ReshardConfig, files: list[InputFile],
-                   current: str | None) -> Increment:
+def plan_increment(config: ReshardConfig, files: list[InputFile], current: str | None) -> Increment:
     """Decide from the listing and the manifest of the `current` version alone (no data
     read); InputsChanged when a change is found and `on_changed_inputs` is `refuse`."""
     if config.mode == "full":
@@ -135,8 +134,9 @@ def version_id_of(fingerprint: str, config: ReshardConfig, increment: Increment)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def differences(parent: Manifest, location: str, config: ReshardConfig,
-                files: list[InputFile]) -> tuple[list[InputFile], list[str]]:
+def differences(
+    parent: Manifest, location: str, config: ReshardConfig, files: list[InputFile]
+) -> tuple[list[InputFile], list[str]]:
     """The files new since `parent`, and every change that forbids appending to it."""
     if not parent.inputs:
         return [], [f"version {parent.version_id} lists no inputs (made by an older ballast)"]
@@ -148,9 +148,11 @@ def differences(parent: Manifest, location: str, config: ReshardConfig,
         if record is None:
             new.append(item)
         elif (record.num_bytes, record.content_tag) != (item.num_bytes, item.content_tag):
-            changes.append(f"{item.uri} rewritten ({record.num_bytes} bytes, tag "
-                           f"{record.content_tag!r} then; {item.num_bytes}, "
-                           f"{item.content_tag!r} now)")
+            changes.append(
+                f"{item.uri} rewritten ({record.num_bytes} bytes, tag "
+                f"{record.content_tag!r} then; {item.num_bytes}, "
+                f"{item.content_tag!r} now)"
+            )
     changes += [f"{uri} removed" for uri in listed]
     return new, changes + setting_changes(parent, config)
 
@@ -159,8 +161,10 @@ def check_listing(parent: Manifest, location: str) -> None:
     """The recorded listing must hash to the manifest's input fingerprint."""
     as_listed = [InputFile(r.uri, "", "", r.num_bytes, r.content_tag) for r in parent.inputs]
     if fingerprint_inputs(as_listed) != parent.input_fingerprint:
-        raise ManifestError(f"{location}: the input listing does not match the manifest's "
-                            f"input_fingerprint; the manifest was altered")
+        raise ManifestError(
+            f"{location}: the input listing does not match the manifest's "
+            f"input_fingerprint; the manifest was altered"
+        )
 
 
 def setting_changes(parent: Manifest, config: ReshardConfig) -> list[str]:
@@ -168,8 +172,11 @@ def setting_changes(parent: Manifest, config: ReshardConfig) -> list[str]:
     now = redact_value(config.output_settings())  # the manifest keeps them redacted
     recorded = comparable_settings(dict(parent.config))
     then = {name: value for name, value in recorded.items() if name in now}
-    changed = [f"setting {name!r} is {now[name]!r}, was {then.get(name)!r}"
-               for name in sorted(now) if now[name] != then.get(name)]
+    changed = [
+        f"setting {name!r} is {now[name]!r}, was {then.get(name)!r}"
+        for name in sorted(now)
+        if now[name] != then.get(name)
+    ]
     if parent.code_version != code_version():
         changed.append(f"made by {parent.code_version}, this is {code_version()}")
     return changed
@@ -179,20 +186,26 @@ def compaction_reason(parent: Manifest, config: ReshardConfig) -> str | None:
     """Why appending to `parent` would pass a compaction threshold, or None."""
     length = len(parent.deltas) + 1
     if length > config.incremental.max_chain_length:
-        return (f"compaction: a child would make a chain of {length} versions, more than "
-                f"incremental.max_chain_length={config.incremental.max_chain_length}")
+        return (
+            f"compaction: a child would make a chain of {length} versions, more than "
+            f"incremental.max_chain_length={config.incremental.max_chain_length}"
+        )
     rows = [shard.num_rows for shard in parent.split("train").shards]
     small = sum(2 * n < max(rows) for n in rows) / len(rows)
     if small > config.incremental.max_small_shard_fraction:
-        return (f"compaction: {small:.0%} of the chain's training shards hold under half the "
-                f"rows of its largest, more than incremental.max_small_shard_fraction="
-                f"{config.incremental.max_small_shard_fraction}")
+        return (
+            f"compaction: {small:.0%} of the chain's training shards hold under half the "
+            f"rows of its largest, more than incremental.max_small_shard_fraction="
+            f"{config.incremental.max_small_shard_fraction}"
+        )
     return None
 
 
 def _refusal(root: str, current: str, changes: list[str]) -> str:
-    return (f"{root}: cannot append to the current version {current}: {_listed(changes)}. "
-            f"Set incremental.on_changed_inputs: rebuild (or mode: full) to reshard every input")
+    return (
+        f"{root}: cannot append to the current version {current}: {_listed(changes)}. "
+        f"Set incremental.on_changed_inputs: rebuild (or mode: full) to reshard every input"
+    )
 
 
 def _listed(changes: list[str]) -> str:
@@ -203,12 +216,18 @@ def _listed(changes: list[str]) -> str:
 def earlier_scans(parent: Manifest) -> list[FileScan]:
     """The parent's files as scans holding only what the checks across files read: the
     id ranges of its accepted files, and (on one, with no rows) the parent's classes."""
-    scans = [FileScan(InputFile(r.uri, "", "", r.num_bytes, r.content_tag),
-                      id_range=(int(r.id_range[0]), int(r.id_range[1])))
-             for r in parent.inputs if r.id_range is not None]
+    scans = [
+        FileScan(
+            InputFile(r.uri, "", "", r.num_bytes, r.content_tag),
+            id_range=(int(r.id_range[0]), int(r.id_range[1])),
+        )
+        for r in parent.inputs
+        if r.id_range is not None
+    ]
     if scans:
-        scans[0] = replace(scans[0], counts=Counts.of((0, "train", label, None, 0)
-                                                      for label in parent.classes))
+        scans[0] = replace(
+            scans[0], counts=Counts.of((0, "train", label, None, 0) for label in parent.classes)
+        )
     return scans
 
 
@@ -216,26 +235,52 @@ def check_schema(schema: pa.Schema, parent: Manifest) -> None:
     """The new files must make rows of the parent's schema."""
     found = [{"name": f.name, "type": str(f.type)} for f in schema]
     if found != parent.arrow_schema:
-        raise InputError(f"the new input files have columns {found}, version "
-                         f"{parent.version_id} has {parent.arrow_schema}: they cannot be "
-                         f"appended; mode: full reshards every input")
+        raise InputError(
+            f"the new input files have columns {found}, version "
+            f"{parent.version_id} has {parent.arrow_schema}: they cannot be "
+            f"appended; mode: full reshards every input"
+        )
 
 
 def input_records(scans: list[FileScan]) -> list[InputRecord]:
     """The listing a manifest records: every scanned file, with an accepted file's ids."""
-    return [InputRecord(s.file.uri, s.file.num_bytes, s.file.content_tag,
-                        list(s.id_range) if s.reason is None and s.id_range else None)
-            for s in scans]
+    return [
+        InputRecord(
+            s.file.uri,
+            s.file.num_bytes,
+            s.file.content_tag,
+            list(s.id_range) if s.reason is None and s.id_range else None,
+        )
+        for s in scans
+    ]
 
 
-def delta_of(version_id: str, parent: Manifest | None, scans: list[FileScan],
-             num_pieces: int, plans: dict[str, SplitPlan]) -> Delta:
+def delta_of(
+    version_id: str,
+    parent: Manifest | None,
+    scans: list[FileScan],
+    num_pieces: int,
+    plans: dict[str, SplitPlan],
+) -> Delta:
     """What this run adds: the files it read and, per split and stratum, rows in and out."""
-    strata = {name: [[label, source, int(n), int(k)] for (label, source), n, k
-                     in zip(plan.strata, plan.input_rows, plan.output_rows, strict=True)]
-              for name, plan in plans.items()}
-    return Delta(version_id, parent.version_id if parent else None, "", len(scans),
-                 sum(scan.file.num_bytes for scan in scans), num_pieces, strata)
+    strata = {
+        name: [
+            [label, source, int(n), int(k)]
+            for (label, source), n, k in zip(
+                plan.strata, plan.input_rows, plan.output_rows, strict=True
+            )
+        ]
+        for name, plan in plans.items()
+    }
+    return Delta(
+        version_id,
+        parent.version_id if parent else None,
+        "",
+        len(scans),
+        sum(scan.file.num_bytes for scan in scans),
+        num_pieces,
+        strata,
+    )
 
 
 def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:
@@ -248,23 +293,40 @@ def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, 
     return classes, sources
 
 
-def version_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
-                     scans: list[FileScan], schema: pa.Schema, plans: dict[str, SplitPlan],
-                     splits: dict[str, SplitEntry], timings: dict[str, float],
-                     features: dict[str, Any], parent: Manifest | None,
-                     num_pieces: int) -> Manifest:
+def version_manifest(
+    config: ReshardConfig,
+    version_id: str,
+    fingerprint: str,
+    scans: list[FileScan],
+    schema: pa.Schema,
+    plans: dict[str, SplitPlan],
+    splits: dict[str, SplitEntry],
+    timings: dict[str, float],
+    features: dict[str, Any],
+    parent: Manifest | None,
+    num_pieces: int,
+) -> Manifest:
     """The manifest of what a run wrote: a flat version's, or (with `parent`) a child's,
     the new files' version joined to everything the parent lists."""
     delta = delta_of(version_id, parent, scans, num_pieces, plans)
-    manifest = _flat_manifest(config, version_id, fingerprint, scans, schema, plans, splits,
-                              timings, features, delta)
+    manifest = _flat_manifest(
+        config, version_id, fingerprint, scans, schema, plans, splits, timings, features, delta
+    )
     return append_to(parent, manifest) if parent else manifest
 
 
-def _flat_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
-                   scans: list[FileScan], schema: pa.Schema, plans: dict[str, SplitPlan],
-                   splits: dict[str, SplitEntry], timings: dict[str, float],
-                   features: dict[str, Any], delta: Delta) -> Manifest:
+def _flat_manifest(
+    config: ReshardConfig,
+    version_id: str,
+    fingerprint: str,
+    scans: list[FileScan],
+    schema: pa.Schema,
+    plans: dict[str, SplitPlan],
+    splits: dict[str, SplitEntry],
+    timings: dict[str, float],
+    features: dict[str, Any],
+    delta: Delta,
+) -> Manifest:
     input_classes, input_sources = _input_histograms(scans)
     train = plans["train"]
     # Every class of any split: a class whose rows were all held out is still one the
@@ -279,13 +341,21 @@ def _flat_manifest(config: ReshardConfig, version_id: str, fingerprint: str,
         classes=sorted(labels, key=json_sort_key),
         sources=sorted({source for _, source in train.strata}, key=json_sort_key),
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits, seed=config.seed, config=redact_value(config.model_dump(mode="json")),
-        input_fingerprint=fingerprint, input_class_counts=input_classes,
+        splits=splits,
+        seed=config.seed,
+        config=redact_value(config.model_dump(mode="json")),
+        input_fingerprint=fingerprint,
+        input_class_counts=input_classes,
         input_source_counts=input_sources,
-        rejected=[RejectedFile(redact(s.file.uri), redact(s.reason)) for s in scans
-                  if s.reason is not None],
+        rejected=[
+            RejectedFile(redact(s.file.uri), redact(s.reason))
+            for s in scans
+            if s.reason is not None
+        ],
         features=features,
-        timings_s=timings, code_version=code_version(), inputs=input_records(scans),
+        timings_s=timings,
+        code_version=code_version(),
+        inputs=input_records(scans),
         deltas=[delta],
     )
 
@@ -300,14 +370,17 @@ def append_to(parent: Manifest, delta: Manifest) -> Manifest:
     id, with the chain's features) joined to everything `parent` lists."""
     names = dict.fromkeys([*parent.splits, *delta.splits])
     return replace(
-        delta, splits={name: _joined(parent, delta, name) for name in names},
+        delta,
+        splits={name: _joined(parent, delta, name) for name in names},
         classes=sorted({*parent.classes, *delta.classes}, key=json_sort_key),
         sources=sorted({*parent.sources, *delta.sources}, key=json_sort_key),
         input_class_counts=_summed(parent.input_class_counts, delta.input_class_counts),
         input_source_counts=_summed(parent.input_source_counts, delta.input_source_counts),
-        rejected=[*parent.rejected, *delta.rejected], parent_version=parent.version_id,
+        rejected=[*parent.rejected, *delta.rejected],
+        parent_version=parent.version_id,
         inputs=sorted([*parent.inputs, *delta.inputs], key=lambda record: record.uri),
-        deltas=[*parent.lineage(), *delta.deltas])
+        deltas=[*parent.lineage(), *delta.deltas],
+    )
 
 
 def _joined(parent: Manifest, delta: Manifest, name: str) -> SplitEntry:
@@ -315,8 +388,9 @@ def _joined(parent: Manifest, delta: Manifest, name: str) -> SplitEntry:
     delta's own."""
     older = parent.splits[name].shards if name in parent.splits else []
     newer = delta.splits[name].shards if name in delta.splits else []
-    shards = [entry if entry.version else replace(entry, version=parent.version_id)
-              for entry in older] + list(newer)
+    shards = [
+        entry if entry.version else replace(entry, version=parent.version_id) for entry in older
+    ] + list(newer)
     return SplitEntry(sum(entry.num_rows for entry in shards), shards)
 
 
@@ -324,8 +398,9 @@ def _summed(first: dict[str, int], second: dict[str, int]) -> dict[str, int]:
     return {key: first.get(key, 0) + second.get(key, 0) for key in sorted({*first, *second})}
 
 
-def commit_following(root: str, manifest: Manifest, previous: str | None,
-                     commit: Callable[[str | None], Commit]) -> Commit:
+def commit_following(
+    root: str, manifest: Manifest, previous: str | None, commit: Callable[[str | None], Commit]
+) -> Commit:
     """Run `commit(expected)`: a flat version from `previous`; a chain's child only from
     its parent. A child that finds `_CURRENT` moved on (before its commit, at the swap,
     or after finding itself committed) is withdrawn and CommitConflict raised: a lost
@@ -336,8 +411,9 @@ def commit_following(root: str, manifest: Manifest, previous: str | None,
     return done
 
 
-def _commit_in_line(root: str, manifest: Manifest, previous: str | None,
-                    commit: Callable[[str | None], Commit]) -> Commit:
+def _commit_in_line(
+    root: str, manifest: Manifest, previous: str | None, commit: Callable[[str | None], Commit]
+) -> Commit:
     if manifest.parent_version is None:
         return commit(previous)
     if _position(root, manifest) == "elsewhere":
@@ -371,15 +447,20 @@ def _withdrawn(root: str, manifest: Manifest) -> CommitConflict:
         f"{root}: _CURRENT names {read_current_version(root)!r}, not "
         f"{manifest.parent_version!r}, the version {manifest.version_id} appends to: another "
         f"run committed first. {manifest.version_id} was withdrawn; run again to append to "
-        f"the current version")
+        f"the current version"
+    )
 
 
 def withdraw_version(root: str, manifest: Manifest) -> None:
     """Remove a version that must never become current: its manifest first (from then on
     it is no version), then the shards in its own directory, then that directory."""
     fs, directory = url_to_fs(version_dir(root, manifest.version_id))
-    own = [entry.path for split in manifest.splits.values() for entry in split.shards
-           if entry.version is None]
+    own = [
+        entry.path
+        for split in manifest.splits.values()
+        for entry in split.shards
+        if entry.version is None
+    ]
     for name in (MANIFEST_NAME, *own):
         with suppress(FileNotFoundError):
             fs.rm_file(f"{directory}/{name}")

@@ -97,8 +97,10 @@ def publish_current(root: str) -> int | None:
             # whatever it can hold, so its schema never fails a run (docs/reliability.md).
             log.warning("%s; read the version through its manifest or `ballast files`", error)
             return None
-    raise TableError(f"{uri}: the table's newest version still differs from _CURRENT after "
-                     f"{PUBLISH_TRIES} tries; rerun, or see docs/reliability.md")
+    raise TableError(
+        f"{uri}: the table's newest version still differs from _CURRENT after "
+        f"{PUBLISH_TRIES} tries; rerun, or see docs/reliability.md"
+    )
 
 
 def read_head(uri: str) -> Head | None:
@@ -113,31 +115,46 @@ def read_head(uri: str) -> Head | None:
 def table_files(manifest: Manifest, uri: str) -> dict[str, tuple[str, int, int]]:
     """Each shard of `manifest` by its path relative to the table root: split, bytes, rows."""
     location = manifest_uri(uri, manifest.version_id)
-    return {os.path.relpath(shard_uri(location, entry), uri): (split, entry.num_bytes,
-                                                               entry.num_rows)
-            for split, entries in manifest.splits.items() for entry in entries.shards}
+    return {
+        os.path.relpath(shard_uri(location, entry), uri): (split, entry.num_bytes, entry.num_rows)
+        for split, entries in manifest.splits.items()
+        for entry in entries.shards
+    }
 
 
 def _commit(uri: str, manifest: Manifest, head: Head | None) -> int:
     """Commit the table version holding `manifest`'s shards on top of `head`."""
     files = table_files(manifest, uri)
     schema = _schema(uri, next(iter(files)))
-    properties = CommitProperties(custom_metadata={VERSION_KEY: manifest.version_id},
-                                  max_commit_retries=0)
+    properties = CommitProperties(
+        custom_metadata={VERSION_KEY: manifest.version_id}, max_commit_retries=0
+    )
     if head is None:
         try:
             create_table_with_add_actions(
-                uri, schema, _adds(files, set(files)), mode="error", partition_by=[SPLIT_COLUMN],
-                configuration=CONFIGURATION, commit_properties=properties)
+                uri,
+                schema,
+                _adds(files, set(files)),
+                mode="error",
+                partition_by=[SPLIT_COLUMN],
+                configuration=CONFIGURATION,
+                commit_properties=properties,
+            )
         except DeltaError as error:  # another process created it first
             raise CommitFailedError(str(error)) from error
         return 0
     present = _present(head.table)
-    actions: list[AddAction | RemoveAction] = [*_adds(files, set(files) - set(present)),
-                                               *_removes(present, set(files))]
-    head.table.create_write_transaction(actions, mode="append", schema=schema,
-                                        partition_by=[SPLIT_COLUMN],
-                                        commit_properties=properties)
+    actions: list[AddAction | RemoveAction] = [
+        *_adds(files, set(files) - set(present)),
+        *_removes(present, set(files)),
+    ]
+    head.table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=schema,
+        partition_by=[SPLIT_COLUMN],
+        commit_properties=properties,
+    )
     return head.table.version() + 1
 
 
@@ -151,32 +168,47 @@ def _schema(uri: str, first: str) -> Schema:
             raise UnpublishableSchema(
                 f"{uri}/{first}: column {column.name!r} of type {column.type} has no Delta "
                 f"Lake type; the version is committed and current, but the table at {uri} "
-                f"still holds the version before it") from error
+                f"still holds the version before it"
+            ) from error
     try:
         return Schema.from_arrow(columns.append(pa.field(SPLIT_COLUMN, pa.string())))
     except Exception as error:  # Delta Lake's column names are case-insensitive, say
         raise UnpublishableSchema(
             f"{uri}/{first}: the columns have no Delta Lake schema ({error}); the version is "
             f"committed and current, but the table at {uri} still holds the version before "
-            f"it") from error
+            f"it"
+        ) from error
 
 
 def _adds(files: dict[str, tuple[str, int, int]], paths: set[str]) -> list[AddAction]:
     now_ms = int(time.time() * 1000)
-    return [AddAction(path, size, {SPLIT_COLUMN: split}, now_ms, True,
-                      json.dumps({"numRecords": rows}))
-            for path, (split, size, rows) in files.items() if path in paths]
+    return [
+        AddAction(path, size, {SPLIT_COLUMN: split}, now_ms, True, json.dumps({"numRecords": rows}))
+        for path, (split, size, rows) in files.items()
+        if path in paths
+    ]
 
 
 def _present(table: DeltaTable) -> dict[str, tuple[str, int]]:
     """The table's files now: path -> (split, bytes)."""
     actions = pa.table(table.get_add_actions(flatten=True))
-    return dict(zip(actions.column("path").to_pylist(),
-                    zip(actions.column(f"partition.{SPLIT_COLUMN}").to_pylist(),
-                        actions.column("size_bytes").to_pylist(), strict=True), strict=True))
+    return dict(
+        zip(
+            actions.column("path").to_pylist(),
+            zip(
+                actions.column(f"partition.{SPLIT_COLUMN}").to_pylist(),
+                actions.column("size_bytes").to_pylist(),
+                strict=True,
+            ),
+            strict=True,
+        )
+    )
 
 
 def _removes(present: dict[str, tuple[str, int]], keep: set[str]) -> list[RemoveAction]:
     now_ms = int(time.time() * 1000)
-    return [RemoveAction(path, True, now_ms, size, {SPLIT_COLUMN: split})
-            for path, (split, size) in present.items() if path not in keep]
+    return [
+        RemoveAction(path, True, now_ms, size, {SPLIT_COLUMN: split})
+        for path, (split, size) in present.items()
+        if path not in keep
+    ]

@@ -22,13 +22,22 @@ from training.launch import LocalJob, RetryPolicy
 def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> PipelineParams:
     work = tmp_path_factory.mktemp("pipeline")
     return PipelineParams(
-        reshard=ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
-                              output_root=str(work / "datasets"), target_shard_rows=600),
-        train=TrainConfig(dataset=str(work / "datasets"), output_dir=str(work / "job"),
-                          max_epochs=2, loader=LoaderConfig(batch_size=32),
-                          tracking=TrackingConfig(tracking_uri=f"sqlite:///{work}/mlflow.db",
-                                                  experiment="e2e",
-                                                  registered_model_name="e2e-classifier")),
+        reshard=ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
+            output_root=str(work / "datasets"),
+            target_shard_rows=600,
+        ),
+        train=TrainConfig(
+            dataset=str(work / "datasets"),
+            output_dir=str(work / "job"),
+            max_epochs=2,
+            loader=LoaderConfig(batch_size=32),
+            tracking=TrackingConfig(
+                tracking_uri=f"sqlite:///{work}/mlflow.db",
+                experiment="e2e",
+                registered_model_name="e2e-classifier",
+            ),
+        ),
         job=LocalJob(num_processes_per_node=2, retry=RetryPolicy(attempts=1)),
         compare_with_natural_mix=True,
     )

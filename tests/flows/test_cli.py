@@ -43,8 +43,18 @@ def test_shipped_prefect_yaml_matches_the_deployments_table() -> None:
 
 def test_run_rejects_a_bad_field_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     """Invariant: `ballast run` with an invalid override exits 2 and names the field."""
-    code = main(["run", "pipeline", "--config", "demo", "--work-dir", "/tmp/w",
-                 "--set", "train.max_epochs=-1"])
+    code = main(
+        [
+            "run",
+            "pipeline",
+            "--config",
+            "demo",
+            "--work-dir",
+            "/tmp/w",
+            "--set",
+            "train.max_epochs=-1",
+        ]
+    )
     assert code == 2
     assert "train.max_epochs" in capsys.readouterr().err
 
@@ -75,11 +85,24 @@ def test_run_help_lists_every_shipped_preset(capsys: pytest.CaptureFixture[str])
 
 
 def test_validation_errors_name_each_field_without_documentation_links(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Invariant: the error is one line naming every bad field as `field.path: problem
     (got value)`, and no pydantic documentation link is printed."""
-    code = main(["run", "pipeline", "--config", "demo", "--work-dir", "/tmp/w",
-                 "--set", "train.max_epochs=-1", "--set", "reshard.bogus=1"])
+    code = main(
+        [
+            "run",
+            "pipeline",
+            "--config",
+            "demo",
+            "--work-dir",
+            "/tmp/w",
+            "--set",
+            "train.max_epochs=-1",
+            "--set",
+            "reshard.bogus=1",
+        ]
+    )
     error = capsys.readouterr().err
     assert code == 2 and "errors.pydantic.dev" not in error and "http" not in error
     assert error.count("\n") == 1 and "(2 problem(s))" in error
@@ -118,8 +141,9 @@ def test_a_flow_whose_parameters_drift_from_its_model_fails_at_import() -> None:
 
     def missing(*, reshard: ReshardConfig) -> None: ...
 
-    def other_default(*, reshard: ReshardConfig, dask: object = None,
-                      overrides: list[str] = NO_OVERRIDES) -> None: ...
+    def other_default(
+        *, reshard: ReshardConfig, dask: object = None, overrides: list[str] = NO_OVERRIDES
+    ) -> None: ...
 
     with pytest.raises(TypeError, match=r"parameters \['reshard'\] are not the fields"):
         ballast_flow("x", ReshardParams)(missing)

@@ -24,22 +24,27 @@ def test_a_quiet_console_keeps_progress_warnings_and_errors_only() -> None:
     """Invariant: the quiet filter passes the flow's own lines, warnings and errors, and
     drops libraries' INFO lines, Prefect's state lines and Dask's housekeeping warnings."""
     quiet = ProgressOnly()
-    kept = [_record("prefect.flow_runs", logging.INFO, "reshard[rebalanced]: dataset ..."),
-            _record("prefect.task_runs", logging.INFO, "reshard progress no longer ..."),
-            _record("tracking.run.runs", logging.WARNING, "MLflow could not take the run"),
-            _record("prefect.task_runs", logging.ERROR, "Finished in state Failed()"),
-            _record("distributed.worker", logging.ERROR, "Compute failed")]
-    dropped = [_record("distributed.scheduler", logging.INFO, "State start"),
-               _record("distributed.nanny", logging.WARNING, "Worker process still alive"),
-               _record("prefect", logging.INFO, "Starting temporary server"),
-               _record("prefect.task_runs", logging.INFO, "Finished in state Completed()"),
-               _record("mlflow.store.db.utils", logging.INFO, "Creating initial tables")]
+    kept = [
+        _record("prefect.flow_runs", logging.INFO, "reshard[rebalanced]: dataset ..."),
+        _record("prefect.task_runs", logging.INFO, "reshard progress no longer ..."),
+        _record("tracking.run.runs", logging.WARNING, "MLflow could not take the run"),
+        _record("prefect.task_runs", logging.ERROR, "Finished in state Failed()"),
+        _record("distributed.worker", logging.ERROR, "Compute failed"),
+    ]
+    dropped = [
+        _record("distributed.scheduler", logging.INFO, "State start"),
+        _record("distributed.nanny", logging.WARNING, "Worker process still alive"),
+        _record("prefect", logging.INFO, "Starting temporary server"),
+        _record("prefect.task_runs", logging.INFO, "Finished in state Completed()"),
+        _record("mlflow.store.db.utils", logging.INFO, "Creating initial tables"),
+    ]
     assert all(quiet.filter(record) for record in kept)
     assert not any(quiet.filter(record) for record in dropped)
 
 
 def test_dask_workers_log_into_the_command_file_and_errors_only_on_a_quiet_console(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Invariant: the workers' logging config sends `distributed` to the log file and
     to stderr at ERROR (INFO with -v), and leaves other loggers alone."""
     quiet = worker_logging(tmp_path / "run.log", verbose=False)
@@ -53,7 +58,8 @@ def test_dask_workers_log_into_the_command_file_and_errors_only_on_a_quiet_conso
 
 
 def test_a_quiet_console_turns_mlflow_artifact_progress_bars_off_and_back(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Invariant: MLflow's artifact progress bars (a model loaded from a tracking server;
     every tqdm redraw is a console line) are off while the console is quiet, in this
     process's environment (so in the Dask workers and ranks it starts), and as before
@@ -70,7 +76,8 @@ def test_a_quiet_console_turns_mlflow_artifact_progress_bars_off_and_back(
 
 @pytest.mark.slow
 def test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json(
-        cli_pipeline_run: CliRun) -> None:
+    cli_pipeline_run: CliRun,
+) -> None:
     """Invariants: `ballast run pipeline` of both arms (a new user's: a temporary Prefect
     server, a fresh Prefect home; tests/cli_pipeline.py) prints at most 40 lines, none of
     them Dask's INFO lines or MLflow's type-hint warning; the log file it names holds
@@ -97,7 +104,8 @@ def _log_on_worker(message: str) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("verbose", [False, True])
 def test_the_run_log_file_gets_dask_workers_info_lines_the_console_only_with_v(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str], verbose: bool) -> None:
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], verbose: bool
+) -> None:
     """Invariants: under a command's logging, a LocalCluster's worker processes and its
     scheduler write their INFO lines (a worker's start, a line logged in a task) to the
     command's log file, not raised to WARNING by the cluster's `silence_logs`; the

@@ -48,8 +48,10 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     assert dataset["date_columns"] == ["created"]
     assert dataset["nulls"] == {"x": "fill_mean", "colour": "fill_zero"}
     nan_rows = int(pc.sum(pc.is_nan(table.column("x"))).as_py())
-    assert f"x: fill_mean  # CONFIRM: {nan_rows} nulls; or error, drop_row, fill_zero, " \
-           "indicator" in text
+    assert (
+        f"x: fill_mean  # CONFIRM: {nan_rows} nulls; or error, drop_row, fill_zero, "
+        "indicator" in text
+    )
     assert "colour: fill_zero  # CONFIRM: " in text and "or error, drop_row\n" in text
     assert "'ticket'" in text and "look like ids" in text
     assert "# CONFIRM: 'shop' holds" in text and "category_buckets" in text
@@ -61,7 +63,8 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
 
 @pytest.mark.slow
 def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
-        prefect_harness, dask_client: Client, tmp_path, capsys) -> None:
+    prefect_harness, dask_client: Client, tmp_path, capsys
+) -> None:
     """Invariants: the config init proposed, CONFIRM lines answered as proposed, reshards
     (unlabelled rows counted per file), trains, beats the class prior and registers a
     champion; batch inference over the raw files predicts every row, unlabelled ones and
@@ -83,16 +86,23 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     scores = next(iter(result["evaluations"].values()))
     assert scores["beats_class_prior"] and result["registration"]["alias"] == "champion"
     tracking = PipelineParams.model_validate(config).train.tracking
-    out = batch_inference_flow(**InferenceParams(
-        model_uri="models:/messy@champion", tracking=tracking,
-        inputs=sorted(str(p) for p in (tmp_path / "raw").iterdir()), id_column="order_no",
-        output_root=str(tmp_path / "predictions"),
-        dask=DaskConfig(kind="address", address=dask_client.scheduler.address)).arguments())
+    out = batch_inference_flow(
+        **InferenceParams(
+            model_uri="models:/messy@champion",
+            tracking=tracking,
+            inputs=sorted(str(p) for p in (tmp_path / "raw").iterdir()),
+            id_column="order_no",
+            output_root=str(tmp_path / "predictions"),
+            dask=DaskConfig(kind="address", address=dask_client.scheduler.address),
+        ).arguments()
+    )
     predicted, location = read_manifest(out["manifest_uri"])
-    rows = pa.concat_tables(pq.read_table(shard_uri(location, entry))
-                            for entry in predicted.split("predictions").shards)
+    rows = pa.concat_tables(
+        pq.read_table(shard_uri(location, entry)) for entry in predicted.split("predictions").shards
+    )
     assert sorted(rows.column("order_no").to_pylist()) == sorted(
-        table.column("order_no").to_pylist())
+        table.column("order_no").to_pylist()
+    )
     mlflow.set_tracking_uri(tracking.tracking_uri)
     frame = table.select(["created", "x", "colour"]).slice(0, 200).to_pandas()
     served = mlflow.pyfunc.load_model("models:/messy@champion").predict(frame)

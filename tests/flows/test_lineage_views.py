@@ -20,8 +20,15 @@ from tracking.run.runs import dataset_input
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
-SPEC = SampleSpec(num_rows=2_000, num_files=8, num_classes=3, num_sources=2, num_features=4,
-                  class_ratio=4.0, seed=5)
+SPEC = SampleSpec(
+    num_rows=2_000,
+    num_files=8,
+    num_classes=3,
+    num_sources=2,
+    num_features=4,
+    class_ratio=4.0,
+    seed=5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +37,13 @@ def two_versions(tmp_path_factory, dask_client) -> tuple[Path, ReshardResult, Re
     base = tmp_path_factory.mktemp("lineage")
     raw, root = base / "raw", base / "out"
     write_sample(raw, SPEC)
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]), output_root=str(root),
-                           target_shard_rows=400, rows_per_row_group=64, mode="incremental")
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)]),
+        output_root=str(root),
+        target_shard_rows=400,
+        rows_per_row_group=64,
+        mode="incremental",
+    )
     first = run_reshard(config, dask_client)
     table = sample_table(np.random.default_rng(1), 50_000, 200, 0, SPEC)
     pq.write_table(table, raw / "night-0.parquet")

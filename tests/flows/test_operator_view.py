@@ -62,19 +62,22 @@ def run_log(run_id: UUID, expected: str, timeout_s: float = 30) -> str:
 async def _task_run_names(run_id: UUID) -> list[str]:
     async with get_client() as client:
         runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+        )
     return [run.name for run in runs]
 
 
 async def _artifacts(run_id: UUID) -> list[Any]:
     async with get_client() as client:
         return await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
 
 
 @pytest.mark.slow
 def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
-        first_state: State, first_run: dict[str, Any]) -> None:
+    first_state: State, first_run: dict[str, Any]
+) -> None:
     """Invariant: the flow run's log, read back from the Prefect API, names the dataset
     version with its rows in and out and shards, each training job's epochs, both arms'
     held-out figures and the registration of the rebalanced model, in one line with why."""
@@ -85,16 +88,17 @@ def test_run_log_holds_version_rows_shards_epochs_scores_and_registration(
     registration = first_run["registration"]
     last = f"register[{REBALANCED}]: {registration['name']} v{registration['version']}"
     log = run_log(flow_run_id(first_state), last)
-    assert f"dataset version {manifest.version_id}: {rows_in} rows in -> {rows_out} rows out" \
-        in log
+    assert f"dataset version {manifest.version_id}: {rows_in} rows in -> {rows_out} rows out" in log
     assert f"train {train.num_rows} rows in {len(train.shards)} shards" in log
     assert f"{len(manifest.rejected)} rejected input files" in log
     for arm in (REBALANCED, NATURAL_MIX):
         assert f"train[{arm}]: 2 epochs on 2 ranks" in log
         evaluation = first_run["evaluations"][arm]
-        assert (f"evaluate[{arm}]: {evaluation['num_rows']} held-out rows of version "
-                f"{evaluation['dataset_version']}: macro-F1 {evaluation['macro_f1']:.4f}, "
-                f"balanced accuracy {evaluation['balanced_accuracy']:.4f}") in log
+        assert (
+            f"evaluate[{arm}]: {evaluation['num_rows']} held-out rows of version "
+            f"{evaluation['dataset_version']}: macro-F1 {evaluation['macro_f1']:.4f}, "
+            f"balanced accuracy {evaluation['balanced_accuracy']:.4f}"
+        ) in log
     assert f"{last} is `{registration['alias']}`" in log
     # One line per arm says the registration, its alias and why (no second `promote` line).
     lines = [line for line in log.splitlines() if line.startswith(("register[", "promote["))]
@@ -107,15 +111,18 @@ def test_task_runs_are_named_by_step_and_arm(first_state: State) -> None:
     """Invariant: every task run of the pipeline says its step and arm, so the rebalanced
     and natural-mix runs of one step can be told apart."""
     names = set(asyncio.run(_task_run_names(flow_run_id(first_state))))
-    expected = {f"{step}[{arm}]" for step in ("reshard", "train", "close-run", "evaluate")
-                for arm in (REBALANCED, NATURAL_MIX)} | {
-        f"{step}[{REBALANCED}]" for step in ("score-champion", "register", "record-promotion")}
+    expected = {
+        f"{step}[{arm}]"
+        for step in ("reshard", "train", "close-run", "evaluate")
+        for arm in (REBALANCED, NATURAL_MIX)
+    } | {f"{step}[{REBALANCED}]" for step in ("score-champion", "register", "record-promotion")}
     assert names == expected
 
 
 @pytest.mark.slow
 def test_training_summary_artifact_compares_both_arms_on_three_figures(
-        first_state: State, first_run: dict[str, Any]) -> None:
+    first_state: State, first_run: dict[str, Any]
+) -> None:
     """Invariants: every artifact of the run has a description; the training summary holds a
     row per figure (macro-F1, balanced accuracy, worst-class recall) with both arms' values
     side by side, as the evaluations computed them, and names the MLflow run; the job's
@@ -126,10 +133,13 @@ def test_training_summary_artifact_compares_both_arms_on_three_figures(
     assert "balanced accuracy" in summary.description
     assert summary.description.endswith("the MLflow runs")  # both arms' runs are linked
     lines = summary.data.splitlines()
-    assert any(line.startswith(f"- training job ({REBALANCED}): 2 ranks, 2 epochs")
-               for line in lines), lines
-    assert f"| held-out ({first_run['evaluations'][REBALANCED]['num_rows']} rows) | " \
+    assert any(
+        line.startswith(f"- training job ({REBALANCED}): 2 ranks, 2 epochs") for line in lines
+    ), lines
+    assert (
+        f"| held-out ({first_run['evaluations'][REBALANCED]['num_rows']} rows) | "
         f"{REBALANCED} | {NATURAL_MIX} |" in lines
+    )
     by_arm = {arm: figures(first_run["evaluations"][arm]) for arm in (REBALANCED, NATURAL_MIX)}
     for name in FIGURE_NAMES:
         values = " | ".join(f"{by_arm[arm][name]:.4f}" for arm in (REBALANCED, NATURAL_MIX))
@@ -147,7 +157,8 @@ async def _flow_run_name(run_id: UUID) -> str:
 
 @pytest.mark.slow
 def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
-        first_state: State, first_run: dict[str, Any], params: PipelineParams) -> None:
+    first_state: State, first_run: dict[str, Any], params: PipelineParams
+) -> None:
     """Invariants (what the MLflow UI shows, read through its client): each arm's run is
     named `<flow run name>-<arm>`; each holds its held-out figures and the class-prior
     baseline's as `holdout_...` metrics equal to the evaluations; the code version is a
@@ -164,24 +175,28 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
         assert run.info.run_name == f"{name}-{arm}"
         assert run.data.metrics["holdout_macro_f1"] == pytest.approx(evaluation["macro_f1"])
         assert run.data.metrics["holdout_balanced_accuracy"] == pytest.approx(
-            evaluation["balanced_accuracy"])
+            evaluation["balanced_accuracy"]
+        )
         assert run.data.metrics["holdout_worst_class_recall"] == pytest.approx(
-            min(v for v in evaluation["recall"].values() if v is not None))
+            min(v for v in evaluation["recall"].values() if v is not None)
+        )
         assert run.data.metrics["holdout_class_prior_macro_f1"] == pytest.approx(
-            evaluation["class_prior_baseline"]["macro_f1"])
+            evaluation["class_prior_baseline"]["macro_f1"]
+        )
         assert run.data.tags["git_sha"] not in ("", "unknown")
         # Its page's Description: which arm of which flow run, and which rows its holdout_*
         # figures are of (the natural-mix arm is scored on the other version's rows).
         note = run.data.tags["mlflow.note.content"]
         assert note.startswith(f"Arm `{arm}` of flow run `{name}`: trained on dataset version")
-        assert (f"on the {evaluation['num_rows']} held-out rows of version "
-                f"{first_run['version_id']}, the same rows for every arm") in note
+        assert (
+            f"on the {evaluation['num_rows']} held-out rows of version "
+            f"{first_run['version_id']}, the same rows for every arm"
+        ) in note
     registration = first_run["registration"]
     version = client.get_model_version(registration["name"], str(registration["version"]))
     assert f"`{REBALANCED}`" in version.description
     assert first_run["version_id"] in version.description
-    assert f"macro-F1 {first_run['evaluations'][REBALANCED]['macro_f1']:.4f}" \
-        in version.description
+    assert f"macro-F1 {first_run['evaluations'][REBALANCED]['macro_f1']:.4f}" in version.description
     manifest, _ = read_manifest(first_run["manifest_uri"])
     dataset = client.get_run(first_run["run_id"]).inputs.dataset_inputs[0].dataset
     columns = json.loads(dataset.schema)["mlflow_colspec"]
@@ -190,7 +205,8 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
 
 @pytest.mark.slow
 def test_prefect_shows_tables_of_both_versions_and_links_both_runs(
-        first_state: State, first_run: dict[str, Any]) -> None:
+    first_state: State, first_run: dict[str, Any]
+) -> None:
     """Invariants: the flow run holds the class, source and shard tables of both arms'
     dataset versions (keyed by arm); the training summary links both arms' MLflow runs
     and says in one line that both are scored on the same held-out rows."""
@@ -200,8 +216,9 @@ def test_prefect_shows_tables_of_both_versions_and_links_both_runs(
         assert {f"{arm}-class-mix", f"{arm}-source-mix", f"{arm}-shard-balance"} <= keys
     summary = next(a for a in artifacts if a.key == "training-summary").data
     for arm, run_id in first_run["runs"].items():
-        assert any(line.startswith(f"- MLflow run ({arm}) {run_id}")
-                   for line in summary.splitlines())
+        assert any(
+            line.startswith(f"- MLflow run ({arm}) {run_id}") for line in summary.splitlines()
+        )
     rows = first_run["evaluations"][REBALANCED]["num_rows"]
     assert f"All arms are scored on the same {rows} held-out rows" in summary
 
@@ -217,25 +234,36 @@ def test_run_link_is_built_from_the_configured_tracking_server() -> None:
 def shard_digests(manifest_uri: str) -> dict[str, list[str]]:
     """SHA-256 of every shard file of a version, per split, in manifest order."""
     manifest, location = read_manifest(manifest_uri)
-    return {name: [hashlib.sha256(Path(shard_uri(location, shard)).read_bytes()).hexdigest()
-                   for shard in split.shards] for name, split in manifest.splits.items()}
+    return {
+        name: [
+            hashlib.sha256(Path(shard_uri(location, shard)).read_bytes()).hexdigest()
+            for shard in split.shards
+        ]
+        for name, split in manifest.splits.items()
+    }
 
 
 @pytest.mark.slow
 def test_reshard_flow_on_a_scheduler_address_makes_the_local_clusters_version(
-        prefect_harness: None, tiny_raw: Path, tmp_path: Path) -> None:
+    prefect_harness: None, tiny_raw: Path, tmp_path: Path
+) -> None:
     """Invariant: the same flow code, pointed at a `dask scheduler` and `dask worker`
     started as separate processes on loopback (`dask.kind: address`), commits the same
     version id with byte-identical shards as on the default local cluster."""
+
     def config(root: str) -> ReshardConfig:
-        return ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                             output_root=str(tmp_path / root), target_shard_rows=600)
+        return ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+            output_root=str(tmp_path / root),
+            target_shard_rows=600,
+        )
 
     local = reshard_flow(reshard=config("local"))
     env = worker_env(True)
     (tmp_path / "dask").mkdir()
     with dask_processes(tmp_path / "dask", [("127.0.0.1", [], env)] * 2) as address:
-        remote = reshard_flow(reshard=config("remote"),
-                              dask=DaskConfig(kind="address", address=address))
+        remote = reshard_flow(
+            reshard=config("remote"), dask=DaskConfig(kind="address", address=address)
+        )
     assert remote["version_id"] == local["version_id"] and not remote["cached"]
     assert shard_digests(remote["manifest_uri"]) == shard_digests(local["manifest_uri"])

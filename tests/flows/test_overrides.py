@@ -18,7 +18,8 @@ def nightly_parameters() -> dict:
 
 
 def test_an_override_changes_one_field_and_work_dir_comes_from_the_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Invariants: `train.max_epochs=1` changes that field alone; every `${WORK_DIR}` of the
     shipped parameters is filled from BALLAST_WORK_DIR; Prefect's own validation then
     accepts the result (the flow's signature)."""
@@ -37,15 +38,21 @@ def test_an_override_changes_one_field_and_work_dir_comes_from_the_environment(
     assert validated["train"].max_epochs == 1
 
 
-@pytest.mark.parametrize(("override", "named"), [
-    ("train.max_epoch=1", "train.max_epoch: unknown field train.max_epoch; did you mean "
-                          "train.max_epochs?"),
-    ("train.max_epochs=-1", "train.max_epochs: "),
-    ("train.max_epochs.x=1", "train.max_epochs is a value, not a section"),
-    ("no-equals-sign", "expected KEY=VALUE"),
-])
-def test_a_bad_override_fails_naming_the_field(override: str, named: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        (
+            "train.max_epoch=1",
+            "train.max_epoch: unknown field train.max_epoch; did you mean train.max_epochs?",
+        ),
+        ("train.max_epochs=-1", "train.max_epochs: "),
+        ("train.max_epochs.x=1", "train.max_epochs is a value, not a section"),
+        ("no-equals-sign", "expected KEY=VALUE"),
+    ],
+)
+def test_a_bad_override_fails_naming_the_field(
+    override: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariant: a bad override is a one-line ValueError naming the field (and the known
     name closest to a misspelt one)."""
     monkeypatch.setenv(WORK_DIR_VARIABLE, "/data")

@@ -45,11 +45,17 @@ def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
     (The training after it, which this does not check, is one epoch on one rank.)"""
     root = Path(params.reshard.output_root)
     before = sorted(p.name for p in root.iterdir())
-    again = pipeline(**params.model_copy(update={
-        "compare_with_natural_mix": False,
-        "job": params.job.model_copy(update={"num_processes_per_node": 1}),
-        "train": params.train.model_copy(update={
-            "max_epochs": 1, "output_dir": params.train.output_dir + "-again"})}).arguments())
+    again = pipeline(
+        **params.model_copy(
+            update={
+                "compare_with_natural_mix": False,
+                "job": params.job.model_copy(update={"num_processes_per_node": 1}),
+                "train": params.train.model_copy(
+                    update={"max_epochs": 1, "output_dir": params.train.output_dir + "-again"}
+                ),
+            }
+        ).arguments()
+    )
     assert again["cached"] and again["version_id"] == first_run["version_id"]
     assert sorted(p.name for p in root.iterdir()) == before
 
@@ -59,8 +65,12 @@ def test_evaluate_flow_scores_the_model_on_held_out_rows(first_run, params) -> N
     and a model scored against itself as baseline gets the identical figures."""
     tracking = params.train.tracking
     model_uri = first_run["training"]["model_uri"]
-    result = evaluate_flow(model_uri=model_uri, baseline_model_uri=model_uri,
-                           dataset=first_run["manifest_uri"], tracking=tracking)
+    result = evaluate_flow(
+        model_uri=model_uri,
+        baseline_model_uri=model_uri,
+        dataset=first_run["manifest_uri"],
+        tracking=tracking,
+    )
     manifest, _ = read_manifest(first_run["manifest_uri"])
     assert result["model"]["num_rows"] == manifest.split("holdout").num_rows
     assert 0 <= result["model"]["macro_f1"] <= 1
@@ -74,18 +84,26 @@ def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_pa
     tracking = params.train.tracking
     model_uri = first_run["training"]["model_uri"]
     out = batch_inference_flow(
-        model_uri=model_uri, tracking=tracking, dataset=first_run["manifest_uri"],
-        split="holdout", output_root=str(tmp_path / "predictions"))
+        model_uri=model_uri,
+        tracking=tracking,
+        dataset=first_run["manifest_uri"],
+        split="holdout",
+        output_root=str(tmp_path / "predictions"),
+    )
     manifest, location = read_manifest(out["manifest_uri"])
-    predictions = pa.concat_tables(pq.read_table(shard_uri(location, s))
-                                   for s in manifest.split("predictions").shards)
+    predictions = pa.concat_tables(
+        pq.read_table(shard_uri(location, s)) for s in manifest.split("predictions").shards
+    )
     source, source_location = read_manifest(first_run["manifest_uri"])
-    inputs = pa.concat_tables(pq.read_table(shard_uri(source_location, s))
-                              for s in source.split("holdout").shards)
+    inputs = pa.concat_tables(
+        pq.read_table(shard_uri(source_location, s)) for s in source.split("holdout").shards
+    )
     assert predictions.column("id").to_pylist() == inputs.column("id").to_pylist()
     model = load_classifier(model_uri, tracking.tracking_uri)
-    one_by_one = [model.classes[int(np.argmax(model.probabilities(inputs.slice(i, 1))))]
-                  for i in range(inputs.num_rows)]
+    one_by_one = [
+        model.classes[int(np.argmax(model.probabilities(inputs.slice(i, 1))))]
+        for i in range(inputs.num_rows)
+    ]
     assert predictions.column("predicted").to_pylist() == one_by_one
 
 

@@ -28,8 +28,11 @@ def wait_for_staging(output_root: Path, flow: subprocess.Popen, timeout_s: float
 
 def snapshot(output_root: Path) -> dict[str, int]:
     """Every file of the committed versions and its modification time (ns)."""
-    return {str(path.relative_to(output_root)): path.stat().st_mtime_ns
-            for path in output_root.glob("v-*/**/*") if path.is_file()}
+    return {
+        str(path.relative_to(output_root)): path.stat().st_mtime_ns
+        for path in output_root.glob("v-*/**/*")
+        if path.is_file()
+    }
 
 
 @pytest.mark.slow
@@ -42,15 +45,33 @@ def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, t
     version, found cached or committed, and no file of the version is written again."""
     output_root = tmp_path / "datasets"
     config = tmp_path / "reshard.yaml"
-    config.write_text(yaml.safe_dump({"reshard": {
-        "dataset": {"inputs": [str(tiny_raw)]}, "output_root": str(output_root),
-        "target_shard_rows": 600}, "dask": {"kind": "local", "num_workers": 1}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "reshard": {
+                    "dataset": {"inputs": [str(tiny_raw)]},
+                    "output_root": str(output_root),
+                    "target_shard_rows": 600,
+                },
+                "dask": {"kind": "local", "num_workers": 1},
+            }
+        )
+    )
     port = free_port()
     # One client retry per request: the flow gives up on the stopped server in seconds
     # (the default, five with backoff, takes about a minute per request).
     env = {**prefect_env(tmp_path / "prefect-home", port), "PREFECT_CLIENT_MAX_RETRIES": "1"}
-    command = [sys.executable, "-m", "flows", "run", "reshard", "--config", str(config),
-               "--output", "json"]
+    command = [
+        sys.executable,
+        "-m",
+        "flows",
+        "run",
+        "reshard",
+        "--config",
+        str(config),
+        "--output",
+        "json",
+    ]
     server = start_prefect_server(env, port)
     log = (tmp_path / "flow.log").open("wb")
     flow = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -42,16 +42,23 @@ pytestmark = pytest.mark.slow
 _ids = iter(range(10**6, 10**9, 100_000))
 
 
-def write_rows(path: Path, x: np.ndarray, flip: float, seed: int,
-               label: str | None = None) -> None:
+def write_rows(path: Path, x: np.ndarray, flip: float, seed: int, label: str | None = None) -> None:
     """One input file: `x`, its label (pos when x > 0, a `flip` fraction flipped)."""
     rng = np.random.default_rng(seed)
     positive = (x > 0) ^ (rng.random(len(x)) < flip)
     labels = [label] * len(x) if label else np.where(positive, "pos", "neg").tolist()
     first = next(_ids)
-    pq.write_table(pa.table({"id": pa.array(range(first, first + len(x)), pa.int64()),
-                             "label": labels, "source": ["s1", "s2"] * (len(x) // 2),
-                             "x": pa.array(x, pa.float64())}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array(range(first, first + len(x)), pa.int64()),
+                "label": labels,
+                "source": ["s1", "s2"] * (len(x) // 2),
+                "x": pa.array(x, pa.float64()),
+            }
+        ),
+        path,
+    )
 
 
 def hard(path: Path, seed: int) -> None:
@@ -67,9 +74,13 @@ def easy(path: Path, seed: int, only_pos: bool = False, num_rows: int = 2000) ->
 def reshard(raw: Path, root: Path, dask_client: Any, column: str = "x") -> str:
     config = ReshardConfig(
         dataset=DatasetSpec(inputs=[str(raw)], feature_columns=[column]),
-        output_root=str(root), mode="incremental", holdout_fraction=0.3,
-        target_shard_rows=4000, mix=MixConfig(class_weighting="natural"),
-        incremental=IncrementalConfig(max_small_shard_fraction=1.0))
+        output_root=str(root),
+        mode="incremental",
+        holdout_fraction=0.3,
+        target_shard_rows=4000,
+        mix=MixConfig(class_weighting="natural"),
+        incremental=IncrementalConfig(max_small_shard_fraction=1.0),
+    )
     return run_reshard(config, dask_client).manifest_uri
 
 
@@ -87,31 +98,54 @@ def threshold_model(config: TrackingConfig, dataset: str, cut: float) -> tuple[s
 
 
 @flow
-def night(tracking: TrackingConfig, config: PromotionConfig, dask: DaskConfig,
-          dataset: str, before: str | None, run_id: str, model_uri: str) -> dict[str, Any]:
+def night(
+    tracking: TrackingConfig,
+    config: PromotionConfig,
+    dask: DaskConfig,
+    dataset: str,
+    before: str | None,
+    run_id: str,
+    model_uri: str,
+) -> dict[str, Any]:
     """The pipeline's promotion step alone, on a model scored on the version's holdout."""
     evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset)
-    result = {"manifest_uri": dataset, "run_id": run_id, "training": {"model_uri": model_uri},
-              "evaluations": {"rebalanced": evaluation}}
+    result = {
+        "manifest_uri": dataset,
+        "run_id": run_id,
+        "training": {"model_uri": model_uri},
+        "evaluations": {"rebalanced": evaluation},
+    }
     return promote(tracking, config, dask, result, before, "rebalanced")
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str, dask_client: Any,
-          prefect_harness: None) -> dict[str, Any]:
+def world(
+    tmp_path_factory: pytest.TempPathFactory,
+    mlflow_uri: str,
+    dask_client: Any,
+    prefect_harness: None,
+) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("promotion")
     raw, root = work / "raw", work / "datasets"
     raw.mkdir()
     for seed in (1, 2):
         hard(raw / f"hard-{seed}.parquet", seed)
     dask = DaskConfig(kind="address", address=dask_client.scheduler.address)
-    return {"raw": raw, "root": root, "work": work, "dask": dask, "client": dask_client,
-            "uri": mlflow_uri, "night1": reshard(raw, root, dask_client)}
+    return {
+        "raw": raw,
+        "root": root,
+        "work": work,
+        "dask": dask,
+        "client": dask_client,
+        "uri": mlflow_uri,
+        "night1": reshard(raw, root, dask_client),
+    }
 
 
 def _tracking(world: dict[str, Any], name: str) -> TrackingConfig:
-    return TrackingConfig(tracking_uri=world["uri"], experiment="promotion",
-                          registered_model_name=name)
+    return TrackingConfig(
+        tracking_uri=world["uri"], experiment="promotion", registered_model_name=name
+    )
 
 
 def test_an_easier_night_does_not_promote_a_worse_model(world) -> None:
@@ -139,10 +173,12 @@ def test_an_easier_night_does_not_promote_a_worse_model(world) -> None:
     assert int(client.get_model_version_by_alias("same-rows", "champion").version) == 1
     holdout = manifest.split("holdout").num_rows
     assert (same["dataset_version"], same["split"], same["num_rows"]) == (
-        manifest.version_id, "holdout", holdout)
+        manifest.version_id,
+        "holdout",
+        holdout,
+    )
     run = client.get_run(run2)
-    assert run.data.metrics["promotion.champion_macro_f1"] == pytest.approx(
-        same["champion_score"])
+    assert run.data.metrics["promotion.champion_macro_f1"] == pytest.approx(same["champion_score"])
     assert run.data.metrics["promotion.rows"] == holdout
     assert f"{holdout} rows" in run.data.tags[SAME_ROWS_TAG]
     assert manifest.version_id in client.get_model_version("same-rows", "2").tags[SAME_ROWS_TAG]
@@ -161,8 +197,9 @@ def test_a_shifted_class_mix_registers_the_model_as_challenger_only(world) -> No
         easy(world["raw"] / f"pos-{seed}.parquet", seed, only_pos=True, num_rows=4000)
     night3 = reshard(world["raw"], world["root"], world["client"])
     run2, better = threshold_model(tracking, night3, 0.0)
-    result = night(tracking, PromotionConfig(), world["dask"], night3, world["before3"], run2,
-                   better)
+    result = night(
+        tracking, PromotionConfig(), world["dask"], night3, world["before3"], run2, better
+    )
     assert result["same_rows"]["champion_score"] < result["score"]
     assert result["alias"] == "challenger" and result["held_back"]
     reason = next(r for r in result["reasons"] if r.startswith("drift: class mix"))
@@ -193,31 +230,52 @@ def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -
     other_raw, other_root = world["work"] / "raw-y", world["work"] / "datasets-y"
     other_raw.mkdir()
     table = pq.read_table(world["raw"] / "hard-1.parquet").rename_columns(
-        ["id", "label", "source", "y"])
+        ["id", "label", "source", "y"]
+    )
     pq.write_table(table, other_raw / "y.parquet")
     old = reshard(other_raw, other_root, world["client"], column="y")
     run1, y_model = threshold_model(tracking, old, 0.0)
     night(tracking, PromotionConfig(), world["dask"], old, None, run1, y_model)
     run2, challenger = threshold_model(tracking, world["night2"], 0.0)
-    held = night(tracking, PromotionConfig(), world["dask"], world["night2"], None, run2,
-                 challenger)
+    held = night(
+        tracking, PromotionConfig(), world["dask"], world["night2"], None, run2, challenger
+    )
     assert held["alias"] == "challenger" and held["same_rows"]["champion_score"] is None
     assert any("cannot read the new rows" in r and "'y'" in r for r in held["reasons"])
-    forced = night(tracking, PromotionConfig(force=True), world["dask"], world["night2"],
-                   None, run2, challenger)
+    forced = night(
+        tracking,
+        PromotionConfig(force=True),
+        world["dask"],
+        world["night2"],
+        None,
+        run2,
+        challenger,
+    )
     client = MlflowClient(world["uri"])
     # the same run forced: its own version again (registration is idempotent), now champion
     assert forced["alias"] == "champion" and forced["version"] == held["version"]
-    assert client.get_model_version("schema-model", str(forced["version"])).tags[
-        PREVIOUS_CHAMPION_TAG] == "1"
-    args = ["rollback", "--model", "schema-model", "--tracking-uri", world["uri"],
-            "--reason", "forced by mistake"]
+    assert (
+        client.get_model_version("schema-model", str(forced["version"])).tags[PREVIOUS_CHAMPION_TAG]
+        == "1"
+    )
+    args = [
+        "rollback",
+        "--model",
+        "schema-model",
+        "--tracking-uri",
+        world["uri"],
+        "--reason",
+        "forced by mistake",
+    ]
     assert main(args) == 0 and main(args) == 0
     assert int(client.get_model_version_by_alias("schema-model", "champion").version) == 1
-    assert "forced by mistake" in client.get_registered_model("schema-model").tags[
-        LAST_ROLLBACK_TAG]
-    assert main(["rollback", "--model", "schema-model", "--to", "99",
-                 "--tracking-uri", world["uri"]]) == 2
+    assert (
+        "forced by mistake" in client.get_registered_model("schema-model").tags[LAST_ROLLBACK_TAG]
+    )
+    assert (
+        main(["rollback", "--model", "schema-model", "--to", "99", "--tracking-uri", world["uri"]])
+        == 2
+    )
 
 
 def test_a_dataset_rolls_back_once_and_refuses_a_missing_version(world, capsys) -> None:

@@ -26,12 +26,20 @@ def _ballast(tmp_path: Path, config: dict, *flags: str) -> subprocess.CompletedP
 
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-           "BALLAST_LOG_DIR": str(tmp_path / "logs"),
-           "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"}
-    return subprocess.run([sys.executable, "-m", "flows", "run", "reshard", "--config",
-                           str(path), *flags], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "BALLAST_LOG_DIR": str(tmp_path / "logs"),
+        "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "flows", "run", "reshard", "--config", str(path), *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
 
 
 def _config(tmp_path: Path, **dask: str) -> dict:
@@ -39,12 +47,23 @@ def _config(tmp_path: Path, **dask: str) -> dict:
     reshard refuses it), on Dask as `dask` says."""
     rng = np.random.default_rng(0)
     (tmp_path / "raw").mkdir(exist_ok=True)
-    pq.write_table(pa.table({"label": rng.choice(["a", "b"], 50), "x": rng.normal(size=50)}),
-                   tmp_path / "raw" / "part.parquet")
-    return {"reshard": {"dataset": {"inputs": [str(tmp_path / "raw")], "label_column": "label",
-                                    "source_column": "source", "feature_columns": ["x"]},
-                        "output_root": str(tmp_path / "out"), "num_workers": 1},
-            "dask": dask or {"kind": "local", "num_workers": 1}}
+    pq.write_table(
+        pa.table({"label": rng.choice(["a", "b"], 50), "x": rng.normal(size=50)}),
+        tmp_path / "raw" / "part.parquet",
+    )
+    return {
+        "reshard": {
+            "dataset": {
+                "inputs": [str(tmp_path / "raw")],
+                "label_column": "label",
+                "source_column": "source",
+                "feature_columns": ["x"],
+            },
+            "output_root": str(tmp_path / "out"),
+            "num_workers": 1,
+        },
+        "dask": dask or {"kind": "local", "num_workers": 1},
+    }
 
 
 def _check_printed(run: subprocess.CompletedProcess[str], cause: str) -> Path:
@@ -60,7 +79,8 @@ def _check_printed(run: subprocess.CompletedProcess[str], cause: str) -> Path:
 
 
 def test_a_refused_run_prints_its_cause_and_log_in_a_few_lines(
-        prefect_harness: None, tmp_path: Path) -> None:
+    prefect_harness: None, tmp_path: Path
+) -> None:
     """Invariants: a reshard refused inside the flow (a source column no file has) exits 2
     and prints at most 15 lines, no traceback, the cause naming the field last with the
     log file, which holds the traceback."""
@@ -70,7 +90,8 @@ def test_a_refused_run_prints_its_cause_and_log_in_a_few_lines(
 
 
 def test_a_failed_run_prints_its_cause_in_a_few_lines_and_the_traceback_with_v(
-        prefect_harness: None, tmp_path: Path) -> None:
+    prefect_harness: None, tmp_path: Path
+) -> None:
     """Invariants: a run that fails (no Dask scheduler at the configured address) exits 4
     (a service that may answer later),
     prints at most 15 lines, no traceback, the cause and the log last; with `-v` the

@@ -9,8 +9,11 @@ from flows.runlog import MAX_BALANCE_LINES, balance_lines, straggler_line
 def test_the_straggler_line_names_the_slowest_rank_and_what_it_costs() -> None:
     """Rank 1 of 2, 1.5x the median's busy time, 25 % of the step lost: all three are in
     the line, with each rank's step and blocked all-reduce time in milliseconds."""
-    summary = {"straggler": {"rank": 1, "slowdown_vs_median": 1.5, "lost_share": 0.25},
-               "step_s_per_rank": [0.12, 0.121], "allreduce_blocked_s_per_rank": [0.06, 0.001]}
+    summary = {
+        "straggler": {"rank": 1, "slowdown_vs_median": 1.5, "lost_share": 0.25},
+        "step_s_per_rank": [0.12, 0.121],
+        "allreduce_blocked_s_per_rank": [0.06, 0.001],
+    }
     line = straggler_line(summary)
     assert line is not None
     assert line.startswith("slowest rank 1, 1.50x the median rank's busy time")

@@ -27,12 +27,30 @@ TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
 def prefect_server(home: Path) -> Iterator[dict[str, str]]:
     """A `prefect server` with its own home and database; yields the env that points at it."""
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    }
     log = (home / "server.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                               "127.0.0.1", "--port", str(port)], env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=120)
         yield env
@@ -48,14 +66,19 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 @pytest.fixture(scope="module")
-def served(prefect_api: dict[str, str], tiny_raw: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def served(
+    prefect_api: dict[str, str], tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     """`ballast serve` on a work dir holding the tiny raw sample."""
     work = tmp_path_factory.mktemp("served")
     shutil.copytree(tiny_raw, work / "raw")
     log = (work / "serve.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir", str(work)],
-                               env=prefect_api, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows", "serve", "--work-dir", str(work)],
+        env=prefect_api,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         yield prefect_api
     finally:
@@ -100,8 +123,7 @@ def test_serve_registers_schedules_runs_nightly_and_cancels_an_overlap(served) -
         nightly = deployments["pipeline/nightly"]
         assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
         assert nightly.global_concurrency_limit.limit == 1
-        runs = [run_deployment("pipeline/nightly", timeout=0, as_subflow=False)
-                for _ in range(2)]
+        runs = [run_deployment("pipeline/nightly", timeout=0, as_subflow=False) for _ in range(2)]
         states = asyncio.run(wait_for_states([run.id for run in runs]))
     assert sorted(states) == ["CANCELLED", "COMPLETED"]
 
@@ -118,14 +140,18 @@ def test_served_deployments_show_named_parameter_sections(served) -> None:
     from flows.deployments import FLOWS
 
     with temporary_settings({PREFECT_API_URL: served["PREFECT_API_URL"]}):
-        found = asyncio.run(wait_for_deployments(
-            ["pipeline/nightly", "reshard/adhoc", "train/adhoc", "batch_inference/adhoc"]))
+        found = asyncio.run(
+            wait_for_deployments(
+                ["pipeline/nightly", "reshard/adhoc", "train/adhoc", "batch_inference/adhoc"]
+            )
+        )
     for name, deployment in found.items():
         fields = FLOWS[name.split("/")[0]][1].model_fields
         schema = deployment.parameter_openapi_schema
         assert list(schema["properties"]) == [*fields, "overrides"], name
-        assert all(schema["properties"][field]["description"] for field in
-                   [*fields, "overrides"]), name
+        assert all(
+            schema["properties"][field]["description"] for field in [*fields, "overrides"]
+        ), name
         assert list(deployment.parameters) == list(fields) and "params" not in fields
         validate(deployment.parameters, schema, raise_on_error=True)
     nightly = found["pipeline/nightly"].parameters
@@ -145,8 +171,10 @@ async def scheduled_runs(deployment_id) -> int:
     async with get_client() as client:
         runs = await client.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+            ),
+        )
     return len(runs)
 
 
@@ -177,17 +205,22 @@ def test_stopping_serve_pauses_its_deployments_and_says_so(tmp_path: Path) -> No
 def stop_serve_after_it_polled(prefect_api: dict[str, str], work_dir: Path) -> str:
     """Start `ballast serve`, SIGTERM it once its runner polled, check what it left on the
     server; its output."""
-    process = subprocess.Popen([sys.executable, "-m", "flows", "serve", "--work-dir",
-                                str(work_dir)], env=prefect_api, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows", "serve", "--work-dir", str(work_dir)],
+        env=prefect_api,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         with temporary_settings({PREFECT_API_URL: prefect_api["PREFECT_API_URL"]}):
             asyncio.run(wait_for_deployments(["pipeline/nightly"]))
             nightly = asyncio.run(wait_until_polled("pipeline/nightly"))
             process.terminate()
             output, _ = process.communicate(timeout=60)
-            assert asyncio.run(wait_for_deployments(["pipeline/nightly"])
-                               )["pipeline/nightly"].paused
+            assert asyncio.run(wait_for_deployments(["pipeline/nightly"]))[
+                "pipeline/nightly"
+            ].paused
             assert asyncio.run(scheduled_runs(nightly.id)) == 0
     finally:
         stop_server(process)

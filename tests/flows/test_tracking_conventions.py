@@ -36,16 +36,27 @@ def test_what_the_user_wrote_beats_the_environment(tmp_path: Path) -> None:
     location in the user's own file are kept whatever the environment says; a file
     without a URI takes the variable's."""
     values, lines = resolved_values(
-        "demo", "/w", ["train.tracking.tracking_uri=sqlite:///mine.db"], ENV)
+        "demo", "/w", ["train.tracking.tracking_uri=sqlite:///mine.db"], ENV
+    )
     assert values["train"]["tracking"]["tracking_uri"] == "sqlite:///mine.db"
     assert "from --set" in lines[0]
     mine = tmp_path / "mine.yaml"
-    mine.write_text(yaml.safe_dump({"tracking": {
-        "tracking_uri": "http://mine:5000", "artifact_location": "s3://bucket/art"}}))
+    mine.write_text(
+        yaml.safe_dump(
+            {
+                "tracking": {
+                    "tracking_uri": "http://mine:5000",
+                    "artifact_location": "s3://bucket/art",
+                }
+            }
+        )
+    )
     values, _ = resolved_values(str(mine), "/w", [], ENV)
-    assert values["tracking"] == {"tracking_uri": "http://mine:5000",
-                                  "artifact_location": "s3://bucket/art",
-                                  "experiment": "from-env"}
+    assert values["tracking"] == {
+        "tracking_uri": "http://mine:5000",
+        "artifact_location": "s3://bucket/art",
+        "experiment": "from-env",
+    }
     mine.write_text(yaml.safe_dump({"tracking": {"registered_model_name": "m"}}))
     values, lines = resolved_values(str(mine), "/w", [], ENV)
     assert values["tracking"]["tracking_uri"] == SERVER and "$MLFLOW_TRACKING_URI" in lines[0]
@@ -59,7 +70,8 @@ def test_a_bad_override_names_itself() -> None:
 
 @pytest.mark.slow
 def test_a_run_with_the_variable_exported_lands_on_the_server_and_status_finds_the_champion(
-        tiny_raw, tmp_path, dask_client, mlflow_uri, monkeypatch) -> None:
+    tiny_raw, tmp_path, dask_client, mlflow_uri, monkeypatch
+) -> None:
     """Invariants (a real `mlflow server`, MLFLOW_TRACKING_URI exported, no URI written):
     the demo preset's run is created on the server, its manifest artifact stored through
     the server's proxy (`mlflow-artifacts:`, not the preset's local folder); `ballast
@@ -80,8 +92,12 @@ def test_a_run_with_the_variable_exported_lands_on_the_server_and_status_finds_t
     overrides = [f"train.tracking.registered_model_name={name}"]
     values, _ = resolved_values("demo", str(tmp_path), overrides)
     config = TrackingConfig.model_validate(values["train"]["tracking"])
-    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path / "out")), dask_client)
+    result = run_reshard(
+        ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]), output_root=str(tmp_path / "out")
+        ),
+        dask_client,
+    )
     run_id = start_run(config, result.manifest, result.manifest_uri, {}, {})
     finish_run(config, run_id, {"val_macro_f1": 0.5})
     client = MlflowClient(mlflow_uri)
@@ -90,6 +106,9 @@ def test_a_run_with_the_variable_exported_lands_on_the_server_and_status_finds_t
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")
     assert not (tmp_path / "mlartifacts").exists()
     client.create_registered_model(name)
-    client.set_registered_model_alias(name, "champion", client.create_model_version(
-        name, f"runs:/{run_id}/dataset", run_id=run_id).version)
+    client.set_registered_model_alias(
+        name,
+        "champion",
+        client.create_model_version(name, f"runs:/{run_id}/dataset", run_id=run_id).version,
+    )
     assert f"champion: {name} v1" in describe_status("demo", str(tmp_path), overrides)

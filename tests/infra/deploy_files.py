@@ -130,8 +130,9 @@ def is_reference(value: object) -> bool:
     if not isinstance(value, str):
         return False
     found = variables(value)
-    return (len(found) == 1 and found[0].group(0) == value
-            and found[0].group("op") in (None, ":?", "?"))
+    return (
+        len(found) == 1 and found[0].group(0) == value and found[0].group("op") in (None, ":?", "?")
+    )
 
 
 def strings_in(node: object) -> list[str]:
@@ -150,8 +151,10 @@ def strings_in(node: object) -> list[str]:
 
 def k8s_documents() -> dict[Path, list[dict[str, Any]]]:
     """Every YAML file under infra/k8s with its non-empty documents."""
-    return {path: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-            for path in sorted((INFRA / "k8s").glob("*.yaml"))}
+    return {
+        path: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for path in sorted((INFRA / "k8s").glob("*.yaml"))
+    }
 
 
 def validate_manifest(doc: dict[str, Any], version: str) -> None:
@@ -165,8 +168,12 @@ def validate_manifest(doc: dict[str, Any], version: str) -> None:
 
 @cache
 def crd_validator(kind: str, version: str) -> jsonschema.protocols.Validator:
-    definitions = (importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
-                   / f"v{version}-local-strict" / "_definitions.json")
+    definitions = (
+        importlib.resources.files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{version}-local-strict"
+        / "_definitions.json"
+    )
     registry: Registry = Resource.from_contents(json.loads(definitions.read_text())) @ Registry()
     return jsonschema.Draft202012Validator(CRD_SCHEMAS[kind], registry=registry)
 
@@ -174,45 +181,86 @@ def crd_validator(kind: str, version: str) -> jsonschema.protocols.Validator:
 def ref(name: str) -> dict[str, str]:
     """A reference to a core/v1 type of the Kubernetes API (meta types: `meta:` prefix)."""
     if name.startswith("meta:"):
-        return {"$ref": K8S_DEFINITIONS.replace("api.core.v1.", "apimachinery.pkg.apis.meta.v1.")
-                + name.removeprefix("meta:")}
+        return {
+            "$ref": K8S_DEFINITIONS.replace("api.core.v1.", "apimachinery.pkg.apis.meta.v1.")
+            + name.removeprefix("meta:")
+        }
     return {"$ref": K8S_DEFINITIONS + name}
 
 
 def closed(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(required),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return closed({"apiVersion": {"const": api_version}, "kind": {"const": kind},
-                   "metadata": ref("meta:ObjectMeta"), "spec": spec},
-                  ("apiVersion", "kind", "metadata", "spec"))
+    return closed(
+        {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": ref("meta:ObjectMeta"),
+            "spec": spec,
+        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    )
 
 
 SIMPLE_META = closed({"labels": {"type": "object"}, "annotations": {"type": "object"}})
 # dask-kubernetes' DaskCluster (kubernetes.dask.org/v1), field for field from its CRD.
-DASK_CLUSTER = resource("kubernetes.dask.org/v1", "DaskCluster", closed({
-    "idleTimeout": {"type": "integer"},
-    "scheduler": closed({"metadata": SIMPLE_META, "spec": ref("PodSpec"),
-                         "service": ref("ServiceSpec")}, ("spec", "service")),
-    "worker": closed({"replicas": {"type": "integer"}, "metadata": SIMPLE_META,
-                      "spec": ref("PodSpec")}, ("spec",)),
-}, ("scheduler", "worker")))
+DASK_CLUSTER = resource(
+    "kubernetes.dask.org/v1",
+    "DaskCluster",
+    closed(
+        {
+            "idleTimeout": {"type": "integer"},
+            "scheduler": closed(
+                {"metadata": SIMPLE_META, "spec": ref("PodSpec"), "service": ref("ServiceSpec")},
+                ("spec", "service"),
+            ),
+            "worker": closed(
+                {"replicas": {"type": "integer"}, "metadata": SIMPLE_META, "spec": ref("PodSpec")},
+                ("spec",),
+            ),
+        },
+        ("scheduler", "worker"),
+    ),
+)
 # Kubeflow's PyTorchJob (kubeflow.org/v1), the fields of its Go types.
-REPLICA = closed({"replicas": {"type": "integer"}, "template": ref("PodTemplateSpec"),
-                  "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]}},
-                 ("template",))
-PYTORCH_JOB = resource("kubeflow.org/v1", "PyTorchJob", closed({
-    "runPolicy": closed({
-        "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
-        "backoffLimit": {"type": "integer"}, "ttlSecondsAfterFinished": {"type": "integer"},
-        "activeDeadlineSeconds": {"type": "integer"}, "suspend": {"type": "boolean"},
-        "schedulingPolicy": {"type": "object"}, "managedBy": {"type": "string"}}),
-    "elasticPolicy": {"type": "object"},
-    "nprocPerNode": {"type": "string"},
-    "pytorchReplicaSpecs": closed({"Master": REPLICA, "Worker": REPLICA}),
-}, ("pytorchReplicaSpecs",)))
+REPLICA = closed(
+    {
+        "replicas": {"type": "integer"},
+        "template": ref("PodTemplateSpec"),
+        "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
+    },
+    ("template",),
+)
+PYTORCH_JOB = resource(
+    "kubeflow.org/v1",
+    "PyTorchJob",
+    closed(
+        {
+            "runPolicy": closed(
+                {
+                    "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
+                    "backoffLimit": {"type": "integer"},
+                    "ttlSecondsAfterFinished": {"type": "integer"},
+                    "activeDeadlineSeconds": {"type": "integer"},
+                    "suspend": {"type": "boolean"},
+                    "schedulingPolicy": {"type": "object"},
+                    "managedBy": {"type": "string"},
+                }
+            ),
+            "elasticPolicy": {"type": "object"},
+            "nprocPerNode": {"type": "string"},
+            "pytorchReplicaSpecs": closed({"Master": REPLICA, "Worker": REPLICA}),
+        },
+        ("pytorchReplicaSpecs",),
+    ),
+)
 CRD_SCHEMAS = {"DaskCluster": DASK_CLUSTER, "PyTorchJob": PYTORCH_JOB}
 
 

@@ -97,9 +97,15 @@ def test_prefect_base_job_template_renders_a_valid_job() -> None:
     from prefect.server.schemas.actions import validate_base_job_template
 
     validate_base_job_template(TEMPLATE)
-    job = rendered_job(TEMPLATE, {"name": "ballast-run", "env": {"PREFECT__FLOW_RUN_ID": "1"},
-                                  "command": "prefect flow-run execute",
-                                  "labels": {"app": "ballast"}})
+    job = rendered_job(
+        TEMPLATE,
+        {
+            "name": "ballast-run",
+            "env": {"PREFECT__FLOW_RUN_ID": "1"},
+            "command": "prefect flow-run execute",
+            "labels": {"app": "ballast"},
+        },
+    )
     for version in K8S_VERSIONS:
         validate_manifest(job, version)
     pod = job["spec"]["template"]
@@ -110,8 +116,12 @@ def test_prefect_base_job_template_renders_a_valid_job() -> None:
 
 def defined(kind: str) -> set[str]:
     """Names of the objects of `kind` that infra/k8s defines."""
-    return {doc["metadata"]["name"] for docs in k8s_documents().values() for doc in docs
-            if doc.get("kind") == kind}
+    return {
+        doc["metadata"]["name"]
+        for docs in k8s_documents().values()
+        for doc in docs
+        if doc.get("kind") == kind
+    }
 
 
 def test_rbac_is_namespaced_and_names_what_it_grants() -> None:
@@ -127,14 +137,21 @@ def test_rbac_is_namespaced_and_names_what_it_grants() -> None:
         assert binding["roleRef"]["name"] in defined("Role")
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount" and subject["name"] in defined(
-                "ServiceAccount")
+                "ServiceAccount"
+            )
             assert subject["namespace"] == binding["metadata"]["namespace"] == "ballast"
 
 
 def ballast_pods() -> list[dict[str, Any]]:
     """Pod specs of the hand-written manifests and of the work pool's template."""
-    pods = [pod for path, docs in k8s_documents().items() if path.name not in RENDERED
-            for doc in docs if "kind" in doc for pod in pod_specs(doc)]
+    pods = [
+        pod
+        for path, docs in k8s_documents().items()
+        if path.name not in RENDERED
+        for doc in docs
+        if "kind" in doc
+        for pod in pod_specs(doc)
+    ]
     return [*pods, TEMPLATE["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]]
 
 
@@ -157,14 +174,20 @@ def test_dask_network_policy_admits_the_cluster_and_flow_runs_only() -> None:
     """Invariant: the policy selects the DaskCluster's pods (the operator's cluster-name
     label) and admits pods with the flow runs' client label, nothing wider."""
     (cluster,) = k8s_documents()[INFRA / "k8s" / "dask-cluster.yaml"]
-    policy = next(doc for doc in k8s_documents()[INFRA / "k8s" / "dask-access.yaml"]
-                  if doc["kind"] == "NetworkPolicy")
+    policy = next(
+        doc
+        for doc in k8s_documents()[INFRA / "k8s" / "dask-access.yaml"]
+        if doc["kind"] == "NetworkPolicy"
+    )
     own = {"dask.org/cluster-name": cluster["metadata"]["name"]}
     assert policy["spec"]["podSelector"] == {"matchLabels": own}
     peers = policy["spec"]["ingress"][0]["from"]
     assert {"podSelector": {"matchLabels": {"ballast.io/dask-client": "true"}}} in peers
-    assert all(peer.get("podSelector", {}).get("matchLabels") or
-               peer.get("namespaceSelector", {}).get("matchLabels") for peer in peers)
+    assert all(
+        peer.get("podSelector", {}).get("matchLabels")
+        or peer.get("namespaceSelector", {}).get("matchLabels")
+        for peer in peers
+    )
 
 
 # ---------------------------------------------------------------- compose
@@ -201,13 +224,18 @@ def test_compose_holds_no_inline_secret() -> None:
 def test_every_compose_variable_is_listed_in_env_example() -> None:
     """Invariant: infra/.env.example names every variable compose.yaml needs (those without
     a default), leaves every credential empty, and infra/.env is ignored by git."""
-    needed = {m.group("name") for text in strings_in(compose()) for m in variables(text)
-              if m.group("op") in (None, ":?", "?")}
+    needed = {
+        m.group("name")
+        for text in strings_in(compose())
+        for m in variables(text)
+        if m.group("op") in (None, ":?", "?")
+    }
     lines = (INFRA / ".env.example").read_text().splitlines()
     example = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
     assert needed <= set(example), needed - set(example)
-    assert all(not value for key, value in example.items()
-               if re.search("PASSWORD|SECRET|AUTH", key)), example
+    assert all(
+        not value for key, value in example.items() if re.search("PASSWORD|SECRET|AUTH", key)
+    ), example
     ignored = subprocess.run(["git", "check-ignore", "-q", "infra/.env"], cwd=REPO)
     assert ignored.returncode == 0, "infra/.env must be ignored by git"
 
@@ -218,12 +246,12 @@ def test_compose_preset_points_at_the_compose_services() -> None:
     params = PipelineParams.model_validate(load_preset("compose"))
     services = compose()["services"]
     scheduler = re.fullmatch(r"tcp://([\w-]+):(\d+)", params.dask.address or "")
-    assert scheduler and scheduler[1] in services and scheduler[2] in services[
-        scheduler[1]]["command"]
+    assert (
+        scheduler and scheduler[1] in services and scheduler[2] in services[scheduler[1]]["command"]
+    )
     assert params.train.tracking
     tracking = re.fullmatch(r"http://([\w-]+):(\d+)", params.train.tracking.tracking_uri)
-    assert tracking and tracking[1] in services and tracking[2] in services[
-        tracking[1]]["command"]
+    assert tracking and tracking[1] in services and tracking[2] in services[tracking[1]]["command"]
     buckets = {uri.split("/")[2] for uri in (params.reshard.output_root, params.train.output_dir)}
     assert all(f"/data/{bucket}" in services["minio"]["command"][0] for bucket in buckets)
 
@@ -232,8 +260,9 @@ def flatten(node: object, prefix: str = "") -> dict[str, object]:
     """Nested mappings as {"a.b.c": leaf}."""
     if not isinstance(node, dict):
         return {prefix: node}
-    return {k: v for key, value in node.items()
-            for k, v in flatten(value, f"{prefix}{key}.").items()}
+    return {
+        k: v for key, value in node.items() for k, v in flatten(value, f"{prefix}{key}.").items()
+    }
 
 
 def test_compose_preset_differs_from_nightly_only_in_uris_and_cluster() -> None:
@@ -265,8 +294,11 @@ def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> No
         assert stage.user and stage.user.split(":")[0] not in ("0", "root"), stage.base
         assert stage.user.split(":")[0].isdigit(), "numeric, so runAsNonRoot can check it"
         for words in pip_installs(stage):
-            packages = [w for w in words if not w.startswith("-") and "://" not in w
-                        and not w.endswith("constraints.txt")]
+            packages = [
+                w
+                for w in words
+                if not w.startswith("-") and "://" not in w and not w.endswith("constraints.txt")
+            ]
             if "--no-deps" in words:
                 assert len(packages) == 1 and "==" in packages[0], words
                 continue
@@ -274,8 +306,14 @@ def test_dockerfile_installs_pinned_packages_as_a_non_root_user(path: Any) -> No
             for package in (p for p in packages if not p.startswith(".")):
                 name = normalise(re.split(r"[\[=<>]", package)[0])
                 assert name in pins or "==" in package, f"{path.name}: {package} unpinned"
-    copied = [word for stage in stages for instruction, args in stage.instructions
-              if instruction == "COPY" for word in args.split()[:-1] if not word.startswith("--")]
+    copied = [
+        word
+        for stage in stages
+        for instruction, args in stage.instructions
+        if instruction == "COPY"
+        for word in args.split()[:-1]
+        if not word.startswith("--")
+    ]
     assert copied and all((REPO / source).exists() for source in copied), copied
 
 
@@ -287,7 +325,8 @@ def test_training_cpu_image_takes_the_constraints_torch_from_the_cpu_index() -> 
     stages = {s.name: s for s in parse_stages(INFRA / "docker" / "training.Dockerfile")}
     (torch_install, _) = pip_installs(stages["cpu"])
     assert torch_install[torch_install.index("--index-url") + 1] == (
-        "https://download.pytorch.org/whl/cpu")
+        "https://download.pytorch.org/whl/cpu"
+    )
     assert "torch==${TORCH_VERSION}+cpu" in torch_install
     (run,) = [args for instruction, args in stages["cpu"].instructions if instruction == "RUN"]
     expression = re.search(r'TORCH_VERSION="\$\((.*?)\)"', run)
@@ -302,13 +341,15 @@ def test_preprocessing_image_has_no_torch_and_keeps_worker_allocator_settings() 
     MLflow, and sets the allocator variables of the workers ballast starts itself."""
     (stage,) = parse_stages(INFRA / "docker" / "preprocessing.Dockerfile")
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     for words in pip_installs(stage):
         for project in (w for w in words if w.startswith(".[")):
             for extra in project[2:-1].split(","):
                 assert not re.search("torch|lightning|mlflow|ballast", " ".join(extras[extra]))
     assert {k: int(v) for k, v in env_of(stage).items() if k.startswith("MALLOC_")} == (
-        WORKER_MALLOC_ENV)
+        WORKER_MALLOC_ENV
+    )
 
 
 def test_mlflow_auth_config_denies_by_default_and_holds_no_password() -> None:
@@ -337,8 +378,11 @@ def test_slurm_reshard_config_validates_and_keeps_worker_allocator_settings() ->
     whose jobs export the allocator settings of the workers ballast starts itself."""
     params = slurm_params()
     assert params.dask.kind == "slurm"
-    exports = [line.split()[1].split("=") for line in params.dask.options["job_script_prologue"]
-               if line.startswith("export MALLOC_")]
+    exports = [
+        line.split()[1].split("=")
+        for line in params.dask.options["job_script_prologue"]
+        if line.startswith("export MALLOC_")
+    ]
     assert {name: int(value) for name, value in exports} == WORKER_MALLOC_ENV
 
 
@@ -346,8 +390,11 @@ def test_slurm_example_renders_a_job_script(tmp_path: Any) -> None:
     """Invariant: SLURMCluster takes the example's options as they are and writes a job
     script of single-threaded TLS workers (only with dask-jobqueue installed)."""
     jobqueue = pytest.importorskip("dask_jobqueue")
-    options = {**slurm_params().dask.options, "shared_temp_directory": str(tmp_path),
-               "log_directory": str(tmp_path / "logs")}
+    options = {
+        **slurm_params().dask.options,
+        "shared_temp_directory": str(tmp_path),
+        "log_directory": str(tmp_path / "logs"),
+    }
     with jobqueue.SLURMCluster(**options) as cluster:
         script = cluster.job_script()
     assert "--nthreads 1" in script and "--protocol tls://" in script

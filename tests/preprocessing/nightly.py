@@ -13,15 +13,27 @@ import pyarrow.parquet as pq
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.synthetic.tabular import SampleSpec, sample_table
 
-SPEC = SampleSpec(num_rows=3_000, num_files=10, num_classes=4, num_sources=2, num_features=4,
-                  class_ratio=8.0, seed=3)
+SPEC = SampleSpec(
+    num_rows=3_000,
+    num_files=10,
+    num_classes=4,
+    num_sources=2,
+    num_features=4,
+    class_ratio=8.0,
+    seed=3,
+)
 NIGHT_ROWS, NIGHT_ROW_GROUP = 300, 100  # 10% of the rows, in one file of 3 row groups
 
 
 def config_for(raw: Path, root: Path, **overrides) -> ReshardConfig:
-    values = {"dataset": DatasetSpec(inputs=[str(raw)], id_column="id"), "output_root": str(root),
-              "target_shard_rows": 300, "rows_per_row_group": 64, "mode": "incremental",
-              **overrides}
+    values = {
+        "dataset": DatasetSpec(inputs=[str(raw)], id_column="id"),
+        "output_root": str(root),
+        "target_shard_rows": 300,
+        "rows_per_row_group": 64,
+        "mode": "incremental",
+        **overrides,
+    }
     return ReshardConfig(**values)
 
 
@@ -29,8 +41,11 @@ def add_night(raw: Path, night: int) -> Path:
     """One new input file: 10% more rows, ids after every earlier file's."""
     rng = np.random.default_rng(100 + night)
     path = raw / f"night-{night}.parquet"
-    pq.write_table(sample_table(rng, 100_000 * (night + 1), NIGHT_ROWS, night % 2, SPEC), path,
-                   row_group_size=NIGHT_ROW_GROUP)
+    pq.write_table(
+        sample_table(rng, 100_000 * (night + 1), NIGHT_ROWS, night % 2, SPEC),
+        path,
+        row_group_size=NIGHT_ROW_GROUP,
+    )
     return path
 
 

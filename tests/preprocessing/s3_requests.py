@@ -68,9 +68,14 @@ class _Counting:
         chunks = list(self.app(environ, start))
         received = sum(len(chunk) for chunk in chunks)
         method = environ["REQUEST_METHOD"]
-        self.log.add(Request(method, unquote(environ.get("PATH_INFO", "")),
-                             environ.get("QUERY_STRING", ""),
-                             sent if method in ("PUT", "POST") else received))
+        self.log.add(
+            Request(
+                method,
+                unquote(environ.get("PATH_INFO", "")),
+                environ.get("QUERY_STRING", ""),
+                sent if method in ("PUT", "POST") else received,
+            )
+        )
         return chunks
 
 
@@ -88,8 +93,9 @@ class CountingMotoServer(ThreadedMotoServer):
 
     def _server_entry(self) -> None:
         app = _Counting(DomainDispatcherApplication(create_backend_app), self.log)
-        self._server = make_server(self._ip_address, self._port, app, True,
-                                   request_handler=_QuietHandler)
+        self._server = make_server(
+            self._ip_address, self._port, app, True, request_handler=_QuietHandler
+        )
         self._server_ready_event.set()
         self._server.serve_forever()
 
@@ -104,8 +110,12 @@ def counted_s3() -> Iterator[RequestLog]:
     server = CountingMotoServer(log, free_port())
     server.start()
     host, port = server.get_host_and_port()
-    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    settings = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     s3fs.S3FileSystem.clear_instance_cache()

@@ -36,18 +36,38 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def write(root: Path, version_id: str, *flags: str, kill_at: str | None = None,
-          ) -> subprocess.CompletedProcess[str]:
+def write(
+    root: Path,
+    version_id: str,
+    *flags: str,
+    kill_at: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     env = child_env(**({KILL_AT_ENV: kill_at} if kill_at else {}))
-    return subprocess.run([sys.executable, str(WRITER), str(root), version_id, *flags],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(WRITER), str(root), version_id, *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def hold(root: Path, version_id: str, heartbeat_s: float = 10.0) -> tuple[subprocess.Popen, str]:
     """A live process holding an attempt of `version_id`; returns it and the attempt's path."""
-    process = subprocess.Popen([sys.executable, str(WRITER), str(root), version_id, "--hold",
-                                "--heartbeat-s", str(heartbeat_s)], env=child_env(),
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(WRITER),
+            str(root),
+            version_id,
+            "--hold",
+            "--heartbeat-s",
+            str(heartbeat_s),
+        ],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None
     line = process.stdout.readline()
     assert line.startswith("holding "), line
@@ -111,16 +131,23 @@ def test_rerun_of_an_unfinished_commit_leaves_a_newer_current_version(tmp_path) 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("round_number", range(2))
-def test_racing_writers_of_one_version_all_exit_zero_and_one_commits(tmp_path,
-                                                                    round_number) -> None:
+def test_racing_writers_of_one_version_all_exit_zero_and_one_commits(
+    tmp_path, round_number
+) -> None:
     """Fault: four processes write the same version at the same instant. Invariants: all
     exit 0; exactly one reports `committed` (it wrote the manifest), the others `already
     committed`; `_CURRENT` names the version; shards intact; no staging left."""
     root, start_at = tmp_path / "root", time.time() + 2.0
-    racers = [subprocess.Popen([sys.executable, str(WRITER), str(root), "raced",
-                                "--start-at", str(start_at)], env=child_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(4)]
+    racers = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), str(root), "raced", "--start-at", str(start_at)],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outcomes = [(racer.wait(timeout=120), *racer.communicate()) for racer in racers]
     assert [code for code, _, _ in outcomes] == [0] * 4, [err for _, _, err in outcomes]
     states = sorted(out.strip() for _, out, _ in outcomes)
@@ -189,7 +216,8 @@ def test_collect_expired_judges_leaseless_leftovers_by_their_age(tmp_path) -> No
 
 
 def test_a_discarded_part_is_gone_when_the_attempt_ends_and_the_rest_is_kept_till_then(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Invariants: `discard` removes its part of the attempt in a thread, which the
     attempt's end waits for; the attempt's other files stay until that end; discarding a
     part that does not exist (already removed) is no error."""

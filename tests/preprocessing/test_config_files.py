@@ -34,8 +34,9 @@ def test_a_good_config_loads_from_a_path(tmp_path: Path) -> None:
     assert config.incremental.on_changed_inputs == "refuse"
 
 
-@pytest.mark.parametrize("old", ["on_changed_inputs: rebuild", "max_chain_length: 3",
-                                 "max_small_shard_fraction: 0.5"])
+@pytest.mark.parametrize(
+    "old", ["on_changed_inputs: rebuild", "max_chain_length: 3", "max_small_shard_fraction: 0.5"]
+)
 def test_an_old_field_name_is_refused_naming_its_new_place(old: str, tmp_path: Path) -> None:
     """Invariant: a field that moved under `incremental:` is refused (still a pydantic
     ValidationError) with the file and the field's new dotted place."""
@@ -57,10 +58,12 @@ def test_a_moved_field_is_named_where_the_config_is_nested() -> None:
         model_config = ConfigDict(extra="forbid")
         reshard: ReshardConfig
 
-    data = {"reshard": {"dataset": {"inputs": ["x"]}, "output_root": "o",
-                        "max_chain_length": 2}}
-    with pytest.raises(ValidationError, match=r"reshard\.max_chain_length has moved: write "
-                                              r"it as reshard\.incremental\.max_chain_length"):
+    data = {"reshard": {"dataset": {"inputs": ["x"]}, "output_root": "o", "max_chain_length": 2}}
+    with pytest.raises(
+        ValidationError,
+        match=r"reshard\.max_chain_length has moved: write "
+        r"it as reshard\.incremental\.max_chain_length",
+    ):
         parse_config(Params, data, "params.yaml")
 
 
@@ -85,8 +88,11 @@ class Job(BaseModel):
 def test_another_module_extends_the_renames_on_its_own_model() -> None:
     """Invariant: a member of a discriminated union declares its own RENAMED table and the
     loader finds it through the tag; a typo in the other member gets "did you mean"."""
-    with pytest.raises(ValidationError, match=r"job\.slurm\.gpus has moved: write it as "
-                                              r"job\.slurm\.resources\.gpus_per_node"):
+    with pytest.raises(
+        ValidationError,
+        match=r"job\.slurm\.gpus has moved: write it as "
+        r"job\.slurm\.resources\.gpus_per_node",
+    ):
         parse_config(Job, {"job": {"kind": "slurm", "gpus": 4}}, "job.yaml")
     with pytest.raises(ValidationError, match=r"did you mean job\.local\.num_processes\?"):
         parse_config(Job, {"job": {"kind": "local", "num_process": 4}}, "job.yaml")
@@ -97,8 +103,10 @@ def test_a_typo_says_did_you_mean_and_other_errors_stay(tmp_path: Path) -> None:
     problems of the same file keep pydantic's message; the train config goes through the
     same loader."""
     path = tmp_path / "typo.yaml"
-    path.write_text("dataset:\n  inputs: [x]\n  lable_column: y\noutput_root: o\n"
-                    "seeed: 1\nholdout_fraction: 2\n")
+    path.write_text(
+        "dataset:\n  inputs: [x]\n  lable_column: y\noutput_root: o\n"
+        "seeed: 1\nholdout_fraction: 2\n"
+    )
     with pytest.raises(ValidationError) as raised:
         load_config(ReshardConfig, path)
     text = str(raised.value)
@@ -136,6 +144,9 @@ def test_a_config_loads_from_s3(s3_endpoint: str) -> None:
     fs.pipe_file("configs/old.yaml", GOOD.replace("incremental:\n  ", "").encode())
     config = load_config(ReshardConfig, "s3://configs/reshard.yaml")
     assert config.mode == "incremental" and config.incremental.max_chain_length == 4
-    with pytest.raises(ValidationError, match=r"(?s)s3://configs/old\.yaml.*max_chain_length "
-                                              r"has moved"):
+    with pytest.raises(
+        ValidationError,
+        match=r"(?s)s3://configs/old\.yaml.*max_chain_length "
+        r"has moved",
+    ):
         load_config(ReshardConfig, "s3://configs/old.yaml")

@@ -6,9 +6,13 @@ from hypothesis import strategies as st
 
 from preprocessing.plan.counts import Counts, concat_counts
 
-record = st.tuples(st.integers(0, 3), st.sampled_from(["train", "holdout"]),
-                   st.sampled_from([0, 1, 7, 12]), st.sampled_from(["a", "b", None]),
-                   st.integers(1, 10**12))
+record = st.tuples(
+    st.integers(0, 3),
+    st.sampled_from(["train", "holdout"]),
+    st.sampled_from([0, 1, 7, 12]),
+    st.sampled_from(["a", "b", None]),
+    st.integers(1, 10**12),
+)
 file_records = st.lists(st.lists(record, max_size=8, unique_by=lambda r: r[:4]), max_size=6)
 
 
@@ -20,9 +24,11 @@ def test_joined_table_holds_every_file_record_on_global_pieces(files) -> None:
     values, whatever codes each file gave them."""
     parts = [Counts.of(records) for records in files]
     joined = concat_counts(parts, np.arange(len(parts)) * 4)
-    expected = [(piece + 4 * index, split, label, source, n)
-                for index, records in enumerate(files)
-                for piece, split, label, source, n in records]
+    expected = [
+        (piece + 4 * index, split, label, source, n)
+        for index, records in enumerate(files)
+        for piece, split, label, source, n in records
+    ]
     assert sorted(joined.records(), key=repr) == sorted(expected, key=repr)
 
 

@@ -25,19 +25,29 @@ from preprocessing.plan.split import SHUFFLE_MODES, SPLITS, plan_split
 rows_strategy = st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=0, max_size=12)
 
 
-def route_split(rows: list[tuple[int, bool]], cuts: int, split: str, mode: str,
-                output: int | None, shard_rows: int) -> tuple[object, np.ndarray, np.ndarray]:
+def route_split(
+    rows: list[tuple[int, bool]],
+    cuts: int,
+    split: str,
+    mode: str,
+    output: int | None,
+    shard_rows: int,
+) -> tuple[object, np.ndarray, np.ndarray]:
     """Plan one split of `rows` cut into `cuts` + 1 pieces and route every piece's rows of
     it: (plan, input row of each output row, its shard)."""
     held = split == "holdout"
     bounds = np.linspace(0, len(rows), cuts + 2).astype(int)
     pieces = [list(range(a, b)) for a, b in pairwise(bounds)]
-    records = Counter((p, "holdout" if rows[i][1] else "train", rows[i][0], "s")
-                      for p, members in enumerate(pieces) for i in members)
+    records = Counter(
+        (p, "holdout" if rows[i][1] else "train", rows[i][0], "s")
+        for p, members in enumerate(pieces)
+        for i in members
+    )
     counts = Counts.of([(*key, n) for key, n in sorted(records.items())])
     mix = None if held else MixConfig()
-    plan = plan_split(counts, split, mix, None if held else output, shard_rows, mode, 3,
-                      len(pieces))
+    plan = plan_split(
+        counts, split, mix, None if held else output, shard_rows, mode, 3, len(pieces)
+    )
     index = {stratum: i for i, stratum in enumerate(plan.strata)}
     ids, shards = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for p, members in enumerate(pieces):
@@ -54,15 +64,22 @@ def route_split(rows: list[tuple[int, bool]], cuts: int, split: str, mode: str,
     return plan, np.concatenate(ids), np.concatenate(shards)
 
 
-@given(rows=rows_strategy, cuts=st.integers(0, 3), split=st.sampled_from(SPLITS),
-       mode=st.sampled_from(SHUFFLE_MODES), output=st.integers(1, 9),
-       shard_rows=st.integers(1, 4))
-@example(rows=[(0, False), (1, False)], cuts=1, split="holdout", mode="block", output=2,
-         shard_rows=1)
+@given(
+    rows=rows_strategy,
+    cuts=st.integers(0, 3),
+    split=st.sampled_from(SPLITS),
+    mode=st.sampled_from(SHUFFLE_MODES),
+    output=st.integers(1, 9),
+    shard_rows=st.integers(1, 4),
+)
+@example(
+    rows=[(0, False), (1, False)], cuts=1, split="holdout", mode="block", output=2, shard_rows=1
+)
 @example(rows=[(0, True)], cuts=0, split="train", mode="none", output=1, shard_rows=2)
 @settings(max_examples=300, deadline=None)
 def test_every_mode_plans_and_routes_an_empty_or_tiny_split_exactly(
-        rows, cuts, split, mode, output, shard_rows) -> None:
+    rows, cuts, split, mode, output, shard_rows
+) -> None:
     """Invariant: in every shuffle mode, a split with no rows, or a few, plans without error;
     the rows routed to each shard are exactly the plan's; an empty split plans no rows;
     the holdout keeps every one of its rows exactly once."""
@@ -80,13 +97,19 @@ def test_every_mode_plans_and_routes_an_empty_or_tiny_split_exactly(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", SHUFFLE_MODES)
-def test_a_reshard_with_no_holdout_commits_in_every_mode(mode, tiny_raw: Path, tmp_path,
-                                                         dask_client: Client) -> None:
+def test_a_reshard_with_no_holdout_commits_in_every_mode(
+    mode, tiny_raw: Path, tmp_path, dask_client: Client
+) -> None:
     """Invariant: with holdout_fraction 0, every shuffle mode commits a version whose only
     split is train, holding the planned rows in shards of at most target_shard_rows."""
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
-                           output_root=str(tmp_path / "out"), shuffle=mode,
-                           holdout_fraction=0.0, num_output_rows=1_000, target_shard_rows=300)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
+        output_root=str(tmp_path / "out"),
+        shuffle=mode,
+        holdout_fraction=0.0,
+        num_output_rows=1_000,
+        target_shard_rows=300,
+    )
     result = run_reshard(config, dask_client)
     assert list(result.manifest.splits) == ["train"]
     shards = result.manifest.split("train").shards

@@ -27,13 +27,15 @@ SHAPE = {"target_shard_rows": 300, "rows_per_row_group": 128, "max_piece_rows": 
 
 
 def config_for(inputs: Path, output: str, **exchange: object) -> ReshardConfig:
-    return ReshardConfig(dataset=DatasetSpec(inputs=[str(inputs)]), output_root=output,
-                         **SHAPE, **exchange)
+    return ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(inputs)]), output_root=output, **SHAPE, **exchange
+    )
 
 
 def digests(manifest: Manifest) -> list[str]:
-    return [shard.sha256 for split in ("train", "holdout")
-            for shard in manifest.split(split).shards]
+    return [
+        shard.sha256 for split in ("train", "holdout") for shard in manifest.split(split).shards
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -44,34 +46,50 @@ def reference(tiny_raw: Path, tmp_path_factory, dask_client: Client) -> Manifest
 
 
 @settings(max_examples=6, deadline=None)
-@given(fan_in=st.integers(2, 4), rounds=st.one_of(st.none(), st.integers(1, 3)),
-       task_bytes=st.sampled_from([1, 3_000, 128 << 20]), in_flight=st.integers(1, 6))
+@given(
+    fan_in=st.integers(2, 4),
+    rounds=st.one_of(st.none(), st.integers(1, 3)),
+    task_bytes=st.sampled_from([1, 3_000, 128 << 20]),
+    in_flight=st.integers(1, 6),
+)
 def test_exchange_shape_changes_neither_version_nor_bytes(
-        tiny_raw, reference, dask_client, fan_in, rounds, task_bytes, in_flight) -> None:
+    tiny_raw, reference, dask_client, fan_in, rounds, task_bytes, in_flight
+) -> None:
     """Invariant: any fan-in, rounds, task size and tasks in flight give the reference's
     version id and byte-identical shards (train and holdout)."""
     with tempfile.TemporaryDirectory() as output:
-        made = run_reshard(config_for(tiny_raw, output, exchange_fan_in=fan_in,
-                                      exchange_rounds=rounds, exchange_task_bytes=task_bytes,
-                                      max_tasks_in_flight=in_flight), dask_client).manifest
+        made = run_reshard(
+            config_for(
+                tiny_raw,
+                output,
+                exchange_fan_in=fan_in,
+                exchange_rounds=rounds,
+                exchange_task_bytes=task_bytes,
+                max_tasks_in_flight=in_flight,
+            ),
+            dask_client,
+        ).manifest
     assert made.version_id == reference.version_id
     assert digests(made) == digests(reference)
 
 
-def test_three_workers_and_merge_rounds_give_the_same_bytes(tiny_raw, tmp_path,
-                                                            reference) -> None:
+def test_three_workers_and_merge_rounds_give_the_same_bytes(tiny_raw, tmp_path, reference) -> None:
     """Invariant: on a cluster of another shape (3 workers), with one piece per map task
     and fan-in 2 (so several merge rounds), the shards are those of the reference."""
-    config = config_for(tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1,
-                        exchange_fan_in=2)
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    config = config_for(tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1, exchange_fan_in=2)
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         made = run_reshard(config, client).manifest
     assert digests(made) == digests(reference)
 
 
-def test_each_round_is_discarded_once_the_next_has_read_it(tiny_raw, tmp_path, dask_client,
-                                                          reference, monkeypatch) -> None:
+def test_each_round_is_discarded_once_the_next_has_read_it(
+    tiny_raw, tmp_path, dask_client, reference, monkeypatch
+) -> None:
     """Invariants: with merge rounds, a round's staged objects are discarded as soon as
     the next round has run (before the writes start), the last round once every shard is
     written; nothing of the staging is left; the shards are the reference's."""
@@ -85,10 +103,12 @@ def test_each_round_is_discarded_once_the_next_has_read_it(tiny_raw, tmp_path, d
     def logged_reduce(*args: object, **kwargs: object) -> object:
         events.append("writes")
         return reduce(*args, **kwargs)
+
     monkeypatch.setattr(VersionAttempt, "discard", logged_discard)
     monkeypatch.setattr(reshard, "_reduce", logged_reduce)
-    config = config_for(tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1,
-                        exchange_fan_in=2, exchange_rounds=3)
+    config = config_for(
+        tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1, exchange_fan_in=2, exchange_rounds=3
+    )
     made = run_reshard(config, dask_client).manifest
     assert events == ["round-0", "round-1", "writes", "round-2"]
     assert not any((tmp_path / "out" / "_staging").rglob("*.arrow"))
@@ -114,20 +134,27 @@ def test_s3_requests_stay_under_a_formula_in_pieces_and_shards(tiny_raw, s3_endp
         log.clear()
         config = ReshardConfig(
             dataset=DatasetSpec(inputs=["s3://counted/raw/*.parquet"]),
-            output_root="s3://counted/out", target_shard_rows=130, rows_per_row_group=128,
-            max_piece_rows=max_piece_rows, exchange_task_bytes=1, exchange_fan_in=fan_in,
-            num_workers=2)
+            output_root="s3://counted/out",
+            target_shard_rows=130,
+            rows_per_row_group=128,
+            max_piece_rows=max_piece_rows,
+            exchange_task_bytes=1,
+            exchange_fan_in=fan_in,
+            num_workers=2,
+        )
         manifest = run_reshard(config).manifest
     pieces = count_pieces(tiny_raw, max_piece_rows)
     shards = sum(len(split.shards) for split in manifest.splits.values())
     rounds = 1
-    while -(-pieces // fan_in**(rounds - 1)) > fan_in:  # one piece per map task
+    while -(-pieces // fan_in ** (rounds - 1)) > fan_in:  # one piece per map task
         rounds += 1
     staging = log.matching("/_staging/")
     puts = [r for r in staging if r.method == "PUT"]
     gets = [r for r in staging if r.method == "GET"]
-    print(f"P={pieces} S={shards} F={fan_in} R={rounds}: {len(log.requests)} requests, "
-          f"staging {len(puts)} PUT {len(gets)} GET")
+    print(
+        f"P={pieces} S={shards} F={fan_in} R={rounds}: {len(log.requests)} requests, "
+        f"staging {len(puts)} PUT {len(gets)} GET"
+    )
     assert rounds >= 3 and pieces >= 20 and shards >= 20
     assert len(puts) <= pieces * rounds + shards
     assert len(gets) <= 2 * fan_in * (pieces + shards) * rounds

@@ -56,34 +56,74 @@ def can_unshare_mounts() -> bool:
     """Whether a process here may get a private mount namespace (root, or user namespaces)."""
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                           capture_output=True, check=False)
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, check=False
+    )
     return probe.returncode == 0
 
 
 def hiding(directory: Path) -> list[str]:
     """A command prefix: run in a private mount namespace where `directory` is an empty
     tmpfs, as on a host that does not share this host's filesystem."""
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs tmpfs "$0" && exec "$@"', str(directory)]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"',
+        str(directory),
+    ]
 
 
 @contextmanager
-def dask_processes(directory: Path, workers: list[tuple[str, list[str], dict[str, str]]],
-                   ) -> Iterator[str]:
+def dask_processes(
+    directory: Path,
+    workers: list[tuple[str, list[str], dict[str, str]]],
+) -> Iterator[str]:
     """`dask scheduler` on 127.0.0.1 and one `dask worker` per (host, command prefix, env),
     each its own process tree, as an operator starts them; yields the scheduler address."""
     scheduler_file = directory / "scheduler.json"
-    processes = [_start([DASK_CLI, "scheduler", "--host", "127.0.0.1", "--port", "0",
-                         "--no-dashboard", "--scheduler-file", str(scheduler_file)],
-                        directory / "scheduler.log", worker_env(False))]
+    processes = [
+        _start(
+            [
+                DASK_CLI,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(scheduler_file),
+            ],
+            directory / "scheduler.log",
+            worker_env(False),
+        )
+    ]
     try:
         address = _wait_for_address(scheduler_file, processes[0])
         for index, (host, prefix, env) in enumerate(workers):
-            processes.append(_start(
-                [*prefix, DASK_CLI, "worker", address, "--host", host, "--nthreads", "1",
-                 "--no-dashboard", "--local-directory", str(directory / f"worker-{index}")],
-                directory / f"worker-{index}.log", env))
+            processes.append(
+                _start(
+                    [
+                        *prefix,
+                        DASK_CLI,
+                        "worker",
+                        address,
+                        "--host",
+                        host,
+                        "--nthreads",
+                        "1",
+                        "--no-dashboard",
+                        "--local-directory",
+                        str(directory / f"worker-{index}"),
+                    ],
+                    directory / f"worker-{index}.log",
+                    env,
+                )
+            )
         with Client(address) as client:
             client.wait_for_workers(len(workers), timeout=120)
         yield address
@@ -115,8 +155,9 @@ def operator_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     environment as docs/architecture.md M21 says; the workers listen on 127.0.0.2, another
     host address than the driver's, on the same (so shared) filesystem."""
     env = worker_env(True)
-    with dask_processes(tmp_path_factory.mktemp("operator"),
-                        [("127.0.0.2", [], env), ("127.0.0.2", [], env)]) as address:
+    with dask_processes(
+        tmp_path_factory.mktemp("operator"), [("127.0.0.2", [], env), ("127.0.0.2", [], env)]
+    ) as address:
         yield address
 
 
@@ -130,27 +171,35 @@ def foreign_cluster(tmp_path_factory: pytest.TempPathFactory, unshared_dir: Path
     """One worker on 127.0.0.2 without the allocator settings, which (where mount namespaces
     are allowed) sees an empty `unshared_dir`, like a host without this host's disk."""
     prefix = hiding(unshared_dir) if can_unshare_mounts() else []
-    with dask_processes(tmp_path_factory.mktemp("foreign"),
-                        [("127.0.0.2", prefix, worker_env(False))]) as address:
+    with dask_processes(
+        tmp_path_factory.mktemp("foreign"), [("127.0.0.2", prefix, worker_env(False))]
+    ) as address:
         yield address
 
 
 def shard_digests(output_root: Path, version_id: str) -> dict[str, str]:
     """sha256 of every Parquet file of a committed version, by name."""
     root = Path(version_dir(str(output_root), version_id))
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(root.glob("*.parquet"))}
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.glob("*.parquet"))
+    }
 
 
 @pytest.mark.slow
 def test_existing_scheduler_on_other_hosts_writes_the_local_clusters_bytes(
-        tiny_raw, tmp_path, dask_client, operator_cluster) -> None:
+    tiny_raw, tmp_path, dask_client, operator_cluster
+) -> None:
     """Invariants: `dask.kind: address` against separately started scheduler and workers
     (on another host address, sharing the filesystem) commits the same version id and
     byte-identical shards (sha256 of every file) as the LocalCluster; workers given the
     allocator settings before start draw no warning."""
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]), target_shard_rows=700,
-                           rows_per_row_group=128, output_root=str(tmp_path / "local"))
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+        target_shard_rows=700,
+        rows_per_row_group=128,
+        output_root=str(tmp_path / "local"),
+    )
     local = run_reshard(config, dask_client)
     remote_config = config.model_copy(update={"output_root": str(tmp_path / "remote")})
     with warnings.catch_warnings():
@@ -163,14 +212,16 @@ def test_existing_scheduler_on_other_hosts_writes_the_local_clusters_bytes(
 
 
 @pytest.mark.slow
-def test_command_line_joins_an_existing_scheduler(tiny_raw, tmp_path, operator_cluster,
-                                                  capsys) -> None:
+def test_command_line_joins_an_existing_scheduler(
+    tiny_raw, tmp_path, operator_cluster, capsys
+) -> None:
     """Invariant: `python -m preprocessing --config C --dask D` with a DaskConfig of kind
     `address` commits the config's version through that scheduler; a bad DaskConfig file is
     named in the error with exit status 2."""
     config_path, dask_path = tmp_path / "reshard.yaml", tmp_path / "dask.yaml"
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                           output_root=str(tmp_path / "out"))
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]), output_root=str(tmp_path / "out")
+    )
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     dask_path.write_text(yaml.safe_dump({"kind": "address", "address": operator_cluster}))
     assert preprocessing_main(["--config", str(config_path), "--dask", str(dask_path)]) == 0
@@ -183,12 +234,15 @@ def test_command_line_joins_an_existing_scheduler(tiny_raw, tmp_path, operator_c
 
 @pytest.mark.slow
 def test_workers_without_the_allocator_settings_are_named_with_the_exact_variables(
-        foreign_cluster) -> None:
+    foreign_cluster,
+) -> None:
     """Invariant: joining workers that were started without WORKER_MALLOC_ENV warns with
     the worker's address and every variable as NAME=value to set before start."""
     joining = dask_client(DaskConfig(kind="address", address=foreign_cluster))
-    with pytest.warns(WorkerEnvironmentWarning, match=re.escape(ALLOCATOR_SETTINGS)) as record, \
-            joining:
+    with (
+        pytest.warns(WorkerEnvironmentWarning, match=re.escape(ALLOCATOR_SETTINGS)) as record,
+        joining,
+    ):
         pass
     assert "1 of 1 Dask workers (tcp://127.0.0.2:" in str(record[0].message)
 
@@ -210,35 +264,51 @@ def test_local_workers_run_dasks_profiler_only_when_asked(worker_profile: bool) 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::preprocessing.driver.cluster.WorkerEnvironmentWarning")
 def test_local_output_that_workers_on_other_hosts_cannot_see_is_refused(
-        tiny_raw, unshared_dir, foreign_cluster) -> None:
+    tiny_raw, unshared_dir, foreign_cluster
+) -> None:
     """Invariant: a local output root that a worker on another host does not see (its own
     filesystem there) stops the reshard before any task, naming the path and the worker,
     and commits nothing."""
     if not can_unshare_mounts():
         pytest.skip("no private mount namespaces here: cannot give a worker its own disk")
     output_root = unshared_dir / "datasets"
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                           output_root=str(output_root))
-    with pytest.raises(StorageNotShared, match=rf"{re.escape(str(output_root))} is a local "
-                       r"path, but Dask workers tcp://127\.0\.0\.2:\d+ on other hosts"):
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]), output_root=str(output_root)
+    )
+    with pytest.raises(
+        StorageNotShared,
+        match=rf"{re.escape(str(output_root))} is a local "
+        r"path, but Dask workers tcp://127\.0\.0\.2:\d+ on other hosts",
+    ):
         run_reshard(config, DaskConfig(kind="address", address=foreign_cluster))
     assert read_current_version(str(output_root)) is None
     assert list(output_root.iterdir()) == []
 
 
-@pytest.mark.parametrize(("kind", "directives"), [
-    ("slurm", ["#SBATCH -p cpu", "#SBATCH -A data", "#SBATCH -t 01:00:00"]),
-    ("pbs", ["#PBS -q cpu", "#PBS -A data", "#PBS -l walltime=01:00:00"]),
-])
-def test_hpc_job_script_exports_the_allocator_settings_before_the_worker(kind,
-                                                                         directives) -> None:
+@pytest.mark.parametrize(
+    ("kind", "directives"),
+    [
+        ("slurm", ["#SBATCH -p cpu", "#SBATCH -A data", "#SBATCH -t 01:00:00"]),
+        ("pbs", ["#PBS -q cpu", "#PBS -A data", "#PBS -l walltime=01:00:00"]),
+    ],
+)
+def test_hpc_job_script_exports_the_allocator_settings_before_the_worker(kind, directives) -> None:
     """Invariants: a dask-jobqueue cluster built from config (no job submitted) renders the
     configured queue, account and walltime, and its script exports every allocator setting
     before the user's prologue and before the worker starts."""
-    config = DaskConfig(kind=kind, num_workers=4, options={
-        "cores": 1, "memory": "2GB", "queue": "cpu", "account": "data",
-        "walltime": "01:00:00", "job_script_prologue": ["source /opt/ballast/bin/activate"],
-        "scheduler_options": {"dashboard_address": ":0"}})
+    config = DaskConfig(
+        kind=kind,
+        num_workers=4,
+        options={
+            "cores": 1,
+            "memory": "2GB",
+            "queue": "cpu",
+            "account": "data",
+            "walltime": "01:00:00",
+            "job_script_prologue": ["source /opt/ballast/bin/activate"],
+            "scheduler_options": {"dashboard_address": ":0"},
+        },
+    )
     with build_cluster(config) as cluster:
         lines = cluster.job_script().splitlines()
     for directive in directives:
@@ -254,9 +324,18 @@ def test_kubernetes_cluster_spec_carries_workers_image_and_allocator_env() -> No
     has `num_workers` replicas of the configured image, every pod's environment holds the
     allocator settings (as strings) beside the user's, and KubeCluster-only options such as
     `namespace` stay out of the resource."""
-    spec = kubernetes_cluster_spec(DaskConfig(kind="kubernetes", num_workers=3, options={
-        "name": "reshard", "image": "ballast-preprocessing:0.1.0", "namespace": "data",
-        "env": {"AWS_REGION": "eu-west-1"}}))
+    spec = kubernetes_cluster_spec(
+        DaskConfig(
+            kind="kubernetes",
+            num_workers=3,
+            options={
+                "name": "reshard",
+                "image": "ballast-preprocessing:0.1.0",
+                "namespace": "data",
+                "env": {"AWS_REGION": "eu-west-1"},
+            },
+        )
+    )
     assert spec["kind"] == "DaskCluster" and spec["metadata"] == {"name": "reshard"}
     assert spec["spec"]["worker"]["replicas"] == 3
     expected_env = [{"name": k, "value": str(v)} for k, v in WORKER_MALLOC_ENV.items()]
@@ -268,12 +347,15 @@ def test_kubernetes_cluster_spec_carries_workers_image_and_allocator_env() -> No
     assert "namespace" not in json.dumps(spec)
 
 
-@pytest.mark.parametrize(("settings", "field"), [
-    ({"kind": "address"}, "dask.address is required"),
-    ({"kind": "local", "address": "tcp://127.0.0.1:8786"}, "dask.address is only read"),
-    ({"kind": "kubernetes"}, "dask.options.image is required"),
-    ({"kind": "local", "workers": 2}, "workers"),
-])
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"kind": "address"}, "dask.address is required"),
+        ({"kind": "local", "address": "tcp://127.0.0.1:8786"}, "dask.address is only read"),
+        ({"kind": "kubernetes"}, "dask.options.image is required"),
+        ({"kind": "local", "workers": 2}, "workers"),
+    ],
+)
 def test_dask_config_names_the_bad_setting(settings, field) -> None:
     """Invariant: a DaskConfig that cannot run fails at validation, naming the field."""
     with pytest.raises(ValidationError, match=re.escape(field)):

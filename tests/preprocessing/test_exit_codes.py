@@ -46,18 +46,27 @@ from tests.test_error_taxonomy import LIBC, mount
 def test_each_kind_of_error_maps_to_its_documented_code() -> None:
     """Invariant: every kind the taxonomy knows has one code: conflict 3, refusal 5 (an
     errno or an S3 code, as botocore raises it), transient 4, bad input 2, a bug 1."""
-    no_bucket = ClientError({"Error": {"Code": "NoSuchBucket", "Message": "no",
-                                       "BucketName": "ballast-gone"}}, "PutObject")
-    table = [(CommitConflict("x"), CONFLICT),
-             (OSError(errno.EROFS, "Read-only file system", "/out/x"), STORAGE_REFUSED),
-             (OSError(errno.ENOSPC, "No space left", "/out/x"), STORAGE_REFUSED),
-             (no_bucket, STORAGE_REFUSED),
-             (InputsUnreadable("x"), TRANSIENT), (TruncatedRead("x"), TRANSIENT),
-             (ConnectionRefusedError("x"), TRANSIENT), (TimeoutError("x"), TRANSIENT),
-             (InputError("x"), BAD_INPUT), (TooManyRejected("x"), BAD_INPUT),
-             (ManifestError("x"), BAD_INPUT), (ValueError("x"), BAD_INPUT),
-             (FileNotFoundError("config x: no such file"), BAD_INPUT),
-             (KeyError("x"), INTERNAL), (AttributeError("x"), INTERNAL)]
+    no_bucket = ClientError(
+        {"Error": {"Code": "NoSuchBucket", "Message": "no", "BucketName": "ballast-gone"}},
+        "PutObject",
+    )
+    table = [
+        (CommitConflict("x"), CONFLICT),
+        (OSError(errno.EROFS, "Read-only file system", "/out/x"), STORAGE_REFUSED),
+        (OSError(errno.ENOSPC, "No space left", "/out/x"), STORAGE_REFUSED),
+        (no_bucket, STORAGE_REFUSED),
+        (InputsUnreadable("x"), TRANSIENT),
+        (TruncatedRead("x"), TRANSIENT),
+        (ConnectionRefusedError("x"), TRANSIENT),
+        (TimeoutError("x"), TRANSIENT),
+        (InputError("x"), BAD_INPUT),
+        (TooManyRejected("x"), BAD_INPUT),
+        (ManifestError("x"), BAD_INPUT),
+        (ValueError("x"), BAD_INPUT),
+        (FileNotFoundError("config x: no such file"), BAD_INPUT),
+        (KeyError("x"), INTERNAL),
+        (AttributeError("x"), INTERNAL),
+    ]
     assert [(error, exit_status(error)) for error, _ in table] == table
     assert cause_line(no_bucket).startswith("no such bucket for bucket ballast-gone")
 
@@ -65,17 +74,30 @@ def test_each_kind_of_error_maps_to_its_documented_code() -> None:
 def write_raw(directory: Path, num_classes: int = 4, num_rows: int = 400) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    table = pa.table({"label": [f"c{i % num_classes}" for i in range(num_rows)],
-                      "features": rng.random(num_rows)})
+    table = pa.table(
+        {
+            "label": [f"c{i % num_classes}" for i in range(num_rows)],
+            "features": rng.random(num_rows),
+        }
+    )
     pq.write_table(table, directory / "part-0.parquet")
     return directory
 
 
-def run_main(tmp_path: Path, client: Client, dataset: DatasetSpec, output_root: str,
-             capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def run_main(
+    tmp_path: Path,
+    client: Client,
+    dataset: DatasetSpec,
+    output_root: str,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, str]:
     """`python -m preprocessing` on one config; (its status, its last stderr line)."""
-    config = ReshardConfig(dataset=dataset, output_root=output_root, num_workers=1,
-                           retry=RetryPolicy(attempts=2, first_delay_s=0.01))
+    config = ReshardConfig(
+        dataset=dataset,
+        output_root=output_root,
+        num_workers=1,
+        retry=RetryPolicy(attempts=2, first_delay_s=0.01),
+    )
     path = tmp_path / "reshard.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     status = main(["--config", str(path), "--scheduler", client.scheduler.address])
@@ -88,8 +110,9 @@ Case = Callable[[Path], tuple[DatasetSpec, str]]
 
 
 def label_typo(tmp_path: Path) -> tuple[DatasetSpec, str]:
-    return DatasetSpec(inputs=[str(write_raw(tmp_path / "raw"))], label_column="lable",
-                       source_column=None), str(tmp_path / "out")
+    return DatasetSpec(
+        inputs=[str(write_raw(tmp_path / "raw"))], label_column="lable", source_column=None
+    ), str(tmp_path / "out")
 
 
 def too_many_classes(tmp_path: Path) -> tuple[DatasetSpec, str]:
@@ -120,7 +143,8 @@ def full_disk(tmp_path: Path) -> tuple[DatasetSpec, str]:
 
 def unreachable_inputs(tmp_path: Path) -> tuple[DatasetSpec, str]:
     return DatasetSpec(inputs=["s3://ballast-nowhere/raw"], source_column=None), str(
-        tmp_path / "out")
+        tmp_path / "out"
+    )
 
 
 @pytest.fixture
@@ -131,17 +155,26 @@ def unmount(tmp_path: Path) -> Iterator[None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "status", "named"), [
-    (label_typo, BAD_INPUT, "lable"),
-    (too_many_classes, BAD_INPUT, "max_classes"),
-    (read_only_output, STORAGE_REFUSED, "read-only file system at"),
-    (full_disk, STORAGE_REFUSED, "no space left on"),
-    (unreachable_inputs, TRANSIENT, "ballast-nowhere"),
-])
+@pytest.mark.parametrize(
+    ("case", "status", "named"),
+    [
+        (label_typo, BAD_INPUT, "lable"),
+        (too_many_classes, BAD_INPUT, "max_classes"),
+        (read_only_output, STORAGE_REFUSED, "read-only file system at"),
+        (full_disk, STORAGE_REFUSED, "no space left on"),
+        (unreachable_inputs, TRANSIENT, "ballast-nowhere"),
+    ],
+)
 def test_each_failure_exits_with_its_code_and_one_line(
-        case: Case, status: int, named: str, tmp_path: Path, dask_client: Client,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        unmount: None) -> None:
+    case: Case,
+    status: int,
+    named: str,
+    tmp_path: Path,
+    dask_client: Client,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    unmount: None,
+) -> None:
     """Invariant: each case exits with its documented code; the last line of stderr names
     the cause (the field, the limit, the path or the bucket) and the log holding the
     traceback, and no traceback reaches stderr."""
@@ -162,7 +195,8 @@ def test_each_failure_exits_with_its_code_and_one_line(
 
 
 def test_a_cleanup_that_fails_after_the_cause_never_replaces_it(
-        tmp_path: Path, unmount: None) -> None:
+    tmp_path: Path, unmount: None
+) -> None:
     """Invariant: the output made read-only mid-run fails the run with the refusal of the
     write (exit 5, naming the file); the staging cleanup, refused too, is logged and does
     not replace it (before: the last line was the cleanup's `Read-only file system:
@@ -183,13 +217,15 @@ def test_a_cleanup_that_fails_after_the_cause_never_replaces_it(
     assert "part-0000005.arrow" in cause_line(caught.value) and staged.exists()
 
 
-def test_ballast_run_exits_with_the_same_codes(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_ballast_run_exits_with_the_same_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Invariant: `ballast run` maps a failure through the same table: a config whose
     output root lies inside its input root exits 2 naming both, in one line."""
     config = tmp_path / "reshard.yaml"
-    config.write_text(f"reshard:\n  dataset: {{inputs: [{tmp_path}/raw]}}\n"
-                      f"  output_root: {tmp_path}/raw/out\n")
+    config.write_text(
+        f"reshard:\n  dataset: {{inputs: [{tmp_path}/raw]}}\n  output_root: {tmp_path}/raw/out\n"
+    )
     assert flows_main(["run", "reshard", "--config", str(config)]) == BAD_INPUT
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"output_root {tmp_path}/raw/out is inside" in error

@@ -39,15 +39,17 @@ def test_scalars_of_every_width_become_one_standardized_vector() -> None:
     """Invariant: int8, uint16, int64, float32, float64 and decimal columns encode as one
     float32 matrix whose columns have mean 0 and standard deviation 1; booleans stay 0/1."""
     rng = np.random.default_rng(0)
-    table = pa.table({
-        "a": pa.array(rng.integers(-100, 100, 500), pa.int8()),
-        "b": pa.array(rng.integers(0, 60_000, 500), pa.uint16()),
-        "c": pa.array(rng.integers(0, 10**12, 500), pa.int64()),
-        "d": pa.array(rng.normal(5, 3, 500), pa.float32()),
-        "e": pa.array(rng.normal(-1e6, 10, 500)),
-        "f": pa.array([1.25, 2.5] * 250).cast(pa.decimal128(6, 2)),
-        "g": pa.array(rng.random(500) < 0.3),
-    })
+    table = pa.table(
+        {
+            "a": pa.array(rng.integers(-100, 100, 500), pa.int8()),
+            "b": pa.array(rng.integers(0, 60_000, 500), pa.uint16()),
+            "c": pa.array(rng.integers(0, 10**12, 500), pa.int64()),
+            "d": pa.array(rng.normal(5, 3, 500), pa.float32()),
+            "e": pa.array(rng.normal(-1e6, 10, 500)),
+            "f": pa.array([1.25, 2.5] * 250).cast(pa.decimal128(6, 2)),
+            "g": pa.array(rng.random(500) < 0.3),
+        }
+    )
     matrix = codec_for(table).encode(table)
     assert matrix.dtype == np.float32 and matrix.shape == (500, 7)
     np.testing.assert_allclose(matrix[:, :6].mean(axis=0), 0, atol=1e-4)
@@ -60,19 +62,18 @@ def test_scalars_of_every_width_become_one_standardized_vector() -> None:
 def test_timestamps_and_dates_are_seconds_before_standardizing() -> None:
     """Invariant: a timestamp (any unit) and a date encode as seconds since the epoch."""
     days = [dt.date(1970, 1, 2), dt.date(2024, 3, 1)]
-    table = pa.table({"day": pa.array(days, pa.date32()),
-                      "at": pa.array([1_000, 2_500], pa.timestamp("ms"))})
+    table = pa.table(
+        {"day": pa.array(days, pa.date32()), "at": pa.array([1_000, 2_500], pa.timestamp("ms"))}
+    )
     matrix = codec_for(table, standardize=False).encode(table)
-    assert matrix[:, 0].tolist() == [86_400.0, float((days[1] - dt.date(1970, 1, 1)).days
-                                                     * 86_400)]
+    assert matrix[:, 0].tolist() == [86_400.0, float((days[1] - dt.date(1970, 1, 1)).days * 86_400)]
     assert matrix[:, 1].tolist() == [1.0, 2.5]
 
 
 def test_sequences_are_padded_or_truncated_with_a_mask() -> None:
     """Invariant: a variable-length list becomes `sequence_length` values (padded with 0,
     cut after that length) followed by as many mask values, 1 where an element is real."""
-    table = pa.table({"tokens": pa.array([[5, 6], [7, 8, 9, 10, 11], []],
-                                         pa.list_(pa.int32()))})
+    table = pa.table({"tokens": pa.array([[5, 6], [7, 8, 9, 10, 11], []], pa.list_(pa.int32()))})
     matrix = codec_for(table, sequence_length=3).encode(table)
     assert matrix.tolist() == [[5, 6, 0, 1, 1, 0], [7, 8, 9, 1, 1, 1], [0, 0, 0, 0, 0, 0]]
     longest = codec_for(table)  # no sequence_length: the longest list the scan saw
@@ -87,16 +88,18 @@ def test_fixed_size_lists_pass_through_and_other_lengths_are_refused() -> None:
     codec = codec_for(table)
     assert codec.encode(table).tolist() == [[0, 1, 2], [3, 4, 5]]
     wrong = pa.table({"emb": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))})
-    with pytest.raises(FeatureError, match="'emb' holds lists of 2 to 2 values; the dataset's "
-                       "have 3"):
+    with pytest.raises(
+        FeatureError, match="'emb' holds lists of 2 to 2 values; the dataset's have 3"
+    ):
         codec.encode(wrong)
 
 
 def test_strings_are_one_hot_over_the_vocabulary_and_unseen_values_take_slot_zero() -> None:
     """Invariants: each vocabulary value has its own slot; a value the scan never saw
     encodes as slot 0 (out of vocabulary), as does a null under a fill policy."""
-    codec = codec_for(pa.table({"city": ["rome", "oslo", "rome", None]}),
-                      nulls={"city": "fill_zero"})
+    codec = codec_for(
+        pa.table({"city": ["rome", "oslo", "rome", None]}), nulls={"city": "fill_zero"}
+    )
     assert codec.columns[0].vocabulary == ["oslo", "rome"]
     rows = pa.table({"city": ["oslo", "atlantis", None, "rome"]})
     assert codec.encode(rows).tolist() == [[0, 1, 0], [1, 0, 0], [1, 0, 0], [0, 0, 1]]
@@ -106,8 +109,11 @@ def test_too_many_categories_fail_naming_the_count_or_hash_when_asked() -> None:
     """Invariants: more distinct strings than max_categories is an error naming the column
     and its count; with category_buckets the values hash into stable buckets instead."""
     table = pa.table({"user": [f"u{i}" for i in range(40)]})
-    with pytest.raises(InputError, match=r"'user' holds 40 distinct values, more than "
-                       r"dataset.max_categories=10"):
+    with pytest.raises(
+        InputError,
+        match=r"'user' holds 40 distinct values, more than "
+        r"dataset.max_categories=10",
+    ):
         codec_for(table, max_categories=10)
     hashed = codec_for(table, max_categories=10, category_buckets=7)
     first, again = hashed.encode(table), hashed.encode(table.slice(5, 1))
@@ -115,11 +121,14 @@ def test_too_many_categories_fail_naming_the_count_or_hash_when_asked() -> None:
     assert np.array_equal(first[5], again[0])
 
 
-@pytest.mark.parametrize(("policy", "expected"), [
-    ("fill_zero", [[0.0], [-1.0], [1.0]]),  # the raw value 0, standardized: (0 - 2) / 2
-    ("fill_mean", [[0.0], [0.0], [1.0]]),
-    ("indicator", [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0]]),
-])
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("fill_zero", [[0.0], [-1.0], [1.0]]),  # the raw value 0, standardized: (0 - 2) / 2
+        ("fill_mean", [[0.0], [0.0], [1.0]]),
+        ("indicator", [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0]]),
+    ],
+)
 def test_scalar_null_policies(policy: str, expected: list[list[float]]) -> None:
     """Invariant: fill_zero encodes a null as the raw value 0, fill_mean as the mean (0
     once standardized), indicator as the mean plus a 1 in the is-null slot."""
@@ -141,8 +150,12 @@ def test_a_null_under_error_or_drop_row_policy_is_refused_when_encoding() -> Non
 def test_null_rows_marks_null_scalars_nan_and_lists_holding_a_null() -> None:
     """Invariant: the rows `drop_row` drops are those with a null, a NaN, a null list or a
     list holding a null element in any of the named columns."""
-    table = pa.table({"x": [1.0, float("nan"), 3.0, 4.0],
-                      "seq": pa.array([[1], [2], None, [None, 3]], pa.list_(pa.int64()))})
+    table = pa.table(
+        {
+            "x": [1.0, float("nan"), 3.0, 4.0],
+            "seq": pa.array([[1], [2], None, [None, 3]], pa.list_(pa.int64())),
+        }
+    )
     assert null_rows(table, ["x"]).tolist() == [False, True, False, False]
     assert null_rows(table, ["x", "seq"]).tolist() == [False, True, True, True]
 
@@ -155,10 +168,13 @@ def test_the_codec_round_trips_through_the_manifest_json() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=60),
-       st.lists(st.integers(0, 60), max_size=4))
-def test_profiles_merged_over_any_split_of_the_rows_equal_one_pass(values: list[float],
-                                                                   cuts: list[int]) -> None:
+@given(
+    st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=60),
+    st.lists(st.integers(0, 60), max_size=4),
+)
+def test_profiles_merged_over_any_split_of_the_rows_equal_one_pass(
+    values: list[float], cuts: list[int]
+) -> None:
     """Property: per-file profiles merged give the mean and standard deviation of all the
     values, however the rows are split into files (the scan's per-file statistics)."""
     bounds = sorted({0, len(values), *(min(c, len(values)) for c in cuts)})

@@ -83,8 +83,9 @@ def test_a_set_value_goes_through_the_same_bounds_and_is_named() -> None:
 def test_shared_values_within_the_bounds_still_load(tmp_path: Path) -> None:
     """Invariant: anchors and merge keys a real config uses load as before."""
     path = tmp_path / "reshard.yaml"
-    path.write_text("defaults: &d {inputs: [/data/raw]}\n"
-                    "dataset: {<<: *d}\noutput_root: /data/out\n")
+    path.write_text(
+        "defaults: &d {inputs: [/data/raw]}\ndataset: {<<: *d}\noutput_root: /data/out\n"
+    )
     with pytest.raises(ValidationError, match="defaults"):  # unknown top-level field
         load_config(ReshardConfig, path)
     assert parse_yaml_value(path.read_text(), "c")["dataset"] == {"inputs": ["/data/raw"]}
@@ -96,12 +97,23 @@ def documents() -> st.SearchStrategy[str]:
     bombs = st.builds(alias_bomb, st.integers(1, 12), st.integers(1, 16), st.booleans())
     brackets = st.integers(1, 400).map(lambda depth: "x: " + "[" * depth + "]" * depth)
     indented = st.integers(1, 120).map(
-        lambda depth: "".join(f"{' ' * level}k{level}:\n" for level in range(depth)) + "v")
-    huge = st.sampled_from(["x: '{}'\n", "x: {}\n", "x: \"{}\"\n", "x: |\n  {}\n"]).flatmap(
-        lambda template: st.integers(1, 1 << 20).map(lambda n: template.format("y" * n)))
-    tags = st.sampled_from(["!!python/object/apply:os.system ['true']", "!!binary aGVsbG8=",
-                            "!custom {a: 1}", "!!set {a, b}", "!!timestamp 2026-01-01",
-                            "!!python/name:os.system", "!!str 3", "!!omap [a: 1]"])
+        lambda depth: "".join(f"{' ' * level}k{level}:\n" for level in range(depth)) + "v"
+    )
+    huge = st.sampled_from(["x: '{}'\n", "x: {}\n", 'x: "{}"\n', "x: |\n  {}\n"]).flatmap(
+        lambda template: st.integers(1, 1 << 20).map(lambda n: template.format("y" * n))
+    )
+    tags = st.sampled_from(
+        [
+            "!!python/object/apply:os.system ['true']",
+            "!!binary aGVsbG8=",
+            "!custom {a: 1}",
+            "!!set {a, b}",
+            "!!timestamp 2026-01-01",
+            "!!python/name:os.system",
+            "!!str 3",
+            "!!omap [a: 1]",
+        ]
+    )
     tagged = tags.map(lambda tag: f"x: {tag}\n")
     wide = st.integers(1, 200_000).map(lambda n: "x: [" + ",".join(["0"] * n) + "]\n")
     return st.one_of(bombs, brackets, indented, huge, tagged, wide)
@@ -110,8 +122,12 @@ def documents() -> st.SearchStrategy[str]:
 @example("x: [" + ",".join(["0"] * 200_000) + "]\n")  # the most nodes 1 MiB holds
 @example("x: '" + "y" * ((1 << 20) - 8) + "'\n")  # the largest scalar
 @example(alias_bomb(levels=12, width=16, merge=True))
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(documents())
 def test_any_generated_document_parses_in_bounded_time_and_memory(text: str) -> None:
     """Invariant: every generated document is parsed or refused (ConfigFileError) within

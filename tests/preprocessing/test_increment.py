@@ -66,8 +66,10 @@ def chain(tmp_path_factory, dask_client) -> Chain:
 
 
 def read_ids(manifest: Manifest, location: str, split: str) -> Counter[int]:
-    tables = [pq.read_table(shard_uri(location, entry), columns=["id"])
-              for entry in manifest.split(split).shards]
+    tables = [
+        pq.read_table(shard_uri(location, entry), columns=["id"])
+        for entry in manifest.split(split).shards
+    ]
     return Counter(pa.concat_tables(tables).column("id").to_pylist())
 
 
@@ -82,17 +84,18 @@ def test_each_night_reads_only_its_new_file_and_appends_a_child(chain: Chain) ->
         manifest = result.manifest
         assert not result.reused and manifest.parent_version == previous.manifest.version_id
         assert [d.version_id for d in manifest.deltas] == [
-            r.manifest.version_id for r in chain.results[:index + 2]]
+            r.manifest.version_id for r in chain.results[: index + 2]
+        ]
         own = manifest.deltas[-1]
         new_file = chain.pristine / chain.files[index + 1][0]
         assert (own.num_files, own.num_bytes) == (1, new_file.stat().st_size)
         assert own.num_pieces == pq.ParquetFile(new_file).metadata.num_row_groups == 3
-        older = manifest.split("train").shards[:len(previous.manifest.split("train").shards)]
+        older = manifest.split("train").shards[: len(previous.manifest.split("train").shards)]
         assert all(entry.version is not None for entry in older)
         own_dir = Path(version_dir(str(chain.root), manifest.version_id))
         assert {p.name for p in own_dir.glob("*.parquet")} == {
-            e.path for split in manifest.splits.values() for e in split.shards
-            if e.version is None}
+            e.path for split in manifest.splits.values() for e in split.shards if e.version is None
+        }
     assert read_current_version(str(chain.root)) == nights[-1].manifest.version_id
 
 
@@ -124,9 +127,9 @@ def test_every_input_row_appears_as_often_as_its_delta_planned(chain: Chain) -> 
         for name in names:
             table = pq.read_table(chain.pristine / name, columns=["id", "label", "source"])
             held = holdout_mask(name, 0, table.num_rows, manifest.seed, 0.1)
-            for row, (row_id, label, source) in enumerate(zip(*(
-                    table.column(c).to_pylist() for c in ("id", "label", "source")),
-                    strict=True)):
+            for row, (row_id, label, source) in enumerate(
+                zip(*(table.column(c).to_pylist() for c in ("id", "label", "source")), strict=True)
+            ):
                 if held[row]:
                     assert holdout[row_id] == 1 and train[row_id] == 0
                 else:
@@ -154,8 +157,12 @@ def test_the_loader_streams_the_chain_as_a_function_of_seed_and_epoch(chain: Cha
             stream.set_epoch(number)
             per_rank.append(list(stream.iterate((rank, world_size), (0, 1))))
         assert len({len(batches) for batches in per_rank}) == 1
-        return [int(i) for step in zip(*per_rank, strict=True) for batch in step
-                for i in batch["id"][batch["weight"] > 0].tolist()]
+        return [
+            int(i)
+            for step in zip(*per_rank, strict=True)
+            for batch in step
+            for i in batch["id"][batch["weight"] > 0].tolist()
+        ]
 
     one, two = epoch(1), epoch(2)
     assert Counter(one) == read_ids(manifest, location, "train")
@@ -163,8 +170,9 @@ def test_the_loader_streams_the_chain_as_a_function_of_seed_and_epoch(chain: Cha
     assert epoch(1, number=1) != one
 
 
-def test_compaction_equals_a_full_reshard_byte_for_byte(chain: Chain, tmp_path,
-                                                       dask_client) -> None:
+def test_compaction_equals_a_full_reshard_byte_for_byte(
+    chain: Chain, tmp_path, dask_client
+) -> None:
     """Invariants: `mode: full` on the chain's root commits one flat version (no parent,
     one delta, every shard in its own directory) with the id and the shard bytes of a
     full reshard of the same inputs into an empty root."""
@@ -199,15 +207,15 @@ def test_a_changed_input_is_refused_naming_it(change, base_version, dask_client)
     assert not (root / STAGING_DIR).exists()
 
 
-def test_a_changed_input_is_rebuilt_in_full_when_asked(base_version, tmp_path,
-                                                      dask_client) -> None:
+def test_a_changed_input_is_rebuilt_in_full_when_asked(base_version, tmp_path, dask_client) -> None:
     """Invariant: with `incremental.on_changed_inputs: rebuild` a rewritten input makes a
     flat version equal to a full reshard of the inputs as they are now."""
     raw, root, _ = base_version
     victim = raw / "raw-002.parquet"
     pq.write_table(pq.read_table(victim).slice(1), victim)
-    rebuilt = run_reshard(config_for(raw, root, incremental={"on_changed_inputs": "rebuild"}),
-                          dask_client)
+    rebuilt = run_reshard(
+        config_for(raw, root, incremental={"on_changed_inputs": "rebuild"}), dask_client
+    )
     fresh = run_reshard(config_for(raw, tmp_path / "fresh", mode="full"), dask_client)
     assert rebuilt.manifest.parent_version is None and rebuilt.how.startswith("rebuild:")
     assert rebuilt.manifest.version_id == fresh.manifest.version_id
@@ -221,9 +229,13 @@ def test_other_settings_are_a_change_too(base_version, dask_client) -> None:
         run_reshard(config_for(raw, root, seed=1), dask_client)
 
 
-@pytest.mark.parametrize("threshold", [{"incremental": {"max_chain_length": 2}},
-                                       {"incremental": {"max_small_shard_fraction": 0.1},
-                                        "target_shard_rows": 700}])
+@pytest.mark.parametrize(
+    "threshold",
+    [
+        {"incremental": {"max_chain_length": 2}},
+        {"incremental": {"max_small_shard_fraction": 0.1}, "target_shard_rows": 700},
+    ],
+)
 def test_a_chain_past_its_threshold_is_compacted(threshold, tmp_path, dask_client) -> None:
     """Invariants: the first night appends (a child); the second would pass the chain
     length, or finds the chain's small shards (a night's 270 rows against 675-row shards)
@@ -251,21 +263,29 @@ def test_a_childs_feature_codec_is_the_codec_of_all_its_inputs(tmp_path, dask_cl
     def write(name: str, first_id: int, colors: list[str], shift: float) -> None:
         x = rng.normal(shift, 1.0, 200)
         x[::17] = np.nan
-        pq.write_table(pa.table({
-            "id": np.arange(first_id, first_id + 200), "label": rng.integers(0, 3, 200),
-            "source": ["s"] * 200, "x": x, "color": rng.choice(colors, 200)}), raw / name)
+        pq.write_table(
+            pa.table(
+                {
+                    "id": np.arange(first_id, first_id + 200),
+                    "label": rng.integers(0, 3, 200),
+                    "source": ["s"] * 200,
+                    "x": x,
+                    "color": rng.choice(colors, 200),
+                }
+            ),
+            raw / name,
+        )
 
     for index in range(4):
         write(f"base-{index}.parquet", 1_000 * index, ["red", "green"], 0.0)
-    dataset = DatasetSpec(inputs=[str(raw)], feature_columns=["x", "color"],
-                          nulls={"x": "fill_mean"})
+    dataset = DatasetSpec(
+        inputs=[str(raw)], feature_columns=["x", "color"], nulls={"x": "fill_mean"}
+    )
     settings = {"dataset": dataset, "target_shard_rows": 300, "mode": "incremental"}
     run_reshard(ReshardConfig(output_root=str(tmp_path / "out"), **settings), dask_client)
     write("a-night.parquet", 9_000, ["red", "violet"], 3.0)  # sorts first: another fold order
-    child = run_reshard(ReshardConfig(output_root=str(tmp_path / "out"), **settings),
-                        dask_client)
-    full = run_reshard(ReshardConfig(output_root=str(tmp_path / "full"), **settings),
-                       dask_client)
+    child = run_reshard(ReshardConfig(output_root=str(tmp_path / "out"), **settings), dask_client)
+    full = run_reshard(ReshardConfig(output_root=str(tmp_path / "full"), **settings), dask_client)
     assert child.manifest.parent_version is not None
     ours, theirs = (m.features["columns"] for m in (child.manifest, full.manifest))
     assert [c["vocabulary"] for c in ours] == [c["vocabulary"] for c in theirs]
@@ -274,7 +294,10 @@ def test_a_childs_feature_codec_is_the_codec_of_all_its_inputs(tmp_path, dask_cl
     for key in ("shift", "scale", "fill"):
         assert ours[0][key] == pytest.approx(theirs[0][key], rel=1e-12)
     assert ours[0]["shift"] > 0.3  # the night's higher values are in the mean
-    stream = ShardStream(child.manifest_uri, "train", LoaderConfig(batch_size=64, remainder="pad"),
-                          seed=0)
-    assert sum(int(b["weight"].sum()) for b in stream.iterate((0, 1), (0, 1))) == \
-        child.manifest.split("train").num_rows
+    stream = ShardStream(
+        child.manifest_uri, "train", LoaderConfig(batch_size=64, remainder="pad"), seed=0
+    )
+    assert (
+        sum(int(b["weight"].sum()) for b in stream.iterate((0, 1), (0, 1)))
+        == child.manifest.split("train").num_rows
+    )

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
 
 def test_two_children_of_one_parent_one_commits_the_other_leaves_nothing(
-        base_version, dask_client) -> None:
+    base_version, dask_client
+) -> None:
     """Fault: run A lists the inputs (parent P current) and is held at its first progress
     report; a file is added and run B commits a child of P; A resumes. Invariants: A fails
     with CommitConflict naming P and B; `_CURRENT` names B; A's version has no directory
@@ -58,7 +59,9 @@ def test_two_children_of_one_parent_one_commits_the_other_leaves_nothing(
     assert base.manifest.version_id in message and winner.manifest.version_id in message
     assert read_current_version(str(root)) == winner.manifest.version_id
     assert {p.name for p in root.glob("v-*")} == {
-        f"v-{base.manifest.version_id}", f"v-{winner.manifest.version_id}"}
+        f"v-{base.manifest.version_id}",
+        f"v-{winner.manifest.version_id}",
+    }
     assert not (root / STAGING_DIR).exists()
     assert read_manifest(str(root))[0].parent_version == base.manifest.version_id
 
@@ -82,8 +85,11 @@ def test_a_child_that_loses_the_swap_is_withdrawn(base_version, dask_client) -> 
         thread = threading.Thread(target=run_child)
         thread.start()
         for _ in range(1200):
-            written = [p for p in root.glob("v-*/_MANIFEST.json")
-                       if p.parent.name != f"v-{base.manifest.version_id}"]
+            written = [
+                p
+                for p in root.glob("v-*/_MANIFEST.json")
+                if p.parent.name != f"v-{base.manifest.version_id}"
+            ]
             if written:
                 break
             thread.join(0.1)
@@ -98,7 +104,8 @@ def test_a_child_that_loses_the_swap_is_withdrawn(base_version, dask_client) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("step", COMMIT_STEPS)
 def test_a_child_killed_after_each_commit_step_is_finished_by_the_rerun(
-        step, base_version, tmp_path, dask_client) -> None:
+    step, base_version, tmp_path, dask_client
+) -> None:
     """Fault: `python -m preprocessing` appending a night SIGKILLs itself right after `step`
     of the commit. Invariants: until the rerun `_CURRENT` names the parent, or (after the
     swap) the complete child; the rerun commits that child from the parent, `_CURRENT`

@@ -24,10 +24,15 @@ from preprocessing.storage.sources import read_rows
 def flat_table(first_id: int, num_rows: int, seed: int) -> pa.Table:
     """Scalar columns only, as CSV and JSON Lines carry them."""
     rng = np.random.default_rng(seed)
-    return pa.table({"id": np.arange(first_id, first_id + num_rows),
-                     "label": rng.choice(3, num_rows, p=[0.7, 0.2, 0.1]),
-                     "source": ["web"] * num_rows,
-                     "f0": rng.normal(size=num_rows), "f1": rng.normal(size=num_rows)})
+    return pa.table(
+        {
+            "id": np.arange(first_id, first_id + num_rows),
+            "label": rng.choice(3, num_rows, p=[0.7, 0.2, 0.1]),
+            "source": ["web"] * num_rows,
+            "f0": rng.normal(size=num_rows),
+            "f1": rng.normal(size=num_rows),
+        }
+    )
 
 
 def flat_spec(inputs: Path) -> DatasetSpec:
@@ -35,8 +40,9 @@ def flat_spec(inputs: Path) -> DatasetSpec:
 
 
 @pytest.mark.slow
-def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(tmp_path,
-                                                                          dask_client) -> None:
+def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(
+    tmp_path, dask_client
+) -> None:
     """Invariants: CSV and JSON Lines files are read; a CSV whose label column is not numeric
     is rejected with a reason naming the column; every good row is accounted for."""
     raw = tmp_path / "raw"
@@ -46,9 +52,14 @@ def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(tmp_pa
     flat_table(700, 200, 3).to_pandas().to_json(raw / "c.jsonl", orient="records", lines=True)
     bad = flat_table(900, 50, 4).set_column(1, "label", pa.array(["cat"] * 50))
     pa_csv.write_csv(bad, raw / "d.csv")
-    config = ReshardConfig(dataset=flat_spec(raw), output_root=str(tmp_path / "out"),
-                           target_shard_rows=250, max_rejected_fraction=0.3,
-                           holdout_fraction=0.0, mix={"class_weighting": "natural"})
+    config = ReshardConfig(
+        dataset=flat_spec(raw),
+        output_root=str(tmp_path / "out"),
+        target_shard_rows=250,
+        max_rejected_fraction=0.3,
+        holdout_fraction=0.0,
+        mix={"class_weighting": "natural"},
+    )
     manifest = run_reshard(config, dask_client).manifest
     (rejected,) = manifest.rejected
     assert rejected.path.endswith("d.csv") and "'label'" in rejected.reason
@@ -56,8 +67,7 @@ def test_csv_and_jsonl_inputs_reshard_and_a_non_numeric_label_is_rejected(tmp_pa
 
 
 @pytest.mark.slow
-def test_pieces_smaller_than_row_groups_change_nothing_in_the_output(tmp_path,
-                                                                     dask_client) -> None:
+def test_pieces_smaller_than_row_groups_change_nothing_in_the_output(tmp_path, dask_client) -> None:
     """Invariant: cutting one big row group into many pieces (bounded task memory) gives
     byte-identical shards in global mode; every task held at most max_piece_rows rows."""
     raw = tmp_path / "raw"
@@ -66,12 +76,14 @@ def test_pieces_smaller_than_row_groups_change_nothing_in_the_output(tmp_path,
     pq.write_table(table, raw / "big.parquet", row_group_size=5_000)
     base = {"dataset": flat_spec(raw), "target_shard_rows": 900, "shuffle": "global"}
     whole = run_reshard(ReshardConfig(**base, output_root=str(tmp_path / "a")), dask_client)
-    cut = run_reshard(ReshardConfig(**base, output_root=str(tmp_path / "b"),
-                                    max_piece_rows=700), dask_client)
+    cut = run_reshard(
+        ReshardConfig(**base, output_root=str(tmp_path / "b"), max_piece_rows=700), dask_client
+    )
     digests = lambda result: [s.sha256 for s in result.manifest.split("train").shards]  # noqa: E731
     assert digests(whole) == digests(cut)
-    assert read_rows(str(raw / "big.parquet"), 1_400, 700).column("id").to_pylist() == \
-        list(range(1_400, 2_100))
+    assert read_rows(str(raw / "big.parquet"), 1_400, 700).column("id").to_pylist() == list(
+        range(1_400, 2_100)
+    )
 
 
 def test_a_small_object_is_read_in_one_request_a_large_one_in_ranges(tmp_path) -> None:
@@ -92,8 +104,9 @@ def test_a_small_object_is_read_in_one_request_a_large_one_in_ranges(tmp_path) -
     sizes = {path.name: path.stat().st_size for path in local.iterdir()}
     assert sizes["small.parquet"] <= WHOLE_READ_BYTES < sizes["large.parquet"]
     spec = flat_spec(local)
-    expected = {Path(f.uri).name: scan_file(f, spec, 0, 0.0, 100_000).counts
-                for f in list_inputs(spec)}
+    expected = {
+        Path(f.uri).name: scan_file(f, spec, 0, 0.0, 100_000).counts for f in list_inputs(spec)
+    }
     with counted_s3() as log:
         fsspec.filesystem("s3").mkdir("whole")
         fsspec.filesystem("s3").put(f"{local}/", "whole/raw/", recursive=True)
@@ -126,11 +139,12 @@ def test_a_files_ids_give_its_duplicates_and_range_however_they_are_batched(batc
     assert tally.rising == rising
 
 
-@given(keys=st.lists(st.integers(0, 1 << 40), max_size=40),
-       spread=st.sampled_from([1, 7, 1 << 12, 1 << 40]))
+@given(
+    keys=st.lists(st.integers(0, 1 << 40), max_size=40),
+    spread=st.sampled_from([1, 7, 1 << 12, 1 << 40]),
+)
 @settings(max_examples=300, deadline=None)
-def test_a_batchs_key_counts_are_numpys_unique_counts_over_any_key_range(keys,
-                                                                        spread) -> None:
+def test_a_batchs_key_counts_are_numpys_unique_counts_over_any_key_range(keys, spread) -> None:
     """Invariant: the scan's count of each row key (a count over the key range when that
     range is small, else a sort) gives exactly numpy's distinct keys and counts, in order."""
     key = np.array([value % spread + (1 << 30) for value in keys], dtype=np.int64)

@@ -37,17 +37,22 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # whole reshards, each in its own process with its own cluster
 
 
-def start_reshard(config: ReshardConfig, directory: Path, name: str = "reshard",
-                  **env: str) -> subprocess.Popen:
+def start_reshard(
+    config: ReshardConfig, directory: Path, name: str = "reshard", **env: str
+) -> subprocess.Popen:
     """`python -m preprocessing` of this checkout in its own session (so its Dask workers
     can be killed with it); stdout and stderr go to `<name>.out` and `<name>.err`."""
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     search = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     with open(directory / f"{name}.out", "w") as out, open(directory / f"{name}.err", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "preprocessing", "--config", str(path)],
-                                start_new_session=True, stdout=out, stderr=err,
-                                env={**os.environ, "PYTHONPATH": search, **env})
+        return subprocess.Popen(
+            [sys.executable, "-m", "preprocessing", "--config", str(path)],
+            start_new_session=True,
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": search, **env},
+        )
 
 
 def output(directory: Path, name: str = "reshard") -> tuple[str, str]:
@@ -87,23 +92,28 @@ def assert_committed(root: Path, version_id: str) -> None:
     assert staged_files(root) == [] and not (root / STAGING_DIR).exists()
 
 
-def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(tmp_path,
-                                                                         dask_client) -> None:
+def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(
+    tmp_path, dask_client
+) -> None:
     """Invariants: after SIGKILL of the whole process group mid-write, no manifest and no
     `_CURRENT` exist; the rerun commits the version id a clean run makes, with byte-identical
     shards (no row lost or duplicated), and removes the dead run's staging."""
     write_sample(tmp_path / "raw", SampleSpec(num_rows=120_000, num_files=8, seed=11))
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
-                           output_root=str(tmp_path / "out"), target_shard_rows=1_000,
-                           rows_per_row_group=500)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
+        output_root=str(tmp_path / "out"),
+        target_shard_rows=1_000,
+        rows_per_row_group=500,
+    )
     process = start_reshard(config, tmp_path)
     wait_for_shards(tmp_path / "out", process)
     kill_session(process)
     assert not list((tmp_path / "out").glob(f"v-*/{MANIFEST_NAME}"))
     assert read_current_version(str(tmp_path / "out")) is None
     rerun = run_reshard(config, dask_client)
-    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
-                        dask_client)
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
     assert rerun.manifest.version_id == clean.manifest.version_id
     digests = lambda r: [s.sha256 for s in r.manifest.split("train").shards]  # noqa: E731
     assert digests(rerun) == digests(clean)
@@ -118,14 +128,20 @@ def small_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small_config(raw: Path, root: Path, **overrides: object) -> ReshardConfig:
-    return ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]), output_root=str(root),
-                         target_shard_rows=2_000, rows_per_row_group=500, num_workers=1,
-                         **overrides)
+    return ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)]),
+        output_root=str(root),
+        target_shard_rows=2_000,
+        rows_per_row_group=500,
+        num_workers=1,
+        **overrides,
+    )
 
 
 @pytest.mark.parametrize("step", COMMIT_STEPS)
 def test_reshard_killed_after_each_commit_step_is_finished_by_the_rerun(
-        small_raw, tmp_path, dask_client, step) -> None:
+    small_raw, tmp_path, dask_client, step
+) -> None:
     """Fault: `python -m preprocessing` SIGKILLs itself right after `step` of the commit
     (BALLAST_KILL_AT), with an older version current. Invariants: until the rerun,
     `_CURRENT` names the old version or (after the swap) the complete new one; the rerun
@@ -169,18 +185,26 @@ def test_two_reshards_of_one_config_race_and_both_exit_zero(small_raw, tmp_path)
     assert_committed(root, version_id)
 
 
-def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
-                                                           dask_client) -> None:
+def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path, dask_client) -> None:
     """Invariant: SIGKILL of one of two workers while exchange tasks are in flight (its
     nanny restarts it, Dask reruns its tasks) still commits the version a clean run makes,
     with byte-identical shards: a rerun task rewrites the same staged object."""
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                           output_root=str(tmp_path / "killed"), target_shard_rows=300,
-                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
-                           max_tasks_in_flight=4)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+        output_root=str(tmp_path / "killed"),
+        target_shard_rows=300,
+        max_piece_rows=60,
+        exchange_task_bytes=1,
+        exchange_fan_in=2,
+        max_tasks_in_flight=4,
+    )
     killed: list[tuple[int, int]] = []
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         victim = min(client.run(os.getpid).values())
 
         def kill_one(stage: str, done: int, total: int) -> None:
@@ -190,11 +214,14 @@ def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
 
         result = run_reshard(config, client, progress=kill_one)
         assert victim not in client.run(os.getpid).values()
-    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
-                        dask_client)
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
     assert killed and killed[0][0] < killed[0][1]  # killed with exchange tasks left
-    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
-                         for s in r.manifest.split(split).shards]
+
+    def digests(r):
+        return [s.sha256 for split in ("train", "holdout") for s in r.manifest.split(split).shards]
+
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
 
@@ -202,8 +229,12 @@ def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path,
 def holders(client: Client, prefix: str) -> set[str]:
     """The workers holding a key whose name starts with `prefix` (what a stage's tasks
     share: preprocessing/driver/waves.py `share`, or a scatter's `<Type>-<uuid>` key)."""
-    return {worker for key, workers in client.who_has().items()
-            if str(key).startswith(prefix) for worker in workers}
+    return {
+        worker
+        for key, workers in client.who_has().items()
+        if str(key).startswith(prefix)
+        for worker in workers
+    }
 
 
 def kill_sole_holder(client: Client, prefix: str, pids: dict[str, int]) -> str | None:
@@ -223,21 +254,32 @@ def kill_sole_holder(client: Client, prefix: str, pids: dict[str, int]) -> str |
     return victim
 
 
-@pytest.mark.parametrize(("stage", "prefix"), [("exchange", "Destinations-"),
-                                               ("write", "Staging-")])
+@pytest.mark.parametrize(
+    ("stage", "prefix"), [("exchange", "Destinations-"), ("write", "Staging-")]
+)
 def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
-        tiny_raw, tmp_path, dask_client, stage, prefix) -> None:
+    tiny_raw, tmp_path, dask_client, stage, prefix
+) -> None:
     """Invariant: SIGKILL of the one worker holding what every task of the stage shares
     (the exchange's destinations, the write stage's staging), with the stage's tasks left,
     and the same `run_reshard` call commits (no FutureCancelledError, no rerun) the version
     a clean run makes, with byte-identical shards."""
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                           output_root=str(tmp_path / "killed"), target_shard_rows=100,
-                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
-                           max_tasks_in_flight=2)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+        output_root=str(tmp_path / "killed"),
+        target_shard_rows=100,
+        max_piece_rows=60,
+        exchange_task_bytes=1,
+        exchange_fan_in=2,
+        max_tasks_in_flight=2,
+    )
     killed: list[tuple[str, int, int]] = []
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         pids = client.run(os.getpid)
 
         def kill_one(at: str, done: int, total: int) -> None:
@@ -247,10 +289,13 @@ def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
 
         result = run_reshard(config, client, progress=kill_one)
         assert killed and pids[killed[0][0]] not in client.run(os.getpid).values()
-    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
-                        dask_client)
-    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
-                         for s in r.manifest.split(split).shards]
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
+
+    def digests(r):
+        return [s.sha256 for split in ("train", "holdout") for s in r.manifest.split(split).shards]
+
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
 

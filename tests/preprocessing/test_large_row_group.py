@@ -30,16 +30,25 @@ print(hwm.split()[1])
 def write_rows(path: Path, row_group_size: int) -> Path:
     rng = np.random.default_rng(0)
     values = pa.array(rng.random(NUM_ROWS * 8, dtype=np.float32))
-    table = pa.table({"id": np.arange(NUM_ROWS),
-                      "label": pa.array(rng.integers(0, 4, NUM_ROWS)).cast(pa.string()),
-                      "features": pa.FixedSizeListArray.from_arrays(values, 8)})
+    table = pa.table(
+        {
+            "id": np.arange(NUM_ROWS),
+            "label": pa.array(rng.integers(0, 4, NUM_ROWS)).cast(pa.string()),
+            "features": pa.FixedSizeListArray.from_arrays(values, 8),
+        }
+    )
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
 
 def peak_rss_kib(path: Path) -> int:
-    done = subprocess.run([sys.executable, "-c", READ_PIECES, str(path)], check=True,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_PIECES, str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return int(done.stdout.split()[-1])
 
 

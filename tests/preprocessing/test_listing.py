@@ -19,8 +19,13 @@ BUCKET = "listed-once"
 
 def input_listings(log: RequestLog) -> list[Request]:
     """The LIST requests (ListObjects, either version) of the bucket's `raw/` prefix."""
-    return [r for r in log.requests if r.method == "GET" and r.path.strip("/") == BUCKET
-            and parse_qs(r.query).get("prefix", [""])[0].startswith("raw")]
+    return [
+        r
+        for r in log.requests
+        if r.method == "GET"
+        and r.path.strip("/") == BUCKET
+        and parse_qs(r.query).get("prefix", [""])[0].startswith("raw")
+    ]
 
 
 @pytest.mark.slow
@@ -32,9 +37,12 @@ def test_a_reshard_lists_its_inputs_once(tiny_raw: Path, s3_endpoint: str) -> No
         fs = fsspec.filesystem("s3")
         fs.mkdir(BUCKET)  # its own bucket: the exchange's request test uses `counted`
         fs.put(f"{tiny_raw}/", f"{BUCKET}/raw/", recursive=True)
-        config = ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{BUCKET}/raw/*.parquet"]),
-                               output_root=f"s3://{BUCKET}/out", target_shard_rows=300,
-                               num_workers=1)
+        config = ReshardConfig(
+            dataset=DatasetSpec(inputs=[f"s3://{BUCKET}/raw/*.parquet"]),
+            output_root=f"s3://{BUCKET}/out",
+            target_shard_rows=300,
+            num_workers=1,
+        )
         # s3fs keeps listings it made: forgotten, so every listing below reaches the store.
         fs.invalidate_cache()
         log.clear()

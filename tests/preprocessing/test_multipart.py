@@ -36,7 +36,7 @@ def test_an_object_of_twice_the_part_size_goes_up_in_parts() -> None:
     upload of three parts (5, 5 MiB and the rest) and one completion, a byte shorter than
     10 MiB is one plain PUT, and both read back equal to what was written."""
     big = np.random.default_rng(0).bytes(2 * MIN_PART_BYTES + 12_345)
-    small = big[:2 * MIN_PART_BYTES - 1]
+    small = big[: 2 * MIN_PART_BYTES - 1]
     with counted_s3() as log:
         fs = fsspec.filesystem("s3")
         fs.mkdir("multipart")
@@ -58,9 +58,18 @@ def test_a_large_staged_object_is_a_multipart_upload_read_back_by_range() -> Non
     gives back exactly the rows written for it."""
     schema = pa.schema([("id", pa.int64()), ("values", pa.list_(pa.float32(), 8))])
     rng = np.random.default_rng(1)
-    tables = [pa.table([pa.array(np.arange(n, dtype=np.int64)), pa.FixedSizeListArray.from_arrays(
-        pa.array(rng.standard_normal(8 * n, dtype=np.float32)), 8)], schema=schema)
-        for n in (150_000, 190_000)]
+    tables = [
+        pa.table(
+            [
+                pa.array(np.arange(n, dtype=np.int64)),
+                pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.standard_normal(8 * n, dtype=np.float32)), 8
+                ),
+            ],
+            schema=schema,
+        )
+        for n in (150_000, 190_000)
+    ]
     with counted_s3() as log:
         fsspec.filesystem("s3").mkdir("staged")
         log.clear()
@@ -73,7 +82,7 @@ def test_a_large_staged_object_is_a_multipart_upload_read_back_by_range() -> Non
         read = []
         for destination in (4, 5):
             data, offsets = read_destinations(staged, destination, destination + 1)
-            read.append(pa.Table.from_batches(read_batches(data[:offsets[1]], schema), schema))
+            read.append(pa.Table.from_batches(read_batches(data[: offsets[1]], schema), schema))
     starts, parts, completions, _ = uploads_of(requests, "/part-0000000.arrow")
     assert size > 2 * MIN_PART_BYTES
     assert (starts, completions) == (1, 1) and len(parts) == 3

@@ -33,8 +33,9 @@ def test_permute_does_not_depend_on_how_indices_are_batched(n: int, split: int) 
     split = min(split, n - 1)
     key = derive_key("batching")
     whole = permute(np.arange(n), n, key)
-    parts = np.concatenate([permute(np.arange(split), n, key),
-                            permute(np.arange(split, n), n, key)])
+    parts = np.concatenate(
+        [permute(np.arange(split), n, key), permute(np.arange(split, n), n, key)]
+    )
     assert np.array_equal(whole, parts)
 
 
@@ -63,8 +64,9 @@ def test_an_index_lands_uniformly_over_keys() -> None:
     assert abs(np.corrcoef(np.arange(1000), image)[0, 1]) < 0.1
 
 
-def walk_group_by_group(indices: np.ndarray, groups: np.ndarray, domains: np.ndarray,
-                        keys: np.ndarray) -> np.ndarray:
+def walk_group_by_group(
+    indices: np.ndarray, groups: np.ndarray, domains: np.ndarray, keys: np.ndarray
+) -> np.ndarray:
     """The reference: each group's rows through its own network, cycle walking that
     group's rows until all are inside its domain (how permute_many walked until M32)."""
     result = np.empty(len(indices), dtype=np.int64)
@@ -83,19 +85,25 @@ def walk_group_by_group(indices: np.ndarray, groups: np.ndarray, domains: np.nda
     return result
 
 
-@given(sizes=st.lists(st.integers(0, 400), min_size=1, max_size=60),
-       slack=st.lists(st.integers(0, 3), min_size=60, max_size=60), seed=st.integers(0, 2**32))
+@given(
+    sizes=st.lists(st.integers(0, 400), min_size=1, max_size=60),
+    slack=st.lists(st.integers(0, 3), min_size=60, max_size=60),
+    seed=st.integers(0, 2**32),
+)
 @settings(max_examples=60, deadline=None)
-def test_permute_many_walks_back_like_the_reference(sizes: list[int], slack: list[int],
-                                                    seed: int) -> None:
+def test_permute_many_walks_back_like_the_reference(
+    sizes: list[int], slack: list[int], seed: int
+) -> None:
     """Invariant: `permute_many`, whose rows outside their domain walk back all groups at
     once, gives each row the image the group-by-group reference gives it, over empty and
     one-row groups, skewed sizes, domains equal to the group's rows (a bijection of the
     group) or larger (resampling indices), and up to 60 groups."""
     rng = np.random.default_rng(seed)
     groups = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
-    domains = np.array([max(1, size * (1 + extra)) for size, extra in
-                        zip(sizes, slack, strict=False)], dtype=np.int64)
+    domains = np.array(
+        [max(1, size * (1 + extra)) for size, extra in zip(sizes, slack, strict=False)],
+        dtype=np.int64,
+    )
     indices = (rng.random(len(groups)) * domains[groups]).astype(np.int64)
     keys = rng.integers(0, 2**63, len(sizes), dtype=np.uint64)
     expected = walk_group_by_group(indices, groups, domains, keys)

@@ -23,8 +23,13 @@ pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
 
 def config_for(inputs: Path, output: Path, **overrides) -> ReshardConfig:
-    values = {"dataset": DatasetSpec(inputs=[str(inputs)]), "output_root": str(output),
-              "target_shard_rows": 700, "rows_per_row_group": 128, **overrides}
+    values = {
+        "dataset": DatasetSpec(inputs=[str(inputs)]),
+        "output_root": str(output),
+        "target_shard_rows": 700,
+        "rows_per_row_group": 128,
+        **overrides,
+    }
     return ReshardConfig(**values)
 
 
@@ -71,8 +76,9 @@ def test_stratified_shards_each_carry_the_global_mix(tiny_raw, tmp_path, dask_cl
             assert total // num_shards <= rows <= -(-total // num_shards)
 
 
-def test_rerun_does_no_work_and_output_is_independent_of_workers(tiny_raw, tmp_path,
-                                                                dask_client) -> None:
+def test_rerun_does_no_work_and_output_is_independent_of_workers(
+    tiny_raw, tmp_path, dask_client
+) -> None:
     """Invariants: the same config finds the committed version (reused); runs on other
     cluster shapes (1 and 4 workers), to other roots, write byte-identical shards under the
     same version id."""
@@ -82,8 +88,14 @@ def test_rerun_does_no_work_and_output_is_independent_of_workers(tiny_raw, tmp_p
     assert again.reused and again.manifest.version_id == first.manifest.version_id
     digests = lambda m: [s.sha256 for s in m.split("train").shards]  # noqa: E731
     for num_workers in (1, 4):
-        other = run_reshard(config.model_copy(update={
-            "output_root": str(tmp_path / f"w{num_workers}"), "num_workers": num_workers}))
+        other = run_reshard(
+            config.model_copy(
+                update={
+                    "output_root": str(tmp_path / f"w{num_workers}"),
+                    "num_workers": num_workers,
+                }
+            )
+        )
         assert other.manifest.version_id == first.manifest.version_id
         assert digests(other.manifest) == digests(first.manifest)
 
@@ -108,8 +120,9 @@ def test_bad_files_are_rejected_with_their_reason(tiny_raw, tmp_path, dask_clien
     assert "column 'label' is string, expected int64" in reasons["zdrift.parquet"]
 
 
-def test_too_many_rejected_files_fail_the_run_naming_them(tiny_raw, tmp_path,
-                                                         dask_client: Client) -> None:
+def test_too_many_rejected_files_fail_the_run_naming_them(
+    tiny_raw, tmp_path, dask_client: Client
+) -> None:
     """Invariant: past max_rejected_fraction (default 0) the run fails and names the file."""
     inputs = tmp_path / "raw"
     shutil.copytree(tiny_raw, inputs)
@@ -120,8 +133,9 @@ def test_too_many_rejected_files_fail_the_run_naming_them(tiny_raw, tmp_path,
 
 
 @pytest.mark.parametrize("mode", ["block", "none"])
-def test_contiguous_modes_commit_exact_balanced_versions(mode, tiny_raw, tmp_path,
-                                                         dask_client) -> None:
+def test_contiguous_modes_commit_exact_balanced_versions(
+    mode, tiny_raw, tmp_path, dask_client
+) -> None:
     """Invariants: `block` and `none` shards hold N//S or N//S+1 rows, and the uniform mix is
     exact (every class within one row of the others) in those modes too."""
     result = run_reshard(config_for(tiny_raw, tmp_path / mode, shuffle=mode), dask_client)
@@ -132,12 +146,19 @@ def test_contiguous_modes_commit_exact_balanced_versions(mode, tiny_raw, tmp_pat
     assert max(c["counts"] for c in counts) - min(c["counts"] for c in counts) <= 1
 
 
-def test_target_shard_bytes_sizes_shards_from_the_input_row_size(tiny_raw, tmp_path,
-                                                                 dask_client) -> None:
+def test_target_shard_bytes_sizes_shards_from_the_input_row_size(
+    tiny_raw, tmp_path, dask_client
+) -> None:
     """Invariant: with a byte target, rows per shard = target / input bytes per row, so
     halving the target (about) doubles the number of shards."""
-    one = run_reshard(config_for(tiny_raw, tmp_path / "a", target_shard_bytes=40_000),
-                      dask_client).manifest.split("train").shards
-    two = run_reshard(config_for(tiny_raw, tmp_path / "b", target_shard_bytes=20_000),
-                      dask_client).manifest.split("train").shards
+    one = (
+        run_reshard(config_for(tiny_raw, tmp_path / "a", target_shard_bytes=40_000), dask_client)
+        .manifest.split("train")
+        .shards
+    )
+    two = (
+        run_reshard(config_for(tiny_raw, tmp_path / "b", target_shard_bytes=20_000), dask_client)
+        .manifest.split("train")
+        .shards
+    )
     assert len(one) > 1 and abs(len(two) - 2 * len(one)) <= 1

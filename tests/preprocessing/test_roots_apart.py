@@ -19,26 +19,40 @@ from preprocessing.storage.sources import list_inputs
 from preprocessing.versions.attempt import STAGING_DIR
 
 
-@pytest.mark.parametrize(("inputs", "output", "inside"), [
-    (["/data/raw"], "/data/raw/out", "output_root /data/raw/out is inside dataset.inputs[0]"),
-    (["/data/raw/*.parquet"], "/data/raw/v", "output_root /data/raw/v is inside"),
-    (["/data/a", "/data/raw/**"], "/data/raw", "output_root /data/raw is inside dataset.inputs[1]"),
-    (["/data/out/raw"], "/data/out", "dataset.inputs[0] /data/out/raw is inside output_root"),
-    (["s3://b/raw"], "s3://b/raw/out", "output_root s3://b/raw/out is inside"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "output", "inside"),
+    [
+        (["/data/raw"], "/data/raw/out", "output_root /data/raw/out is inside dataset.inputs[0]"),
+        (["/data/raw/*.parquet"], "/data/raw/v", "output_root /data/raw/v is inside"),
+        (
+            ["/data/a", "/data/raw/**"],
+            "/data/raw",
+            "output_root /data/raw is inside dataset.inputs[1]",
+        ),
+        (["/data/out/raw"], "/data/out", "dataset.inputs[0] /data/out/raw is inside output_root"),
+        (["s3://b/raw"], "s3://b/raw/out", "output_root s3://b/raw/out is inside"),
+    ],
+)
 def test_an_output_inside_an_input_or_the_reverse_is_refused_naming_both(
-        inputs: list[str], output: str, inside: str) -> None:
+    inputs: list[str], output: str, inside: str
+) -> None:
     """Invariant: the config does not validate, and its error names both roots."""
     with pytest.raises(ValidationError, match=re.escape(inside)):
         ReshardConfig(dataset=DatasetSpec(inputs=inputs), output_root=output)
 
 
-@pytest.mark.parametrize(("inputs", "output"), [
-    (["/data/raw"], "/data/raw-out"), (["/data/raw/*.parquet"], "/data/out"),
-    (["s3://b/raw"], "/data/raw/out"), (["s3://b/raw"], "s3://c/raw/out"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "output"),
+    [
+        (["/data/raw"], "/data/raw-out"),
+        (["/data/raw/*.parquet"], "/data/out"),
+        (["s3://b/raw"], "/data/raw/out"),
+        (["s3://b/raw"], "s3://c/raw/out"),
+    ],
+)
 def test_roots_that_only_share_a_prefix_or_differ_in_store_are_accepted(
-        inputs: list[str], output: str) -> None:
+    inputs: list[str], output: str
+) -> None:
     """Invariant: whole path components on one store decide, not a shared string prefix."""
     assert ReshardConfig(dataset=DatasetSpec(inputs=inputs), output_root=output)
 
@@ -48,8 +62,10 @@ def test_a_symlinked_output_inside_an_input_is_refused(tmp_path: Path) -> None:
     (tmp_path / "raw").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "raw")
     with pytest.raises(ValidationError, match=r"is inside dataset\.inputs"):
-        ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
-                      output_root=str(tmp_path / "link" / "out"))
+        ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
+            output_root=str(tmp_path / "link" / "out"),
+        )
 
 
 def test_a_listing_skips_ballasts_own_folders_under_an_input(tmp_path: Path) -> None:
@@ -58,9 +74,15 @@ def test_a_listing_skips_ballasts_own_folders_under_an_input(tmp_path: Path) -> 
     and a version named as the input itself is read."""
     table = pa.table({"label": ["a", "b"], "features": [1.0, 2.0]})
     raw = tmp_path / "raw"
-    for name in ("day-1.parquet", "old/_CURRENT", "old/v-1/part-0.parquet",
-                 "old/v-1/_MANIFEST.json", "old/_staging/v-2/a/part-0.parquet",
-                 "run/_staging/v-3/b/part-1.parquet", "nested/day-2.parquet"):
+    for name in (
+        "day-1.parquet",
+        "old/_CURRENT",
+        "old/v-1/part-0.parquet",
+        "old/v-1/_MANIFEST.json",
+        "old/_staging/v-2/a/part-0.parquet",
+        "run/_staging/v-3/b/part-1.parquet",
+        "nested/day-2.parquet",
+    ):
         path = raw / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if name.endswith(".parquet"):

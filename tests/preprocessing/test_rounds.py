@@ -28,7 +28,7 @@ def map_tasks_reaching(layout: ExchangeLayout, destination: int) -> Counter[int]
         previous: Counter[int] = Counter()
         for task, paths in frontier.items():
             this = layout.rounds[index]
-            low, high = this.block_bounds[task % this.num_blocks: task % this.num_blocks + 2]
+            low, high = this.block_bounds[task % this.num_blocks : task % this.num_blocks + 2]
             assert low <= destination < high, "a merge task reads a block without the row"
             for item in layout.merge_inputs(index, task):
                 previous[item] += paths
@@ -37,32 +37,41 @@ def map_tasks_reaching(layout: ExchangeLayout, destination: int) -> Counter[int]
 
 
 @settings(max_examples=150, deadline=None)
-@given(num_maps=st.integers(1, 70), num_destinations=st.integers(1, 90),
-       fan_in=st.integers(2, 6), rounds=st.one_of(st.none(), st.integers(1, 4)))
+@given(
+    num_maps=st.integers(1, 70),
+    num_destinations=st.integers(1, 90),
+    fan_in=st.integers(2, 6),
+    rounds=st.one_of(st.none(), st.integers(1, 4)),
+)
 def test_every_destination_gets_every_map_output_once_within_the_fan_in(
-        num_maps: int, num_destinations: int, fan_in: int, rounds: int | None) -> None:
+    num_maps: int, num_destinations: int, fan_in: int, rounds: int | None
+) -> None:
     """Invariants: following the reads back from any destination's write reaches every map
     task exactly once (no row lost or read twice); merge tasks read at most `fan_in`
     objects; with rounds chosen, writes do too; a merge round has at most
     maps + blocks tasks; write tasks cover the destinations in runs that each lie inside
     one block of the last round."""
-    layout = plan_exchange(np.ones(num_maps), np.ones(num_destinations), task_bytes=1,
-                           fan_in=fan_in, rounds=rounds)
+    layout = plan_exchange(
+        np.ones(num_maps), np.ones(num_destinations), task_bytes=1, fan_in=fan_in, rounds=rounds
+    )
     assert layout.num_map_tasks == num_maps
     for destination in range(num_destinations):
         assert map_tasks_reaching(layout, destination) == Counter(range(num_maps))
     for index in range(1, len(layout.rounds)):
         this = layout.rounds[index]
         assert this.num_objects <= num_maps + this.num_blocks
-        assert all(len(layout.merge_inputs(index, task)) <= fan_in
-                   for task in range(this.num_objects))
+        assert all(
+            len(layout.merge_inputs(index, task)) <= fan_in for task in range(this.num_objects)
+        )
     if rounds is None:
         assert all(len(layout.write_inputs(d)) <= fan_in for d in range(num_destinations))
         assert layout.num_read_rounds == 1 + merge_rounds_needed(num_maps, fan_in)
     writes, last = layout.write_bounds, layout.rounds[-1]
     assert writes[0] == 0 and writes[-1] == num_destinations and (np.diff(writes) > 0).all()
-    assert all(last.block_of(first) == last.block_of(stop - 1)  # one block: one range each
-               for first, stop in pairwise(writes.tolist()))
+    assert all(
+        last.block_of(first) == last.block_of(stop - 1)  # one block: one range each
+        for first, stop in pairwise(writes.tolist())
+    )
 
 
 def test_one_round_when_the_map_outputs_fit_the_fan_in() -> None:
@@ -85,10 +94,14 @@ def test_default_fan_in_keeps_merge_reads_large() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(sizes=st.lists(st.integers(1, 1_000), min_size=1, max_size=60),
-       task_bytes=st.integers(1, 5_000), min_tasks=st.integers(1, 8))
-def test_pieces_group_consecutively_by_bytes(sizes: list[int], task_bytes: int,
-                                             min_tasks: int) -> None:
+@given(
+    sizes=st.lists(st.integers(1, 1_000), min_size=1, max_size=60),
+    task_bytes=st.integers(1, 5_000),
+    min_tasks=st.integers(1, 8),
+)
+def test_pieces_group_consecutively_by_bytes(
+    sizes: list[int], task_bytes: int, min_tasks: int
+) -> None:
     """Invariants: groups are consecutive, non-empty and cover every piece once; their
     number is min(pieces, max(min_tasks, ceil(total / task_bytes))); none holds more than
     its share plus one piece."""
@@ -107,9 +120,12 @@ def test_local_staging_reads_every_map_object_without_a_merge_round(tmp_path) ->
     memory map, a merge round a copy of every row) and the object-store default under
     s3:// (None: task bytes / 1 MiB, within 2-64); a configured fan-in is kept either way;
     so 125 map objects take one read round locally and two on S3."""
+
     def config(root: str, **fields: object) -> ReshardConfig:
-        return ReshardConfig(dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]), output_root=root,
-                             **fields)
+        return ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]), output_root=root, **fields
+        )
+
     assert default_fan_in(config(str(tmp_path / "out"))) == LOCAL_DEFAULT_FAN_IN
     assert default_fan_in(config("s3://bucket/out")) is None
     assert default_fan_in(config(str(tmp_path / "out"), exchange_fan_in=3)) == 3

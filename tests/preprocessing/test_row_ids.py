@@ -22,8 +22,9 @@ from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids, id_range
 
 
 @settings(max_examples=60, deadline=None)
-@given(path=st.text(min_size=1, max_size=80), num_rows=st.integers(1, 5_000),
-       cut=st.integers(0, 5_000))
+@given(
+    path=st.text(min_size=1, max_size=80), num_rows=st.integers(1, 5_000), cut=st.integers(0, 5_000)
+)
 def test_derived_ids_depend_on_path_and_row_only(path, num_rows, cut) -> None:
     """Invariant: a file's ids are unique positive int64s inside its id range, and the same
     whichever row ranges (pieces) they are computed over."""
@@ -43,8 +44,9 @@ def write_files(raw: Path) -> dict[int, tuple[str, int]]:
     for number, name in enumerate(["a.parquet", "b.parquet", "sub/a.parquet"]):
         (raw / name).parent.mkdir(parents=True, exist_ok=True)
         x = np.arange(number * 1_000, number * 1_000 + 150 + 40 * number)
-        pq.write_table(pa.table({"x": x, "label": rng.integers(0, 3, len(x))}), raw / name,
-                       row_group_size=64)
+        pq.write_table(
+            pa.table({"x": x, "label": rng.integers(0, 3, len(x))}), raw / name, row_group_size=64
+        )
         where.update({int(v): (name, row) for row, v in enumerate(x)})
     return where
 
@@ -53,8 +55,11 @@ def version_rows(manifest_uri: str) -> dict[int, int]:
     """x -> derived id over every shard of both splits."""
     manifest, location = read_manifest(manifest_uri)
     assert manifest.id_column == DERIVED_ID_COLUMN
-    tables = [pq.read_table(shard_uri(location, entry)) for split in manifest.splits.values()
-              for entry in split.shards]
+    tables = [
+        pq.read_table(shard_uri(location, entry))
+        for split in manifest.splits.values()
+        for entry in split.shards
+    ]
     table = pa.concat_tables(tables)
     ids = table.column(DERIVED_ID_COLUMN).to_pylist()
     assert len(set(ids)) == len(ids)  # natural mix, no resampling: each row once
@@ -62,8 +67,9 @@ def version_rows(manifest_uri: str) -> dict[int, int]:
 
 
 @pytest.mark.slow
-def test_a_table_without_ids_reshards_with_stable_unique_derived_ids(tmp_path,
-                                                                     dask_client: Client) -> None:
+def test_a_table_without_ids_reshards_with_stable_unique_derived_ids(
+    tmp_path, dask_client: Client
+) -> None:
     """Invariants: without an id column every row gets a unique derived id equal to
     hash(path relative to the root) + row index; a rerun on a cluster of another shape
     (1 worker, pieces cut smaller), listing the same files through a `file://` URI, gives
@@ -72,15 +78,20 @@ def test_a_table_without_ids_reshards_with_stable_unique_derived_ids(tmp_path,
     settings = {"source_column": None, "feature_columns": ["x"]}
 
     def config(inputs: str, out: str, **shape: object) -> ReshardConfig:
-        return ReshardConfig(dataset=DatasetSpec(inputs=[inputs], **settings),
-                             output_root=str(tmp_path / out), holdout_fraction=0.2,
-                             mix={"class_weighting": "natural"}, target_shard_rows=100,
-                             **shape)
+        return ReshardConfig(
+            dataset=DatasetSpec(inputs=[inputs], **settings),
+            output_root=str(tmp_path / out),
+            holdout_fraction=0.2,
+            mix={"class_weighting": "natural"},
+            target_shard_rows=100,
+            **shape,
+        )
 
     first = run_reshard(config(str(tmp_path / "raw"), "one"), dask_client)
-    second = run_reshard(config(f"file://{tmp_path / 'raw'}", "two", max_piece_rows=50,
-                                exchange_task_bytes=1),
-                         DaskConfig(kind="local", num_workers=1))
+    second = run_reshard(
+        config(f"file://{tmp_path / 'raw'}", "two", max_piece_rows=50, exchange_task_bytes=1),
+        DaskConfig(kind="local", num_workers=1),
+    )
     ids = version_rows(first.manifest_uri)
     assert set(ids) == set(where)
     assert ids == {x: int(derived_ids(name, row, 1)[0]) for x, (name, row) in where.items()}

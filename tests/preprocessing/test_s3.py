@@ -34,16 +34,21 @@ def test_reshard_s3_to_s3_commits_a_readable_version(tiny_raw, bucket) -> None:
     match the stored objects; `_CURRENT` on S3 names the version; a rerun is reused."""
     fs = fsspec.filesystem("s3")
     fs.put(f"{tiny_raw}/", f"{bucket}/raw/", recursive=True)
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
-                           output_root=f"s3://{bucket}/datasets", target_shard_rows=800,
-                           num_workers=1)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+        output_root=f"s3://{bucket}/datasets",
+        target_shard_rows=800,
+        num_workers=1,
+    )
     result = run_reshard(config)
     manifest, location = read_manifest(f"s3://{bucket}/datasets")
     assert manifest.version_id == result.manifest.version_id
     rows = [shard.num_rows for shard in manifest.split("train").shards]
     assert len(rows) > 1 and max(rows) - min(rows) <= 1
-    assert all(file_sha256(shard_uri(location, shard)) == shard.sha256
-               for shard in manifest.split("train").shards)
+    assert all(
+        file_sha256(shard_uri(location, shard)) == shard.sha256
+        for shard in manifest.split("train").shards
+    )
     assert read_current_version(f"s3://{bucket}/datasets") == manifest.version_id
     assert run_reshard(config).reused
 
@@ -74,7 +79,8 @@ def test_two_concurrent_commits_to_one_s3_root_exactly_one_wins(bucket) -> None:
 
 
 def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
-        tiny_raw, bucket, tmp_path) -> None:
+    tiny_raw, bucket, tmp_path
+) -> None:
     """Invariants on S3 (where shards go straight to their final keys): a child that finds
     `_CURRENT` moved on while it ran raises CommitConflict and removes its manifest and
     every shard object it wrote; from the parent again, the child commits, and its
@@ -87,9 +93,13 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
     fs = fsspec.filesystem("s3")
     fs.put(f"{tiny_raw}/", f"{bucket}/raw/", recursive=True)
     root = f"s3://{bucket}/datasets"
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
-                           output_root=root, target_shard_rows=800, num_workers=1,
-                           mode="incremental")
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+        output_root=root,
+        target_shard_rows=800,
+        num_workers=1,
+        mode="incremental",
+    )
     base = run_reshard(config).manifest.version_id
     table = sample_table(np.random.default_rng(0), 90_000, 300, 0, SampleSpec(num_features=4))
     pq.write_table(table, tmp_path / "night.parquet")
@@ -97,8 +107,11 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
 
     def others() -> list[str]:
         fs.invalidate_cache()
-        return [path for path in fs.find(f"{bucket}/datasets")
-                if f"/v-{base}/" not in path and "_CURRENT" not in path]
+        return [
+            path
+            for path in fs.find(f"{bucket}/datasets")
+            if f"/v-{base}/" not in path and "_CURRENT" not in path
+        ]
 
     written: list[str] = []
 
@@ -116,5 +129,8 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
     assert manifest.version_id == child.manifest.version_id and manifest.parent_version == base
     parents = [e for e in manifest.split("train").shards if e.version is not None]
     assert parents and all(f"/v-{base}/" in shard_uri(location, e) for e in parents)
-    assert all(file_sha256(shard_uri(location, e)) == e.sha256
-               for split in manifest.splits.values() for e in split.shards)
+    assert all(
+        file_sha256(shard_uri(location, e)) == e.sha256
+        for split in manifest.splits.values()
+        for e in split.shards
+    )

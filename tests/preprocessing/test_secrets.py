@@ -10,13 +10,16 @@ def test_redact_hides_uri_passwords_and_credential_query_values_only() -> None:
     """Invariant: a password in a URI's user part and the value of a query parameter whose
     name says credential become ***; the user, host, path and other parameters stay, and
     text without credentials comes back unchanged."""
-    text = ("MlflowException: http://ada:p%40ss:w0rd@mlflow.internal:5000/api/2.0 failed; "
-            "s3://bucket/key?X-Amz-Signature=abc123&X-Amz-Date=20260101 and "
-            "https://host/x?token=t0k&page=2")
+    text = (
+        "MlflowException: http://ada:p%40ss:w0rd@mlflow.internal:5000/api/2.0 failed; "
+        "s3://bucket/key?X-Amz-Signature=abc123&X-Amz-Date=20260101 and "
+        "https://host/x?token=t0k&page=2"
+    )
     assert redact(text) == (
         "MlflowException: http://ada:***@mlflow.internal:5000/api/2.0 failed; "
         "s3://bucket/key?X-Amz-Signature=***&X-Amz-Date=20260101 and "
-        "https://host/x?token=***&page=2")
+        "https://host/x?token=***&page=2"
+    )
     plain = "sqlite:///tmp/mlflow.db http://host:5000/path@v2 s3://b/k ratio 1:2@3"
     assert redact(plain) == plain
 
@@ -33,12 +36,15 @@ def test_split_credentials_gives_a_uri_without_them() -> None:
 def test_redact_value_hides_credential_strings_at_any_depth() -> None:
     """Invariant: in nested dicts and lists, a string under a credential-named key becomes
     *** and every other string is redacted as text; numbers, flags, None and keys stay."""
-    value = {"tracking": {"tracking_uri": "http://ada:hunter2@mlflow:5000", "run_id": None},
-             "dask": {"options": {"env": {"API_TOKEN": "t0k", "HOME": "/home/ada"}}},
-             "inputs": ["s3://b/raw", "https://host/x?access_token=t0k&page=2"],
-             "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""}}
+    value = {
+        "tracking": {"tracking_uri": "http://ada:hunter2@mlflow:5000", "run_id": None},
+        "dask": {"options": {"env": {"API_TOKEN": "t0k", "HOME": "/home/ada"}}},
+        "inputs": ["s3://b/raw", "https://host/x?access_token=t0k&page=2"],
+        "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""},
+    }
     assert redact_value(value) == {
         "tracking": {"tracking_uri": "http://ada:***@mlflow:5000", "run_id": None},
         "dask": {"options": {"env": {"API_TOKEN": "***", "HOME": "/home/ada"}}},
         "inputs": ["s3://b/raw", "https://host/x?access_token=***&page=2"],
-        "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""}}
+        "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""},
+    }

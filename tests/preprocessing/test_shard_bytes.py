@@ -24,8 +24,10 @@ from preprocessing.scan.inputs import check_schemas, scan_file
 from preprocessing.storage.sources import list_inputs
 
 # sha256 of the shards' sha256s joined, in destination order, as commit 3dc5cc3 wrote them.
-PINNED = {"id": "cb7033a3908f6b855c087f3ff62c6e4ffa7b770a240de5454668660730046d66",
-          None: "93c2fb470dc548e09423013629313cbc15380b3f75e044726810d6f025a8a147"}
+PINNED = {
+    "id": "cb7033a3908f6b855c087f3ff62c6e4ffa7b770a240de5454668660730046d66",
+    None: "93c2fb470dc548e09423013629313cbc15380b3f75e044726810d6f025a8a147",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,27 +39,48 @@ def small_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         rows = 150 + 10 * index
         features = rng.standard_normal(4 * rows, dtype=np.float32)
         x, missing = rng.normal(size=rows), rng.random(rows) < 0.1  # drawn before the labels
-        table = pa.table({
-            "id": pa.array(np.arange(rows) + 1000 * index, pa.int64()),
-            "label": pa.array(rng.choice(["a", "b", "c"], rows, p=[0.6, 0.3, 0.1])),
-            "source": pa.array([f"s{index % 2}"] * rows),
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(features), 4),
-            "x": pa.array(x, mask=missing)})
-        pq.write_table(table, directory / f"part-{index:03d}.parquet",
-                       row_group_size=200 if index % 3 else rows)
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(rows) + 1000 * index, pa.int64()),
+                "label": pa.array(rng.choice(["a", "b", "c"], rows, p=[0.6, 0.3, 0.1])),
+                "source": pa.array([f"s{index % 2}"] * rows),
+                "features": pa.FixedSizeListArray.from_arrays(pa.array(features), 4),
+                "x": pa.array(x, mask=missing),
+            }
+        )
+        pq.write_table(
+            table,
+            directory / f"part-{index:03d}.parquet",
+            row_group_size=200 if index % 3 else rows,
+        )
     return directory
 
 
 def shard_digests(inputs: Path, output: Path, id_column: str | None) -> list[str]:
     """Every shard's sha256, the exchange run stage by stage in this process."""
     config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(inputs)], id_column=id_column,
-                            feature_columns=["features", "x"], nulls={"x": "fill_mean"}),
-        output_root=str(output), target_shard_rows=400, rows_per_row_group=128,
-        holdout_fraction=0.2, exchange_task_bytes=60_000, exchange_fan_in=2, seed=3)
-    scans = check_schemas([scan_file(file, config.dataset, config.seed, config.holdout_fraction,
-                                     config.max_piece_rows)
-                           for file in list_inputs(config.dataset)])
+        dataset=DatasetSpec(
+            inputs=[str(inputs)],
+            id_column=id_column,
+            feature_columns=["features", "x"],
+            nulls={"x": "fill_mean"},
+        ),
+        output_root=str(output),
+        target_shard_rows=400,
+        rows_per_row_group=128,
+        holdout_fraction=0.2,
+        exchange_task_bytes=60_000,
+        exchange_fan_in=2,
+        seed=3,
+    )
+    scans = check_schemas(
+        [
+            scan_file(
+                file, config.dataset, config.seed, config.holdout_fraction, config.max_piece_rows
+            )
+            for file in list_inputs(config.dataset)
+        ]
+    )
     schema = reshard._output_schema(scans, config)
     plans, pieces = reshard._plan(scans, config)
     destinations = exchange.destinations_for(plans, schema)
@@ -66,22 +89,35 @@ def shard_digests(inputs: Path, output: Path, id_column: str | None) -> list[str
     staging = exchange.Staging(str(output / "exchange"), layout, destinations.schema)
     first_rows = exchange.piece_rows(scans, pieces)[0]
     for task in range(layout.num_map_tasks):
-        exchange.map_pieces(exchange.map_task(scans, plans, pieces, first_rows, staging, task),
-                            destinations, config.dataset, config.seed, config.holdout_fraction)
+        exchange.map_pieces(
+            exchange.map_task(scans, plans, pieces, first_rows, staging, task),
+            destinations,
+            config.dataset,
+            config.seed,
+            config.holdout_fraction,
+        )
     for round_index in range(1, len(layout.rounds)):
         for task in range(layout.rounds[round_index].num_objects):
             exchange.merge_task(round_index, task, staging)
     shards = exchange.shard_jobs(plans, lambda name: f"{output}/shards/{name}")
-    return [entry.sha256 for first, stop in pairwise(layout.write_bounds.tolist())
-            for entry in exchange.write_shards(first, shards[first:stop], staging, schema,
-                                               config.dataset, config.rows_per_row_group)]
+    return [
+        entry.sha256
+        for first, stop in pairwise(layout.write_bounds.tolist())
+        for entry in exchange.write_shards(
+            first, shards[first:stop], staging, schema, config.dataset, config.rows_per_row_group
+        )
+    ]
 
 
 @pytest.mark.parametrize("run_bytes", [0, exchange.ORDER_RUN_BYTES])
 @pytest.mark.parametrize("id_column", ["id", None])
-def test_shards_keep_the_bytes_of_before(small_files: Path, tmp_path: Path,
-                                         id_column: str | None, run_bytes: int,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_keep_the_bytes_of_before(
+    small_files: Path,
+    tmp_path: Path,
+    id_column: str | None,
+    run_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Invariant: with an id column or derived ids, the 23 shards (train and holdout) are
     byte-identical to those commit 3dc5cc3 wrote for the same inputs and settings, whether
     each shard is put in order alone (run_bytes 0, as a large shard is) or with the
@@ -94,8 +130,9 @@ def test_shards_keep_the_bytes_of_before(small_files: Path, tmp_path: Path,
 
 @given(sizes=st.lists(st.integers(0, 5_000), max_size=30), limit=st.integers(0, 12_000))
 @settings(max_examples=200, deadline=None)
-def test_order_runs_cover_the_shards_in_order_within_the_bytes(sizes: list[int],
-                                                                limit: int) -> None:
+def test_order_runs_cover_the_shards_in_order_within_the_bytes(
+    sizes: list[int], limit: int
+) -> None:
     """Invariant: the runs are consecutive, cover every shard once in order, and each holds
     at most ORDER_RUN_BYTES, or a single shard."""
     with pytest.MonkeyPatch.context() as patch:

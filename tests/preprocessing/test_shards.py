@@ -16,10 +16,14 @@ from preprocessing.contract.shards import COMPRESSION, EncodeBuffer, ShardWriter
 
 def table(num_rows: int) -> pa.Table:
     rng = np.random.default_rng(0)
-    return pa.table({"id": pa.array(np.arange(num_rows), pa.int64()),
-                     "label": pa.array(rng.integers(0, 3, num_rows)),
-                     "source": pa.array([f"s{i % 2}" for i in range(num_rows)]),
-                     "x": pa.array(rng.normal(size=num_rows), pa.float32())})
+    return pa.table(
+        {
+            "id": pa.array(np.arange(num_rows), pa.int64()),
+            "label": pa.array(rng.integers(0, 3, num_rows)),
+            "source": pa.array([f"s{i % 2}" for i in range(num_rows)]),
+            "x": pa.array(rng.normal(size=num_rows), pa.float32()),
+        }
+    )
 
 
 def test_rows_written_in_pieces_make_the_bytes_of_one_write(tmp_path: Path) -> None:
@@ -50,8 +54,7 @@ def test_an_empty_shard_needs_its_schema(tmp_path: Path) -> None:
     """Invariant: a shard of no rows is written from the schema it was given."""
     entry = write_shard(str(tmp_path / "empty.parquet"), table(0), 16, "label")
     assert entry.num_rows == 0 and entry.num_row_groups == 0
-    assert pq.read_table(tmp_path / "empty.parquet").schema.names == ["id", "label", "source",
-                                                                       "x"]
+    assert pq.read_table(tmp_path / "empty.parquet").schema.names == ["id", "label", "source", "x"]
 
 
 class EveryTable(EncodeBuffer):
@@ -74,16 +77,33 @@ def test_a_reused_encode_buffer_writes_the_same_bytes(tmp_path: Path) -> None:
     encoded again on its own, with the same bytes."""
     encode, small = EveryTable(), TooSmall()
     for index, rows in enumerate([1000, 300, 1000]):  # larger, smaller, larger again
-        alone = write_shard(str(tmp_path / f"alone-{index}.parquet"), table(rows), 128,
-                            "label", "source")
-        reused = write_shard(str(tmp_path / f"reused-{index}.parquet"), table(rows), 128,
-                             "label", "source", encode=encode)
-        overflowed = write_shard(str(tmp_path / f"small-{index}.parquet"), table(rows), 128,
-                                 "label", "source", encode=small)
+        alone = write_shard(
+            str(tmp_path / f"alone-{index}.parquet"), table(rows), 128, "label", "source"
+        )
+        reused = write_shard(
+            str(tmp_path / f"reused-{index}.parquet"),
+            table(rows),
+            128,
+            "label",
+            "source",
+            encode=encode,
+        )
+        overflowed = write_shard(
+            str(tmp_path / f"small-{index}.parquet"),
+            table(rows),
+            128,
+            "label",
+            "source",
+            encode=small,
+        )
         data = (tmp_path / f"alone-{index}.parquet").read_bytes()
         assert (tmp_path / f"reused-{index}.parquet").read_bytes() == data
         assert (tmp_path / f"small-{index}.parquet").read_bytes() == data
         for entry in (reused, overflowed):
-            assert (entry.sha256, entry.num_bytes, entry.class_counts, entry.num_row_groups) \
-                == (alone.sha256, alone.num_bytes, alone.class_counts, alone.num_row_groups)
+            assert (entry.sha256, entry.num_bytes, entry.class_counts, entry.num_row_groups) == (
+                alone.sha256,
+                alone.num_bytes,
+                alone.class_counts,
+                alone.num_row_groups,
+            )
     assert EncodeBuffer().for_table(table(10)) is None  # small shards keep their own stream

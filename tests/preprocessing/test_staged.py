@@ -22,15 +22,21 @@ from preprocessing.exchange.staged_objects import (
     read_destinations,
 )
 
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
-                    ("features", pa.list_(pa.float32(), 2))])
+SCHEMA = pa.schema(
+    [("id", pa.int64()), ("name", pa.string()), ("features", pa.list_(pa.float32(), 2))]
+)
 
 
 def rows_of(ids: list[int]) -> pa.RecordBatch:
     values = np.repeat(np.array(ids, dtype=np.float32), 2)
-    return pa.record_batch([pa.array(ids, pa.int64()), pa.array([f"r{i}" for i in ids]),
-                            pa.FixedSizeListArray.from_arrays(pa.array(values), 2)],
-                           schema=SCHEMA)
+    return pa.record_batch(
+        [
+            pa.array(ids, pa.int64()),
+            pa.array([f"r{i}" for i in ids]),
+            pa.FixedSizeListArray.from_arrays(pa.array(values), 2),
+        ],
+        schema=SCHEMA,
+    )
 
 
 def write_object(uri: str, by_destination: list[list[int]]) -> StagedObject:
@@ -75,10 +81,11 @@ def test_destinations_read_back_and_merge_whole(tmp_path_factory, layout) -> Non
     for destination in range(first, stop):
         expected = [i for by_destination in layout for i in by_destination[destination]]
         assert ids_at(merged, destination, destination + 1) == expected
-    stream = Path(merged.uri).read_bytes()[16 + 8 * (stop - first + 1):]
+    stream = Path(merged.uri).read_bytes()[16 + 8 * (stop - first + 1) :]
     whole = pa.ipc.open_stream(stream).read_all()
     assert sorted(whole.column("id").to_pylist()) == sorted(
-        i for by_destination in layout for ids in by_destination[first:] for i in ids)
+        i for by_destination in layout for ids in by_destination[first:] for i in ids
+    )
 
 
 def test_reads_outside_an_object_or_through_a_damaged_index_fail(tmp_path: Path) -> None:
@@ -90,7 +97,7 @@ def test_reads_outside_an_object_or_through_a_damaged_index_fail(tmp_path: Path)
     with pytest.raises(ValueError, match="outside"):
         read_destinations(staged, 2, 4)
     raw = bytearray(Path(uri).read_bytes())
-    raw[16 + 8: 16 + 16] = np.int64(10**9).tobytes()  # destination 1 starts after 2
+    raw[16 + 8 : 16 + 16] = np.int64(10**9).tobytes()  # destination 1 starts after 2
     Path(uri).write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"one\.arrow: corrupt staged index"):
         read_destinations(staged, 0, 2)
@@ -102,8 +109,7 @@ def test_reads_outside_an_object_or_through_a_damaged_index_fail(tmp_path: Path)
 
 @settings(max_examples=30, deadline=None)
 @given(layout=objects_by_destination())
-def test_one_pass_over_a_range_gives_each_destinations_batches(tmp_path_factory,
-                                                               layout) -> None:
+def test_one_pass_over_a_range_gives_each_destinations_batches(tmp_path_factory, layout) -> None:
     """Invariant: decoding a range of destinations in one pass (`destination_batches`, what
     write tasks do) yields, per destination, exactly the batches `read_batches` yields for
     that destination alone, for every sub-range."""
@@ -115,11 +121,13 @@ def test_one_pass_over_a_range_gives_each_destinations_batches(tmp_path_factory,
         decoded = destination_batches(data, offsets, SCHEMA)
         assert len(decoded) == stop - first
         for index, batches in enumerate(decoded):
-            alone = read_batches(data[offsets[index]:offsets[index + 1]], SCHEMA)
-            assert [b.column("id").to_pylist() for b in batches] == \
-                [b.column("id").to_pylist() for b in alone]
-            assert [i for b in batches for i in b.column("id").to_pylist()] == \
-                layout[0][first + index]
+            alone = read_batches(data[offsets[index] : offsets[index + 1]], SCHEMA)
+            assert [b.column("id").to_pylist() for b in batches] == [
+                b.column("id").to_pylist() for b in alone
+            ]
+            assert [i for b in batches for i in b.column("id").to_pylist()] == layout[0][
+                first + index
+            ]
 
 
 def test_an_index_bound_inside_a_message_is_refused(tmp_path: Path) -> None:
@@ -153,7 +161,8 @@ def test_a_staged_file_cut_short_is_an_error_never_a_crash(tmp_path: Path) -> No
             assert "cut.arrow" in str(error)
             outcomes.add("error")
             continue
-        assert [[i for b in batches for i in b.column("id").to_pylist()]
-                for batches in decoded] == expected
+        assert [
+            [i for b in batches for i in b.column("id").to_pylist()] for batches in decoded
+        ] == expected
         outcomes.add("whole")  # only the end-of-stream marker was cut
     assert outcomes == {"error", "whole"}

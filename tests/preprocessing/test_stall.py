@@ -24,16 +24,27 @@ DEADLINE_S = 10.0
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["exchange", "write"])
 def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
-        tiny_raw, tmp_path, dask_client, stage: str, caplog: pytest.LogCaptureFixture) -> None:
+    tiny_raw, tmp_path, dask_client, stage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Invariant: see the module; named within 90 s of the freeze, shards byte-identical."""
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                           output_root=str(tmp_path / "frozen"), target_shard_rows=100,
-                           max_piece_rows=60, exchange_task_bytes=1, exchange_fan_in=2,
-                           max_tasks_in_flight=2, progress_deadline_s=DEADLINE_S)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+        output_root=str(tmp_path / "frozen"),
+        target_shard_rows=100,
+        max_piece_rows=60,
+        exchange_task_bytes=1,
+        exchange_fan_in=2,
+        max_tasks_in_flight=2,
+        progress_deadline_s=DEADLINE_S,
+    )
     frozen: list[tuple[int, float]] = []
     caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         pids = client.run(os.getpid)
         address, victim = sorted(pids.items())[0]
 
@@ -52,9 +63,12 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
     named_after_s = named[0].created - (time.time() - time.monotonic() + frozen[0][1])
     print(f"{stage}: named {named_after_s:.1f} s after the freeze: {named[0].getMessage()}")
     assert named_after_s < 90
-    clean = run_reshard(config.model_copy(update={"output_root": str(tmp_path / "clean")}),
-                        dask_client)
-    digests = lambda r: [s.sha256 for split in ("train", "holdout")  # noqa: E731
-                         for s in r.manifest.split(split).shards]
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
+
+    def digests(r):
+        return [s.sha256 for split in ("train", "holdout") for s in r.manifest.split(split).shards]
+
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)

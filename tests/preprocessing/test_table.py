@@ -69,8 +69,10 @@ def chain(tmp_path_factory, dask_client) -> Chain:
 
 def expected_counts(manifest: Manifest) -> dict[str, Counter[str]]:
     """Per split, the manifest's rows of each class (its shards' class counts summed)."""
-    return {name: sum((Counter(e.class_counts) for e in split.shards), Counter())
-            for name, split in manifest.splits.items()}
+    return {
+        name: sum((Counter(e.class_counts) for e in split.shards), Counter())
+        for name, split in manifest.splits.items()
+    }
 
 
 def counted(frame: pl.DataFrame, label: str) -> dict[str, Counter[str]]:
@@ -107,8 +109,7 @@ def check_readers(root: Path, version_id: str, capsys) -> None:
 
 
 @pytest.mark.slow  # reshards on the session's Dask cluster
-def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chain,
-                                                                     capsys) -> None:
+def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chain, capsys) -> None:
     """Invariants: after the third version of a chain the table's newest version, Polars
     and `ballast files` hold exactly the manifest's rows per split and class, the
     children's ancestors' shards in place; a rollback is a new table version holding the
@@ -118,7 +119,8 @@ def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chai
     assert listed(root, capsys, "--version", ids[0]) == [
         shard_uri(read_manifest(str(root / f"v-{ids[0]}"))[1], entry)
         for split in read_manifest(str(root / f"v-{ids[0]}"))[0].splits.values()
-        for entry in split.shards]
+        for entry in split.shards
+    ]
     rollback_dataset(str(root), ids[1])
     check_readers(root, ids[1], capsys)
     history = [h[VERSION_KEY] for h in reversed(DeltaTable(str(root)).history())]
@@ -129,8 +131,10 @@ def write_version(root: Path, version_id: str) -> None:
     """A tiny version committed in this process (tests/preprocessing/version_writer.py)."""
     previous = read_current_version(str(root))
     with VersionAttempt(str(root), version_id) as attempt:
-        entries = [write_test_shard(attempt.shard_uri(shard_name("train", index)), version_id,
-                                    index) for index in range(2)]
+        entries = [
+            write_test_shard(attempt.shard_uri(shard_name("train", index)), version_id, index)
+            for index in range(2)
+        ]
         attempt.commit(manifest_of(version_id, entries), expected=previous)
 
 
@@ -141,20 +145,24 @@ def head_version(root: Path) -> str | None:
 
 @pytest.mark.slow  # the writer runs as its own process, SIGKILLed mid-commit
 @pytest.mark.parametrize("step", ["manifest", "swap"])
-def test_a_crash_between_current_and_the_table_is_repaired_by_the_rerun(tmp_path,
-                                                                       step) -> None:
+def test_a_crash_between_current_and_the_table_is_repaired_by_the_rerun(tmp_path, step) -> None:
     """Invariants: killed after the manifest or after `_CURRENT` moved, the table still
     holds the old version (never one `_CURRENT` did not name); the rerun brings the table
     to the new version in one table commit."""
     write_version(tmp_path, "old")
     env = {"PYTHONPATH": str(REPO), KILL_AT_ENV: step}
-    killed = subprocess.run([sys.executable, str(WRITER), str(tmp_path), "new"],
-                            env={**os.environ, **env}, timeout=120)
+    killed = subprocess.run(
+        [sys.executable, str(WRITER), str(tmp_path), "new"], env={**os.environ, **env}, timeout=120
+    )
     assert killed.returncode == -9
     assert head_version(tmp_path) == "old"
-    rerun = subprocess.run([sys.executable, str(WRITER), str(tmp_path), "new"],
-                           env={**os.environ, "PYTHONPATH": str(REPO)},
-                           capture_output=True, text=True, timeout=120)
+    rerun = subprocess.run(
+        [sys.executable, str(WRITER), str(tmp_path), "new"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert read_current_version(str(tmp_path)) == head_version(tmp_path) == "new"
     assert DeltaTable(str(tmp_path)).version() == 1
@@ -179,7 +187,8 @@ def test_a_publisher_that_loses_the_table_commit_converges_on_current(tmp_path) 
 
 
 def test_a_rollback_cut_off_before_its_table_commit_is_finished_by_running_it_again(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Invariants: `_CURRENT` moved back by hand (a rollback killed before publishing)
     leaves the table on the newer version; `ballast rollback` to the same version then
     publishes it as a new table version and changes nothing else."""
@@ -190,20 +199,25 @@ def test_a_rollback_cut_off_before_its_table_commit_is_finished_by_running_it_ag
     assert "nothing to do" in rollback_dataset(str(tmp_path), "a")
     assert head_version(tmp_path) == "a" and DeltaTable(str(tmp_path)).version() == 2
     assert sorted(DeltaTable(str(tmp_path)).file_uris()) == sorted(
-        str(tmp_path / "v-a" / shard_name("train", index)) for index in range(2))
+        str(tmp_path / "v-a" / shard_name("train", index)) for index in range(2)
+    )
 
 
 def test_a_schema_delta_lake_cannot_hold_is_named_and_never_fails_the_commit(
-        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Invariants: shard columns Delta Lake cannot hold (a time64 column; names equal but for
     case, as real tables have) are named in a warning; the version itself is committed and
     current, and no table is written: the table is a view, never a reason a run fails."""
-    tables = {"timed": ({"at": pa.array([1, 2], pa.time64("us"))}, r"column 'at' of type time64"),
-              "cased": ({"mass": [1.0, 2.0], "Mass": [3.0, 4.0]}, r"no Delta Lake schema")}
+    tables = {
+        "timed": ({"at": pa.array([1, 2], pa.time64("us"))}, r"column 'at' of type time64"),
+        "cased": ({"mass": [1.0, 2.0], "Mass": [3.0, 4.0]}, r"no Delta Lake schema"),
+    }
     for version_id, (columns, named) in tables.items():
         root = tmp_path / version_id
-        rows = pa.table({"id": pa.array([1, 2], pa.int64()),
-                         "label": pa.array([0, 1], pa.int64()), **columns})
+        rows = pa.table(
+            {"id": pa.array([1, 2], pa.int64()), "label": pa.array([0, 1], pa.int64()), **columns}
+        )
         with caplog.at_level("WARNING"), VersionAttempt(str(root), version_id) as attempt:
             entry = write_shard(attempt.shard_uri(shard_name("train", 0)), rows, 2, "label")
             attempt.commit(manifest_of(version_id, [entry]), expected=None)

@@ -46,14 +46,21 @@ def raw_bucket(tiny_raw: Path, s3_endpoint: str) -> str:
 
 
 def config_for(bucket: str, output: str, **settings: object) -> ReshardConfig:
-    return ReshardConfig(dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
-                         output_root=f"s3://{bucket}/{output}", target_shard_rows=700,
-                         num_workers=2, retry=FAST_RETRIES, **settings)
+    return ReshardConfig(
+        dataset=DatasetSpec(inputs=[f"s3://{bucket}/raw/*.parquet"]),
+        output_root=f"s3://{bucket}/{output}",
+        target_shard_rows=700,
+        num_workers=2,
+        retry=FAST_RETRIES,
+        **settings,
+    )
 
 
 def digests(result: ReshardResult) -> dict[str, list[str]]:
-    return {name: [shard.sha256 for shard in split.shards]
-            for name, split in result.manifest.splits.items()}
+    return {
+        name: [shard.sha256 for shard in split.shards]
+        for name, split in result.manifest.splits.items()
+    }
 
 
 def test_a_corrupt_file_is_permanent_and_read_once(tiny_raw, tmp_path) -> None:
@@ -91,8 +98,7 @@ def test_transient_errors_are_retried_until_the_last_try() -> None:
     """Invariants: an error that may pass is retried and the call's value returned once it
     passes; after `attempts` tries the last error is raised as it came, noting the tries;
     an unknown kind of error counts as transient."""
-    outcomes: list[BaseException | str] = [ConnectionResetError("reset"), TimeoutError(),
-                                           "rows"]
+    outcomes: list[BaseException | str] = [ConnectionResetError("reset"), TimeoutError(), "rows"]
 
     def flaky() -> str:
         outcome = outcomes.pop(0)
@@ -121,8 +127,7 @@ def test_faults_in_scan_map_and_write_reads_change_no_shard(raw_bucket, proxy) -
     Invariant: the run commits, rejects nothing, and every shard's sha256 equals a clean
     run's under the same version id."""
     clean = run_reshard(config_for(raw_bucket, "clean"))
-    for index, fault, times in [(0, "503", 7), (1, "500", 2), (2, "reset", 6),
-                                (3, "truncate", 6)]:
+    for index, fault, times in [(0, "503", 7), (1, "500", 2), (2, "reset", 6), (3, "truncate", 6)]:
         proxy.inject(f"{raw_bucket}/raw/raw-{index:03d}.parquet", fault, times)
 
     def arm(stage: str, done: int, total: int) -> None:
@@ -159,7 +164,8 @@ def test_a_file_unreadable_on_every_try_commits_nothing(raw_bucket, proxy, fault
     assert not result.reused and result.manifest.rejected == []
     assert sum(result.manifest.input_class_counts.values()) == sum(
         pq.ParquetFile(fsspec.open(f"s3://{path}").open()).metadata.num_rows
-        for path in fsspec.filesystem("s3").glob(f"{raw_bucket}/raw/*.parquet"))
+        for path in fsspec.filesystem("s3").glob(f"{raw_bucket}/raw/*.parquet")
+    )
     assert read_current_version(root) == result.manifest.version_id
 
 
@@ -171,8 +177,10 @@ def test_a_corrupt_file_is_rejected_and_only_it(raw_bucket, proxy) -> None:
     fs = fsspec.filesystem("s3")
     good = fs.cat(f"{raw_bucket}/raw/raw-002.parquet")
     footer_start = len(good) - 8 - int.from_bytes(good[-8:-4], "little")
-    fs.pipe(f"{raw_bucket}/raw/raw-002.parquet",
-            good[:4] + b"\x07" * (footer_start - 4) + good[footer_start:])
+    fs.pipe(
+        f"{raw_bucket}/raw/raw-002.parquet",
+        good[:4] + b"\x07" * (footer_start - 4) + good[footer_start:],
+    )
     proxy.inject(f"{raw_bucket}/raw/raw-004.parquet", "503", 7)
     result = run_reshard(config_for(raw_bucket, "out", max_rejected_fraction=0.5))
     rejected = {Path(item.path).name: item.reason for item in result.manifest.rejected}

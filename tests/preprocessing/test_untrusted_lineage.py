@@ -32,16 +32,21 @@ PARENT, CHILD = "parent1", "child1"
 def commit_of(root: Path, version_id: str, parent: str | None = None) -> None:
     """A two-shard version (a flat one, or a child listing the parent's shards too)."""
     with VersionAttempt(str(root), version_id) as attempt:
-        entries = [write_test_shard(attempt.shard_uri(shard_name("train", i)), version_id, i)
-                   for i in range(2)]
+        entries = [
+            write_test_shard(attempt.shard_uri(shard_name("train", i)), version_id, i)
+            for i in range(2)
+        ]
         manifest = manifest_of(version_id, entries)
         lineage = [Delta(version_id, parent, "", 1, 1, 1)]
         if parent is not None:
             older, _ = read_manifest(version_dir(str(root), parent))
             entries = [replace(e, version=parent) for e in older.split("train").shards] + entries
             lineage = [*older.lineage(), *lineage]
-            manifest = replace(manifest, splits={"train": replace(
-                manifest.split("train"), num_rows=200, shards=entries)}, parent_version=parent)
+            manifest = replace(
+                manifest,
+                splits={"train": replace(manifest.split("train"), num_rows=200, shards=entries)},
+                parent_version=parent,
+            )
         attempt.commit(replace(manifest, deltas=lineage))
 
 
@@ -67,14 +72,18 @@ def test_a_child_resolves_its_parents_shards_in_the_parents_directory(root: Path
     assert all(Path(uri).exists() for uri in uris)
 
 
-@pytest.mark.parametrize("version, message", [
-    ("../../outside", r"version.*is not a version id"),
-    ("v-parent1/../x", r"is not a version id"),
-    ("someone-else", r"'someone-else', which is not an ancestor"),
-    (CHILD, r"'child1', which is not an ancestor"),
-])
-def test_a_shard_in_another_version_must_name_an_ancestor(root: Path, version: str,
-                                                          message: str) -> None:
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        ("../../outside", r"version.*is not a version id"),
+        ("v-parent1/../x", r"is not a version id"),
+        ("someone-else", r"'someone-else', which is not an ancestor"),
+        (CHILD, r"'child1', which is not an ancestor"),
+    ],
+)
+def test_a_shard_in_another_version_must_name_an_ancestor(
+    root: Path, version: str, message: str
+) -> None:
     """Invariant: a path, an unrelated version or the version itself as a shard's `version`
     fails the read with ManifestError naming the shard."""
     rewrite_child(root, lambda raw: raw["splits"]["train"]["shards"][0].update(version=version))
@@ -98,8 +107,11 @@ def test_an_altered_input_listing_is_refused(tmp_path: Path) -> None:
     """Invariant: a listing that does not hash to the input fingerprint (a file's size
     edited, to pass a rewritten file off as unchanged) fails the incremental diff."""
     listed = [InputFile("file:///raw/a.parquet", "", "", 10, "1.0")]
-    parent = replace(manifest_of(PARENT, []), input_fingerprint=fingerprint_inputs(listed),
-                     inputs=[InputRecord("file:///raw/a.parquet", 10, "1.0")])
+    parent = replace(
+        manifest_of(PARENT, []),
+        input_fingerprint=fingerprint_inputs(listed),
+        inputs=[InputRecord("file:///raw/a.parquet", 10, "1.0")],
+    )
     config = ReshardConfig(dataset=DatasetSpec(inputs=["/raw"]), output_root=str(tmp_path))
     new, _ = differences(parent, "here", config, listed)  # the true listing passes
     assert new == []

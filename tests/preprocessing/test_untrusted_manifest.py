@@ -103,6 +103,7 @@ def test_untampered_copy_loads(root, tmp_path) -> None:
 def set_shard(field: str, value: str) -> Callable[[dict], None]:
     def change(raw: dict) -> None:
         raw["splits"]["train"]["shards"][0][field] = value
+
     return change
 
 

@@ -17,32 +17,68 @@ from preprocessing.toolbox.secrets import redact_value
 from preprocessing.versions.incremental import Increment, version_id_of
 
 FIXED = {
-    "dataset": {"inputs": ["s3://bucket/raw/*.parquet"], "feature_columns": ["x", "y"],
-                "nulls": {"x": "fill_mean"}, "id_column": "id"},
-    "output_root": "/data/out", "mix": {"class_weighting": "temperature", "temperature": 3.0},
-    "shuffle": "block", "seed": 7, "target_shard_rows": 1000, "holdout_fraction": 0.2,
-    "num_workers": 4, "mode": "incremental",
-    "incremental": {"max_chain_length": 5, "on_changed_inputs": "rebuild",
-                    "max_small_shard_fraction": 0.5},
-    "exchange_task_bytes": 1 << 20}
+    "dataset": {
+        "inputs": ["s3://bucket/raw/*.parquet"],
+        "feature_columns": ["x", "y"],
+        "nulls": {"x": "fill_mean"},
+        "id_column": "id",
+    },
+    "output_root": "/data/out",
+    "mix": {"class_weighting": "temperature", "temperature": 3.0},
+    "shuffle": "block",
+    "seed": 7,
+    "target_shard_rows": 1000,
+    "holdout_fraction": 0.2,
+    "num_workers": 4,
+    "mode": "incremental",
+    "incremental": {
+        "max_chain_length": 5,
+        "on_changed_inputs": "rebuild",
+        "max_small_shard_fraction": 0.5,
+    },
+    "exchange_task_bytes": 1 << 20,
+}
 # Computed on commit bd107bc (before the incremental section), with the same settings
 # written flat: the digest of the settings hashed, and the id with a fixed code version.
 PINNED_SETTINGS_SHA256 = "b140d96196e9b7b92291783869d7bff41981c98ba0e05cd30be751a637eb7181"
 PINNED_VERSION_ID = "c19de5e0f102af3d"
 FINGERPRINT = "f" * 64
-NEUTRAL = {"output_root", "num_workers", "retry", "mode", "incremental", "exchange_task_bytes",
-           "exchange_fan_in", "exchange_rounds", "max_tasks_in_flight", "upload_part_bytes",
-           "progress_deadline_s"}
+NEUTRAL = {
+    "output_root",
+    "num_workers",
+    "retry",
+    "mode",
+    "incremental",
+    "exchange_task_bytes",
+    "exchange_fan_in",
+    "exchange_rounds",
+    "max_tasks_in_flight",
+    "upload_part_bytes",
+    "progress_deadline_s",
+}
 # One other value per field: a neutral one must keep the id, an output one must change it.
 CHANGES: dict[str, Any] = {
-    "output_root": "/elsewhere", "num_workers": 9, "retry": {"attempts": 7}, "mode": "incremental",
-    "incremental": {"max_chain_length": 2}, "exchange_task_bytes": 3 << 20,
-    "exchange_fan_in": 5, "exchange_rounds": 2, "max_tasks_in_flight": 3,
-    "upload_part_bytes": 16 << 20, "progress_deadline_s": 30.0,
+    "output_root": "/elsewhere",
+    "num_workers": 9,
+    "retry": {"attempts": 7},
+    "mode": "incremental",
+    "incremental": {"max_chain_length": 2},
+    "exchange_task_bytes": 3 << 20,
+    "exchange_fan_in": 5,
+    "exchange_rounds": 2,
+    "max_tasks_in_flight": 3,
+    "upload_part_bytes": 16 << 20,
+    "progress_deadline_s": 30.0,
     "dataset": {**FIXED["dataset"], "feature_columns": ["x"], "nulls": {}},
-    "mix": {"class_weighting": "uniform"}, "shuffle": "global", "seed": 8,
-    "num_output_rows": 5000, "target_shard_rows": 999, "target_shard_bytes": 1 << 20,
-    "rows_per_row_group": 512, "max_piece_rows": 77, "holdout_fraction": 0.3,
+    "mix": {"class_weighting": "uniform"},
+    "shuffle": "global",
+    "seed": 8,
+    "num_output_rows": 5000,
+    "target_shard_rows": 999,
+    "target_shard_bytes": 1 << 20,
+    "rows_per_row_group": 512,
+    "max_piece_rows": 77,
+    "holdout_fraction": 0.3,
     "max_rejected_fraction": 0.5,
 }
 
@@ -77,8 +113,9 @@ def test_the_output_neutral_fields_are_declared_on_existing_fields() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CHANGES))
-def test_a_neutral_field_keeps_the_id_and_an_output_field_changes_it(name: str,
-                                                                     fixed_code: None) -> None:
+def test_a_neutral_field_keeps_the_id_and_an_output_field_changes_it(
+    name: str, fixed_code: None
+) -> None:
     """Invariant: changing one field keeps the version id if and only if it is marked
     output-neutral."""
     base = ReshardConfig.model_validate({**FIXED, "mode": "full"})

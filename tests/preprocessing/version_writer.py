@@ -35,9 +35,13 @@ NUM_SHARDS, ROWS_PER_SHARD = 2, 50
 
 def shard_table(version_id: str, index: int) -> pa.Table:
     first = int(hashlib.sha256(version_id.encode()).hexdigest()[:6], 16) + index * ROWS_PER_SHARD
-    return pa.table({"id": pa.array(range(first, first + ROWS_PER_SHARD), pa.int64()),
-                     "label": pa.array([i % 2 for i in range(ROWS_PER_SHARD)], pa.int64()),
-                     "x": pa.array([float(i) for i in range(ROWS_PER_SHARD)], pa.float32())})
+    return pa.table(
+        {
+            "id": pa.array(range(first, first + ROWS_PER_SHARD), pa.int64()),
+            "label": pa.array([i % 2 for i in range(ROWS_PER_SHARD)], pa.int64()),
+            "x": pa.array([float(i) for i in range(ROWS_PER_SHARD)], pa.float32()),
+        }
+    )
 
 
 def write_test_shard(uri: str, version_id: str, index: int) -> ShardEntry:
@@ -47,12 +51,21 @@ def write_test_shard(uri: str, version_id: str, index: int) -> ShardEntry:
 
 def manifest_of(version_id: str, entries: list[ShardEntry]) -> Manifest:
     return Manifest(
-        version_id=version_id, label_column="label", source_column="", id_column="id",
-        feature_columns=["x"], classes=[0, 1], sources=[],
+        version_id=version_id,
+        label_column="label",
+        source_column="",
+        id_column="id",
+        feature_columns=["x"],
+        classes=[0, 1],
+        sources=[],
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in shard_table("", 0).schema],
-        splits={"train": SplitEntry(NUM_SHARDS * ROWS_PER_SHARD, entries)}, seed=0,
-        config={}, input_fingerprint=version_id, input_class_counts={},
-        input_source_counts={})
+        splits={"train": SplitEntry(NUM_SHARDS * ROWS_PER_SHARD, entries)},
+        seed=0,
+        config={},
+        input_fingerprint=version_id,
+        input_class_counts={},
+        input_source_counts={},
+    )
 
 
 def main() -> int:
@@ -69,8 +82,10 @@ def main() -> int:
         if args.hold:
             print(f"holding {attempt.uri}", flush=True)
             time.sleep(3600)
-        entries = [write_test_shard(attempt.shard_uri(shard_name("train", index)),
-                                    args.version_id, index) for index in range(NUM_SHARDS)]
+        entries = [
+            write_test_shard(attempt.shard_uri(shard_name("train", index)), args.version_id, index)
+            for index in range(NUM_SHARDS)
+        ]
         commit = attempt.commit(manifest_of(args.version_id, entries), expected=previous)
     print("committed" if commit.written else "already committed", flush=True)
     return 0

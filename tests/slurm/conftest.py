@@ -30,18 +30,21 @@ def slurm_missing() -> str | None:
         return None
     if os.geteuid() != 0:
         return f"SLURM is not running and only root can start it ({START_SCRIPT})"
-    started = subprocess.run([str(START_SCRIPT)], capture_output=True, text=True, check=False,
-                             timeout=120)
+    started = subprocess.run(
+        [str(START_SCRIPT)], capture_output=True, text=True, check=False, timeout=120
+    )
     if started.returncode != 0 or not node_is_up():
         return f"{START_SCRIPT} failed: {started.stderr.strip()[-500:]}"
     return None
 
 
 def node_is_up() -> bool:
-    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                          check=False, timeout=30)
+    done = subprocess.run(
+        ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, check=False, timeout=30
+    )
     return done.returncode == 0 and any(
-        state in done.stdout for state in ("idle", "mixed", "allocated"))
+        state in done.stdout for state in ("idle", "mixed", "allocated")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -66,10 +69,14 @@ def shared_dir(slurm_cluster: None) -> Iterator[Path]:
 
 def jobs_named(name: str) -> list[str]:
     """The ids of the jobs SLURM knows (running or ended recently) named `name`."""
-    done = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True,
-                          check=False)
-    return [line.split("JobId=", 1)[1].split()[0] for line in done.stdout.splitlines()
-            if f" JobName={name} " in line]
+    done = subprocess.run(
+        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, check=False
+    )
+    return [
+        line.split("JobId=", 1)[1].split()[0]
+        for line in done.stdout.splitlines()
+        if f" JobName={name} " in line
+    ]
 
 
 def live_jobs(name: str) -> list[str]:

@@ -23,12 +23,19 @@ def test_host_only_variables_stay_out_of_a_jobs_environment() -> None:
     file in this host's temporary directory are dropped; the rest (credentials, PATH)
     passes unchanged."""
     temporary = tempfile.gettempdir()
-    environ = {"DASK_DISTRIBUTED__LOGGING": "{'filename': '/shared/run.log'}",
-               "MLFLOW_TRACKING_URI": f"sqlite:///{temporary}/mlflow.db",
-               "AWS_SECRET_ACCESS_KEY": "k", "PATH": "/usr/bin", "TMPDIR": temporary}
+    environ = {
+        "DASK_DISTRIBUTED__LOGGING": "{'filename': '/shared/run.log'}",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{temporary}/mlflow.db",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "PATH": "/usr/bin",
+        "TMPDIR": temporary,
+    }
     assert host_only_variables(environ) == ["DASK_DISTRIBUTED__LOGGING", "MLFLOW_TRACKING_URI"]
-    assert job_environment(environ) == {"AWS_SECRET_ACCESS_KEY": "k", "PATH": "/usr/bin",
-                                        "TMPDIR": temporary}
+    assert job_environment(environ) == {
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "PATH": "/usr/bin",
+        "TMPDIR": temporary,
+    }
 
 
 def test_a_job_state_says_why_it_waits_or_ended_and_where_its_output_is() -> None:
@@ -38,14 +45,16 @@ def test_a_job_state_says_why_it_waits_or_ended_and_where_its_output_is() -> Non
     timeout = JobState("8", "TIMEOUT", "TimeLimit", 0, "/o/8.out", "01:00:00")
     failed = JobState("9", "FAILED", "NonZeroExitCode", 1, "/o/9.out", "01:00:00")
     assert pending.describe() == "SLURM job 7 (PENDING: Resources; its output: /o/7.out)"
-    assert timeout.describe() == ("SLURM job 8 (TIMEOUT: it reached its time limit of "
-                                  "01:00:00; its output: /o/8.out)")
+    assert timeout.describe() == (
+        "SLURM job 8 (TIMEOUT: it reached its time limit of 01:00:00; its output: /o/8.out)"
+    )
     assert failed.describe() == "SLURM job 9 (FAILED, exit code 1; its output: /o/9.out)"
     assert expand_pattern("/logs/%x-%J.out", "12", "dask") == "/logs/dask-12.out"
 
 
 def test_dask_job_settings_become_directives_and_host_only_variables_are_unset(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Invariants: `dask.jobs` (partition, account, QOS, memory, constraint, walltime,
     further options) is written into the worker job script, which unsets the command's
     worker log config before the worker starts; the scheduler's dashboard takes a free
@@ -53,24 +62,49 @@ def test_dask_job_settings_become_directives_and_host_only_variables_are_unset(
     `jobs` on a kind without job scripts, is refused naming the fields."""
     pytest.importorskip("dask_jobqueue")
     monkeypatch.setenv("DASK_DISTRIBUTED__LOGGING", "{}")
-    config = DaskConfig(kind="slurm", options={"cores": 1}, jobs={
-        "partition": "cpu", "account": "data", "qos": "low", "memory": "2GiB",
-        "constraint": "avx2", "walltime": "00:30:00", "sbatch_options": ["--exclusive"]})
+    config = DaskConfig(
+        kind="slurm",
+        options={"cores": 1},
+        jobs={
+            "partition": "cpu",
+            "account": "data",
+            "qos": "low",
+            "memory": "2GiB",
+            "constraint": "avx2",
+            "walltime": "00:30:00",
+            "sbatch_options": ["--exclusive"],
+        },
+    )
     with build_cluster(config) as cluster:
         lines = cluster.job_script().splitlines()
         dashboard = cluster.dashboard_link
-    assert {"#SBATCH -p cpu", "#SBATCH -A data", "#SBATCH --qos=low", "#SBATCH -t 00:30:00",
-            "#SBATCH --constraint=avx2", "#SBATCH --exclusive"} <= set(lines)
-    [unset] = [i for i, line in enumerate(lines)
-               if line.startswith("unset ") and "DASK_DISTRIBUTED__LOGGING" in line.split()]
+    assert {
+        "#SBATCH -p cpu",
+        "#SBATCH -A data",
+        "#SBATCH --qos=low",
+        "#SBATCH -t 00:30:00",
+        "#SBATCH --constraint=avx2",
+        "#SBATCH --exclusive",
+    } <= set(lines)
+    [unset] = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("unset ") and "DASK_DISTRIBUTED__LOGGING" in line.split()
+    ]
     assert unset < next(i for i, line in enumerate(lines) if "dask_worker" in line)
     assert ":8787/" not in dashboard
     with pytest.raises(ValueError, match=r"dask\.jobs\.account and dask\.options\.account"):
-        build_cluster(DaskConfig(kind="slurm", options={"cores": 1, "account": "x"},
-                                 jobs={"account": "y", "memory": "1GiB"}))
+        build_cluster(
+            DaskConfig(
+                kind="slurm",
+                options={"cores": 1, "account": "x"},
+                jobs={"account": "y", "memory": "1GiB"},
+            )
+        )
     with pytest.raises(ValueError, match=r"dask\.jobs\.qos: a SLURM setting"):
-        build_cluster(DaskConfig(kind="pbs", options={"cores": 1, "memory": "1GiB"},
-                                 jobs={"qos": "low"}))
+        build_cluster(
+            DaskConfig(kind="pbs", options={"cores": 1, "memory": "1GiB"}, jobs={"qos": "low"})
+        )
     with pytest.raises(ValidationError, match=r"dask\.jobs is only read"):
         DaskConfig(kind="local", jobs={"account": "x"})
 

@@ -31,41 +31,60 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 def slurm_dask(shared: Path, **fields: Any) -> DaskConfig:
     """One single-threaded worker in one 1-CPU job, its log beside the test's files."""
     name = f"d-{uuid.uuid4().hex[:8]}"
-    options = {"cores": 1, "processes": 1, "memory": "2GiB", "job_name": name,
-               "log_directory": str(shared / "logs"), "local_directory": "/tmp"}
+    options = {
+        "cores": 1,
+        "processes": 1,
+        "memory": "2GiB",
+        "job_name": name,
+        "log_directory": str(shared / "logs"),
+        "local_directory": "/tmp",
+    }
     settings = {"num_workers": 1, "worker_timeout_s": 120.0} | fields
     return DaskConfig(kind="slurm", options=options, **settings)
 
 
 def worker_view(probe: str) -> dict[str, Any]:
     """On a worker: whether it sees the driver's /tmp file, and the leaked variable."""
-    return {"sees_probe": os.path.exists(probe),
-            "logging": os.environ.get("DASK_DISTRIBUTED__LOGGING")}
+    return {
+        "sees_probe": os.path.exists(probe),
+        "logging": os.environ.get("DASK_DISTRIBUTED__LOGGING"),
+    }
 
 
 def test_reshard_on_slurm_workers_with_a_private_tmp(
-        shared_dir: Path, tiny_raw: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_dir: Path, tiny_raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariants: with the worker log config of a `ballast` command (a file in this host's
     /tmp) in the environment, the SLURM worker starts (it sees neither the file nor the
     variable: its /tmp is private) and the reshard commits every input row; the worker
     job ends with the step (none is left for the next step to find gone)."""
     log_file = tmp_path / "run.log"
-    monkeypatch.setenv("DASK_DISTRIBUTED__LOGGING", repr({
-        "version": 1, "handlers": {"file": {"class": "logging.FileHandler",
-                                            "filename": str(log_file)}},
-        "root": {"handlers": ["file"]}}))
+    monkeypatch.setenv(
+        "DASK_DISTRIBUTED__LOGGING",
+        repr(
+            {
+                "version": 1,
+                "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file)}},
+                "root": {"handlers": ["file"]},
+            }
+        ),
+    )
     raw = shutil.copytree(tiny_raw, shared_dir / "raw")
-    config = ReshardConfig(dataset=DatasetSpec(inputs=[str(raw)]),
-                           output_root=str(shared_dir / "datasets"), target_shard_rows=1000)
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)]),
+        output_root=str(shared_dir / "datasets"),
+        target_shard_rows=1000,
+    )
     dask = slurm_dask(shared_dir)
     with dask_client(dask) as client:
         assert list(client.run(worker_view, str(log_file)).values()) == [
-            {"sees_probe": False, "logging": None}]
+            {"sees_probe": False, "logging": None}
+        ]
         result = run_reshard(config, client)
     manifest, _ = read_manifest(result.manifest_uri)
     assert sum(split.num_rows for split in manifest.splits.values()) == (
-        ds.dataset(str(raw)).count_rows())
+        ds.dataset(str(raw)).count_rows()
+    )
     deadline = time.monotonic() + 60
     while live_jobs(dask.options["job_name"]) and time.monotonic() < deadline:
         time.sleep(1)
@@ -77,21 +96,33 @@ def test_a_refused_worker_job_is_an_error_naming_sbatchs_reason(shared_dir: Path
     sbatch's reason, instead of a reshard that waits forever."""
     dask = slurm_dask(shared_dir, jobs={"partition": "no-such-partition"})
     started = time.monotonic()
-    with pytest.raises(SubmissionRefused, match="sbatch refused the Dask worker jobs: "
-                       "Invalid partition name specified"), dask_client(dask):
+    with (
+        pytest.raises(
+            SubmissionRefused,
+            match="sbatch refused the Dask worker jobs: Invalid partition name specified",
+        ),
+        dask_client(dask),
+    ):
         pass
     assert time.monotonic() - started < 30
 
 
 def test_workers_that_never_come_fail_at_the_deadline_naming_slurms_reason(
-        shared_dir: Path) -> None:
+    shared_dir: Path,
+) -> None:
     """Invariant: a worker job that stays pending fails the wait at `worker_timeout_s`,
     naming the job and SLURM's pending reason; the pending job is cancelled."""
-    dask = slurm_dask(shared_dir, worker_timeout_s=5.0,
-                      jobs={"sbatch_options": ["--begin=now+3600"]})
-    with pytest.raises(WorkersNotReady, match=r"no Dask worker joined in 5 s "
-                       r"\(dask.worker_timeout_s\): SLURM job \d+ \(PENDING: BeginTime"), \
-            dask_client(dask):
+    dask = slurm_dask(
+        shared_dir, worker_timeout_s=5.0, jobs={"sbatch_options": ["--begin=now+3600"]}
+    )
+    with (
+        pytest.raises(
+            WorkersNotReady,
+            match=r"no Dask worker joined in 5 s "
+            r"\(dask.worker_timeout_s\): SLURM job \d+ \(PENDING: BeginTime",
+        ),
+        dask_client(dask),
+    ):
         pass
     deadline = time.monotonic() + 60
     while live_jobs(dask.options["job_name"]) and time.monotonic() < deadline:

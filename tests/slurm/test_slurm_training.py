@@ -29,18 +29,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 def slurm_job(attempts: int = 1, **fields: object) -> SlurmJob:
     """A job that asks for little (this host is shared): one CPU, a unique name."""
-    settings: dict = {"num_processes_per_node": 2, "num_cpus_per_node": 1, "timeout_s": 300,
-                      "job_name": f"t-{uuid.uuid4().hex[:8]}",
-                      "retry": RetryPolicy(attempts=attempts, first_delay_s=0.5)}
+    settings: dict = {
+        "num_processes_per_node": 2,
+        "num_cpus_per_node": 1,
+        "timeout_s": 300,
+        "job_name": f"t-{uuid.uuid4().hex[:8]}",
+        "retry": RetryPolicy(attempts=attempts, first_delay_s=0.5),
+    }
     return SlurmJob(kind="slurm", **(settings | fields))
 
 
 def train_config(shared: Path) -> TrainConfig:
-    root = write_dataset(shared / "data", 256, holdout_rows=64, num_shards=2,
-                         row_group_size=32)
-    return TrainConfig(dataset=root, output_dir=str(shared / "run"), max_epochs=1,
-                       process_group_timeout_s=120,
-                       loader=LoaderConfig(batch_size=32, num_workers=0))
+    root = write_dataset(shared / "data", 256, holdout_rows=64, num_shards=2, row_group_size=32)
+    return TrainConfig(
+        dataset=root,
+        output_dir=str(shared / "run"),
+        max_epochs=1,
+        process_group_timeout_s=120,
+        loader=LoaderConfig(batch_size=32, num_workers=0),
+    )
 
 
 def sleeping_python(shared: Path) -> str:
@@ -52,7 +59,8 @@ def sleeping_python(shared: Path) -> str:
 
 
 def test_two_rank_job_runs_ballasts_python_with_the_venv_off_path(
-        shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariant: with ballast's venv off PATH (`.venv/bin/ballast` run without activating
     it), the job's ranks run ballast's interpreter and train on 2 ranks; the job's output
     is under the run's output directory; a variable naming a file of this host's /tmp does
@@ -78,19 +86,24 @@ def test_wrong_python_fails_naming_the_job_its_output_and_the_cause(shared_dir: 
     [job_id] = jobs_named(job.job_name)
     output = shared_dir / "run" / "slurm" / f"{job.job_name}-{job_id}.out"
     first_line = str(failed.value).split("\n", 1)[0]
-    assert re.search(rf"training exited with status 1 in SLURM job {job_id} \(FAILED, exit "
-                     rf"code 1; its output: {re.escape(str(output))}\), ending: .*No module "
-                     r"named 'torch'", first_line), first_line
+    assert re.search(
+        rf"training exited with status 1 in SLURM job {job_id} \(FAILED, exit "
+        rf"code 1; its output: {re.escape(str(output))}\), ending: .*No module "
+        r"named 'torch'",
+        first_line,
+    ), first_line
 
 
-def test_timeout_cancels_the_job_and_waits_for_its_end_before_the_retry(
-        shared_dir: Path) -> None:
+def test_timeout_cancels_the_job_and_waits_for_its_end_before_the_retry(shared_dir: Path) -> None:
     """Invariants: an attempt that times out is cancelled, and SLURM reports it ended
     before the retry is submitted (the two jobs never run at once); the retry's job is
     another job (another rendezvous port, derived from its id); nothing is left running."""
     job = slurm_job(attempts=2, timeout_s=6, python=sleeping_python(shared_dir))
-    with pytest.raises(TrainingFailed, match=r"timed out after 6\.0 s in SLURM job \d+ "
-                       r"\(CANCELLED"):
+    with pytest.raises(
+        TrainingFailed,
+        match=r"timed out after 6\.0 s in SLURM job \d+ "
+        r"\(CANCELLED",
+    ):
         run_job(train_config(shared_dir), job)
     first, second = sorted(jobs_named(job.job_name), key=int)
     ended, started = job_field(first, "EndTime"), job_field(second, "StartTime")
@@ -98,13 +111,15 @@ def test_timeout_cancels_the_job_and_waits_for_its_end_before_the_retry(
     assert live_jobs(job.job_name) == []
 
 
-def test_a_refused_submission_is_not_retried_and_names_sbatchs_reason(
-        shared_dir: Path) -> None:
+def test_a_refused_submission_is_not_retried_and_names_sbatchs_reason(shared_dir: Path) -> None:
     """Invariant: a partition SLURM does not have fails the job at once, not retried,
     with sbatch's reason; no job exists."""
     job = slurm_job(attempts=3, partition="no-such-partition")
-    with pytest.raises(TrainingFailed, match=r"sbatch refused the training job t-\w+: Invalid "
-                       "partition name specified") as failed:
+    with pytest.raises(
+        TrainingFailed,
+        match=r"sbatch refused the training job t-\w+: Invalid "
+        "partition name specified",
+    ) as failed:
         run_job(train_config(shared_dir), job)
     assert failed.value.config_error is not None and len(failed.value.attempts) == 1
     assert jobs_named(job.job_name) == []
@@ -114,8 +129,11 @@ def test_a_job_past_its_walltime_fails_naming_the_time_limit(shared_dir: Path) -
     """Invariant: a job SLURM ends at its time limit fails with state TIMEOUT and the
     limit named (SLURM counts limits in minutes: the shortest is one)."""
     job = slurm_job(time_limit="00:01:00", python=sleeping_python(shared_dir))
-    with pytest.raises(TrainingFailed, match=r"in SLURM job \d+ \(TIMEOUT: it reached its "
-                       r"time limit of 00:01:00"):
+    with pytest.raises(
+        TrainingFailed,
+        match=r"in SLURM job \d+ \(TIMEOUT: it reached its "
+        r"time limit of 00:01:00",
+    ):
         run_job(train_config(shared_dir), job)
     assert live_jobs(job.job_name) == []
 
@@ -126,9 +144,27 @@ def test_sigterm_of_the_launcher_cancels_its_job_before_it_exits(shared_dir: Pat
     config = dump_train_config(train_config(shared_dir), shared_dir / "train.yaml")
     name = f"t-{uuid.uuid4().hex[:8]}"
     launch = subprocess.Popen(
-        [sys.executable, "-m", "training.launch", "launch", "--config", config, "--kind",
-         "slurm", "--python", sleeping_python(shared_dir), "--num-cpus-per-node", "1",
-         "--attempts", "1", "--job-name", name], env=child_env(), stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "training.launch",
+            "launch",
+            "--config",
+            config,
+            "--kind",
+            "slurm",
+            "--python",
+            sleeping_python(shared_dir),
+            "--num-cpus-per-node",
+            "1",
+            "--attempts",
+            "1",
+            "--job-name",
+            name,
+        ],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while not live_jobs(name) and time.monotonic() < deadline and launch.poll() is None:
         time.sleep(0.5)
@@ -144,6 +180,7 @@ def job_field(job_id: str, field: str) -> str:
     """One field of `scontrol show job` (ISO times compare as strings)."""
     state = job_state(job_id)
     assert state is not None, f"SLURM forgot job {job_id}"
-    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True
+    )
     return re.search(rf"\b{field}=(\S+)", done.stdout).group(1)  # type: ignore[union-attr]

@@ -58,8 +58,15 @@ from tests.fault_proxy import FaultyS3Proxy
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_KINDS = ("driver_kill", "worker_kill", "s3_503", "disk_full")
-BASE = SampleSpec(num_rows=2_000, num_files=4, num_classes=3, num_sources=2, num_features=4,
-                  class_ratio=4.0, seed=11)
+BASE = SampleSpec(
+    num_rows=2_000,
+    num_files=4,
+    num_classes=3,
+    num_sources=2,
+    num_features=4,
+    class_ratio=4.0,
+    seed=11,
+)
 NIGHT_ROWS, CHANGE_PROBABILITY, RUN_TIMEOUT_S = 200, 0.15, 300
 TMPFS_BYTES = 64 << 20
 COLUMNS = ["id", "label", "source", "features"]
@@ -118,8 +125,10 @@ class Soak:
 def mount_tmpfs(path: Path) -> bool:
     """A TMPFS_BYTES tmpfs at `path` (empty directory); False when mounting is not allowed."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs",
-                           str(path)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(path)],
+        capture_output=True,
+    )
     return done.returncode == 0
 
 
@@ -148,8 +157,9 @@ def upload(soak: Soak, table: pa.Table, name: str) -> None:
 
 
 def s3(soak: Soak) -> Any:
-    return fsspec.filesystem("s3", client_kwargs={"endpoint_url": soak.moto_url},
-                             skip_instance_cache=True)
+    return fsspec.filesystem(
+        "s3", client_kwargs={"endpoint_url": soak.moto_url}, skip_instance_cache=True
+    )
 
 
 def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
@@ -158,12 +168,18 @@ def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
         write_sample(soak.work / "base", BASE)
         s3(soak).put(f"{soak.work / 'base'}/", f"{soak.bucket}/raw/", recursive=True)
         return "base"
-    upload(soak, sample_table(rng, 100_000 * night, NIGHT_ROWS, night % 2, BASE),
-           f"night-{night:03d}.parquet")
+    upload(
+        soak,
+        sample_table(rng, 100_000 * night, NIGHT_ROWS, night % 2, BASE),
+        f"night-{night:03d}.parquet",
+    )
     if night > 2 and rng.random() < CHANGE_PROBABILITY:
         changed = int(rng.integers(1, night))
-        upload(soak, sample_table(rng, 100_000 * changed, NIGHT_ROWS - 7, changed % 2, BASE),
-               f"night-{changed:03d}.parquet")
+        upload(
+            soak,
+            sample_table(rng, 100_000 * changed, NIGHT_ROWS - 7, changed % 2, BASE),
+            f"night-{changed:03d}.parquet",
+        )
         return f"new file, night-{changed:03d} rewritten"
     return "new file"
 
@@ -171,11 +187,15 @@ def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
 def config_for(soak: Soak, root: Path) -> ReshardConfig:
     return ReshardConfig(
         dataset=DatasetSpec(inputs=[f"s3://{soak.bucket}/raw/*.parquet"], id_column="id"),
-        output_root=str(root), target_shard_rows=400, rows_per_row_group=64,
-        mode="incremental", incremental=IncrementalConfig(on_changed_inputs="rebuild"),
+        output_root=str(root),
+        target_shard_rows=400,
+        rows_per_row_group=64,
+        mode="incremental",
+        incremental=IncrementalConfig(on_changed_inputs="rebuild"),
         num_workers=2,
         mix=MixConfig(class_weighting="natural"),
-        retry=RetryPolicy(attempts=6, first_delay_s=0.1, max_delay_s=0.5))
+        retry=RetryPolicy(attempts=6, first_delay_s=0.1, max_delay_s=0.5),
+    )
 
 
 def config_file(soak: Soak, root: Path, name: str) -> Path:
@@ -191,8 +211,13 @@ def start(soak: Soak, config: Path, name: str, endpoint: str, *extra: str) -> su
     logs = soak.work / "logs"
     logs.mkdir(exist_ok=True)
     with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "preprocessing", "--config", str(config),
-                                 *extra], start_new_session=True, stdout=out, stderr=err, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "preprocessing", "--config", str(config), *extra],
+            start_new_session=True,
+            stdout=out,
+            stderr=err,
+            env=env,
+        )
 
 
 def finish(process: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> int:
@@ -225,8 +250,11 @@ def kill_driver(soak: Soak, process: subprocess.Popen, rng: np.random.Generator)
 def kill_worker(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
     """SIGKILL one of the driver's Dask worker processes (spawned by multiprocessing)."""
     with contextlib.suppress(psutil.Error):
-        workers = [child for child in psutil.Process(process.pid).children(recursive=True)
-                   if "spawn_main" in " ".join(_cmdline(child))]
+        workers = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "spawn_main" in " ".join(_cmdline(child))
+        ]
         if workers:
             workers[int(rng.integers(len(workers)))].kill()
             return True
@@ -248,8 +276,12 @@ def fill_disk(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -
     return True
 
 
-INJECT = {"driver_kill": kill_driver, "worker_kill": kill_worker, "s3_503": answer_503,
-          "disk_full": fill_disk}
+INJECT = {
+    "driver_kill": kill_driver,
+    "worker_kill": kill_worker,
+    "s3_503": answer_503,
+    "disk_full": fill_disk,
+}
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -261,8 +293,9 @@ def _cmdline(process: psutil.Process) -> list[str]:
 
 def faulted_run(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> tuple[int, bool]:
     """The night's run with its fault after a random delay; (exit status, fault landed)."""
-    process = start(soak, config_file(soak, soak.root, "night"), f"night-{night:03d}",
-                    soak.proxy.url)
+    process = start(
+        soak, config_file(soak, soak.root, "night"), f"night-{night:03d}", soak.proxy.url
+    )
     landed: list[bool] = []
     delay = float(rng.uniform(0.1, 0.9)) * soak.expected_s
     timer = threading.Timer(delay, lambda: landed.append(inject(soak, kind, process, rng)))
@@ -296,8 +329,9 @@ def split_rows(root: Path) -> dict[str, pa.Table]:
     manifest, location = read_manifest(str(root))
     rows = {}
     for name, split in manifest.splits.items():
-        tables = [pq.read_table(shard_uri(location, entry), columns=COLUMNS)
-                  for entry in split.shards]
+        tables = [
+            pq.read_table(shard_uri(location, entry), columns=COLUMNS) for entry in split.shards
+        ]
         rows[name] = pa.concat_tables(tables).sort_by("id") if tables else None
     return rows
 
@@ -323,8 +357,11 @@ def check_night(soak: Soak, night: int) -> int:
     report = verify_chain(str(soak.root), deep=True)
     assert report.whole, f"night {night}: ballast verify --deep:\n{report.text()}"
     fs = fsspec.filesystem("file")
-    dead = [attempt for attempt in fs.glob(f"{soak.root}/{STAGING_DIR}/*/*")
-            if lease_expired(fs, attempt)]
+    dead = [
+        attempt
+        for attempt in fs.glob(f"{soak.root}/{STAGING_DIR}/*/*")
+        if lease_expired(fs, attempt)
+    ]
     assert not dead, f"night {night}: staging of dead attempts left: {dead}"
     fresh = soak.work / "fresh" / f"night-{night:03d}"
     # This process and the cluster's workers keep s3fs instances whose listing and file
@@ -368,7 +405,8 @@ def compaction_matches(soak: Soak) -> bool:
     mine, theirs = read_manifest(str(soak.root))[0], read_manifest(str(last))[0]
     return mine.version_id == theirs.version_id and all(
         [e.sha256 for e in mine.split(s).shards] == [e.sha256 for e in theirs.split(s).shards]
-        for s in theirs.splits)
+        for s in theirs.splits
+    )
 
 
 def soak_nights(soak: Soak, nights: int) -> dict[str, Tally]:
@@ -378,8 +416,11 @@ def soak_nights(soak: Soak, nights: int) -> dict[str, Tally]:
     for number, kind in enumerate(fault_schedule(soak.seed, nights, soak.kinds)):
         night = run_night(soak, number, kind, rng)
         soak.nights.append(night)
-        print(f"night {number:3d} {kind:15} landed={night.landed!s:5} rerun={night.rerun!s:5} "
-              f"lost={night.lost} {night.seconds:5.1f}s ({night.how})", flush=True)
+        print(
+            f"night {number:3d} {kind:15} landed={night.landed!s:5} rerun={night.rerun!s:5} "
+            f"lost={night.lost} {night.seconds:5.1f}s ({night.how})",
+            flush=True,
+        )
         if kind in tallies:
             tally = tallies[kind]
             tally.hit += 1
@@ -391,8 +432,12 @@ def soak_nights(soak: Soak, nights: int) -> dict[str, Tally]:
 
 
 def table(tallies: dict[str, Tally]) -> str:
-    lines = [f"{'fault':15} {'nights hit':>10} {'landed':>7} {'survived in run':>16} "
-             f"{'recovered by rerun':>19} {'data lost':>10}"]
-    lines += [f"{kind:15} {t.hit:10d} {t.landed:7d} {t.survived:16d} {t.recovered:19d} "
-              f"{t.lost:10d}" for kind, t in tallies.items()]
+    lines = [
+        f"{'fault':15} {'nights hit':>10} {'landed':>7} {'survived in run':>16} "
+        f"{'recovered by rerun':>19} {'data lost':>10}"
+    ]
+    lines += [
+        f"{kind:15} {t.hit:10d} {t.landed:7d} {t.survived:16d} {t.recovered:19d} {t.lost:10d}"
+        for kind, t in tallies.items()
+    ]
     return "\n".join(lines)

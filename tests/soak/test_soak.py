@@ -44,11 +44,20 @@ def test_nightly_chain_survives_a_fault_a_night(tmp_path: Path, s3_endpoint: str
     nights = NIGHTS
     bucket = f"soak-{uuid.uuid4().hex[:8]}"
     fsspec.filesystem("s3", skip_instance_cache=True).mkdir(bucket)
-    with FaultyS3Proxy(s3_endpoint) as proxy, local_cluster(2) as cluster, \
-            Client(cluster) as client:
-        soak = Soak(tmp_path, bucket, proxy, s3_endpoint,
-                    seed=int(os.environ.get("BALLAST_SOAK_SEED", "24")), client=client,
-                    extra_nights=TRAINING_NIGHTS)
+    with (
+        FaultyS3Proxy(s3_endpoint) as proxy,
+        local_cluster(2) as cluster,
+        Client(cluster) as client,
+    ):
+        soak = Soak(
+            tmp_path,
+            bucket,
+            proxy,
+            s3_endpoint,
+            seed=int(os.environ.get("BALLAST_SOAK_SEED", "24")),
+            client=client,
+            extra_nights=TRAINING_NIGHTS,
+        )
         soak.tmpfs = mount_tmpfs(soak.root)
         try:
             tallies = soak_nights(soak, nights)
@@ -58,8 +67,10 @@ def test_nightly_chain_survives_a_fault_a_night(tmp_path: Path, s3_endpoint: str
                 unmount(soak.root)
             if soak.services is not None:
                 soak.services.stop()
-    print(f"\n{nights} nights, seed {soak.seed}; disk_full "
-          f"{'on a tmpfs' if soak.tmpfs else 'left out (mount not allowed)'}\n{table(tallies)}")
+    print(
+        f"\n{nights} nights, seed {soak.seed}; disk_full "
+        f"{'on a tmpfs' if soak.tmpfs else 'left out (mount not allowed)'}\n{table(tallies)}"
+    )
     assert sum(t.lost for t in tallies.values()) == 0
     assert compacted, "the compaction of the chain differs from the from-scratch reshard"
     if nights >= 30:  # the bar for the full soak

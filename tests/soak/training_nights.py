@@ -83,8 +83,9 @@ class Services:
         work.mkdir(parents=True, exist_ok=True)
         mlflow_port, prefect_port = free_port(), free_port()
         mlflow = start_mlflow_server(work, mlflow_port, timeout_s=SERVER_START_S)
-        prefect = start_prefect_server(prefect_env(work / "prefect", prefect_port), prefect_port,
-                                       SERVER_START_S)
+        prefect = start_prefect_server(
+            prefect_env(work / "prefect", prefect_port), prefect_port, SERVER_START_S
+        )
         return cls(work, mlflow_port, prefect_port, mlflow, prefect)
 
     @property
@@ -123,13 +124,25 @@ def pipeline_file(soak: Soak, services: Services, name: str) -> Path:
     config = {
         "reshard": config_for(soak, soak.root).model_dump(mode="json"),
         "dask": {"kind": "local", "num_workers": 2},
-        "train": {"dataset": str(soak.root), "output_dir": str(job_dir), "max_epochs": 1,
-                  "checkpoint_every_n_steps": 5, "loader": {"batch_size": 16},
-                  "tracking": {"tracking_uri": services.tracking_uri, "experiment": EXPERIMENT,
-                               "registered_model_name": MODEL,
-                               "spool_dir": str(soak.work / "spool")}},
-        "job": {"kind": "local", "num_processes_per_node": 2, "timeout_s": PIPELINE_TIMEOUT_S,
-                "retry": {"attempts": 2, "first_delay_s": 1.0, "max_delay_s": 5.0}},
+        "train": {
+            "dataset": str(soak.root),
+            "output_dir": str(job_dir),
+            "max_epochs": 1,
+            "checkpoint_every_n_steps": 5,
+            "loader": {"batch_size": 16},
+            "tracking": {
+                "tracking_uri": services.tracking_uri,
+                "experiment": EXPERIMENT,
+                "registered_model_name": MODEL,
+                "spool_dir": str(soak.work / "spool"),
+            },
+        },
+        "job": {
+            "kind": "local",
+            "num_processes_per_node": 2,
+            "timeout_s": PIPELINE_TIMEOUT_S,
+            "retry": {"attempts": 2, "first_delay_s": 1.0, "max_delay_s": 5.0},
+        },
     }
     path = soak.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -142,11 +155,19 @@ def start_pipeline(soak: Soak, services: Services, name: str, endpoint: str) -> 
     env = {**services.prefect_env, "PYTHONPATH": search, "AWS_ENDPOINT_URL": endpoint}
     logs = soak.work / "logs"
     logs.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "flows", "run", "pipeline", "--config",
-               str(pipeline_file(soak, services, name)), "--output", "json"]
+    command = [
+        sys.executable,
+        "-m",
+        "flows",
+        "run",
+        "pipeline",
+        "--config",
+        str(pipeline_file(soak, services, name)),
+        "--output",
+        "json",
+    ]
     with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
-        return subprocess.Popen(command, start_new_session=True, stdout=out, stderr=err,
-                                env=env)
+        return subprocess.Popen(command, start_new_session=True, stdout=out, stderr=err, env=env)
 
 
 def ranks(process: subprocess.Popen) -> list[psutil.Process]:
@@ -189,15 +210,20 @@ def restart(which: str) -> Any:
             return False
         getattr(services_of(soak), f"restart_{which}")()
         return True
+
     return inject
 
 
-INJECT = {"rank_kill": kill_rank, "mlflow_restart": restart("mlflow"),
-          "prefect_restart": restart("prefect")}
+INJECT = {
+    "rank_kill": kill_rank,
+    "mlflow_restart": restart("mlflow"),
+    "prefect_restart": restart("prefect"),
+}
 
 
-def faulted_pipeline(soak: Soak, night: int, kind: str,
-                     rng: np.random.Generator) -> tuple[int, bool]:
+def faulted_pipeline(
+    soak: Soak, night: int, kind: str, rng: np.random.Generator
+) -> tuple[int, bool]:
     """The night's pipeline with its fault after a random delay; (exit status, landed)."""
     services = services_of(soak)
     process = start_pipeline(soak, services, f"night-{night:03d}", soak.proxy.url)
@@ -231,9 +257,13 @@ def deliver_spools(soak: Soak, night: int) -> None:
     if not spools:
         return
     search = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    done = subprocess.run([sys.executable, "-m", "tracking", "upload", *spools, "--wait-s",
-                           "30"], env={**os.environ, "PYTHONPATH": search},
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tracking", "upload", *spools, "--wait-s", "30"],
+        env={**os.environ, "PYTHONPATH": search},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"night {night}: tracking upload:\n{done.stderr[-3000:]}"
 
 
@@ -243,13 +273,15 @@ def check_tracking(soak: Soak, night: int) -> None:
     client = MlflowClient(services_of(soak).tracking_uri)
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert experiment is not None, f"night {night}: no MLflow experiment {EXPERIMENT!r}"
-    runs = client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL,
-                              max_results=10_000)
+    runs = client.search_runs(
+        [experiment.experiment_id], run_view_type=ViewType.ALL, max_results=10_000
+    )
     for run in runs:
         status, reason = run.info.status, run.data.tags.get(FAILURE_TAG, "")
         assert status == "FINISHED" or (status == "FAILED" and reason), (
             f"night {night}: MLflow run {run.info.run_id} ({run.info.run_name}) is {status}"
-            f"{'' if status != 'FAILED' else ' without a ' + FAILURE_TAG}")
+            f"{'' if status != 'FAILED' else ' without a ' + FAILURE_TAG}"
+        )
     versions = client.search_model_versions(f"name='{MODEL}'")
     twice = {run: n for run, n in Counter(v.run_id for v in versions).items() if n > 1}
     assert not twice, f"night {night}: runs with more than one version of {MODEL}: {twice}"
@@ -267,8 +299,15 @@ def training_night(soak: Soak, night: int, kind: str, rng: np.random.Generator) 
     lost = check_night(soak, night)
     deliver_spools(soak, night)
     check_tracking(soak, night)
-    return Night(night, kind, landed, code != 0, f"{how}; {attempts(soak, f'night-{night:03d}')}",
-                 time.monotonic() - started, lost)
+    return Night(
+        night,
+        kind,
+        landed,
+        code != 0,
+        f"{how}; {attempts(soak, f'night-{night:03d}')}",
+        time.monotonic() - started,
+        lost,
+    )
 
 
 def attempts(soak: Soak, name: str) -> str:
@@ -278,8 +317,9 @@ def attempts(soak: Soak, name: str) -> str:
         result = json.loads((soak.work / "logs" / f"{name}.out").read_text())
         tries = result["training"]["attempts"]
         resumed = tries[-1].get("resumed_from")
-        return f"job: {len(tries)} attempts" + (f", resumed from {Path(resumed).name}"
-                                                 if resumed else "")
+        return f"job: {len(tries)} attempts" + (
+            f", resumed from {Path(resumed).name}" if resumed else ""
+        )
     return f"{name}: no result"
 
 

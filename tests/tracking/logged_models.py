@@ -15,6 +15,9 @@ def log_models(tracking_uri: str, count: int) -> list[str]:
     uris = []
     for _ in range(count):
         with mlflow.start_run(experiment_id=experiment_id):
-            uris.append(mlflow.pyfunc.log_model(
-                name="model", python_model=mlflow.pyfunc.PythonModel()).model_uri)
+            uris.append(
+                mlflow.pyfunc.log_model(
+                    name="model", python_model=mlflow.pyfunc.PythonModel()
+                ).model_uri
+            )
     return uris

@@ -40,18 +40,41 @@ def test_normal_psi_is_zero_for_equal_moments_and_grows_with_mean_and_spread() -
     assert normal_psi((3.0, 0.0), (3.0, 0.0)) == pytest.approx(0.0, abs=1e-9)
 
 
-def _manifest(version_id: str, classes: dict[str, int], mean: float = 0.0,
-              nulls: int = 0) -> Manifest:
-    profile = {"arrow_type": "double", "kind": "numeric", "null_rows": nulls,
-               "count": sum(classes.values()), "mean": mean, "m2": float(sum(classes.values())),
-               "max_length": 0, "size": 0, "values": []}
-    return Manifest(version_id=version_id, label_column="label", source_column="source",
-                    id_column="id", feature_columns=["x"], classes=sorted(classes),
-                    sources=["s"], arrow_schema=[], splits={}, seed=0, config={},
-                    input_fingerprint="f", input_class_counts=classes,
-                    input_source_counts={"s": sum(classes.values())},
-                    features={"columns": [{"name": "x", "kind": "numeric"}],
-                              "profiles": {"x": profile}, "dropped_rows": {}})
+def _manifest(
+    version_id: str, classes: dict[str, int], mean: float = 0.0, nulls: int = 0
+) -> Manifest:
+    profile = {
+        "arrow_type": "double",
+        "kind": "numeric",
+        "null_rows": nulls,
+        "count": sum(classes.values()),
+        "mean": mean,
+        "m2": float(sum(classes.values())),
+        "max_length": 0,
+        "size": 0,
+        "values": [],
+    }
+    return Manifest(
+        version_id=version_id,
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["x"],
+        classes=sorted(classes),
+        sources=["s"],
+        arrow_schema=[],
+        splits={},
+        seed=0,
+        config={},
+        input_fingerprint="f",
+        input_class_counts=classes,
+        input_source_counts={"s": sum(classes.values())},
+        features={
+            "columns": [{"name": "x", "kind": "numeric"}],
+            "profiles": {"x": profile},
+            "dropped_rows": {},
+        },
+    )
 
 
 def test_a_shifted_class_mix_passes_the_threshold_naming_the_class() -> None:
@@ -112,6 +135,7 @@ def test_a_category_column_is_compared_by_its_shares_and_names_new_values() -> N
     """Invariants: a category column with counted shares gets their PSI (0 for the same
     shares, > 0.25 when a new value takes half the rows), and the note names the value new
     to the vocabulary; without counts its PSI is unknown (None), never a made-up 0."""
+
     def with_vocabulary(version_id: str, vocabulary: list[str]) -> Manifest:
         manifest = _manifest(version_id, {"a": 100})
         column = {"name": "x", "kind": "category", "vocabulary": vocabulary}

@@ -14,8 +14,7 @@ from tests.training.conftest import write_dataset
 from tracking.run.model import NUM_EXAMPLE_ROWS, example_rows
 
 
-def test_example_rows_of_a_cut_short_shard_name_the_shard_and_both_sizes(
-        tmp_path: Path) -> None:
+def test_example_rows_of_a_cut_short_shard_name_the_shard_and_both_sizes(tmp_path: Path) -> None:
     """Invariant: the example rows come from a whole first train shard; once that shard
     is cut to 2/3 of its size, reading them is ShardDamaged naming the version, the shard
     and both sizes (the manifest's size check), not pyarrow's footer error."""

@@ -41,19 +41,28 @@ def _no_stale_tracking_uri(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def dataset(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory,
-            dask_client: Any) -> tuple[Manifest, str]:
+def dataset(
+    tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory, dask_client: Any
+) -> tuple[Manifest, str]:
     """The version every test here trains on (read only): one reshard for the module."""
-    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path_factory.mktemp("ds"))),
-                         dask_client)
+    result = run_reshard(
+        ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+            output_root=str(tmp_path_factory.mktemp("ds")),
+        ),
+        dask_client,
+    )
     return result.manifest, result.manifest_uri
 
 
 def tracking_at(port: int, tmp_path: Path, **fields: Any) -> TrackingConfig:
-    return TrackingConfig(tracking_uri=f"http://127.0.0.1:{port}", experiment="outage",
-                          spool_dir=str(tmp_path / "spool"), system_metrics_interval_s=1.0,
-                          **fields)
+    return TrackingConfig(
+        tracking_uri=f"http://127.0.0.1:{port}",
+        experiment="outage",
+        spool_dir=str(tmp_path / "spool"),
+        system_metrics_interval_s=1.0,
+        **fields,
+    )
 
 
 def launch_once(path: Path) -> dict[str, Any]:
@@ -62,11 +71,16 @@ def launch_once(path: Path) -> dict[str, Any]:
     return run_job(load_train_config(path), launch)
 
 
-def job_config(tmp_path: Path, manifest_uri: str, tracking: TrackingConfig,
-               max_epochs: int) -> Path:
-    config = TrainConfig(dataset=manifest_uri, output_dir=str(tmp_path / "job"),
-                         max_epochs=max_epochs, loader=LoaderConfig(batch_size=16),
-                         tracking=tracking)
+def job_config(
+    tmp_path: Path, manifest_uri: str, tracking: TrackingConfig, max_epochs: int
+) -> Path:
+    config = TrainConfig(
+        dataset=manifest_uri,
+        output_dir=str(tmp_path / "job"),
+        max_epochs=max_epochs,
+        loader=LoaderConfig(batch_size=16),
+        tracking=tracking,
+    )
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return path
@@ -88,8 +102,9 @@ def logged_values(client: MlflowClient, run_id: str) -> int:
     return sum(len(client.get_metric_history(run_id, key)) for key in keys)
 
 
-def assert_complete(client: MlflowClient, run_id: str, summary: dict[str, Any],
-                    manifest: Manifest) -> None:
+def assert_complete(
+    client: MlflowClient, run_id: str, summary: dict[str, Any], manifest: Manifest
+) -> None:
     """FINISHED; every value the logger accepted is stored; system metrics, plots,
     checkpoints and the summary are there; the dataset input is the version."""
     run = client.get_run(run_id)
@@ -110,7 +125,8 @@ def assert_predicts(tracking_uri: str, model_uri: str, manifest_uri: str) -> Non
     manifest, location = read_manifest(manifest_uri)
     shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
     served = mlflow.pyfunc.load_model(model_uri).predict(
-        shard.select(manifest.feature_columns).to_pandas())
+        shard.select(manifest.feature_columns).to_pandas()
+    )
     assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
 
 
@@ -145,8 +161,7 @@ def test_outage_mid_run_costs_time_only(dataset, tmp_path) -> None:
         stop_server(server)
 
 
-def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset,
-                                                                     tmp_path) -> None:
+def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset, tmp_path) -> None:
     """Fault: no server from the run's start to its close. Invariants: training completes
     on a `local-` run; everything is kept in its spool; after the server starts,
     `python -m tracking upload <dir>` creates the run and it is complete (params,
@@ -166,8 +181,13 @@ def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset,
     spool = Spool.of_run(tracking, run_id)
     server = start_mlflow_server(tmp_path, port)
     try:
-        upload = subprocess.run([sys.executable, "-m", "tracking", "upload", str(spool.path)],
-                                env=child_env(), capture_output=True, text=True, timeout=600)
+        upload = subprocess.run(
+            [sys.executable, "-m", "tracking", "upload", str(spool.path)],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert upload.returncode == 0, upload.stderr
         sent_id = spool.run["run_id"]
         assert sent_id in upload.stdout
@@ -179,8 +199,7 @@ def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset,
         stop_server(server)
 
 
-def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset,
-                                                                   tmp_path) -> None:
+def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset, tmp_path) -> None:
     """Fault: the server stops after the run is created and stays down for the whole job
     (every metric, system metrics, `log_model`); it is back for the close. Invariants:
     training completes and keeps the model locally; `finish_run` sends everything, so
@@ -189,8 +208,7 @@ def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset,
     manifest, manifest_uri = dataset
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
-    tracking = tracking_at(port, tmp_path, delivery_wait_s=2.0,
-                           registered_model_name="outage-clf")
+    tracking = tracking_at(port, tmp_path, delivery_wait_s=2.0, registered_model_name="outage-clf")
     run_id = start_run(tracking, manifest, manifest_uri, {}, {})
     stop_server(server)
     path = job_config(tmp_path, manifest_uri, tracking.model_copy(update={"run_id": run_id}), 2)
@@ -199,12 +217,14 @@ def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset,
     assert not summary["model_uri"].startswith("models:/")
     server = start_mlflow_server(tmp_path, port)
     try:
-        assert finish_run(tracking, run_id, summary, manifest,
-                          f"{tmp_path}/job/checkpoints") == run_id
+        assert (
+            finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints") == run_id
+        )
         client = MlflowClient(tracking.tracking_uri)
         assert_complete(client, run_id, summary, manifest)
-        registered = register_and_promote(tracking, summary["model_uri"], "outage-clf",
-                                          summary["val_macro_f1"])
+        registered = register_and_promote(
+            tracking, summary["model_uri"], "outage-clf", summary["val_macro_f1"]
+        )
         assert registered["alias"] == "champion"
         assert_predicts(tracking.tracking_uri, "models:/outage-clf@champion", manifest_uri)
     finally:

@@ -26,10 +26,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def logged_model(tiny_raw, tmp_path, dask_client, mlflow_uri) -> tuple[TrackingConfig, str, str]:
     """(tracking config, run id, model URI): an untrained network logged to a fresh run."""
-    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path / "ds")), dask_client)
-    config = TrackingConfig(tracking_uri=mlflow_uri, experiment=f"reg-{uuid.uuid4().hex[:6]}",
-                            registered_model_name=f"clf-{uuid.uuid4().hex[:6]}")
+    result = run_reshard(
+        ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]), output_root=str(tmp_path / "ds")
+        ),
+        dask_client,
+    )
+    config = TrackingConfig(
+        tracking_uri=mlflow_uri,
+        experiment=f"reg-{uuid.uuid4().hex[:6]}",
+        registered_model_name=f"clf-{uuid.uuid4().hex[:6]}",
+    )
     run_id = create_run(config)
     width = FeatureCodec.from_manifest(result.manifest).width
     network = torch.nn.Linear(width, len(result.manifest.classes))
@@ -37,7 +44,8 @@ def logged_model(tiny_raw, tmp_path, dask_client, mlflow_uri) -> tuple[TrackingC
 
 
 def test_logging_the_model_keeps_the_run_open_and_a_retried_registration_reuses_its_version(
-        logged_model) -> None:
+    logged_model,
+) -> None:
     """Invariants: after `log_model` the run is still RUNNING (nothing but the lifecycle
     ends it); registering the same run's model twice (a retry after a lost reply) yields
     one version, the champion both times, reporting the same previous champion score."""
@@ -60,12 +68,19 @@ def test_a_champion_scored_under_the_old_tag_still_compares(logged_model) -> Non
     client = MlflowClient(config.tracking_uri)
     name = f"old-{uuid.uuid4().hex[:6]}"
     client.create_registered_model(name)
-    old = client.create_model_version(name, model_uri, run_id=run_id,
-                                      tags={LEGACY_SCORE_TAG: "0.9"},
-                                      model_id=model_uri.removeprefix("models:/"))
+    old = client.create_model_version(
+        name,
+        model_uri,
+        run_id=run_id,
+        tags={LEGACY_SCORE_TAG: "0.9"},
+        model_id=model_uri.removeprefix("models:/"),
+    )
     client.set_registered_model_alias(name, "champion", old.version)
-    assert champion(config.tracking_uri, name) == {"version": int(old.version),
-                                                   "run_id": run_id, "score": 0.9}
+    assert champion(config.tracking_uri, name) == {
+        "version": int(old.version),
+        "run_id": run_id,
+        "score": 0.9,
+    }
 
 
 def test_a_failed_run_is_closed_failed_with_its_reason(mlflow_uri) -> None:

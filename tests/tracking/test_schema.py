@@ -17,11 +17,15 @@ def test_the_schema_is_mlflow_colspec_json_with_every_column_typed() -> None:
     (MLflow's own format, which its UI renders as columns), loads back as an MLflow
     `Schema` with every column in order, and types ints, floats, strings, timestamps,
     dictionaries and fixed-size lists by their values."""
-    fields = [{"name": "id", "type": "int64"}, {"name": "Body Mass (g)", "type": "double"},
-              {"name": "source", "type": "string"}, {"name": "n", "type": "int32"},
-              {"name": "seen", "type": "timestamp[us]"},
-              {"name": "city", "type": "dictionary<values=string, indices=int32, ordered=0>"},
-              {"name": "features", "type": "fixed_size_list<item: float>[16]"}]
+    fields = [
+        {"name": "id", "type": "int64"},
+        {"name": "Body Mass (g)", "type": "double"},
+        {"name": "source", "type": "string"},
+        {"name": "n", "type": "int32"},
+        {"name": "seen", "type": "timestamp[us]"},
+        {"name": "city", "type": "dictionary<values=string, indices=int32, ordered=0>"},
+        {"name": "features", "type": "fixed_size_list<item: float>[16]"},
+    ]
     loaded = json.loads(mlflow_schema_json(fields))
     schema = Schema.from_json(json.dumps(loaded["mlflow_colspec"]))
     assert schema.input_names() == [field["name"] for field in fields]
@@ -33,13 +37,21 @@ def test_the_schema_is_mlflow_colspec_json_with_every_column_typed() -> None:
 def test_holdout_metrics_hold_the_figures_and_the_class_prior_baseline() -> None:
     """Invariant: an arm's run gets its held-out macro-F1, balanced accuracy, worst-class
     recall (classes without support skipped) and the baseline's figures on the same rows."""
-    evaluation = {"num_rows": 10, "macro_f1": 0.8, "balanced_accuracy": 0.75,
-                  "recall": {"a": 0.9, "b": 0.6, "c": None},
-                  "class_prior_baseline": {"macro_f1": 0.3, "balanced_accuracy": 0.5}}
+    evaluation = {
+        "num_rows": 10,
+        "macro_f1": 0.8,
+        "balanced_accuracy": 0.75,
+        "recall": {"a": 0.9, "b": 0.6, "c": None},
+        "class_prior_baseline": {"macro_f1": 0.3, "balanced_accuracy": 0.5},
+    }
     assert holdout_metrics(evaluation) == {
-        "holdout_macro_f1": 0.8, "holdout_balanced_accuracy": 0.75,
-        "holdout_worst_class_recall": 0.6, "holdout_class_prior_macro_f1": 0.3,
-        "holdout_class_prior_balanced_accuracy": 0.5, "holdout_rows": 10.0}
+        "holdout_macro_f1": 0.8,
+        "holdout_balanced_accuracy": 0.75,
+        "holdout_worst_class_recall": 0.6,
+        "holdout_class_prior_macro_f1": 0.3,
+        "holdout_class_prior_balanced_accuracy": 0.5,
+        "holdout_rows": 10.0,
+    }
 
 
 @pytest.mark.slow  # asks git

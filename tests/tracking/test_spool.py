@@ -39,9 +39,13 @@ from tracking.server import is_transient
 
 def down_config(tmp_path: Path, **fields: object) -> TrackingConfig:
     """A server URI on which nothing listens, with a password, and a spool under tmp_path."""
-    return TrackingConfig(tracking_uri=f"http://ballast:hunter2@127.0.0.1:{free_port()}",
-                          experiment="spooled", spool_dir=str(tmp_path / "spool"),
-                          delivery_wait_s=0.0, **fields)
+    return TrackingConfig(
+        tracking_uri=f"http://ballast:hunter2@127.0.0.1:{free_port()}",
+        experiment="spooled",
+        spool_dir=str(tmp_path / "spool"),
+        delivery_wait_s=0.0,
+        **fields,
+    )
 
 
 def test_values_beyond_the_buffer_and_at_close_are_kept_on_disk_not_dropped(tmp_path) -> None:
@@ -49,8 +53,9 @@ def test_values_beyond_the_buffer_and_at_close_are_kept_on_disk_not_dropped(tmp_
     every value added is in the spool (none dropped), in order per key, and the report
     and warning say how many and which command sends them."""
     config = down_config(tmp_path)
-    delivery = MetricDelivery(config, "0123abcd", writer="rank0", max_buffered=10,
-                              flush_interval_s=0.05)
+    delivery = MetricDelivery(
+        config, "0123abcd", writer="rank0", max_buffered=10, flush_interval_s=0.05
+    )
     for step in range(25):
         delivery.add({"loss": float(step)}, step)
     with pytest.warns(RuntimeWarning, match="python -m tracking upload"):
@@ -62,7 +67,8 @@ def test_values_beyond_the_buffer_and_at_close_are_kept_on_disk_not_dropped(tmp_
 
 
 def test_a_run_started_while_the_server_is_down_is_kept_locally_without_its_password(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Fault: no server at start. Invariant: create_run returns a `local-` id at once
     (training can go on), its spool keeps the tags, and no file holds the password."""
     config = down_config(tmp_path)
@@ -87,8 +93,9 @@ def test_transient_errors_are_told_from_requests_the_server_rejects() -> None:
     from botocore.exceptions import ClientError, EndpointConnectionError
 
     def s3_answer(status: int) -> ClientError:
-        return ClientError({"Error": {"Code": "x"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                           "PutObject")
+        return ClientError(
+            {"Error": {"Code": "x"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+        )
 
     assert is_transient(s3_answer(503)) and not is_transient(s3_answer(403))
     assert is_transient(EndpointConnectionError(endpoint_url="http://s3"))
@@ -97,8 +104,10 @@ def test_transient_errors_are_told_from_requests_the_server_rejects() -> None:
 def test_run_links_come_from_the_configured_server_or_give_the_ui_command() -> None:
     """Invariants: a server's link is built from its URI, without credentials; a local
     store gets no URL at all but the exact command that opens a UI on it."""
-    assert (run_page_url("https://me:pw@mlflow.example.org/", "abc")
-            == "https://mlflow.example.org/#/runs/abc")
+    assert (
+        run_page_url("https://me:pw@mlflow.example.org/", "abc")
+        == "https://mlflow.example.org/#/runs/abc"
+    )
     assert run_page_url("sqlite:////data/mlflow.db", "abc") is None
     hint = how_to_open("sqlite:////data/mlflow.db", "abc")
     assert "-m mlflow ui --backend-store-uri sqlite:////data/mlflow.db" in hint
@@ -111,8 +120,9 @@ def tiny_network(num_features: int, num_classes: int) -> torch.nn.Module:
 
 
 @pytest.mark.slow
-def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path, dask_client,
-                                                              monkeypatch) -> None:
+def test_upload_sends_a_spooled_run_once_and_it_ends_finished(
+    tiny_raw, tmp_path, dask_client, monkeypatch
+) -> None:
     """Fault: the server is down for a whole job (start, metrics, model, close). Invariants:
     `python -m tracking upload <dir>` creates the run with its params, tags and lineage,
     every kept metric value, the model (which predicts as the trained network did) and
@@ -120,12 +130,21 @@ def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path
     champion with its score; a second upload sends nothing twice."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)  # a store's default artifact root is relative to it
-    result = run_reshard(ReshardConfig(dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-                                       output_root=str(tmp_path / "ds")), dask_client)
+    result = run_reshard(
+        ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]), output_root=str(tmp_path / "ds")
+        ),
+        dask_client,
+    )
     config = down_config(tmp_path, artifact_location=str(tmp_path / "artifacts"))
     warnings.simplefilter("ignore", RuntimeWarning)
-    run_id = start_run(config, result.manifest, result.manifest_uri, {"train": {"lr": 0.1}},
-                       {"ballast.strategy": "ddp"})
+    run_id = start_run(
+        config,
+        result.manifest,
+        result.manifest_uri,
+        {"train": {"lr": 0.1}},
+        {"ballast.strategy": "ddp"},
+    )
     delivery = MetricDelivery(config, run_id, writer="rank0")
     for step in range(30):
         delivery.add({"train_loss": 1.0 / (step + 1)}, step)
@@ -143,16 +162,17 @@ def test_upload_sends_a_spooled_run_once_and_it_ends_finished(tiny_raw, tmp_path
     assert run.data.tags["ballast.strategy"] == "ddp"
     assert run.inputs.dataset_inputs[0].dataset.digest == result.manifest.version_id
     assert len(client.get_metric_history(sent_id, "train_loss")) == 30
-    assert "training/summary.json" in {a.path for a in client.list_artifacts(sent_id,
-                                                                             "training")}
+    assert "training/summary.json" in {a.path for a in client.list_artifacts(sent_id, "training")}
     mlflow.set_tracking_uri(store)
     uploaded = mlflow.pyfunc.load_model(spool.progress()["model_uri"]).unwrap_python_model()
     assert uploaded.classes == [str(c) for c in result.manifest.classes]
     with torch.no_grad():
-        assert torch.equal(uploaded.network(torch.from_numpy(example)),
-                           network(torch.from_numpy(example)))
-    registered = register_and_promote(config.model_copy(update={"tracking_uri": store}),
-                                      kept_uri, "spooled-clf", 0.5)
+        assert torch.equal(
+            uploaded.network(torch.from_numpy(example)), network(torch.from_numpy(example))
+        )
+    registered = register_and_promote(
+        config.model_copy(update={"tracking_uri": store}), kept_uri, "spooled-clf", 0.5
+    )
     assert registered["alias"] == "champion"
     assert champion(store, "spooled-clf") == {"version": 1, "score": 0.5, "run_id": sent_id}
     assert champion(store, "no-such-model") is None

@@ -77,11 +77,16 @@ def champion(wine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     home = tmp_path_factory.mktemp("standalone")
     tracking_uri = f"sqlite:///{home}/mlflow.db"
     client = MlflowClient(tracking_uri)
-    run = client.create_run(client.create_experiment(
-        "wine", artifact_location=str(home / "artifacts")))
+    run = client.create_run(
+        client.create_experiment("wine", artifact_location=str(home / "artifacts"))
+    )
     client.log_inputs(run.info.run_id, [dataset_input(result.manifest, result.manifest_uri)])
-    model_uri = log_model(TrackingConfig(tracking_uri=tracking_uri), run.info.run_id,
-                          train_mlp(result.manifest_uri, epochs=30), result.manifest_uri)
+    model_uri = log_model(
+        TrackingConfig(tracking_uri=tracking_uri),
+        run.info.run_id,
+        train_mlp(result.manifest_uri, epochs=30),
+        result.manifest_uri,
+    )
     client.create_registered_model("wine")
     version = client.create_model_version("wine", model_uri, run_id=run.info.run_id)
     client.set_registered_model_alias("wine", "champion", version.version)
@@ -89,9 +94,14 @@ def champion(wine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     requirements = mlflow.pyfunc.get_model_dependencies(MODEL)
     env = home / "venv"
     link_virtualenv(env, Path(requirements).read_text().split())
-    yield {"PATH": f"{env / 'bin'}:/usr/bin:/bin", "MLFLOW_TRACKING_URI": tracking_uri,
-           "HOME": str(home), "RAW": str(work / "raw"), "CWD": str(home),
-           "VERSION": result.manifest.version_id}
+    yield {
+        "PATH": f"{env / 'bin'}:/usr/bin:/bin",
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "HOME": str(home),
+        "RAW": str(work / "raw"),
+        "CWD": str(home),
+        "VERSION": result.manifest.version_id,
+    }
 
 
 def requirement_closure(names: list[str]) -> dict[str, Distribution]:
@@ -108,8 +118,9 @@ def requirement_closure(names: list[str]) -> dict[str, Distribution]:
         except PackageNotFoundError:
             continue  # an optional dependency this interpreter does not have
         assert found[key].version in requirement.specifier, (requirement, found[key].version)
-        pending += [Requirement(text) for text in found[key].requires or []
-                    if "extra ==" not in text]
+        pending += [
+            Requirement(text) for text in found[key].requires or [] if "extra ==" not in text
+        ]
     return found
 
 
@@ -126,8 +137,10 @@ def link_virtualenv(env: Path, requirements: list[str]) -> None:
                 (site / top).symlink_to(source)
     for name, module in (("mlflow", "mlflow.cli"), ("uvicorn", "uvicorn.main")):
         script = env / "bin" / name
-        script.write_text(f"#!{env / 'bin' / 'python'}\nimport sys\nfrom {module} import "
-                          f"{'cli' if name == 'mlflow' else 'main'} as run\nsys.exit(run())\n")
+        script.write_text(
+            f"#!{env / 'bin' / 'python'}\nimport sys\nfrom {module} import "
+            f"{'cli' if name == 'mlflow' else 'main'} as run\nsys.exit(run())\n"
+        )
         script.chmod(0o755)
 
 
@@ -142,8 +155,13 @@ def test_the_champion_loads_predicts_and_evaluates_in_its_own_virtualenv(champio
     most rows; `mlflow.models.evaluate` gives accuracy, F1 and per-class metrics; the
     ballast code that ran is the model's own copy (its `code/` folder)."""
     env = {key: champion[key] for key in ("PATH", "MLFLOW_TRACKING_URI", "HOME")}
-    done = subprocess.run(model_python(champion, "-c", LOAD_PREDICT_EVALUATE, champion["RAW"]),
-                          env=env, cwd=champion["CWD"], capture_output=True, text=True)
+    done = subprocess.run(
+        model_python(champion, "-c", LOAD_PREDICT_EVALUATE, champion["RAW"]),
+        env=env,
+        cwd=champion["CWD"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["version"] == champion["VERSION"]
@@ -161,9 +179,26 @@ def served(champion) -> Iterator[str]:
     env = {key: champion[key] for key in ("PATH", "MLFLOW_TRACKING_URI", "HOME")}
     log = open(Path(champion["CWD"]) / "serve.log", "ab")  # noqa: SIM115 - child owns it
     process = subprocess.Popen(
-        model_python(champion, "-m", "mlflow", "models", "serve", "-m", MODEL,
-                     "--env-manager", "local", "--host", "127.0.0.1", "-p", str(port)),
-        env=env, cwd=champion["CWD"], stdout=log, stderr=subprocess.STDOUT)
+        model_python(
+            champion,
+            "-m",
+            "mlflow",
+            "models",
+            "serve",
+            "-m",
+            MODEL,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ),
+        env=env,
+        cwd=champion["CWD"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     try:
         wait_for_http(f"http://127.0.0.1:{port}/ping", process, timeout_s=120)
@@ -173,8 +208,11 @@ def served(champion) -> Iterator[str]:
 
 
 def invoke(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"{url}/invocations", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/invocations",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -183,7 +221,8 @@ def invoke(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def test_mlflow_models_serve_answers_split_and_records_and_names_a_bad_row(
-        champion, served) -> None:
+    champion, served
+) -> None:
     """Invariants: /invocations answers `dataframe_split` and `dataframe_records` with the
     same int labels, one per row, a null in a column included (with `details`, that row
     names the filled column); a row whose `proline` is text answers 400 with the row, the
@@ -201,8 +240,9 @@ def test_mlflow_models_serve_answers_split_and_records_and_names_a_bad_row(
     labels = [row["predicted"] for row in split["predictions"]]
     assert len(labels) == 20 and all(isinstance(label, int) for label in labels), labels
     assert labels == [row["predicted"] for row in records["predictions"]]
-    status, detailed = invoke(served, {"dataframe_split": rows.to_dict(orient="split"),
-                                       "params": {"details": True}})
+    status, detailed = invoke(
+        served, {"dataframe_split": rows.to_dict(orient="split"), "params": {"details": True}}
+    )
     assert status == 200 and rows.columns[0] in detailed["predictions"][1]["filled"]
     bad = rows.copy()
     bad.loc[bad.index[3], "proline"] = "a lot"

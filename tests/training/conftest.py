@@ -36,14 +36,20 @@ def make_table(ids: np.ndarray, dim: int, classes: list[int], rng: np.random.Gen
 
 
 def write_split(
-    attempt: VersionAttempt, split: str, table: pa.Table, shard_rows: list[int],
-    row_group_size: int
+    attempt: VersionAttempt, split: str, table: pa.Table, shard_rows: list[int], row_group_size: int
 ) -> SplitEntry:
     """Write `table` as shards of the given sizes; the split's manifest entry."""
     entries, offset = [], 0
     for index, rows in enumerate(shard_rows):
-        entries.append(write_shard(attempt.shard_uri(shard_name(split, index)),
-                                   table.slice(offset, rows), row_group_size, "label", "source"))
+        entries.append(
+            write_shard(
+                attempt.shard_uri(shard_name(split, index)),
+                table.slice(offset, rows),
+                row_group_size,
+                "label",
+                "source",
+            )
+        )
         offset += rows
     return SplitEntry(num_rows=offset, shards=entries)
 
@@ -70,19 +76,24 @@ def write_dataset(
     version_id = f"test{num_rows}x{holdout_rows}x{num_shards}x{row_group_size}"
     with VersionAttempt(str(root), version_id) as attempt:
         train = make_table(np.arange(num_rows), dim, CLASS_VALUES, rng)
-        splits = {"train": write_split(attempt, "train", train,
-                                       split_sizes(num_rows, num_shards), row_group_size)}
+        splits = {
+            "train": write_split(
+                attempt, "train", train, split_sizes(num_rows, num_shards), row_group_size
+            )
+        }
         if holdout_rows:
-            holdout = make_table(np.arange(num_rows, num_rows + holdout_rows), dim,
-                                 CLASS_VALUES, rng)
+            holdout = make_table(
+                np.arange(num_rows, num_rows + holdout_rows), dim, CLASS_VALUES, rng
+            )
             sizes = split_sizes(holdout_rows, 2)
             splits["holdout"] = write_split(attempt, "holdout", holdout, sizes, row_group_size)
         attempt.commit(dataset_manifest(version_id, train.schema, splits, seed))
     return str(root)
 
 
-def dataset_manifest(version_id: str, schema: pa.Schema, splits: dict[str, SplitEntry],
-                     seed: int) -> Manifest:
+def dataset_manifest(
+    version_id: str, schema: pa.Schema, splits: dict[str, SplitEntry], seed: int
+) -> Manifest:
     return Manifest(
         version_id=version_id,
         label_column="label",

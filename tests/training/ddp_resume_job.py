@@ -59,21 +59,29 @@ def main() -> None:
     args = parser.parse_args()
     out, rank = Path(args.out), int(os.environ["RANK"])
     lightning.seed_everything(0)
-    loader = LoaderConfig(batch_size=args.batch_size, num_workers=args.num_workers,
-                          num_partitions=args.num_partitions)
+    loader = LoaderConfig(
+        batch_size=args.batch_size, num_workers=args.num_workers, num_partitions=args.num_partitions
+    )
     data = StreamDataModule(args.dataset, loader, seed=5)
     model = FeatureClassifier(data.num_features, data.classes, {"hidden_sizes": [16]})
     checkpoint = ModelCheckpoint(
-        dirpath=out / "checkpoints", every_n_train_steps=args.every_n_steps,
-        save_top_k=-1, save_last=True,
+        dirpath=out / "checkpoints",
+        every_n_train_steps=args.every_n_steps,
+        save_top_k=-1,
+        save_last=True,
     )
     recorder = ConsumedIds(out / f"ids-{args.phase}-rank{rank}.txt", args.step_sleep_s)
     trainer = lightning.Trainer(
-        accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), max_epochs=1,
+        accelerator="cpu",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        max_epochs=1,
         max_steps=args.max_steps,
         strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
-        callbacks=[checkpoint, recorder, DataWaitCallback()], logger=False,
-        use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[checkpoint, recorder, DataWaitCallback()],
+        logger=False,
+        use_distributed_sampler=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     with warnings.catch_warnings():

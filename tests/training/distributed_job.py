@@ -21,8 +21,7 @@ from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.train import exit_rank, run_training
 
-TINY_TRANSFORMER = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
-                    "ffn_mult": 2}
+TINY_TRANSFORMER = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2, "ffn_mult": 2}
 COMM_RUNS: dict[str, dict[str, Any]] = {
     "none": {"hook": "none"},
     "fp16": {"hook": "fp16"},
@@ -34,13 +33,22 @@ COMM_RUNS: dict[str, dict[str, Any]] = {
 
 
 def base_config(dataset: str, out: str) -> TrainConfig:
-    return TrainConfig.model_validate({
-        "dataset": dataset, "output_dir": out, "max_epochs": 1, "seed": 7,
-        "gradient_clip_norm": 1.0, "process_group_timeout_s": 60,
-        "loader": {"batch_size": 16},
-        "model": {"class_path": "transformer", "learning_rate": 0.003,
-                  "transformer": TINY_TRANSFORMER},
-    })
+    return TrainConfig.model_validate(
+        {
+            "dataset": dataset,
+            "output_dir": out,
+            "max_epochs": 1,
+            "seed": 7,
+            "gradient_clip_norm": 1.0,
+            "process_group_timeout_s": 60,
+            "loader": {"batch_size": 16},
+            "model": {
+                "class_path": "transformer",
+                "learning_rate": 0.003,
+                "transformer": TINY_TRANSFORMER,
+            },
+        }
+    )
 
 
 def run_strategies(dataset: str, out: str, tracking: dict[str, Any]) -> None:
@@ -49,9 +57,11 @@ def run_strategies(dataset: str, out: str, tracking: dict[str, Any]) -> None:
         run_training(cfg)
         resumed = cfg.model_copy(update={"max_epochs": 2, "resume": True})
         if strategy in tracking["run_ids"]:
-            logged = TrackingConfig(tracking_uri=tracking["tracking_uri"],
-                                    run_id=tracking["run_ids"][strategy],
-                                    artifact_location=tracking["artifact_location"])
+            logged = TrackingConfig(
+                tracking_uri=tracking["tracking_uri"],
+                run_id=tracking["run_ids"][strategy],
+                artifact_location=tracking["artifact_location"],
+            )
             resumed = resumed.model_copy(update={"tracking": logged})
         run_training(resumed)
     straight = base_config(dataset, f"{out}/ddp-straight").model_copy(update={"max_epochs": 2})
@@ -63,8 +73,9 @@ def run_comm(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     for name, comm in COMM_RUNS.items():
         cfg = base.model_copy(update={"output_dir": f"{out}/{name}"})
         run_training(TrainConfig.model_validate(cfg.model_dump() | {"comm": comm}))
-    accumulated = base.model_copy(update={"output_dir": f"{out}/accumulate",
-                                          "accumulate_grad_batches": 2})
+    accumulated = base.model_copy(
+        update={"output_dir": f"{out}/accumulate", "accumulate_grad_batches": 2}
+    )
     run_training(accumulated)
 
 

@@ -35,8 +35,7 @@ PARTITIONS = 12  # divisible by every world size of the grid
 
 
 def make_stream(root: str, balance: str = "speed", **fields: object) -> ShardStream:
-    config = LoaderConfig(batch_size=BATCH, num_partitions=PARTITIONS, balance=balance,
-                          **fields)
+    config = LoaderConfig(batch_size=BATCH, num_partitions=PARTITIONS, balance=balance, **fields)
     return ShardStream(root, "train", config, seed=5)
 
 
@@ -54,8 +53,9 @@ def lockstep(streams: list[ShardStream], costs: list[float], every: int) -> Iter
             busy = list(samples * np.asarray(costs) + 1e-3 * every)
             for stream in streams:
                 state = stream.state_dict()
-                stream.shares.replan(state["epoch"], state["samples_consumed"], world * BATCH,
-                                     list(samples), busy)
+                stream.shares.replan(
+                    state["epoch"], state["samples_consumed"], world * BATCH, list(samples), busy
+                )
             samples[:] = 0
 
 
@@ -74,8 +74,14 @@ def test_speed_slices_cover_each_equal_step_once(
     every rank yields a batch at every step (equal optimizer steps), and once re-planned the
     slow rank takes fewer rows than rank 0 (more when it is not slower: never fewer)."""
     root = dataset_cache(300, row_group_size=8)
-    equal = step_ids([list(step) for step in zip(
-        *[make_stream(root, "equal").iterate((r, world)) for r in range(world)], strict=True)])
+    equal = step_ids(
+        [
+            list(step)
+            for step in zip(
+                *[make_stream(root, "equal").iterate((r, world)) for r in range(world)], strict=True
+            )
+        ]
+    )
     costs = [1e-3] * (world - 1) + [ratio * 1e-3]
     steps = list(lockstep([make_stream(root) for _ in range(world)], costs, every=2))
     assert step_ids(steps) == equal
@@ -90,7 +96,7 @@ def test_speed_slices_cover_each_equal_step_once(
 
 
 def test_a_resume_on_another_world_size_under_speed_trains_the_rest_once(
-    dataset_cache: Callable[..., str]
+    dataset_cache: Callable[..., str],
 ) -> None:
     """Invariant: 3 steps at 2 ranks under `speed` (rank 1 3x slower), then a resume from
     that state on 3 ranks, train together exactly the epoch's rows `equal` gives at 2 then
@@ -107,14 +113,22 @@ def test_a_resume_on_another_world_size_under_speed_trains_the_rest_once(
     second = [make_stream(root) for _ in range(3)]
     for stream in second:
         stream.load_state_dict(state)
-    after = [i for step in lockstep(second, [1e-3, 3e-3, 1e-3], every=1)
-             for batch in step for i in batch["id"].tolist()]
+    after = [
+        i
+        for step in lockstep(second, [1e-3, 3e-3, 1e-3], every=1)
+        for batch in step
+        for i in batch["id"].tolist()
+    ]
     assert len(before + after) == len(set(before + after))
     rest = [make_stream(root, "equal") for _ in range(3)]
     for stream in rest:
         stream.load_state_dict(state)
-    expected = [i for step in zip(*[s.iterate((r, 3)) for r, s in enumerate(rest)], strict=True)
-                for batch in step for i in batch["id"].tolist()]
+    expected = [
+        i
+        for step in zip(*[s.iterate((r, 3)) for r, s in enumerate(rest)], strict=True)
+        for batch in step
+        for i in batch["id"].tolist()
+    ]
     assert len(after) == len(expected) > 0
     assert sorted(after) == sorted(expected)
 
@@ -189,11 +203,11 @@ def test_row_and_token_cuts_cover_every_row_once(
     one row of their share, and the token cuts' largest distance from their targets is the
     least that any such cuts reach (brute force over every cut set): a token slice's sum
     is as close to its share of the tokens as the rows allow."""
-    weights = np.array(data.draw(st.lists(st.floats(0.2, 5.0), min_size=world,
-                                          max_size=world)))
+    weights = np.array(data.draw(st.lists(st.floats(0.2, 5.0), min_size=world, max_size=world)))
     shares = weights / weights.sum()
-    tokens = np.array(data.draw(st.lists(st.integers(1, 64), min_size=rows, max_size=rows)),
-                      np.int64)
+    tokens = np.array(
+        data.draw(st.lists(st.integers(1, 64), min_size=rows, max_size=rows)), np.int64
+    )
     for cuts in (row_bounds(shares, rows), token_bounds(shares, tokens)):
         assert cuts[0] == 0 and cuts[-1] == rows and np.all(np.diff(cuts) >= 0)
         if rows >= world:
@@ -204,7 +218,8 @@ def test_row_and_token_cuts_cover_every_row_once(
     cuts = token_bounds(shares, tokens)
     if rows:
         assert largest_error(cuts[1:-1], shares, tokens) == pytest.approx(
-            least_largest_error(shares, tokens), abs=1e-9)
+            least_largest_error(shares, tokens), abs=1e-9
+        )
 
 
 def largest_error(cuts: np.ndarray, shares: np.ndarray, tokens: np.ndarray) -> Any:
@@ -221,8 +236,11 @@ def least_largest_error(shares: np.ndarray, tokens: np.ndarray) -> float:
     rows, world = len(tokens), len(shares)
     if world == 1:
         return 0.0
-    pick = (itertools.combinations(range(1, rows), world - 1) if rows >= world
-            else itertools.combinations_with_replacement(range(rows + 1), world - 1))
+    pick = (
+        itertools.combinations(range(1, rows), world - 1)
+        if rows >= world
+        else itertools.combinations_with_replacement(range(rows + 1), world - 1)
+    )
     every = np.array(list(pick), np.int64).reshape(-1, world - 1)
     return float(largest_error(every, shares, tokens).min())
 
@@ -244,8 +262,12 @@ def test_token_slices_of_a_step_balance_real_tokens() -> None:
     slice's loss_scale is its rows' share of the step's rows times the world size."""
     lengths = [60, 60, 30, 30, 30, 30]
     features = torch.tensor([[1.0] * n + [0.0] * (64 - n) for n in lengths])
-    whole = {"features": features, "label": torch.zeros(6, dtype=torch.int64),
-             "id": torch.arange(6), "weight": torch.ones(6)}
+    whole = {
+        "features": features,
+        "label": torch.zeros(6, dtype=torch.int64),
+        "id": torch.arange(6),
+        "weight": torch.ones(6),
+    }
     parts = [rank_slice(whole, np.array([0.5, 0.5]), r, "tokens") for r in range(2)]
     assert [part["id"].tolist() for part in parts] == [[0, 1], [2, 3, 4, 5]]
     assert [float(part["loss_scale"]) for part in parts] == pytest.approx([2 / 3, 4 / 3])
@@ -257,8 +279,9 @@ def test_balanced_loaders_refuse_workers_and_sharded_strategies() -> None:
     with pytest.raises(ValueError, match=r"loader\.num_workers to 0"):
         LoaderConfig(balance="speed", num_workers=2)
     with pytest.raises(ValueError, match="balance_by: tokens apply to ddp, not fsdp"):
-        TrainConfig(dataset="d", output_dir="o", strategy="fsdp",
-                    loader=LoaderConfig(balance_by="tokens"))
+        TrainConfig(
+            dataset="d", output_dir="o", strategy="fsdp", loader=LoaderConfig(balance_by="tokens")
+        )
 
 
 def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., str]) -> None:
@@ -267,8 +290,9 @@ def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., st
     from training.data.datamodule import StreamDataModule
 
     root = dataset_cache(120, holdout_rows=30, row_group_size=8)
-    data = StreamDataModule(root, LoaderConfig(batch_size=4, balance="speed",
-                                               balance_by="tokens"), seed=0)
+    data = StreamDataModule(
+        root, LoaderConfig(batch_size=4, balance="speed", balance_by="tokens"), seed=0
+    )
     assert data.train_stream.config.balanced
     assert data.holdout_stream is not None
     held = data.holdout_stream.config
@@ -287,8 +311,15 @@ def test_uneven_token_sequences_are_padded_with_zero_and_split_by_real_tokens(
     from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
 
     assert TokenDatasetSpec().version_id() == "tokens-bb71738ffd9be4f0"
-    spec = TokenDatasetSpec(num_rows=384, holdout_rows=0, seq_len=16, min_seq_len=2,
-                            vocab_size=64, rows_per_shard=128, rows_per_row_group=32)
+    spec = TokenDatasetSpec(
+        num_rows=384,
+        holdout_rows=0,
+        seq_len=16,
+        min_seq_len=2,
+        vocab_size=64,
+        rows_per_shard=128,
+        rows_per_row_group=32,
+    )
     root = write_token_dataset(str(tmp_path / "tokens"), spec)
     config = LoaderConfig(batch_size=16, balance_by="tokens", num_partitions=4)
     streams = [ShardStream(root, "train", config, seed=1) for _ in range(2)]
@@ -315,12 +346,14 @@ def test_speed_slices_are_the_whole_step_slices_byte_for_byte(
     with the shares of that step, padding rows of the last step included."""
     root = dataset_cache(300, row_group_size=8)
     streams = [make_stream(root, remainder=remainder) for _ in range(world)]
-    equal = [make_stream(root, "equal", remainder=remainder).iterate((r, world))
-             for r in range(world)]
+    equal = [
+        make_stream(root, "equal", remainder=remainder).iterate((r, world)) for r in range(world)
+    ]
     costs = [3e-3] + [1e-3] * (world - 1)
     moved = 0
-    for index, (step, units) in enumerate(zip(lockstep(streams, costs, every=1),
-                                              zip(*equal, strict=True), strict=True)):
+    for index, (step, units) in enumerate(
+        zip(lockstep(streams, costs, every=1), zip(*equal, strict=True), strict=True)
+    ):
         shares = streams[0].shares.shares_at(0, index * world * BATCH, world)
         moved += int(np.abs(shares - 1 / world).max() > 0.01)
         whole = {name: torch.cat([unit[name] for unit in units]) for name in units[0]}
@@ -332,12 +365,15 @@ def test_speed_slices_are_the_whole_step_slices_byte_for_byte(
     assert moved > 0  # the shares did move away from equal
 
 
-@pytest.mark.parametrize(("shares", "units"), [
-    ((0.25, 0.75), (1, 2)),
-    ((0.25, 0.375, 0.375), (1, 2, 2)),
-    ((0.1, 0.2, 0.3, 0.4), (1, 2, 2, 2)),
-    ((0.25, 0.25, 0.25, 0.25), (1, 1, 1, 1)),
-])
+@pytest.mark.parametrize(
+    ("shares", "units"),
+    [
+        ((0.25, 0.75), (1, 2)),
+        ((0.25, 0.375, 0.375), (1, 2, 2)),
+        ((0.1, 0.2, 0.3, 0.4), (1, 2, 2, 2)),
+        ((0.25, 0.25, 0.25, 0.25), (1, 1, 1, 1)),
+    ],
+)
 def test_a_speed_rank_decodes_only_the_units_its_slice_overlaps(
     dataset_cache: Callable[..., str], shares: tuple[float, ...], units: tuple[int, ...]
 ) -> None:
@@ -369,7 +405,7 @@ def test_a_speed_rank_decodes_only_the_units_its_slice_overlaps(
 
 
 def test_closing_a_speed_stream_mid_epoch_stops_its_producer(
-    dataset_cache: Callable[..., str]
+    dataset_cache: Callable[..., str],
 ) -> None:
     """Invariant: under `speed` the batch producer waits for shares that are not final yet;
     closing the iterator after two batches ends that wait: close returns at once and no

@@ -37,8 +37,9 @@ def lockstep(streams: list[ShardStream], costs: list[float], every: int) -> Iter
             busy = list(samples * np.asarray(costs) + 1e-3 * every)
             for stream in streams:
                 state = stream.state_dict()
-                stream.shares.replan(state["epoch"], state["samples_consumed"],
-                                     world * BATCH, list(samples), busy)
+                stream.shares.replan(
+                    state["epoch"], state["samples_consumed"], world * BATCH, list(samples), busy
+                )
             samples[:] = 0
 
 
@@ -55,8 +56,9 @@ def test_alike_ranks_under_speed_step_and_decode_exactly_as_under_equal(
     equal = [make_stream(root, "equal") for _ in range(world)]
     costs = [1e-3 * (1 + 0.04 * (rank % 2)) for rank in range(world)]
     iterators = zip(*[s.iterate((r, world)) for r, s in enumerate(equal)], strict=True)
-    for index, (step, units) in enumerate(zip(lockstep(speed, costs, every=1), iterators,
-                                              strict=True)):
+    for index, (step, units) in enumerate(
+        zip(lockstep(speed, costs, every=1), iterators, strict=True)
+    ):
         shares = speed[0].shares.shares_at(0, index * world * BATCH, world)
         assert np.array_equal(shares, equal_shares(world)), index
         for batch, unit in zip(step, units, strict=True):
@@ -65,8 +67,9 @@ def test_alike_ranks_under_speed_step_and_decode_exactly_as_under_equal(
     assert [s.rows_decoded for s in speed] == [s.rows_decoded for s in equal]
 
 
-def simulate(costs: list[list[float]], change_at: int, steps: int, every: int,
-             overhead_s: float = 0.02) -> list[np.ndarray]:
+def simulate(
+    costs: list[list[float]], change_at: int, steps: int, every: int, overhead_s: float = 0.02
+) -> list[np.ndarray]:
     """Each step's rows per rank under a `SharePlan` re-planned every `every` steps from
     modelled busy time (`overhead_s` a step plus the rank's cost per row): `costs[0]`
     before step `change_at`, `costs[1]` from it on."""
@@ -118,7 +121,7 @@ def test_a_small_difference_moves_half_way_and_a_change_of_speed_all_the_way() -
 
 
 def test_learned_shares_carry_over_epochs_and_restore_on_the_same_world_size_only(
-    dataset_cache: Callable[..., str]
+    dataset_cache: Callable[..., str],
 ) -> None:
     """Invariant: shares learned in epoch 0 (rank 1 3x slower) still apply at the start of
     epoch 1; the stream's state (what a checkpoint holds) carries them: a fresh stream on
@@ -143,12 +146,14 @@ def test_learned_shares_carry_over_epochs_and_restore_on_the_same_world_size_onl
 
 
 def test_the_operator_gets_a_line_when_the_split_moves_by_more_than_ten_percent(
-    dataset_cache: Callable[..., str]
+    dataset_cache: Callable[..., str],
 ) -> None:
     """Invariant: rank 0 notes a line for a move of more than 10 % of the rows a step
     since its last line (from the equal split at first), none for smaller moves."""
     replan = SpeedReplan(make_stream(dataset_cache(300, row_group_size=8)))
     for step, rows in enumerate([[256, 256], [382, 130], [370, 142], [256, 256]]):
         replan.note_move(np.array(rows), step)
-    assert replan.moves == ["step 1: rank 1 slower: 382/130 rows a step",
-                            "step 3: ranks alike: 256/256 rows a step"]
+    assert replan.moves == [
+        "step 1: rank 1 slower: 382/130 rows a step",
+        "step 3: ranks alike: 256/256 rows a step",
+    ]

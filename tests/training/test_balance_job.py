@@ -32,13 +32,20 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     cfg = TrainConfig(
-        dataset=dataset_cache(ROWS, row_group_size=32), output_dir=str(tmp_path / "run"),
-        max_epochs=1, strategy="ddp",
+        dataset=dataset_cache(ROWS, row_group_size=32),
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        strategy="ddp",
         loader=LoaderConfig(batch_size=BATCH, balance="speed", balance_every_n_steps=2),
-        model=ModelConfig(class_path=MODEL, hidden_sizes=[16], options={
-            "record_dir": str(record_dir), "slow_rank": 1, "sample_sleep_s": 0.004}))
-    summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=300,
-                                    retry=RetryPolicy(attempts=1)))
+        model=ModelConfig(
+            class_path=MODEL,
+            hidden_sizes=[16],
+            options={"record_dir": str(record_dir), "slow_rank": 1, "sample_sleep_s": 0.004},
+        ),
+    )
+    summary = run_job(
+        cfg, LocalJob(num_processes_per_node=2, timeout_s=300, retry=RetryPolicy(attempts=1))
+    )
     ranks = [recorded_rows(record_dir, rank) for rank in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == ROWS // (2 * BATCH)
     ids = [i for rank in ranks for step in rank for i in step]

@@ -19,8 +19,11 @@ from training.data.readahead import ReadConfig
 
 
 def make_stream(root: str, cache_dir: Path | None, cache_bytes: int = 2**30) -> ShardStream:
-    read = ReadConfig(prefetch_row_groups=2, cache_dir=str(cache_dir) if cache_dir else None,
-                      cache_bytes=cache_bytes)
+    read = ReadConfig(
+        prefetch_row_groups=2,
+        cache_dir=str(cache_dir) if cache_dir else None,
+        cache_bytes=cache_bytes,
+    )
     return ShardStream(root, "train", LoaderConfig(batch_size=8), seed=4, read=read)
 
 

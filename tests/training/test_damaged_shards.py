@@ -49,8 +49,11 @@ def flip_in_values(path: Path, group: int, column: str = "features") -> None:
     """Flip one byte near the end of a column chunk's last data page: past its page header
     (headers open a page), inside the encoded values."""
     metadata = pq.read_metadata(path).row_group(group)
-    chunk = next(metadata.column(i) for i in range(metadata.num_columns)
-                 if metadata.column(i).path_in_schema.startswith(column))
+    chunk = next(
+        metadata.column(i)
+        for i in range(metadata.num_columns)
+        if metadata.column(i).path_in_schema.startswith(column)
+    )
     start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     offset = start + chunk.total_compressed_size - 16  # the chunk's pages end there
     data = bytearray(path.read_bytes())
@@ -135,21 +138,28 @@ def test_reshard_writer_writes_page_checksums(tmp_path: Path) -> None:
     rows."""
     rng = np.random.default_rng(0)
     flat = pa.array(rng.random(64 * 8, dtype=np.float32))
-    table = pa.table({"id": pa.array(np.arange(64)), "label": pa.array(["a", "b"] * 32),
-                      "source": pa.array(["s"] * 64),
-                      "features": pa.FixedSizeListArray.from_arrays(flat, 8)})
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(64)),
+            "label": pa.array(["a", "b"] * 32),
+            "source": pa.array(["s"] * 64),
+            "features": pa.FixedSizeListArray.from_arrays(flat, 8),
+        }
+    )
     write_shard(str(tmp_path / "shard.parquet"), table, 32, "label", "source")
     data = bytearray((tmp_path / "shard.parquet").read_bytes())
     chunk = pq.ParquetFile(pa.BufferReader(bytes(data))).metadata.row_group(0).column(3)
     assert not chunk.has_dictionary_page  # so its data page ends the chunk
     data[chunk.data_page_offset + chunk.total_compressed_size - 16] ^= 0x5A
     with pytest.raises(OSError, match="CRC checksum verification failed"):
-        pq.ParquetFile(pa.BufferReader(bytes(data)),
-                       page_checksum_verification=True).read_row_group(0)
+        pq.ParquetFile(
+            pa.BufferReader(bytes(data)), page_checksum_verification=True
+        ).read_row_group(0)
 
 
-def test_ballast_verify_exit_status(make_dataset: Callable[..., str],
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_ballast_verify_exit_status(
+    make_dataset: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """`ballast verify` exits 0 on a whole version (also --deep) and 1 once a shard is
     damaged, naming the version and the shard; --deep names the flipped row group."""
     root = make_dataset(120, holdout_rows=40, num_shards=2, row_group_size=16)

@@ -25,10 +25,29 @@ BATCH_SIZE, EVERY_N_STEPS, NUM_ROWS = 8, 6, 1200
 
 def job_command(root: str, out: Path, phase: str, step_sleep_s: float) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "--max-restarts", "0", str(JOB), "--dataset", root, "--out", str(out), "--phase", phase,
-        "--every-n-steps", str(EVERY_N_STEPS), "--batch-size", str(BATCH_SIZE),
-        "--num-workers", "1", "--step-sleep-s", str(step_sleep_s),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        str(JOB),
+        "--dataset",
+        root,
+        "--out",
+        str(out),
+        "--phase",
+        phase,
+        "--every-n-steps",
+        str(EVERY_N_STEPS),
+        "--batch-size",
+        str(BATCH_SIZE),
+        "--num-workers",
+        "1",
+        "--step-sleep-s",
+        str(step_sleep_s),
     ]
 
 
@@ -103,8 +122,13 @@ def test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was(
     saved_step = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     steps_per_epoch = NUM_ROWS // (2 * BATCH_SIZE)
     assert EVERY_N_STEPS <= saved_step < steps_per_epoch
-    resumed = subprocess.run(job_command(root, out, "resume", 0.0), env=child_env(),
-                             capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(
+        job_command(root, out, "resume", 0.0),
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
     consumed = []
     for rank in range(2):

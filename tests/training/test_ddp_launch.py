@@ -36,8 +36,11 @@ RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 
 
 def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
-    return LocalJob(num_processes_per_node=num_processes, timeout_s=300,
-                    retry=RetryPolicy(attempts=attempts, first_delay_s=0))
+    return LocalJob(
+        num_processes_per_node=num_processes,
+        timeout_s=300,
+        retry=RetryPolicy(attempts=attempts, first_delay_s=0),
+    )
 
 
 @pytest.mark.slow
@@ -47,9 +50,13 @@ def test_two_rank_ddp_run_gives_equal_batches_per_rank(
     """Both ranks train the same positive number of batches (DDP never waits on a missing
     one), validation covers every holdout row once, and macro F1 is a number in [0, 1]."""
     root = make_dataset(2000, holdout_rows=301, num_shards=4, row_group_size=128)
-    cfg = TrainConfig(dataset=root, output_dir=str(tmp_path / "run"), max_epochs=2,
-                      process_group_timeout_s=120,
-                      loader=LoaderConfig(batch_size=64, num_workers=1))
+    cfg = TrainConfig(
+        dataset=root,
+        output_dir=str(tmp_path / "run"),
+        max_epochs=2,
+        process_group_timeout_s=120,
+        loader=LoaderConfig(batch_size=64, num_workers=1),
+    )
     summary = run_job(cfg, local_job(2))
     assert summary["world_size"] == 2
     assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
@@ -76,8 +83,11 @@ def test_a_data_error_on_the_ranks_fails_once_in_one_line(
     the config-error status, the job is not retried although the policy allows 3
     attempts, and TrainingFailed reads as one line naming the cause and the log that
     holds the traceback."""
-    cfg = TrainConfig(dataset=dataset_cache(40, row_group_size=8),
-                      output_dir=str(tmp_path / "run"), loader=LoaderConfig(batch_size=64))
+    cfg = TrainConfig(
+        dataset=dataset_cache(40, row_group_size=8),
+        output_dir=str(tmp_path / "run"),
+        loader=LoaderConfig(batch_size=64),
+    )
     with pytest.raises(TrainingFailed) as raised:
         run_job(cfg, local_job(2, attempts=3))
     failure = raised.value
@@ -96,8 +106,13 @@ def test_a_rank_exits_2_on_a_config_error_with_its_cause_in_one_line(tmp_path: P
     traceback in the log file that line names."""
     config = tmp_path / "train.yaml"
     config.write_text(f"dataset: x\noutput_dir: {tmp_path}\nmax_epochs: 0\n")
-    done = subprocess.run([sys.executable, "-m", "training", "--config", str(config)],
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "training", "--config", str(config)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("config or data error on rank 0: ValidationError:")
@@ -132,10 +147,15 @@ def test_every_rank_reads_the_version_pinned_at_launch(tmp_path: Path) -> None:
     records.mkdir()
     write_dataset(root, 640, row_group_size=32)
     pinned_version = resolve_manifest_uri(str(root))
-    cfg = TrainConfig(dataset=str(root), output_dir=str(tmp_path / "run"), max_epochs=1,
-                      loader=LoaderConfig(batch_size=32),
-                      model=ModelConfig(class_path=RECORDING_MODEL, hidden_sizes=[8],
-                                        options={"record_dir": str(records)}))
+    cfg = TrainConfig(
+        dataset=str(root),
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        loader=LoaderConfig(batch_size=32),
+        model=ModelConfig(
+            class_path=RECORDING_MODEL, hidden_sizes=[8], options={"record_dir": str(records)}
+        ),
+    )
     committer = VersionCommitter(root, tmp_path / "run" / PINNED_CONFIG_NAME)
     committer.start()
     summary = run_job(cfg, local_job(2))
@@ -177,10 +197,17 @@ class ForwardingHandler(BaseHTTPRequestHandler):
             return
         self.server.counts["authorized"] += 1
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ("host", "authorization", "connection")}
-        request = urllib.request.Request(self.server.upstream + self.path, data=body or None,
-                                         headers=headers, method=self.command)
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in ("host", "authorization", "connection")
+        }
+        request = urllib.request.Request(
+            self.server.upstream + self.path,
+            data=body or None,
+            headers=headers,
+            method=self.command,
+        )
         try:
             response = urllib.request.urlopen(request, timeout=60)
         except urllib.error.HTTPError as error:
@@ -213,11 +240,18 @@ def test_tracking_credentials_reach_the_ranks_but_no_file(
     proxy = BasicAuthProxy(mlflow_uri, f"ada:{password}")
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
-        tracking = TrackingConfig(tracking_uri=f"http://ada:{password}@{proxy.address}",
-                                  experiment="credentials", registered_model_name=None)
-        cfg = TrainConfig(dataset=dataset_cache(256, row_group_size=32), max_epochs=1,
-                          output_dir=str(tmp_path / "run"), loader=LoaderConfig(batch_size=32),
-                          tracking=tracking)
+        tracking = TrackingConfig(
+            tracking_uri=f"http://ada:{password}@{proxy.address}",
+            experiment="credentials",
+            registered_model_name=None,
+        )
+        cfg = TrainConfig(
+            dataset=dataset_cache(256, row_group_size=32),
+            max_epochs=1,
+            output_dir=str(tmp_path / "run"),
+            loader=LoaderConfig(batch_size=32),
+            tracking=tracking,
+        )
         summary = run_job(cfg, local_job(1))
     finally:
         proxy.shutdown()

@@ -22,9 +22,17 @@ from training.launch.processes import child_env
 from training.models.transformer import TokenTransformer
 
 JOB = Path(__file__).with_name("distributed_job.py")
-SPEC = TokenDatasetSpec(num_rows=1024, holdout_rows=128, seq_len=16, vocab_size=64,
-                        num_classes=4, signature_tokens=4, rows_per_shard=512,
-                        rows_per_row_group=64, seed=3)
+SPEC = TokenDatasetSpec(
+    num_rows=1024,
+    holdout_rows=128,
+    seq_len=16,
+    vocab_size=64,
+    num_classes=4,
+    signature_tokens=4,
+    rows_per_shard=512,
+    rows_per_row_group=64,
+    seed=3,
+)
 STEPS_PER_EPOCH = 1024 // (2 * 16)
 
 
@@ -37,10 +45,25 @@ def run_suite(
     suite: str, dataset: str, out: Path, tracking: dict[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Run one suite of distributed_job.py on 2 ranks; every run's summary by name."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "--max-restarts", "0", str(JOB),
-               "--suite", suite, "--dataset", dataset, "--out", str(out),
-               "--tracking", json.dumps(tracking or {"run_ids": {}})]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        str(JOB),
+        "--suite",
+        suite,
+        "--dataset",
+        dataset,
+        "--out",
+        str(out),
+        "--tracking",
+        json.dumps(tracking or {"run_ids": {}}),
+    ]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
     (out / "job.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
@@ -50,10 +73,14 @@ def run_suite(
 def tracked_runs(tmp_path: Path, names: list[str]) -> dict[str, Any]:
     """A sqlite MLflow store with one run per name, made before any rank starts."""
     uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts")
-    tracking = TrackingConfig(tracking_uri=uri, experiment="strategies",
-                              artifact_location=artifacts)
-    return {"tracking_uri": uri, "artifact_location": artifacts,
-            "run_ids": {name: create_run(tracking) for name in names}}
+    tracking = TrackingConfig(
+        tracking_uri=uri, experiment="strategies", artifact_location=artifacts
+    )
+    return {
+        "tracking_uri": uri,
+        "artifact_location": artifacts,
+        "run_ids": {name: create_run(tracking) for name in names},
+    }
 
 
 def holdout_confusion(tracking_uri: str, model_uri: str, dataset: str) -> np.ndarray:
@@ -75,8 +102,11 @@ def holdout_confusion(tracking_uri: str, model_uri: str, dataset: str) -> np.nda
 
 
 def tiny_parameter_shapes() -> list[tuple[int, ...]]:
-    net = TokenTransformer(TransformerConfig(vocab_size=64, d_model=32, num_layers=2,
-                                             num_heads=2, ffn_mult=2), SPEC.seq_len, 4)
+    net = TokenTransformer(
+        TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=2, ffn_mult=2),
+        SPEC.seq_len,
+        4,
+    )
     return [tuple(p.shape) for p in net.parameters()]
 
 

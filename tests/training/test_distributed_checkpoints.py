@@ -27,11 +27,17 @@ def bucket(s3_endpoint: str) -> Iterator[str]:
 
 
 def config(dataset: str, output_dir: Path, checkpoint_dir: str, **fields: object) -> TrainConfig:
-    return TrainConfig.model_validate({
-        "dataset": dataset, "output_dir": str(output_dir), "checkpoint_dir": checkpoint_dir,
-        "max_epochs": 1, "loader": {"batch_size": 32}, "model": {"hidden_sizes": [16]},
-        **fields,
-    })
+    return TrainConfig.model_validate(
+        {
+            "dataset": dataset,
+            "output_dir": str(output_dir),
+            "checkpoint_dir": checkpoint_dir,
+            "max_epochs": 1,
+            "loader": {"batch_size": 32},
+            "model": {"hidden_sizes": [16]},
+            **fields,
+        }
+    )
 
 
 def listing(uri: str) -> set[str]:
@@ -56,8 +62,9 @@ def test_checkpoint_on_s3_resumes_the_run(
     expected = {"last.ckpt"} if strategy == "auto" else {".metadata", "__0_0.distcp", "meta.pt"}
     assert files == expected
     resumed = run_training(
-        config(root, tmp_path / "b", checkpoints, strategy=strategy, max_epochs=2, resume=True,
-               **extra)
+        config(
+            root, tmp_path / "b", checkpoints, strategy=strategy, max_epochs=2, resume=True, **extra
+        )
     )
     assert resumed["resumed_from"] == f"{checkpoints}/last.ckpt"
     assert resumed["global_step"] == 2 * 640 // 32 and resumed["epochs"] == 2
@@ -83,7 +90,11 @@ def test_sharded_save_to_s3_never_asks_a_remote_stream_for_fileno(bucket: str) -
     import sys
 
     uri = f"{bucket}/io-reinit/last.ckpt"
-    done = subprocess.run([sys.executable, "-c", SAVE_AFTER_IO_REINIT, uri],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE_AFTER_IO_REINIT, uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert listing(uri) == {".metadata", "__0_0.distcp", "meta.pt"}

@@ -39,16 +39,29 @@ def test_two_torchrun_nodes_on_localhost_train_the_same_steps(
     """Two launcher processes, one rank each, form one job of node ranks 0 and 1 through the
     c10d rendezvous; it completes, and both ranks run the same batches and optimizer steps."""
     config = write_config(
-        tmp_path / "train.yaml", dataset=dataset_cache(640, row_group_size=64),
-        output_dir=str(tmp_path / "run"), max_epochs=1, process_group_timeout_s=60,
-        loader={"batch_size": 32}, model={"hidden_sizes": [16]},
+        tmp_path / "train.yaml",
+        dataset=dataset_cache(640, row_group_size=64),
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        process_group_timeout_s=60,
+        loader={"batch_size": 32},
+        model={"hidden_sizes": [16]},
     )
-    spec = MultiNodeJob(kind="multinode", num_nodes=2, num_processes_per_node=1,
-                        job_name="two-nodes", rdzv_endpoint=f"127.0.0.1:{free_port()}")
+    spec = MultiNodeJob(
+        kind="multinode",
+        num_nodes=2,
+        num_processes_per_node=1,
+        job_name="two-nodes",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+    )
     command = MultiNodeTorchrunLauncher(spec).command(str(config))
     logs = [open(tmp_path / f"node{i}.log", "wb") for i in range(2)]  # noqa: SIM115
-    nodes = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
-                              start_new_session=True) for log in logs]
+    nodes = [
+        subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True
+        )
+        for log in logs
+    ]
     try:
         codes = [node.wait(timeout=300) for node in nodes]
     finally:
@@ -92,8 +105,9 @@ class RankKiller(threading.Thread):
             time.sleep(0.02)
 
 
-JOB = LocalJob(num_processes_per_node=2, timeout_s=300,
-               retry=RetryPolicy(attempts=2, first_delay_s=0))
+JOB = LocalJob(
+    num_processes_per_node=2, timeout_s=300, retry=RetryPolicy(attempts=2, first_delay_s=0)
+)
 
 
 def through_the_flow_task(config: Path) -> dict[str, Any]:
@@ -116,7 +130,9 @@ def through_the_flow_task(config: Path) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("launched_by", ["launcher", "flow task"])
 def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
-    make_dataset: Callable[..., str], tmp_path: Path, launched_by: str,
+    make_dataset: Callable[..., str],
+    tmp_path: Path,
+    launched_by: str,
     request: pytest.FixtureRequest,
 ) -> None:
     """A rank SIGKILLed mid-epoch ends its attempt well within the process-group timeout (no
@@ -132,13 +148,24 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     root = make_dataset(1200, num_shards=4, row_group_size=32)
     config = write_config(
-        tmp_path / "train.yaml", dataset=root,
-        output_dir=str(out), max_epochs=1, process_group_timeout_s=30,
-        checkpoint_every_n_steps=5, loader={"batch_size": 8},
-        model={"class_path": RECORDING_MODEL, "hidden_sizes": [16],
-               "options": {"record_dir": str(records), "step_sleep_s": 0.05}},
-        tracking={"tracking_uri": uri, "experiment": "retry", "registered_model_name": None,
-                  "artifact_location": str(tmp_path / "artifacts")},
+        tmp_path / "train.yaml",
+        dataset=root,
+        output_dir=str(out),
+        max_epochs=1,
+        process_group_timeout_s=30,
+        checkpoint_every_n_steps=5,
+        loader={"batch_size": 8},
+        model={
+            "class_path": RECORDING_MODEL,
+            "hidden_sizes": [16],
+            "options": {"record_dir": str(records), "step_sleep_s": 0.05},
+        },
+        tracking={
+            "tracking_uri": uri,
+            "experiment": "retry",
+            "registered_model_name": None,
+            "artifact_location": str(tmp_path / "artifacts"),
+        },
     )
     killer = RankKiller(records, out / "checkpoints" / "last.ckpt", Path(root))
     killer.start()
@@ -170,5 +197,6 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     experiment = client.get_experiment_by_name("retry")
     assert experiment is not None
     assert [run.info.run_id for run in client.search_runs([experiment.experiment_id])] == [
-        summary["run_id"]]
+        summary["run_id"]
+    ]
     assert client.get_metric_history(summary["run_id"], "comm/allreduce_bytes")

@@ -22,14 +22,34 @@ BATCH_SIZE, NUM_PARTITIONS, SAVED_STEP = 8, 12, 30
 NUM_ROWS = 1200  # a multiple of 1, 2 and 3 global batches: no rank count drops a remainder
 
 
-def run_job(root: str, out: Path, phase: str, num_ranks: int, num_workers: int,
-            *options: str) -> None:
+def run_job(
+    root: str, out: Path, phase: str, num_ranks: int, num_workers: int, *options: str
+) -> None:
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(num_ranks), "--max-restarts", "0", str(JOB),
-        "--dataset", root, "--out", str(out), "--phase", phase,
-        "--every-n-steps", str(SAVED_STEP), "--batch-size", str(BATCH_SIZE),
-        "--num-workers", str(num_workers), "--num-partitions", str(NUM_PARTITIONS), *options,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(num_ranks),
+        "--max-restarts",
+        "0",
+        str(JOB),
+        "--dataset",
+        root,
+        "--out",
+        str(out),
+        "--phase",
+        phase,
+        "--every-n-steps",
+        str(SAVED_STEP),
+        "--batch-size",
+        str(BATCH_SIZE),
+        "--num-workers",
+        str(num_workers),
+        "--num-partitions",
+        str(NUM_PARTITIONS),
+        *options,
     ]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -71,8 +91,7 @@ def test_two_rank_checkpoint_resumes_on_another_world_size(
     resumed = tmp_path / f"on{num_ranks}"
     resumed.mkdir()
     shutil.copy(saved, resumed / "start.ckpt")
-    run_job(root, resumed, "resume", num_ranks, num_workers, "--ckpt",
-            str(resumed / "start.ckpt"))
+    run_job(root, resumed, "resume", num_ranks, num_workers, "--ckpt", str(resumed / "start.ckpt"))
     assert len(step_batches(first, "first", 2)) > 2 * SAVED_STEP * BATCH_SIZE
     before = step_batches(first, "first", 2, up_to=SAVED_STEP)
     after = step_batches(resumed, "resume", num_ranks)

@@ -72,31 +72,43 @@ def golden_table() -> pa.Table:
     noise = ((ids[:, None] * 7919 + columns[None, :] * 104729) % 1009) / 1009.0 - 0.5
     centres = (columns[None, :] % NUM_CLASSES == labels[:, None]).astype(np.float64)
     features = (centres + noise).astype(np.float32)
-    return pa.table({
-        "id": pa.array(ids),
-        "label": pa.array(labels),
-        "source": pa.array(["s0"] * NUM_ROWS),
-        "features": pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), NUM_FEATURES),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids),
+            "label": pa.array(labels),
+            "source": pa.array(["s0"] * NUM_ROWS),
+            "features": pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), NUM_FEATURES),
+        }
+    )
 
 
 def write_golden_dataset(root: Path) -> str:
     """The table as one committed train shard (no holdout: the losses are the point)."""
     table = golden_table()
     with VersionAttempt(str(root), "golden") as attempt:
-        shard = write_shard(attempt.shard_uri(shard_name("train", 0)), table, BATCH_SIZE,
-                            "label", "source")
+        shard = write_shard(
+            attempt.shard_uri(shard_name("train", 0)), table, BATCH_SIZE, "label", "source"
+        )
         attempt.commit(golden_manifest(table.schema, shard))
     return str(root)
 
 
 def golden_manifest(schema: pa.Schema, shard: ShardEntry) -> Manifest:
     return Manifest(
-        version_id="golden", label_column="label", source_column="source", id_column="id",
-        feature_columns=["features"], classes=list(range(NUM_CLASSES)), sources=["s0"],
+        version_id="golden",
+        label_column="label",
+        source_column="source",
+        id_column="id",
+        feature_columns=["features"],
+        classes=list(range(NUM_CLASSES)),
+        sources=["s0"],
         arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits={"train": SplitEntry(num_rows=NUM_ROWS, shards=[shard])}, seed=0, config={},
-        input_fingerprint="golden", input_class_counts={}, input_source_counts={},
+        splits={"train": SplitEntry(num_rows=NUM_ROWS, shards=[shard])},
+        seed=0,
+        config={},
+        input_fingerprint="golden",
+        input_class_counts={},
+        input_source_counts={},
     )
 
 
@@ -107,8 +119,12 @@ def golden_config(tmp_path: Path) -> TrainConfig:
         options={"loss_file": str(tmp_path / "losses.json")},
     )
     return TrainConfig(
-        dataset=write_golden_dataset(tmp_path / "data"), output_dir=str(tmp_path / "run"),
-        seed=7, max_epochs=NUM_EPOCHS, loader=LoaderConfig(batch_size=BATCH_SIZE), model=model,
+        dataset=write_golden_dataset(tmp_path / "data"),
+        output_dir=str(tmp_path / "run"),
+        seed=7,
+        max_epochs=NUM_EPOCHS,
+        loader=LoaderConfig(batch_size=BATCH_SIZE),
+        model=model,
     )
 
 
@@ -124,7 +140,7 @@ def test_twenty_steps_reproduce_the_committed_loss_sequence(
     summary = run_training(cfg)
     losses = json.loads((tmp_path / "losses.json").read_text())
     assert summary["world_size"] == 1 and summary["global_step"] == NUM_STEPS == len(losses)
-    assert summary["train_loss"] == pytest.approx(np.mean(losses[NUM_STEPS // 2:]), abs=1e-6)
+    assert summary["train_loss"] == pytest.approx(np.mean(losses[NUM_STEPS // 2 :]), abs=1e-6)
     if REGENERATE:
         REFERENCE.write_text(json.dumps({"train_loss_per_step": losses}, indent=1) + "\n")
         pytest.fail(f"regenerated {REFERENCE}: review the diff and commit it")

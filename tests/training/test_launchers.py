@@ -35,8 +35,12 @@ from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.slurm import SlurmLauncher
 
-NODES = {"num_nodes": 3, "num_processes_per_node": 4, "job_name": "job-7",
-         "env": {"NCCL_DEBUG": "WARN"}}
+NODES = {
+    "num_nodes": 3,
+    "num_processes_per_node": 4,
+    "job_name": "job-7",
+    "env": {"NCCL_DEBUG": "WARN"},
+}
 SCHEDULED = {**NODES, "image": "registry.example/ballast:1.2", "num_gpus_per_node": 4}
 SPEC = SlurmJob(kind="slurm", partition="gpu", **SCHEDULED)
 KUBERNETES = KubernetesJob(kind="kubernetes", **SCHEDULED)
@@ -49,7 +53,7 @@ def config_path(tmp_path: Path) -> str:
 
 
 def training_part(command: list[str]) -> list[str]:
-    return command[command.index("training") - 1:]
+    return command[command.index("training") - 1 :]
 
 
 def test_multinode_render_is_the_command_it_runs(config_path: str) -> None:
@@ -85,8 +89,13 @@ def test_sbatch_script_parses_and_carries_the_job(config_path: str) -> None:
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script.encode(), check=True)
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
-    assert {"#SBATCH --nodes=3", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu",
-            "#SBATCH --ntasks-per-node=1", "#SBATCH --job-name=job-7"} <= set(header)
+    assert {
+        "#SBATCH --nodes=3",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --job-name=job-7",
+    } <= set(header)
     [srun] = [line for line in script.splitlines() if line.startswith("srun")]
     command = shlex.split(srun)
     assert "--container-image=registry.example/ballast:1.2" in command
@@ -109,7 +118,8 @@ def test_pytorchjob_manifest_parses_and_carries_the_job(config_path: str) -> Non
     config_map, job = yaml.safe_load_all(KubernetesLauncher(spec).render(config_path))
     assert config_map["kind"] == "ConfigMap" and job["kind"] == "PyTorchJob"
     assert TrainConfig.model_validate(yaml.safe_load(config_map["data"]["train.yaml"])) == (
-        load_train_config(config_path))
+        load_train_config(config_path)
+    )
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] + replicas["Worker"]["replicas"] == 3
     assert job["spec"]["nprocPerNode"] == "4" and job["spec"]["runPolicy"]["backoffLimit"] == 0
@@ -157,9 +167,12 @@ def test_a_multinode_launch_needs_a_pinned_version_and_run(tmp_path: Path) -> No
     cfg = TrainConfig(dataset=str(tmp_path / "root"), output_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match="dataset: a multinode job needs a version's"):
         run_job(cfg, spec)
-    tracked = cfg.model_copy(update={
-        "dataset": str(tmp_path / "root" / "v-1" / "_MANIFEST.json"),
-        "tracking": TrackingConfig(tracking_uri="sqlite:///x.db")})
+    tracked = cfg.model_copy(
+        update={
+            "dataset": str(tmp_path / "root" / "v-1" / "_MANIFEST.json"),
+            "tracking": TrackingConfig(tracking_uri="sqlite:///x.db"),
+        }
+    )
     with pytest.raises(ValueError, match=r"tracking\.run_id"):
         run_job(tracked, spec)
     assert not (tmp_path / "run").exists()
@@ -170,8 +183,9 @@ def test_a_job_is_retried_under_the_one_retry_policy() -> None:
     job's default of 2 attempts; its wait doubles from `first_delay_s` (with jitter, never
     above `max_delay_s`); the old `backoff_s` is refused naming the new field; a multinode
     launch is one attempt (its nodes are relaunched together, not each by its own loop)."""
-    policy = SlurmJob(kind="slurm", retry={"attempts": 3, "first_delay_s": 2.0,
-                                           "max_delay_s": 5.0}).retry
+    policy = SlurmJob(
+        kind="slurm", retry={"attempts": 3, "first_delay_s": 2.0, "max_delay_s": 5.0}
+    ).retry
     assert type(policy) is RetryPolicy and LocalJob().retry.attempts == 2
     waits = [backoff_s(policy, attempt) for attempt in (1, 2, 3)]
     assert 1.0 <= waits[0] <= 2.0 and 2.0 <= waits[1] <= 4.0 and 2.5 <= waits[2] <= 5.0
@@ -186,8 +200,11 @@ def test_each_kind_carries_only_its_own_settings() -> None:
     """Invariant: LaunchConfig is one model per kind: a SLURM job cannot carry a Kubernetes
     field (refused naming the kind it belongs to), nor a local job a SLURM one; a job
     without `kind` is local."""
-    with pytest.raises(ValueError, match=r"job\.namespace: a setting of kubernetes "
-                       r"jobs, not of a slurm job"):
+    with pytest.raises(
+        ValueError,
+        match=r"job\.namespace: a setting of kubernetes "
+        r"jobs, not of a slurm job",
+    ):
         parse_launch({"kind": "slurm", "namespace": "ml"})
     with pytest.raises(ValueError, match=r"job\.partition: a setting of slurm jobs"):
         parse_launch({"partition": "gpu"})
@@ -220,38 +237,81 @@ def test_shipped_examples_are_current_renders() -> None:
     their headers give (so the examples cannot drift from the code)."""
     config = str(INFRA / "k8s" / "train.yaml")
     assert load_train_config(config).strategy == "fsdp"
-    kubernetes = KubernetesJob(kind="kubernetes", num_nodes=2, num_processes_per_node=8,
-                              num_gpus_per_node=8, num_cpus_per_node=64, memory="512Gi",
-                              secret_env="ballast-s3", job_name="ballast-train",
-                              image="registry.example.com/ballast:0.1.0")
+    kubernetes = KubernetesJob(
+        kind="kubernetes",
+        num_nodes=2,
+        num_processes_per_node=8,
+        num_gpus_per_node=8,
+        num_cpus_per_node=64,
+        memory="512Gi",
+        secret_env="ballast-s3",
+        job_name="ballast-train",
+        image="registry.example.com/ballast:0.1.0",
+    )
     shipped = (INFRA / "k8s" / "pytorchjob.yaml").read_text()
     assert without_comments(shipped) == without_comments(make_launcher(kubernetes).render(config))
-    slurm = SlurmJob(kind="slurm", num_nodes=4, num_processes_per_node=8,
-                         num_gpus_per_node=8, num_cpus_per_node=64, partition="gpu",
-                         time_limit="12:00:00", job_name="ballast-train", account="ml",
-                         python="/shared/ballast/venv/bin/python")
+    slurm = SlurmJob(
+        kind="slurm",
+        num_nodes=4,
+        num_processes_per_node=8,
+        num_gpus_per_node=8,
+        num_cpus_per_node=64,
+        partition="gpu",
+        time_limit="12:00:00",
+        job_name="ballast-train",
+        account="ml",
+        python="/shared/ballast/venv/bin/python",
+    )
     rendered = make_launcher(slurm).render("/shared/ballast/jobs/train.yaml")
     assert without_comments((INFRA / "slurm" / "train.sbatch").read_text()) == (
-        without_comments(rendered))
+        without_comments(rendered)
+    )
 
 
-def test_cli_render_takes_every_field_as_a_flag(config_path: str,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_render_takes_every_field_as_a_flag(
+    config_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`python -m training.launch render` with flags prints the render of the LaunchConfig
     those flags describe (ints, floats and nested retry fields parsed); a bad value exits 2
     naming the field."""
-    assert launch_main(["render", "--config", config_path, "--kind", "slurm", "--num-nodes",
-                        "3", "--num-processes-per-node", "4", "--timeout-s", "60.5",
-                        "--attempts", "4", "--job-name", "job-7"]) == 0
-    spec = SlurmJob(kind="slurm", num_nodes=3, num_processes_per_node=4, timeout_s=60.5,
-                        retry=RetryPolicy(attempts=4), job_name="job-7")
+    assert (
+        launch_main(
+            [
+                "render",
+                "--config",
+                config_path,
+                "--kind",
+                "slurm",
+                "--num-nodes",
+                "3",
+                "--num-processes-per-node",
+                "4",
+                "--timeout-s",
+                "60.5",
+                "--attempts",
+                "4",
+                "--job-name",
+                "job-7",
+            ]
+        )
+        == 0
+    )
+    spec = SlurmJob(
+        kind="slurm",
+        num_nodes=3,
+        num_processes_per_node=4,
+        timeout_s=60.5,
+        retry=RetryPolicy(attempts=4),
+        job_name="job-7",
+    )
     assert capsys.readouterr().out == make_launcher(spec).render(config_path)
     assert launch_main(["render", "--config", config_path, "--num-nodes", "0"]) == 2
     assert "num_nodes" in capsys.readouterr().err
 
 
-def test_a_retry_that_finds_no_checkpoint_says_so(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_retry_that_finds_no_checkpoint_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Invariants: a retry (attempt 2) of a job whose failed attempt saved no checkpoint
     prints that it trains from scratch, naming where it looked, and records no checkpoint
     to resume from; with `last.ckpt` in place the retry resumes from it, silently; a first
@@ -272,19 +332,32 @@ def test_a_retry_that_finds_no_checkpoint_says_so(tmp_path: Path,
 
 
 def test_sbatch_script_carries_the_sites_settings_ballasts_python_and_a_port_per_job(
-        config_path: str) -> None:
+    config_path: str,
+) -> None:
     """Invariants: account, QOS, memory, constraint and further sbatch options become
     directives; the ranks run the interpreter running ballast unless `python` says
     otherwise (not `python` on the job's PATH); the rendezvous port is derived from the
     job id (two attempts never share one) unless fixed; a bare word among the options is
     refused naming the field."""
-    spec = SlurmJob(kind="slurm", account="ml", qos="high", memory="64G", constraint="a100",
-                    sbatch_options=["--reservation=night", "--exclusive"])
+    spec = SlurmJob(
+        kind="slurm",
+        account="ml",
+        qos="high",
+        memory="64G",
+        constraint="a100",
+        sbatch_options=["--reservation=night", "--exclusive"],
+    )
     script = SlurmLauncher(spec).render(config_path, output="/runs/slurm/%x-%j.out")
     header = {line for line in script.splitlines() if line.startswith("#SBATCH")}
-    assert {"#SBATCH --account=ml", "#SBATCH --qos=high", "#SBATCH --mem=64G",
-            "#SBATCH --constraint=a100", "#SBATCH --reservation=night",
-            "#SBATCH --exclusive", "#SBATCH --output=/runs/slurm/%x-%j.out"} <= header
+    assert {
+        "#SBATCH --account=ml",
+        "#SBATCH --qos=high",
+        "#SBATCH --mem=64G",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --reservation=night",
+        "#SBATCH --exclusive",
+        "#SBATCH --output=/runs/slurm/%x-%j.out",
+    } <= header
     [srun] = [line for line in script.splitlines() if line.startswith("srun")]
     assert shlex.split(srun)[3] == sys.executable
     assert 'ENDPOINT="$HEAD:$((20000 + SLURM_JOB_ID % 20000))"' in script

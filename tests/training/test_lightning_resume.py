@@ -37,15 +37,24 @@ class StepIds(lightning.Callback):
 @pytest.fixture(autouse=True)
 def quiet_lightning() -> Iterator[None]:
     with warnings.catch_warnings():
-        for message in ("__len__", "num_workers", "does not have many", "dirpath has changed",
-                        "Total length of `list`", "no `val_dataloader`"):
+        for message in (
+            "__len__",
+            "num_workers",
+            "does not have many",
+            "dirpath has changed",
+            "Total length of `list`",
+            "no `val_dataloader`",
+        ):
             warnings.filterwarnings("ignore", message=f".*{message}")
         yield
 
 
 def fit(
-    source: StreamDataModule | StreamLoader, out: Path, ckpt: str | None = None,
-    max_epochs: int = 1, extra: list[lightning.Callback] | None = None,
+    source: StreamDataModule | StreamLoader,
+    out: Path,
+    ckpt: str | None = None,
+    max_epochs: int = 1,
+    extra: list[lightning.Callback] | None = None,
 ) -> tuple[lightning.Trainer, StepIds, FeatureClassifier]:
     """Fit the classifier on a DataModule or a bare loader; step checkpoints go to `out`."""
     stream = source.train_stream if isinstance(source, StreamDataModule) else source.stream
@@ -53,8 +62,12 @@ def fit(
     ids = StepIds()
     every = ModelCheckpoint(dirpath=out, every_n_train_steps=EVERY_N_STEPS, save_top_k=-1)
     trainer = lightning.Trainer(
-        max_epochs=max_epochs, callbacks=[every, ids, *(extra or [])], logger=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        max_epochs=max_epochs,
+        callbacks=[every, ids, *(extra or [])],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
     )
     if isinstance(source, StreamDataModule):
         trainer.fit(model, datamodule=source, ckpt_path=ckpt)
@@ -65,8 +78,14 @@ def fit(
 
 def stream_state(samples_consumed: int, rank_batches: int) -> dict[str, int]:
     """The train stream's state in epoch 0 (default partitions and window)."""
-    return {"epoch": 0, "samples_consumed": samples_consumed, "rank_batches": rank_batches,
-            "batch_size": BATCH_SIZE, "num_partitions": 16, "shuffle_window_row_groups": 4}
+    return {
+        "epoch": 0,
+        "samples_consumed": samples_consumed,
+        "rank_batches": rank_batches,
+        "batch_size": BATCH_SIZE,
+        "num_partitions": 16,
+        "shuffle_window_row_groups": 4,
+    }
 
 
 def flat(steps: list[tuple[int, list[int]]], up_to: int | None = None) -> list[int]:

@@ -71,8 +71,14 @@ def stream_factory(
 
 def position(epoch: int, samples_consumed: int, rank_batches: int, batch_size: int) -> dict:
     """A stream's state: its position, and the order fields (partitions and window default)."""
-    return {"epoch": epoch, "samples_consumed": samples_consumed, "rank_batches": rank_batches,
-            "batch_size": batch_size, "num_partitions": 16, "shuffle_window_row_groups": 4}
+    return {
+        "epoch": epoch,
+        "samples_consumed": samples_consumed,
+        "rank_batches": rank_batches,
+        "batch_size": batch_size,
+        "num_partitions": 16,
+        "shuffle_window_row_groups": 4,
+    }
 
 
 def divisors(number: int) -> list[int]:
@@ -108,8 +114,9 @@ def test_epoch_covers_every_sample_once_on_any_world_and_workers(
     world_size = split.draw(st.sampled_from(divisors(num_partitions)), "world_size")
     num_workers = split.draw(st.sampled_from(divisors(num_partitions // world_size)), "workers")
     root = dataset_cache(num_rows, num_shards=num_shards, row_group_size=row_group_size)
-    make = stream_factory(root, batch_size, remainder, num_partitions=num_partitions,
-                          shuffle_window_row_groups=window)
+    make = stream_factory(
+        root, batch_size, remainder, num_partitions=num_partitions, shuffle_window_row_groups=window
+    )
     per_rank = all_ranks(make, world_size, num_workers)
     lengths = {len(batches) for batches in per_rank}
     assert lengths == {make().num_batches(world_size)}
@@ -274,6 +281,8 @@ def test_a_batch_is_one_buffer(dataset_cache: Callable[..., str]) -> None:
     assert len({tensor.untyped_storage().data_ptr() for tensor in batch.values()}) == 1
     shapes = {name: (tuple(t.shape), t.dtype) for name, t in batch.items()}
     assert shapes == {
-        "features": ((16, 16), torch.float32), "label": ((16,), torch.int64),
-        "id": ((16,), torch.int64), "weight": ((16,), torch.float32),
+        "features": ((16, 16), torch.float32),
+        "label": ((16,), torch.int64),
+        "id": ((16,), torch.int64),
+        "weight": ((16,), torch.float32),
     }

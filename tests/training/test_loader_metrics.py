@@ -59,8 +59,9 @@ def test_stream_loader_counts_what_it_hands_out(
 ) -> None:
     """StreamLoader.metrics() counts every sample of every pass, accumulates over passes,
     and keeps the wait within the wall time."""
-    stream = ShardStream(dataset_cache(300, row_group_size=16), "train",
-                         LoaderConfig(batch_size=10), seed=0)
+    stream = ShardStream(
+        dataset_cache(300, row_group_size=16), "train", LoaderConfig(batch_size=10), seed=0
+    )
     loader = StreamLoader(stream, num_workers=num_workers)
     for _ in range(2):
         for _ in loader:

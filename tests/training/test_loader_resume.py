@@ -74,8 +74,14 @@ def test_loader_with_workers_records_position_and_resumes(
     loader = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=2)
     head = list(itertools.islice(iter(loader), 9))
     state = loader.state_dict()
-    assert state == {"epoch": 0, "samples_consumed": 45, "rank_batches": 9, "batch_size": 5,
-                     "num_partitions": 16, "shuffle_window_row_groups": 4}
+    assert state == {
+        "epoch": 0,
+        "samples_consumed": 45,
+        "rank_batches": 9,
+        "batch_size": 5,
+        "num_partitions": 16,
+        "shuffle_window_row_groups": 4,
+    }
     resumed = StreamLoader(ShardStream(root, "train", config, seed=3), num_workers=0)
     resumed.load_state_dict(state)
     tail = list(resumed)

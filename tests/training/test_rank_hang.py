@@ -96,25 +96,44 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
     root, records = make_dataset(NUM_ROWS, holdout_rows=32, row_group_size=16), tmp_path / "rec"
     records.mkdir()
     cfg = TrainConfig(
-        dataset=root, output_dir=str(tmp_path / "run"), max_epochs=1, strategy="ddp",
-        checkpoint_every_n_steps=EVERY_N_STEPS, process_group_timeout_s=120,
-        hang_timeout_s=HANG_TIMEOUT_S, loader=LoaderConfig(batch_size=BATCH_SIZE),
-        model=ModelConfig(class_path=RECORDING_MODEL, hidden_sizes=[8],
-                          options={"record_dir": str(records), "step_sleep_s": 0.15}))
-    stopper = Stopper(records, tmp_path / "run" / "checkpoints" / "last.ckpt",
-                      Path(hang_log_uri(cfg.output_dir, 0)))
+        dataset=root,
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        strategy="ddp",
+        checkpoint_every_n_steps=EVERY_N_STEPS,
+        process_group_timeout_s=120,
+        hang_timeout_s=HANG_TIMEOUT_S,
+        loader=LoaderConfig(batch_size=BATCH_SIZE),
+        model=ModelConfig(
+            class_path=RECORDING_MODEL,
+            hidden_sizes=[8],
+            options={"record_dir": str(records), "step_sleep_s": 0.15},
+        ),
+    )
+    stopper = Stopper(
+        records,
+        tmp_path / "run" / "checkpoints" / "last.ckpt",
+        Path(hang_log_uri(cfg.output_dir, 0)),
+    )
     stopper.start()
     try:
-        summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=400,
-                                        retry=RetryPolicy(attempts=2, first_delay_s=0)))
+        summary = run_job(
+            cfg,
+            LocalJob(
+                num_processes_per_node=2,
+                timeout_s=400,
+                retry=RetryPolicy(attempts=2, first_delay_s=0),
+            ),
+        )
     finally:
         stopper.join(timeout=1)
         stopper.release()
     assert stopper.pid is not None, "rank 1 was never stopped"
     first, second = summary["attempts"]
     assert first["returncode"] != 0 and second["returncode"] == 0 and second["resume"]
-    assert first["cause"].startswith(f"training hung: hang on rank 0: no train step for "
-                                     f"{HANG_TIMEOUT_S:g} s")
+    assert first["cause"].startswith(
+        f"training hung: hang on rank 0: no train step for {HANG_TIMEOUT_S:g} s"
+    )
     assert "stuck: rank 1 (silent" in first["cause"]
     assert first["elapsed_s"] < 100  # the watchdog ended it, not the 120 s collective timeout
     consumed = []
@@ -124,8 +143,9 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
         assert len(run_ids) == 2, run_ids
         resumed = [(step, ids) for run, step, ids in lines if run == run_ids[1]]
         assert resumed[0][0] >= EVERY_N_STEPS  # from the mid-epoch checkpoint, not step 0
-        before = [i for run, step, ids in lines if run == run_ids[0] and step < resumed[0][0]
-                  for i in ids]
+        before = [
+            i for run, step, ids in lines if run == run_ids[0] and step < resumed[0][0] for i in ids
+        ]
         after = [i for _, ids in resumed for i in ids]
         assert before + after == reference_ids(root, cfg, rank)
         consumed += before + after
@@ -136,8 +156,9 @@ def test_the_stuck_peers_are_the_silent_the_behind_and_the_unheard(tmp_path: Pat
     """Read from a real TCPStore while rank 0 waits at step 7: rank 1's heartbeat does not
     move (silent), rank 2 beats at step 7 (alive, not named), rank 3 beats at step 6
     (behind), rank 4 never published; with no peer to blame the line says so."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=5))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
     store.set(KEY.format(rank=1), "7 3")
     stop = threading.Event()
 
@@ -157,7 +178,9 @@ def test_the_stuck_peers_are_the_silent_the_behind_and_the_unheard(tmp_path: Pat
     finally:
         stop.set()
         beater.join()
-    assert named == ("rank 1 (silent for 0.3 s; last heartbeat at step 7), rank 3 (behind, at "
-                     "step 6), rank 4 (no heartbeat readable)")
+    assert named == (
+        "rank 1 (silent for 0.3 s; last heartbeat at step 7), rank 3 (behind, at "
+        "step 6), rank 4 (no heartbeat readable)"
+    )
     assert three == "rank 1 (silent for 0.3 s; last heartbeat at step 7)"
     assert stuck_peers(store, 0, 1, 7, 0.01).startswith("no peer is silent or behind")

@@ -23,8 +23,12 @@ def test_all_reduce_after_the_last_launch_is_blocked_and_before_it_hidden() -> N
     """Backward ends when the last bucket is launched (t=3): of the buckets' union [1, 5]
     2 s ran during backward (hidden) and 2 s after (blocked); an all-reduce outside
     backward (model averaging, 0.5 s) is blocked all along."""
-    spans = [Span(1.0, 2.5, True), Span(2.0, 4.0, True), Span(3.0, 5.0, True),
-             Span(6.0, 6.5, False)]
+    spans = [
+        Span(1.0, 2.5, True),
+        Span(2.0, 4.0, True),
+        Span(3.0, 5.0, True),
+        Span(6.0, 6.5, False),
+    ]
     assert split_spans(spans) == pytest.approx((2.0 + 0.5, 2.0))
 
 
@@ -39,8 +43,11 @@ def test_the_straggler_is_the_busiest_rank_against_the_median() -> None:
     """Rank 2 is busy 0.3 s of a 0.32 s step where the median rank is busy 0.1 s: it is 3x
     slower and the job loses 0.2 / 0.32 of each step waiting for it. Without all-reduce
     figures (no DDP hook) there is no straggler to name."""
-    per_rank = {"busy_s": [0.1, 0.1, 0.3], "step_s": [0.32, 0.32, 0.32],
-                "allreduce_blocked_s": [0.22, 0.22, 0.02]}
+    per_rank = {
+        "busy_s": [0.1, 0.1, 0.3],
+        "step_s": [0.32, 0.32, 0.32],
+        "allreduce_blocked_s": [0.22, 0.22, 0.02],
+    }
     found = straggler(per_rank)
     assert found is not None and found["rank"] == 2
     assert found["slowdown_vs_median"] == pytest.approx(3.0)
@@ -49,14 +56,23 @@ def test_the_straggler_is_the_busiest_rank_against_the_median() -> None:
 
 
 def slow_rank_config(root: str, tmp_path: Path) -> TrainConfig:
-    tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                              artifact_location=str(tmp_path / "artifacts"),
-                              system_metrics_interval_s=None, registered_model_name=None)
+    tracking = TrackingConfig(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        artifact_location=str(tmp_path / "artifacts"),
+        system_metrics_interval_s=None,
+        registered_model_name=None,
+    )
     return TrainConfig(
-        dataset=root, output_dir=str(tmp_path / "run"), max_epochs=1, strategy="ddp",
-        loader=LoaderConfig(batch_size=16), tracking=tracking,
-        model=ModelConfig(class_path=SLOW_MODEL, hidden_sizes=[16],
-                          options={"slow_rank": 1, "sleep_s": SLEEP_S}))
+        dataset=root,
+        output_dir=str(tmp_path / "run"),
+        max_epochs=1,
+        strategy="ddp",
+        loader=LoaderConfig(batch_size=16),
+        tracking=tracking,
+        model=ModelConfig(
+            class_path=SLOW_MODEL, hidden_sizes=[16], options={"slow_rank": 1, "sleep_s": SLEEP_S}
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -72,18 +88,29 @@ def test_a_rank_made_slower_is_named_with_its_time_split(
     from mlflow.tracking import MlflowClient
 
     cfg = slow_rank_config(dataset_cache(640, row_group_size=32), tmp_path)
-    summary = run_job(cfg, LocalJob(num_processes_per_node=2, timeout_s=300,
-                                    retry=RetryPolicy(attempts=1)))
-    per_rank = {name: summary[f"{name}_per_rank"] for name in (
-        "step_s", "data_wait_s", "compute_s", "allreduce_blocked_s", "allreduce_hidden_s",
-        "samples_per_s", "busy_s")}
+    summary = run_job(
+        cfg, LocalJob(num_processes_per_node=2, timeout_s=300, retry=RetryPolicy(attempts=1))
+    )
+    per_rank = {
+        name: summary[f"{name}_per_rank"]
+        for name in (
+            "step_s",
+            "data_wait_s",
+            "compute_s",
+            "allreduce_blocked_s",
+            "allreduce_hidden_s",
+            "samples_per_s",
+            "busy_s",
+        )
+    }
     assert all(len(values) == 2 and min(values) >= 0 for values in per_rank.values())
     assert summary["straggler"]["rank"] == 1 and summary["straggler"]["lost_share"] > 0
     assert per_rank["compute_s"][1] - per_rank["compute_s"][0] > 0.6 * SLEEP_S
     assert per_rank["allreduce_blocked_s"][0] > 0.6 * SLEEP_S
     for rank in range(2):
-        parts = sum(per_rank[name][rank] for name in (
-            "data_wait_s", "compute_s", "allreduce_blocked_s"))
+        parts = sum(
+            per_rank[name][rank] for name in ("data_wait_s", "compute_s", "allreduce_blocked_s")
+        )
         assert abs(per_rank["step_s"][rank] - parts) <= 0.2 * parts + 0.010, (rank, per_rank)
     client = MlflowClient(cfg.tracking.tracking_uri if cfg.tracking else "")
     for rank in range(2):

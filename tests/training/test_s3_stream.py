@@ -46,8 +46,12 @@ def stream_ids(root: str, read: ReadConfig, num_workers: int = 0) -> list[int]:
     ("depth", "num_workers", "cached"), [(0, 0, False), (3, 0, False), (2, 2, False), (2, 0, True)]
 )
 def test_s3_version_streams_as_the_local_one(
-    make_dataset: Callable[..., str], bucket: str, tmp_path: Path,
-    depth: int, num_workers: int, cached: bool,
+    make_dataset: Callable[..., str],
+    bucket: str,
+    tmp_path: Path,
+    depth: int,
+    num_workers: int,
+    cached: bool,
 ) -> None:
     """Read through `_CURRENT` on S3 by range reads (any read-ahead depth, in worker
     processes) or through the verified disk cache, the stream equals the local stream."""

@@ -28,8 +28,12 @@ def regions(path: Path) -> dict[str, range]:
     """Byte ranges of a Parquet file by what they hold, from its footer."""
     size = path.stat().st_size
     footer_length = int.from_bytes(path.read_bytes()[-8:-4], "little")
-    found = {"magic": range(0, 4), "footer": range(size - 8 - footer_length, size - 8),
-             "footer length": range(size - 8, size - 4), "closing magic": range(size - 4, size)}
+    found = {
+        "magic": range(0, 4),
+        "footer": range(size - 8 - footer_length, size - 8),
+        "footer length": range(size - 8, size - 4),
+        "closing magic": range(size - 4, size),
+    }
     metadata = pq.read_metadata(path)
     for group in range(metadata.num_row_groups):
         for index in range(metadata.num_columns):
@@ -38,8 +42,9 @@ def regions(path: Path) -> dict[str, range]:
             start = chunk.data_page_offset
             if chunk.has_dictionary_page:
                 found[f"dictionary page {name}"] = range(chunk.dictionary_page_offset, start)
-            end = (chunk.dictionary_page_offset if chunk.has_dictionary_page else start) + \
-                chunk.total_compressed_size
+            end = (
+                chunk.dictionary_page_offset if chunk.has_dictionary_page else start
+            ) + chunk.total_compressed_size
             found[f"page header {name}"] = range(start, start + 12)
             found[f"page values {name}"] = range(start + 12, end)
     return found
@@ -53,12 +58,16 @@ def flip(path: Path, offset: int, original: bytes) -> None:
 
 def drawn_offsets(path: Path) -> list[tuple[str, int]]:
     rng = random.Random(SEED)
-    return [(name, offset) for name, span in regions(path).items()
-            for offset in rng.sample(list(span), min(OFFSETS_PER_REGION, len(span)))]
+    return [
+        (name, offset)
+        for name, span in regions(path).items()
+        for offset in rng.sample(list(span), min(OFFSETS_PER_REGION, len(span)))
+    ]
 
 
 def test_a_flipped_byte_anywhere_is_shard_damaged_or_no_change(
-        make_dataset: Callable[..., str]) -> None:
+    make_dataset: Callable[..., str],
+) -> None:
     """Invariant: see the module; every region of the shard is hit at least once."""
     root = make_dataset(48, num_shards=1, row_group_size=16)
     entry, path, version = first_shard(root)
@@ -68,9 +77,13 @@ def test_a_flipped_byte_anywhere_is_shard_damaged_or_no_change(
     outcomes: dict[str, set[str]] = {}
     for name, offset in drawn_offsets(path):
         flip(path, offset, original)
-        for reader, read in (("loader", lambda: stream_ids(root, "size") == clean_ids),
-                             ("contract", lambda: read_shard_table(
-                                 split_shards(root, "train")[0]).equals(clean_table))):
+        for reader, read in (
+            ("loader", lambda: stream_ids(root, "size") == clean_ids),
+            (
+                "contract",
+                lambda: read_shard_table(split_shards(root, "train")[0]).equals(clean_table),
+            ),
+        ):
             try:
                 same = read()
             except ShardDamaged as error:
@@ -86,7 +99,8 @@ def test_a_flipped_byte_anywhere_is_shard_damaged_or_no_change(
 
 @pytest.mark.parametrize("region", ["footer length", "closing magic"])
 def test_every_byte_of_the_frame_is_shard_damaged(
-        make_dataset: Callable[..., str], region: str) -> None:
+    make_dataset: Callable[..., str], region: str
+) -> None:
     """Invariant: a flipped byte of the closing magic or the footer's length always fails
     as ShardDamaged in the contract's reader (pyarrow cannot open the file; it never reads
     the leading magic, so a flip there leaves the rows, as the test above allows)."""

@@ -45,8 +45,9 @@ def test_bad_config_names_the_field(fields: dict, field_name: str) -> None:
 
 def test_config_round_trips_through_any_fsspec_uri() -> None:
     """A config written to a URI (here memory://) loads back equal."""
-    cfg = TrainConfig.model_validate(BASE | {"strategy": "tp", "comm": {"hook": "none"},
-                                             "model": {"class_path": "transformer"}})
+    cfg = TrainConfig.model_validate(
+        BASE | {"strategy": "tp", "comm": {"hook": "none"}, "model": {"class_path": "transformer"}}
+    )
     dump_train_config(cfg, "memory://ballast-test/train.yaml")
     assert load_train_config("memory://ballast-test/train.yaml") == cfg
     fsspec.filesystem("memory").rm("/ballast-test", recursive=True)
@@ -57,15 +58,18 @@ def test_models_are_found_by_name_or_import_path() -> None:
     (with the configured optimizer); a path that does not import, or names something else,
     fails naming model.class_path."""
     assert isinstance(build_model(ModelConfig(), 8, [1, 2]), FeatureClassifier)
-    transformer = ModelConfig(class_path="transformer",
-                              transformer={"vocab_size": 16, "d_model": 8, "num_heads": 2})
+    transformer = ModelConfig(
+        class_path="transformer", transformer={"vocab_size": 16, "d_model": 8, "num_heads": 2}
+    )
     assert isinstance(build_model(transformer, 12, [0, 1, 2]), TokenClassifier)
     path = ModelConfig(class_path="training.models.classifier:FeatureClassifier", optimizer="sgd")
     model = build_model(path, 8, [1, 2])
     assert type(model) is FeatureClassifier
     assert isinstance(model.configure_optimizers(), torch.optim.SGD)
-    for bad, message in [("nowhere.mod:Thing", "cannot import"),
-                         ("training.config:TrainConfig", "not a LightningModule")]:
+    for bad, message in [
+        ("nowhere.mod:Thing", "cannot import"),
+        ("training.config:TrainConfig", "not a LightningModule"),
+    ]:
         with pytest.raises(ValueError, match=f"model.class_path.*{message}"):
             build_model(ModelConfig(class_path=bad), 8, [1, 2])
 
@@ -81,9 +85,17 @@ def test_token_dataset_reads_back_as_token_ids(tmp_path: Path) -> None:
     """The generated version streams as float32 [B, seq_len] holding exact token ids in
     [0, vocab_size); each sequence holds more signature tokens of its own class than of any
     other (what makes it learnable); writing the same spec again reuses the version."""
-    spec = TokenDatasetSpec(num_rows=300, holdout_rows=40, seq_len=24, vocab_size=500,
-                            num_classes=3, signature_tokens=5, rows_per_shard=128,
-                            rows_per_row_group=32, signal=0.3)
+    spec = TokenDatasetSpec(
+        num_rows=300,
+        holdout_rows=40,
+        seq_len=24,
+        vocab_size=500,
+        num_classes=3,
+        signature_tokens=5,
+        rows_per_shard=128,
+        rows_per_row_group=32,
+        signal=0.3,
+    )
     root = write_token_dataset(str(tmp_path), spec)
     stream = ShardStream(root, "train", TrainConfig.model_validate(BASE).loader, seed=1)
     assert stream.num_features == 24 and stream.num_rows == 300

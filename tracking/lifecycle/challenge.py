@@ -44,8 +44,11 @@ def parent_of(manifest: Manifest, current_before: str | None) -> str | None:
 
 def category_counts(manifest: Manifest, location: str) -> dict[str, dict[str, int]]:
     """Value counts of each category column over the version's held-out rows."""
-    names = [spec.name for spec in FeatureCodec.from_manifest(manifest).columns
-             if spec.kind == "category"]
+    names = [
+        spec.name
+        for spec in FeatureCodec.from_manifest(manifest).columns
+        if spec.kind == "category"
+    ]
     counts: dict[str, dict[str, int]] = {name: {} for name in names}
     if not names or SPLIT not in manifest.splits:
         return counts
@@ -68,20 +71,29 @@ def drift_against(location: str, parent: str) -> DriftReport:
     return drift_report(before, after, {name: (old.get(name, {}), new[name]) for name in new})
 
 
-def champion_on_same_rows(tracking_uri: str, name: str, location: str,
-                          cluster_map: Callable[[], AbstractContextManager[Mapper]]
-                          ) -> SameRows | None:
+def champion_on_same_rows(
+    tracking_uri: str,
+    name: str,
+    location: str,
+    cluster_map: Callable[[], AbstractContextManager[Mapper]],
+) -> SameRows | None:
     """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
     current = champion(tracking_uri, name)
     if current is None:
         return None
     manifest, _ = read_manifest(location)
-    rows = dict(champion_version=current["version"], dataset_version=manifest.version_id,
-                split=SPLIT, num_rows=manifest.split(SPLIT).num_rows)
+    rows = dict(
+        champion_version=current["version"],
+        dataset_version=manifest.version_id,
+        split=SPLIT,
+        num_rows=manifest.split(SPLIT).num_rows,
+    )
     try:
-        scores = evaluate(f"models:/{name}/{current['version']}", tracking_uri, location,
-                          SPLIT, cluster_map)
+        scores = evaluate(
+            f"models:/{name}/{current['version']}", tracking_uri, location, SPLIT, cluster_map
+        )
     except UNREADABLE as error:
-        return SameRows(**rows, champion_score=None,
-                        problem=f"{type(error).__name__}: {error}"[:1000])
+        return SameRows(
+            **rows, champion_score=None, problem=f"{type(error).__name__}: {error}"[:1000]
+        )
     return SameRows(**rows, champion_score=scores["macro_f1"])

@@ -26,9 +26,12 @@ def champion(tracking_uri: str, name: str) -> dict[str, Any] | None:
     except MlflowException as error:
         if error.get_http_status_code() < 500:  # no such model or alias
             return None
-        raise TrackingUnavailable(f"MLflow at {redact(tracking_uri)}: "
-                                  f"{redact(str(error))[:300]}") from error
+        raise TrackingUnavailable(
+            f"MLflow at {redact(tracking_uri)}: {redact(str(error))[:300]}"
+        ) from error
     score = version.tags.get(SCORE_TAG, version.tags.get(LEGACY_SCORE_TAG))
-    return {"version": int(version.version), "run_id": version.run_id,
-            "score": float(score) if score is not None else None}
-
+    return {
+        "version": int(version.version),
+        "run_id": version.run_id,
+        "score": float(score) if score is not None else None,
+    }

@@ -66,12 +66,14 @@ def psi(before: Mapping[str, float], after: Mapping[str, float]) -> float:
     return float(sum(psi_terms(before, after).values()))
 
 
-def normal_psi(before: tuple[float, float], after: tuple[float, float],
-               num_bins: int = NUM_BINS) -> float:
+def normal_psi(
+    before: tuple[float, float], after: tuple[float, float], num_bins: int = NUM_BINS
+) -> float:
     """PSI of two normals given as (mean, standard deviation), over bins at the deciles of
     `before`. A zero deviation (a constant column) is read as a very narrow normal."""
-    first, second = (NormalDist(mean, max(std, 1e-9 * (1.0 + abs(mean))))
-                     for mean, std in (before, after))
+    first, second = (
+        NormalDist(mean, max(std, 1e-9 * (1.0 + abs(mean)))) for mean, std in (before, after)
+    )
     edges = [first.inv_cdf(k / num_bins) for k in range(1, num_bins)]
     cdf = [0.0, *(second.cdf(edge) for edge in edges), 1.0]
     new = {str(k): cdf[k + 1] - cdf[k] for k in range(num_bins)}
@@ -120,13 +122,17 @@ class DriftReport:
 
     def metrics(self) -> dict[str, float]:
         """Flat MLflow metric names and values (`drift.class_psi`, `drift.feature.x.psi`)."""
-        values = {"drift.class_psi": self.class_psi, "drift.source_psi": self.source_psi,
-                  **{f"drift.rows.{name}": float(count) for name, count in self.rows.items()}}
+        values = {
+            "drift.class_psi": self.class_psi,
+            "drift.source_psi": self.source_psi,
+            **{f"drift.rows.{name}": float(count) for name, count in self.rows.items()},
+        }
         for column in self.features:
             if column.psi is not None:
                 values[mlflow_key(column.name, "drift.feature.", ".psi")] = column.psi
-            values[mlflow_key(column.name, "drift.feature.", ".null_rate_change")] = \
+            values[mlflow_key(column.name, "drift.feature.", ".null_rate_change")] = (
                 column.null_rate_change
+            )
         return values
 
 
@@ -158,8 +164,10 @@ def moments(manifest: Manifest, name: str) -> tuple[float, float] | None:
 
 
 def _spec(manifest: Manifest, name: str) -> dict[str, Any] | None:
-    return next((column for column in manifest.features.get("columns") or []
-                 if column["name"] == name), None)
+    return next(
+        (column for column in manifest.features.get("columns") or [] if column["name"] == name),
+        None,
+    )
 
 
 def null_rate(manifest: Manifest, name: str) -> float:
@@ -170,9 +178,12 @@ def null_rate(manifest: Manifest, name: str) -> float:
     return float(nulls) / total if total else 0.0
 
 
-def feature_drift(before: Manifest, after: Manifest, name: str,
-                  category_counts: tuple[Mapping[str, int], Mapping[str, int]] | None
-                  ) -> FeatureDrift:
+def feature_drift(
+    before: Manifest,
+    after: Manifest,
+    name: str,
+    category_counts: tuple[Mapping[str, int], Mapping[str, int]] | None,
+) -> FeatureDrift:
     """One column's PSI and null rates (see the module docstring for how each kind's PSI
     is computed)."""
     spec = _spec(after, name) or {"kind": "numeric"}
@@ -188,42 +199,66 @@ def feature_drift(before: Manifest, after: Manifest, name: str,
     return FeatureDrift(name, kind, None, *rates, note=f"no distance for {kind} columns")
 
 
-def _category_drift(before: Manifest, after: Manifest, name: str,
-                    counts: tuple[Mapping[str, int], Mapping[str, int]] | None,
-                    rates: tuple[float, float]) -> FeatureDrift:
+def _category_drift(
+    before: Manifest,
+    after: Manifest,
+    name: str,
+    counts: tuple[Mapping[str, int], Mapping[str, int]] | None,
+    rates: tuple[float, float],
+) -> FeatureDrift:
     old = set((_spec(before, name) or {}).get("vocabulary") or [])
     new = set((_spec(after, name) or {}).get("vocabulary") or [])
-    note = ", ".join(part for part in (
-        f"new values {sorted(new - old)[:5]}" if new - old else "",
-        f"gone values {sorted(old - new)[:5]}" if old - new else "") if part)
+    note = ", ".join(
+        part
+        for part in (
+            f"new values {sorted(new - old)[:5]}" if new - old else "",
+            f"gone values {sorted(old - new)[:5]}" if old - new else "",
+        )
+        if part
+    )
     value = psi(*counts) if counts is not None else None
-    return FeatureDrift(name, "category", value, *rates,
-                        note=note or ("" if counts else "no category counts"))
+    return FeatureDrift(
+        name, "category", value, *rates, note=note or ("" if counts else "no category counts")
+    )
 
 
-def drift_report(before: Manifest, after: Manifest,
-                 category_counts: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]]
-                 | None = None) -> DriftReport:
+def drift_report(
+    before: Manifest,
+    after: Manifest,
+    category_counts: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]] | None = None,
+) -> DriftReport:
     """`after` against its parent `before`; `category_counts`: per category column, its
     value counts in each version's rows, when the caller counted them."""
     counts = category_counts or {}
     old_rejected = {rejected.path for rejected in before.rejected}
     rows_before, rows_after = (sum(m.input_class_counts.values()) for m in (before, after))
-    dropped = [sum(int(n) for n in (m.features.get("dropped_rows") or {}).values())
-               for m in (before, after)]
+    dropped = [
+        sum(int(n) for n in (m.features.get("dropped_rows") or {}).values())
+        for m in (before, after)
+    ]
     new_rejected = [r.path for r in after.rejected if r.path not in old_rejected]
-    rows = {"before": rows_before, "after": rows_after,
-            "added": max(rows_after - rows_before, 0),
-            "removed": max(rows_before - rows_after, 0),
-            "dropped_before": dropped[0], "dropped_after": dropped[1],
-            "rejected_files_before": len(before.rejected),
-            "rejected_files_after": len(after.rejected)}
+    rows = {
+        "before": rows_before,
+        "after": rows_after,
+        "added": max(rows_after - rows_before, 0),
+        "removed": max(rows_before - rows_after, 0),
+        "dropped_before": dropped[0],
+        "dropped_after": dropped[1],
+        "rejected_files_before": len(before.rejected),
+        "rejected_files_after": len(after.rejected),
+    }
     classes = share_changes(before.input_class_counts, after.input_class_counts)
     sources = share_changes(before.input_source_counts, after.input_source_counts)
     return DriftReport(
-        version=after.version_id, parent=before.version_id,
-        classes=classes, class_psi=sum(c.term for c in classes),
-        sources=sources, source_psi=sum(s.term for s in sources),
-        features=[feature_drift(before, after, name, counts.get(name))
-                  for name in after.feature_columns],
-        rows=rows, new_rejected_files=new_rejected)
+        version=after.version_id,
+        parent=before.version_id,
+        classes=classes,
+        class_psi=sum(c.term for c in classes),
+        sources=sources,
+        source_psi=sum(s.term for s in sources),
+        features=[
+            feature_drift(before, after, name, counts.get(name)) for name in after.feature_columns
+        ],
+        rows=rows,
+        new_rejected_files=new_rejected,
+    )

@@ -19,11 +19,13 @@ def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     """A model's held-out figures and the class-prior baseline's on the same rows, as the
     metrics of its run (`holdout_...`, next to training's `val_...`)."""
     baseline = evaluation["class_prior_baseline"]
-    metrics = {"holdout_macro_f1": evaluation["macro_f1"],
-               "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
-               "holdout_class_prior_macro_f1": baseline["macro_f1"],
-               "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
-               "holdout_rows": evaluation["num_rows"]}
+    metrics = {
+        "holdout_macro_f1": evaluation["macro_f1"],
+        "holdout_balanced_accuracy": evaluation["balanced_accuracy"],
+        "holdout_class_prior_macro_f1": baseline["macro_f1"],
+        "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
+        "holdout_rows": evaluation["num_rows"],
+    }
     recalls = [value for value in evaluation["recall"].values() if value is not None]
     if recalls:
         metrics["holdout_worst_class_recall"] = min(recalls)

@@ -59,5 +59,7 @@ def class_prior_baseline(support: np.ndarray) -> dict[str, float]:
     majority[:, int(support.argmax())] = support
     stratified = np.outer(support, support / support.sum())
     guesses = [majority, stratified]
-    return {"macro_f1": max(macro_f1(cm) for cm in guesses),
-            "balanced_accuracy": max(float(np.nanmean(per_class_recall(cm))) for cm in guesses)}
+    return {
+        "macro_f1": max(macro_f1(cm) for cm in guesses),
+        "balanced_accuracy": max(float(np.nanmean(per_class_recall(cm))) for cm in guesses),
+    }

@@ -43,16 +43,23 @@ def sent_model_uri(config: TrackingConfig, model_uri: str) -> str:
         deliver(spool, config)
     sent = spool.progress().get("model_uri")
     if sent is None:
-        raise TrackingUnavailable(f"the model at {model_uri} is not on {spool.run['tracking_uri']} "
-                           f"yet; once the server is back, `{spool.upload_command()}` sends "
-                           "it, then register it again")
+        raise TrackingUnavailable(
+            f"the model at {model_uri} is not on {spool.run['tracking_uri']} "
+            f"yet; once the server is back, `{spool.upload_command()}` sends "
+            "it, then register it again"
+        )
     return str(sent)
 
 
-def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
-                         score: float, beats_baseline: bool = True,
-                         promotion: Promotion | None = None,
-                         description: str = "") -> dict[str, Any]:
+def register_and_promote(
+    config: TrackingConfig,
+    model_uri: str,
+    name: str,
+    score: float,
+    beats_baseline: bool = True,
+    promotion: Promotion | None = None,
+    description: str = "",
+) -> dict[str, Any]:
     """Register `model_uri` as a version of `name` (the version its run registered
     already, on a retry), with `description` (what the registry's UI shows on the version);
     alias it champion if it wins. A model that does not beat the class-prior baseline gets
@@ -63,24 +70,38 @@ def register_and_promote(config: TrackingConfig, model_uri: str, name: str,
     run_id = source_run_id(client, model_uri)
     current = champion(config.tracking_uri, name)
     version = registered_version(client, name, run_id) or _register(
-        config, model_uri, name, score, beats_baseline, current)
+        config, model_uri, name, score, beats_baseline, current
+    )
     if description:
         client.update_model_version(name, version.version, description=description)
     ours = current is not None and current["version"] == int(version.version)
     if promotion is not None:
-        return apply_decision(client, name, version.version, score, beats_baseline,
-                              _champion_before(promotion) if ours else current, promotion)
+        return apply_decision(
+            client,
+            name,
+            version.version,
+            score,
+            beats_baseline,
+            _champion_before(promotion) if ours else current,
+            promotion,
+        )
     previous = _previous_score(version) if ours else (current["score"] if current else None)
     alias = _by_stored_scores(score, beats_baseline, None if ours else current, previous)
     if alias is not None:
         client.set_registered_model_alias(name, alias, version.version)
-    return {"name": name, "version": int(version.version), "alias": alias,
-            "score": score, "beats_class_prior": beats_baseline,
-            "previous_champion_score": previous}
+    return {
+        "name": name,
+        "version": int(version.version),
+        "alias": alias,
+        "score": score,
+        "beats_class_prior": beats_baseline,
+        "previous_champion_score": previous,
+    }
 
 
-def _by_stored_scores(score: float, beats_baseline: bool, current: dict[str, Any] | None,
-                      previous: float | None) -> str | None:
+def _by_stored_scores(
+    score: float, beats_baseline: bool, current: dict[str, Any] | None, previous: float | None
+) -> str | None:
     """The alias by the one rule (`decide`), the champion's registered score standing in
     for its score on the same rows (`current` None: no champion, or a retry that finds its
     own version champion already)."""
@@ -101,8 +122,7 @@ def source_run_id(client: MlflowClient, model_uri: str) -> str | None:
     return None
 
 
-def registered_version(client: MlflowClient, name: str,
-                       run_id: str | None) -> ModelVersion | None:
+def registered_version(client: MlflowClient, name: str, run_id: str | None) -> ModelVersion | None:
     """The version of `name` that run `run_id` registered already, if any (the oldest)."""
     if run_id is None:
         return None
@@ -110,15 +130,27 @@ def registered_version(client: MlflowClient, name: str,
     return min(versions, key=lambda v: int(v.version), default=None)
 
 
-def _register(config: TrackingConfig, model_uri: str, name: str, score: float,
-              beats_baseline: bool, current: dict[str, Any] | None) -> ModelVersion:
+def _register(
+    config: TrackingConfig,
+    model_uri: str,
+    name: str,
+    score: float,
+    beats_baseline: bool,
+    current: dict[str, Any] | None,
+) -> ModelVersion:
     """A new version, tagged with its score and the champion's score it was compared with
     (what a retry reports when this version has become the champion meanwhile)."""
     mlflow.set_tracking_uri(config.tracking_uri)
     previous = current["score"] if current else None
-    return mlflow.register_model(model_uri, name, tags={
-        SCORE_TAG: str(score), BASELINE_TAG: str(beats_baseline).lower(),
-        PREVIOUS_SCORE_TAG: "none" if previous is None else str(previous)})
+    return mlflow.register_model(
+        model_uri,
+        name,
+        tags={
+            SCORE_TAG: str(score),
+            BASELINE_TAG: str(beats_baseline).lower(),
+            PREVIOUS_SCORE_TAG: "none" if previous is None else str(previous),
+        },
+    )
 
 
 def _champion_before(promotion: Promotion) -> dict[str, Any] | None:

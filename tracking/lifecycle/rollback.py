@@ -45,13 +45,16 @@ def _target(client: MlflowClient, name: str, current: int, to: int | None) -> in
         return to
     previous = client.get_model_version(name, str(current)).tags.get(PREVIOUS_CHAMPION_TAG)
     if previous is None:
-        raise RollbackRefused(f"champion v{current} of {name!r} replaced no earlier champion "
-                              "(no ballast.previous_champion tag); give --to VERSION")
+        raise RollbackRefused(
+            f"champion v{current} of {name!r} replaced no earlier champion "
+            "(no ballast.previous_champion tag); give --to VERSION"
+        )
     return int(previous)
 
 
-def rollback_model(tracking_uri: str, name: str, to: int | None = None,
-                   reason: str = "ballast rollback") -> str:
+def rollback_model(
+    tracking_uri: str, name: str, to: int | None = None, reason: str = "ballast rollback"
+) -> str:
     """Move `champion` of `name` back (see the module docstring); what was done, a line."""
     client = MlflowClient(tracking_uri)
     last = _last_rollback(client, name)
@@ -59,15 +62,24 @@ def rollback_model(tracking_uri: str, name: str, to: int | None = None,
     if current is None:
         raise RollbackRefused(f"model {name!r} has no champion to roll back")
     if to is None and last is not None and int(last["to"]) == current["version"]:
-        return (f"{name}: champion is already v{current['version']} (rolled back from "
-                f"v{last['from']}: {last['reason']}); nothing to do")
+        return (
+            f"{name}: champion is already v{current['version']} (rolled back from "
+            f"v{last['from']}: {last['reason']}); nothing to do"
+        )
     target = _target(client, name, current["version"], to)
     if target == current["version"]:
         return f"{name}: champion is already v{target}; nothing to do"
     client.set_registered_model_alias(name, "champion", str(target))
     at = datetime.now(UTC).isoformat("T", "seconds")
-    client.set_model_version_tag(name, str(current["version"]), ROLLED_BACK_TAG,
-                                 f"{at}: champion moved back to v{target}: {reason}")
-    client.set_registered_model_tag(name, LAST_ROLLBACK_TAG, json.dumps(
-        {"from": current["version"], "to": target, "reason": reason, "at": at}))
+    client.set_model_version_tag(
+        name,
+        str(current["version"]),
+        ROLLED_BACK_TAG,
+        f"{at}: champion moved back to v{target}: {reason}",
+    )
+    client.set_registered_model_tag(
+        name,
+        LAST_ROLLBACK_TAG,
+        json.dumps({"from": current["version"], "to": target, "reason": reason, "at": at}),
+    )
     return f"{name}: champion moved from v{current['version']} back to v{target} ({reason})"

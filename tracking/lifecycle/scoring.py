@@ -59,13 +59,13 @@ def load_classifier(model_uri: str, tracking_uri: str) -> CodecClassifier:
     model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     sys.path[:] = before
     if not isinstance(model, CodecClassifier):
-        raise ModelError(f"model {model_uri} was not logged by ballast with its feature "
-                         "codec; train it again")
+        raise ModelError(
+            f"model {model_uri} was not logged by ballast with its feature codec; train it again"
+        )
     return model
 
 
-def predict_table(table: pa.Table, model_uri: str, tracking_uri: str,
-                  id_column: str) -> pa.Table:
+def predict_table(table: pa.Table, model_uri: str, tracking_uri: str, id_column: str) -> pa.Table:
     """id, predicted class label and class probabilities for every row."""
     return predictions(load_classifier(model_uri, tracking_uri), table, id_column)
 
@@ -73,34 +73,45 @@ def predict_table(table: pa.Table, model_uri: str, tracking_uri: str,
 def predictions(model: CodecClassifier, table: pa.Table, id_column: str) -> pa.Table:
     """The prediction table of `model` on `table`'s rows."""
     if id_column not in table.column_names:
-        raise ModelError(f"id column {id_column!r} is not among the rows' columns "
-                         f"{table.column_names} (batch_inference `id_column`; a version "
-                         "resharded without dataset.id_column has `__ballast_row_id`)")
+        raise ModelError(
+            f"id column {id_column!r} is not among the rows' columns "
+            f"{table.column_names} (batch_inference `id_column`; a version "
+            "resharded without dataset.id_column has `__ballast_row_id`)"
+        )
     probs = model.probabilities(table)
     flat = pa.array(probs.reshape(-1), pa.float32())
-    return pa.table({
-        id_column: table.column(id_column),
-        "predicted": pa.array(np.asarray(model.classes)[probs.argmax(axis=1)], pa.string()),
-        "probabilities": pa.FixedSizeListArray.from_arrays(flat, len(model.classes)),
-    })
+    return pa.table(
+        {
+            id_column: table.column(id_column),
+            "predicted": pa.array(np.asarray(model.classes)[probs.argmax(axis=1)], pa.string()),
+            "probabilities": pa.FixedSizeListArray.from_arrays(flat, len(model.classes)),
+        }
+    )
 
 
-def table_confusion(model: CodecClassifier, table: pa.Table, label_column: str,
-                    dataset_classes: list[Any]) -> np.ndarray:
+def table_confusion(
+    model: CodecClassifier, table: pa.Table, label_column: str, dataset_classes: list[Any]
+) -> np.ndarray:
     """The [model classes]^2 confusion matrix of `model` on `table`'s labelled rows."""
     positions = {label: i for i, label in enumerate(model.classes)}
     to_model = np.array([positions.get(str(value), -1) for value in dataset_classes])
     truth = to_model[label_indices(table.column(label_column), dataset_classes)]
     if (truth < 0).any():
         missing = sorted({str(dataset_classes[i]) for i in np.flatnonzero(to_model < 0)})
-        raise ModelError(f"classes {missing} of the dataset are not among the model's "
-                         f"{model.classes}")
+        raise ModelError(
+            f"classes {missing} of the dataset are not among the model's {model.classes}"
+        )
     predicted = model.probabilities(table).argmax(axis=1)
     return confusion_matrix(predicted, truth, len(model.classes))
 
 
-def shard_confusion(shard: ShardRef, model_uri: str, tracking_uri: str, label_column: str,
-                    dataset_classes: list[Any]) -> np.ndarray:
+def shard_confusion(
+    shard: ShardRef,
+    model_uri: str,
+    tracking_uri: str,
+    label_column: str,
+    dataset_classes: list[Any],
+) -> np.ndarray:
     """`table_confusion` of a registered model on one shard (a Dask task); the shard's size
     is checked against its manifest first and its page checksums on read."""
     model = load_classifier(model_uri, tracking_uri)
@@ -119,8 +130,13 @@ def on_cluster(dataset: str, split: str) -> bool:
     return read_manifest(dataset)[0].split(split).num_rows > IN_PROCESS_EVALUATION_ROWS
 
 
-def evaluate(model_uri: str, tracking_uri: str, dataset: str, split: str,
-             cluster_map: Callable[[], AbstractContextManager[Mapper]]) -> dict[str, Any]:
+def evaluate(
+    model_uri: str,
+    tracking_uri: str,
+    dataset: str,
+    split: str,
+    cluster_map: Callable[[], AbstractContextManager[Mapper]],
+) -> dict[str, Any]:
     """Scores of a registered model on a split: the one evaluation of the pipeline, the
     promotion's champion on the same rows and `ballast evaluate`. A split `on_cluster`
     is scored one task per shard through the map `cluster_map()` opens (the flows' Dask);
@@ -131,33 +147,50 @@ def evaluate(model_uri: str, tracking_uri: str, dataset: str, split: str,
         return evaluate_model(model_uri, tracking_uri, dataset, split, mapper)
 
 
-def evaluate_model(model_uri: str, tracking_uri: str, dataset: str, split: str = "holdout",
-                   mapper: Mapper = map) -> dict[str, Any]:
+def evaluate_model(
+    model_uri: str, tracking_uri: str, dataset: str, split: str = "holdout", mapper: Mapper = map
+) -> dict[str, Any]:
     """Scores of a registered model on a split, one `shard_confusion` per shard through
     `mapper` (the builtin `map` here; flows pass a Dask map)."""
     manifest, _ = read_manifest(dataset)
     classes = load_classifier(model_uri, tracking_uri).classes
-    task = partial(shard_confusion, model_uri=model_uri, tracking_uri=tracking_uri,
-                   label_column=manifest.label_column, dataset_classes=manifest.classes)
+    task = partial(
+        shard_confusion,
+        model_uri=model_uri,
+        tracking_uri=tracking_uri,
+        label_column=manifest.label_column,
+        dataset_classes=manifest.classes,
+    )
     return {"model_uri": model_uri, **split_evaluation(dataset, split, task, classes, mapper)}
 
 
-def evaluate_classifier(model: CodecClassifier, dataset: str,
-                        split: str = "holdout") -> dict[str, Any]:
+def evaluate_classifier(
+    model: CodecClassifier, dataset: str, split: str = "holdout"
+) -> dict[str, Any]:
     """Scores of an in-process model on a split, shard after shard."""
     manifest, _ = read_manifest(dataset)
-    task = partial(_table_confusion_of_shard, model, label_column=manifest.label_column,
-                   dataset_classes=manifest.classes)
+    task = partial(
+        _table_confusion_of_shard,
+        model,
+        label_column=manifest.label_column,
+        dataset_classes=manifest.classes,
+    )
     return split_evaluation(dataset, split, task, model.classes)
 
 
-def _table_confusion_of_shard(model: CodecClassifier, shard: ShardRef, label_column: str,
-                              dataset_classes: list[Any]) -> np.ndarray:
+def _table_confusion_of_shard(
+    model: CodecClassifier, shard: ShardRef, label_column: str, dataset_classes: list[Any]
+) -> np.ndarray:
     return table_confusion(model, read_shard_table(shard), label_column, dataset_classes)
 
 
-def split_evaluation(dataset: str, split: str, confusion_of: Callable[[Any], np.ndarray],
-                     classes: list[str], mapper: Mapper = map) -> dict[str, Any]:
+def split_evaluation(
+    dataset: str,
+    split: str,
+    confusion_of: Callable[[Any], np.ndarray],
+    classes: list[str],
+    mapper: Mapper = map,
+) -> dict[str, Any]:
     """The scores of one split: `confusion_of` each shard through `mapper`, summed."""
     manifest, _ = read_manifest(dataset)
     confusions = list(mapper(confusion_of, split_shards(dataset, split)))
@@ -169,11 +202,17 @@ def evaluation(confusion: np.ndarray, classes: list[str]) -> dict[str, Any]:
     """Macro-F1, balanced accuracy and per-class recall of a confusion matrix, with the
     class-prior baseline's figures and whether the model beats both."""
     recall = per_class_recall(confusion)
-    scores = {"macro_f1": float(macro_f1(confusion)),
-              "balanced_accuracy": float(np.nanmean(recall)) if confusion.sum() else 0.0}
+    scores = {
+        "macro_f1": float(macro_f1(confusion)),
+        "balanced_accuracy": float(np.nanmean(recall)) if confusion.sum() else 0.0,
+    }
     baseline = class_prior_baseline(confusion.sum(axis=1))
-    return {"num_rows": int(confusion.sum()), **scores,
-            "recall": {c: None if np.isnan(r) else float(r)
-                       for c, r in zip(classes, recall, strict=True)},
-            "class_prior_baseline": baseline,
-            "beats_class_prior": all(scores[name] > baseline[name] for name in scores)}
+    return {
+        "num_rows": int(confusion.sum()),
+        **scores,
+        "recall": {
+            c: None if np.isnan(r) else float(r) for c, r in zip(classes, recall, strict=True)
+        },
+        "class_prior_baseline": baseline,
+        "beats_class_prior": all(scores[name] > baseline[name] for name in scores),
+    }

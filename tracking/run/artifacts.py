@@ -17,12 +17,15 @@ LOSS_METRICS = ("train_loss_step", "train_loss")
 
 def loss_history(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
     """(step, value) of every logged loss metric."""
-    return {name: [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
-            for name in LOSS_METRICS}
+    return {
+        name: [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
+        for name in LOSS_METRICS
+    }
 
 
-def log_plots(client: MlflowClient, run_id: str, manifest: Manifest,
-              summary: dict[str, Any]) -> list[str]:
+def log_plots(
+    client: MlflowClient, run_id: str, manifest: Manifest, summary: dict[str, Any]
+) -> list[str]:
     """Render and log every plot under `plots/`; returns the artifact paths."""
     paths = []
     for name, figure in run_figures(manifest, summary, loss_history(client, run_id)).items():

@@ -30,8 +30,14 @@ _BATCH = 1000  # MLflow's log_batch limit on metrics per request
 class MetricDelivery:
     """The metric values of one writer (`writer` names its spool file) for one run."""
 
-    def __init__(self, config: TrackingConfig, run_id: str, writer: str,
-                 max_buffered: int = 200_000, flush_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        config: TrackingConfig,
+        run_id: str,
+        writer: str,
+        max_buffered: int = 200_000,
+        flush_interval_s: float = 1.0,
+    ) -> None:
         self._config, self._run_id, self._writer = config, run_id, writer
         self._client = MlflowClient(config.tracking_uri)
         self._pending: deque[Metric] = deque()
@@ -55,8 +61,11 @@ class MetricDelivery:
         with self._lock:
             self._pending.extend(values)
             overflow = len(self._pending) - self._max_buffered
-            spill = [self._pending.popleft() for _ in range(overflow + self._max_buffered // 2)
-                     ] if overflow > 0 else []
+            spill = (
+                [self._pending.popleft() for _ in range(overflow + self._max_buffered // 2)]
+                if overflow > 0
+                else []
+            )
         if spill:
             self._keep(spill)
         self._ensure_thread()
@@ -67,8 +76,9 @@ class MetricDelivery:
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._deliver_loop, daemon=True,
-                                            name=f"ballast-mlflow-{self._writer}")
+            self._thread = threading.Thread(
+                target=self._deliver_loop, daemon=True, name=f"ballast-mlflow-{self._writer}"
+            )
             self._thread.start()
 
     def _deliver_loop(self) -> None:
@@ -109,8 +119,9 @@ class MetricDelivery:
         deadline = time.monotonic() + self._config.delivery_wait_s
         while not self.flush_once() and time.monotonic() < deadline:
             time.sleep(1.0)
-            if not wait_until_reachable(self._config.tracking_uri,
-                                        max(0.0, deadline - time.monotonic())):
+            if not wait_until_reachable(
+                self._config.tracking_uri, max(0.0, deadline - time.monotonic())
+            ):
                 break
         with self._lock:
             left = list(self._pending)
@@ -129,7 +140,14 @@ class MetricDelivery:
                 f"could not be sent to {redact(self._config.tracking_uri)} (last error: "
                 f"{self.last_error or 'the run is not on the server yet'}); they are kept in "
                 f"{spool.path} and sent when the run is closed, or by "
-                f"`{spool.upload_command()}`", RuntimeWarning, stacklevel=2)
-        return {"delivered": self.delivered, "kept_locally": self.kept,
-                "spool": str(spool.path) if spool else None,
-                "failed_attempts": self.failed_attempts, "last_error": self.last_error}
+                f"`{spool.upload_command()}`",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return {
+            "delivered": self.delivered,
+            "kept_locally": self.kept,
+            "spool": str(spool.path) if spool else None,
+            "failed_attempts": self.failed_attempts,
+            "last_error": self.last_error,
+        }

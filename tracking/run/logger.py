@@ -65,7 +65,9 @@ def make_lightning_logger(config: TrackingConfig) -> BufferedMlflowLogger:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     if config.run_id is None:
-        raise ConfigError("tracking.run_id: a training rank logs into the run its launcher "
-                          "created; start the job with `python -m training.launch launch` "
-                          "(or a flow), or name an existing run")
+        raise ConfigError(
+            "tracking.run_id: a training rank logs into the run its launcher "
+            "created; start the job with `python -m training.launch launch` "
+            "(or a flow), or name an existing run"
+        )
     return BufferedMlflowLogger(config, config.run_id)

@@ -64,23 +64,29 @@ _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "mlflow")
 SHIPPED_MODULES = ("preprocessing.contract.codec", "tracking.run.pyfunc")
 
 
-def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module,
-              dataset: str) -> str:
+def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module, dataset: str) -> str:
     """Log `network` with the codec and classes of `dataset` (the version it was trained
     on) under the run; returns the model URI to register: `models:/...`, or the local
     path of the model kept in the run's spool when the server cannot take it (waiting up
     to `config.delivery_wait_s` first)."""
     manifest, location = read_manifest(dataset)
     codec = FeatureCodec.from_manifest(manifest)
-    model = CodecClassifier(network.eval().cpu(), codec,
-                            [str(label) for label in manifest.classes], list(manifest.classes))
+    model = CodecClassifier(
+        network.eval().cpu(),
+        codec,
+        [str(label) for label in manifest.classes],
+        list(manifest.classes),
+    )
     example = example_rows(manifest, location, codec)
     extra = {"dataset_version": manifest.version_id}
     return send_or_keep(
-        config, run_id, "the model",
+        config,
+        run_id,
+        "the model",
         send=lambda _: _log_to_run(config, run_id, model, example, extra),
         keep=lambda spool: _keep_model(spool, model, example, extra),
-        wait_s=config.delivery_wait_s)
+        wait_s=config.delivery_wait_s,
+    )
 
 
 def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.DataFrame:
@@ -99,23 +105,36 @@ def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.D
 
 
 @contextmanager
-def _model_arguments(model: CodecClassifier, example: pd.DataFrame,
-                     extra: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _model_arguments(
+    model: CodecClassifier, example: pd.DataFrame, extra: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
     """What the model is logged (or saved) with: the network and codec as artifacts,
     signature, example, labels, requirements."""
     assert model.codec is not None
     with tempfile.TemporaryDirectory() as work:
         artifacts = {CODEC_ARTIFACT: f"{work}/codec.json"}
-        Path(artifacts[CODEC_ARTIFACT]).write_text(json.dumps(
-            {"columns": model.codec.to_json(), "classes": model.classes,
-             "labels": model.labels}, indent=1))
+        Path(artifacts[CODEC_ARTIFACT]).write_text(
+            json.dumps(
+                {
+                    "columns": model.codec.to_json(),
+                    "classes": model.classes,
+                    "labels": model.labels,
+                },
+                indent=1,
+            )
+        )
         artifacts.update(_save_network(model.network, Path(work)))
-        yield {"python_model": CodecClassifier(), "artifacts": artifacts,
-               "code_paths": shipped_code(Path(work) / "code"),
-               "signature": signature(model.codec, model.labels), "input_example": example,
-               "metadata": {**extra, "classes": model.classes},
-               "pip_requirements": [f"{name}=={package_version(name).split('+')[0]}"
-                                    for name in _REQUIREMENTS]}
+        yield {
+            "python_model": CodecClassifier(),
+            "artifacts": artifacts,
+            "code_paths": shipped_code(Path(work) / "code"),
+            "signature": signature(model.codec, model.labels),
+            "input_example": example,
+            "metadata": {**extra, "classes": model.classes},
+            "pip_requirements": [
+                f"{name}=={package_version(name).split('+')[0]}" for name in _REQUIREMENTS
+            ],
+        }
 
 
 def _save_network(network: torch.nn.Module, work: Path) -> dict[str, str]:
@@ -135,14 +154,19 @@ def shipped_code(root: Path) -> list[str]:
         parts = name.split(".")
         for depth in range(1, len(parts) + 1):
             source = Path(str(importlib.import_module(".".join(parts[:depth])).__file__))
-            folder = root.joinpath(*parts[:depth - 1 if source.name != "__init__.py" else depth])
+            folder = root.joinpath(*parts[: depth - 1 if source.name != "__init__.py" else depth])
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, folder / source.name)
     return sorted({str(root / name.split(".")[0]) for name in SHIPPED_MODULES})
 
 
-def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
-                example: pd.DataFrame, extra: dict[str, Any]) -> str:
+def _log_to_run(
+    config: TrackingConfig,
+    run_id: str,
+    model: CodecClassifier,
+    example: pd.DataFrame,
+    extra: dict[str, Any],
+) -> str:
     # Not `with mlflow.start_run(run_id=...)`: leaving that block would end the job's run
     # (FINISHED, or FAILED on an error) before its close. The logged model goes into the
     # run's experiment, which MLflow takes from the active one.
@@ -154,15 +178,15 @@ def _log_to_run(config: TrackingConfig, run_id: str, model: CodecClassifier,
     mlflow.set_experiment(experiment_id=experiment_id)
     try:
         with _model_arguments(model, example, extra) as arguments:
-            info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
-                             **arguments)
+            info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id, **arguments)
     finally:
         mlflow_fluent._active_experiment_id = previous
     return str(info.model_uri)
 
 
-def _keep_model(spool: Spool, model: CodecClassifier, example: pd.DataFrame,
-                extra: dict[str, Any]) -> str:
+def _keep_model(
+    spool: Spool, model: CodecClassifier, example: pd.DataFrame, extra: dict[str, Any]
+) -> str:
     """Save the model into the spool (through a temporary directory and a rename)."""
     target = spool.model_dir
     partial = target.with_name(f".{target.name}.partial")

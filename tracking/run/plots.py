@@ -33,15 +33,18 @@ def split_histogram(manifest: Manifest, field: str, split: str = "train") -> dic
 def mix_figure(manifest: Manifest) -> Figure:
     """Side-by-side bars of input rows vs training rows, per class and per source."""
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    pairs = [("class", manifest.input_class_counts, split_histogram(manifest, "class_counts")),
-             ("source", manifest.input_source_counts, split_histogram(manifest, "source_counts"))]
+    pairs = [
+        ("class", manifest.input_class_counts, split_histogram(manifest, "class_counts")),
+        ("source", manifest.input_source_counts, split_histogram(manifest, "source_counts")),
+    ]
     for axis, (name, before, after) in zip(axes, pairs, strict=True):
         keys = sorted(set(before) | set(after), key=lambda k: (len(k), k))
         x = np.arange(len(keys))
         axis.bar(x - 0.2, [before.get(k, 0) for k in keys], 0.4, label="input")
         axis.bar(x + 0.2, [after.get(k, 0) for k in keys], 0.4, label="after reshard")
-        axis.set_xticks(x, [literal_text(key) for key in keys],
-                        rotation=45 if len(keys) > 10 else 0)
+        axis.set_xticks(
+            x, [literal_text(key) for key in keys], rotation=45 if len(keys) > 10 else 0
+        )
         axis.set_title(f"rows per {name}")
         axis.legend()
     figure.tight_layout()
@@ -92,13 +95,17 @@ def loss_figure(history: dict[str, list[tuple[int, float]]]) -> Figure:
     return figure
 
 
-def run_figures(manifest: Manifest, summary: dict[str, Any],
-                loss_history: dict[str, list[tuple[int, float]]]) -> dict[str, Figure]:
+def run_figures(
+    manifest: Manifest, summary: dict[str, Any], loss_history: dict[str, list[tuple[int, float]]]
+) -> dict[str, Figure]:
     """Every plot of a finished job, by artifact file name."""
-    figures = {"class_source_mix.png": mix_figure(manifest),
-               "shard_rows.png": shard_rows_figure(manifest),
-               "loss_curve.png": loss_figure(loss_history)}
+    figures = {
+        "class_source_mix.png": mix_figure(manifest),
+        "shard_rows.png": shard_rows_figure(manifest),
+        "loss_curve.png": loss_figure(loss_history),
+    }
     if summary.get("confusion_matrix"):
-        figures["confusion_matrix.png"] = confusion_figure(summary["confusion_matrix"],
-                                                           summary["classes"])
+        figures["confusion_matrix.png"] = confusion_figure(
+            summary["confusion_matrix"], summary["classes"]
+        )
     return figures

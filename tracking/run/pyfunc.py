@@ -59,8 +59,13 @@ class CodecClassifier(PythonModel):
     `classes` are the labels as text (metrics, batch inference); `labels` the same
     labels in their own type (what `predict` returns)."""
 
-    def __init__(self, network: Any = None, codec: FeatureCodec | None = None,
-                 classes: list[str] | None = None, labels: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        network: Any = None,
+        codec: FeatureCodec | None = None,
+        classes: list[str] | None = None,
+        labels: list[Any] | None = None,
+    ) -> None:
         self.network, self.codec, self.classes = network, codec, classes or []
         self.labels = list(self.classes) if labels is None else labels
 
@@ -75,8 +80,9 @@ class CodecClassifier(PythonModel):
             weights = torch.load(context.artifacts[WEIGHTS_ARTIFACT], weights_only=True)
             self.network = network_from_weights(weights)
         else:
-            self.network = torch.load(context.artifacts[NETWORK_ARTIFACT],
-                                      weights_only=False).eval()
+            self.network = torch.load(
+                context.artifacts[NETWORK_ARTIFACT], weights_only=False
+            ).eval()
 
     def probabilities(self, table: pa.Table) -> np.ndarray:
         """Softmax of the network's logits on `table`'s rows, float32 [rows, classes];
@@ -94,8 +100,9 @@ class CodecClassifier(PythonModel):
             logits = self.network(torch.from_numpy(writable)).double()
         return torch.softmax(logits, dim=1).float().numpy()
 
-    def predict(self, context: Any, model_input: pd.DataFrame,
-                params: dict[str, Any] | None = None) -> pd.Series | pd.DataFrame:
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.Series | pd.DataFrame:
         """The `predicted` label of each row of a DataFrame of raw rows, a Series (what
         MLflow's classifier evaluator reads); with `details`, a DataFrame that adds
         `probabilities` and `filled`."""
@@ -105,16 +112,25 @@ class CodecClassifier(PythonModel):
         predicted = pd.Series([self.labels[i] for i in probs.argmax(axis=1)], name="predicted")
         if not (params or {}).get(DETAILS_PARAM):
             return predicted
-        return pd.DataFrame({"predicted": predicted, "probabilities": list(probs),
-                             "filled": filled_columns(self.codec, table)})
+        return pd.DataFrame(
+            {
+                "predicted": predicted,
+                "probabilities": list(probs),
+                "filled": filled_columns(self.codec, table),
+            }
+        )
 
 
 def serving_codec(codec: FeatureCodec) -> FeatureCodec:
     """`codec` with every column that has no fill policy filling nulls as `fill_mean`."""
-    return FeatureCodec(tuple(
-        spec if spec.nulls in FILL_POLICIES else replace(spec, nulls="fill_mean",
-                                                          fill=spec.shift)
-        for spec in codec.columns))
+    return FeatureCodec(
+        tuple(
+            spec
+            if spec.nulls in FILL_POLICIES
+            else replace(spec, nulls="fill_mean", fill=spec.shift)
+            for spec in codec.columns
+        )
+    )
 
 
 def encode_rows(codec: FeatureCodec, frame: pd.DataFrame) -> tuple[pa.Table, np.ndarray]:
@@ -127,10 +143,11 @@ def encode_rows(codec: FeatureCodec, frame: pd.DataFrame) -> tuple[pa.Table, np.
     except FeatureError as error:
         for index in range(len(frame)):
             try:
-                codec.encode(rows_table(codec, frame.iloc[index:index + 1]))
+                codec.encode(rows_table(codec, frame.iloc[index : index + 1]))
             except FeatureError as row_error:
                 raise MlflowException.invalid_parameter_value(
-                    f"row {index} cannot be encoded: {row_error}") from error
+                    f"row {index} cannot be encoded: {row_error}"
+                ) from error
         raise MlflowException.invalid_parameter_value(str(error)) from error
 
 
@@ -138,16 +155,19 @@ def rows_table(codec: FeatureCodec, frame: pd.DataFrame) -> pa.Table:
     """The feature columns of `frame` as Arrow columns of the dataset's types."""
     missing = [name for name in codec.names if name not in frame.columns]
     if missing:
-        raise FeatureError(f"feature columns {missing} are missing from the rows "
-                           f"(columns: {list(frame.columns)})")
+        raise FeatureError(
+            f"feature columns {missing} are missing from the rows (columns: {list(frame.columns)})"
+        )
     arrays = []
     for spec in codec.columns:
         try:
             arrays.append(pa.array(frame[spec.name], from_pandas=True))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            raise FeatureError(f"feature column {spec.name!r} holds values of more than "
-                               f"one type ({error}); the dataset's are "
-                               f"{spec.arrow_type}") from error
+            raise FeatureError(
+                f"feature column {spec.name!r} holds values of more than "
+                f"one type ({error}); the dataset's are "
+                f"{spec.arrow_type}"
+            ) from error
     return dataset_types(pa.Table.from_arrays(arrays, names=codec.names), codec)
 
 
@@ -175,9 +195,11 @@ def dataset_types(table: pa.Table, codec: FeatureCodec) -> pa.Table:
         try:
             table = table.set_column(index, spec.name, table.column(index).cast(target))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise FeatureError(f"feature column {spec.name!r} of type "
-                               f"{table.column(index).type} cannot be read as the "
-                               f"dataset's {spec.arrow_type}: {error}") from error
+            raise FeatureError(
+                f"feature column {spec.name!r} of type "
+                f"{table.column(index).type} cannot be read as the "
+                f"dataset's {spec.arrow_type}: {error}"
+            ) from error
     return table
 
 
@@ -205,8 +227,12 @@ def network_weights(network: Any) -> dict[str, Any] | None:
 
     layers = list(network.children()) if isinstance(network, nn.Sequential) else []
     linear = layers[::2]
-    if not layers or not all(isinstance(layer, nn.Linear) for layer in linear) or \
-            not all(isinstance(layer, nn.ReLU) for layer in layers[1::2]) or len(layers) % 2 == 0:
+    if (
+        not layers
+        or not all(isinstance(layer, nn.Linear) for layer in linear)
+        or not all(isinstance(layer, nn.ReLU) for layer in layers[1::2])
+        or len(layers) % 2 == 0
+    ):
         return None
     sizes = [linear[0].in_features, *(layer.out_features for layer in linear)]
     return {"layer_sizes": sizes, "state_dict": network.state_dict()}
@@ -228,13 +254,21 @@ def network_from_weights(weights: dict[str, Any]) -> Any:
 def signature(codec: FeatureCodec, labels: list[Any]) -> ModelSignature:
     """Input: the feature columns with their MLflow types, each optional (a null is
     filled); output: the label in its type (probabilities and filled with `details`)."""
-    inputs = Schema([ColSpec(mlflow_type(spec), spec.name, required=False)
-                     for spec in codec.columns])
-    outputs = Schema([ColSpec(label_type(labels), "predicted"),
-                      ColSpec(Array("float"), "probabilities", required=False),
-                      ColSpec(Array("string"), "filled", required=False)])
-    return ModelSignature(inputs=inputs, outputs=outputs,
-                          params=ParamSchema([ParamSpec(DETAILS_PARAM, "boolean", False)]))
+    inputs = Schema(
+        [ColSpec(mlflow_type(spec), spec.name, required=False) for spec in codec.columns]
+    )
+    outputs = Schema(
+        [
+            ColSpec(label_type(labels), "predicted"),
+            ColSpec(Array("float"), "probabilities", required=False),
+            ColSpec(Array("string"), "filled", required=False),
+        ]
+    )
+    return ModelSignature(
+        inputs=inputs,
+        outputs=outputs,
+        params=ParamSchema([ParamSpec(DETAILS_PARAM, "boolean", False)]),
+    )
 
 
 def label_type(labels: list[Any]) -> str:
@@ -257,8 +291,9 @@ def mlflow_type(spec: ColumnSpec) -> Any:
     if spec.kind == "temporal" and spec.arrow_type.startswith(("timestamp", "date")):
         return "datetime"
     if spec.kind in ("vector", "sequence"):
-        return Array("double" if "float" in spec.arrow_type or "double" in spec.arrow_type
-                     else "long")
+        return Array(
+            "double" if "float" in spec.arrow_type or "double" in spec.arrow_type else "long"
+        )
     if spec.kind == "numeric" and not spec.arrow_type.startswith(("int", "uint")):
         return "double"
     return AnyType()

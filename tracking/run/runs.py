@@ -54,6 +54,8 @@ FAILURE_TAG = "ballast.failure_reason"
 _MAX_PARAM_CHARS = 6000
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _BATCH = 1000  # MLflow's log_batch limit on metrics per request
+
+
 def prepare_backend(config: TrackingConfig) -> str:
     """Create the store's schema and the experiment once; returns the experiment id."""
     client = MlflowClient(config.tracking_uri)
@@ -66,16 +68,22 @@ def prepare_backend(config: TrackingConfig) -> str:
 def _create_on_server(config: TrackingConfig, tags: dict[str, str] | None) -> str:
     experiment_id = prepare_backend(config)
     run = MlflowClient(config.tracking_uri).create_run(
-        experiment_id, run_name=config.run_name, tags=tags)
+        experiment_id, run_name=config.run_name, tags=tags
+    )
     return str(run.info.run_id)
 
 
 def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
     """Create a run in the config's experiment (and the store's schema first); its id.
     A server that cannot be reached gets a `local-...` run in the spool instead."""
-    return send_or_keep(config, None, "the run",
-                        send=lambda _: _create_on_server(config, tags),
-                        keep=lambda spool: spool.path.name, tags=tags)
+    return send_or_keep(
+        config,
+        None,
+        "the run",
+        send=lambda _: _create_on_server(config, tags),
+        keep=lambda spool: spool.path.name,
+        tags=tags,
+    )
 
 
 def flatten(values: dict[str, Any]) -> dict[str, str]:
@@ -105,8 +113,14 @@ def git_sha() -> str:
     work directory, which is rarely the checkout), or outside a git checkout (an installed
     wheel) the package's version, `ballast==<version>`."""
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5, check=True, cwd=Path(__file__).parent)
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
         return result.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         try:
@@ -122,12 +136,19 @@ def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
     lineage = [InputTag("ballast.parent_version", manifest.parent_version or "none")]
     source_type, source = manifest_source(redact(manifest_uri))
     dataset = Dataset(
-        name=f"ballast-{manifest.version_id}", digest=manifest.version_id,
-        source_type=source_type, source=source,
+        name=f"ballast-{manifest.version_id}",
+        digest=manifest.version_id,
+        source_type=source_type,
+        source=source,
         schema=mlflow_schema_json(manifest.arrow_schema),  # the UI's own format
-        profile=json.dumps({"num_rows": profile, "num_classes": len(manifest.classes),
-                            "parent_version": manifest.parent_version,
-                            "chain_length": len(manifest.deltas)}),
+        profile=json.dumps(
+            {
+                "num_rows": profile,
+                "num_classes": len(manifest.classes),
+                "parent_version": manifest.parent_version,
+                "chain_length": len(manifest.deltas),
+            }
+        ),
     )
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training"), *lineage])
 
@@ -149,22 +170,30 @@ def manifest_source(uri: str) -> tuple[str, str]:
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     items = [Param(name, value) for name, value in params.items()]
     for start in range(0, len(items), _MAX_PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=items[start:start + _MAX_PARAMS_PER_BATCH])
+        client.log_batch(run_id, params=items[start : start + _MAX_PARAMS_PER_BATCH])
 
 
-def _log_lineage(client: MlflowClient, run_id: str, manifest: Manifest,
-                 manifest_uri: str) -> None:
+def _log_lineage(client: MlflowClient, run_id: str, manifest: Manifest, manifest_uri: str) -> None:
     client.log_inputs(run_id, datasets=[dataset_input(manifest, manifest_uri)])
     # Input URIs may carry credentials (http://user:password@host/...): never sent as is.
     client.log_text(run_id, redact(manifest.to_json()), MANIFEST_ARTIFACT)
 
 
-def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
-              params: dict[str, Any], tags: dict[str, str]) -> str:
+def start_run(
+    config: TrackingConfig,
+    manifest: Manifest,
+    manifest_uri: str,
+    params: dict[str, Any],
+    tags: dict[str, str],
+) -> str:
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
-    all_tags = {"ballast.dataset_version": manifest.version_id, "git_sha": git_sha(),
-                "ballast.dataset_parent_version": manifest.parent_version or "none", **tags}
+    all_tags = {
+        "ballast.dataset_version": manifest.version_id,
+        "git_sha": git_sha(),
+        "ballast.dataset_parent_version": manifest.parent_version or "none",
+        **tags,
+    }
     run_id = create_run(config, all_tags)
     flat = flatten(params)
 
@@ -180,8 +209,13 @@ def start_run(config: TrackingConfig, manifest: Manifest, manifest_uri: str,
     return run_id
 
 
-def _close(client: MlflowClient, run_id: str, summary: dict[str, Any],
-           manifest: Manifest | None, checkpoint_dir: str | None) -> None:
+def _close(
+    client: MlflowClient,
+    run_id: str,
+    summary: dict[str, Any],
+    manifest: Manifest | None,
+    checkpoint_dir: str | None,
+) -> None:
     from tracking.run.artifacts import log_checkpoints, log_plots  # matplotlib: only here
 
     client.log_dict(run_id, summary, "training/summary.json")
@@ -195,20 +229,27 @@ def _close(client: MlflowClient, run_id: str, summary: dict[str, Any],
     client.set_terminated(run_id, status="FINISHED")
 
 
-def finish_run(config: TrackingConfig, run_id: str, summary: dict[str, Any],
-               manifest: Manifest | None = None, checkpoint_dir: str | None = None) -> str:
+def finish_run(
+    config: TrackingConfig,
+    run_id: str,
+    summary: dict[str, Any],
+    manifest: Manifest | None = None,
+    checkpoint_dir: str | None = None,
+) -> str:
     """Record the job's summary, plots and checkpoints, and close the run FINISHED; what
     the run's spool holds is sent first, in order. Waits up to `delivery_wait_s` for a
     server that cannot be reached, then keeps the close in the spool too. Returns the
     run's id on the server (a `local-...` id while it is not there yet)."""
     spool = Spool.of_run(config, run_id)
     if not spool.exists():
-        send_or_keep(config, run_id, "its close",
-                     send=lambda client: _close(client, run_id, summary, manifest,
-                                                checkpoint_dir),
-                     keep=lambda kept: kept.record_finish(summary, _json(manifest),
-                                                          checkpoint_dir),
-                     wait_s=config.delivery_wait_s)
+        send_or_keep(
+            config,
+            run_id,
+            "its close",
+            send=lambda client: _close(client, run_id, summary, manifest, checkpoint_dir),
+            keep=lambda kept: kept.record_finish(summary, _json(manifest), checkpoint_dir),
+            wait_s=config.delivery_wait_s,
+        )
         return run_id
     spool.record_finish(summary, _json(manifest), checkpoint_dir)
     return deliver(spool, config) or run_id
@@ -218,8 +259,11 @@ def fail_run(config: TrackingConfig, run_id: str, reason: str) -> None:
     """Close the run FAILED, with `reason` (redacted) as its FAILURE_TAG. A run only in
     its spool, or a server that cannot take it, stays open, with a warning naming why."""
     if is_local_run(run_id):
-        warnings.warn(f"run {run_id} failed ({reason[:200]}) but is not on the server yet; "
-                      "it stays open", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"run {run_id} failed ({reason[:200]}) but is not on the server yet; it stays open",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return
     try:
         client = MlflowClient(config.tracking_uri)
@@ -228,8 +272,12 @@ def fail_run(config: TrackingConfig, run_id: str, reason: str) -> None:
     except Exception as error:
         if not (is_server(config.tracking_uri) and is_transient(error)):
             raise
-        warnings.warn(f"MLflow at {redact(config.tracking_uri)} could not mark run {run_id} "
-                      f"failed: {redact(str(error))[:300]}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"MLflow at {redact(config.tracking_uri)} could not mark run {run_id} "
+            f"failed: {redact(str(error))[:300]}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _json(manifest: Manifest | None) -> str | None:
@@ -283,7 +331,7 @@ def _deliver_metrics(spool: Spool, client: MlflowClient, run_id: str) -> None:
     """Each metrics file from its first unsent line; progress is saved per batch."""
     for file_name, num_sent, values in spool.unsent_metrics():
         for start in range(0, len(values), _BATCH):
-            batch: list[Metric] = values[start:start + _BATCH]
+            batch: list[Metric] = values[start : start + _BATCH]
             client.log_batch(run_id, metrics=batch)
             spool.mark_metric_lines(file_name, num_sent + start + len(batch))
 
@@ -299,8 +347,9 @@ def _deliver_close(spool: Spool, client: MlflowClient, run_id: str) -> None:
     finish = spool.finish()
     if finish is None or spool.progress().get("closed"):
         return
-    manifest = (Manifest.from_json(finish["manifest"], str(spool.path))
-                if finish["manifest"] else None)
+    manifest = (
+        Manifest.from_json(finish["manifest"], str(spool.path)) if finish["manifest"] else None
+    )
     _close(client, run_id, finish["summary"], manifest, finish["checkpoint_dir"])
     spool.mark("closed")
 
@@ -316,21 +365,25 @@ def run_page_url(tracking_uri: str, run_id: str) -> str | None:
 def how_to_open(tracking_uri: str, run_id: str, spool_dir: str | None = None) -> str:
     """For a person: the run's page, or the command that opens a UI on a local store; for
     a run still in its spool, where it is kept and the command that sends it."""
-    spool = Spool.of_run(TrackingConfig(tracking_uri=tracking_uri, spool_dir=spool_dir),
-                         run_id)
+    spool = Spool.of_run(TrackingConfig(tracking_uri=tracking_uri, spool_dir=spool_dir), run_id)
     sent_id = spool.run.get("run_id") if spool.exists() else None
     if is_local_run(run_id) and sent_id is None:
-        return (f"run {run_id} is not on {redact(tracking_uri)} yet (it could not be reached); "
-                f"it is kept in {spool.path}: `{spool.upload_command()}` sends it")
+        return (
+            f"run {run_id} is not on {redact(tracking_uri)} yet (it could not be reached); "
+            f"it is kept in {spool.path}: `{spool.upload_command()}` sends it"
+        )
     run_id = sent_id or run_id
     url = run_page_url(tracking_uri, run_id)
     if url is not None:
         return f"open {url}"
-    return (f"{ui_command(tracking_uri)}  (then the run is at #/runs/{run_id} of the "
-            "address it prints)")
+    return (
+        f"{ui_command(tracking_uri)}  (then the run is at #/runs/{run_id} of the address it prints)"
+    )
 
 
 def ui_command(tracking_uri: str) -> str:
     """The exact command that starts an MLflow UI on a local store, with this Python."""
-    return (f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri "
-            f"{shlex.quote(tracking_uri)}")
+    return (
+        f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri "
+        f"{shlex.quote(tracking_uri)}"
+    )

@@ -15,10 +15,12 @@ from mlflow.types.schema import Array, ColSpec, DataType, Schema
 
 _LIST = re.compile(r"^(?:large_)?(?:fixed_size_)?list<[^:]*:\s*(?P<item>.+?)>(?:\[\d+\])?$")
 _SCALARS = (  # (prefixes of an Arrow type name, MLflow type), first match wins
-    (("bool",), DataType.boolean), (("int8", "int16", "int32", "uint8", "uint16"),
-                                     DataType.integer),
-    (("int", "uint"), DataType.long), (("halffloat", "float"), DataType.float),
-    (("double",), DataType.double), (("timestamp", "date"), DataType.datetime),
+    (("bool",), DataType.boolean),
+    (("int8", "int16", "int32", "uint8", "uint16"), DataType.integer),
+    (("int", "uint"), DataType.long),
+    (("halffloat", "float"), DataType.float),
+    (("double",), DataType.double),
+    (("timestamp", "date"), DataType.datetime),
     (("binary", "large_binary", "fixed_size_binary"), DataType.binary),
 )
 
@@ -37,6 +39,5 @@ def mlflow_column_type(arrow_type: str) -> DataType | Array:
 
 def mlflow_schema_json(fields: list[dict[str, str]]) -> str:
     """The manifest's `arrow_schema` as the schema JSON of an MLflow dataset."""
-    schema = Schema([ColSpec(mlflow_column_type(field["type"]), field["name"])
-                     for field in fields])
+    schema = Schema([ColSpec(mlflow_column_type(field["type"]), field["name"]) for field in fields])
     return json.dumps({"mlflow_colspec": schema.to_dict()})

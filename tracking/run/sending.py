@@ -22,9 +22,15 @@ from tracking.server import is_server, is_transient, wait_until_reachable
 Result = TypeVar("Result")
 
 
-def send_or_keep(config: TrackingConfig, run_id: str | None, what: str,
-                 send: Callable[[MlflowClient], Result], keep: Callable[[Spool], Result],
-                 wait_s: float = 0.0, tags: dict[str, str] | None = None) -> Result:
+def send_or_keep(
+    config: TrackingConfig,
+    run_id: str | None,
+    what: str,
+    send: Callable[[MlflowClient], Result],
+    keep: Callable[[Spool], Result],
+    wait_s: float = 0.0,
+    tags: dict[str, str] | None = None,
+) -> Result:
     """`send` `what` to the run on the server; if the run is only in a spool, or the server
     cannot be reached (waiting up to `wait_s`) or fails transiently, `keep` it in the
     run's spool instead (`run_id` None: a new local run's, with `tags`) and warn."""
@@ -49,4 +55,6 @@ def warn_kept(config: TrackingConfig, spool: Spool, what: str, reason: str) -> N
         f"MLflow at {redact(config.tracking_uri)} could not take {what} (run "
         f"{spool.path.name}: {reason}); it is kept in {spool.path} and sent when the run is "
         f"closed with the server back, or by `{spool.upload_command()}`",
-        RuntimeWarning, stacklevel=3)
+        RuntimeWarning,
+        stacklevel=3,
+    )

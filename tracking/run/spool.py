@@ -77,10 +77,18 @@ class Spool:
         """Make the directory and its run.json (once); returns self."""
         if not self.exists():
             server_id = None if is_local_run(self.path.name) else self.path.name
-            write_json(self.path / "run.json", {
-                "tracking_uri": redact(config.tracking_uri), "experiment": config.experiment,
-                "artifact_location": config.artifact_location, "run_name": config.run_name,
-                "tags": tags or {}, "run_id": server_id, "host": socket.gethostname()})
+            write_json(
+                self.path / "run.json",
+                {
+                    "tracking_uri": redact(config.tracking_uri),
+                    "experiment": config.experiment,
+                    "artifact_location": config.artifact_location,
+                    "run_name": config.run_name,
+                    "tags": tags or {},
+                    "run_id": server_id,
+                    "host": socket.gethostname(),
+                },
+            )
         return self
 
     @property
@@ -93,10 +101,13 @@ class Spool:
     def tracking_config(self, tracking_uri: str | None = None) -> TrackingConfig:
         """The run's tracking settings; `tracking_uri` replaces the stored (redacted) one."""
         run = self.run
-        return TrackingConfig(tracking_uri=tracking_uri or run["tracking_uri"],
-                              experiment=run["experiment"], run_name=run["run_name"],
-                              artifact_location=run["artifact_location"],
-                              spool_dir=str(self.path.parent))
+        return TrackingConfig(
+            tracking_uri=tracking_uri or run["tracking_uri"],
+            experiment=run["experiment"],
+            run_name=run["run_name"],
+            artifact_location=run["artifact_location"],
+            spool_dir=str(self.path.parent),
+        )
 
     def add_params(self, params: dict[str, str]) -> None:
         write_json(self.path / "params.json", self.params() | params)
@@ -128,9 +139,17 @@ class Spool:
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("a") as handle:
             for metric in metrics:
-                handle.write(json.dumps({"key": metric.key, "value": metric.value,
-                                         "timestamp": metric.timestamp,
-                                         "step": metric.step}) + "\n")
+                handle.write(
+                    json.dumps(
+                        {
+                            "key": metric.key,
+                            "value": metric.value,
+                            "timestamp": metric.timestamp,
+                            "step": metric.step,
+                        }
+                    )
+                    + "\n"
+                )
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -138,19 +157,25 @@ class Spool:
         """(file name, lines sent so far, the values after them) for each metrics file."""
         sent = self.progress().get("metric_lines", {})
         for path in sorted((self.path / "metrics").glob("*.jsonl")):
-            lines = path.read_text().splitlines()[sent.get(path.name, 0):]
-            values = [Metric(r["key"], float(r["value"]), int(r["timestamp"]), int(r["step"]))
-                      for r in map(json.loads, lines) if r]
+            lines = path.read_text().splitlines()[sent.get(path.name, 0) :]
+            values = [
+                Metric(r["key"], float(r["value"]), int(r["timestamp"]), int(r["step"]))
+                for r in map(json.loads, lines)
+                if r
+            ]
             yield path.name, sent.get(path.name, 0), values
 
     @property
     def model_dir(self) -> Path:
         return self.path / "model"
 
-    def record_finish(self, summary: dict[str, Any], manifest_json: str | None,
-                      checkpoint_dir: str | None) -> None:
-        write_json(self.path / "finish.json", {"summary": summary, "manifest": manifest_json,
-                                               "checkpoint_dir": checkpoint_dir})
+    def record_finish(
+        self, summary: dict[str, Any], manifest_json: str | None, checkpoint_dir: str | None
+    ) -> None:
+        write_json(
+            self.path / "finish.json",
+            {"summary": summary, "manifest": manifest_json, "checkpoint_dir": checkpoint_dir},
+        )
         self.mark("closed", False)  # a later close replaces an earlier one
 
     def finish(self) -> dict[str, Any] | None:

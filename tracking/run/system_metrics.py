@@ -46,8 +46,12 @@ class NodeMonitor(SystemMetricsMonitor):
     """MLflow's monitor with a loop that outlives server outages and a sink that keeps."""
 
     def __init__(self, config: TrackingConfig, run_id: str, node: str) -> None:
-        super().__init__(run_id, sampling_interval=config.system_metrics_interval_s,
-                         node_id=f"node_{node}", tracking_uri=config.tracking_uri)
+        super().__init__(
+            run_id,
+            sampling_interval=config.system_metrics_interval_s,
+            node_id=f"node_{node}",
+            tracking_uri=config.tracking_uri,
+        )
         self.delivery = MetricDelivery(config, run_id, writer=f"system-node{node}")
         self.mlflow_logger = _DeliverySink(self.delivery)  # type: ignore[assignment]
 
@@ -64,8 +68,12 @@ class NodeMonitor(SystemMetricsMonitor):
 @contextmanager
 def node_system_metrics(config: TrackingConfig | None, run_id: str | None) -> Iterator[None]:
     """Sample this node's system metrics into the run while the block runs."""
-    if (config is None or run_id is None or config.system_metrics_interval_s is None
-            or os.environ.get("LOCAL_RANK", "0") != "0"):
+    if (
+        config is None
+        or run_id is None
+        or config.system_metrics_interval_s is None
+        or os.environ.get("LOCAL_RANK", "0") != "0"
+    ):
         yield
         return
     node = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))

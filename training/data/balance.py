@@ -195,8 +195,10 @@ class SharePlan:
         checkpoint); nothing before any plan (`equal` keeps its state as it was)."""
         if not self.world_size:
             return {}
-        return {"balance_world_size": self.world_size,
-                "balance_shares": [float(share) for share in self.changes[-1][1]]}
+        return {
+            "balance_world_size": self.world_size,
+            "balance_shares": [float(share) for share in self.changes[-1][1]],
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Start from a state's shares, if it has any: a stream at their world size takes
@@ -206,20 +208,30 @@ class SharePlan:
         world, shares = int(state["balance_world_size"]), state["balance_shares"]
         found = np.asarray(shares, np.float64)
         if world < 1 or found.shape != (world,) or abs(found.sum() - 1.0) > 1e-6:
-            raise ValueError(f"the saved stream state's balance_shares {shares} are not "
-                             f"balance_world_size ({world}) fractions summing to 1")
+            raise ValueError(
+                f"the saved stream state's balance_shares {shares} are not "
+                f"balance_world_size ({world}) fractions summing to 1"
+            )
         self.world_size, self.changes = world, [((0, 0), found)]
 
-    def replan(self, epoch: int, position: int, global_batch: int,
-               samples: list[float], busy_s: list[float]) -> np.ndarray:
+    def replan(
+        self,
+        epoch: int,
+        position: int,
+        global_batch: int,
+        samples: list[float],
+        busy_s: list[float],
+    ) -> np.ndarray:
         """Record the shares that follow from an interval's figures (gathered: the same on
         every rank), effective `LAG_STEPS` global steps after `position`; returns them."""
         current = self.shares_at(epoch, position, len(samples))
         start = (epoch, position + LAG_STEPS * global_batch)
         shares = next_shares(current, np.asarray(samples, float), np.asarray(busy_s, float))
-        self.changes = [*[(k, s) for k, s in self.changes if k < (epoch, position)][-1:],
-                        *[(k, s) for k, s in self.changes if (epoch, position) <= k < start],
-                        (start, shares)]
+        self.changes = [
+            *[(k, s) for k, s in self.changes if k < (epoch, position)][-1:],
+            *[(k, s) for k, s in self.changes if (epoch, position) <= k < start],
+            (start, shares),
+        ]
         return shares
 
 
@@ -239,9 +251,12 @@ def rank_slice(whole: Batch, shares: np.ndarray, rank: int, balance_by: str) -> 
     """Rank `rank`'s rows of a global step, with its `loss_scale` (see the module)."""
     world = len(shares)
     num_rows = len(whole["id"])
-    bounds = (token_bounds(shares, real_tokens(whole)) if balance_by == "tokens"
-              else row_bounds(shares, num_rows))
-    part = {name: tensor[bounds[rank]:bounds[rank + 1]] for name, tensor in whole.items()}
+    bounds = (
+        token_bounds(shares, real_tokens(whole))
+        if balance_by == "tokens"
+        else row_bounds(shares, num_rows)
+    )
+    part = {name: tensor[bounds[rank] : bounds[rank + 1]] for name, tensor in whole.items()}
     total = float(whole["weight"].sum())
     part["loss_scale"] = torch.tensor(float(part["weight"].sum()) * world / max(total, 1.0))
     return part
@@ -299,8 +314,13 @@ class SliceStep:
     real_rows: int
 
 
-def slice_steps(schedule: Schedule, steps: range, rank_world: tuple[int, int],
-                horizon: Horizon, shares_at: Callable[[int], np.ndarray]) -> Iterator[SliceStep]:
+def slice_steps(
+    schedule: Schedule,
+    steps: range,
+    rank_world: tuple[int, int],
+    horizon: Horizon,
+    shares_at: Callable[[int], np.ndarray],
+) -> Iterator[SliceStep]:
     """Each step's `SliceStep` once its shares (`shares_at` its stream position) are final.
     The schedule's units are every unit of the steps, W a step; this rank's slice, rows
     row_bounds(shares, W x B) of the step, covers units lo // B to (hi - 1) // B of it:
@@ -318,8 +338,7 @@ def slice_steps(schedule: Schedule, steps: range, rank_world: tuple[int, int],
         yield SliceStep(recipes, lo - first * batch_size, hi - first * batch_size, real_rows)
 
 
-def slice_keys(parts: Iterator[SliceStep], steps: range,
-               horizon: Horizon) -> Iterator[int | None]:
+def slice_keys(parts: Iterator[SliceStep], steps: range, horizon: Horizon) -> Iterator[int | None]:
     """The slots `parts` load, in order, for a read-ahead: None (nothing known yet) while the
     next step's shares are not final, so reading ahead stops there rather than wait."""
     for step in steps:
@@ -335,8 +354,9 @@ def joined_slice(part: SliceStep, units: list[Batch], world_size: int) -> Batch:
     """The rank's batch from its units' batches: exactly the rows and `loss_scale` that
     `rank_slice` cuts from the whole step."""
     whole = {name: torch.cat([unit[name] for unit in units]) for name in units[0]}
-    sliced = {name: tensor[part.lo:part.hi] for name, tensor in whole.items()}
+    sliced = {name: tensor[part.lo : part.hi] for name, tensor in whole.items()}
     total = float(part.real_rows)
-    sliced["loss_scale"] = torch.tensor(float(sliced["weight"].sum()) * world_size
-                                        / max(total, 1.0))
+    sliced["loss_scale"] = torch.tensor(
+        float(sliced["weight"].sum()) * world_size / max(total, 1.0)
+    )
     return sliced

@@ -73,6 +73,7 @@ def holdout_stream(
     if "holdout" not in manifest.splits or manifest.split("holdout").num_rows == 0:
         return None
     # Validation is split equally whatever training does: its figures are exact sums.
-    padded = loader.model_copy(update={"remainder": "pad", "balance": "equal",
-                                       "balance_by": "samples"})
+    padded = loader.model_copy(
+        update={"remainder": "pad", "balance": "equal", "balance_by": "samples"}
+    )
     return ShardStream(dataset, "holdout", padded, seed, read)

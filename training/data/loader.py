@@ -142,7 +142,10 @@ def assemble(recipe: Recipe, groups: dict[int, Rows], num_features: int) -> Batc
     if recipe.pad is not None:
         rows, row = groups[recipe.pad[0]], recipe.pad[1]
         features[num_real:], label[num_real:], ids[num_real:] = (
-            rows.features[row], rows.label[row], rows.id[row])
+            rows.features[row],
+            rows.label[row],
+            rows.id[row],
+        )
     weight = batch["weight"].numpy()
     weight[:num_real], weight[num_real:] = 1.0, 0.0
     return batch
@@ -166,8 +169,9 @@ class ShardStream(IterableDataset):
         self.layout = read_layout(manifest, location, split, self.columns)
         self.split, self.config, self.seed = split, config, seed
         self.read = read or ReadConfig()
-        self.files = ShardFiles(self.layout, open_cache(self.read), self.read.retry,
-                                self.read.verify)
+        self.files = ShardFiles(
+            self.layout, open_cache(self.read), self.read.retry, self.read.verify
+        )
         self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures
@@ -205,10 +209,13 @@ class ShardStream(IterableDataset):
         """The global position (independent of world size and worker count), the batches
         each rank took to reach it, the loader fields the epoch's order depends on, and
         under `speed` the shares learned so far (training/data/balance.py)."""
-        return {"epoch": self._epoch, "samples_consumed": self._consumed,
-                "rank_batches": self._taken,
-                **{name: getattr(self.config, name) for name in ORDER_FIELDS},
-                **self.shares.state()}
+        return {
+            "epoch": self._epoch,
+            "samples_consumed": self._consumed,
+            "rank_batches": self._taken,
+            **{name: getattr(self.config, name) for name in ORDER_FIELDS},
+            **self.shares.state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Move to a saved position; refused when it was saved under another order (the
@@ -225,8 +232,10 @@ class ShardStream(IterableDataset):
                     f"samples of epoch {epoch}: set loader.{name} to {state[name]}"
                 )
         if consumed % self.config.batch_size:
-            raise ValueError(f"samples_consumed {consumed} of the saved stream position is not "
-                             f"a multiple of loader.batch_size {self.config.batch_size}")
+            raise ValueError(
+                f"samples_consumed {consumed} of the saved stream position is not "
+                f"a multiple of loader.batch_size {self.config.batch_size}"
+            )
         self.shares.load_state(state)
         self._epoch, self._consumed, self._taken = epoch, consumed, taken
 
@@ -249,8 +258,10 @@ class ShardStream(IterableDataset):
             raise ValueError(f"rank {rank} of {world_size}, worker {worker_id} of {num_workers}")
         check_share(self.config.num_partitions, world_size, num_workers)
         if self.config.balanced and num_workers > 1:
-            raise ValueError("loader.balance / balance_by other than equal / samples slice "
-                             f"whole global steps in one process, not {num_workers} workers")
+            raise ValueError(
+                "loader.balance / balance_by other than equal / samples slice "
+                f"whole global steps in one process, not {num_workers} workers"
+            )
         steps = range(worker_id, self.num_batches(world_size), num_workers)
         return self._generate(steps, rank, world_size, record=num_workers == 1)
 
@@ -274,14 +285,18 @@ class ShardStream(IterableDataset):
         if record:
             self.load_state_dict({"epoch": epoch + 1, "samples_consumed": 0})
 
-    def _planned(self, steps: range, rank: int, world_size: int,
-                 horizon: Horizon) -> tuple[ReadAhead[Rows], Iterator[Batch]]:
+    def _planned(
+        self, steps: range, rank: int, world_size: int, horizon: Horizon
+    ) -> tuple[ReadAhead[Rows], Iterator[Batch]]:
         """The read-ahead and the batches of `steps`: this rank's units (`equal`), whole steps
         (`balance_by: tokens`), or the units this rank's slice overlaps (`speed` by samples)."""
         config, epoch, start = self.config, self._epoch, self._consumed
         first = start // config.batch_size + (0 if config.balanced else rank)  # step 0's unit
-        units = range(first + steps.start * world_size, first + steps.stop * world_size,
-                      1 if config.balanced else steps.step * world_size)
+        units = range(
+            first + steps.start * world_size,
+            first + steps.stop * world_size,
+            1 if config.balanced else steps.step * world_size,
+        )
         plan = EpochPlan(self.layout, self.seed, epoch, config)
         schedule, read = Schedule(plan, units), partial(self.load_group, plan)
         if not config.sliced_by_units:
@@ -289,13 +304,20 @@ class ShardStream(IterableDataset):
             reads = ReadAhead(read, (s for r in ahead for s in r.load), self.read_depth())
             made = self._assembled(recipes, reads)
             return reads, whole_steps(made, world_size) if config.balanced else made
-        parts = slice_steps(schedule, steps, (rank, world_size), horizon,
-                            lambda position: self.shares.shares_at(epoch, position, world_size))
+        parts = slice_steps(
+            schedule,
+            steps,
+            (rank, world_size),
+            horizon,
+            lambda position: self.shares.shares_at(epoch, position, world_size),
+        )
         planned, cuts, assembling = tee(parts, 3)
         reads = ReadAhead(read, slice_keys(planned, steps, horizon), self.read_depth())
         units_made = self._assembled((r for p in assembling for r in p.recipes), reads)
-        return reads, (joined_slice(part, list(islice(units_made, len(part.recipes))),
-                                    world_size) for part in cuts)
+        return reads, (
+            joined_slice(part, list(islice(units_made, len(part.recipes))), world_size)
+            for part in cuts
+        )
 
     def read_depth(self) -> int:
         """Row groups read ahead: a window's groups are first needed together, so at least

@@ -251,8 +251,9 @@ class Schedule:
             self._expiry[max(self.last_batch(slot), batch)].append(slot)
         # A consumer that skips batches (balance: speed, training/data/balance.py) releases
         # the slots of the skipped ones here too.
-        free = tuple(slot for done in range(self._freed_to, batch + 1)
-                     for slot in self._expiry.pop(done, ()))
+        free = tuple(
+            slot for done in range(self._freed_to, batch + 1) for slot in self._expiry.pop(done, ())
+        )
         self._freed_to = max(self._freed_to, batch + 1)
         self._live.difference_update(free)
         return Recipe(runs, rows, num_pad, pad, load, free)
@@ -268,5 +269,4 @@ def slot_runs(slots: np.ndarray) -> tuple[tuple[int, int, int], ...]:
     """(slot, begin, end) of each run of equal values in ascending `slots`: built once per
     batch here, so assembling the batch loops over a few runs, not over its rows."""
     cuts = [0, *(np.flatnonzero(slots[1:] != slots[:-1]) + 1).tolist(), len(slots)]
-    return tuple((int(slots[begin]), begin, end)
-                 for begin, end in pairwise(cuts) if end > begin)
+    return tuple((int(slots[begin]), begin, end) for begin, end in pairwise(cuts) if end > begin)

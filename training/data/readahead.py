@@ -45,9 +45,11 @@ class ReadConfig(BaseModel):
         2, ge=0, description="Row groups read ahead in background threads; 0 reads on demand."
     )
     prefetch_batches: int = Field(
-        2, ge=0, description="Batches assembled ahead in a background thread, so assembling "
+        2,
+        ge=0,
+        description="Batches assembled ahead in a background thread, so assembling "
         "one overlaps the training step; 0 assembles each batch in the consumer's thread "
-        "when it is asked for (measured: benchmarks/RESULTS.md M26)."
+        "when it is asked for (measured: benchmarks/RESULTS.md M26).",
     )
     cache_dir: str | None = Field(
         None, description="Local directory for verified copies of whole shards; None: no cache."
@@ -60,21 +62,24 @@ class ReadConfig(BaseModel):
         "shards again within an epoch.",
     )
     verify: Literal["size", "sha256", "none"] = Field(
-        "size", description="What is checked of a shard before its bytes are decoded: "
+        "size",
+        description="What is checked of a shard before its bytes are decoded: "
         "`size` (its size against the manifest's, free), `sha256` (its whole content "
         "against the manifest's digest, once per shard and process: a full read of every "
         "shard; benchmarks/loader_bench.py --verify measures it) or `none`. Page checksums "
-        "are verified on every read whatever this says.")
+        "are verified on every read whatever this says.",
+    )
     retry: RetryPolicy = Field(
-        default_factory=RetryPolicy, description="Tries of a row group's read that failed "
-        "for a reason that may pass (a 503, a reset, a body cut short) before the rank fails.")
+        default_factory=RetryPolicy,
+        description="Tries of a row group's read that failed "
+        "for a reason that may pass (a 503, a reset, a body cut short) before the rank fails.",
+    )
 
 
 class ReadAhead(Generic[T]):
     """`get(key)` for keys requested in exactly the order of `keys`, `depth` reads ahead."""
 
-    def __init__(self, load: Callable[[int], T], keys: Iterable[int | None],
-                 depth: int) -> None:
+    def __init__(self, load: Callable[[int], T], keys: Iterable[int | None], depth: int) -> None:
         if depth < 0:
             raise ValueError(f"read-ahead depth must be >= 0, got {depth}")
         self._load, self._keys, self._depth = load, iter(keys), depth
@@ -141,8 +146,9 @@ def prefetched(items: Iterator[T], depth: int) -> Generator[T, None, None]:
         return
     ready: Queue[Any] = Queue(maxsize=depth)
     stop = threading.Event()
-    thread = threading.Thread(target=_produce, args=(items, ready, stop), daemon=True,
-                              name="batch-prefetch")
+    thread = threading.Thread(
+        target=_produce, args=(items, ready, stop), daemon=True, name="batch-prefetch"
+    )
     thread.start()
     try:
         while (item := ready.get()) is not _DONE:

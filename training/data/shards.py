@@ -140,8 +140,13 @@ class ShardFiles:
     from the disk cache when there is one. Keeps the last FOOTERS_KEPT footers parsed, so
     reading another row group of a shard costs no footer read (one request less on S3)."""
 
-    def __init__(self, layout: Layout, cache: ShardCache | None = None,
-                 retry: RetryPolicy | None = None, verify: str = "size") -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        cache: ShardCache | None = None,
+        retry: RetryPolicy | None = None,
+        verify: str = "size",
+    ) -> None:
         self.layout, self.cache, self.retry = layout, cache, retry or RetryPolicy()
         self.verify = verify
         self._footers: dict[int, pq.FileMetaData] = {}
@@ -192,13 +197,13 @@ def open_range_reader(uri: str) -> Any:
 
 def read_row_group(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> Rows:
     """Read and decode row group `group` of the layout, checking its footer on the way."""
-    table = call_with_retries(read_group_table, layout, group, columns, files,
-                              policy=files.retry)
+    table = call_with_retries(read_group_table, layout, group, columns, files, policy=files.retry)
     try:
         return decode_rows(table, columns)
     except FeatureError as error:  # the shard disagrees with the manifest's codec
-        raise ManifestError(f"shard {layout.entries[int(layout.group_shard[group])].path}: "
-                            f"{error}") from error
+        raise ManifestError(
+            f"shard {layout.entries[int(layout.group_shard[group])].path}: {error}"
+        ) from error
 
 
 def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardFiles) -> pa.Table:
@@ -206,8 +211,9 @@ def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardF
     shard, index = int(layout.group_shard[group]), int(layout.group_index[group])
     with files.open(shard) as handle:
         try:
-            parquet = pq.ParquetFile(handle, metadata=files.footer(shard), pre_buffer=True,
-                                     **VERIFY_PAGES)
+            parquet = pq.ParquetFile(
+                handle, metadata=files.footer(shard), pre_buffer=True, **VERIFY_PAGES
+            )
             check_footer(parquet.metadata, layout, group)
             files.keep_footer(shard, parquet.metadata)
             # use_threads=False: reads already run in read-ahead threads; handing each

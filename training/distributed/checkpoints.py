@@ -60,8 +60,10 @@ def resolve_checkpoint(ckpt_path: str | None, resume: bool, checkpoint_uri: str)
         fs, path = url_to_fs(last)
         if fs.exists(path):
             return last
-        logger.warning("resume asked for, but there is no checkpoint at %s yet: training "
-                       "starts from scratch", last)
+        logger.warning(
+            "resume asked for, but there is no checkpoint at %s yet: training starts from scratch",
+            last,
+        )
     return None
 
 
@@ -106,7 +108,7 @@ def move_tree(fs: AbstractFileSystem, source: str, target: str) -> None:
         fs.mv(source, target, recursive=True)
         return
     for name in fs.find(source):
-        fs.copy(name, f"{target}{name[len(source):]}")
+        fs.copy(name, f"{target}{name[len(source) :]}")
     fs.rm(source, recursive=True)
 
 

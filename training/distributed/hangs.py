@@ -37,8 +37,10 @@ def take_hang_reports(output_dir: str) -> list[str]:
     later attempt's failure is not blamed on this one); empty if none or unreadable."""
     try:
         fs, path = url_to_fs(errors_dir(output_dir))
-        logs = sorted(fs.glob(f"{path}/hang-rank-*.log"),
-                      key=lambda name: int(name.rsplit("-", 1)[1].split(".")[0]))
+        logs = sorted(
+            fs.glob(f"{path}/hang-rank-*.log"),
+            key=lambda name: int(name.rsplit("-", 1)[1].split(".")[0]),
+        )
         lines = [fs.cat_file(log).decode(errors="replace").strip() for log in logs]
         for log in logs:
             fs.rm_file(log)

@@ -116,14 +116,15 @@ def apply_tensor_parallel(net: nn.Module, mesh: DeviceMesh) -> None:
 def replicate(module: nn.Module, mesh: DeviceMesh) -> None:
     """Parameters as replicated DTensors; plain tensors in and out."""
     distribute_module(
-        module, mesh, input_fn=replicated_inputs, output_fn=local_outputs  # type: ignore[arg-type]
+        module,
+        mesh,
+        input_fn=replicated_inputs,  # type: ignore[arg-type]
+        output_fn=local_outputs,
     )
 
 
 def replicated_inputs(module: nn.Module, inputs: Any, mesh: DeviceMesh) -> tuple[Any, ...]:
-    return tuple(
-        DTensor.from_local(x, mesh, [Replicate()], run_check=False) for x in inputs
-    )
+    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) for x in inputs)
 
 
 def local_outputs(module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:

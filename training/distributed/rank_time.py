@@ -120,8 +120,12 @@ def straggler(per_rank: dict[str, list[float]]) -> dict[str, float] | None:
 class RankTimes(lightning.Callback):
     """Times every train batch of this rank; gathers and logs the figures per interval."""
 
-    def __init__(self, meter: CommMeter | None, on_gathered: Gathered | None = None,
-                 every_n_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        meter: CommMeter | None,
+        on_gathered: Gathered | None = None,
+        every_n_steps: int | None = None,
+    ) -> None:
         self.meter, self.on_gathered, self.every_n_steps = meter, on_gathered, every_n_steps
         self.total, self.interval, self.pending = StepTotals(), StepTotals(), StepTotals()
         self._last_end = self._batch_start = time.perf_counter()
@@ -166,9 +170,11 @@ class RankTimes(lightning.Callback):
         blocked, hidden = split_spans(spans)
         ids = batch.get("id") if isinstance(batch, dict) else None
         figures = StepTotals(
-            step_s=now - self._last_end, data_wait_s=waited - self._data_wait,
+            step_s=now - self._last_end,
+            data_wait_s=waited - self._data_wait,
             compute_s=max(0.0, now - self._batch_start - blocked),
-            allreduce_blocked_s=blocked, allreduce_hidden_s=hidden,
+            allreduce_blocked_s=blocked,
+            allreduce_hidden_s=hidden,
             samples=float(len(ids)) if ids is not None else 0.0,
         )
         self._last_end, self._data_wait = now, waited
@@ -179,12 +185,16 @@ class RankTimes(lightning.Callback):
         gathered = gather_values(trainer, self.interval.values())
         self.interval = StepTotals()
         if self.on_gathered is not None:  # the same figures on every rank (a re-plan's input)
-            self.on_gathered(trainer, [dict(zip(names(), values, strict=True))
-                                       for values in gathered])
+            self.on_gathered(
+                trainer, [dict(zip(names(), values, strict=True)) for values in gathered]
+            )
         if not trainer.is_global_zero or not trainer.loggers:
             return
-        metrics = {f"rank_{rank}/{name}": value for rank, values in enumerate(gathered)
-                   for name, value in per_step(values, self.meter is not None).items()}
+        metrics = {
+            f"rank_{rank}/{name}": value
+            for rank, values in enumerate(gathered)
+            for name, value in per_step(values, self.meter is not None).items()
+        }
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 

@@ -84,8 +84,9 @@ class ShardedStrategy(ModelParallelStrategy):
         strict = self.lightning_module.strict_loading
         return load_sharded(uri, self.model, self.optimizers, strict, weights_only)
 
-    def batch_to_device(self, batch: Any, device: torch.device | None = None,
-                        dataloader_idx: int = 0) -> Any:
+    def batch_to_device(
+        self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0
+    ) -> Any:
         batch = super().batch_to_device(batch, device, dataloader_idx)
         if self.tensor_parallel_size == 1 or not isinstance(batch, dict):
             return batch

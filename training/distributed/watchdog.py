@@ -48,8 +48,13 @@ class HangWatchdog(lightning.Callback):
         self.thread: Watchdog | None = None
 
     def on_train_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
-        self.thread = Watchdog(self.timeout_s, self.output_dir, trainer.global_rank,
-                               trainer.world_size, trainer.global_step)
+        self.thread = Watchdog(
+            self.timeout_s,
+            self.output_dir,
+            trainer.global_rank,
+            trainer.world_size,
+            trainer.global_step,
+        )
         self.thread.start()
 
     def on_train_batch_end(self, trainer: lightning.Trainer, *args: Any) -> None:
@@ -83,8 +88,9 @@ class HangWatchdog(lightning.Callback):
 class Watchdog(threading.Thread):
     """Beats, publishes this rank's heartbeat, and fails the process when it is stuck."""
 
-    def __init__(self, timeout_s: float, output_dir: str, rank: int, world_size: int,
-                 step: int) -> None:
+    def __init__(
+        self, timeout_s: float, output_dir: str, rank: int, world_size: int, step: int
+    ) -> None:
         super().__init__(name=f"hang-watchdog-rank{rank}", daemon=True)
         self.timeout_s, self.output_dir = timeout_s, output_dir
         self.rank, self.world_size, self.step = rank, world_size, step
@@ -101,13 +107,16 @@ class Watchdog(threading.Thread):
             self.beats += 1
             publish(store, self.rank, f"{self.step} {self.beats}")
             if not self.paused and time.monotonic() - self.last_progress > self.timeout_s:
-                self.fail(stuck_peers(store, self.rank, self.world_size, self.step,
-                                      3 * self.beat_s))
+                self.fail(
+                    stuck_peers(store, self.rank, self.world_size, self.step, 3 * self.beat_s)
+                )
 
     def fail(self, stuck: str) -> None:
         """Report the hang in one line, on stderr and for the launcher; end the process."""
-        line = (f"hang on rank {self.rank}: no train step for {self.timeout_s:g} s after "
-                f"global step {self.step}; stuck: {stuck}")
+        line = (
+            f"hang on rank {self.rank}: no train step for {self.timeout_s:g} s after "
+            f"global step {self.step}; stuck: {stuck}"
+        )
         print(line, file=sys.stderr, flush=True)
         # The report goes to output_dir, maybe object storage: a write that hangs too must
         # not keep the process alive.
@@ -124,8 +133,13 @@ def connect_store() -> dist.Store | None:
     if host is None or port is None:
         return None
     try:
-        return dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                             timeout=timedelta(seconds=STORE_TIMEOUT_S))
+        return dist.TCPStore(
+            host,
+            int(port),
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=STORE_TIMEOUT_S),
+        )
     except (RuntimeError, ValueError):  # unreachable: the watchdog still fails a hang
         return None
 
@@ -152,8 +166,9 @@ def read_beats(store: dist.Store | None, world_size: int) -> dict[int, tuple[int
     return beats
 
 
-def stuck_peers(store: dist.Store | None, rank: int, world_size: int, step: int,
-                wait_s: float) -> str:
+def stuck_peers(
+    store: dist.Store | None, rank: int, world_size: int, step: int, wait_s: float
+) -> str:
     """Which peers are silent (no beat during `wait_s`) or behind this rank's step."""
     if store is None:
         return "unknown (no rendezvous store to read the peers' heartbeats from)"
@@ -165,8 +180,9 @@ def stuck_peers(store: dist.Store | None, rank: int, world_size: int, step: int,
         if peer not in after:
             named.append(f"rank {peer} (no heartbeat readable)")
         elif before.get(peer) == after[peer]:
-            named.append(f"rank {peer} (silent for {wait_s:g} s; last heartbeat at step "
-                         f"{after[peer][0]})")
+            named.append(
+                f"rank {peer} (silent for {wait_s:g} s; last heartbeat at step {after[peer][0]})"
+            )
         elif after[peer][0] < step:
             named.append(f"rank {peer} (behind, at step {after[peer][0]})")
     if named:

@@ -29,5 +29,16 @@ from training.launch.config import (
 from training.launch.failures import TrainingFailed
 from training.launch.job import make_launcher, run_job
 
-__all__ = ["AnyJob", "KubernetesJob", "LaunchConfig", "LocalJob", "MultiNodeJob", "RetryPolicy",
-           "SlurmJob", "TrainingFailed", "make_launcher", "parse_launch", "run_job"]
+__all__ = [
+    "AnyJob",
+    "KubernetesJob",
+    "LaunchConfig",
+    "LocalJob",
+    "MultiNodeJob",
+    "RetryPolicy",
+    "SlurmJob",
+    "TrainingFailed",
+    "make_launcher",
+    "parse_launch",
+    "run_job",
+]

@@ -31,8 +31,9 @@ SKIPPED = {"env", "kind", *NESTED}
 PARSERS: dict[Any, Callable[[str], Any]] = {int: int, float: float, list[str]: shlex.split}
 
 
-def add_field_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
-                    skipped: set[str]) -> None:
+def add_field_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel], skipped: set[str]
+) -> None:
     """One flag per scalar field (once, for a field of several kinds); left out, the
     field keeps its default."""
     for name, field in model.model_fields.items():
@@ -40,30 +41,39 @@ def add_field_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
             skipped.add(name)
             parse = PARSERS.get(field.annotation, str)
             default = field.get_default(call_default_factory=True)
-            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=parse,
-                                help=f"{field.description} (default: {default})")
+            parser.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                type=parse,
+                help=f"{field.description} (default: {default})",
+            )
 
 
 def parse_spec(argv: list[str] | None) -> tuple[str, str, bool, AnyJob]:
     """(action, config URI, resume, the LaunchConfig the flags describe)."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("action", choices=["render", "launch"])
     parser.add_argument("--config", required=True, help="The job's TrainConfig (path or URI).")
     parser.add_argument("--resume", action="store_true", help="Resume from the last checkpoint.")
-    parser.add_argument("--kind", choices=list(JOB_KINDS), help="Where the job runs "
-                        "(default: local); each kind takes only its own flags.")
+    parser.add_argument(
+        "--kind",
+        choices=list(JOB_KINDS),
+        help="Where the job runs (default: local); each kind takes only its own flags.",
+    )
     shown = set(SKIPPED)
     for kind in JOB_KINDS.values():
         add_field_flags(parser, kind, shown)
     for nested in NESTED.values():
         add_field_flags(parser, nested, set())
-    args = {key: value for key, value in vars(parser.parse_args(argv)).items()
-            if value is not None}
+    args = {key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None}
     action, config, resume = args.pop("action"), args.pop("config"), args.pop("resume")
-    fields: dict[str, Any] = {name: values for name, model in NESTED.items()
-                              if (values := {key: args.pop(key) for key in list(args)
-                                             if key in model.model_fields})}
+    fields: dict[str, Any] = {
+        name: values
+        for name, model in NESTED.items()
+        if (values := {key: args.pop(key) for key in list(args) if key in model.model_fields})
+    }
     return action, config, resume, parse_launch(fields | args)
 
 

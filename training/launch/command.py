@@ -12,7 +12,10 @@ from training.launch.config import JobBase, NodesJob
 
 
 def torchrun_command(
-    spec: JobBase, config_uri: str, resume: bool, python: str,
+    spec: JobBase,
+    config_uri: str,
+    resume: bool,
+    python: str,
     rdzv_endpoint: str | None = None,
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m training --config URI [--resume]`:
@@ -22,7 +25,15 @@ def torchrun_command(
     if rdzv_endpoint is None or not isinstance(spec, NodesJob):
         command.append("--standalone")
     else:
-        command += ["--nnodes", str(spec.num_nodes), "--rdzv-backend", "c10d",
-                    "--rdzv-id", spec.job_name, "--rdzv-endpoint", rdzv_endpoint]
+        command += [
+            "--nnodes",
+            str(spec.num_nodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            spec.job_name,
+            "--rdzv-endpoint",
+            rdzv_endpoint,
+        ]
     command += ["--nproc-per-node", str(spec.num_processes_per_node), "--max-restarts", "0"]
     return [*command, "-m", "training", "--config", config_uri, *(["--resume"] if resume else [])]

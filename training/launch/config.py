@@ -40,9 +40,11 @@ def job_retry_policy() -> RetryPolicy:
     return RetryPolicy(attempts=2, first_delay_s=5.0, max_delay_s=300.0)
 
 
-RETRY_DESCRIPTION = ("Job-level retries: every retry relaunches the whole job, resuming from "
-                     "the last checkpoint into the same MLflow run; a config or data error "
-                     "is never retried.")
+RETRY_DESCRIPTION = (
+    "Job-level retries: every retry relaunches the whole job, resuming from "
+    "the last checkpoint into the same MLflow run; a config or data error "
+    "is never retried."
+)
 
 
 class JobBase(BaseModel):
@@ -54,7 +56,8 @@ class JobBase(BaseModel):
     num_processes_per_node: int = Field(2, gt=0, description="Ranks per node (one per GPU).")
     timeout_s: float = Field(86400.0, gt=0, description="Stop an attempt that runs this long.")
     env: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment of every rank (no secrets).")
+        default_factory=dict, description="Extra environment of every rank (no secrets)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -66,15 +69,22 @@ class JobBase(BaseModel):
         for name in data:
             if name not in cls.model_fields:
                 owners = [k for k, model in JOB_KINDS.items() if name in model.model_fields]
-                where = (f"a setting of {' and '.join(owners)} jobs" if owners
-                         else "not a launch setting")
-                raise ValueError(f"job.{name}: {where}, not of a {kind} job"
-                                 f"{NO_RETRY_HINT if name == 'retry' else ''}")
+                where = (
+                    f"a setting of {' and '.join(owners)} jobs"
+                    if owners
+                    else "not a launch setting"
+                )
+                raise ValueError(
+                    f"job.{name}: {where}, not of a {kind} job"
+                    f"{NO_RETRY_HINT if name == 'retry' else ''}"
+                )
         return data
 
 
-NO_RETRY_HINT = ("; the launch on each node is one attempt: whoever starts the nodes "
-                 "relaunches them all, with --resume")
+NO_RETRY_HINT = (
+    "; the launch on each node is one attempt: whoever starts the nodes "
+    "relaunches them all, with --resume"
+)
 
 
 class LocalJob(JobBase):
@@ -123,8 +133,10 @@ class ScheduledJob(NodesJob):
         """`env` is written into the sbatch script or the PyTorchJob: no credential there."""
         secret = sorted(name for name in self.env if SECRET_NAME.search(name))
         if secret:
-            raise ValueError(f"env: {secret} look like credentials, and a {self.kind} job "
-                             f"writes env into its files; put them in {self.secret_home}")
+            raise ValueError(
+                f"env: {secret} look like credentials, and a {self.kind} job "
+                f"writes env into its files; put them in {self.secret_home}"
+            )
         return self
 
     @property
@@ -137,11 +149,16 @@ class SlurmJob(ScheduledJob):
 
     kind: Literal["slurm"] = Field(description="An sbatch job, one torchrun per node.")
     rdzv_port: int | None = Field(
-        None, gt=0, description="Rendezvous port on the first node (default: one derived "
-        "from the SLURM job id, so a retry never meets on the port of an earlier attempt).")
+        None,
+        gt=0,
+        description="Rendezvous port on the first node (default: one derived "
+        "from the SLURM job id, so a retry never meets on the port of an earlier attempt).",
+    )
     python: str | None = Field(
-        None, description="Python inside the job (default: the interpreter running ballast, "
-        "which must be at the same path on the nodes).")
+        None,
+        description="Python inside the job (default: the interpreter running ballast, "
+        "which must be at the same path on the nodes).",
+    )
     image: str | None = Field(None, description="Container image (pyxis' --container-image).")
     partition: str | None = Field(None, description="SLURM partition.")
     time_limit: str = Field("04:00:00", description="SLURM time limit (HH:MM:SS).")
@@ -150,11 +167,15 @@ class SlurmJob(ScheduledJob):
     memory: str | None = Field(None, description="Memory per node (--mem), e.g. 64G.")
     constraint: str | None = Field(None, description="Node features (--constraint).")
     sbatch_options: list[str] = Field(
-        default_factory=list, description="Further sbatch options, one per item "
-        "(e.g. --reservation=ml); a space-separated string on the command line.")
+        default_factory=list,
+        description="Further sbatch options, one per item "
+        "(e.g. --reservation=ml); a space-separated string on the command line.",
+    )
     output: str | None = Field(
-        None, description="The job's output file (sbatch --output, %x and %j allowed); "
-        "default: slurm/%x-%j.out under the job's output_dir when that is a local path.")
+        None,
+        description="The job's output file (sbatch --output, %x and %j allowed); "
+        "default: slurm/%x-%j.out under the job's output_dir when that is a local path.",
+    )
 
     @field_validator("sbatch_options")
     @classmethod
@@ -162,8 +183,10 @@ class SlurmJob(ScheduledJob):
         """Each item one sbatch option, so a value is not taken for an option."""
         for option in options:
             if not option.startswith("-"):
-                raise ValueError(f"job.sbatch_options: {option!r} is not an sbatch option "
-                                 "(write --name=value, one per item)")
+                raise ValueError(
+                    f"job.sbatch_options: {option!r} is not an sbatch option "
+                    "(write --name=value, one per item)"
+                )
         return options
 
 
@@ -177,8 +200,10 @@ class KubernetesJob(ScheduledJob):
     memory: str = Field("32Gi", description="Memory request and limit per pod.")
     namespace: str = Field("default", description="Kubernetes namespace.")
     secret_env: str | None = Field(
-        None, description="Kubernetes Secret whose keys become environment variables (AWS "
-        "credentials, MLFLOW_TRACKING_USERNAME/PASSWORD); never written into the manifest.")
+        None,
+        description="Kubernetes Secret whose keys become environment variables (AWS "
+        "credentials, MLFLOW_TRACKING_USERNAME/PASSWORD); never written into the manifest.",
+    )
 
     @property
     def secret_home(self) -> str:
@@ -186,7 +211,11 @@ class KubernetesJob(ScheduledJob):
 
 
 JOB_KINDS: dict[str, type[JobBase]] = {
-    "local": LocalJob, "multinode": MultiNodeJob, "slurm": SlurmJob, "kubernetes": KubernetesJob}
+    "local": LocalJob,
+    "multinode": MultiNodeJob,
+    "slurm": SlurmJob,
+    "kubernetes": KubernetesJob,
+}
 AnyJob = LocalJob | MultiNodeJob | SlurmJob | KubernetesJob
 
 
@@ -198,10 +227,16 @@ def job_kind(value: Any) -> str:
 
 
 LaunchConfig = Annotated[
-    Annotated[LocalJob, Tag("local")] | Annotated[MultiNodeJob, Tag("multinode")]
-    | Annotated[SlurmJob, Tag("slurm")] | Annotated[KubernetesJob, Tag("kubernetes")],
-    Discriminator(job_kind, custom_error_type="job_kind", custom_error_message=(
-        "job.kind: one of local, multinode, slurm, kubernetes"))]
+    Annotated[LocalJob, Tag("local")]
+    | Annotated[MultiNodeJob, Tag("multinode")]
+    | Annotated[SlurmJob, Tag("slurm")]
+    | Annotated[KubernetesJob, Tag("kubernetes")],
+    Discriminator(
+        job_kind,
+        custom_error_type="job_kind",
+        custom_error_message=("job.kind: one of local, multinode, slurm, kubernetes"),
+    ),
+]
 _JOBS: TypeAdapter[AnyJob] = TypeAdapter(LaunchConfig)
 
 

@@ -42,8 +42,13 @@ class TrainingFailed(RetriesExhausted, RuntimeError):
     output. Both are redacted (preprocessing/toolbox/secrets.py). The launcher is the one
     level that retries a job, so no level above it retries this error."""
 
-    def __init__(self, message: str, returncode: int | None, output_tail: str,
-                 config_error: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        returncode: int | None,
+        output_tail: str,
+        config_error: str | None = None,
+    ) -> None:
         self.returncode = returncode
         self.message = redact(message)
         self.output_tail = redact(output_tail)
@@ -96,8 +101,9 @@ def report_config_error(error: BaseException, output_dir: str | None) -> int:
     return CONFIG_ERROR_STATUS
 
 
-def wait_for_peer_logs(output_dir: str, world_size: int,
-                       timeout_s: float = PEER_LOG_WAIT_S) -> None:
+def wait_for_peer_logs(
+    output_dir: str, world_size: int, timeout_s: float = PEER_LOG_WAIT_S
+) -> None:
     """Return once every rank's error log exists, or after `timeout_s` (a rank that did
     not fail never writes one, and is stopped by torchrun when this rank exits)."""
     fs, path = url_to_fs(errors_dir(output_dir))
@@ -118,11 +124,14 @@ def read_config_errors(output_dir: str) -> list[str]:
     as transient)."""
     try:
         fs, path = url_to_fs(errors_dir(output_dir))
-        ranks = sorted(int(name.rsplit("-", 1)[1].split(".")[0])
-                       for name in fs.glob(f"{path}/rank-*.log"))
+        ranks = sorted(
+            int(name.rsplit("-", 1)[1].split(".")[0]) for name in fs.glob(f"{path}/rank-*.log")
+        )
         uris = [error_log_uri(output_dir, rank) for rank in ranks]
-        heads = [fs.cat_file(url_to_fs(uri)[1]).decode(errors="replace").split("\n", 1)[0]
-                 for uri in uris]
+        heads = [
+            fs.cat_file(url_to_fs(uri)[1]).decode(errors="replace").split("\n", 1)[0]
+            for uri in uris
+        ]
     except (OSError, ValueError):
         return []
     return [f"{head} (traceback: {uri})" for head, uri in zip(heads, uris, strict=True)]

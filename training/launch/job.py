@@ -49,8 +49,10 @@ from training.summary import read_summary
 
 PINNED_CONFIG_NAME = "train-config.pinned.yaml"
 LAUNCHERS: dict[str, type[Launcher[Any]]] = {
-    "local": LocalTorchrunLauncher, "multinode": MultiNodeTorchrunLauncher,
-    "slurm": SlurmLauncher, "kubernetes": KubernetesLauncher,
+    "local": LocalTorchrunLauncher,
+    "multinode": MultiNodeTorchrunLauncher,
+    "slurm": SlurmLauncher,
+    "kubernetes": KubernetesLauncher,
 }
 ERROR_TAIL_CHARS = 2000
 
@@ -92,8 +94,11 @@ def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
             continue
         attempts.append(attempt_record(started, resume, resumed_from))
         tracking = pinned.config.tracking
-        return summary | {"attempts": attempts, "manifest_uri": pinned.config.dataset,
-                          "run_id": tracking.run_id if tracking else None}
+        return summary | {
+            "attempts": attempts,
+            "manifest_uri": pinned.config.dataset,
+            "run_id": tracking.run_id if tracking else None,
+        }
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -109,15 +114,20 @@ def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str
     causes = read_config_errors(output_dir)
     if causes:
         ranks = f" on {len(causes)} ranks" if len(causes) > 1 else ""
-        raise TrainingFailed(f"training stopped on a config or data error{ranks}",
-                             returncode, tail, config_error=causes[0])
+        raise TrainingFailed(
+            f"training stopped on a config or data error{ranks}",
+            returncode,
+            tail,
+            config_error=causes[0],
+        )
     hangs = take_hang_reports(output_dir)  # a hang is retried, unlike a config error
     if hangs:
         raise TrainingFailed(f"training hung: {hangs[0]}", returncode, tail)
     where = launcher.describe_attempt()
     if returncode is None:
-        raise TrainingFailed(f"training timed out after {launcher.spec.timeout_s} s{where}",
-                             None, tail)
+        raise TrainingFailed(
+            f"training timed out after {launcher.spec.timeout_s} s{where}", None, tail
+        )
     raise TrainingFailed(f"training exited with status {returncode}{where}", returncode, tail)
 
 
@@ -144,18 +154,25 @@ def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str |
     if fs.exists(path):
         return uri
     if attempt > 1:
-        print(f"retry {attempt - 1}: no checkpoint at {uri} (the failed attempt ended before "
-              "its first save): this attempt trains from scratch", file=sys.stderr)
+        print(
+            f"retry {attempt - 1}: no checkpoint at {uri} (the failed attempt ended before "
+            "its first save): this attempt trains from scratch",
+            file=sys.stderr,
+        )
     return None
 
 
-def attempt_record(started: float, resume: bool, resumed_from: str | None,
-                   failure: TrainingFailed | None = None) -> dict[str, Any]:
+def attempt_record(
+    started: float, resume: bool, resumed_from: str | None, failure: TrainingFailed | None = None
+) -> dict[str, Any]:
     """What `attempts` keeps of one attempt (an error as its cause or its output's tail)."""
     record: dict[str, Any] = {
-        "returncode": 0 if failure is None else failure.returncode, "resume": resume,
+        "returncode": 0 if failure is None else failure.returncode,
+        "resume": resume,
         "resumed_from": resumed_from,
-        "elapsed_s": round(time.monotonic() - started, 3), "ended_at": time.time()}
+        "elapsed_s": round(time.monotonic() - started, 3),
+        "ended_at": time.time(),
+    }
     if failure is not None:
         record["cause"] = str(failure).split("\n", 1)[0]  # e.g. which rank hung
         record["error"] = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]
@@ -177,25 +194,33 @@ def pin_job(cfg: TrainConfig, job: AnyJob) -> PinnedJob:
     return PinnedJob(pinned, uri, secret_env)
 
 
-def pin_tracking(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
-                 job: AnyJob) -> tuple[TrackingConfig, dict[str, str]]:
+def pin_tracking(
+    cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest, job: AnyJob
+) -> tuple[TrackingConfig, dict[str, str]]:
     """The job's run (opened now if the config names none) and a tracking URI without
     credentials, with the environment that carries them to the ranks."""
     run_id = tracking.run_id or open_job_run(cfg, tracking, manifest, job)
     uri, username, password = split_credentials(tracking.tracking_uri)
-    env = {} if password is None else {
-        "MLFLOW_TRACKING_USERNAME": username or "", "MLFLOW_TRACKING_PASSWORD": password}
+    env = (
+        {}
+        if password is None
+        else {"MLFLOW_TRACKING_USERNAME": username or "", "MLFLOW_TRACKING_PASSWORD": password}
+    )
     return tracking.model_copy(update={"run_id": run_id, "tracking_uri": uri}), env
 
 
-def open_job_run(cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest,
-                 job: AnyJob) -> str:
+def open_job_run(
+    cfg: TrainConfig, tracking: TrackingConfig, manifest: Manifest, job: AnyJob
+) -> str:
     """Create the job's MLflow run with its params, tags and dataset lineage (the pinned
     version) before any rank starts."""
     from tracking.run.runs import start_run
 
-    params = {"train": cfg.model_dump(mode="json", exclude={"tracking"}),
-              "dataset": manifest.config, "num_processes": job.world_size}
+    params = {
+        "train": cfg.model_dump(mode="json", exclude={"tracking"}),
+        "dataset": manifest.config,
+        "num_processes": job.world_size,
+    }
     tags = {"ballast.strategy": cfg.strategy, "ballast.world_size": str(job.world_size)}
     return start_run(tracking, manifest, cfg.dataset, params, tags)
 
@@ -204,8 +229,12 @@ def check_pinned_for_nodes(cfg: TrainConfig) -> None:
     """Each node of a multinode job pins on its own: they agree only if the config names
     the version and the run already (e.g. a `train-config.pinned.yaml` of a local pin)."""
     if not cfg.dataset.rstrip("/").endswith(MANIFEST_NAME):
-        raise ValueError(f"dataset: a multinode job needs a version's {MANIFEST_NAME} URI, not "
-                         f"{cfg.dataset}: every node must read the same version")
+        raise ValueError(
+            f"dataset: a multinode job needs a version's {MANIFEST_NAME} URI, not "
+            f"{cfg.dataset}: every node must read the same version"
+        )
     if cfg.tracking is not None and cfg.tracking.run_id is None:
-        raise ValueError("tracking.run_id: a multinode job needs its run created beforehand "
-                         "(every node must log into one run)")
+        raise ValueError(
+            "tracking.run_id: a multinode job needs its run created beforehand "
+            "(every node must log into one run)"
+        )

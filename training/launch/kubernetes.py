@@ -31,7 +31,8 @@ class KubernetesLauncher(Launcher[KubernetesJob]):
     def manifests(self, config_uri: str, resume: bool = False) -> list[dict[str, Any]]:
         spec = self.spec
         config_map = {
-            "apiVersion": "v1", "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
             "metadata": {"name": f"{spec.job_name}-config", "namespace": spec.namespace},
             "data": {"train.yaml": read_text(config_uri)},
         }
@@ -39,27 +40,34 @@ class KubernetesLauncher(Launcher[KubernetesJob]):
         if spec.num_nodes > 1:
             replicas["Worker"] = replica_spec(spec, spec.num_nodes - 1, resume)
         job = {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
             "metadata": {"name": spec.job_name, "namespace": spec.namespace},
-            "spec": {"runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
-                     "nprocPerNode": str(spec.num_processes_per_node),
-                     "pytorchReplicaSpecs": replicas},
+            "spec": {
+                "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
+                "nprocPerNode": str(spec.num_processes_per_node),
+                "pytorchReplicaSpecs": replicas,
+            },
         }
         return [config_map, job]
 
     def render(self, config_uri: str, resume: bool = False) -> str:
-        return yaml.dump_all(self.manifests(config_uri, resume), Dumper=ManifestDumper,
-                             sort_keys=False)
+        return yaml.dump_all(
+            self.manifests(config_uri, resume), Dumper=ManifestDumper, sort_keys=False
+        )
 
     def run(self, config_uri: str, resume: bool, env: dict[str, str], log: IO[bytes]) -> int | None:
         if env and self.spec.secret_env is None:
             raise ValueError(
                 f"secret_env: the job needs {sorted(env)} and a manifest never holds a secret; "
-                "put them in a Kubernetes Secret and name it in secret_env")
+                "put them in a Kubernetes Secret and name it in secret_env"
+            )
         kubectl = require_tool("kubectl")
         job = ["-n", self.spec.namespace, f"pytorchjob/{self.spec.job_name}"]
-        steps = [([kubectl, "delete", *job, "--ignore-not-found"], None),
-                 ([kubectl, "apply", "-f", "-"], self.render(config_uri, resume).encode())]
+        steps = [
+            ([kubectl, "delete", *job, "--ignore-not-found"], None),
+            ([kubectl, "apply", "-f", "-"], self.render(config_uri, resume).encode()),
+        ]
         for command, manifest in steps:
             done = subprocess.run(command, input=manifest, stdout=log, stderr=subprocess.STDOUT)
             if done.returncode != 0:
@@ -70,8 +78,7 @@ class KubernetesLauncher(Launcher[KubernetesJob]):
 def wait_for_job(kubectl: str, job: list[str], timeout_s: float) -> int | None:
     """0 once the PyTorchJob has succeeded, 1 once it has failed, None at the timeout
     (a query that fails, e.g. while the API server restarts, is asked again)."""
-    query = [kubectl, "get", *job, "-o",
-             'jsonpath={.status.conditions[?(@.status=="True")].type}']
+    query = [kubectl, "get", *job, "-o", 'jsonpath={.status.conditions[?(@.status=="True")].type}']
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         states = subprocess.run(query, capture_output=True, text=True).stdout.split()
@@ -90,7 +97,9 @@ def replica_spec(spec: KubernetesJob, replicas: int, resume: bool) -> dict[str, 
     if spec.num_gpus_per_node:
         resources["nvidia.com/gpu"] = str(spec.num_gpus_per_node)
     container: dict[str, Any] = {
-        "name": "pytorch", "image": spec.image, "command": command,
+        "name": "pytorch",
+        "image": spec.image,
+        "command": command,
         "env": [{"name": k, "value": v} for k, v in spec.env.items()],
         "resources": {"requests": resources, "limits": dict(resources)},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT}],
@@ -98,8 +107,11 @@ def replica_spec(spec: KubernetesJob, replicas: int, resume: bool) -> dict[str, 
     if spec.secret_env:
         container["envFrom"] = [{"secretRef": {"name": spec.secret_env}}]
     volume = {"name": "config", "configMap": {"name": f"{spec.job_name}-config"}}
-    return {"replicas": replicas, "restartPolicy": "Never",
-            "template": {"spec": {"containers": [container], "volumes": [volume]}}}
+    return {
+        "replicas": replicas,
+        "restartPolicy": "Never",
+        "template": {"spec": {"containers": [container], "volumes": [volume]}},
+    }
 
 
 class ManifestDumper(yaml.SafeDumper):

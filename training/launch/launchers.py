@@ -57,15 +57,15 @@ class TorchrunLauncher(Launcher[Job]):
         """Where the nodes meet; None: this machine alone (a standalone rendezvous)."""
 
     def command(self, config_uri: str, resume: bool = False) -> list[str]:
-        return torchrun_command(self.spec, config_uri, resume, sys.executable,
-                                self.rdzv_endpoint())
+        return torchrun_command(self.spec, config_uri, resume, sys.executable, self.rdzv_endpoint())
 
     def render(self, config_uri: str, resume: bool = False) -> str:
         return shlex.join(self.command(config_uri, resume))
 
     def run(self, config_uri: str, resume: bool, env: dict[str, str], log: IO[bytes]) -> int | None:
-        return run_process_group(self.command(config_uri, resume), log, self.spec.timeout_s,
-                                 child_env(env))
+        return run_process_group(
+            self.command(config_uri, resume), log, self.spec.timeout_s, child_env(env)
+        )
 
 
 class LocalTorchrunLauncher(TorchrunLauncher[LocalJob]):

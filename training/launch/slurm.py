@@ -80,11 +80,17 @@ class SlurmLauncher(Launcher[SlurmJob]):
         torchrun = torchrun_command(spec, config_uri, resume, python, ENDPOINT)
         # The endpoint is known inside the allocation only: a shell variable, double-quoted.
         run = shlex.join([*srun, *torchrun]).replace(shlex.quote(ENDPOINT), f'"{ENDPOINT}"')
-        lines = ["#!/bin/bash", *sbatch_header(spec, output or spec.output or "%x-%j.out"),
-                 "set -euo pipefail"]
+        lines = [
+            "#!/bin/bash",
+            *sbatch_header(spec, output or spec.output or "%x-%j.out"),
+            "set -euo pipefail",
+        ]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()]
-        lines += ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                  f'ENDPOINT="$HEAD:{spec.rdzv_port or JOB_PORT}"', run]
+        lines += [
+            'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f'ENDPOINT="$HEAD:{spec.rdzv_port or JOB_PORT}"',
+            run,
+        ]
         return "\n".join(lines) + "\n"
 
     def run(self, config_uri: str, resume: bool, env: dict[str, str], log: IO[bytes]) -> int | None:
@@ -94,11 +100,15 @@ class SlurmLauncher(Launcher[SlurmJob]):
             script = os.path.join(scratch, f"{self.spec.job_name}.sbatch")
             Path(script).write_text(self.render(config_uri, resume, output))
             try:
-                job_id = submit(script, job_environment(child_env(env)),
-                                f"the training job {self.spec.job_name}")
+                job_id = submit(
+                    script,
+                    job_environment(child_env(env)),
+                    f"the training job {self.spec.job_name}",
+                )
             except SubmissionRefused as refused:
-                raise TrainingFailed("training not started", None, "",
-                                     config_error=str(refused)) from refused
+                raise TrainingFailed(
+                    "training not started", None, "", config_error=str(refused)
+                ) from refused
         log.write(f"Submitted batch job {job_id}\n".encode())
         return self.wait(job_id, log)
 
@@ -144,13 +154,22 @@ class SlurmLauncher(Launcher[SlurmJob]):
 
 def sbatch_header(spec: SlurmJob, output: str) -> list[str]:
     """The `#SBATCH` lines of the job: its sizes and the site's settings."""
-    header = [f"--job-name={spec.job_name}", f"--nodes={spec.num_nodes}", "--ntasks-per-node=1",
-              f"--cpus-per-task={spec.num_cpus_per_node}", f"--time={spec.time_limit}",
-              f"--output={output}"]
-    optional: dict[str, Any] = {"partition": spec.partition, "account": spec.account,
-                                "qos": spec.qos, "mem": spec.memory,
-                                "constraint": spec.constraint,
-                                "gpus-per-node": spec.num_gpus_per_node or None}
+    header = [
+        f"--job-name={spec.job_name}",
+        f"--nodes={spec.num_nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={spec.num_cpus_per_node}",
+        f"--time={spec.time_limit}",
+        f"--output={output}",
+    ]
+    optional: dict[str, Any] = {
+        "partition": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
+        "mem": spec.memory,
+        "constraint": spec.constraint,
+        "gpus-per-node": spec.num_gpus_per_node or None,
+    }
     header += [f"--{name}={value}" for name, value in optional.items() if value is not None]
     return [f"#SBATCH {option}" for option in [*header, *spec.sbatch_options]]
 
@@ -188,7 +207,10 @@ def read_output_tail(state: JobState | None) -> str:
 def output_ending(text: str) -> str:
     """The last few lines of an output that say something (torchrun's rules of `=` and
     `-` left out), joined by ` | `."""
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and line.strip().strip("=-") and "Traceback" not in line]
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and line.strip().strip("=-") and "Traceback" not in line
+    ]
     ending = " | ".join(lines[-ENDING_LINES:])
     return ending if len(ending) <= ENDING_CHARS else "..." + ending[-ENDING_CHARS:]

@@ -115,8 +115,13 @@ class Classifier(lightning.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         config = self.config
         if config.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=config.learning_rate, momentum=0.9,
-                                   nesterov=True, weight_decay=config.weight_decay)
+            return torch.optim.SGD(
+                self.parameters(),
+                lr=config.learning_rate,
+                momentum=0.9,
+                nesterov=True,
+                weight_decay=config.weight_decay,
+            )
         return torch.optim.AdamW(
             self.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
         )
