@@ -35,8 +35,9 @@ test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no proces
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
 	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
 
-lint: $(STAMP)  ## ruff, mypy and the import-linter contracts of docs/architecture.md
+lint: $(STAMP)  ## ruff (lint and formatting), mypy and the import-linter contracts of docs/architecture.md
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
