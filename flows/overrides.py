@@ -30,20 +30,20 @@ WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 WORK_DIR_VARIABLE = "BALLAST_WORK_DIR"
 
 
-def apply_override(values: dict[str, Any], assignment: str) -> None:
+def apply_override(values: dict[str, Any], assignment: str, given_as: str = "--set") -> None:
     """Set a dotted key (`train.loader.batch_size=128`); the value is parsed as YAML under
-    the bounds of a config file, its errors naming the `--set`."""
+    the bounds of a config file, its errors naming the `--set` (or the override) as given."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
-        raise ValueError(f"override {assignment!r}: expected KEY=VALUE")
+        raise ValueError(f"{given_as} {assignment!r}: expected KEY=VALUE")
     *parents, leaf = key.split(".")
     node = values
     for depth, part in enumerate(parents):
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             section = ".".join(parents[: depth + 1])
-            raise ValueError(f"override {assignment!r}: {section} is a value, not a section")
-    node[leaf] = parse_yaml_value(raw, f"--set {key}")
+            raise ValueError(f"{given_as} {assignment!r}: {section} is a value, not a section")
+    node[leaf] = parse_yaml_value(raw, f"{given_as} {key}")
 
 
 def fill_work_dir(values: Any) -> Any:
@@ -85,7 +85,7 @@ def resolve_parameters(params_type: type[M], parameters: dict[str, Any]) -> dict
         return parameters
     values = to_jsonable_python(values)
     for assignment in overrides:
-        apply_override(values, assignment)
+        apply_override(values, assignment, "override")
     model = _validated(params_type, fill_work_dir(values), overrides)
     return {
         **{name: getattr(model, name) for name in type(model).model_fields},
