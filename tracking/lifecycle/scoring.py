@@ -13,7 +13,6 @@ and whether the model beats it.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from functools import lru_cache, partial
@@ -33,6 +32,7 @@ from tracking.lifecycle.metrics import (
     macro_f1,
     per_class_recall,
 )
+from tracking.run.model import own_import_path
 from tracking.run.pyfunc import CodecClassifier
 
 # (task, shards) -> results; a shard is a ShardRef (Any: flows type theirs by URI).
@@ -53,11 +53,8 @@ class ModelError(PermanentError, ValueError):
 def load_classifier(model_uri: str, tracking_uri: str) -> CodecClassifier:
     """The registered model's network, codec and classes, cached per process."""
     mlflow.set_tracking_uri(tracking_uri)
-    # MLflow puts the model's `code/` (its copy of ballast's pyfunc and codec modules) first
-    # on sys.path; in a ballast process that copy would shadow ballast's own packages.
-    before = list(sys.path)
-    model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    sys.path[:] = before
+    with own_import_path():  # the model's `code/` never shadows ballast's own packages
+        model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     if not isinstance(model, CodecClassifier):
         raise ModelError(
             f"model {model_uri} was not logged by ballast with its feature codec; train it again"

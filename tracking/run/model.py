@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,13 +106,26 @@ def example_rows(manifest: Manifest, location: str, codec: FeatureCodec) -> pd.D
 
 
 @contextmanager
+def own_import_path() -> Iterator[None]:
+    """`sys.path` as it was, whatever MLflow adds inside: loading a model (and logging one,
+    which loads it to check its input example) puts the model's `code/` first. In a ballast
+    process that copy of two modules would shadow ballast's own packages for every later
+    import, and for every Dask worker spawned later, which starts with this sys.path."""
+    before = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = before
+
+
+@contextmanager
 def _model_arguments(
     model: CodecClassifier, example: pd.DataFrame, extra: dict[str, Any]
 ) -> Iterator[dict[str, Any]]:
     """What the model is logged (or saved) with: the network and codec as artifacts,
     signature, example, labels, requirements."""
     assert model.codec is not None
-    with tempfile.TemporaryDirectory() as work:
+    with own_import_path(), tempfile.TemporaryDirectory() as work:
         artifacts = {CODEC_ARTIFACT: f"{work}/codec.json"}
         Path(artifacts[CODEC_ARTIFACT]).write_text(
             json.dumps(
@@ -202,7 +216,8 @@ def _keep_model(
 def log_kept_model(config: TrackingConfig, run_id: str, spool: Spool) -> str:
     """Log the model kept in `spool` to the run exactly as `log_model` would have."""
     saved = Model.load(str(spool.model_dir))
-    model = mlflow.pyfunc.load_model(str(spool.model_dir)).unwrap_python_model()
+    with own_import_path():
+        model = mlflow.pyfunc.load_model(str(spool.model_dir)).unwrap_python_model()
     example = saved.load_input_example(str(spool.model_dir))
     extra = {k: v for k, v in (saved.metadata or {}).items() if k != "classes"}
     return _log_to_run(config, run_id, model, example, extra)
