@@ -93,6 +93,17 @@ class JobState:
         return f"SLURM job {self.job_id} ({what}; its output: {self.output_path})"
 
 
+def check_sbatch_options(options: list[str], field: str) -> list[str]:
+    """`options` if each item is one sbatch option (`--name=value`), so that a value is
+    never taken for an option; else a ValueError naming `field` and the item."""
+    for option in options:
+        if not option.startswith("-"):
+            raise ValueError(
+                f"{field}: {option!r} is not an sbatch option (write --name=value, one per item)"
+            )
+    return options
+
+
 def require_command(name: str) -> str:
     """The path of a SLURM command, or a clear error where SLURM is not installed."""
     path = shutil.which(name)

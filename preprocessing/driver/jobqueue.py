@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from preprocessing.contract.slurm import (
     JobState,
+    check_sbatch_options,
     host_only_variables,
     job_environment,
     job_state,
@@ -74,13 +75,7 @@ class JobSettings(BaseModel):
     @field_validator("sbatch_options")
     @classmethod
     def options_are_flags(cls, options: list[str]) -> list[str]:
-        for option in options:
-            if not option.startswith("-"):
-                raise ValueError(
-                    f"dask.jobs.sbatch_options: {option!r} is not an option "
-                    "(write --name=value, one per item)"
-                )
-        return options
+        return check_sbatch_options(options, "dask.jobs.sbatch_options")
 
 
 def jobqueue_options(

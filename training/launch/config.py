@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from preprocessing.contract.slurm import check_sbatch_options
 from preprocessing.toolbox.faults import RetryPolicy
 from preprocessing.toolbox.secrets import SECRET_NAME
 
@@ -180,14 +181,7 @@ class SlurmJob(ScheduledJob):
     @field_validator("sbatch_options")
     @classmethod
     def options_are_flags(cls, options: list[str]) -> list[str]:
-        """Each item one sbatch option, so a value is not taken for an option."""
-        for option in options:
-            if not option.startswith("-"):
-                raise ValueError(
-                    f"job.sbatch_options: {option!r} is not an sbatch option "
-                    "(write --name=value, one per item)"
-                )
-        return options
+        return check_sbatch_options(options, "job.sbatch_options")
 
 
 class KubernetesJob(ScheduledJob):
