@@ -18,7 +18,7 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from tests.services import free_port, stop_server, wait_for_http
+from tests.services import free_port, start_prefect_server, stop_server
 
 TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
 
@@ -34,29 +34,11 @@ def prefect_server(home: Path) -> Iterator[dict[str, str]]:
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
     }
-    log = (home / "server.log").open("wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    server = start_prefect_server(env, port, timeout_s=120)
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/api/health", server, timeout_s=120)
         yield env
     finally:
         stop_server(server)
-        log.close()
 
 
 @pytest.fixture(scope="module")
