@@ -350,9 +350,9 @@ def report(runs: dict[str, dict[str, Any]]) -> None:
         print_run(name, run)
     print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: noisy figures")
     print(
-        "targets (speed / equal wall: last epoch, all epochs; loss: max relative "
-        "difference per step; settle: steps from the slow-down to within 5 % of the "
-        "final split):"
+        "targets: speed / equal wall (last epoch, all epochs); loss (max relative "
+        "difference per step); settle (steps from the slow-down to within 5 % of the "
+        "final split)"
     )
     for model, case in ((m, c) for m in ("", "tokens-") for c in CASES):
         eq, sp = runs.get(f"{model}equal-{case}"), runs.get(f"{model}speed-{case}")

@@ -105,6 +105,8 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     )
     mlflow.set_tracking_uri(tracking.tracking_uri)
     frame = table.select(["created", "x", "colour"]).slice(0, 200).to_pandas()
-    served = mlflow.pyfunc.load_model("models:/messy@champion").predict(frame)
+    served = mlflow.pyfunc.load_model("models:/messy@champion").predict(
+        frame, params={"details": True}
+    )
     assert len(served) == 200 and set(served["predicted"]) <= {"yes", "no"}
     np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)

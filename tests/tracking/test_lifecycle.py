@@ -119,7 +119,9 @@ def test_tracked_jobs_register_champion_then_challenger(
     champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     manifest, location = read_manifest(result.manifest_uri)
     shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
-    served = champion.predict(shard.select(manifest.feature_columns).to_pandas())
+    served = champion.predict(
+        shard.select(manifest.feature_columns).to_pandas(), params={"details": True}
+    )
     assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
     for run_id in (good_run, bad_run):
         logged = client.get_run(run_id).data

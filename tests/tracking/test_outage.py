@@ -125,7 +125,7 @@ def assert_predicts(tracking_uri: str, model_uri: str, manifest_uri: str) -> Non
     manifest, location = read_manifest(manifest_uri)
     shard = pq.read_table(shard_uri(location, manifest.split("holdout").shards[0]))
     served = mlflow.pyfunc.load_model(model_uri).predict(
-        shard.select(manifest.feature_columns).to_pandas()
+        shard.select(manifest.feature_columns).to_pandas(), params={"details": True}
     )
     assert np.stack(served["probabilities"]).shape == (shard.num_rows, len(manifest.classes))
 
