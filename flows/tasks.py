@@ -116,6 +116,8 @@ def reshard(
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report, plan=plan)
+    if result.resumed:
+        print(result.resumed)
     return DatasetVersion(result.manifest_uri, result.manifest.version_id, result.reused)
 
 

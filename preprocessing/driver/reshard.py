@@ -17,7 +17,7 @@ died after.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -37,6 +37,13 @@ from preprocessing.contract.manifest import (
     version_dir,
 )
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
+from preprocessing.driver.resume import (
+    EXCHANGE_PREFIX,
+    Rerun,
+    layout_digest,
+    plan_rerun,
+    resumed_line,
+)
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.tasks import (
     DERIVED_SOURCE_COLUMN,
@@ -98,6 +105,11 @@ class ReshardResult:
     manifest_uri: str
     reused: bool
     how: str = ""
+
+    @property
+    def resumed(self) -> str:
+        """What this run kept of a killed attempt of its version, in words ("" if none)."""
+        return resumed_line(self.manifest.resumed) if not self.reused else ""
 
 
 @dataclass(frozen=True)
@@ -185,7 +197,7 @@ def run_reshard(
             lambda expected: commit_version(root, existing, expected=expected),
         )
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
-    with VersionAttempt(root, version_id) as attempt:
+    with VersionAttempt(root, version_id, resume_max_age_s=config.resume_max_age_s) as attempt:
         manifest = _make_version(config, listing, increment, attempt, executor, progress)
         commit = commit_following(
             root, manifest, previous, lambda expected: attempt.commit(manifest, expected=expected)
@@ -231,7 +243,7 @@ def _make_version(
         if parent:
             check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        staging = _timed(
+        staging, rerun = _timed(
             timings,
             "exchange_s",
             lambda: _exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
@@ -239,10 +251,10 @@ def _make_version(
         splits = _timed(
             timings,
             "write_s",
-            lambda: _reduce(dask, plans, staging, schema, config, attempt, progress),
+            lambda: _reduce(dask, plans, staging, rerun, schema, config, attempt, progress),
         )
         attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
-    return version_manifest(
+    manifest = version_manifest(
         config,
         attempt.version_id,
         listing.fingerprint,
@@ -255,6 +267,7 @@ def _make_version(
         parent,
         len(pieces),
     )
+    return replace(manifest, resumed=rerun.resumed)
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -400,31 +413,36 @@ def _exchange(
     config: ReshardConfig,
     attempt: VersionAttempt,
     progress: Progress | None,
-) -> Staging:
+) -> tuple[Staging, Rerun]:
     """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
     or two integers, and the driver keeps nothing per staged object. A round's objects are
     discarded once the next round has read them: the disk (and page cache) holds two
-    rounds at a time, not every round till the end."""
+    rounds at a time, not every round till the end. Only the tasks whose outputs a dead
+    attempt of the version did not leave intact run (driver/resume.py)."""
     destinations = destinations_for(plans, schema)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(
-        f"{attempt.uri}/exchange", layout, destinations.schema, config.upload_part_bytes
+        f"{attempt.uri}/{EXCHANGE_PREFIX}{layout_digest(layout)}",
+        layout,
+        destinations.schema,
+        config.upload_part_bytes,
     )
+    shard_uris = [uri for _, uri in shard_jobs(plans, attempt.shard_uri)]
+    rerun = plan_rerun(dask.dask, dask.in_flight, attempt, staging, shard_uris)
     counter = StageProgress(
-        "exchange", sum(r.num_objects for r in layout.rounds), progress, config.progress_deadline_s
+        "exchange", sum(map(len, rerun.rounds)), progress, config.progress_deadline_s
     )
     # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
     # once, as a task's result a dead worker's successor can recompute (waves.share).
     first_rows = piece_rows(scans, pieces)[0]
     tasks = (
-        (map_task(scans, plans, pieces, first_rows, staging, task),)
-        for task in range(layout.num_map_tasks)
+        (map_task(scans, plans, pieces, first_rows, staging, task),) for task in rerun.rounds[0]
     )
     run_in_waves(
         dask.dask,
         retrying(map_pieces, config.retry),
         tasks,
-        layout.num_map_tasks,
+        len(rerun.rounds[0]),
         dask.in_flight,
         counter,
         destinations=share(dask.dask, destinations),
@@ -437,31 +455,33 @@ def _exchange(
         run_in_waves(
             dask.dask,
             retrying(merge_task, config.retry),
-            ((index, task) for task in range(layout.rounds[index].num_objects)),
-            layout.rounds[index].num_objects,
+            ((index, task) for task in rerun.rounds[index]),
+            len(rerun.rounds[index]),
             dask.in_flight,
             counter,
             staging=shared,
         )
         attempt.discard(staging.round_uri(index - 1))
     counter.close()
-    return staging
+    return staging, rerun
 
 
 def _reduce(
     dask: _Cluster,
     plans: dict[str, SplitPlan],
     staging: Staging,
+    rerun: Rerun,
     schema: pa.Schema,
     config: ReshardConfig,
     attempt: VersionAttempt,
     progress: Progress | None,
 ) -> dict[str, SplitEntry]:
     """Write tasks over runs of consecutive shards, each reading one range of each of the
-    last round's objects that cover them."""
+    last round's objects that cover them; those of shards a dead attempt left intact are
+    kept (driver/resume.py)."""
     shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
-    tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
+    tasks = [(bounds[task], shards[bounds[task] : bounds[task + 1]]) for task in rerun.writes]
     counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
     entries = run_in_waves(
         dask.dask,
@@ -474,9 +494,14 @@ def _reduce(
         schema=share(dask.dask, schema),
         spec=config.dataset,
         rows_per_row_group=config.rows_per_row_group,
+        receipts=attempt.uri,
     )
     counter.close()
-    flat = iter([entry for group in entries for entry in group])
+    written = {first: group for (first, _), group in zip(tasks, entries, strict=True)}
+    found = dict(rerun.shards)
+    for first, group in written.items():
+        found.update(enumerate(group, start=first))
+    flat = iter(found[destination] for destination in range(len(shards)))
     return {
         split: _split_entry([next(flat) for _ in range(plan.num_shards)])
         for split, plan in plans.items()
