@@ -23,39 +23,26 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from distributed import Client
+from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
-    ShardEntry,
-    SplitEntry,
     commit_version,
+    is_local,
     read_current_version,
     read_manifest,
     version_dir,
 )
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.resume import (
-    EXCHANGE_PREFIX,
-    Rerun,
-    layout_digest,
-    plan_rerun,
     resumed_line,
 )
-from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
+from preprocessing.driver.stages import Cluster, exchange, write_stage
+from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.tasks import (
     DERIVED_SOURCE_COLUMN,
-    Staging,
-    destinations_for,
-    exchange_layout,
-    map_pieces,
-    map_task,
-    merge_task,
-    piece_rows,
-    shard_jobs,
-    write_shards,
 )
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
@@ -197,26 +184,14 @@ def run_reshard(
             lambda expected: commit_version(root, existing, expected=expected),
         )
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
-    with VersionAttempt(root, version_id, resume_max_age_s=config.resume_max_age_s) as attempt:
+    # A killed run of the version is resumed on local roots (docs/reliability.md, Limits).
+    resume_s = config.resume_max_age_s if is_local(url_to_fs(root)[0]) else None
+    with VersionAttempt(root, version_id, resume_max_age_s=resume_s) as attempt:
         manifest = _make_version(config, listing, increment, attempt, executor, progress)
         commit = commit_following(
             root, manifest, previous, lambda expected: attempt.commit(manifest, expected=expected)
         )
     return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
-
-
-@dataclass(frozen=True)
-class _Cluster:
-    """A run's Dask client with its worker threads and task limit, counted once."""
-
-    dask: Client
-    threads: int
-    in_flight: int  # tasks submitted and not yet done, at most
-
-    @classmethod
-    def of(cls, dask: Client, config: ReshardConfig) -> _Cluster:
-        threads = max(1, sum(dask.nthreads().values()))
-        return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
 
 
 def _make_version(
@@ -236,7 +211,7 @@ def _make_version(
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as client:
-        dask = _Cluster.of(client, config)
+        dask = Cluster.of(client, config)
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
@@ -246,12 +221,12 @@ def _make_version(
         staging, rerun = _timed(
             timings,
             "exchange_s",
-            lambda: _exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
+            lambda: exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
         )
         splits = _timed(
             timings,
             "write_s",
-            lambda: _reduce(dask, plans, staging, rerun, schema, config, attempt, progress),
+            lambda: write_stage(dask, plans, staging, rerun, schema, config, attempt, progress),
         )
         attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
     manifest = version_manifest(
@@ -285,7 +260,7 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
 
 
 def _scan(
-    dask: _Cluster,
+    dask: Cluster,
     files: list[InputFile],
     config: ReshardConfig,
     progress: Progress | None,
@@ -402,111 +377,3 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     num_bytes = sum(scan.file.num_bytes for scan in accepted)
     num_rows = sum(sum(scan.piece_rows) for scan in accepted)
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
-
-
-def _exchange(
-    dask: _Cluster,
-    scans: list[FileScan],
-    plans: dict[str, SplitPlan],
-    pieces: np.ndarray,
-    schema: pa.Schema,
-    config: ReshardConfig,
-    attempt: VersionAttempt,
-    progress: Progress | None,
-) -> tuple[Staging, Rerun]:
-    """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
-    or two integers, and the driver keeps nothing per staged object. A round's objects are
-    discarded once the next round has read them: the disk (and page cache) holds two
-    rounds at a time, not every round till the end. Only the tasks whose outputs a dead
-    attempt of the version did not leave intact run (driver/resume.py)."""
-    destinations = destinations_for(plans, schema)
-    layout = exchange_layout(scans, plans, pieces, config, dask.threads)
-    staging = Staging(
-        f"{attempt.uri}/{EXCHANGE_PREFIX}{layout_digest(layout)}",
-        layout,
-        destinations.schema,
-        config.upload_part_bytes,
-    )
-    shard_uris = [uri for _, uri in shard_jobs(plans, attempt.shard_uri)]
-    rerun = plan_rerun(dask.dask, dask.in_flight, attempt, staging, shard_uris)
-    counter = StageProgress(
-        "exchange", sum(map(len, rerun.rounds)), progress, config.progress_deadline_s
-    )
-    # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
-    # once, as a task's result a dead worker's successor can recompute (waves.share).
-    first_rows = piece_rows(scans, pieces)[0]
-    tasks = (
-        (map_task(scans, plans, pieces, first_rows, staging, task),) for task in rerun.rounds[0]
-    )
-    run_in_waves(
-        dask.dask,
-        retrying(map_pieces, config.retry),
-        tasks,
-        len(rerun.rounds[0]),
-        dask.in_flight,
-        counter,
-        destinations=share(dask.dask, destinations),
-        spec=config.dataset,
-        seed=config.seed,
-        holdout_fraction=config.holdout_fraction,
-    )
-    shared = share(dask.dask, staging)
-    for index in range(1, len(layout.rounds)):
-        run_in_waves(
-            dask.dask,
-            retrying(merge_task, config.retry),
-            ((index, task) for task in rerun.rounds[index]),
-            len(rerun.rounds[index]),
-            dask.in_flight,
-            counter,
-            staging=shared,
-        )
-        attempt.discard(staging.round_uri(index - 1))
-    counter.close()
-    return staging, rerun
-
-
-def _reduce(
-    dask: _Cluster,
-    plans: dict[str, SplitPlan],
-    staging: Staging,
-    rerun: Rerun,
-    schema: pa.Schema,
-    config: ReshardConfig,
-    attempt: VersionAttempt,
-    progress: Progress | None,
-) -> dict[str, SplitEntry]:
-    """Write tasks over runs of consecutive shards, each reading one range of each of the
-    last round's objects that cover them; those of shards a dead attempt left intact are
-    kept (driver/resume.py)."""
-    shards = shard_jobs(plans, attempt.shard_uri)
-    bounds = staging.layout.write_bounds.tolist()
-    tasks = [(bounds[task], shards[bounds[task] : bounds[task + 1]]) for task in rerun.writes]
-    counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
-    entries = run_in_waves(
-        dask.dask,
-        retrying(write_shards, config.retry),
-        tasks,
-        len(tasks),
-        dask.in_flight,
-        counter,
-        staging=share(dask.dask, staging),
-        schema=share(dask.dask, schema),
-        spec=config.dataset,
-        rows_per_row_group=config.rows_per_row_group,
-        receipts=attempt.uri,
-    )
-    counter.close()
-    written = {first: group for (first, _), group in zip(tasks, entries, strict=True)}
-    found = dict(rerun.shards)
-    for first, group in written.items():
-        found.update(enumerate(group, start=first))
-    flat = iter(found[destination] for destination in range(len(shards)))
-    return {
-        split: _split_entry([next(flat) for _ in range(plan.num_shards)])
-        for split, plan in plans.items()
-    }
-
-
-def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
-    return SplitEntry(num_rows=sum(entry.num_rows for entry in entries), shards=entries)

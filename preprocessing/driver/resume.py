@@ -19,7 +19,9 @@ writes: tasks are pure functions of the plan.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import time
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -27,15 +29,22 @@ from typing import Any
 from distributed import Client
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.manifest import ShardEntry
+from preprocessing.contract.manifest import ShardEntry, write_atomically
 from preprocessing.driver.waves import run_in_waves, share
 from preprocessing.exchange.receipts import SHARD_RECEIPTS, intact, kept_shards, listed_objects
 from preprocessing.exchange.tasks import Staging
 from preprocessing.plan.layout import ExchangeLayout
-from preprocessing.versions.attempt import VersionAttempt
+from preprocessing.versions.attempt import (
+    LEASE_NAME,
+    VersionAttempt,
+    lease_expired,
+    read_lease,
+    staging_root,
+)
 
 log = logging.getLogger(__name__)
 EXCHANGE_PREFIX = "exchange-"
+TOTALS_NAME = "_TOTALS.json"  # an attempt's map tasks and shards, for `ballast status`
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,10 @@ def plan_rerun(
     `shard_uris`: where each destination's shard is written, in destination order."""
     layout = staging.layout
     bounds = layout.write_bounds.tolist()
+    if attempt.resumable:
+        totals = {"map_outputs": layout.num_map_tasks, "shards": len(shard_uris)}
+        fs, path = url_to_fs(f"{attempt.uri}/{TOTALS_NAME}")
+        write_atomically(fs, path, json.dumps(totals).encode())
     if attempt.resumed_from is None:
         everything = [list(range(r.num_objects)) for r in layout.rounds]
         return Rerun(everything, list(range(len(bounds) - 1)), {}, {})
@@ -187,3 +200,69 @@ def _sizes(fs: Any, path: str) -> dict[str, int]:
     return {
         entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry["size"] or 0) for entry in listing
     }
+
+
+@dataclass(frozen=True)
+class AttemptProgress:
+    """An unfinished attempt under a root: whose version, whether its holder still runs,
+    how long since its last heartbeat, and what it has written of what it must."""
+
+    version_id: str
+    uri: str
+    running: bool
+    heartbeat_age_s: float | None
+    written: dict[str, int]  # map_outputs, shards: with receipts
+    totals: dict[str, int]  # map_outputs, shards: planned (empty before the exchange)
+
+
+def unfinished_attempts(root: str) -> list[AttemptProgress]:
+    """Every attempt staged under `root`, oldest version directory first."""
+    fs, base = url_to_fs(staging_root(root))
+    found = []
+    for version in sorted(_names(fs, base)):
+        for name in sorted(_names(fs, f"{base}/{version}")):
+            found.append(_progress(fs, f"{base}/{version}/{name}", version))
+    return found
+
+
+def _progress(fs: Any, path: str, version_id: str) -> AttemptProgress:
+    """What the attempt at `path` shows: its lease, totals and receipts (none verified)."""
+    lease = read_lease(fs, f"{path}/{LEASE_NAME}")
+    try:
+        totals = json.loads(fs.cat_file(f"{path}/{TOTALS_NAME}"))
+    except (OSError, ValueError):
+        totals = {}
+    totals = totals if isinstance(totals, dict) else {}
+    maps = sum(
+        _maps_written(fs, f"{path}/{n}", totals)
+        for n in _names(fs, path)
+        if n.startswith(EXCHANGE_PREFIX)
+    )
+    return AttemptProgress(
+        version_id,
+        fs.unstrip_protocol(path),
+        not lease_expired(fs, path),
+        time.time() - lease.heartbeat_at if lease else None,
+        {"map_outputs": maps, "shards": _shards_written(fs, path)},
+        totals,
+    )
+
+
+def _shards_written(fs: Any, path: str) -> int:
+    """Shards the write receipts of the attempt at `path` list (not verified)."""
+    count = 0
+    for name in _names(fs, f"{path}/{SHARD_RECEIPTS}"):
+        try:
+            count += len(json.loads(fs.cat_file(f"{path}/{SHARD_RECEIPTS}/{name}")))
+        except (OSError, ValueError):
+            continue
+    return count
+
+
+def _maps_written(fs: Any, exchange: str, totals: dict[str, int]) -> int:
+    """Map outputs with receipts under `exchange`; all of them once round 0 was discarded
+    for a later round (which it only is after that round read every map output)."""
+    rounds = _names(fs, exchange)
+    if "round-0" not in rounds and rounds:
+        return int(totals.get("map_outputs", 0))
+    return len(listed_objects(fs, f"{exchange}/round-0"))

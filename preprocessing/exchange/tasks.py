@@ -84,6 +84,7 @@ class Staging:
     layout: ExchangeLayout
     schema: pa.Schema
     part_bytes: int = DEFAULT_PART_BYTES  # of multipart uploads: staged objects and shards
+    receipts: bool = False  # each object gets its receipt (exchange/receipts.py)
 
     def round_uri(self, round_index: int) -> str:
         """Where the objects of round `round_index` are (0: the map tasks')."""
@@ -96,7 +97,7 @@ class Staging:
             first,
             stop - first,
             self.part_bytes,
-            receipt=True,
+            self.receipts,
         )
 
 

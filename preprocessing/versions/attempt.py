@@ -121,6 +121,12 @@ class VersionAttempt:
         self._resume_max_age_s = resume_max_age_s
         self.resumed_from: str | None = None  # the dead attempt taken over, if any
 
+    @property
+    def resumable(self) -> bool:
+        """Whether a rerun of this version may take this attempt over (and so its tasks
+        should leave receipts of what they wrote)."""
+        return self._resume_max_age_s is not None
+
     def __enter__(self) -> VersionAttempt:
         if self._resume_max_age_s is not None:
             self._take_over(self._resume_max_age_s)
@@ -268,7 +274,7 @@ def dead_attempts(fs: Any, version_path: str, max_age_s: float) -> list[str]:
     One listing, and one read of each lease."""
     found = []
     for attempt in _children(fs, version_path):
-        lease = _read_lease(fs, f"{attempt}/{LEASE_NAME}")
+        lease = read_lease(fs, f"{attempt}/{LEASE_NAME}")
         age_s = time.time() - lease.heartbeat_at if lease else max_age_s + 1
         if age_s <= max_age_s and _expired(fs, attempt, lease, LEASE_EXPIRY_S):
             found.append((age_s, attempt))
@@ -277,7 +283,7 @@ def dead_attempts(fs: Any, version_path: str, max_age_s: float) -> list[str]:
 
 def lease_expired(fs: Any, attempt: str, expiry_s: float = LEASE_EXPIRY_S) -> bool:
     """Whether the attempt at `attempt` is dead (see the module docstring)."""
-    return _expired(fs, attempt, _read_lease(fs, f"{attempt}/{LEASE_NAME}"), expiry_s)
+    return _expired(fs, attempt, read_lease(fs, f"{attempt}/{LEASE_NAME}"), expiry_s)
 
 
 def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> bool:
@@ -289,7 +295,8 @@ def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> boo
     return time.time() - lease.heartbeat_at > expiry_s
 
 
-def _read_lease(fs: Any, path: str) -> Lease | None:
+def read_lease(fs: Any, path: str) -> Lease | None:
+    """The lease at `path`; None when absent, not yet written, or not a lease."""
     try:
         return Lease(**json.loads(fs.cat_file(path)))
     except (OSError, ValueError, TypeError):  # absent, not yet written, or not a lease

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from distributed import Client, LocalCluster
 
+from flows.cli.status import attempt_lines
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import (
     COMMIT_STEPS,
@@ -125,6 +126,9 @@ def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(
     assert not list((tmp_path / "out").glob(f"v-*/{MANIFEST_NAME}"))
     assert read_current_version(str(tmp_path / "out")) is None
     shard_receipts = list((tmp_path / "out").glob(f"{STAGING_DIR}/*/*/receipts/*.json"))
+    (status,) = attempt_lines(str(tmp_path / "out"), "RESUME")[1:]
+    print(status)
+    assert "(dead, last heartbeat" in status and status.endswith("written; resume: RESUME")
     rerun = run_reshard(config, dask_client)
     clean = run_reshard(
         config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
