@@ -31,7 +31,12 @@ from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import ShardEntry, write_atomically
 from preprocessing.driver.waves import run_in_waves, share
-from preprocessing.exchange.receipts import SHARD_RECEIPTS, intact, kept_shards, listed_objects
+from preprocessing.exchange.receipts import (
+    SHARD_RECEIPTS,
+    kept_shards,
+    listed_objects,
+    object_intact,
+)
 from preprocessing.exchange.tasks import Staging
 from preprocessing.plan.layout import ExchangeLayout
 from preprocessing.versions.attempt import (
@@ -179,7 +184,7 @@ def _verified_objects(
     candidates = [(item, uri) for item, uri in uris.items() if uri.rsplit("/", 1)[-1] in listed]
     checks = run_in_waves(
         client,
-        intact,
+        object_intact,
         ((uri, listed[uri.rsplit("/", 1)[-1]][1]) for _, uri in candidates),
         len(candidates),
         in_flight,

@@ -25,9 +25,9 @@ a reader never sees half an object once its task has returned.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +37,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from preprocessing.exchange.receipts import write_object_receipt
+from preprocessing.exchange.receipts import crc32_of, write_object_receipt
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 
 MAGIC = b"BLSTIDX2"
@@ -113,24 +113,24 @@ class StagedWriter:
         size = int(self._sink.tell())
         header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
         index = header + np.asarray(self._offsets, dtype=_INDEX_ITEM).tobytes()
-        digest = self._finish_local(index) if self._local else self._finish_remote(index)
-        if self.staged.receipt:
-            write_object_receipt(self._fs, self._path, size, digest.hexdigest())
+        crc = self._finish_local(index) if self._local else self._finish_remote(index)
+        if crc is not None:
+            write_object_receipt(self._fs, self._path, size, crc)
         return size
 
     def _finish_local(self, index: bytes) -> Any:
-        """Fill in the index; the file's sha256, read back from the page cache if a receipt
+        """Fill in the index; the file's CRC-32, read back from the page cache, if a receipt
         needs it."""
         self._sink.close()
         with open(self._path, "r+b") as handle:
             os.pwrite(handle.fileno(), index, 0)
-            return hashlib.file_digest(handle, "sha256") if self.staged.receipt else None
+            return crc32_of(handle) if self.staged.receipt else None
 
     def _finish_remote(self, index: bytes) -> Any:
         body = self._sink.getvalue()
         whole = b"".join([index, memoryview(body)[len(index) :]])
         write_object(self._fs, self._path, whole, self.staged.part_bytes)
-        return hashlib.sha256(whole) if self.staged.receipt else None
+        return zlib.crc32(whole) if self.staged.receipt else None
 
 
 def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:

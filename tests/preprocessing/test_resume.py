@@ -14,9 +14,9 @@ import pyarrow as pa
 
 from preprocessing.contract.shards import write_shard
 from preprocessing.exchange.receipts import (
-    intact,
     kept_shards,
     listed_objects,
+    object_intact,
     write_shard_receipt,
 )
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
@@ -66,8 +66,8 @@ def staged(tmp_path: Path, name: str) -> StagedObject:
 
 
 def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
-    """Invariants: a written object is listed with its receipt and hashes to it; one cut
-    short is not listed; one with a flipped byte is listed (same size) but not intact;
+    """Invariants: a written object is listed with its receipt and matches its CRC-32; one
+    cut short is not listed; one with a flipped byte is listed (same size) but not intact;
     one without a receipt (its task killed before the end) is not listed."""
     whole, cut, flipped = (staged(tmp_path, f"part-000000{i}.arrow") for i in range(3))
     Path(cut.uri).write_bytes(Path(cut.uri).read_bytes()[:-5])
@@ -77,8 +77,8 @@ def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
     Path(tmp_path / "part-0000003.arrow").write_bytes(Path(whole.uri).read_bytes())
     listed = listed_objects(fsspec.filesystem("file"), str(tmp_path))
     assert sorted(listed) == ["part-0000000.arrow", "part-0000002.arrow"]
-    assert intact(whole.uri, listed["part-0000000.arrow"][1])
-    assert not intact(flipped.uri, listed["part-0000002.arrow"][1])
+    assert object_intact(whole.uri, listed["part-0000000.arrow"][1])
+    assert not object_intact(flipped.uri, listed["part-0000002.arrow"][1])
 
 
 def test_a_shard_is_kept_only_when_its_receipt_vouches_for_its_bytes(tmp_path) -> None:
