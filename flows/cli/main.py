@@ -183,10 +183,12 @@ def _run(args: argparse.Namespace) -> str:
     overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
     origin = f"{args.config} with {overridden}" if overridden else args.config
     params = parse_params(params_type, values, origin)
-    for line in tracking_lines:  # which tracking server, and why (README: With MLflow)
-        print(line, file=sys.stderr)
     with _quiet(args):
         start_temporary_server()
+        # Which tracking server, and why (README: With MLflow); said once the run can start,
+        # so a command that fails before (no Prefect server) prints only its one line.
+        for line in tracking_lines:
+            print(line, file=sys.stderr)
         result = cast(dict[str, Any], flow(**params.arguments()))
     return _output(args, result, lambda: format_result(args.flow, params, result))
 
