@@ -37,7 +37,6 @@ from flows.report import (
     version_description,
 )
 from flows.results import (
-    Challenger,
     DatasetVersion,
     Evaluation,
     PipelineResult,
@@ -249,14 +248,7 @@ def _pipeline(params: PipelineParams, dask: Executor) -> PipelineResult:
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
     dataset, _ = _reshard(params.reshard, dask, arm, listing)
     training = _tracked_job(params.train, params.job, dataset.manifest_uri, arm)
-    result = PipelineResult(
-        manifest_uri=dataset.manifest_uri,
-        version_id=dataset.version_id,
-        reused=dataset.reused,
-        cached=dataset.cached,
-        run_id=training.run_id,
-        training=training,
-    )
+    result = PipelineResult.of(dataset, training)
     tracking = params.train.tracking
     if tracking is not None and training.model_uri:
         arms = {arm: training, **_other_arms(params, tracking, arm, dask, listing)}
@@ -276,7 +268,7 @@ def _pipeline(params: PipelineParams, dask: Executor) -> PipelineResult:
 def _other_arms(
     params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor, listing: Listing
 ) -> dict[str, TrainingResult]:
-    """The natural-mix arm's job summary, when asked for and not this run's own arm."""
+    """The natural-mix arm's finished job, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
         get_run_logger().warning(
             "compare_with_natural_mix: this run already trains on the "
@@ -320,17 +312,11 @@ def _register(
 ) -> Registration:
     """Register the model, described; flows/promotion.py decides its alias on the same
     rows as the champion's (and holds it back on drift against the parent version)."""
-    challenger = Challenger(
-        manifest_uri=result.manifest_uri,
-        run_id=str(result.run_id),
-        model_uri=str(result.training.model_uri),
-        evaluation=result.evaluations[arm],
-    )
     registration = promote(
         tracking,
         params.promotion,
         dask,
-        challenger,
+        result.challenger(arm),
         current_before,
         arm,
         version_description(result, arm, flow_run.get_name()),

@@ -11,7 +11,7 @@ runs, and a cached one must load as the class it was stored as.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -155,3 +155,19 @@ class PipelineResult(StepResult):
     runs: dict[str, str | None] = {}
     evaluations: dict[str, Evaluation] = {}
     registration: Registration | None = None
+
+    @classmethod
+    def of(cls, dataset: DatasetVersion, training: TrainingResult) -> PipelineResult:
+        """The run so far: its version and the job trained on it."""
+        return cls(**asdict(dataset), run_id=training.run_id, training=training)
+
+    def challenger(self, arm: str) -> Challenger:
+        """This run's model, up for registration with `arm`'s held-out evaluation."""
+        if self.run_id is None or self.training.model_uri is None:
+            raise ValueError("a pipeline run without an MLflow run or model registers nothing")
+        return Challenger(
+            manifest_uri=self.manifest_uri,
+            run_id=self.run_id,
+            model_uri=self.training.model_uri,
+            evaluation=self.evaluations[arm],
+        )
