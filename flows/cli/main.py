@@ -31,9 +31,10 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
 
 from flows.cli.files import add_files_command
 from flows.overrides import apply_override as apply_override  # the CLI's, tested here
@@ -189,8 +190,8 @@ def _run(args: argparse.Namespace) -> str:
         # so a command that fails before (no Prefect server) prints only its one line.
         for line in tracking_lines:
             print(line, file=sys.stderr)
-        result = cast(dict[str, Any], flow(**params.arguments()))
-    return _output(args, result, lambda: format_result(args.flow, params, result))
+        result = flow(**params.arguments())
+    return _output(args, result, lambda: format_result(params, result))
 
 
 def _demo(args: argparse.Namespace) -> str:
@@ -220,7 +221,7 @@ def _quiet(args: argparse.Namespace) -> Iterator[None]:
 def _output(args: argparse.Namespace, result: Any, table: Callable[[], str]) -> str:
     """The result as JSON or as `table()` (then with where the full result is), written
     to `--result-file` too when given; the log file's path last."""
-    full = json.dumps(result, indent=1, default=str)
+    full = json.dumps(to_jsonable_python(result, fallback=str), indent=1)
     if args.result_file:
         Path(args.result_file).write_text(full + "\n")
     if args.output == "json":
