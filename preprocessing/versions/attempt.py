@@ -21,7 +21,11 @@ attempt of its own version whose last heartbeat is younger than that age: it wri
 lease into it, then renames it to its own attempt id (local; the rename is the claim, so
 of two reruns one gets it), or on an object store stages in it where it is. What is in
 it is kept only once verified (preprocessing/exchange/receipts.py). A dead attempt of
-another version, or one older than the age, is removed as before, never reused.
+another version, or one older than the age, is removed as before, never reused. Such a
+run that fails for a transient reason (a cluster lost, a store that kept failing, an
+interrupt) keeps its staging and releases its lease (`released`: dead at once, on any
+host), so that a retry of the same version, in this process (a Prefect retry) or
+another, resumes it; a permanent or config error removes it, as a run's end always did.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from preprocessing.contract.manifest import (
     version_dir,
     write_atomically,
 )
-from preprocessing.toolbox.faults import PermanentError
+from preprocessing.toolbox.faults import PermanentError, is_permanent
 from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.table import publish_current
 
@@ -75,6 +79,7 @@ class Lease:
     holder: str
     pid: int
     heartbeat_at: float  # unix seconds of the last renewal
+    released: bool = False  # its run failed and left it to be resumed: dead now
 
 
 def _holder() -> str:
@@ -98,7 +103,8 @@ def staging_root(root: str) -> str:
 class VersionAttempt:
     """`with VersionAttempt(root, version_id) as attempt:` stage under `attempt.uri`,
     write shards to `attempt.shard_uri(name)`, then `attempt.commit(manifest, expected)`.
-    Leaving the block (committed or failed) removes the attempt's staging."""
+    Leaving the block removes the attempt's staging, unless it is resumable and left on
+    a transient error (then it is released for a retry to resume: see the module)."""
 
     def __init__(
         self,
@@ -145,6 +151,9 @@ class VersionAttempt:
         self._beating.join()
         for thread in self._discarding:
             thread.join()
+        if error is not None and self.resumable and not is_permanent(error):
+            self._release(error)
+            return
         try:
             _remove(self._fs, self._path)
         except OSError as cleanup:
@@ -161,6 +170,22 @@ class VersionAttempt:
             return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
+
+    def _release(self, error: BaseException) -> None:
+        """Leave the staging to a retry of the version: a lease that says so (dead now)."""
+        lease = Lease(HOLDER, os.getpid(), time.time(), released=True)
+        try:
+            write_atomically(
+                self._fs, f"{self._path}/{LEASE_NAME}", json.dumps(asdict(lease)).encode()
+            )
+        except OSError as failed:  # its heartbeat stops: dead after LEASE_EXPIRY_S anyway
+            log.warning("staging lease %s not released: %s", redact(self.uri), redact(str(failed)))
+        log.warning(
+            "staging %s kept for a rerun of version %s to resume (the run failed: %s)",
+            redact(self.uri),
+            self.version_id,
+            redact(str(error) or type(error).__name__),
+        )
 
     def _take_over(self, max_age_s: float) -> None:
         """Stage in the newest dead attempt of this version younger than `max_age_s`, if
@@ -290,6 +315,8 @@ def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> boo
     if lease is None:
         modified = _modified_at(fs, attempt)
         return modified is not None and time.time() - modified > expiry_s
+    if lease.released:
+        return True
     if lease.holder == HOLDER and not _alive(lease.pid):
         return True
     return time.time() - lease.heartbeat_at > expiry_s

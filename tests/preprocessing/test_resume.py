@@ -5,6 +5,7 @@ to its receipt. Whole reshards killed and resumed are in test_kill.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import fsspec
 import pyarrow as pa
 
+from flows.cli.status import attempt_lines
 from preprocessing.contract.shards import write_shard
 from preprocessing.exchange.receipts import (
     kept_shards,
@@ -20,6 +22,7 @@ from preprocessing.exchange.receipts import (
     write_shard_receipt,
 )
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
+from preprocessing.toolbox.faults import PermanentError
 from preprocessing.versions.attempt import HOLDER, LEASE_NAME, STAGING_DIR, VersionAttempt
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -102,3 +105,51 @@ def test_a_shard_is_kept_only_when_its_receipt_vouches_for_its_bytes(tmp_path) -
     record[0]["path"] = "../train-00000.parquet"
     Path(receipt).write_text(json.dumps(record))
     assert kept_shards(receipt, str(tmp_path), sizes) == []
+
+
+def test_status_names_a_dead_attempts_resume_command_and_not_a_running_ones(tmp_path) -> None:
+    """Invariants: `ballast status` lists a dead attempt as dead with the command that
+    resumes it, and a running one as running, without a command."""
+    root = tmp_path / "root"
+    dead_attempt(root, "v0", "killed", age_s=400)
+    command = "ballast run reshard --config c.yaml"
+    header, dead = attempt_lines(str(root), command)
+    assert header == f"unfinished reshard attempts under {root}:"
+    assert dead.startswith("  version v0 (dead, last heartbeat 400 s ago): 0 of ? map outputs")
+    assert dead.endswith(f"written; resume: {command}")
+    with VersionAttempt(str(root), "v1"):  # collects the dead one first
+        _, running = attempt_lines(str(root), command)
+    assert running.startswith("  version v1 (running, last heartbeat 0 s ago)")
+    assert "resume:" not in running
+
+
+class Refused(PermanentError, RuntimeError):
+    """A failure no retry can change."""
+
+
+def test_a_transient_failure_leaves_the_staging_to_a_retry_and_a_permanent_one_does_not(
+    tmp_path,
+) -> None:
+    """Invariants: a resumable attempt left on a transient error keeps its staging with a
+    released lease, which a retry in the same process (a Prefect retry) takes over at
+    once; left on a permanent error, or not resumable, it is removed."""
+    root = str(tmp_path / "root")
+    for error, resumable in ((Refused("no"), 60.0), (RuntimeError("lost"), None)):
+        with (
+            contextlib.suppress(type(error)),
+            VersionAttempt(root, "v1", resume_max_age_s=resumable) as attempt,
+        ):
+            Path(attempt.uri, "train-00000.parquet").write_bytes(b"staged")
+            raise error
+        assert not (tmp_path / "root" / STAGING_DIR).exists()
+    with (
+        contextlib.suppress(RuntimeError),
+        VersionAttempt(root, "v1", resume_max_age_s=60.0) as failed,
+    ):
+        Path(failed.uri, "train-00000.parquet").write_bytes(b"staged")
+        raise RuntimeError("the cluster was lost")
+    assert (Path(failed.uri) / "train-00000.parquet").exists()
+    with VersionAttempt(root, "v1", resume_max_age_s=60.0) as retry:
+        assert (retry.resumed_from or "").endswith(failed.attempt_id)
+        assert (Path(retry.uri) / "train-00000.parquet").read_bytes() == b"staged"
+    assert not (tmp_path / "root" / STAGING_DIR).exists()
