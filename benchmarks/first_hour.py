@@ -58,9 +58,10 @@ def load_table(name: str) -> pd.DataFrame:
     if name == "cars":
         from vega_datasets import data
 
-        frame = data.cars().rename(columns={"Origin": "target"})
-        frame["Year"] = frame["Year"].dt.strftime("%Y-%m-%d")
-        return frame
+        # The bundled file as it is (`Year` an ISO date string): `data.cars()` passes
+        # read_json a keyword pandas deprecates.
+        rows = json.loads(Path(data.cars.filepath).read_text())
+        return pd.DataFrame(rows).rename(columns={"Origin": "target"})
     frame = getattr(sklearn.datasets, f"load_{name.removesuffix('_rare')}")(as_frame=True).frame
     if name == "digits_rare":  # the pixels as the integers they are (0..16)
         frame = frame.astype({column: "int64" for column in frame.columns})

@@ -14,7 +14,8 @@ command line.
 - `digits_rare` (scikit-learn): 64 integer pixel columns, the label `eight` (9.7%)
   against `other`: a rare positive class over many integer columns;
 - `cars` (vega_datasets' bundled copy): 406 rows, 3 classes, nulls in two float columns,
-  the model year as an ISO date string, a near-unique name, and the `id` column.
+  the model year as an ISO date string (a temporal feature), a near-unique name (left out),
+  and the `id` column.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from distributed import Client
 from benchmarks.first_hour import TARGET_RATIO, holdout_ids, sklearn_balanced_accuracy, write_table
 from flows.cli.init_config import describe_inputs
 from preprocessing.config import ReshardConfig
+from preprocessing.contract.codec import FeatureCodec
 from preprocessing.driver.reshard import run_reshard
 from tests.feature_data import codec_classifier
 from tracking.lifecycle.scoring import evaluate_classifier
@@ -74,6 +76,16 @@ def check_shape(name: str, frame: Any, dataset: dict[str, Any]) -> None:
         assert nulls == {"Miles_per_Gallon", "Horsepower"} <= set(dataset["nulls"])
 
 
+def check_encoding(name: str, codec: FeatureCodec) -> None:
+    """The version encodes the table's shape as such: integers as numbers, the date string
+    as a temporal feature (seconds), the nulls filled by their policy."""
+    kinds = {spec.name: (spec.kind, spec.nulls) for spec in codec.columns}
+    if name == "digits_rare":
+        assert set(kinds.values()) == {("numeric", "error")} and len(kinds) == 64
+    else:
+        assert kinds["Year"][0] == "temporal" and kinds["Horsepower"] == ("numeric", "fill_mean")
+
+
 @pytest.mark.parametrize("name", ["digits_rare", "cars"])
 def test_the_default_model_holds_up_against_hist_gradient_boosting(
     name: str, tmp_path: Path, dask_client: Client
@@ -90,6 +102,8 @@ def test_the_default_model_holds_up_against_hist_gradient_boosting(
     train = {**config["train"], "dataset": version.manifest_uri, "tracking": None}
     network = trained_network(TrainConfig.model_validate(train))
     model = codec_classifier(network, version.manifest_uri)
+    assert model.codec is not None
+    check_encoding(name, model.codec)
     ours = evaluate_classifier(model, version.manifest_uri)["balanced_accuracy"]
     theirs = sklearn_balanced_accuracy(frame, holdout_ids(version.manifest_uri), dataset)
     settings = {key: config["train"][key] for key in ("max_epochs", "loader", "model")}
