@@ -113,7 +113,7 @@ class Listing:
 def list_once(config: ReshardConfig) -> Listing:
     """List the inputs of `config` (each root's listing retried on transient errors), once
     every object store it names has answered a quick probe (preprocessing/storage/reach.py)."""
-    check_reachable([*config.dataset.inputs, config.output_root])
+    check_reachable([config.output_root])
     files = list_inputs(config.dataset, config.retry)
     return Listing(files, fingerprint_inputs(files))
 
