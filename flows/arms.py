@@ -8,7 +8,7 @@ next to balanced accuracy and the worst class's recall (which rebalancing is for
 
 from __future__ import annotations
 
-from typing import Any
+from flows.results import Evaluation
 
 REBALANCED = "rebalanced"
 NATURAL_MIX = "natural-mix"
@@ -20,18 +20,18 @@ def arm_for(class_weighting: str) -> str:
     return NATURAL_MIX if class_weighting == "natural" else REBALANCED
 
 
-def worst_class(evaluation: dict[str, Any]) -> tuple[str, float] | None:
+def worst_class(evaluation: Evaluation) -> tuple[str, float] | None:
     """The class with the lowest held-out recall and that recall (classes without support
     have none and are skipped); None when no class has support."""
-    recalls = [(label, value) for label, value in evaluation["recall"].items() if value is not None]
+    recalls = [(label, value) for label, value in evaluation.recall.items() if value is not None]
     return min(recalls, key=lambda item: item[1]) if recalls else None
 
 
-def figures(evaluation: dict[str, Any]) -> dict[str, float | None]:
+def figures(evaluation: Evaluation) -> dict[str, float | None]:
     """Macro-F1, balanced accuracy and worst-class recall of one evaluation."""
     worst = worst_class(evaluation)
     return {
-        "macro-F1": evaluation["macro_f1"],
-        "balanced accuracy": evaluation["balanced_accuracy"],
+        "macro-F1": evaluation.macro_f1,
+        "balanced accuracy": evaluation.balanced_accuracy,
         "worst-class recall": worst[1] if worst else None,
     }

@@ -13,7 +13,6 @@ Each flow's `overrides` are applied to its parameters before it starts (flows/ov
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
@@ -37,7 +36,14 @@ from flows.report import (
     run_description,
     version_description,
 )
-from flows.results import DatasetVersion
+from flows.results import (
+    DatasetVersion,
+    Evaluation,
+    PipelineResult,
+    Predictions,
+    Registration,
+    TrainingResult,
+)
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import Manifest, read_current_version, read_manifest
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client, run_executor
@@ -80,25 +86,18 @@ def _reshard(
     return dataset, manifest
 
 
-def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str, arm: str) -> dict[str, Any]:
+def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str, arm: str) -> TrainingResult:
     """Run the job on `dataset` (its launcher pins the version and opens the MLflow run),
-    then close the run; the job's summary, with `run_id`."""
-    summary: dict[str, Any] = tasks.train(
+    then close the run; the finished job."""
+    training = tasks.train(
         config.model_copy(update={"dataset": dataset, "tracking": _run_named(config, arm)}),
         job,
         arm,
     )
-    runlog.log_training(arm, summary)
-    if config.tracking is not None:
-        tasks.close_run(
-            config.tracking,
-            summary["run_id"],
-            summary,
-            summary["manifest_uri"],
-            config.checkpoint_uri,
-            arm,
-        )
-    return summary
+    runlog.log_training(arm, training)
+    if config.tracking is not None and training.run_id is not None:
+        tasks.close_run(config.tracking, training.run_id, training, config.checkpoint_uri, arm)
+    return training
 
 
 def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
@@ -115,23 +114,22 @@ def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
 @ballast_flow("reshard", ReshardParams)
 def reshard_flow(
     *, reshard: ReshardConfig, dask: DaskConfig = DASK, overrides: list[str] = NO_OVERRIDES
-) -> dict[str, Any]:
+) -> DatasetVersion:
     """Reshard raw files into a balanced, committed dataset version."""
     dataset, _ = _reshard(reshard, dask, arm_for(reshard.mix.class_weighting))
-    return dataset.as_dict()
+    return dataset
 
 
 @ballast_flow("train", TrainParams)
 def train_flow(
     *, train: TrainConfig, job: LaunchConfig = LOCAL_JOB, overrides: list[str] = NO_OVERRIDES
-) -> dict[str, Any]:
+) -> TrainingResult:
     """One tracked training job on a dataset version."""
     manifest, _ = read_manifest(train.dataset)
     arm = arm_for(manifest.config["mix"]["class_weighting"])
-    summary = _tracked_job(train, job, train.dataset, arm)
-    tracking = train.tracking.tracking_uri if train.tracking else None
-    publish_training({"training": summary, "run_id": summary["run_id"]}, tracking, arm)
-    return summary
+    training = _tracked_job(train, job, train.dataset, arm)
+    publish_training(training, train.tracking.tracking_uri if train.tracking else None, arm)
+    return training
 
 
 @ballast_flow("evaluate", EvaluateParams)
@@ -144,7 +142,7 @@ def evaluate_flow(
     split: str = "holdout",
     dask: DaskConfig = DASK,
     overrides: list[str] = NO_OVERRIDES,
-) -> dict[str, Any]:
+) -> dict[str, Evaluation]:
     """Per-class recall and macro-F1 of a model (and a baseline model) on a held-out
     split, each with the class-prior baseline and whether it beats it."""
     models = {"model": model_uri}
@@ -173,7 +171,7 @@ def batch_inference_flow(
     output_root: str,
     dask: DaskConfig = DASK,
     overrides: list[str] = NO_OVERRIDES,
-) -> dict[str, Any]:
+) -> Predictions:
     """Predictions of a model over a dataset version (or Parquet files), as a new version."""
     params = InferenceParams(
         model_uri=model_uri,
@@ -190,7 +188,7 @@ def batch_inference_flow(
         inputs += tasks.split_uris(params.dataset, params.split)
     if not inputs:
         raise ValueError("batch_inference needs `dataset` or `inputs`")
-    output: dict[str, Any] = tasks.predict(
+    output = tasks.predict(
         inputs,
         params.model_uri,
         params.tracking,
@@ -225,7 +223,7 @@ def pipeline(
     compare_with_natural_mix: bool = False,
     promotion: PromotionConfig = PROMOTION,
     overrides: list[str] = NO_OVERRIDES,
-) -> dict[str, Any]:
+) -> PipelineResult:
     """Reshard, train on the new version, evaluate on held-out rows, register the model.
     A local or running Dask cluster serves every step of the run that needs one (both arms'
     reshards and evaluations): starting one costs seconds, and its workers keep the models
@@ -244,35 +242,33 @@ def pipeline(
         return _pipeline(params, executor)
 
 
-def _pipeline(params: PipelineParams, dask: Executor) -> dict[str, Any]:
+def _pipeline(params: PipelineParams, dask: Executor) -> PipelineResult:
     arm = arm_for(params.reshard.mix.class_weighting)
     listing = list_once(params.reshard)  # both arms read the same inputs
     current_before = read_current_version(params.reshard.output_root)  # the drift's parent
     dataset, _ = _reshard(params.reshard, dask, arm, listing)
-    summary = _tracked_job(params.train, params.job, dataset.manifest_uri, arm)
-    result: dict[str, Any] = {
-        **dataset.as_dict(),
-        "run_id": summary.pop("run_id"),
-        "training": summary,
-    }
+    training = _tracked_job(params.train, params.job, dataset.manifest_uri, arm)
+    result = PipelineResult.of(dataset, training)
     tracking = params.train.tracking
-    if tracking is not None and summary.get("model_uri"):
-        arms = {
-            arm: {**summary, "run_id": result["run_id"]},
-            **_other_arms(params, tracking, arm, dask, listing),
-        }
-        result["runs"] = {name: job["run_id"] for name, job in arms.items()}
-        result["evaluations"] = _evaluations(tracking, dataset.manifest_uri, arms, dask)
+    if tracking is not None and training.model_uri:
+        arms = {arm: training, **_other_arms(params, tracking, arm, dask, listing)}
+        result = result.model_copy(
+            update={
+                "runs": {name: job.run_id for name, job in arms.items()},
+                "evaluations": _evaluations(tracking, dataset.manifest_uri, arms, dask),
+            }
+        )
         if tracking.registered_model_name:
-            result["registration"] = _register(params, tracking, result, current_before, arm, dask)
-    publish_training(result, tracking.tracking_uri if tracking else None, arm)
+            registration = _register(params, tracking, result, current_before, arm, dask)
+            result = result.model_copy(update={"registration": registration})
+    publish_training(training, tracking.tracking_uri if tracking else None, arm, result)
     return result
 
 
 def _other_arms(
     params: PipelineParams, tracking: TrackingConfig, arm: str, dask: Executor, listing: Listing
-) -> dict[str, dict[str, Any]]:
-    """The natural-mix arm's job summary, when asked for and not this run's own arm."""
+) -> dict[str, TrainingResult]:
+    """The natural-mix arm's finished job, when asked for and not this run's own arm."""
     if params.compare_with_natural_mix and arm == NATURAL_MIX:
         get_run_logger().warning(
             "compare_with_natural_mix: this run already trains on the "
@@ -284,19 +280,19 @@ def _other_arms(
 
 
 def _evaluations(
-    tracking: TrackingConfig, manifest_uri: str, arms: dict[str, dict[str, Any]], dask: Executor
-) -> dict[str, dict[str, Any]]:
+    tracking: TrackingConfig, manifest_uri: str, arms: dict[str, TrainingResult], dask: Executor
+) -> dict[str, Evaluation]:
     """Each arm's model on the same held-out rows (this run's version's), the figures
     logged to the arm's MLflow run too."""
     evaluations = {
         name: tasks.evaluate(
-            job["model_uri"],
+            str(job.model_uri),
             tracking,
             manifest_uri,
             "holdout",
             dask,
             name,
-            job.get("run_id"),
+            job.run_id,
             run_description(name, job, manifest_uri, flow_run.get_name()),
         )
         for name, job in arms.items()
@@ -309,18 +305,18 @@ def _evaluations(
 def _register(
     params: PipelineParams,
     tracking: TrackingConfig,
-    result: dict[str, Any],
+    result: PipelineResult,
     current_before: str | None,
     arm: str,
     dask: Executor,
-) -> dict[str, Any]:
+) -> Registration:
     """Register the model, described; flows/promotion.py decides its alias on the same
     rows as the champion's (and holds it back on drift against the parent version)."""
     registration = promote(
         tracking,
         params.promotion,
         dask,
-        result,
+        result.challenger(arm),
         current_before,
         arm,
         version_description(result, arm, flow_run.get_name()),
@@ -331,9 +327,9 @@ def _register(
 
 def _natural_mix_job(
     params: PipelineParams, tracking: TrackingConfig, dask: Executor, listing: Listing
-) -> dict[str, Any]:
+) -> TrainingResult:
     """Train the same model on the data as it came (same held-out rows: same seed/files);
-    the job's summary, with `run_id`."""
+    the finished job."""
     natural = params.reshard.model_copy(
         update={
             "output_root": f"{params.reshard.output_root.rstrip('/')}-natural",

@@ -7,14 +7,13 @@ metrics and tags, the training summary.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.results import Challenger, DriftSummary, Evaluation, Registration
 from flows.tasks import TRANSIENT_RETRIES, dask_map
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.driver.cluster import Executor
@@ -52,51 +51,52 @@ def register(
     tracking: TrackingConfig,
     name: str,
     model_uri: str,
-    evaluation: dict[str, Any],
+    evaluation: Evaluation,
     promotion: Promotion,
     arm: str,
     description: str = "",
-) -> dict[str, Any]:
-    """Register the model (with `description`); tracking/lifecycle/promotion.py decides its alias on
-    the same rows."""
-    return register_and_promote(
+) -> Registration:
+    """Register the model (with `description`); tracking/lifecycle/promotion.py decides its
+    alias on the same rows."""
+    registration = register_and_promote(
         tracking,
         model_uri,
         name,
-        evaluation["macro_f1"],
-        evaluation["beats_class_prior"],
+        evaluation.macro_f1,
+        evaluation.beats_class_prior,
         promotion,
         description,
     )
+    return Registration.model_validate(registration)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="record-promotion[{arm}]", **TRANSIENT_RETRIES)
 def record(
     tracking: TrackingConfig,
     run_id: str,
-    registration: dict[str, Any],
+    registration: Registration,
     report: DriftReport | None,
     markdown: str | None,
     arm: str,
 ) -> None:
     """Scores, rows, reasons and drift metrics on the new model's MLflow run."""
-    log_promotion(tracking, run_id, registration, report.metrics() if report else {}, markdown)
+    metrics = report.metrics() if report else {}
+    log_promotion(tracking, run_id, registration.model_dump(), metrics, markdown)
 
 
 def promote(
     tracking: TrackingConfig,
     config: PromotionConfig,
     dask: Executor,
-    result: Mapping[str, Any],
+    challenger: Challenger,
     current_before: str | None,
     arm: str,
     description: str = "",
-) -> dict[str, Any]:
-    """Drift, champion on the same rows, registration (with `description`) of the model of
-    the pipeline's `result` so far: the registration's summary."""
+) -> Registration:
+    """Drift, champion on the same rows, registration (with `description`) of the
+    `challenger`: the registration, with the drift."""
     name = str(tracking.registered_model_name)
-    location = str(result["manifest_uri"])
-    run_id, evaluation = str(result["run_id"]), result["evaluations"][arm]
+    location = challenger.manifest_uri
     manifest, _ = read_manifest(location)
     parent = parent_of(manifest, current_before)
     report = drift(location, parent, arm) if parent else None
@@ -112,25 +112,26 @@ def promote(
     registration = register(
         tracking,
         name,
-        result["training"]["model_uri"],
-        evaluation,
+        challenger.model_uri,
+        challenger.evaluation,
         Promotion(same_rows, breaches, config.force),
         arm,
         description,
     )
-    record(tracking, run_id, registration, report, markdown, arm)
+    record(tracking, challenger.run_id, registration, report, markdown, arm)
     log_drift_line(arm, report)
-    return {**registration, "drift": drift_summary(report, breaches) if report else None}
+    drift_seen = drift_summary(report, breaches) if report else None
+    return registration.model_copy(update={"drift": drift_seen})
 
 
-def drift_summary(report: DriftReport, breaches: list[str]) -> dict[str, Any]:
-    return {
-        "parent": report.parent,
-        "class_psi": report.class_psi,
-        "source_psi": report.source_psi,
-        "rows": report.rows,
-        "breaches": breaches,
-    }
+def drift_summary(report: DriftReport, breaches: list[str]) -> DriftSummary:
+    return DriftSummary(
+        parent=report.parent,
+        class_psi=report.class_psi,
+        source_psi=report.source_psi,
+        rows=report.rows,
+        breaches=breaches,
+    )
 
 
 def _share_rows(title: str, changes: list[ShareChange]) -> list[str]:
@@ -169,20 +170,20 @@ def drift_markdown(report: DriftReport, breaches: list[str]) -> str:
     return "\n".join(lines)
 
 
-def promotion_lines(registration: Mapping[str, Any] | None) -> list[str]:
+def promotion_lines(registration: Registration | None) -> list[str]:
     """For the summaries: both scores, the rows they were computed on, the reasons."""
-    if not registration or "reasons" not in registration:
+    if registration is None or registration.reasons is None:
         return []
     lines = []
-    same = registration.get("same_rows")
+    same = registration.same_rows
     if same is not None:
-        champion_score = same["champion_score"]
+        champion_score = same.champion_score
         lines.append(
-            f"  same rows ({SameRows(**same).describe()}): challenger macro-F1 "
-            f"{registration['score']:.4f}, champion v{same['champion_version']} "
+            f"  same rows ({same.describe()}): challenger macro-F1 "
+            f"{registration.score:.4f}, champion v{same.champion_version} "
             f"{'cannot read them' if champion_score is None else f'{champion_score:.4f}'}"
         )
-    lines += [f"  because: {reason}" for reason in registration["reasons"]]
+    lines += [f"  because: {reason}" for reason in registration.reasons]
     return lines
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.arms import FIGURE_NAMES, figures, worst_class
 from flows.promotion import promotion_lines
+from flows.results import Evaluation, PipelineResult, TrainingResult
 from flows.runlog import count
 from preprocessing.contract.manifest import Manifest, read_manifest
 from tracking.run.runs import how_to_open, run_page_url, ui_command
@@ -26,15 +26,17 @@ def class_rows_after(manifest: Manifest) -> dict[str, int]:
     return totals
 
 
-def run_spool_dir(training: dict[str, Any]) -> str | None:
+def run_spool_dir(training: TrainingResult | None) -> str | None:
     """Where the job kept what MLflow could not take (its delivery report says), if any."""
-    spool = (training.get("tracking_delivery") or {}).get("spool")
+    delivery = training.tracking_delivery if training else None
+    spool = (delivery or {}).get("spool")
     return str(Path(spool).parent) if spool else None
 
 
-def how_to_open_run(result: dict[str, Any], tracking_uri: str) -> str:
-    """The run's page on the tracking server, or how to open or send it."""
-    return how_to_open(tracking_uri, result["run_id"], run_spool_dir(result.get("training") or {}))
+def how_to_open_run(run_id: str, tracking_uri: str, training: TrainingResult | None = None) -> str:
+    """The run's page on the tracking server, or how to open or send it (from the spool of
+    `training`, the job that logged it)."""
+    return how_to_open(tracking_uri, run_id, run_spool_dir(training))
 
 
 def publish_dataset(manifest: Manifest, arm: str) -> None:
@@ -94,10 +96,10 @@ def publish_dataset(manifest: Manifest, arm: str) -> None:
     )
 
 
-def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
+def comparison_lines(evaluations: dict[str, Evaluation]) -> list[str]:
     """A Markdown table: one column per arm, one row per figure, on the same held-out rows."""
     arms = list(evaluations)
-    num_rows = next(iter(evaluations.values()))["num_rows"]
+    num_rows = next(iter(evaluations.values())).num_rows
     lines = [f"| held-out ({num_rows} rows) | {' | '.join(arms)} |", f"|---|{'---|' * len(arms)}"]
     by_arm = {arm: figures(evaluation) for arm, evaluation in evaluations.items()}
     for name in FIGURE_NAMES:
@@ -111,26 +113,26 @@ def comparison_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def same_rows_line(evaluations: dict[str, dict[str, Any]]) -> str:
+def same_rows_line(evaluations: dict[str, Evaluation]) -> str:
     """Why the arms' figures compare: one set of held-out rows for all of them."""
     first = next(iter(evaluations.values()))
     return (
-        f"All arms are scored on the same {first['num_rows']} held-out rows, those of "
-        f"version {first['dataset_version']}: the natural-mix version is cut from the "
+        f"All arms are scored on the same {first.num_rows} held-out rows, those of "
+        f"version {first.dataset_version}: the natural-mix version is cut from the "
         "same input files with the same seed, so it holds out the same rows, and one "
         "set of rows makes the figures differ by the model alone."
     )
 
 
-def version_description(result: dict[str, Any], arm: str, flow_run_name: str | None) -> str:
+def version_description(result: PipelineResult, arm: str, flow_run_name: str | None) -> str:
     """The registered version's description: arm, dataset version, held-out figures."""
-    evaluation = result["evaluations"][arm]
+    evaluation = result.evaluations[arm]
     scores = ", ".join(f"{name} {_cell(value)}" for name, value in figures(evaluation).items())
-    baseline = evaluation["class_prior_baseline"]
+    baseline = evaluation.class_prior_baseline
     return (
         f"Arm `{arm}` of flow run `{flow_run_name}`, trained on dataset version "
-        f"{result['version_id']} (MLflow run {result['run_id']}). Held-out "
-        f"({evaluation['num_rows']} rows of version {evaluation['dataset_version']}): "
+        f"{result.version_id} (MLflow run {result.run_id}). Held-out "
+        f"({evaluation.num_rows} rows of version {evaluation.dataset_version}): "
         f"{scores}; the class-prior baseline on the same rows: macro-F1 "
         f"{_cell(baseline['macro_f1'])}, balanced accuracy "
         f"{_cell(baseline['balanced_accuracy'])}."
@@ -148,13 +150,13 @@ def markdown_text(value: object) -> str:
     return re.sub(r"([\\`*_{}\[\]()<>#+\-.!|~])", r"\\\1", text)
 
 
-def _description(result: dict[str, Any]) -> str:
-    arms = " and ".join(result.get("evaluations") or {}) or "no held-out evaluation"
-    version = result.get("version_id") or result["training"].get("manifest_uri")
+def _description(training: TrainingResult, result: PipelineResult | None) -> str:
+    arms = " and ".join(result.evaluations if result else {}) or "no held-out evaluation"
+    version = result.version_id if result else training.manifest_uri
     return (
         f"training on dataset version {version}: held-out macro-F1, balanced accuracy "
         f"and worst-class recall ({arms}), the registration and the MLflow "
-        f"{'runs' if len(result.get('runs') or {}) > 1 else 'run'}"
+        f"{'runs' if result and len(result.runs) > 1 else 'run'}"
     )
 
 
@@ -181,17 +183,18 @@ def increment_summary(manifest: Manifest) -> str:
     )
 
 
-def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = None) -> str:
-    """A link to the run (`arm`'s, default the result's own) on the configured server;
+def run_link_line(
+    run_id: str, tracking_uri: str, arm: str | None = None, training: TrainingResult | None = None
+) -> str:
+    """A link to the run (`arm`'s, else labelled as the run's own) on the configured server;
     with no server (a local store) or a run not on it yet, no link but how to open (or
-    send) it."""
-    run_id = result["runs"][arm] if arm else result["run_id"]
+    send) it (from the spool of `training`)."""
     label = f"MLflow run ({arm})" if arm else "MLflow run"
     url = run_page_url(tracking_uri, run_id)
     if url is not None:
         return f"- {label}: [{run_id}]({url})"
     if is_local_run(run_id):
-        return f"- {label} {run_id}: {how_to_open_run({**result, 'run_id': run_id}, tracking_uri)}"
+        return f"- {label} {run_id}: {how_to_open_run(run_id, tracking_uri, training)}"
     return (
         f"- {label} {run_id}: no server to link to; open a UI on the store with "
         f"`{ui_command(tracking_uri)}`, then its page `#/runs/{run_id}`"
@@ -199,11 +202,11 @@ def run_link_line(result: dict[str, Any], tracking_uri: str, arm: str | None = N
 
 
 def run_description(
-    arm: str, job: dict[str, Any], holdout_uri: str, flow_run_name: str | None
+    arm: str, job: TrainingResult, holdout_uri: str, flow_run_name: str | None
 ) -> str:
     """An arm's MLflow run description: which flow run, which version it trained on, and
     which rows its `holdout_*` metrics are of (the same for every arm)."""
-    trained, _ = read_manifest(job["manifest_uri"])
+    trained, _ = read_manifest(job.manifest_uri)
     held, _ = read_manifest(holdout_uri)
     return (
         f"Arm `{arm}` of flow run `{flow_run_name}`: trained on dataset version "
@@ -214,32 +217,45 @@ def run_description(
 
 
 def publish_training(
-    result: dict[str, Any], tracking_uri: str | None, arm: str | None = None
+    training: TrainingResult,
+    tracking_uri: str | None,
+    arm: str | None = None,
+    result: PipelineResult | None = None,
 ) -> None:
-    """Markdown: figures of `arm`'s job, both arms side by side, registration and the
-    runs' links."""
-    training = result["training"]
+    """Markdown: figures of `arm`'s job, and of the pipeline's `result` (when a pipeline
+    ran it) both arms side by side and the registration; the runs' links."""
     job = f" ({arm})" if arm else ""
     lines = [
         "# Training summary",
         "",
-        f"- training job{job}: {count(training['world_size'], 'rank')}, "
-        f"{count(training.get('epochs'), 'epoch')}, batches per rank "
-        f"{training['batches_per_rank']}; validation macro-F1 "
-        f"{_cell(training.get('val_macro_f1'))}",
+        f"- training job{job}: {count(training.world_size, 'rank')}, "
+        f"{count(training.epochs, 'epoch')}, batches per rank "
+        f"{training.batches_per_rank}; validation macro-F1 "
+        f"{_cell(training.val_macro_f1)}",
     ]
-    if result.get("evaluations"):
-        lines += ["", *comparison_lines(result["evaluations"]), ""]
-    if result.get("registration"):
-        registration = result["registration"]
+    if result is not None and result.evaluations:
+        lines += ["", *comparison_lines(result.evaluations), ""]
+    if result is not None and result.registration is not None:
+        registration = result.registration
         lines.append(
-            f"- registered {registration['name']} v{registration['version']} as "
-            f"`{registration['alias']}`"
+            f"- registered {registration.name} v{registration.version} as `{registration.alias}`"
         )
         lines += [f"  -{line[1:]}" for line in promotion_lines(registration)]
-    if result.get("run_id") and tracking_uri:
-        arms: list[str | None] = list(result.get("runs") or [None])
-        lines += [run_link_line(result, tracking_uri, arm) for arm in arms]
+    if training.run_id and tracking_uri:
+        lines += _run_links(training, training.run_id, tracking_uri, result.runs if result else {})
     create_markdown_artifact(
-        "\n".join(lines), key="training-summary", description=_description(result)
+        "\n".join(lines), key="training-summary", description=_description(training, result)
     )
+
+
+def _run_links(
+    training: TrainingResult, run_id: str, tracking_uri: str, runs: dict[str, str | None]
+) -> list[str]:
+    """A link per arm's run (`runs`), or to the job's own run when there are no arms."""
+    if not runs:
+        return [run_link_line(run_id, tracking_uri, training=training)]
+    return [
+        run_link_line(arm_run, tracking_uri, arm, training)
+        for arm, arm_run in runs.items()
+        if arm_run
+    ]

@@ -9,12 +9,14 @@ held-out rows and what the registry did with the model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prefect import get_run_logger
 
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
+from flows.results import Evaluation, Predictions, Registration, TrainingResult
 from preprocessing.contract.manifest import Manifest
 from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 
@@ -79,35 +81,36 @@ def log_dataset(arm: str, manifest: Manifest, reused: bool, cached: bool) -> Non
         logger.warning("reshard[%s]: %s", arm, line)
 
 
-def log_training(arm: str, summary: dict[str, Any]) -> None:
+def log_training(arm: str, training: TrainingResult) -> None:
     """Epochs, ranks, attempts and the validation figures of a finished job."""
-    attempts = summary.get("attempts") or []
     get_run_logger().info(
         "train[%s]: %s on %s ranks, batches per rank %s, %s; validation "
         "macro-F1 %s, validation loss %s; MLflow run %s",
         arm,
-        count(summary.get("epochs"), "epoch"),
-        summary.get("world_size"),
-        summary.get("batches_per_rank"),
-        count(len(attempts), "attempt"),
-        _number(summary.get("val_macro_f1")),
-        _number(summary.get("val_loss")),
-        summary.get("run_id") or "none (tracking off)",
+        count(training.epochs, "epoch"),
+        training.world_size,
+        training.batches_per_rank,
+        count(len(training.attempts), "attempt"),
+        _number(training.val_macro_f1),
+        _number(training.val_loss),
+        training.run_id or "none (tracking off)",
     )
-    if (ranks := straggler_line(summary)) is not None:
+    figures = training.figures()
+    if (ranks := straggler_line(figures)) is not None:
         get_run_logger().info("train[%s]: %s", arm, ranks)
-    for line in balance_lines(summary):
+    for line in balance_lines(figures):
         get_run_logger().info("train[%s]: %s", arm, line)
 
 
-def balance_lines(summary: dict[str, Any]) -> list[str]:
+# The two below read figures of the job's summary.json that the flows pass on unread.
+def balance_lines(summary: Mapping[str, Any]) -> list[str]:
     """The last moves of the split under `loader.balance: speed` (none otherwise), each
     as rank 0 noted it: "balance: step 40: rank 1 slower: 382/130 rows a step"."""
     moves = summary.get("balance_moves") or []
     return [f"balance: {move}" for move in moves[-MAX_BALANCE_LINES:]]
 
 
-def straggler_line(summary: dict[str, Any]) -> str | None:
+def straggler_line(summary: Mapping[str, Any]) -> str | None:
     """The slowest rank, its slowdown against the median and the share of the step lost
     to it, with every rank's step and blocked all-reduce time; None when not measured."""
     found = summary.get("straggler")
@@ -126,50 +129,50 @@ def straggler_line(summary: dict[str, Any]) -> str | None:
     )
 
 
-def log_evaluation(arm: str, evaluation: dict[str, Any]) -> None:
+def log_evaluation(arm: str, evaluation: Evaluation) -> None:
     """Macro-F1, balanced accuracy and the worst class's recall on held-out rows."""
     worst = worst_class(evaluation)
     get_run_logger().info(
         "evaluate[%s]: %d held-out rows of version %s: macro-F1 %s, balanced accuracy %s, "
         "worst-class recall %s",
         arm,
-        evaluation["num_rows"],
-        evaluation["dataset_version"],
-        _number(evaluation["macro_f1"]),
-        _number(evaluation["balanced_accuracy"]),
+        evaluation.num_rows,
+        evaluation.dataset_version,
+        _number(evaluation.macro_f1),
+        _number(evaluation.balanced_accuracy),
         f"{worst[1]:.4f} ({worst[0]})" if worst else "n/a",
     )
 
 
-def log_registration(arm: str, registration: dict[str, Any]) -> None:
+def log_registration(arm: str, registration: Registration) -> None:
     get_run_logger().info("%s", registration_line(arm, registration))
 
 
-def registration_line(arm: str, registration: dict[str, Any]) -> str:
+def registration_line(arm: str, registration: Registration) -> str:
     """One line per registration: the version, its alias and held-out score, and why: the
     champion's score on the same rows and every reason of the decision (flows/promotion.py)."""
     details = "; ".join(line.strip() for line in promotion_lines(registration))
     return (
-        f"register[{arm}]: {registration['name']} v{registration['version']} is "
-        f"`{registration['alias']}` (held-out macro-F1 {registration['score']:.4f}); "
+        f"register[{arm}]: {registration.name} v{registration.version} is "
+        f"`{registration.alias}` (held-out macro-F1 {registration.score:.4f}); "
         f"{details or _versus(registration)}"
     )
 
 
-def _versus(registration: dict[str, Any]) -> str:
+def _versus(registration: Registration) -> str:
     """The champion's score, for a registration decided without the promotion step."""
-    previous = registration.get("previous_champion_score")
+    previous = registration.previous_champion_score
     if previous is not None:
         return f"champion's held-out macro-F1 was {previous:.4f}"
-    if registration.get("previous_champion") is not None:
-        return f"champion v{registration['previous_champion']} was not scored"
+    if registration.previous_champion is not None:
+        return f"champion v{registration.previous_champion} was not scored"
     return "no champion before"
 
 
-def log_predictions(output: dict[str, Any]) -> None:
+def log_predictions(output: Predictions) -> None:
     get_run_logger().info(
         "predict: %d predictions committed as version %s at %s",
-        output["num_rows"],
-        output["version_id"],
-        output["manifest_uri"],
+        output.num_rows,
+        output.version_id,
+        output.manifest_uri,
     )

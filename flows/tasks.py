@@ -1,7 +1,8 @@
 """Prefect tasks: each calls one function of preprocessing/, training/ or tracking/ and
-passes URIs and small dicts, never data. A task run is named by what it does and for which
-arm of the pipeline (`reshard[natural-mix]`, `train[rebalanced]`), so the two arms can be told
-apart in the Prefect UI; the results come back as values that the flows log.
+passes URIs and typed results (flows/results.py), never data. A task run is named by what it
+does and for which arm of the pipeline (`reshard[natural-mix]`, `train[rebalanced]`), so the
+two arms can be told apart in the Prefect UI; the results come back as typed values that the
+flows pass on and log.
 
 Retries are decided at one level per operation (docs/reliability.md, "Who retries
 what"): a reshard's and a batch inference's reads are retried inside them, per file or
@@ -23,7 +24,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
-from flows.results import DatasetVersion
+from flows.results import DatasetVersion, Evaluation, Predictions, TrainingResult
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.driver.cluster import Executor, dask_client
@@ -120,25 +121,24 @@ def reshard(
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
-def train(config: TrainConfig, job: AnyJob, arm: str = "adhoc") -> dict[str, Any]:
+def train(config: TrainConfig, job: AnyJob, arm: str = "adhoc") -> TrainingResult:
     """Run the training job through its launcher, which pins the dataset version and the
     MLflow run and retries under `job.retry`, each retry resuming. The task itself is
     never retried, so retries do not multiply."""
-    return run_job(config, job)
+    return TrainingResult.model_validate(run_job(config, job))
 
 
 @task(cache_policy=NO_CACHE, task_run_name="close-run[{arm}]")
 def close_run(
     tracking: TrackingConfig,
     run_id: str,
-    summary: dict[str, Any],
-    manifest_uri: str,
+    training: TrainingResult,
     checkpoint_uri: str,
     arm: str,
 ) -> None:
-    """Attach the summary, plots and checkpoints to the run and mark it finished."""
-    manifest, _ = read_manifest(manifest_uri)
-    finish_run(tracking, run_id, summary, manifest, checkpoint_uri)
+    """Attach the job's summary, plots and checkpoints to the run and mark it finished."""
+    manifest, _ = read_manifest(training.manifest_uri)
+    finish_run(tracking, run_id, training.figures(), manifest, checkpoint_uri)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="evaluate[{arm}]", **TRANSIENT_RETRIES)
@@ -151,7 +151,7 @@ def evaluate(
     arm: str,
     run_id: str | None = None,
     description: str = "",
-) -> dict[str, Any]:
+) -> Evaluation:
     """Macro-F1, balanced accuracy and per-class recall of one model on a held-out
     split, with the class-prior baseline; logged as metrics of `run_id` (the model's run)
     if given, with `description` as that run's description. Scored here or one task per
@@ -164,7 +164,7 @@ def evaluate(
         log_holdout(tracking, run_id, evaluation)
         if description:
             describe_run(tracking, run_id, description)
-    return evaluation
+    return Evaluation.model_validate(evaluation)
 
 
 @task(cache_policy=NO_CACHE)
@@ -175,7 +175,7 @@ def predict(
     id_column: str,
     output_root: str,
     dask: Executor,
-) -> dict[str, Any]:
+) -> Predictions:
     """Map the model over the inputs on Dask; commit the predictions as a version. Not
     retried as a task: each file's map is, inside `map_to_version`."""
     transform = partial(
@@ -190,8 +190,8 @@ def predict(
     )
     with dask_client(dask) as client:
         manifest, location = map_to_version(inputs, transform, output_root, spec, client)
-    return {
-        "manifest_uri": location,
-        "version_id": manifest.version_id,
-        "num_rows": manifest.split("predictions").num_rows,
-    }
+    return Predictions(
+        manifest_uri=location,
+        version_id=manifest.version_id,
+        num_rows=manifest.split("predictions").num_rows,
+    )

@@ -7,6 +7,7 @@ or reported). A test that only reads a run asks for its fixture instead of runni
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +87,18 @@ END_TO_END: frozenset[str] = frozenset(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
+
+
+@pytest.fixture(autouse=True)
+def import_path_as_it_was() -> Iterator[None]:
+    """Each test leaves `sys.path` as it found it. `mlflow.pyfunc.load_model` in a test puts
+    the model's `code/` (a partial copy of ballast's packages) first on this process's path;
+    every worker a later test starts with `LocalCluster` inherits that path and fails its
+    imports (`No module named 'preprocessing.contract.slurm'`). ballast's own loads restore
+    the path (tracking/run/model.own_import_path); a test calling MLflow directly does not."""
+    before = list(sys.path)
+    yield
+    sys.path[:] = before
 
 
 TINY = SampleSpec(

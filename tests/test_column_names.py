@@ -129,16 +129,19 @@ def test_a_class_label_of_any_text_stays_in_its_markdown_table_cell(label: str) 
     import re
 
     from flows.report import comparison_lines
+    from flows.results import Evaluation
 
-    evaluation = {
-        "num_rows": 3,
-        "dataset_version": "0123456789abcdef",
-        "macro_f1": 0.5,
-        "balanced_accuracy": 0.5,
-        "recall": {label: 0.1, "other": 0.9},
-        "class_prior_baseline": {},
-        "beats_class_prior": True,
-    }
+    evaluation = Evaluation.model_validate(
+        {
+            "num_rows": 3,
+            "dataset_version": "0123456789abcdef",
+            "macro_f1": 0.5,
+            "balanced_accuracy": 0.5,
+            "recall": {label: 0.1, "other": 0.9},
+            "class_prior_baseline": {},
+            "beats_class_prior": True,
+        }
+    )
     lines = comparison_lines({"rebalanced": evaluation, "natural-mix": evaluation})
     assert all("\n" not in line and "\r" not in line for line in lines)
     cells = {len(re.split(r"(?<!\\)\|", line)) for line in lines if line.startswith("|")}

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from flows.cli.summary import format_result
 from flows.params import PipelineParams, load_preset, parse_params
 from flows.pipeline import pipeline
+from flows.results import PipelineResult
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 
 
 def run_demo(
     work_dir: str | Path, num_rows: int = 120_000, seed: int = 0
-) -> tuple[PipelineParams, dict[str, Any], float]:
+) -> tuple[PipelineParams, PipelineResult, float]:
     """Write the sample under `work_dir`, run `pipeline`; its params, result and seconds."""
     work_dir = Path(work_dir).resolve()
     start = time.perf_counter()
@@ -26,6 +26,6 @@ def run_demo(
     return params, result, time.perf_counter() - start
 
 
-def demo_summary(params: PipelineParams, result: dict[str, Any], seconds: float) -> str:
+def demo_summary(params: PipelineParams, result: PipelineResult, seconds: float) -> str:
     """The pipeline's summary, with how long the demo took."""
-    return f"{format_result('pipeline', params, result)}\ndemo finished in {seconds:.0f} s"
+    return f"{format_result(params, result)}\ndemo finished in {seconds:.0f} s"

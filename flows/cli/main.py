@@ -31,9 +31,10 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
 
 from flows.cli.files import add_files_command
 from flows.overrides import apply_override as apply_override  # the CLI's, tested here
@@ -183,12 +184,14 @@ def _run(args: argparse.Namespace) -> str:
     overridden = ", ".join(f"--set {a.partition('=')[0]}" for a in args.set)
     origin = f"{args.config} with {overridden}" if overridden else args.config
     params = parse_params(params_type, values, origin)
-    for line in tracking_lines:  # which tracking server, and why (README: With MLflow)
-        print(line, file=sys.stderr)
     with _quiet(args):
         start_temporary_server()
-        result = cast(dict[str, Any], flow(**params.arguments()))
-    return _output(args, result, lambda: format_result(args.flow, params, result))
+        # Which tracking server, and why (README: With MLflow); said once the run can start,
+        # so a command that fails before (no Prefect server) prints only its one line.
+        for line in tracking_lines:
+            print(line, file=sys.stderr)
+        result = flow(**params.arguments())
+    return _output(args, result, lambda: format_result(params, result))
 
 
 def _demo(args: argparse.Namespace) -> str:
@@ -218,7 +221,7 @@ def _quiet(args: argparse.Namespace) -> Iterator[None]:
 def _output(args: argparse.Namespace, result: Any, table: Callable[[], str]) -> str:
     """The result as JSON or as `table()` (then with where the full result is), written
     to `--result-file` too when given; the log file's path last."""
-    full = json.dumps(result, indent=1, default=str)
+    full = json.dumps(to_jsonable_python(result, fallback=str), indent=1)
     if args.result_file:
         Path(args.result_file).write_text(full + "\n")
     if args.output == "json":

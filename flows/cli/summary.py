@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from flows.arms import worst_class
 from flows.promotion import promotion_lines
 from flows.report import class_rows_after, how_to_open_run
+from flows.results import DatasetVersion, Evaluation, PipelineResult
 from preprocessing.contract.manifest import Manifest, read_manifest
 from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 
@@ -33,66 +35,68 @@ def dataset_lines(manifest: Manifest, reused: bool) -> list[str]:
     return lines + [f"  warning: {line}" for line in identifying_lines(manifest)]
 
 
-def evaluation_lines(evaluations: dict[str, dict[str, Any]]) -> list[str]:
+def evaluation_lines(evaluations: dict[str, Evaluation]) -> list[str]:
     lines = []
     for name, evaluation in evaluations.items():
         worst = worst_class(evaluation)
         lines.append(
-            f"  {name:<12} macro-F1 {evaluation['macro_f1']:.3f}, balanced accuracy "
-            f"{evaluation['balanced_accuracy']:.3f}, worst-class recall "
+            f"  {name:<12} macro-F1 {evaluation.macro_f1:.3f}, balanced accuracy "
+            f"{evaluation.balanced_accuracy:.3f}, worst-class recall "
             f"{f'{worst[1]:.3f} ({worst[0]})' if worst else 'n/a'}"
         )
     return lines
 
 
-def format_summary(manifest: Manifest, result: dict[str, Any], tracking_uri: str | None) -> str:
+def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str | None) -> str:
     """Rows per class before/after, shard balance, validation figures and the MLflow run."""
-    lines = ["", *dataset_lines(manifest, bool(result.get("reused")))]
-    training = result["training"]
-    arms = list(result.get("runs") or [])  # this run's own arm first
+    lines = ["", *dataset_lines(manifest, result.reused)]
+    training = result.training
+    arms = list(result.runs)  # this run's own arm first
     arm = f" ({arms[0]})" if len(arms) > 1 else ""  # which arm's job, beside the others
     lines.append(
-        f"training{arm}: {training['world_size']} ranks, batches per rank "
-        f"{training['batches_per_rank']}, validation macro-F1 "
-        f"{training['val_macro_f1']:.3f}"
+        f"training{arm}: {training.world_size} ranks, batches per rank "
+        f"{training.batches_per_rank}, validation macro-F1 "
+        f"{training.val_macro_f1:.3f}"
     )
-    if result.get("evaluations"):
-        first = next(iter(result["evaluations"].values()))
-        both = (
-            ", every arm on the same rows (the natural-mix version holds out the same "
-            "rows: same files and seed)"
-            if len(result["evaluations"]) > 1
-            else ""
-        )
-        lines.append(
-            f"held-out evaluation on {first['num_rows']} rows of version "
-            f"{first['dataset_version']}{both}:"
-        )
-        lines += evaluation_lines(result["evaluations"])
-    if result.get("registration"):
-        registration = result["registration"]
-        lines.append(
-            f"model {registration['name']} v{registration['version']}: {registration['alias']}"
-        )
+    if result.evaluations:
+        lines += held_out_lines(result.evaluations)
+    if result.registration is not None:
+        registration = result.registration
+        lines.append(f"model {registration.name} v{registration.version}: {registration.alias}")
         lines += promotion_lines(registration)
-    if result.get("run_id") and tracking_uri:
-        runs = result.get("runs") or {"run": result["run_id"]}
+    if result.run_id and tracking_uri:
+        runs = result.runs or {"run": result.run_id}
         lines.append("MLflow runs: " + ", ".join(f"{arm} {run}" for arm, run in runs.items()))
-        lines.append(f"  {how_to_open_run(result, tracking_uri)}")
+        lines.append(f"  {how_to_open_run(result.run_id, tracking_uri, training)}")
     return "\n".join(lines)
 
 
-def format_result(flow: str, params: BaseModel, result: dict[str, Any]) -> str:
+def held_out_lines(evaluations: dict[str, Evaluation]) -> list[str]:
+    """Which held-out rows, then each arm's figures on them."""
+    first = next(iter(evaluations.values()))
+    both = (
+        ", every arm on the same rows (the natural-mix version holds out the same "
+        "rows: same files and seed)"
+        if len(evaluations) > 1
+        else ""
+    )
+    return [
+        f"held-out evaluation on {first.num_rows} rows of version {first.dataset_version}{both}:",
+        *evaluation_lines(evaluations),
+    ]
+
+
+def format_result(params: BaseModel, result: object) -> str:
     """A flow's result as a person reads it at the end of `ballast run`: the pipeline's
     summary, a dataset version's class table, or the result's scalar fields."""
-    if flow == "pipeline" and result.get("training"):
+    if isinstance(result, PipelineResult):
         tracking = getattr(getattr(params, "train", None), "tracking", None)
-        manifest, _ = read_manifest(result["manifest_uri"])
+        manifest, _ = read_manifest(result.manifest_uri)
         return format_summary(manifest, result, tracking.tracking_uri if tracking else None)
-    if flow == "reshard":
-        manifest, _ = read_manifest(result["manifest_uri"])
-        return "\n".join(dataset_lines(manifest, bool(result.get("reused"))))
-    return "\n".join(scalar_lines(result))
+    if isinstance(result, DatasetVersion):
+        manifest, _ = read_manifest(result.manifest_uri)
+        return "\n".join(dataset_lines(manifest, result.reused))
+    return "\n".join(scalar_lines(to_jsonable_python(result, fallback=str)))
 
 
 def scalar_lines(result: dict[str, Any], indent: str = "") -> list[str]:

@@ -5,13 +5,13 @@ read."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prefect.client.schemas.objects import State
 
 from flows.params import PipelineParams
 from flows.pipeline import pipeline
+from flows.results import PipelineResult
 from preprocessing.config import DatasetSpec, ReshardConfig
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, TrainConfig
@@ -50,5 +50,6 @@ def first_state(prefect_harness: None, params: PipelineParams) -> State:
 
 
 @pytest.fixture(scope="session")
-def first_run(first_state: State) -> dict[str, Any]:
-    return first_state.result()
+def first_run(first_state: State) -> PipelineResult:
+    result: PipelineResult = first_state.result()
+    return result

@@ -117,16 +117,16 @@ def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -
     import mlflow
 
     work, tracking_uri, result = hostile_run
-    registration = result["registration"]
-    manifest, _ = read_manifest(result["manifest_uri"])
+    registration = result.registration
+    manifest, _ = read_manifest(result.manifest_uri)
     assert manifest.feature_columns == FEATURES and manifest.id_column == "__ballast_row_id"
-    params = MlflowClient(tracking_uri).get_run(result["run_id"]).data.params
+    params = MlflowClient(tracking_uri).get_run(result.run_id).data.params
     renamed = [json.loads(value) for value in params.values() if value.startswith('{"key"')]
     assert any(
         record["key"].endswith("nulls.Body Mass (g)") and record["value"] == "fill_mean"
         for record in renamed
     )
-    model_uri = f"models:/{registration['name']}/{registration['version']}"
+    model_uri = f"models:/{registration.name}/{registration.version}"
     mlflow.set_tracking_uri(tracking_uri)
     model = mlflow.pyfunc.load_model(model_uri)
     assert model.metadata.get_input_schema().input_names() == FEATURES
@@ -150,18 +150,18 @@ def test_batch_inference_on_a_version_without_id_column_carries_the_derived_ids(
     `id_column` given, takes the manifest's (the derived `__ballast_row_id`) and predicts
     every row of the split with that row's id, in the split's order."""
     work, tracking_uri, result = hostile_run
-    registration = result["registration"]
+    registration = result.registration
     out = batch_inference_flow(
         **InferenceParams(
-            model_uri=f"models:/{registration['name']}/{registration['version']}",
+            model_uri=f"models:/{registration.name}/{registration.version}",
             tracking=TrackingConfig(tracking_uri=tracking_uri),
-            dataset=result["manifest_uri"],
+            dataset=result.manifest_uri,
             split="holdout",
             output_root=str(work / "predictions"),
         ).arguments()
     )
-    manifest, location = read_manifest(out["manifest_uri"])
-    source, source_location = read_manifest(result["manifest_uri"])
+    manifest, location = read_manifest(out.manifest_uri)
+    source, source_location = read_manifest(result.manifest_uri)
     assert manifest.id_column == source.id_column == "__ballast_row_id"
     predicted = [
         pq.read_table(shard_uri(location, entry)) for entry in manifest.split("predictions").shards

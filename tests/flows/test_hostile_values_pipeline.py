@@ -102,14 +102,14 @@ def test_hostile_labels_and_sources_land_under_mapped_keys_with_originals_kept(
         dask=DaskConfig(kind="address", address=dask_client.scheduler.address),
     )
     result = pipeline(**params.arguments())
-    assert result["registration"]["version"] >= 1
+    assert result.registration.version >= 1
     client = MlflowClient(mlflow_uri)
-    metrics = client.get_run(result["run_id"]).data.metrics
+    metrics = client.get_run(result.run_id).data.metrics
     for key in metrics:
         _validate_metric_name(key)
     summary = json.loads(
         Path(
-            client.download_artifacts(result["run_id"], "training/summary.json", str(tmp_path))
+            client.download_artifacts(result.run_id, "training/summary.json", str(tmp_path))
         ).read_text()
     )
     supported = [label for label, value in summary["val_recall"].items() if value is not None]
@@ -123,6 +123,6 @@ def test_hostile_labels_and_sources_land_under_mapped_keys_with_originals_kept(
         )
     assert summary["val_recall_keys"]["Mass"] == mlflow_key("Mass", "val_recall/")
     assert "mass" not in summary["val_recall_keys"]  # a plain label is its own key
-    arm = next(iter(result["runs"]))
+    arm = next(iter(result.runs))
     assert {row["class"] for row in _table_rows(f"{arm}-class-mix")} == set(LABELS)
     assert {row["source"] for row in _table_rows(f"{arm}-source-mix")} <= set(SOURCES)

@@ -80,11 +80,11 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     config["job"]["retry"] = {"attempts": 1}
     config["dask"] = {"kind": "address", "address": dask_client.scheduler.address}
     result = pipeline(**PipelineParams.model_validate(config).arguments())
-    manifest, _ = read_manifest(result["manifest_uri"])
+    manifest, _ = read_manifest(result.manifest_uri)
     assert sum(manifest.features["unlabelled_rows"].values()) == table.column("label").null_count
     assert len(manifest.features["unlabelled_rows"]) == 4
-    scores = next(iter(result["evaluations"].values()))
-    assert scores["beats_class_prior"] and result["registration"]["alias"] == "champion"
+    scores = next(iter(result.evaluations.values()))
+    assert scores.beats_class_prior and result.registration.alias == "champion"
     tracking = PipelineParams.model_validate(config).train.tracking
     out = batch_inference_flow(
         **InferenceParams(
@@ -96,7 +96,7 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
             dask=DaskConfig(kind="address", address=dask_client.scheduler.address),
         ).arguments()
     )
-    predicted, location = read_manifest(out["manifest_uri"])
+    predicted, location = read_manifest(out.manifest_uri)
     rows = pa.concat_tables(
         pq.read_table(shard_uri(location, entry)) for entry in predicted.split("predictions").shards
     )

@@ -23,19 +23,19 @@ def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, p
     result; both ranks ran the same positive number of batches; MLflow holds the run with
     its dataset version tag and training and validation metrics; the first model registered
     is the champion; the summary names the run and how to open the UI."""
-    manifest, _ = read_manifest(first_run["manifest_uri"])
+    manifest, _ = read_manifest(first_run.manifest_uri)
     rows = [shard.num_rows for shard in manifest.split("train").shards]
     assert len(rows) > 1 and max(rows) - min(rows) <= 1
-    batches = first_run["training"]["batches_per_rank"]
+    batches = first_run.training.batches_per_rank
     assert len(batches) == 2 and batches[0] == batches[1] > 0
     tracking_uri = params.train.tracking.tracking_uri
-    run = MlflowClient(tracking_uri).get_run(first_run["run_id"])
+    run = MlflowClient(tracking_uri).get_run(first_run.run_id)
     assert run.data.tags["ballast.dataset_version"] == manifest.version_id
     assert {"val_macro_f1", "train_loss"} <= set(run.data.metrics)
     assert 0.0 <= run.data.metrics["val_macro_f1"] <= 1.0
-    assert first_run["registration"]["alias"] == "champion"
+    assert first_run.registration.alias == "champion"
     summary = format_summary(manifest, first_run, tracking_uri)
-    assert first_run["run_id"] in summary and "mlflow ui --backend-store-uri" in summary
+    assert first_run.run_id in summary and "mlflow ui --backend-store-uri" in summary
     assert "\ntraining (rebalanced): 2 ranks, batches per rank" in summary  # whose job
 
 
@@ -56,7 +56,7 @@ def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:
             }
         ).arguments()
     )
-    assert again["cached"] and again["version_id"] == first_run["version_id"]
+    assert again.cached and again.version_id == first_run.version_id
     assert sorted(p.name for p in root.iterdir()) == before
 
 
@@ -64,37 +64,37 @@ def test_evaluate_flow_scores_the_model_on_held_out_rows(first_run, params) -> N
     """Invariants: evaluation covers every held-out row; macro-F1 and recalls are in [0, 1]
     and a model scored against itself as baseline gets the identical figures."""
     tracking = params.train.tracking
-    model_uri = first_run["training"]["model_uri"]
+    model_uri = first_run.training.model_uri
     result = evaluate_flow(
         model_uri=model_uri,
         baseline_model_uri=model_uri,
-        dataset=first_run["manifest_uri"],
+        dataset=first_run.manifest_uri,
         tracking=tracking,
     )
-    manifest, _ = read_manifest(first_run["manifest_uri"])
-    assert result["model"]["num_rows"] == manifest.split("holdout").num_rows
-    assert 0 <= result["model"]["macro_f1"] <= 1
+    manifest, _ = read_manifest(first_run.manifest_uri)
+    assert result["model"].num_rows == manifest.split("holdout").num_rows
+    assert 0 <= result["model"].macro_f1 <= 1
     assert result["model"] == result["baseline"]
-    assert result["model"]["class_prior_baseline"]["balanced_accuracy"] == pytest.approx(0.25)
+    assert result["model"].class_prior_baseline["balanced_accuracy"] == pytest.approx(0.25)
 
 
 def test_batch_inference_equals_row_by_row_predictions(first_run, params, tmp_path) -> None:
     """Invariants: the predictions version has one row per input row with the same ids, and
     each predicted class equals the model's prediction computed on that row alone."""
     tracking = params.train.tracking
-    model_uri = first_run["training"]["model_uri"]
+    model_uri = first_run.training.model_uri
     out = batch_inference_flow(
         model_uri=model_uri,
         tracking=tracking,
-        dataset=first_run["manifest_uri"],
+        dataset=first_run.manifest_uri,
         split="holdout",
         output_root=str(tmp_path / "predictions"),
     )
-    manifest, location = read_manifest(out["manifest_uri"])
+    manifest, location = read_manifest(out.manifest_uri)
     predictions = pa.concat_tables(
         pq.read_table(shard_uri(location, s)) for s in manifest.split("predictions").shards
     )
-    source, source_location = read_manifest(first_run["manifest_uri"])
+    source, source_location = read_manifest(first_run.manifest_uri)
     inputs = pa.concat_tables(
         pq.read_table(shard_uri(source_location, s)) for s in source.split("holdout").shards
     )

@@ -25,6 +25,7 @@ from prefect.client.orchestration import get_client
 
 from flows.cli.main import main
 from flows.promotion import promote
+from flows.results import Challenger, Evaluation, Registration
 from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.manifest import read_current_version, read_manifest
@@ -106,16 +107,16 @@ def night(
     before: str | None,
     run_id: str,
     model_uri: str,
-) -> dict[str, Any]:
+) -> Registration:
     """The pipeline's promotion step alone, on a model scored on the version's holdout."""
     evaluation = evaluate_model(model_uri, tracking.tracking_uri, dataset)
-    result = {
-        "manifest_uri": dataset,
-        "run_id": run_id,
-        "training": {"model_uri": model_uri},
-        "evaluations": {"rebalanced": evaluation},
-    }
-    return promote(tracking, config, dask, result, before, "rebalanced")
+    challenger = Challenger(
+        manifest_uri=dataset,
+        run_id=run_id,
+        model_uri=model_uri,
+        evaluation=Evaluation.model_validate(evaluation),
+    )
+    return promote(tracking, config, dask, challenger, before, "rebalanced")
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,7 @@ def test_an_easier_night_does_not_promote_a_worse_model(world) -> None:
     tracking, off = _tracking(world, "same-rows"), PromotionConfig(max_feature_psi=None)
     run1, champion_uri = threshold_model(tracking, world["night1"], 0.0)
     first = night(tracking, off, world["dask"], world["night1"], None, run1, champion_uri)
-    assert first["alias"] == "champion" and first["reasons"] == ["no champion before"]
+    assert first.alias == "champion" and first.reasons == ["no champion before"]
     before = read_current_version(str(world["root"]))
     for seed in (3, 4, 5):
         easy(world["raw"] / f"easy-{seed}.parquet", seed)
@@ -167,18 +168,18 @@ def test_an_easier_night_does_not_promote_a_worse_model(world) -> None:
     second = night(tracking, off, world["dask"], night2, before, run2, challenger_uri)
     client = MlflowClient(world["uri"])
     stored = float(client.get_model_version("same-rows", "1").tags[SCORE_TAG])
-    assert second["score"] > stored  # what the old rule compared: it promoted
-    same = second["same_rows"]
-    assert same["champion_score"] > second["score"] and second["alias"] == "challenger"
+    assert second.score > stored  # what the old rule compared: it promoted
+    same = second.same_rows
+    assert same.champion_score > second.score and second.alias == "challenger"
     assert int(client.get_model_version_by_alias("same-rows", "champion").version) == 1
     holdout = manifest.split("holdout").num_rows
-    assert (same["dataset_version"], same["split"], same["num_rows"]) == (
+    assert (same.dataset_version, same.split, same.num_rows) == (
         manifest.version_id,
         "holdout",
         holdout,
     )
     run = client.get_run(run2)
-    assert run.data.metrics["promotion.champion_macro_f1"] == pytest.approx(same["champion_score"])
+    assert run.data.metrics["promotion.champion_macro_f1"] == pytest.approx(same.champion_score)
     assert run.data.metrics["promotion.rows"] == holdout
     assert f"{holdout} rows" in run.data.tags[SAME_ROWS_TAG]
     assert manifest.version_id in client.get_model_version("same-rows", "2").tags[SAME_ROWS_TAG]
@@ -200,9 +201,9 @@ def test_a_shifted_class_mix_registers_the_model_as_challenger_only(world) -> No
     result = night(
         tracking, PromotionConfig(), world["dask"], night3, world["before3"], run2, better
     )
-    assert result["same_rows"]["champion_score"] < result["score"]
-    assert result["alias"] == "challenger" and result["held_back"]
-    reason = next(r for r in result["reasons"] if r.startswith("drift: class mix"))
+    assert result.same_rows.champion_score < result.score
+    assert result.alias == "challenger" and result.held_back
+    reason = next(r for r in result.reasons if r.startswith("drift: class mix"))
     assert "'neg'" in reason and "'pos'" in reason
     client = MlflowClient(world["uri"])
     assert int(client.get_model_version_by_alias("drift-model", "champion").version) == 1
@@ -240,8 +241,8 @@ def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -
     held = night(
         tracking, PromotionConfig(), world["dask"], world["night2"], None, run2, challenger
     )
-    assert held["alias"] == "challenger" and held["same_rows"]["champion_score"] is None
-    assert any("cannot read the new rows" in r and "'y'" in r for r in held["reasons"])
+    assert held.alias == "challenger" and held.same_rows.champion_score is None
+    assert any("cannot read the new rows" in r and "'y'" in r for r in held.reasons)
     forced = night(
         tracking,
         PromotionConfig(force=True),
@@ -253,9 +254,9 @@ def test_an_unreadable_champion_holds_the_challenger_back_unless_forced(world) -
     )
     client = MlflowClient(world["uri"])
     # the same run forced: its own version again (registration is idempotent), now champion
-    assert forced["alias"] == "champion" and forced["version"] == held["version"]
+    assert forced.alias == "champion" and forced.version == held.version
     assert (
-        client.get_model_version("schema-model", str(forced["version"])).tags[PREVIOUS_CHAMPION_TAG]
+        client.get_model_version("schema-model", str(forced.version)).tags[PREVIOUS_CHAMPION_TAG]
         == "1"
     )
     args = [

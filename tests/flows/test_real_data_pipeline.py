@@ -96,9 +96,9 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(
     import mlflow
 
     work, frame, tracking, result = wine_run
-    scores = result["evaluations"][NATURAL_MIX]  # trained on the natural mix
-    assert scores["beats_class_prior"] and scores["macro_f1"] >= 0.8
-    assert result["registration"]["alias"] == "champion"
+    scores = result.evaluations[NATURAL_MIX]  # trained on the natural mix
+    assert scores.beats_class_prior and scores.macro_f1 >= 0.8
+    assert result.registration.alias == "champion"
     out = batch_inference_flow(
         **InferenceParams(
             model_uri="models:/wine@champion",
@@ -109,7 +109,7 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(
             dask=DaskConfig(kind="address", address=dask_client.scheduler.address),
         ).arguments()
     )
-    manifest, location = read_manifest(out["manifest_uri"])
+    manifest, location = read_manifest(out.manifest_uri)
     batch = pa.concat_tables(
         pq.read_table(shard_uri(location, entry)) for entry in manifest.split("predictions").shards
     )
@@ -122,7 +122,7 @@ def test_the_champion_predicts_on_raw_rows_as_batch_inference_does(
     assert served["predicted"].dtype == frame["target"].dtype  # the label's own type
     assert [by_id[i] for i in frame["id"]] == served["predicted"].astype(str).tolist()
     np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)
-    source, source_location = read_manifest(result["manifest_uri"])
+    source, source_location = read_manifest(result.manifest_uri)
     held = {
         i
         for entry in source.split("holdout").shards

@@ -122,7 +122,7 @@ def through_the_flow_task(config: Path) -> dict[str, Any]:
 
     @flow
     def train() -> dict[str, Any]:
-        return tasks.train(load_train_config(config), JOB)
+        return tasks.train(load_train_config(config), JOB).figures()
 
     return train()
 
