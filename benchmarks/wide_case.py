@@ -9,6 +9,9 @@ nulls, standardized by the reshard as usual), resharded by `run_reshard` into sh
   with no shuffle, no standardization and no tensors (one rank's share at one rank);
 - the training loader (one rank, 0 workers, default read-ahead, 1024-row batches).
 
+Rows per CPU-second (this process, every thread) are printed beside rows/s: on a shared
+machine they move less.
+
 The target (issue 38): the loader serves at least 0.8x pyarrow's rows per second.
 
     .venv/bin/python benchmarks/wide_case.py --rows 16384 --work-dir /tmp/wide-bench
@@ -84,9 +87,9 @@ def pyarrow_rows(root: str) -> int:
     return rows
 
 
-def loader_rows(root: str) -> int:
+def loader_rows(root: str, batch_size: int = BATCH) -> int:
     """One epoch of the training loader over the train split; the rows."""
-    stream = ShardStream(root, "train", LoaderConfig(batch_size=BATCH), seed=0)
+    stream = ShardStream(root, "train", LoaderConfig(batch_size=batch_size), seed=0)
     return sum(len(batch["label"]) for batch in stream.iterate(rank_world=(0, 1)))
 
 
@@ -94,17 +97,20 @@ def rates(read: Callable[[str], int], root: str) -> tuple[float, float]:
     """Rows per second and per CPU-second (this process, all threads) of `read`."""
     started, cpu = time.perf_counter(), time.process_time()
     rows = read(root)
-    return rows / (time.perf_counter() - started), rows / (time.process_time() - cpu)
+    seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    return rows / max(seconds, 1e-9), rows / max(cpu_s, 1e-9)
 
 
-def wide_report(work: Path, num_rows: int, num_columns: int, repeat: int) -> float:
+def wide_report(
+    work: Path, num_rows: int, num_columns: int, repeat: int, batch_size: int = BATCH
+) -> float:
     """Print both readers' rows/s and rows/CPU-s (best of `repeat`, alternating); the
     loader's share of pyarrow's rows/s."""
     root = prepare(work, num_rows, num_columns)
     plain, ours = (0.0, 0.0), (0.0, 0.0)
     for _ in range(repeat):
         plain = max(plain, rates(pyarrow_rows, root))
-        ours = max(ours, rates(loader_rows, root))
+        ours = max(ours, rates(lambda uri: loader_rows(uri, batch_size), root))
     print(f"wide case, {num_rows:,} rows x {num_columns:,} float64 feature columns:")
     for name, (per_s, per_cpu_s) in (
         ("pyarrow read_table + to numpy", plain),
@@ -123,10 +129,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16_384)
     parser.add_argument("--columns", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/wide-bench"))
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    wide_report(args.work_dir, args.rows, args.columns, args.repeat)
+    wide_report(args.work_dir, args.rows, args.columns, args.repeat, args.batch_size)
 
 
 if __name__ == "__main__":
