@@ -93,7 +93,9 @@ def reshard(
     plan: VersionPlan | None = None,
 ) -> DatasetVersion:
     """Make the dataset version (a cache hit on its version id skips it entirely). Not
-    retried as a task: every read inside is, under `config.retry`.
+    retried as a task: every read inside is, under `config.retry`. A rerun of it (a
+    retry of the flow, in this process or another) resumes what a failed or killed run
+    of the version staged on a local root (docs/reliability.md).
     `plan` is the caller's `plan_version(config)` and `version_id` its id (the cache key):
     listing a large input is not free, and the version is planned once per run."""
     progress_id = create_progress_artifact(
@@ -117,6 +119,8 @@ def reshard(
 
     with dask_client(dask) as client:
         result = run_reshard(config, client, progress=report, plan=plan)
+    if result.resumed:
+        print(result.resumed)
     return DatasetVersion(result.manifest_uri, result.manifest.version_id, result.reused)
 
 

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_reshard(config, executor)
     except Exception as error:
         return _fail(args.config, error)
+    if result.resumed:  # on stderr: stdout is the one line callers parse
+        print(result.resumed, file=sys.stderr)
     state = "already committed" if result.reused else "committed"
     print(f"{state}: {redact(result.manifest_uri)} ({result.how})")
     return 0

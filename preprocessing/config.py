@@ -330,6 +330,14 @@ class ReshardConfig(BaseModel):
         "least twice this goes up in parts of this size, sent concurrently, a smaller one in "
         "one PUT; at least 5 MiB (S3's smallest part).",
     )
+    resume_max_age_s: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="A run of a version takes over the staging of a dead attempt of the "
+        "same version whose last heartbeat is at most this old, and keeps what verifies "
+        "(preprocessing/driver/resume.py); an older one is removed, never reused.",
+    )
     # How a run relates to the version `_CURRENT` names (preprocessing/versions/incremental.py).
     mode: Literal["full", "incremental"] = Field(
         "full",

@@ -1,5 +1,6 @@
 """`ballast status`: the newest dataset versions under a config's output root, the lineage
 of the current one (a chain of incremental versions: version, parent, rows added, when),
+any unfinished reshard attempt (its progress, and the command that resumes a dead one),
 and the current champion model in MLflow."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
+from preprocessing.driver.resume import unfinished_attempts
 from tracking.config import TrackingConfig
 from tracking.lifecycle.champion import champion
 from tracking.server import TrackingUnavailable
@@ -63,6 +65,28 @@ def describe_champion(tracking_uri: str, name: str) -> str:
     return f"{name} v{found['version']} (macro-F1 {score}, run {found['run_id']})"
 
 
+def attempt_lines(root: str, resume_command: str) -> list[str]:
+    """One line per unfinished reshard attempt under `root`: running or dead, its last
+    heartbeat, what it has written of what it must, and for a dead one the command whose
+    rerun resumes it (keeping what it wrote: preprocessing/driver/resume.py)."""
+    attempts = unfinished_attempts(root)
+    lines = [f"unfinished reshard attempts under {root}:"] if attempts else []
+    for attempt in attempts:
+        beat = attempt.heartbeat_age_s
+        state = ("running" if attempt.running else "dead") + (
+            f", last heartbeat {beat:.0f} s ago" if beat is not None else ""
+        )
+        progress = " and ".join(
+            f"{attempt.written[kind]} of {attempt.totals.get(kind, '?')} {kind.replace('_', ' ')}"
+            for kind in ("map_outputs", "shards")
+        )
+        lines.append(
+            f"  version {attempt.version_id} ({state}): {progress} written"
+            + ("" if attempt.running else f"; resume: {resume_command}")
+        )
+    return lines
+
+
 def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | list[str] = ()) -> str:
     """Text for a person: versions (the current one marked) and the champion, from the
     config as `ballast run` resolves it (presets, `--set`, MLflow's environment variables,
@@ -81,6 +105,10 @@ def describe_status(config: str, work_dir: str, overrides: tuple[str, ...] | lis
         ]
         if current:
             lines += [f"lineage of {current}:", *lineage_lines(root, current)]
+        flow = "pipeline" if "train" in values else "reshard"
+        rest = "".join(f" --set {item}" for item in overrides)
+        rest += f" --work-dir {work_dir}" if work_dir != "." else ""
+        lines += attempt_lines(root, f"ballast run {flow} --config {config}{rest}")
     section = values.get("train", {}).get("tracking") or values.get("tracking")
     tracking = TrackingConfig.model_validate(section) if section else None
     if tracking and tracking.registered_model_name:

@@ -129,6 +129,9 @@ class Manifest:
     parent_version: str | None = None  # a chain's child: the version it appends to
     inputs: list[InputRecord] = field(default_factory=list)  # empty: not recorded
     deltas: list[Delta] = field(default_factory=list)  # the lineage, oldest first, this last
+    # What this version's run kept of a killed attempt of it (preprocessing/driver/resume.py):
+    # map_outputs, map_outputs_kept, shards, shards_kept; empty when it resumed nothing.
+    resumed: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return document_json(self)

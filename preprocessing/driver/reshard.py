@@ -17,38 +17,32 @@ died after.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from distributed import Client
+from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
-    ShardEntry,
-    SplitEntry,
     commit_version,
+    is_local,
     read_current_version,
     read_manifest,
     version_dir,
 )
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
-from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
+from preprocessing.driver.resume import (
+    resumed_line,
+)
+from preprocessing.driver.stages import Cluster, exchange, write_stage
+from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.tasks import (
     DERIVED_SOURCE_COLUMN,
-    Staging,
-    destinations_for,
-    exchange_layout,
-    map_pieces,
-    map_task,
-    merge_task,
-    piece_rows,
-    shard_jobs,
-    write_shards,
 )
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
@@ -99,6 +93,11 @@ class ReshardResult:
     manifest_uri: str
     reused: bool
     how: str = ""
+
+    @property
+    def resumed(self) -> str:
+        """What this run kept of a killed attempt of its version, in words ("" if none)."""
+        return resumed_line(self.manifest.resumed) if not self.reused else ""
 
 
 @dataclass(frozen=True)
@@ -188,26 +187,14 @@ def run_reshard(
             lambda expected: commit_version(root, existing, expected=expected),
         )
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
-    with VersionAttempt(root, version_id) as attempt:
+    # A killed run of the version is resumed on local roots (docs/reliability.md, Limits).
+    resume_s = config.resume_max_age_s if is_local(url_to_fs(root)[0]) else None
+    with VersionAttempt(root, version_id, resume_max_age_s=resume_s) as attempt:
         manifest = _make_version(config, listing, increment, attempt, executor, progress)
         commit = commit_following(
             root, manifest, previous, lambda expected: attempt.commit(manifest, expected=expected)
         )
     return ReshardResult(commit.manifest, commit.location, not commit.written, increment.reason)
-
-
-@dataclass(frozen=True)
-class _Cluster:
-    """A run's Dask client with its worker threads and task limit, counted once."""
-
-    dask: Client
-    threads: int
-    in_flight: int  # tasks submitted and not yet done, at most
-
-    @classmethod
-    def of(cls, dask: Client, config: ReshardConfig) -> _Cluster:
-        threads = max(1, sum(dask.nthreads().values()))
-        return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
 
 
 def _make_version(
@@ -227,25 +214,25 @@ def _make_version(
     if executor is None:
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as client:
-        dask = _Cluster.of(client, config)
+        dask = Cluster.of(client, config)
         scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
             check_schema(schema, parent)
         plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        staging = _timed(
+        staging, rerun = _timed(
             timings,
             "exchange_s",
-            lambda: _exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
+            lambda: exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
         )
         splits = _timed(
             timings,
             "write_s",
-            lambda: _reduce(dask, plans, staging, schema, config, attempt, progress),
+            lambda: write_stage(dask, plans, staging, rerun, schema, config, attempt, progress),
         )
         attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
-    return version_manifest(
+    manifest = version_manifest(
         config,
         attempt.version_id,
         listing.fingerprint,
@@ -258,6 +245,7 @@ def _make_version(
         parent,
         len(pieces),
     )
+    return replace(manifest, resumed=rerun.resumed)
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -275,7 +263,7 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
 
 
 def _scan(
-    dask: _Cluster,
+    dask: Cluster,
     files: list[InputFile],
     config: ReshardConfig,
     progress: Progress | None,
@@ -392,99 +380,3 @@ def shard_rows_target(scans: list[FileScan], config: ReshardConfig) -> int:
     num_bytes = sum(scan.file.num_bytes for scan in accepted)
     num_rows = sum(sum(scan.piece_rows) for scan in accepted)
     return max(1, int(config.target_shard_bytes * num_rows / max(num_bytes, 1)))
-
-
-def _exchange(
-    dask: _Cluster,
-    scans: list[FileScan],
-    plans: dict[str, SplitPlan],
-    pieces: np.ndarray,
-    schema: pa.Schema,
-    config: ReshardConfig,
-    attempt: VersionAttempt,
-    progress: Progress | None,
-) -> Staging:
-    """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
-    or two integers, and the driver keeps nothing per staged object. A round's objects are
-    discarded once the next round has read them: the disk (and page cache) holds two
-    rounds at a time, not every round till the end."""
-    destinations = destinations_for(plans, schema)
-    layout = exchange_layout(scans, plans, pieces, config, dask.threads)
-    staging = Staging(
-        f"{attempt.uri}/exchange", layout, destinations.schema, config.upload_part_bytes
-    )
-    counter = StageProgress(
-        "exchange", sum(r.num_objects for r in layout.rounds), progress, config.progress_deadline_s
-    )
-    # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
-    # once, as a task's result a dead worker's successor can recompute (waves.share).
-    first_rows = piece_rows(scans, pieces)[0]
-    tasks = (
-        (map_task(scans, plans, pieces, first_rows, staging, task),)
-        for task in range(layout.num_map_tasks)
-    )
-    run_in_waves(
-        dask.dask,
-        retrying(map_pieces, config.retry),
-        tasks,
-        layout.num_map_tasks,
-        dask.in_flight,
-        counter,
-        destinations=share(dask.dask, destinations),
-        spec=config.dataset,
-        seed=config.seed,
-        holdout_fraction=config.holdout_fraction,
-    )
-    shared = share(dask.dask, staging)
-    for index in range(1, len(layout.rounds)):
-        run_in_waves(
-            dask.dask,
-            retrying(merge_task, config.retry),
-            ((index, task) for task in range(layout.rounds[index].num_objects)),
-            layout.rounds[index].num_objects,
-            dask.in_flight,
-            counter,
-            staging=shared,
-        )
-        attempt.discard(staging.round_uri(index - 1))
-    counter.close()
-    return staging
-
-
-def _reduce(
-    dask: _Cluster,
-    plans: dict[str, SplitPlan],
-    staging: Staging,
-    schema: pa.Schema,
-    config: ReshardConfig,
-    attempt: VersionAttempt,
-    progress: Progress | None,
-) -> dict[str, SplitEntry]:
-    """Write tasks over runs of consecutive shards, each reading one range of each of the
-    last round's objects that cover them."""
-    shards = shard_jobs(plans, attempt.shard_uri)
-    bounds = staging.layout.write_bounds.tolist()
-    tasks = [(first, shards[first:stop]) for first, stop in pairwise(bounds)]
-    counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
-    entries = run_in_waves(
-        dask.dask,
-        retrying(write_shards, config.retry),
-        tasks,
-        len(tasks),
-        dask.in_flight,
-        counter,
-        staging=share(dask.dask, staging),
-        schema=share(dask.dask, schema),
-        spec=config.dataset,
-        rows_per_row_group=config.rows_per_row_group,
-    )
-    counter.close()
-    flat = iter([entry for group in entries for entry in group])
-    return {
-        split: _split_entry([next(flat) for _ in range(plan.num_shards)])
-        for split, plan in plans.items()
-    }
-
-
-def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
-    return SplitEntry(num_rows=sum(entry.num_rows for entry in entries), shards=entries)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from preprocessing.exchange.receipts import crc32_of, write_object_receipt
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 
 MAGIC = b"BLSTIDX2"
@@ -58,6 +60,7 @@ class StagedObject:
     first_destination: int
     num_destinations: int
     part_bytes: int = DEFAULT_PART_BYTES
+    receipt: bool = False  # mark it written once it is, for a rerun (exchange/receipts.py)
 
 
 class StagedWriter:
@@ -98,7 +101,7 @@ class StagedWriter:
         self._offsets.append(self._sink.tell())
 
     def close(self) -> int:
-        """Finish the object; its size in bytes."""
+        """Finish the object (and its receipt, if it wants one); its size in bytes."""
         if len(self._offsets) != self.staged.num_destinations + 1:
             if self._local:
                 self._sink.close()
@@ -107,25 +110,27 @@ class StagedWriter:
                 f"written, {self.staged.num_destinations} expected"
             )
         self._writer.close()  # the end-of-stream marker
-        size = self._sink.tell()
+        size = int(self._sink.tell())
         header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
         index = header + np.asarray(self._offsets, dtype=_INDEX_ITEM).tobytes()
-        if self._local:
-            self._sink.close()
-            descriptor = os.open(self._path, os.O_WRONLY)
-            try:
-                os.pwrite(descriptor, index, 0)
-            finally:
-                os.close(descriptor)
-        else:
-            body = self._sink.getvalue()
-            write_object(
-                self._fs,
-                self._path,
-                b"".join([index, memoryview(body)[len(index) :]]),
-                self.staged.part_bytes,
-            )
-        return int(size)
+        crc = self._finish_local(index) if self._local else self._finish_remote(index)
+        if crc is not None:
+            write_object_receipt(self._fs, self._path, size, crc)
+        return size
+
+    def _finish_local(self, index: bytes) -> Any:
+        """Fill in the index; the file's CRC-32, read back from the page cache, if a receipt
+        needs it."""
+        self._sink.close()
+        with open(self._path, "r+b") as handle:
+            os.pwrite(handle.fileno(), index, 0)
+            return crc32_of(handle) if self.staged.receipt else None
+
+    def _finish_remote(self, index: bytes) -> Any:
+        body = self._sink.getvalue()
+        whole = b"".join([index, memoryview(body)[len(index) :]])
+        write_object(self._fs, self._path, whole, self.staged.part_bytes)
+        return zlib.crc32(whole) if self.staged.receipt else None
 
 
 def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:

@@ -28,6 +28,7 @@ from fsspec.core import url_to_fs
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, shard_name
 from preprocessing.contract.shards import EncodeBuffer, write_shard
+from preprocessing.exchange.receipts import write_shard_receipt
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedWriter,
@@ -83,6 +84,7 @@ class Staging:
     layout: ExchangeLayout
     schema: pa.Schema
     part_bytes: int = DEFAULT_PART_BYTES  # of multipart uploads: staged objects and shards
+    receipts: bool = False  # each object gets its receipt (exchange/receipts.py)
 
     def round_uri(self, round_index: int) -> str:
         """Where the objects of round `round_index` are (0: the map tasks')."""
@@ -95,6 +97,7 @@ class Staging:
             first,
             stop - first,
             self.part_bytes,
+            self.receipts,
         )
 
 
@@ -338,9 +341,11 @@ def write_shards(
     schema: pa.Schema,
     spec: DatasetSpec,
     rows_per_row_group: int,
+    receipts: str | None = None,
 ) -> list[ShardEntry]:
     """Write the shards of destinations [first, first + len(shards)) ((planned rows, URI)
-    each): one range read per last-round object, then each shard in keyed order."""
+    each): one range read per last-round object, then each shard in keyed order; then,
+    given the attempt's URI as `receipts`, the task's receipt (exchange/receipts.py)."""
     last = len(staging.layout.rounds) - 1
     stop = first + len(shards)
     ranges = [
@@ -370,6 +375,8 @@ def write_shards(
                 )
             )
             offset += rows
+    if receipts is not None:
+        write_shard_receipt(receipts, first, entries)
     return entries
 
 

@@ -15,6 +15,17 @@ expired when its heartbeat is older than LEASE_EXPIRY_S, or when it was taken on
 host (same boot and pid namespace) by a process that no longer exists; `collect_expired`
 removes only such attempts, and every new attempt runs it first. Lease-less leftovers
 are judged by their modification time. See docs/reliability.md.
+
+A run that resumes (`resume_max_age_s` set: the reshard) first takes over the newest dead
+attempt of its own version whose last heartbeat is younger than that age: it writes its
+lease into it, then renames it to its own attempt id (local; the rename is the claim, so
+of two reruns one gets it), or on an object store stages in it where it is. What is in
+it is kept only once verified (preprocessing/exchange/receipts.py). A dead attempt of
+another version, or one older than the age, is removed as before, never reused. Such a
+run that fails for a transient reason (a cluster lost, a store that kept failing, an
+interrupt) keeps its staging and releases its lease (`released`: dead at once, on any
+host), so that a retry of the same version, in this process (a Prefect retry) or
+another, resumes it; a permanent or config error removes it, as a run's end always did.
 """
 
 from __future__ import annotations
@@ -45,7 +56,7 @@ from preprocessing.contract.manifest import (
     version_dir,
     write_atomically,
 )
-from preprocessing.toolbox.faults import PermanentError
+from preprocessing.toolbox.faults import PermanentError, is_permanent
 from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.table import publish_current
 
@@ -68,6 +79,7 @@ class Lease:
     holder: str
     pid: int
     heartbeat_at: float  # unix seconds of the last renewal
+    released: bool = False  # its run failed and left it to be resumed: dead now
 
 
 def _holder() -> str:
@@ -91,9 +103,16 @@ def staging_root(root: str) -> str:
 class VersionAttempt:
     """`with VersionAttempt(root, version_id) as attempt:` stage under `attempt.uri`,
     write shards to `attempt.shard_uri(name)`, then `attempt.commit(manifest, expected)`.
-    Leaving the block (committed or failed) removes the attempt's staging."""
+    Leaving the block removes the attempt's staging, unless it is resumable and left on
+    a transient error (then it is released for a retry to resume: see the module)."""
 
-    def __init__(self, root: str, version_id: str, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(
+        self,
+        root: str,
+        version_id: str,
+        heartbeat_s: float = HEARTBEAT_S,
+        resume_max_age_s: float | None = None,
+    ) -> None:
         self.root = root.rstrip("/")
         self.version_id = check_version_id(version_id, root)
         started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -105,8 +124,18 @@ class VersionAttempt:
         self._stopped = threading.Event()
         self._beating = threading.Thread(target=self._beat, daemon=True, name="staging-lease")
         self._discarding: list[threading.Thread] = []
+        self._resume_max_age_s = resume_max_age_s
+        self.resumed_from: str | None = None  # the dead attempt taken over, if any
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a rerun of this version may take this attempt over (and so its tasks
+        should leave receipts of what they wrote)."""
+        return self._resume_max_age_s is not None
 
     def __enter__(self) -> VersionAttempt:
+        if self._resume_max_age_s is not None:
+            self._take_over(self._resume_max_age_s)
         collect_expired(self.root)
         self.renew()
         self._beating.start()
@@ -122,6 +151,9 @@ class VersionAttempt:
         self._beating.join()
         for thread in self._discarding:
             thread.join()
+        if error is not None and self.resumable and not is_permanent(error):
+            self._release(error)
+            return
         try:
             _remove(self._fs, self._path)
         except OSError as cleanup:
@@ -138,6 +170,38 @@ class VersionAttempt:
             return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
+
+    def _release(self, error: BaseException) -> None:
+        """Leave the staging to a retry of the version: a lease that says so (dead now)."""
+        lease = Lease(HOLDER, os.getpid(), time.time(), released=True)
+        try:
+            write_atomically(
+                self._fs, f"{self._path}/{LEASE_NAME}", json.dumps(asdict(lease)).encode()
+            )
+        except OSError as failed:  # its heartbeat stops: dead after LEASE_EXPIRY_S anyway
+            log.warning("staging lease %s not released: %s", redact(self.uri), redact(str(failed)))
+        log.warning(
+            "staging %s kept for a rerun of version %s to resume (the run failed: %s)",
+            redact(self.uri),
+            self.version_id,
+            redact(str(error) or type(error).__name__),
+        )
+
+    def _take_over(self, max_age_s: float) -> None:
+        """Stage in the newest dead attempt of this version younger than `max_age_s`, if
+        one can be claimed (see the module docstring); else in a new directory."""
+        for dead in dead_attempts(self._fs, os.path.dirname(self._path), max_age_s):
+            try:
+                write_atomically(self._fs, f"{dead}/{LEASE_NAME}", self._lease())
+                if self._local:
+                    os.rename(dead, self._path)
+            except OSError:  # another rerun claimed it first, or a collector removed it
+                continue
+            if not self._local:
+                self.uri, self._path = self._fs.unstrip_protocol(dead), dead
+            self.resumed_from = self._fs.unstrip_protocol(dead)
+            log.info("resuming the dead attempt %s", redact(self.resumed_from))
+            return
 
     def discard(self, uri: str) -> None:
         """Remove `uri`, a part of this attempt that nothing reads any more (the exchange's
@@ -169,7 +233,7 @@ class VersionAttempt:
 
     def renew(self) -> None:
         """Write this attempt's lease with a fresh heartbeat."""
-        lease = json.dumps(asdict(Lease(HOLDER, os.getpid(), time.time()))).encode()
+        lease = self._lease()
         for tries_left in reversed(range(3)):
             try:
                 write_atomically(self._fs, f"{self._path}/{LEASE_NAME}", lease)
@@ -177,6 +241,10 @@ class VersionAttempt:
             except FileNotFoundError:  # a collector removed the new, empty parent meanwhile
                 if not tries_left:
                     raise
+
+    @staticmethod
+    def _lease() -> bytes:
+        return json.dumps(asdict(Lease(HOLDER, os.getpid(), time.time()))).encode()
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._heartbeat_s):
@@ -225,18 +293,37 @@ def collect_expired(root: str, expiry_s: float = LEASE_EXPIRY_S) -> list[str]:
     return removed
 
 
+def dead_attempts(fs: Any, version_path: str, max_age_s: float) -> list[str]:
+    """The attempts of one version (under `version_path`) whose lease expired and whose
+    last heartbeat is younger than `max_age_s`, the newest first: what a rerun may resume.
+    One listing, and one read of each lease."""
+    found = []
+    for attempt in _children(fs, version_path):
+        lease = read_lease(fs, f"{attempt}/{LEASE_NAME}")
+        age_s = time.time() - lease.heartbeat_at if lease else max_age_s + 1
+        if age_s <= max_age_s and _expired(fs, attempt, lease, LEASE_EXPIRY_S):
+            found.append((age_s, attempt))
+    return [attempt for _, attempt in sorted(found)]
+
+
 def lease_expired(fs: Any, attempt: str, expiry_s: float = LEASE_EXPIRY_S) -> bool:
     """Whether the attempt at `attempt` is dead (see the module docstring)."""
-    lease = _read_lease(fs, f"{attempt}/{LEASE_NAME}")
+    return _expired(fs, attempt, read_lease(fs, f"{attempt}/{LEASE_NAME}"), expiry_s)
+
+
+def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> bool:
     if lease is None:
         modified = _modified_at(fs, attempt)
         return modified is not None and time.time() - modified > expiry_s
+    if lease.released:
+        return True
     if lease.holder == HOLDER and not _alive(lease.pid):
         return True
     return time.time() - lease.heartbeat_at > expiry_s
 
 
-def _read_lease(fs: Any, path: str) -> Lease | None:
+def read_lease(fs: Any, path: str) -> Lease | None:
+    """The lease at `path`; None when absent, not yet written, or not a lease."""
     try:
         return Lease(**json.loads(fs.cat_file(path)))
     except (OSError, ValueError, TypeError):  # absent, not yet written, or not a lease

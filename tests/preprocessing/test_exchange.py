@@ -94,7 +94,7 @@ def test_each_round_is_discarded_once_the_next_has_read_it(
     the next round has run (before the writes start), the last round once every shard is
     written; nothing of the staging is left; the shards are the reference's."""
     events: list[str] = []
-    discard, reduce = VersionAttempt.discard, reshard._reduce
+    discard, reduce = VersionAttempt.discard, reshard.write_stage
 
     def logged_discard(self: VersionAttempt, uri: str) -> None:
         events.append(uri.rsplit("/", 1)[-1])
@@ -105,7 +105,7 @@ def test_each_round_is_discarded_once_the_next_has_read_it(
         return reduce(*args, **kwargs)
 
     monkeypatch.setattr(VersionAttempt, "discard", logged_discard)
-    monkeypatch.setattr(reshard, "_reduce", logged_reduce)
+    monkeypatch.setattr(reshard, "write_stage", logged_reduce)
     config = config_for(
         tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1, exchange_fan_in=2, exchange_rounds=3
     )

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from distributed import Client, LocalCluster
 
+from flows.cli.status import attempt_lines
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import (
     COMMIT_STEPS,
@@ -66,14 +67,17 @@ def kill_session(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-def wait_for_shards(root: Path, process: subprocess.Popen, timeout_s: float = 120) -> int:
+def wait_for_staged(
+    root: Path, process: subprocess.Popen, pattern: str, timeout_s: float = 120
+) -> int:
+    """Wait until the staging holds a file matching `pattern` (under an attempt); how many."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        written = list(root.glob(f"{STAGING_DIR}/*/*/train-*.parquet"))
+        written = list(root.glob(f"{STAGING_DIR}/*/*/{pattern}"))
         if written:
             return len(written)
         time.sleep(0.02)
-    raise AssertionError("the reshard wrote no shard before it ended or timed out")
+    raise AssertionError(f"the reshard staged no {pattern} before it ended or timed out")
 
 
 def staged_files(root: Path) -> list[Path]:
@@ -92,31 +96,53 @@ def assert_committed(root: Path, version_id: str) -> None:
     assert staged_files(root) == [] and not (root / STAGING_DIR).exists()
 
 
+# Kill points: once a map task's staged object has its receipt (the exchange has tasks
+# left: 12 map tasks of about 1 MiB, two merge rounds), and once a write task's shards
+# have theirs.
+KILL_POINTS = {"exchange": "exchange-*/round-0/*.done", "write": "receipts/write-*.json"}
+
+
+@pytest.mark.parametrize("stage", sorted(KILL_POINTS))
 def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(
-    tmp_path, dask_client
+    tmp_path, dask_client, stage
 ) -> None:
-    """Invariants: after SIGKILL of the whole process group mid-write, no manifest and no
-    `_CURRENT` exist; the rerun commits the version id a clean run makes, with byte-identical
-    shards (no row lost or duplicated), and removes the dead run's staging."""
+    """Invariants: after SIGKILL of the whole process group mid-exchange or mid-write, no
+    manifest and no `_CURRENT` exist; the rerun commits the version id a clean run makes,
+    with byte-identical shards (no row lost or duplicated), having kept what the dead run
+    finished (at least one map output, or shard), says so in its manifest, and removes the
+    dead run's staging."""
     write_sample(tmp_path / "raw", SampleSpec(num_rows=120_000, num_files=8, seed=11))
     config = ReshardConfig(
         dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
         output_root=str(tmp_path / "out"),
         target_shard_rows=1_000,
         rows_per_row_group=500,
+        exchange_task_bytes=1 << 20,
+        exchange_fan_in=4,  # merge rounds: a rerun works back through them
     )
     process = start_reshard(config, tmp_path)
-    wait_for_shards(tmp_path / "out", process)
+    wait_for_staged(tmp_path / "out", process, KILL_POINTS[stage])
     kill_session(process)
     assert not list((tmp_path / "out").glob(f"v-*/{MANIFEST_NAME}"))
     assert read_current_version(str(tmp_path / "out")) is None
+    shard_receipts = list((tmp_path / "out").glob(f"{STAGING_DIR}/*/*/receipts/*.json"))
+    (status,) = attempt_lines(str(tmp_path / "out"), "RESUME")[1:]
+    print(status)
+    assert "(dead, last heartbeat" in status and status.endswith("written; resume: RESUME")
     rerun = run_reshard(config, dask_client)
     clean = run_reshard(
         config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
     )
     assert rerun.manifest.version_id == clean.manifest.version_id
-    digests = lambda r: [s.sha256 for s in r.manifest.split("train").shards]  # noqa: E731
+    digests = lambda r: [  # noqa: E731
+        s.sha256 for split in ("train", "holdout") for s in r.manifest.split(split).shards
+    ]
     assert digests(rerun) == digests(clean)
+    resumed = rerun.manifest.resumed
+    print(rerun.resumed, f"(killed in the {stage} stage)")
+    assert clean.manifest.resumed == {} and resumed["shards"] == len(digests(clean))
+    kept = resumed["shards_kept"] if shard_receipts else resumed["map_outputs_kept"]
+    assert kept > 0 and resumed["shards_kept"] < resumed["shards"], resumed
     assert_committed(tmp_path / "out", rerun.manifest.version_id)
 
 

@@ -1,0 +1,155 @@
+"""The exchange and write stages of a reshard on Dask: map and merge rounds into the
+attempt's staging, then the write tasks that make the shards, each stage running only
+the tasks a killed attempt of the version did not finish (preprocessing/driver/resume.py).
+`preprocessing/driver/reshard.py` runs them between its plan and its commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from distributed import Client
+
+from preprocessing.config import ReshardConfig
+from preprocessing.contract.manifest import ShardEntry, SplitEntry
+from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
+from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
+from preprocessing.exchange.tasks import (
+    Staging,
+    destinations_for,
+    exchange_layout,
+    map_pieces,
+    map_task,
+    merge_task,
+    piece_rows,
+    shard_jobs,
+    write_shards,
+)
+from preprocessing.plan.split import SplitPlan
+from preprocessing.scan.inputs import FileScan
+from preprocessing.toolbox.faults import retrying
+from preprocessing.versions.attempt import VersionAttempt
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A run's Dask client with its worker threads and task limit, counted once."""
+
+    dask: Client
+    threads: int
+    in_flight: int  # tasks submitted and not yet done, at most
+
+    @classmethod
+    def of(cls, dask: Client, config: ReshardConfig) -> Cluster:
+        threads = max(1, sum(dask.nthreads().values()))
+        return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
+
+
+def exchange(
+    dask: Cluster,
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+) -> tuple[Staging, Rerun]:
+    """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
+    or two integers, and the driver keeps nothing per staged object. A round's objects are
+    discarded once the next round has read them: the disk (and page cache) holds two
+    rounds at a time, not every round till the end. Only the tasks whose outputs a dead
+    attempt of the version did not leave intact run (driver/resume.py)."""
+    destinations = destinations_for(plans, schema)
+    layout = exchange_layout(scans, plans, pieces, config, dask.threads)
+    staging = Staging(
+        f"{attempt.uri}/{EXCHANGE_PREFIX}{layout_digest(layout)}",
+        layout,
+        destinations.schema,
+        config.upload_part_bytes,
+        receipts=attempt.resumable,
+    )
+    shard_uris = [uri for _, uri in shard_jobs(plans, attempt.shard_uri)]
+    rerun = plan_rerun(dask.dask, dask.in_flight, attempt, staging, shard_uris)
+    counter = StageProgress(
+        "exchange", sum(map(len, rerun.rounds)), progress, config.progress_deadline_s
+    )
+    # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
+    # once, as a task's result a dead worker's successor can recompute (waves.share).
+    first_rows = piece_rows(scans, pieces)[0]
+    tasks = (
+        (map_task(scans, plans, pieces, first_rows, staging, task),) for task in rerun.rounds[0]
+    )
+    run_in_waves(
+        dask.dask,
+        retrying(map_pieces, config.retry),
+        tasks,
+        len(rerun.rounds[0]),
+        dask.in_flight,
+        counter,
+        destinations=share(dask.dask, destinations),
+        spec=config.dataset,
+        seed=config.seed,
+        holdout_fraction=config.holdout_fraction,
+    )
+    shared = share(dask.dask, staging)
+    for index in range(1, len(layout.rounds)):
+        run_in_waves(
+            dask.dask,
+            retrying(merge_task, config.retry),
+            ((index, task) for task in rerun.rounds[index]),
+            len(rerun.rounds[index]),
+            dask.in_flight,
+            counter,
+            staging=shared,
+        )
+        attempt.discard(staging.round_uri(index - 1))
+    counter.close()
+    return staging, rerun
+
+
+def write_stage(
+    dask: Cluster,
+    plans: dict[str, SplitPlan],
+    staging: Staging,
+    rerun: Rerun,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+) -> dict[str, SplitEntry]:
+    """Write tasks over runs of consecutive shards, each reading one range of each of the
+    last round's objects that cover them; those of shards a dead attempt left intact are
+    kept (driver/resume.py)."""
+    shards = shard_jobs(plans, attempt.shard_uri)
+    bounds = staging.layout.write_bounds.tolist()
+    tasks = [(bounds[task], shards[bounds[task] : bounds[task + 1]]) for task in rerun.writes]
+    counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
+    entries = run_in_waves(
+        dask.dask,
+        retrying(write_shards, config.retry),
+        tasks,
+        len(tasks),
+        dask.in_flight,
+        counter,
+        staging=share(dask.dask, staging),
+        schema=share(dask.dask, schema),
+        spec=config.dataset,
+        rows_per_row_group=config.rows_per_row_group,
+        receipts=attempt.uri if attempt.resumable else None,
+    )
+    counter.close()
+    written = {first: group for (first, _), group in zip(tasks, entries, strict=True)}
+    found = dict(rerun.shards)
+    for first, group in written.items():
+        found.update(enumerate(group, start=first))
+    flat = iter(found[destination] for destination in range(len(shards)))
+    return {
+        split: _split_entry([next(flat) for _ in range(plan.num_shards)])
+        for split, plan in plans.items()
+    }
+
+
+def _split_entry(entries: list[ShardEntry]) -> SplitEntry:
+    return SplitEntry(num_rows=sum(entry.num_rows for entry in entries), shards=entries)

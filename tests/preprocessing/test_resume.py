@@ -1,0 +1,155 @@
+"""What a rerun takes over of a dead attempt, and what it keeps of it, without a cluster:
+the attempt of the same version is taken over, another version's or a stale one removed;
+a staged object or shard is kept only when it is listed at its receipt's size and hashes
+to its receipt. Whole reshards killed and resumed are in test_kill.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+
+from flows.cli.status import attempt_lines
+from preprocessing.contract.shards import write_shard
+from preprocessing.exchange.receipts import (
+    kept_shards,
+    listed_objects,
+    object_intact,
+    write_shard_receipt,
+)
+from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
+from preprocessing.toolbox.faults import PermanentError
+from preprocessing.versions.attempt import HOLDER, LEASE_NAME, STAGING_DIR, VersionAttempt
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def dead_attempt(root: Path, version_id: str, name: str, age_s: float) -> Path:
+    """An attempt whose holder last beat `age_s` ago (past the lease expiry: dead), with
+    one staged file."""
+    path = root / STAGING_DIR / version_id / name
+    path.mkdir(parents=True)
+    lease = {"holder": HOLDER, "pid": 2**22 + 7, "heartbeat_at": time.time() - age_s}
+    (path / LEASE_NAME).write_text(json.dumps(lease))
+    (path / "train-00000.parquet").write_bytes(b"left by the dead run")
+    return path
+
+
+def test_a_rerun_takes_over_its_versions_dead_attempt_and_removes_the_others(tmp_path) -> None:
+    """Invariants: with `resume_max_age_s` set, the rerun stages in the newest dead attempt
+    of its own version younger than that age (its files there, its old directory gone);
+    a dead attempt of another version and one older than the age are removed; without
+    the setting nothing is taken over."""
+    root = tmp_path / "root"
+    newest = dead_attempt(root, "v1", "newest", age_s=400)
+    older = dead_attempt(root, "v1", "older", age_s=900)
+    stale = dead_attempt(root, "v1", "stale", age_s=7200)
+    other = dead_attempt(root, "v0", "other", age_s=400)
+    with VersionAttempt(str(root), "v1", resume_max_age_s=3600) as attempt:
+        assert attempt.resumed_from is not None and attempt.resumed_from.endswith("/newest")
+        assert (Path(attempt.uri) / "train-00000.parquet").read_bytes() == b"left by the dead run"
+        assert not any(p.exists() for p in (newest, older, stale, other))
+    assert not (root / STAGING_DIR).exists()
+    dead_attempt(root, "v1", "again", age_s=400)
+    with VersionAttempt(str(root), "v1") as fresh:
+        assert fresh.resumed_from is None
+        assert not (Path(fresh.uri) / "train-00000.parquet").exists()
+
+
+def staged(tmp_path: Path, name: str) -> StagedObject:
+    writer = StagedWriter(StagedObject(str(tmp_path / name), 0, 2, receipt=True), SCHEMA)
+    writer.add_batches([pa.record_batch([pa.array([1, 2, 3])], schema=SCHEMA)])
+    writer.add_batches([])
+    writer.close()
+    return writer.staged
+
+
+def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
+    """Invariants: a written object is listed with its receipt and matches its CRC-32; one
+    cut short is not listed; one with a flipped byte is listed (same size) but not intact;
+    one without a receipt (its task killed before the end) is not listed."""
+    whole, cut, flipped = (staged(tmp_path, f"part-000000{i}.arrow") for i in range(3))
+    Path(cut.uri).write_bytes(Path(cut.uri).read_bytes()[:-5])
+    data = bytearray(Path(flipped.uri).read_bytes())
+    data[-20] ^= 0xFF
+    Path(flipped.uri).write_bytes(bytes(data))
+    Path(tmp_path / "part-0000003.arrow").write_bytes(Path(whole.uri).read_bytes())
+    listed = listed_objects(fsspec.filesystem("file"), str(tmp_path))
+    assert sorted(listed) == ["part-0000000.arrow", "part-0000002.arrow"]
+    assert object_intact(whole.uri, listed["part-0000000.arrow"][1])
+    assert not object_intact(flipped.uri, listed["part-0000002.arrow"][1])
+
+
+def test_a_shard_is_kept_only_when_its_receipt_vouches_for_its_bytes(tmp_path) -> None:
+    """Invariants: of a write task's shards, one listed at its recorded size and hashing
+    to its recorded sha256 is kept with its entry; one rewritten with other bytes of the
+    same size, or missing, is not; a receipt naming a path outside the directory keeps
+    nothing."""
+    table = pa.table({"id": pa.array(range(100), pa.int64()), "label": ["a"] * 100})
+    entries = [
+        write_shard(str(tmp_path / f"train-0000{i}.parquet"), table.slice(i), 50, "label")
+        for i in range(3)
+    ]
+    write_shard_receipt(str(tmp_path), 0, entries)
+    damaged = tmp_path / "train-00001.parquet"
+    damaged.write_bytes(bytes(reversed(damaged.read_bytes())))
+    (tmp_path / "train-00002.parquet").unlink()
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    receipt = str(tmp_path / "receipts" / "write-0000000.json")
+    assert kept_shards(receipt, str(tmp_path), sizes) == entries[:1]
+    record = json.loads(Path(receipt).read_text())
+    record[0]["path"] = "../train-00000.parquet"
+    Path(receipt).write_text(json.dumps(record))
+    assert kept_shards(receipt, str(tmp_path), sizes) == []
+
+
+def test_status_names_a_dead_attempts_resume_command_and_not_a_running_ones(tmp_path) -> None:
+    """Invariants: `ballast status` lists a dead attempt as dead with the command that
+    resumes it, and a running one as running, without a command."""
+    root = tmp_path / "root"
+    dead_attempt(root, "v0", "killed", age_s=400)
+    command = "ballast run reshard --config c.yaml"
+    header, dead = attempt_lines(str(root), command)
+    assert header == f"unfinished reshard attempts under {root}:"
+    assert dead.startswith("  version v0 (dead, last heartbeat 400 s ago): 0 of ? map outputs")
+    assert dead.endswith(f"written; resume: {command}")
+    with VersionAttempt(str(root), "v1"):  # collects the dead one first
+        _, running = attempt_lines(str(root), command)
+    assert running.startswith("  version v1 (running, last heartbeat 0 s ago)")
+    assert "resume:" not in running
+
+
+class Refused(PermanentError, RuntimeError):
+    """A failure no retry can change."""
+
+
+def test_a_transient_failure_leaves_the_staging_to_a_retry_and_a_permanent_one_does_not(
+    tmp_path,
+) -> None:
+    """Invariants: a resumable attempt left on a transient error keeps its staging with a
+    released lease, which a retry in the same process (a Prefect retry) takes over at
+    once; left on a permanent error, or not resumable, it is removed."""
+    root = str(tmp_path / "root")
+    for error, resumable in ((Refused("no"), 60.0), (RuntimeError("lost"), None)):
+        with (
+            contextlib.suppress(type(error)),
+            VersionAttempt(root, "v1", resume_max_age_s=resumable) as attempt,
+        ):
+            Path(attempt.uri, "train-00000.parquet").write_bytes(b"staged")
+            raise error
+        assert not (tmp_path / "root" / STAGING_DIR).exists()
+    with (
+        contextlib.suppress(RuntimeError),
+        VersionAttempt(root, "v1", resume_max_age_s=60.0) as failed,
+    ):
+        Path(failed.uri, "train-00000.parquet").write_bytes(b"staged")
+        raise RuntimeError("the cluster was lost")
+    assert (Path(failed.uri) / "train-00000.parquet").exists()
+    with VersionAttempt(root, "v1", resume_max_age_s=60.0) as retry:
+        assert (retry.resumed_from or "").endswith(failed.attempt_id)
+        assert (Path(retry.uri) / "train-00000.parquet").read_bytes() == b"staged"
+    assert not (tmp_path / "root" / STAGING_DIR).exists()

@@ -1,0 +1,78 @@
+"""A reshard that fails inside its process (a cluster lost, a store that kept failing) and is
+called again by the same process, as a Prefect retry of the reshard task does: the retry
+resumes what the failed run staged, as a rerun after a kill does (test_kill.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from preprocessing.versions.attempt import STAGING_DIR
+
+pytestmark = pytest.mark.slow  # whole reshards on the session Dask cluster
+
+
+class ClusterLost(RuntimeError):
+    """A failure of unknown kind, so transient (preprocessing/toolbox/faults.py)."""
+
+
+def fail_halfway(error: Exception) -> Callable[[str, int, int], None]:
+    """A progress callback raising `error` once half of the write tasks are done."""
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage == "write" and done * 2 >= total:
+            raise error
+
+    return progress
+
+
+def wait_idle(client: Client, timeout_s: float = 30) -> None:
+    """Wait for the tasks the failed run left running: a retry comes seconds later, and a
+    write still running then would race the retry's own (same bytes, but not the test's
+    point)."""
+    deadline = time.monotonic() + timeout_s
+    while any(client.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def digests(result: ReshardResult) -> list[str]:
+    return [s.sha256 for split in ("train", "holdout") for s in result.manifest.split(split).shards]
+
+
+def test_a_retry_in_the_same_process_resumes_a_run_that_failed_mid_write(
+    tmp_path: Path, dask_client: Client
+) -> None:
+    """Invariants: a run failing for a transient reason halfway through its writes keeps
+    its staging; the retry (same process) takes it over, keeps at least one shard and
+    rewrites at least one, and commits the version a clean run makes, byte-identical,
+    leaving no staging. (A permanent failure removes the staging: test_resume.py.)"""
+    write_sample(tmp_path / "raw", SampleSpec(num_rows=20_000, num_files=4, seed=5))
+    config = ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(tmp_path / "raw")]),
+        output_root=str(tmp_path / "out"),
+        target_shard_rows=500,
+        rows_per_row_group=250,
+        max_tasks_in_flight=2,  # so that tasks are left to run when the run fails
+    )
+    staging = tmp_path / "out" / STAGING_DIR
+    with pytest.raises(ClusterLost):
+        run_reshard(config, dask_client, progress=fail_halfway(ClusterLost("lost")))
+    wait_idle(dask_client)
+    assert list(staging.glob("*/*/receipts/write-*.json"))
+    retry = run_reshard(config, dask_client)
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
+    print(retry.resumed)
+    assert retry.manifest.version_id == clean.manifest.version_id
+    assert digests(retry) == digests(clean)
+    resumed = retry.manifest.resumed
+    assert 0 < resumed["shards_kept"] < resumed["shards"] == len(digests(clean)), resumed
+    assert not staging.exists()
