@@ -106,6 +106,11 @@ SMALLEST = {
         ],
         "targets:",
     ),
+    "wide_case": (
+        "script",
+        ["--rows", "256", "--columns", "80", "--repeat", "1", "--batch-size", "64", *WORK],
+        "loader / pyarrow:",
+    ),
     "comm_bench": (
         "module",
         ["--steps", "2", "--epochs", "1", "--only", "none", "--out", "{tmp}/out"],

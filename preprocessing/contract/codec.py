@@ -4,9 +4,10 @@ Every reader of a version encodes rows through this module: the training loader
 (training/data/shards.py), evaluation and batch inference (tracking/lifecycle/scoring.py). Its
 state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
 (preprocessing/scan/feature_stats.py) and stored in the manifest (`Manifest.features["columns"]`),
-so the same row gives the same numbers everywhere. It depends on the standard library,
-numpy and pyarrow only (docs/architecture.md 1): every logged model carries this module
-(tracking/run/model.py), the manifest module is imported only to read a manifest.
+so the same row gives the same numbers everywhere. Numeric columns of one Arrow type are
+encoded as one matrix (preprocessing/contract/numeric_block.py). It depends on the standard
+library, numpy and pyarrow only (docs/architecture.md 1): every logged model carries this
+module and that one (tracking/run/model.py); the manifest is imported only to read one.
 Column kinds, and what each becomes:
 
 - `numeric` (integers, floats, decimals of any width): one value, standardized as
@@ -42,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from preprocessing.contract.numeric_block import Plan, plan_blocks
 
 if TYPE_CHECKING:  # imported when needed: a logged model ships this module alone
     from preprocessing.contract.manifest import Manifest
@@ -118,18 +121,15 @@ class FeatureCodec:
     """The feature columns of a dataset in order; `encode` gives the model's input matrix."""
 
     columns: tuple[ColumnSpec, ...]
+    _plans: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @cached_property
     def width(self) -> int:
         return sum(spec.width for spec in self.columns)
 
     @property
     def names(self) -> list[str]:
         return [spec.name for spec in self.columns]
-
-    @cached_property
-    def _parts(self) -> list[slice]:
-        return list(self.slices().values())
 
     def slices(self) -> dict[str, slice]:
         """Where each column's values sit in a row of the matrix."""
@@ -151,11 +151,26 @@ class FeatureCodec:
         if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
             return view
         out = np.empty((table.num_rows, self.width), dtype=np.float32)
-        for spec, part in zip(self.columns, self._parts, strict=True):
+        blocks, rest = self._plan(table.schema)
+        for block in blocks:  # one matrix per block: no per-column work for wide tables
+            if not block.encode(table, out):
+                rest = [*rest, *zip(block.specs, block.parts, strict=True)]
+        for spec, part in rest:
             column = table.column(spec.name)
             array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
             ENCODERS[spec.kind](spec, array, out[:, part])
         return out
+
+    def _plan(self, schema: pa.Schema) -> Plan:
+        """How `schema`'s columns are encoded, kept for the last schema seen: every row
+        group of a version has the same, and planning 5,000 columns costs milliseconds."""
+        last = self._plans.get("last")
+        if last is None or not last[0].equals(schema):
+            self._plans["last"] = (
+                schema,
+                plan_blocks(self.columns, list(self.slices().values()), schema, _refuse_nulls),
+            )
+        return self._plans["last"][1]
 
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(spec) for spec in self.columns]
@@ -350,16 +365,9 @@ def category_codes(spec: ColumnSpec, array: pa.Array) -> np.ndarray:
     strings = array.cast(pa.string())
     if spec.num_buckets:
         encoded = pc.dictionary_encode(strings)
-        buckets = np.array(
-            [
-                0,
-                *(
-                    1 + zlib.crc32(value.encode()) % spec.num_buckets
-                    for value in encoded.dictionary.to_pylist()
-                ),
-            ],
-            dtype=np.int64,
-        )
+        values = encoded.dictionary.to_pylist()
+        hashed = (1 + zlib.crc32(value.encode()) % spec.num_buckets for value in values)
+        buckets = np.array([0, *hashed], dtype=np.int64)
         # Nulls take the first entry (slot 0); value i the entry after it.
         indices = pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), 1), 0)
         return buckets[indices.to_numpy(zero_copy_only=False)]

@@ -59,6 +59,7 @@ from preprocessing.scan.inputs import (
     overlapping_id_groups,
     scan_file,
 )
+from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
 from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.toolbox.secrets import redact
@@ -109,7 +110,9 @@ class Listing:
 
 
 def list_once(config: ReshardConfig) -> Listing:
-    """List the inputs of `config` (each root's listing retried on transient errors)."""
+    """List the inputs of `config` (each root's listing retried on transient errors), once
+    every object store it names has answered a quick probe (preprocessing/storage/reach.py)."""
+    check_reachable([config.output_root])
     files = list_inputs(config.dataset, config.retry)
     return Listing(files, fingerprint_inputs(files))
 

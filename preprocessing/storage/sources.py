@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
+from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.roots import ballast_outputs, is_under
 from preprocessing.toolbox.faults import (
     DECODE_ERRORS,
@@ -79,7 +80,8 @@ class InputFile:
 
 def list_inputs(spec: DatasetSpec, retry: RetryPolicy | None = None) -> list[InputFile]:
     """Every input file under the configured roots, sorted by URI, without duplicates;
-    each root's listing is retried on transient errors."""
+    each root's listing is retried on transient errors, once its store answered a probe."""
+    check_reachable(spec.inputs)
     found: dict[str, InputFile] = {}
     for root in spec.inputs:
         for item in _listed(root, retry or RetryPolicy()):

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.codec import ColumnSpec, FeatureCodec, FeatureError
+from preprocessing.contract import numeric_block
+from preprocessing.contract.codec import ENCODERS, ColumnSpec, FeatureCodec, FeatureError, kind_of
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,
@@ -187,3 +188,59 @@ def test_profiles_merged_over_any_split_of_the_rows_equal_one_pass(
     assert merged.count == len(values)
     np.testing.assert_allclose(merged.mean, np.mean(values), rtol=1e-9, atol=1e-6)
     np.testing.assert_allclose(merged.std, np.std(values), rtol=1e-6, atol=1e-4)
+
+
+def column_by_column(codec: FeatureCodec, table: pa.Table) -> np.ndarray:
+    """The matrix as the codec's column path encodes it: one column at a time."""
+    out = np.empty((table.num_rows, codec.width), dtype=np.float32)
+    for spec, part in zip(codec.columns, codec.slices().values(), strict=True):
+        ENCODERS[spec.kind](spec, table.column(spec.name).combine_chunks(), out[:, part])
+    return out
+
+
+def test_wide_numeric_blocks_encode_exactly_as_column_by_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant: 600 numeric columns of six block types (nulls and NaN under each fill
+    policy, two chunks, a block's rows in steps of 5) with categories and
+    booleans between them encode to the same bytes through the blocks as one column at a
+    time; a 64-bit integer column with a null, or past 2**53, takes the column path (the
+    same bytes, the same refusal); a refused null names its column."""
+    rng = np.random.default_rng(7)
+    types = [pa.float64(), pa.float32(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64()]
+    columns: dict[str, pa.Array] = {}
+    monkeypatch.setattr(numeric_block, "STEP_BYTES", 4_096)  # 5 rows of 100 float64s a step
+    for index in range(600):
+        # Nulls in odd columns but the int64 ones: int64 as a block, uint64 column by column.
+        mask = rng.random(300) < (0.05 if index % 2 and index % 6 != 3 else 0.0)
+        values = np.abs(rng.normal(40, 15, 300))
+        columns[f"n{index}"] = pa.array(values, mask=mask).cast(types[index % 6], safe=False)
+        if index % 47 == 0:
+            columns[f"s{index}"] = pa.array(rng.choice(["a", "b"], 300))
+            columns[f"b{index}"] = pa.array(rng.random(300) < 0.5)
+    columns["n0"] = pa.array(np.where(rng.random(300) < 0.1, np.nan, rng.random(300)))
+    table = pa.table(columns)
+    table = pa.concat_tables([table.slice(0, 120), table.slice(120)])
+    policies = ("fill_mean", "indicator", "fill_zero")
+    codec = FeatureCodec(
+        tuple(
+            ColumnSpec(
+                name,
+                kind_of(table.schema.field(name).type) or "",
+                str(table.schema.field(name).type),
+                shift=index / 7,
+                scale=1 + index / 3,
+                fill=index / 5,
+                nulls=policies[index % 3] if name[0] == "n" else "fill_zero",
+                vocabulary=["a"] if name[0] == "s" else [],
+            )
+            for index, name in enumerate(columns)
+        )
+    )
+    assert np.array_equal(codec.encode(table), column_by_column(codec, table), equal_nan=True)
+    big = pa.table({f"i{k}": pa.array([k, 2**60 if k == 70 else 1]) for k in range(100)})
+    with pytest.raises(pa.ArrowInvalid, match="not in range"):
+        FeatureCodec.from_schema(big.schema, big.column_names).encode(big)
+    refused = pa.table({"x": pa.array([1.0, None, 3.0]), "y": pa.array([1.0, 2.0, 3.0])})
+    with pytest.raises(FeatureError, match="'x' holds 1 nulls"):
+        FeatureCodec.from_schema(refused.schema, ["x", "y"]).encode(refused)

@@ -8,7 +8,7 @@ class labels travel as model metadata too.
 
 The model stands on its own: its artifacts are the codec with the classes (`codec.json`)
 and the network's weights (`weights.pt`, a state dict with the layer sizes, read with
-`torch.load(weights_only=True)`); its code is the pyfunc module and the codec module it
+`torch.load(weights_only=True)`); its code is the pyfunc module and the codec modules it
 imports, shipped as MLflow `code_paths` under their package paths (`code/tracking/run/
 pyfunc.py`, `code/preprocessing/contract/codec.py`), which import only the packages of
 its requirements (torch, numpy, pandas, pyarrow, mlflow). A network other than the
@@ -62,7 +62,11 @@ from tracking.run.spool import Spool
 NUM_EXAMPLE_ROWS = 5
 _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "mlflow")
 # The modules a model runs: shipped in it with their packages' __init__ files.
-SHIPPED_MODULES = ("preprocessing.contract.codec", "tracking.run.pyfunc")
+SHIPPED_MODULES = (
+    "preprocessing.contract.codec",
+    "preprocessing.contract.numeric_block",
+    "tracking.run.pyfunc",
+)
 
 
 def log_model(config: TrackingConfig, run_id: str, network: torch.nn.Module, dataset: str) -> str:
