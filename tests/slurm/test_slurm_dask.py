@@ -2,12 +2,15 @@
 (tests/slurm/conftest.py): a reshard whose workers run with a private /tmp while a
 `ballast` command's worker log config (a file of this host's /tmp) is in the environment;
 the jobs end with the step; a refused worker job and one that stays pending are errors
-with SLURM's reason, within the deadline."""
+with SLURM's reason, within the deadline; a step whose worker job is cancelled under it
+fails naming the job and what SLURM said, instead of waiting."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,9 +23,9 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.contract.slurm import SubmissionRefused
 from preprocessing.driver.cluster import DaskConfig, dask_client
-from preprocessing.driver.jobqueue import WorkersNotReady
+from preprocessing.driver.jobqueue import WorkersLost, WorkersNotReady
 from preprocessing.driver.reshard import run_reshard
-from tests.slurm.conftest import live_jobs
+from tests.slurm.conftest import jobs_named, live_jobs
 
 pytest.importorskip("dask_jobqueue")
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -128,3 +131,22 @@ def test_workers_that_never_come_fail_at_the_deadline_naming_slurms_reason(
     while live_jobs(dask.options["job_name"]) and time.monotonic() < deadline:
         time.sleep(1)
     assert live_jobs(dask.options["job_name"]) == []
+
+
+def test_a_step_whose_worker_job_is_cancelled_fails_naming_the_job(shared_dir: Path) -> None:
+    """Invariant: a Dask step whose only worker job is cancelled under it (as its walltime
+    would end it) fails within seconds, not at `worker_timeout_s` nor never, naming the
+    job, its SLURM state and slurmstepd's own line; the task it waited for is not run."""
+    dask = slurm_dask(shared_dir, worker_timeout_s=300.0)
+    started = time.monotonic()
+    with pytest.raises(WorkersLost) as lost, dask_client(dask) as client:
+        [job_id] = jobs_named(dask.options["job_name"])
+        waiting = client.submit(time.sleep, 600, pure=False)
+        subprocess.run(["scancel", job_id], check=True)
+        waiting.result()
+    assert time.monotonic() - started < 60
+    assert re.search(
+        rf"every Dask worker left and its job ended: SLURM job {job_id} \(CANCELLED; .*"
+        rf"slurmstepd in \S+{job_id}\.err: \*\*\* JOB {job_id} ON \S+ CANCELLED AT ",
+        str(lost.value),
+    ), str(lost.value)
