@@ -7,18 +7,28 @@ parameters before Prefect validates those, then validates the result against the
 parameter model: a bad override fails the run naming the field, as `--set` does.
 Deployment files rendered without a work dir (the shipped `infra/prefect.yaml`) keep
 `${WORK_DIR}` in their paths; a flow run fills it from the worker's `BALLAST_WORK_DIR`.
+
+A deployment run (one a worker or `ballast serve`'s runner started: Prefect sets
+`PREFECT__FLOW_RUN_ID` in its process) applies MLflow's conventions as `ballast run` does
+(flows/conventions.py): its deployment's parameters are the preset's, so the process's
+`MLFLOW_TRACKING_URI` / `MLFLOW_EXPERIMENT_NAME` win over them and an override wins over
+both. A flow called in-process (`ballast run`) was resolved by its caller.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
+from flows.conventions import ENV_OF, apply_tracking_conventions
 from preprocessing.toolbox.config_files import parse_config, parse_yaml_value
 
+log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 OVERRIDES = "overrides"
 OVERRIDES_DESCRIPTION = (
@@ -28,6 +38,7 @@ OVERRIDES_DESCRIPTION = (
 NO_OVERRIDES: list[str] = []  # never mutated: the flow's default
 WORK_DIR_PLACEHOLDER = "${WORK_DIR}"
 WORK_DIR_VARIABLE = "BALLAST_WORK_DIR"
+FLOW_RUN_VARIABLE = "PREFECT__FLOW_RUN_ID"  # set by Prefect in a worker's or runner's run
 
 
 def apply_override(values: dict[str, Any], assignment: str, given_as: str = "--set") -> None:
@@ -75,17 +86,25 @@ def holds_placeholder(values: Any) -> bool:
     return isinstance(values, str) and WORK_DIR_PLACEHOLDER in values
 
 
-def resolve_parameters(params_type: type[M], parameters: dict[str, Any]) -> dict[str, Any]:
-    """The run's `parameters` with its overrides applied and `${WORK_DIR}` filled, as
+def resolve_parameters(
+    params_type: type[M], parameters: dict[str, Any], environ: Mapping[str, str] = os.environ
+) -> dict[str, Any]:
+    """The run's `parameters` with its overrides applied, `${WORK_DIR}` filled and, in a
+    deployment run, MLflow's environment variables applied (module docstring), as
     `params_type`'s fields (sections as models) plus `overrides`; unchanged when there is
     nothing to apply. Raises ValueError naming each bad field."""
     overrides = list(parameters.get(OVERRIDES) or [])
     values = {name: value for name, value in parameters.items() if name != OVERRIDES}
-    if not overrides and not holds_placeholder(to_jsonable_python(values)):
+    from_env = bool(environ.get(FLOW_RUN_VARIABLE)) and any(map(environ.get, ENV_OF.values()))
+    if not overrides and not from_env and not holds_placeholder(to_jsonable_python(values)):
         return parameters
     values = to_jsonable_python(values)
     for assignment in overrides:
         apply_override(values, assignment, "override")
+    if from_env:
+        overridden = {assignment.partition("=")[0] for assignment in overrides}
+        for line in apply_tracking_conventions(values, True, overridden, environ):
+            log.info("%s", line)
     model = _validated(params_type, fill_work_dir(values), overrides)
     return {
         **{name: getattr(model, name) for name in type(model).model_fields},

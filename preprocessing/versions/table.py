@@ -13,7 +13,12 @@ commit records the ballast version it holds in its commit info (`ballast.version
 `publish_current` moves the table to `_CURRENT`; every commit and rollback calls it after
 `_CURRENT` moved, so the table never holds a version `_CURRENT` did not name, and a rerun
 finishes a publication a crash cut off (docs/reliability.md, "The table of a root").
-Local roots only for now; other stores keep their manifests and `_CURRENT` (a limit).
+Local and S3 roots are published; other stores keep their manifests and `_CURRENT` (a
+limit, named in a warning). On S3 `deltalake` takes the same `AWS_*` environment as s3fs;
+plain HTTP is allowed where the endpoint is `http://` (MinIO, moto). `DeltaTable.history`
+and `is_deltatable` hold the GIL through their requests in deltalake 1.6 (delta-rs issue
+4402 fixed two such calls, not these): a publisher waits on no other thread of its
+process, so the head's ballast version is read from its commit file instead.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 from fsspec.core import url_to_fs
 
@@ -50,6 +56,7 @@ VERSION_KEY = "ballast.version_id"  # in each table commit's commit info
 _KEEP = "interval 36500 days"
 CONFIGURATION = {"delta.deletedFileRetentionDuration": _KEEP, "delta.logRetentionDuration": _KEEP}
 PUBLISH_TRIES = 8
+PUBLISHED_SCHEMES = ("s3", "s3a")  # besides local disk
 
 
 class TableError(PermanentError, RuntimeError):
@@ -69,9 +76,21 @@ class Head:
 
 
 def table_uri(root: str) -> str | None:
-    """The path `deltalake` opens for `root`'s table; None where it is not published."""
+    """The URI `deltalake` opens for `root`'s table (an absolute path on local disk);
+    None where it is not published."""
     fs, path = url_to_fs(root.rstrip("/"))
-    return os.path.abspath(path) if is_local(fs) else None
+    if is_local(fs):
+        return os.path.abspath(path)
+    return root.rstrip("/") if urlsplit(root).scheme in PUBLISHED_SCHEMES else None
+
+
+def storage_options(uri: str) -> dict[str, str]:
+    """What `deltalake` needs beyond the `AWS_*` environment at `uri`: plain HTTP where the
+    S3 endpoint that boto and s3fs use is `http://` (object_store refuses it otherwise)."""
+    if urlsplit(uri).scheme not in PUBLISHED_SCHEMES:
+        return {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
+    return {"AWS_ALLOW_HTTP": "true"} if endpoint.startswith("http://") else {}
 
 
 def publish_current(root: str) -> int | None:
@@ -79,7 +98,11 @@ def publish_current(root: str) -> int | None:
     table version if it holds another; the table version, None if nothing to publish."""
     uri = table_uri(root)
     if uri is None:
-        log.debug("%s: not a local root; no table published", root)
+        log.warning(
+            "%s: no Delta Lake table is published on this store (local and s3:// roots "
+            "only); read the version through its manifest or `ballast files`",
+            root,
+        )
         return None
     for _ in range(PUBLISH_TRIES):
         head = read_head(uri)  # before `_CURRENT`: see the module docstring of why
@@ -105,18 +128,30 @@ def publish_current(root: str) -> int | None:
 
 def read_head(uri: str) -> Head | None:
     """The table at `uri` as it is now, or None if there is none yet."""
-    if not DeltaTable.is_deltatable(uri):
+    try:
+        table = DeltaTable(uri, storage_options=storage_options(uri))
+    except TableNotFoundError:
         return None
-    table = DeltaTable(uri)
-    found = table.history(1)[0].get(VERSION_KEY)
-    return Head(table, found if isinstance(found, str) else None)
+    return Head(table, committed_version_id(uri, table.version()))
+
+
+def committed_version_id(uri: str, table_version: int) -> str | None:
+    """The ballast version that table version `table_version` records in its commit info."""
+    fs, log_dir = url_to_fs(f"{uri}/_delta_log")
+    fs.invalidate_cache(log_dir)  # s3fs answers from listings it made before this commit
+    commit = fs.cat_file(f"{log_dir}/{table_version:020d}.json").decode()
+    for line in commit.splitlines():
+        found = json.loads(line).get("commitInfo", {}).get(VERSION_KEY)
+        if found is not None:
+            return found if isinstance(found, str) else None
+    return None
 
 
 def table_files(manifest: Manifest, uri: str) -> dict[str, tuple[str, int, int]]:
     """Each shard of `manifest` by its path relative to the table root: split, bytes, rows."""
     location = manifest_uri(uri, manifest.version_id)
     return {
-        os.path.relpath(shard_uri(location, entry), uri): (split, entry.num_bytes, entry.num_rows)
+        shard_uri(location, entry).removeprefix(f"{uri}/"): (split, entry.num_bytes, entry.num_rows)
         for split, entries in manifest.splits.items()
         for entry in entries.shards
     }
@@ -135,6 +170,7 @@ def _commit(uri: str, manifest: Manifest, head: Head | None) -> int:
                 uri,
                 schema,
                 _adds(files, set(files)),
+                storage_options=storage_options(uri),
                 mode="error",
                 partition_by=[SPLIT_COLUMN],
                 configuration=CONFIGURATION,
@@ -160,7 +196,8 @@ def _commit(uri: str, manifest: Manifest, head: Head | None) -> int:
 
 def _schema(uri: str, first: str) -> Schema:
     """The shards' columns (from a footer) and the `split` partition column."""
-    columns = pq.read_schema(f"{uri}/{first}").remove_metadata()
+    fs, path = url_to_fs(f"{uri}/{first}")
+    columns = pq.read_schema(path, filesystem=fs).remove_metadata()
     for column in columns:  # Delta Lake has no float16 or time type, say
         try:
             Schema.from_arrow(pa.schema([column]))

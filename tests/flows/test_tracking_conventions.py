@@ -112,3 +112,28 @@ def test_a_run_with_the_variable_exported_lands_on_the_server_and_status_finds_t
         client.create_model_version(name, f"runs:/{run_id}/dataset", run_id=run_id).version,
     )
     assert f"champion: {name} v1" in describe_status("demo", str(tmp_path), overrides)
+
+
+def test_a_deployment_run_takes_the_workers_environment_as_ballast_run_does(monkeypatch) -> None:
+    """Invariants: the nightly deployment's parameters as infra/prefect.yaml holds them (its
+    preset's sqlite URI and local artifact folder), in a run a worker or `ballast serve`
+    started (PREFECT__FLOW_RUN_ID set) with MLflow's variables exported, take the variables'
+    values and go through the server's artifact proxy; an override of the URI wins over the
+    variable; a flow called in-process (`ballast run`, resolved before) keeps its values."""
+    from flows.deployments import DEPLOYMENTS, preset_parameters
+    from flows.overrides import resolve_parameters
+    from flows.params import PipelineParams
+
+    nightly = next(spec for spec in DEPLOYMENTS if spec.name == "nightly")
+    parameters = preset_parameters(nightly, None)
+    monkeypatch.setenv("BALLAST_WORK_DIR", "/w")
+    worker = {**ENV, "PREFECT__FLOW_RUN_ID": "0b5e1f0c"}
+    tracking = resolve_parameters(PipelineParams, parameters, worker)["train"].tracking
+    assert (tracking.tracking_uri, tracking.experiment) == (SERVER, "from-env")
+    assert tracking.artifact_location is None
+    mine = {**parameters, "overrides": ["train.tracking.tracking_uri=sqlite:///mine.db"]}
+    tracking = resolve_parameters(PipelineParams, mine, worker)["train"].tracking
+    assert (tracking.tracking_uri, tracking.experiment) == ("sqlite:///mine.db", "from-env")
+    tracking = resolve_parameters(PipelineParams, parameters, ENV)["train"].tracking
+    assert tracking.tracking_uri == "sqlite:////w/mlflow.db"
+    assert tracking.artifact_location == "/w/mlartifacts"

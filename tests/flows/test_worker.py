@@ -53,11 +53,16 @@ def worker_env(
 ) -> Iterator[dict[str, str]]:
     """A server holding the shipped file's deployments on the process pool `ballast`, and a
     worker polling it from a directory outside the checkout, its BALLAST_WORK_DIR holding
-    the tiny raw sample; the environment that points at that server."""
+    the tiny raw sample and MLFLOW_TRACKING_URI naming a store of its own (not the preset's
+    `${WORK_DIR}/mlflow.db`); the environment that points at that server."""
     root = tmp_path_factory.mktemp("worker")
     shutil.copytree(tiny_raw, root / "work" / "raw")
     port = free_port()
-    env = {**prefect_env(root / "home", port), "BALLAST_WORK_DIR": str(root / "work")}
+    env = {
+        **prefect_env(root / "home", port),
+        "BALLAST_WORK_DIR": str(root / "work"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root}/worker-mlflow.db",
+    }
     server = start_prefect_server(env, port)
     worker = None
     try:
@@ -141,22 +146,25 @@ def deployment_state(env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_worker_runs_the_shipped_file_with_one_overridden_field(worker_env) -> None:
-    """Invariant: from the shipped infra/prefect.yaml, a process worker outside the
+    """Invariants: from the shipped infra/prefect.yaml, a process worker outside the
     checkout completes `pipeline/nightly` with `train.max_epochs=1` overridden (the MLflow
-    run records 1, the preset says 4). A bad override's failure is the quick tier's
-    (tests/flows/test_overrides.py, through the method Prefect's engine calls)."""
+    run records 1, the preset says 4), tracked in the store the worker's
+    MLFLOW_TRACKING_URI names, not in the preset's `${WORK_DIR}/mlflow.db`, as `ballast run`
+    does. A bad override's failure is the quick tier's (tests/flows/test_overrides.py,
+    through the method Prefect's engine calls)."""
     good = run_nightly(worker_env, '["train.max_epochs=1"]')
     assert good.state is not None and good.state.type == StateType.COMPLETED, good.state
-    assert trained_epochs(Path(worker_env["BALLAST_WORK_DIR"])) == {"1"}
+    assert trained_epochs(worker_env["MLFLOW_TRACKING_URI"]) == {"1"}
+    assert not (Path(worker_env["BALLAST_WORK_DIR"]) / "mlflow.db").exists()
 
 
-def trained_epochs(work: Path) -> set[str]:
-    """The `max_epochs` params of the nightly experiment's MLflow runs under `work`."""
+def trained_epochs(tracking_uri: str) -> set[str]:
+    """The `max_epochs` params of the nightly experiment's MLflow runs at `tracking_uri`."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
+    client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("ballast-nightly")
-    assert experiment is not None, "the nightly run tracked nothing under BALLAST_WORK_DIR"
+    assert experiment is not None, f"the nightly run tracked nothing at {tracking_uri}"
     runs = client.search_runs([experiment.experiment_id])
     return {
         value

@@ -1,4 +1,5 @@
-"""Resharding from and to S3 (moto's server on loopback), and the S3 commit race."""
+"""Resharding from and to S3 (moto's server on loopback), the S3 commit race, and the
+Delta Lake table of an S3 root read back by `deltalake`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import threading
 import uuid
 
 import fsspec
+import polars as pl
 import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import (
     CommitConflict,
+    Manifest,
     file_sha256,
     read_current_version,
     read_manifest,
@@ -18,6 +23,13 @@ from preprocessing.contract.manifest import (
     swap_current,
 )
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.versions.table import (
+    SPLIT_COLUMN,
+    _commit,
+    committed_version_id,
+    publish_current,
+    read_head,
+)
 
 pytestmark = pytest.mark.slow  # every test here uses moto's S3 server
 
@@ -110,7 +122,8 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
         return [
             path
             for path in fs.find(f"{bucket}/datasets")
-            if f"/v-{base}/" not in path and "_CURRENT" not in path
+            # The base's own: its version, `_CURRENT` and the table that holds the base.
+            if f"/v-{base}/" not in path and "_CURRENT" not in path and "/_delta_log/" not in path
         ]
 
     written: list[str] = []
@@ -134,3 +147,36 @@ def test_an_incremental_child_on_s3_lists_its_parent_and_a_lost_one_is_removed(
         for split in manifest.splits.values()
         for e in split.shards
     )
+    check_s3_table(root, manifest, location, [base, manifest.version_id])
+
+
+def check_s3_table(root: str, manifest: Manifest, location: str, history: list[str]) -> None:
+    """The Delta table at an S3 root, read by `deltalake` as a user would (the
+    AWS_* environment and plain HTTP allowed): exactly the manifest's shards and rows per
+    split, the parent's shards in place, one table version per ballast version."""
+    options = {"AWS_ALLOW_HTTP": "true"}
+    table = DeltaTable(root, storage_options=options)
+    expected = {name: split.num_rows for name, split in manifest.splits.items()}
+    rows = pl.from_arrow(table.to_pyarrow_table()).group_by(SPLIT_COLUMN).len().rows()
+    assert dict(rows) == expected
+    uris = [shard_uri(location, e) for split in manifest.splits.values() for e in split.shards]
+    assert sorted(table.file_uris()) == sorted(uris)
+    assert [committed_version_id(root, v) for v in range(table.version() + 1)] == history
+
+
+def test_a_stale_publisher_on_s3_fails_its_table_commit_and_converges(bucket) -> None:
+    """Invariants on S3 (no locking provider: the log entry's put-if-absent): a publisher
+    that read the table head before another published fails its commit; the next look
+    finds the table in step with `_CURRENT`, one table version per ballast version."""
+    from tests.preprocessing.test_table import write_version
+
+    root = f"s3://{bucket}/race"
+    for version_id in ("a", "b"):
+        write_version(root, version_id)
+    stale = read_head(root)
+    assert stale is not None and stale.version_id == "b"
+    write_version(root, "c")  # `_CURRENT` moves and the table follows, past `stale`
+    with pytest.raises(CommitFailedError):
+        _commit(root, read_manifest(f"{root}/v-a")[0], stale)
+    assert publish_current(root) == 2
+    assert [committed_version_id(root, v) for v in range(3)] == ["a", "b", "c"]
