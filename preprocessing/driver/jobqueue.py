@@ -166,6 +166,8 @@ def wait_for_job_workers(cluster: Any, client: Client, timeout_s: float, kind: s
                 )
             )
         time.sleep(POLL_S)
+    jobs = ", ".join(state.job_id for state in job_states(cluster)) if kind == "slurm" else ""
+    log.info("Dask workers joined%s", f" from SLURM jobs {jobs}" if jobs else "")
 
 
 def job_states(cluster: Any) -> list[JobState]:
