@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask
-from distributed import Client
+from distributed import Client, KilledWorker
+from distributed.comm.core import CommClosedError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from preprocessing.contract.slurm import (
@@ -50,6 +51,10 @@ from preprocessing.contract.slurm import (
 from preprocessing.toolbox.faults import TransientError
 
 POLL_S = 2.0
+# A step that failed on a closed connection waits this long for its jobs to end: scancel's
+# and a walltime's jobs are ended within a second or two of their workers leaving.
+SETTLE_S, SETTLE_POLL_S = 10.0, 0.5
+LOSS_ERRORS = (CommClosedError, KilledWorker, asyncio.CancelledError)
 log = logging.getLogger(__name__)
 # Options of `JobSettings` and the SLURMCluster / PBSCluster keyword each one becomes.
 JOBQUEUE_KEYWORDS = {
@@ -193,8 +198,9 @@ def watch_worker_loss(cluster: Any, client: Client, timeout_s: float, kind: str)
     try:
         yield
     except (Exception, asyncio.CancelledError) as error:  # a cancelled wait is the latter
-        if watch.lost:
-            raise WorkersLost(watch.lost) from error
+        lost = watch.lost or (watch.settle() if isinstance(error, LOSS_ERRORS) else None)
+        if lost:
+            raise WorkersLost(lost) from error
         raise
     finally:
         watch.stop()
@@ -214,6 +220,17 @@ class LossWatch(threading.Thread):
     def stop(self) -> None:
         self._stopped.set()
         self.join()
+
+    def settle(self) -> str | None:
+        """After the block failed on a closed connection (a call to every worker, as
+        `client.run`, fails at once when one goes, before a poll sees it): the loss, if
+        the workers are gone and their jobs end within `SETTLE_S`, else None."""
+        self.stop()
+        since, deadline = None, time.monotonic() + SETTLE_S
+        while self.lost is None and time.monotonic() < deadline:
+            since = self.check(since)
+            time.sleep(SETTLE_POLL_S)
+        return self.lost
 
     def run(self) -> None:
         since: float | None = None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from distributed import Client
 
 from preprocessing.contract.slurm import SubmissionRefused
 from preprocessing.driver.cluster import dask_client
@@ -62,17 +65,29 @@ def test_workers_that_never_come_fail_at_the_deadline_naming_slurms_reason(
     assert live_jobs(dask.options["job_name"]) == []
 
 
-def test_a_step_whose_worker_job_is_cancelled_fails_naming_the_job(shared_dir: Path) -> None:
+def wait_on_a_task(client: Client) -> None:
+    client.submit(time.sleep, 600, pure=False).result()
+
+
+def wait_on_every_worker(client: Client) -> None:
+    """As the step's worker checks do (`client.run`): fails at once when a worker goes."""
+    client.run(time.sleep, 600)
+
+
+@pytest.mark.parametrize("wait", [wait_on_a_task, wait_on_every_worker])
+def test_a_step_whose_worker_job_is_cancelled_fails_naming_the_job(
+    shared_dir: Path, wait: Callable[[Client], None]
+) -> None:
     """Invariant: a Dask step whose only worker job is cancelled under it (as its walltime
-    would end it) fails within seconds, not at `worker_timeout_s` nor never, naming the
-    job, its SLURM state and slurmstepd's own line; the task it waited for is not run."""
+    would end it), while it waits on a task or on a call to every worker, fails within
+    seconds, not at `worker_timeout_s` nor never, naming the job, its SLURM state and
+    slurmstepd's own line (not the closed connection the call saw)."""
     dask = slurm_dask(shared_dir, worker_timeout_s=300.0)
     started = time.monotonic()
     with pytest.raises(WorkersLost) as lost, dask_client(dask) as client:
         [job_id] = jobs_named(dask.options["job_name"])
-        waiting = client.submit(time.sleep, 600, pure=False)
-        subprocess.run(["scancel", job_id], check=True)
-        waiting.result()
+        threading.Timer(1.0, subprocess.run, (["scancel", job_id],)).start()
+        wait(client)
     assert time.monotonic() - started < 60
     assert re.search(
         rf"every Dask worker left and its job ended: SLURM job {job_id} \(CANCELLED; .*"
