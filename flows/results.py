@@ -68,6 +68,7 @@ class JobAttempt(StepResult):
     elapsed_s: float
     ended_at: float
     cause: str | None = None  # a failed attempt's: e.g. which rank hung
+    job_id: str | None = None  # the batch job it ran as (job.kind slurm)
     error: str | None = None
 
 

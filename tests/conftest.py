@@ -73,12 +73,12 @@ END_TO_END: frozenset[str] = frozenset(
         "tests/flows/test_console.py::"
         "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",
         "tests/flows/test_promotion.py::test_an_easier_night_does_not_promote_a_worse_model",
-        # jobs on the real one-host SLURM: a 2-rank training job, a job run into its
-        # one-minute time limit (SLURM counts in minutes), a reshard on SLURM worker jobs
-        "tests/slurm/test_slurm_training.py::"
-        "test_two_rank_job_runs_ballasts_python_with_the_venv_off_path",
+        # jobs on the real one-host SLURM: the whole pipeline (a reshard on a SLURM worker
+        # job, a 2-rank training job), a job run into its one-minute time limit (SLURM
+        # counts in minutes)
+        "tests/slurm/test_slurm_pipeline.py::"
+        "test_the_pipeline_runs_its_dask_step_and_training_as_slurm_jobs",
         "tests/slurm/test_slurm_training.py::test_a_job_past_its_walltime_fails_naming_the_time_limit",
-        "tests/slurm/test_slurm_dask.py::test_reshard_on_slurm_workers_with_a_private_tmp",
         # nights of the incremental chain, each a reshard subprocess under a fault
         "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
     }

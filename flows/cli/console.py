@@ -9,7 +9,8 @@ with `-v`. A quiet console shows each line it keeps as one line, without a trace
 ends in a few lines, the cause last (flows/cli/main.py); the log file keeps every
 traceback. Dask's worker processes configure their logging when they start, from their
 environment: `DASK_DISTRIBUTED__LOGGING` (a `logging.dictConfig`, set here for the
-command's duration) sends their lines to the same file.
+command's duration) sends their lines to the same file. ballast's own packages below the
+flows log INFO into the file too (which SLURM jobs a step ran as).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 LOG_DIR_ENV = "BALLAST_LOG_DIR"
 DASK_LOGGING_ENV = "DASK_DISTRIBUTED__LOGGING"
 PROGRESS_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+OWN_PACKAGES = ("preprocessing", "training", "tracking")  # below the flows
 LINE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Prefect's state line of every task and flow run: the result and runlog say more. A
 # failed or crashed state is logged as an error, and errors always reach the console.
@@ -144,7 +146,8 @@ def command_logging(path: Path, verbose: bool, stay_quiet: bool = False) -> Iter
     before = os.environ.get(DASK_LOGGING_ENV)
     os.environ[DASK_LOGGING_ENV] = repr(worker_logging(path, verbose))
     try:
-        yield path
+        with own_info_lines():
+            yield path
     finally:
         _restore_env(before)
         for logger in loggers:
@@ -154,6 +157,21 @@ def command_logging(path: Path, verbose: bool, stay_quiet: bool = False) -> Iter
                 if isinstance(handler.formatter, FirstLineOnly):
                     handler.setFormatter(handler.formatter.inner)
         file_handler.close()
+
+
+@contextmanager
+def own_info_lines() -> Iterator[None]:
+    """ballast's own packages log their INFO lines (e.g. the SLURM jobs a step ran as)
+    while the block runs: into the log file; a quiet console keeps only their warnings."""
+    loggers = [logging.getLogger(name) for name in OWN_PACKAGES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _restore_env(before: str | None) -> None:

@@ -7,7 +7,9 @@ home of what a training job (training/launch/slurm.py) and the Dask workers of
   request over the limits: "Batch job submission failed: ...") raises `SubmissionRefused`,
   a config error that no retry changes; a controller that does not answer is transient.
 - `job_state` reads `scontrol show job` (kept by slurmctld for MinJobAge after the end,
-  with no accounting database needed): state, pending reason, exit code, output path.
+  with no accounting database needed): state, pending reason, exit code, output paths;
+  `slurm_notice` the line slurmstepd wrote into the job's stderr when it ended the job
+  (`*** JOB 7 ON node CANCELLED AT ... DUE TO TIME LIMIT ***`).
 - `cancel_and_wait` is how an attempt ends early (timeout, Ctrl-C, SIGTERM, a failure):
   `scancel`, then wait until SLURM reports every job ended, so that a retry never runs
   beside the attempt it replaces.
@@ -51,6 +53,7 @@ HOST_ONLY_VARIABLES = frozenset({"DASK_DISTRIBUTED__LOGGING"})
 REFUSAL_MARK = "Batch job submission failed"
 CANCEL_WAIT_S = 120.0
 COMMAND_TIMEOUT_S = 60.0
+NOTICE_BYTES = 64_000  # the end of a job's stderr, where slurmstepd says why it ended it
 
 
 class SubmissionRefused(ConfigError, RuntimeError):
@@ -75,6 +78,7 @@ class JobState:
     exit_code: int | None
     output_path: str
     time_limit: str
+    error_path: str = ""  # where the job's stderr goes (its output file unless set apart)
 
     @property
     def ended(self) -> bool:
@@ -168,7 +172,8 @@ def job_state(job_id: str) -> JobState | None:
         return None
     fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
     code = fields.get("ExitCode", "")
-    output = expand_pattern(fields.get("StdOut", "(unknown)"), job_id, fields.get("JobName", ""))
+    name = fields.get("JobName", "")
+    output = expand_pattern(fields.get("StdOut", "(unknown)"), job_id, name)
     return JobState(
         job_id,
         fields.get("JobState", "UNKNOWN"),
@@ -176,7 +181,22 @@ def job_state(job_id: str) -> JobState | None:
         int(code.split(":", 1)[0]) if code[:1].isdigit() else None,
         output,
         fields.get("TimeLimit", "(unknown)"),
+        expand_pattern(fields.get("StdErr", output), job_id, name),
     )
+
+
+def slurm_notice(state: JobState) -> str | None:
+    """What SLURM itself wrote into the job's stderr when it ended the job, e.g.
+    `*** JOB 68 ON vm CANCELLED AT 2026-12-03T12:05:13 DUE TO TIME LIMIT ***`; None when
+    the file holds no such line or cannot be read."""
+    try:
+        with open(state.error_path or state.output_path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - NOTICE_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    notices = re.findall(r"\*\*\* JOB \S+ ON .*? \*\*\*", text)
+    return notices[-1] if notices else None
 
 
 def expand_pattern(path: str, job_id: str, job_name: str) -> str:

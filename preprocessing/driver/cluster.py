@@ -37,6 +37,7 @@ from preprocessing.driver.jobqueue import (
     check_submission,
     jobqueue_options,
     wait_for_job_workers,
+    watch_worker_loss,
 )
 from preprocessing.toolbox.faults import ConfigError
 
@@ -181,9 +182,12 @@ def _connect(config: DaskConfig) -> Iterator[Client]:
         check_submission(cluster, config.kind)
         cluster.scale(config.num_workers)
         with Client(cluster) as client:
-            if config.kind in BATCH_KINDS:
-                wait_for_job_workers(cluster, client, config.worker_timeout_s, config.kind)
-            yield client
+            if config.kind not in BATCH_KINDS:
+                yield client
+                return
+            wait_for_job_workers(cluster, client, config.worker_timeout_s, config.kind)
+            with watch_worker_loss(cluster, client, config.worker_timeout_s, config.kind):
+                yield client
 
 
 @contextmanager

@@ -15,17 +15,28 @@ cluster's job script, the site's settings, and the wait for its first worker.
 - `wait_for_job_workers` waits at most `dask.worker_timeout_s` for the first worker and
   fails naming each job and SLURM's reason (`PENDING: Resources`, a job that ended with
   its output file), at once when every job has ended without a worker.
+- `watch_worker_loss` watches a step's cluster once its workers joined: a cluster whose
+  workers all went away (the jobs' walltime, `scancel`, a node failure) gets no new ones
+  (the jobs are not resubmitted), so the step is failed instead of waiting with no worker:
+  at once when every job has ended, else at `dask.worker_timeout_s`, with `WorkersLost`
+  naming each job, its SLURM state and what slurmstepd wrote when it ended it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dask
-from distributed import Client
+from distributed import Client, KilledWorker
+from distributed.comm.core import CommClosedError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from preprocessing.contract.slurm import (
@@ -34,11 +45,17 @@ from preprocessing.contract.slurm import (
     host_only_variables,
     job_environment,
     job_state,
+    slurm_notice,
     submit,
 )
 from preprocessing.toolbox.faults import TransientError
 
 POLL_S = 2.0
+# A step that failed on a closed connection waits this long for its jobs to end: scancel's
+# and a walltime's jobs are ended within a second or two of their workers leaving.
+SETTLE_S, SETTLE_POLL_S = 10.0, 0.5
+LOSS_ERRORS = (CommClosedError, KilledWorker, asyncio.CancelledError)
+log = logging.getLogger(__name__)
 # Options of `JobSettings` and the SLURMCluster / PBSCluster keyword each one becomes.
 JOBQUEUE_KEYWORDS = {
     "partition": "queue",
@@ -52,6 +69,11 @@ SLURM_ONLY = ("qos", "constraint")
 class WorkersNotReady(TransientError, RuntimeError):
     """No Dask worker joined in time: the jobs are pending or ended. Transient: a queue
     that held the jobs may not later, so a step retried on transient errors waits again."""
+
+
+class WorkersLost(TransientError, RuntimeError):
+    """Every Dask worker of a step went away and none came back: the step failed instead of
+    waiting. Transient: a retried step starts a cluster of new jobs."""
 
 
 class JobSettings(BaseModel):
@@ -149,6 +171,8 @@ def wait_for_job_workers(cluster: Any, client: Client, timeout_s: float, kind: s
                 )
             )
         time.sleep(POLL_S)
+    jobs = ", ".join(state.job_id for state in job_states(cluster)) if kind == "slurm" else ""
+    log.info("Dask workers joined%s", f" from SLURM jobs {jobs}" if jobs else "")
 
 
 def job_states(cluster: Any) -> list[JobState]:
@@ -162,3 +186,91 @@ def not_ready(what: str, states: list[JobState]) -> str:
         "no job was submitted (the submission's error is in the run's log)"
     )
     return f"{what}: {jobs}"
+
+
+@contextmanager
+def watch_worker_loss(cluster: Any, client: Client, timeout_s: float, kind: str) -> Iterator[None]:
+    """While the block runs on `client`: fail it with `WorkersLost` once its cluster has
+    had no worker for `timeout_s`, or as soon as every job has ended (closing the client,
+    which cancels the tasks the block waits for)."""
+    watch = LossWatch(cluster, client, timeout_s, kind)
+    watch.start()
+    try:
+        yield
+    except (Exception, asyncio.CancelledError) as error:  # a cancelled wait is the latter
+        lost = watch.lost or (watch.settle() if isinstance(error, LOSS_ERRORS) else None)
+        if lost:
+            raise WorkersLost(lost) from error
+        raise
+    finally:
+        watch.stop()
+
+
+class LossWatch(threading.Thread):
+    """Polls the scheduler for workers (and SLURM for the jobs' states, kept from while
+    they ran for jobs SLURM later forgets); sets `lost` and closes the client on a loss."""
+
+    def __init__(self, cluster: Any, client: Client, timeout_s: float, kind: str) -> None:
+        super().__init__(daemon=True, name="worker-loss-watch")
+        self.cluster, self.client, self.timeout_s, self.kind = cluster, client, timeout_s, kind
+        self.lost: str | None = None
+        self.states: dict[str, JobState] = {}
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+    def settle(self) -> str | None:
+        """After the block failed on a closed connection (a call to every worker, as
+        `client.run`, fails at once when one goes, before a poll sees it): the loss, if
+        the workers are gone and their jobs end within `SETTLE_S`, else None."""
+        self.stop()
+        since, deadline = None, time.monotonic() + SETTLE_S
+        while self.lost is None and time.monotonic() < deadline:
+            since = self.check(since)
+            time.sleep(SETTLE_POLL_S)
+        return self.lost
+
+    def run(self) -> None:
+        since: float | None = None
+        while not self._stopped.wait(POLL_S) and self.lost is None:
+            try:
+                since = self.check(since)
+            except Exception as error:  # the watch never fails the step it watches
+                log.debug("worker loss watch: %s", error)
+
+    def check(self, since: float | None) -> float | None:
+        """One poll; when the workers are gone, the time they were first seen gone."""
+        self.states |= {state.job_id: state for state in self.job_states()}
+        if self.client.scheduler_info(n_workers=-1)["workers"]:
+            return None
+        states = list(self.states.values())
+        if states and all(state.ended for state in states):
+            self.fail(lost_message("every Dask worker left and its job ended", states))
+        elif since is None:
+            waiting = f"waiting up to {self.timeout_s:g} s (dask.worker_timeout_s) for one"
+            log.warning("%s", lost_message(f"every Dask worker left; {waiting}", states))
+            since = time.monotonic()
+        elif time.monotonic() - since >= self.timeout_s:
+            what = f"none came back in {self.timeout_s:g} s (dask.worker_timeout_s)"
+            self.fail(lost_message(f"every Dask worker left and {what}", states))
+        return since
+
+    def job_states(self) -> list[JobState]:
+        return job_states(self.cluster) if self.kind == "slurm" else []
+
+    def fail(self, message: str) -> None:
+        self.lost = message
+        log.error("%s", message)
+        self.client.close()
+
+
+def lost_message(what: str, states: list[JobState]) -> str:
+    """`what`, each job's state and what slurmstepd said when it ended it."""
+    said = [
+        f"; slurmstepd in {state.error_path}: {notice}"
+        for state in states
+        if (notice := slurm_notice(state))
+    ]
+    return not_ready(what, states) + "".join(said)

@@ -3,6 +3,7 @@ only in the command's log file, the full result as JSON."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli.console import ProgressOnly, worker_logging
+from flows.cli.console import ProgressOnly, command_logging, worker_logging
 from tests.cli_pipeline import CliRun
 
 MAX_CONSOLE_LINES = 40
@@ -40,6 +41,25 @@ def test_a_quiet_console_keeps_progress_warnings_and_errors_only() -> None:
     ]
     assert all(quiet.filter(record) for record in kept)
     assert not any(quiet.filter(record) for record in dropped)
+
+
+def test_ballasts_own_info_lines_reach_the_log_file_not_a_quiet_console(tmp_path: Path) -> None:
+    """Invariant: while a command's logging is on, an INFO line of ballast's packages below
+    the flows (which SLURM job a step ran as) is in the log file and not on a quiet
+    console; the package's level is put back after."""
+    console, own = io.StringIO(), logging.getLogger("training.launch.slurm")
+    handler, level = logging.StreamHandler(console), logging.getLogger("training").level
+    logging.getLogger().addHandler(handler)
+    try:
+        with command_logging(tmp_path / "run.log", verbose=False):
+            own.info("training job t: SLURM job 7")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "INFO training.launch.slurm: training job t: SLURM job 7" in (
+        (tmp_path / "run.log").read_text()
+    )
+    assert "SLURM job 7" not in console.getvalue()
+    assert logging.getLogger("training").level == level
 
 
 def test_dask_workers_log_into_the_command_file_and_errors_only_on_a_quiet_console(

@@ -12,10 +12,13 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from preprocessing.contract.slurm import job_state
+from preprocessing.driver.cluster import DaskConfig
+from training.launch import RetryPolicy, SlurmJob
 
 ROOT = Path(__file__).resolve().parents[2]
 START_SCRIPT = ROOT / "infra" / "slurm" / "local-cluster.sh"
@@ -83,3 +86,30 @@ def live_jobs(name: str) -> list[str]:
     """The jobs named `name` that have not ended."""
     states = [job_state(job_id) for job_id in jobs_named(name)]
     return [state.job_id for state in states if state is not None and not state.ended]
+
+
+def slurm_dask(shared: Path, **fields: Any) -> DaskConfig:
+    """One single-threaded worker in one 1-CPU job, its log beside the test's files."""
+    name = f"d-{uuid.uuid4().hex[:8]}"
+    options = {
+        "cores": 1,
+        "processes": 1,
+        "memory": "2GiB",
+        "job_name": name,
+        "log_directory": str(shared / "logs"),
+        "local_directory": "/tmp",
+    }
+    settings = {"num_workers": 1, "worker_timeout_s": 120.0} | fields
+    return DaskConfig(kind="slurm", options=options, **settings)
+
+
+def slurm_job(attempts: int = 1, **fields: object) -> SlurmJob:
+    """A job that asks for little (this host is shared): one CPU, a unique name."""
+    settings: dict = {
+        "num_processes_per_node": 2,
+        "num_cpus_per_node": 1,
+        "timeout_s": 300,
+        "job_name": f"t-{uuid.uuid4().hex[:8]}",
+        "retry": RetryPolicy(attempts=attempts, first_delay_s=0.5),
+    }
+    return SlurmJob(kind="slurm", **(settings | fields))

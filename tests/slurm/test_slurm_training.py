@@ -1,9 +1,10 @@
 """Training jobs on a real SLURM cluster (tests/slurm/conftest.py), submitted as
-`kind: slurm` submits them: a 2-rank job that runs ballast's interpreter with the venv off
-PATH, and every way a job goes wrong said with its cause: the wrong Python (job id, output
-file and its last line in the error), a timeout (the job cancelled and ended before the
-retry, which meets on another port), SIGTERM of the launcher (the job cancelled before it
-exits), a refused submission (never retried) and a walltime."""
+`kind: slurm` submits them: every way a job goes wrong said with its cause: the wrong
+Python (job id, output file and its last line in the error), a timeout (the job cancelled
+and ended before the retry, which meets on another port), SIGTERM of the launcher (the job
+cancelled before it exits), a refused submission (never retried) and a walltime. A 2-rank
+job that runs ballast's interpreter with the venv off PATH is the training of the whole
+pipeline's test (test_slurm_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -18,25 +19,13 @@ from pathlib import Path
 import pytest
 
 from preprocessing.contract.slurm import job_state
-from tests.slurm.conftest import jobs_named, live_jobs
+from tests.slurm.conftest import jobs_named, live_jobs, slurm_job
 from tests.training.conftest import write_dataset
 from training.config import LoaderConfig, TrainConfig, dump_train_config
-from training.launch import RetryPolicy, SlurmJob, TrainingFailed, run_job
+from training.launch import TrainingFailed, run_job
 from training.launch.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
-
-
-def slurm_job(attempts: int = 1, **fields: object) -> SlurmJob:
-    """A job that asks for little (this host is shared): one CPU, a unique name."""
-    settings: dict = {
-        "num_processes_per_node": 2,
-        "num_cpus_per_node": 1,
-        "timeout_s": 300,
-        "job_name": f"t-{uuid.uuid4().hex[:8]}",
-        "retry": RetryPolicy(attempts=attempts, first_delay_s=0.5),
-    }
-    return SlurmJob(kind="slurm", **(settings | fields))
 
 
 def train_config(shared: Path) -> TrainConfig:
@@ -56,24 +45,6 @@ def sleeping_python(shared: Path) -> str:
     script.write_text("#!/bin/sh\nexec sleep 600\n")
     script.chmod(0o755)
     return str(script)
-
-
-def test_two_rank_job_runs_ballasts_python_with_the_venv_off_path(
-    shared_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Invariant: with ballast's venv off PATH (`.venv/bin/ballast` run without activating
-    it), the job's ranks run ballast's interpreter and train on 2 ranks; the job's output
-    is under the run's output directory; a variable naming a file of this host's /tmp does
-    not reach the job (a private /tmp there)."""
-    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    monkeypatch.setenv("DASK_DISTRIBUTED__LOGGING", "{'handlers': {'file': '/tmp/x.log'}}")
-    job = slurm_job()
-    summary = run_job(train_config(shared_dir), job)
-    assert summary["world_size"] == 2
-    assert [attempt["returncode"] for attempt in summary["attempts"]] == [0]
-    [job_id] = jobs_named(job.job_name)
-    output = shared_dir / "run" / "slurm" / f"{job.job_name}-{job_id}.out"
-    assert output.exists()
 
 
 def test_wrong_python_fails_naming_the_job_its_output_and_the_cause(shared_dir: Path) -> None:

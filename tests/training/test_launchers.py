@@ -273,7 +273,7 @@ def test_cli_render_takes_every_field_as_a_flag(
 ) -> None:
     """`python -m training.launch render` with flags prints the render of the LaunchConfig
     those flags describe (ints, floats and nested retry fields parsed); a bad value exits 2
-    naming the field."""
+    naming the field; `--help` prints every field's help."""
     assert (
         launch_main(
             [
@@ -307,6 +307,9 @@ def test_cli_render_takes_every_field_as_a_flag(
     assert capsys.readouterr().out == make_launcher(spec).render(config_path)
     assert launch_main(["render", "--config", config_path, "--num-nodes", "0"]) == 2
     assert "num_nodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as helped:  # a help holding sbatch's %x-%j prints
+        launch_main(["launch", "--help"])
+    assert helped.value.code == 0 and "slurm/%x-%j.out" in capsys.readouterr().out
 
 
 def test_a_retry_that_finds_no_checkpoint_says_so(

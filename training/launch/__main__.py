@@ -45,7 +45,8 @@ def add_field_flags(
                 f"--{name.replace('_', '-')}",
                 dest=name,
                 type=parse,
-                help=f"{field.description} (default: {default})",
+                # argparse expands %-formats in help: sbatch's `%x-%j.out` must stay text
+                help=f"{field.description} (default: {default})".replace("%", "%%"),
             )
 
 

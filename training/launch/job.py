@@ -85,14 +85,14 @@ def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
         try:
             summary = run_attempt(launcher, pinned, resume)
         except TrainingFailed as failure:
-            attempts.append(attempt_record(started, resume, resumed_from, failure))
+            attempts.append(attempt_record(started, launcher, resume, resumed_from, failure))
             if failure.config_error is not None or attempt == policy.attempts:
                 failure.attempts = attempts
                 fail_job_run(pinned, failure)
                 raise
             time.sleep(backoff_s(policy, attempt))
             continue
-        attempts.append(attempt_record(started, resume, resumed_from))
+        attempts.append(attempt_record(started, launcher, resume, resumed_from))
         tracking = pinned.config.tracking
         return summary | {
             "attempts": attempts,
@@ -163,9 +163,14 @@ def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str |
 
 
 def attempt_record(
-    started: float, resume: bool, resumed_from: str | None, failure: TrainingFailed | None = None
+    started: float,
+    launcher: Launcher,
+    resume: bool,
+    resumed_from: str | None,
+    failure: TrainingFailed | None = None,
 ) -> dict[str, Any]:
-    """What `attempts` keeps of one attempt (an error as its cause or its output's tail)."""
+    """What `attempts` keeps of one attempt (an error as its cause or its output's tail;
+    the batch job's id where it ran as one)."""
     record: dict[str, Any] = {
         "returncode": 0 if failure is None else failure.returncode,
         "resume": resume,
@@ -173,6 +178,8 @@ def attempt_record(
         "elapsed_s": round(time.monotonic() - started, 3),
         "ended_at": time.time(),
     }
+    if launcher.job_id is not None:
+        record["job_id"] = launcher.job_id
     if failure is not None:
         record["cause"] = str(failure).split("\n", 1)[0]  # e.g. which rank hung
         record["error"] = failure.config_error or failure.output_tail[-ERROR_TAIL_CHARS:]

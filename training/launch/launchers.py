@@ -32,6 +32,7 @@ class Launcher(ABC, Generic[Job]):
 
     def __init__(self, spec: Job) -> None:
         self.spec = spec
+        self.job_id: str | None = None  # the batch system's id of the last attempt's job
 
     @abstractmethod
     def render(self, config_uri: str, resume: bool = False) -> str:

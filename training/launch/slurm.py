@@ -25,6 +25,7 @@ shared file system or s3://).
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
@@ -43,6 +44,7 @@ from preprocessing.contract.slurm import (
     JobState,
     SubmissionRefused,
     cancel_and_wait,
+    expand_pattern,
     job_environment,
     job_state,
     submit,
@@ -59,6 +61,7 @@ ENDPOINT = "$ENDPOINT"
 # A port per job id: two attempts of one job never meet on the same port.
 JOB_PORT = "$((20000 + SLURM_JOB_ID % 20000))"
 POLL_S = 2.0
+logger = logging.getLogger(__name__)
 ENDING_LINES = 3
 ENDING_CHARS = 300
 TAIL_BYTES = 8000
@@ -94,7 +97,7 @@ class SlurmLauncher(Launcher[SlurmJob]):
         return "\n".join(lines) + "\n"
 
     def run(self, config_uri: str, resume: bool, env: dict[str, str], log: IO[bytes]) -> int | None:
-        self.last_state, self.last_output = None, ""
+        self.last_state, self.last_output, self.job_id = None, "", None
         output = self.output_pattern(config_uri)
         with tempfile.TemporaryDirectory() as scratch:
             script = os.path.join(scratch, f"{self.spec.job_name}.sbatch")
@@ -110,6 +113,11 @@ class SlurmLauncher(Launcher[SlurmJob]):
                     "training not started", None, "", config_error=str(refused)
                 ) from refused
         log.write(f"Submitted batch job {job_id}\n".encode())
+        self.job_id = job_id
+        where = expand_pattern(output, job_id, self.spec.job_name)
+        logger.info(
+            "training job %s: SLURM job %s, its output %s", self.spec.job_name, job_id, where
+        )
         return self.wait(job_id, log)
 
     def wait(self, job_id: str, log: IO[bytes]) -> int | None:
