@@ -85,7 +85,8 @@ TOOLS = (
     "floor-two-pass",
 )
 # The peers a tool needs beyond ballast's own install (the `bench` extra); every run also
-# needs psutil, to sample memory.
+# needs psutil, to sample memory. The `peers` extra's tools (OPTIONAL_PEERS) are skipped
+# where their package is missing instead (skip_optional_peers).
 PEERS = {"duckdb-copy": "duckdb", "duckdb-order-random": "duckdb"}
 SCHEMA = pa.schema(
     [
@@ -656,7 +657,7 @@ def missing_peers(tools: list[str]) -> list[str]:
 
 def skip_optional_peers(tools: list[str]) -> list[str]:
     """`tools` less the `peers` extra's whose package is missing, said in one line."""
-    missing = {t for t in tools if t in OPTIONAL_PEERS and not find_spec(OPTIONAL_PEERS[t])}
+    missing = {t for t in tools if t in OPTIONAL_PEERS and not installed(OPTIONAL_PEERS[t])}
     if missing:
         packages = ", ".join(sorted({OPTIONAL_PEERS[tool] for tool in missing}))
         print(
@@ -667,7 +668,7 @@ def skip_optional_peers(tools: list[str]) -> list[str]:
     return [tool for tool in tools if tool not in missing]
 
 
-def find_spec(name: str) -> bool:
+def installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 

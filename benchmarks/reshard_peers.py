@@ -7,13 +7,13 @@ and writes about `num_shards` zstd files of equal row counts:
 - `polars-sort`: `scan_parquet` -> random key -> sort, collected by the in-memory engine,
   then written as `num_shards` slices of `shard_rows` rows;
 - `polars-streaming-sort`: the same plan sunk by the streaming engine into files of at most
-  `shard_rows` rows (`PartitionBy(max_rows_per_file=...)`); its sort is a native streaming
-  node (`show_graph(engine="streaming")` marks it memory-intensive, not an in-memory
-  fallback), so the whole input is still held while it sorts;
+  `shard_rows` rows (`PartitionBy(max_rows_per_file=...)`); Polars 2.1 runs this sort as
+  a streaming node, not an in-memory fallback (`show_graph(engine="streaming")` marks it
+  "potentially memory-intensive");
 - `daft-sort`: Daft's native runner, `read_parquet` -> random key -> sort -> `write_parquet`
   partitioned by the key's top bits (a hive `shard=N/` directory per shard): the native
-  runner ignores `into_partitions`, and its own file splitting by target size gave files of
-  1,182..21,825 rows for 24 shards of 7,380.
+  runner ignores `into_partitions`, and its own splitting by target file size gave 24 files
+  of 1,182..21,825 rows where 6,764 were due (0.05 GB input).
 
 The random key is a seeded hash of the row index in Polars (a random number column is not
 an expression there) and `random_int` in Daft.
