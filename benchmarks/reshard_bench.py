@@ -578,7 +578,8 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def compare(args: argparse.Namespace) -> None:
     """All tools on the same input, then the table and the targets."""
     raw, spec = prepare(args.gb, args)
-    warm_up(args.tools, args)
+    if args.warm_up:
+        warm_up(args.tools, args)
     job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
     runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in args.tools}
     for repeat in range(args.repeat):  # round robin, so load drifts hit every tool alike
@@ -645,6 +646,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--scale-check", action="store_true")
     parser.add_argument("--keep-outputs", action="store_true")
+    # The suite's smallest-size run checks that every tool runs, not how fast: no warm-up.
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
 

@@ -35,6 +35,7 @@ SMALLEST = {
             "daft-sort",
             "floor",
             "floor-two-pass",
+            "--no-warm-up",
             *WORK,
         ],
         "peak RSS per Dask worker",
