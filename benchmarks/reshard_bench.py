@@ -10,6 +10,9 @@ marker skips regeneration), then rewrites it into about `--shards` balanced file
 - pyarrow `dataset.write_dataset(max_rows_per_file=..., max_rows_per_group=...)`;
 - DuckDB `COPY (SELECT * FROM read_parquet(...)) TO ...`, plain and `ORDER BY random()`;
 - Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`;
+- Polars (in memory and streaming) and Daft's native runner: random key -> sort -> about S
+  files of equal row counts (`benchmarks/reshard_peers.py`, the `peers` extra: a run
+  without it skips them with one line);
 - `floor`: the single-pass floor of any reshard (benchmarks/RESULTS.md M17): every input
   row group decoded once and encoded once with ballast's writer settings, on 2 processes,
   nothing written;
@@ -60,6 +63,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.floors import run_floor, run_two_pass_floor
+from benchmarks.reshard_peers import PEERS as OPTIONAL_PEERS
+from benchmarks.reshard_peers import run_peer
 from preprocessing.synthetic.tabular import class_probabilities, file_sizes
 
 MARKER = "_GENERATED.json"
@@ -75,11 +80,13 @@ TOOLS = (
     "duckdb-copy",
     "duckdb-order-random",
     "dask-repartition",
+    *OPTIONAL_PEERS,
     "floor",
     "floor-two-pass",
 )
 # The peers a tool needs beyond ballast's own install (the `bench` extra); every run also
-# needs psutil, to sample memory.
+# needs psutil, to sample memory. The `peers` extra's tools (OPTIONAL_PEERS) are skipped
+# where their package is missing instead (skip_optional_peers).
 PEERS = {"duckdb-copy": "duckdb", "duckdb-order-random": "duckdb"}
 SCHEMA = pa.schema(
     [
@@ -267,6 +274,8 @@ def run_child(job_path: str) -> None:
         result = run_floor(job)
     elif tool == "floor-two-pass":
         result = run_two_pass_floor(job)
+    elif tool in OPTIONAL_PEERS:
+        result = run_peer(tool, job)
     else:
         result = run_dask(job)
     Path(job["result"]).write_text(json.dumps(result))
@@ -569,7 +578,8 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def compare(args: argparse.Namespace) -> None:
     """All tools on the same input, then the table and the targets."""
     raw, spec = prepare(args.gb, args)
-    warm_up(args.tools, args)
+    if args.warm_up:
+        warm_up(args.tools, args)
     job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
     runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in args.tools}
     for repeat in range(args.repeat):  # round robin, so load drifts hit every tool alike
@@ -636,6 +646,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--scale-check", action="store_true")
     parser.add_argument("--keep-outputs", action="store_true")
+    # The suite's smallest-size run checks that every tool runs, not how fast: no warm-up.
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -646,8 +658,27 @@ def missing_peers(tools: list[str]) -> list[str]:
     return sorted(name for name in needed if importlib.util.find_spec(name) is None)
 
 
+def skip_optional_peers(tools: list[str]) -> list[str]:
+    """`tools` less the `peers` extra's whose package is missing, said in one line."""
+    missing = {t for t in tools if t in OPTIONAL_PEERS and not installed(OPTIONAL_PEERS[t])}
+    if missing:
+        packages = ", ".join(sorted({OPTIONAL_PEERS[tool] for tool in missing}))
+        print(
+            f"reshard_bench: skipping {', '.join(sorted(missing))}: {packages} not installed "
+            "(the `peers` extra: pip install -c constraints.txt -e '.[peers]')",
+            flush=True,
+        )
+    return [tool for tool in tools if tool not in missing]
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
 def main() -> None:
     args = parse_args()
+    if not args.child and not args.scale_check:
+        args.tools = skip_optional_peers(args.tools)
     missing = missing_peers(["ballast-stratified"] if args.scale_check else args.tools)
     if missing and not args.child:
         raise SystemExit(

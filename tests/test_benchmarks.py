@@ -30,8 +30,12 @@ SMALLEST = {
             "--tools",
             "ballast-stratified",
             "pyarrow-write_dataset",
+            "polars-sort",
+            "polars-streaming-sort",
+            "daft-sort",
             "floor",
             "floor-two-pass",
+            "--no-warm-up",
             *WORK,
         ],
         "peak RSS per Dask worker",
@@ -157,6 +161,22 @@ def test_reshard_bench_without_duckdb_says_to_install_the_bench_extra(tmp_path: 
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "duckdb not installed: install the `bench` extra" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_reshard_bench_skips_a_missing_peer_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Invariant: a tool of the `peers` extra whose package cannot be imported is left out
+    of the run with one printed line naming it and the extra; the other tools stay."""
+    from benchmarks import reshard_bench
+
+    # A package name no environment has stands for Daft missing from this one.
+    monkeypatch.setitem(reshard_bench.OPTIONAL_PEERS, "daft-sort", "daft_missing_here")
+    kept = reshard_bench.skip_optional_peers(["daft-sort", "polars-sort", "pyarrow-write_dataset"])
+    assert kept == ["polars-sort", "pyarrow-write_dataset"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "skipping daft-sort: daft_missing_here not installed" in lines[0]
+    assert "`peers` extra" in lines[0]
 
 
 def test_litdata_share_imports_from_a_clone(tmp_path: Path) -> None:
