@@ -249,3 +249,38 @@ def test_mlflow_models_serve_answers_split_and_records_and_names_a_bad_row(
     status, error = invoke(served, {"dataframe_split": bad.to_dict(orient="split")})
     assert status == 400
     assert "row 3" in str(error["message"]) and "'proline'" in str(error["message"])
+
+
+def test_generate_dockerfile_writes_an_image_that_installs_the_models_requirements(
+    champion,
+) -> None:
+    """Invariants: `mlflow models generate-dockerfile` of the champion, run where ballast is
+    not, writes a Dockerfile that installs the model's own requirements and serves it; the
+    model directory it copies for the image holds the model's code (`code/`), the codec and
+    the weights, and its requirements name no ballast package (nothing the image could not
+    install from a package index)."""
+    out = Path(champion["CWD"]) / "image"
+    env = {key: champion[key] for key in ("PATH", "MLFLOW_TRACKING_URI", "HOME")}
+    done = subprocess.run(
+        model_python(
+            champion, "-m", "mlflow", "models", "generate-dockerfile", "-m", MODEL, "-d", str(out)
+        ),
+        env=env,
+        cwd=champion["CWD"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "model_dir" in dockerfile and "pip install" in dockerfile, dockerfile
+    model = next(path.parent for path in out.rglob("MLmodel"))
+    shipped = {path.relative_to(model).as_posix() for path in model.rglob("*") if path.is_file()}
+    assert (
+        "code/tracking/run/pyfunc.py" in shipped
+        and "code/preprocessing/contract/codec.py" in shipped
+    )
+    assert any(name.endswith("codec.json") for name in shipped), shipped
+    assert any(name.endswith("weights.pt") for name in shipped), shipped
+    requirements = (model / "requirements.txt").read_text().lower()
+    assert "ballast" not in requirements and "mlflow" in requirements, requirements
