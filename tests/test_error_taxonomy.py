@@ -30,6 +30,7 @@ from preprocessing.toolbox.faults import (
 )
 from preprocessing.versions.attempt import StagingError
 from tracking.lifecycle.scoring import ModelError
+from tracking.lifecycle.trust import UntrustedModel
 from tracking.server import TrackingUnavailable
 from tracking.server import is_transient as tracking_may_send_later
 from training.data.cache import ShardChecksumError
@@ -50,6 +51,7 @@ def test_every_layers_errors_are_classed_by_what_fixes_them() -> None:
         CommitConflict("x"),
         ShardChecksumError("x"),
         ModelError("x"),
+        UntrustedModel("x"),
         ManifestError("x"),
         TrainingFailed("exited with status 1", 1, ""),
     ]

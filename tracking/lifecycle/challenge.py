@@ -27,11 +27,20 @@ from tracking.lifecycle.champion import champion
 from tracking.lifecycle.drift import DriftReport, drift_report
 from tracking.lifecycle.promotion import SameRows
 from tracking.lifecycle.scoring import Mapper, ModelError, evaluate
+from tracking.lifecycle.trust import UntrustedModel
 
 SPLIT = "holdout"
 # A champion's codec that refuses the rows raises one of these: the rows are unreadable
 # to it, which no retry changes (an interrupted read raises ArrowInvalid or OSError instead).
-UNREADABLE = (FeatureError, ModelError, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+# A champion that fails its check before loading (UntrustedModel) is not scored either:
+# the new version is held back as challenger with that reason, nothing of it loaded.
+UNREADABLE = (
+    FeatureError,
+    ModelError,
+    UntrustedModel,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+)
 
 
 def parent_of(manifest: Manifest, current_before: str | None) -> str | None:

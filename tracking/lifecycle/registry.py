@@ -10,6 +10,11 @@ baseline a version gets no alias.
 
 Registration is idempotent: a retry (after a reply lost on the way) finds the version its
 run registered and reuses it, so one run never has two versions of a model.
+
+A new version carries the checksums recorded when the model was logged (the sha256 of
+its weights and one over all its files, tracking.run.model.WEIGHTS_TAG and FILES_TAG,
+tags of the logged model): what tracking/lifecycle/trust.py checks before ballast loads
+the version.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from tracking.config import TrackingConfig
 from tracking.lifecycle.champion import SCORE_TAG, champion
 from tracking.lifecycle.promotion import Promotion, SameRows, apply_decision, decide
+from tracking.run.model import FILES_TAG, WEIGHTS_TAG
 from tracking.run.runs import deliver
 from tracking.run.spool import Spool
 from tracking.server import TrackingUnavailable
@@ -142,15 +148,24 @@ def _register(
     (what a retry reports when this version has become the champion meanwhile)."""
     mlflow.set_tracking_uri(config.tracking_uri)
     previous = current["score"] if current else None
-    return mlflow.register_model(
-        model_uri,
-        name,
-        tags={
-            SCORE_TAG: str(score),
-            BASELINE_TAG: str(beats_baseline).lower(),
-            PREVIOUS_SCORE_TAG: "none" if previous is None else str(previous),
-        },
-    )
+    tags = {
+        SCORE_TAG: str(score),
+        BASELINE_TAG: str(beats_baseline).lower(),
+        PREVIOUS_SCORE_TAG: "none" if previous is None else str(previous),
+    }
+    # A model logged by ballast has both; any other is refused when ballast loads it.
+    tags.update(recorded_checksums(MlflowClient(config.tracking_uri), model_uri))
+    return mlflow.register_model(model_uri, name, tags=tags)
+
+
+def recorded_checksums(client: MlflowClient, model_uri: str) -> dict[str, str]:
+    """The checksum tags recorded when ballast logged the model `models:/m-...`; none for
+    any other URI or a model logged without them."""
+    model_id = model_uri.removeprefix("models:/")
+    if not model_uri.startswith("models:/m-") or "/" in model_id:
+        return {}
+    tags = client.get_logged_model(model_id).tags
+    return {tag: tags[tag] for tag in (WEIGHTS_TAG, FILES_TAG) if tag in tags}
 
 
 def _champion_before(promotion: Promotion) -> dict[str, Any] | None:

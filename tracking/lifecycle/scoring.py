@@ -21,6 +21,7 @@ from typing import Any
 import mlflow
 import numpy as np
 import pyarrow as pa
+from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.codec import label_indices
 from preprocessing.contract.integrity import ShardRef, read_shard_table, split_shards
@@ -32,6 +33,7 @@ from tracking.lifecycle.metrics import (
     macro_f1,
     per_class_recall,
 )
+from tracking.lifecycle.trust import load_verified
 from tracking.run.model import own_import_path
 from tracking.run.pyfunc import CodecClassifier
 
@@ -51,10 +53,12 @@ class ModelError(PermanentError, ValueError):
 
 @lru_cache(maxsize=4)
 def load_classifier(model_uri: str, tracking_uri: str) -> CodecClassifier:
-    """The registered model's network, codec and classes, cached per process."""
+    """The registered model's network, codec and classes, cached per process; a registry
+    or logged-model URI is verified first (tracking/lifecycle/trust.py: its run, its
+    source, its weights' sha256), `UntrustedModel` when it does not pass."""
     mlflow.set_tracking_uri(tracking_uri)
     with own_import_path():  # the model's `code/` never shadows ballast's own packages
-        model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+        model = load_verified(MlflowClient(tracking_uri), model_uri).unwrap_python_model()
     if not isinstance(model, CodecClassifier):
         raise ModelError(
             f"model {model_uri} was not logged by ballast with its feature codec; train it again"

@@ -14,6 +14,13 @@ pyfunc.py`, `code/preprocessing/contract/codec.py`), which import only the packa
 its requirements (torch, numpy, pandas, pyarrow, mlflow). A network other than the
 built-in MLP is saved whole (`network.pt`) and loads only where its class imports.
 
+Two checksums are tags of the logged model (in the tracking database, not the artifact
+store): the sha256 of the weights file, hashed from the bytes this process wrote
+(`WEIGHTS_TAG`), and one sha256 over every file of the model as read back right after
+logging (`FILES_TAG`: MLmodel, python_model.pkl, code/, the codec). Registration copies
+them onto the model version; tracking/lifecycle/trust.py checks a download against them
+before ballast loads a registered model.
+
 A model the server cannot take is saved in the run's spool as an MLflow model (it loads
 from there as it is) and logged when the spool is delivered (tracking/run/runs.py
 `deliver`): that is why the model's logging lives with the run, below registration
@@ -25,6 +32,7 @@ never ends the run (tracking/run/runs.py opens and closes runs).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import shutil
@@ -60,6 +68,8 @@ from tracking.run.sending import send_or_keep
 from tracking.run.spool import Spool
 
 NUM_EXAMPLE_ROWS = 5
+WEIGHTS_TAG = "ballast.weights_sha256"  # of the model's weights (or network) file
+FILES_TAG = "ballast.model_files_sha256"  # over every file of the logged model
 _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "mlflow")
 # The modules a model runs: shipped in it with their packages' __init__ files.
 SHIPPED_MODULES = (
@@ -165,6 +175,30 @@ def _save_network(network: torch.nn.Module, work: Path) -> dict[str, str]:
     return {WEIGHTS_ARTIFACT: str(work / "weights.pt")}
 
 
+def weights_sha256(artifacts: dict[str, str]) -> str:
+    """The sha256 of the network's artifact file (the weights, or the whole network)."""
+    path = artifacts.get(WEIGHTS_ARTIFACT) or artifacts[NETWORK_ARTIFACT]
+    return file_sha256(path)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while block := stream.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def files_sha256(root: Path) -> str:
+    """One sha256 over every file under `root`: each one's relative path and sha256, in
+    path order (a file added, removed, renamed or changed changes it)."""
+    digest = hashlib.sha256()
+    for path in sorted(path for path in root.rglob("*") if path.is_file()):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def shipped_code(root: Path) -> list[str]:
     """Copies of SHIPPED_MODULES under `root` at their package paths; returns the
     top-level package folders (MLflow puts each into the model's `code/`)."""
@@ -196,10 +230,25 @@ def _log_to_run(
     mlflow.set_experiment(experiment_id=experiment_id)
     try:
         with _model_arguments(model, example, extra) as arguments:
-            info = Model.log(None, name="model", flavor=mlflow.pyfunc, run_id=run_id, **arguments)
+            tags = {WEIGHTS_TAG: weights_sha256(arguments["artifacts"])}
+            info = Model.log(
+                None, name="model", flavor=mlflow.pyfunc, run_id=run_id, tags=tags, **arguments
+            )
     finally:
         mlflow_fluent._active_experiment_id = previous
+    _record_files(config.tracking_uri, str(info.model_uri), str(info.model_id))
     return str(info.model_uri)
+
+
+def _record_files(tracking_uri: str, model_uri: str, model_id: str) -> None:
+    """Tag the logged model with `FILES_TAG` of its files as the store now holds them (read
+    back: MLflow writes them from a directory of its own)."""
+    with tempfile.TemporaryDirectory() as work:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=model_uri, dst_path=work, tracking_uri=tracking_uri
+        )
+        digest = files_sha256(Path(local))
+    MlflowClient(tracking_uri).set_logged_model_tags(model_id, {FILES_TAG: digest})
 
 
 def _keep_model(
