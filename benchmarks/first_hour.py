@@ -15,7 +15,9 @@ For each table, as a user would: the rows written as 4 CSV files (with an `id` c
 
 Reported per table: the wall time of each command, the console lines of the run, the
 stage times (between the run's progress lines in its log file; the rest of the run's
-wall time is start-up: imports, Prefect's temporary server, Dask), and the held-out
+wall time is start-up: imports, Prefect's temporary server, Dask), the registered model
+on every raw row with one null per row (`serving`: rows predicted, rows that say a column
+was filled), and the held-out
 balanced accuracy of ballast's model beside scikit-learn's
 `HistGradientBoostingClassifier(class_weight="balanced")` fit on every other row and
 scored on the same held-out rows (those of the committed version's holdout split). The
@@ -161,6 +163,31 @@ def holdout_ids(manifest_uri: str) -> set[int]:
     }
 
 
+def serving_check(work: Path, registration: dict[str, Any]) -> dict[str, Any]:
+    """The registered model on every raw row as a serving host gets them (the CSV files read
+    back by pandas, without `id` and label), each row with one feature value made null (row
+    i: feature column i modulo their count): how many rows it predicted, how many say a
+    column was filled, or the error of the call."""
+    import mlflow
+
+    frame = pd.concat(pd.read_csv(path) for path in sorted((work / "raw").glob("*.csv")))
+    rows = frame.drop(columns=["id", "target"]).astype(object).reset_index(drop=True)
+    for index in range(len(rows)):
+        rows.iat[index, index % rows.shape[1]] = None
+    mlflow.set_tracking_uri(f"sqlite:///{work}/mlflow.db")
+    uri = f"models:/{registration['name']}/{registration['version']}"
+    try:
+        served = mlflow.pyfunc.load_model(uri).predict(rows, params={"details": True})
+    except Exception as error:  # the check reports any failure of the call
+        return {"rows": len(rows), "error": str(error)[-300:]}
+    filled = sum(bool(columns) for columns in served["filled"])
+    return {
+        "rows": len(rows),
+        "predicted": int(served["predicted"].notna().sum()),
+        "filled": filled,
+    }
+
+
 def first_hour(name: str, work: Path) -> dict[str, Any]:
     """init + run pipeline on one table; its figures."""
     frame = write_table(name, work / "raw")
@@ -207,6 +234,7 @@ def first_hour(name: str, work: Path) -> dict[str, Any]:
         "sklearn_hgb_balanced_accuracy": round(theirs, 4),
         "ratio": {arm: round(value / theirs, 3) for arm, value in ours.items()},
         "meets_target": all(value >= TARGET_RATIO * theirs for value in ours.values()),
+        "serving": serving_check(work, result["registration"]) if result["registration"] else None,
     }
 
 
