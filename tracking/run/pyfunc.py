@@ -283,13 +283,14 @@ def mlflow_type(spec: ColumnSpec) -> Any:
     """The MLflow type of a feature column's values in a pandas DataFrame. An integer
     column (numbers, times of day, durations) is `any`: pandas holds it as int64, or as
     floats once a row has a null, and MLflow refuses floats for `long` and int64 for
-    `double`; the codec casts it to the dataset's type, naming the column if it cannot."""
+    `double`; the codec casts it to the dataset's type, naming the column if it cannot.
+    A date or timestamp column is `any` too: a serving host's JSON, or a CSV read back by
+    pandas, holds ISO 8601 strings, which MLflow refuses for `datetime` ("Can not safely
+    convert str to datetime64"), while Arrow casts them, and datetimes, to the column's type."""
     if spec.kind == "category" or spec.arrow_type in ("string", "large_string"):
         return "string"  # a category, or dates as ISO 8601 strings (dataset.date_columns)
     if spec.kind == "boolean":
         return "boolean"
-    if spec.kind == "temporal" and spec.arrow_type.startswith(("timestamp", "date")):
-        return "datetime"
     if spec.kind in ("vector", "sequence"):
         return Array(
             "double" if "float" in spec.arrow_type or "double" in spec.arrow_type else "long"
