@@ -36,7 +36,7 @@ from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 from preprocessing.toolbox.faults import PermanentError
-from tracking.run.model import FILES_TAG, WEIGHTS_TAG, file_sha256, files_sha256
+from tracking.run.model import FILES_TAG, WEIGHTS_TAG, file_digests, files_sha256
 from tracking.run.pyfunc import NETWORK_ARTIFACT, WEIGHTS_ARTIFACT
 
 ALLOW_UNVERIFIED_ENV = "BALLAST_ALLOW_UNVERIFIED_MODELS"
@@ -78,8 +78,9 @@ def load_verified(client: MlflowClient, model_uri: str) -> Any:
         return mlflow.pyfunc.load_model(record.source)
     with tempfile.TemporaryDirectory(prefix="ballast-model-") as work:
         local = mlflow.artifacts.download_artifacts(artifact_uri=record.source, dst_path=work)
-        check_weights(Path(local), record)
-        check_files(Path(local), record)
+        digests = file_digests(Path(local))  # each file read once, the weights included
+        check_weights(Path(local), record, digests)
+        check_files(record, digests)
         return mlflow.pyfunc.load_model(local)
 
 
@@ -153,21 +154,25 @@ def _existing_run(client: MlflowClient, run_id: str | None, label: str) -> Any:
         raise UntrustedModel(f"{label}: its run {run_id} does not exist") from error
 
 
-def check_weights(local: Path, record: Provenance) -> None:
-    """The weights file that the downloaded model's MLmodel names has the recorded sha256."""
+def check_weights(local: Path, record: Provenance, digests: dict[str, str]) -> None:
+    """The weights file that the downloaded model's MLmodel names has the recorded sha256
+    (`digests`: the download's `file_digests`)."""
     flavor = Model.load(str(local)).flavors.get("python_function", {})
     artifacts = flavor.get("artifacts", {})
     entry = artifacts.get(WEIGHTS_ARTIFACT) or artifacts.get(NETWORK_ARTIFACT)
     path = (local / entry["path"]).resolve() if entry else None
     if path is None or not path.is_relative_to(local.resolve()) or not path.is_file():
         raise UntrustedModel(f"{record.label}: its MLmodel names no weights file in the model")
-    _compare(record, WEIGHTS_TAG, file_sha256(path), f"weights {entry['path']} have")
+    found = digests.get(path.relative_to(local.resolve()).as_posix())
+    if found is None:  # a link inside the model to another of its files
+        raise UntrustedModel(f"{record.label}: its weights {entry['path']} are not a plain file")
+    _compare(record, WEIGHTS_TAG, found, f"weights {entry['path']} have")
 
 
-def check_files(local: Path, record: Provenance) -> None:
+def check_files(record: Provenance, digests: dict[str, str]) -> None:
     """All the downloaded model's files have the digest recorded when it was logged."""
     _compare(
-        record, FILES_TAG, files_sha256(local), "files (MLmodel, python_model.pkl, code/) have"
+        record, FILES_TAG, files_sha256(digests), "files (MLmodel, python_model.pkl, code/) have"
     )
 
 

@@ -53,7 +53,7 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.integrity import ShardRef, read_shard_table, shard_version
-from preprocessing.contract.manifest import Manifest, read_manifest, shard_uri
+from preprocessing.contract.manifest import Manifest, file_sha256, read_manifest, shard_uri
 from tracking.config import TrackingConfig
 from tracking.run.pyfunc import (
     CODEC_ARTIFACT,
@@ -178,24 +178,24 @@ def _save_network(network: torch.nn.Module, work: Path) -> dict[str, str]:
 def weights_sha256(artifacts: dict[str, str]) -> str:
     """The sha256 of the network's artifact file (the weights, or the whole network)."""
     path = artifacts.get(WEIGHTS_ARTIFACT) or artifacts[NETWORK_ARTIFACT]
-    return file_sha256(path)
+    return file_sha256(str(path))
 
 
-def file_sha256(path: str | Path) -> str:
-    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
+def file_digests(root: Path) -> dict[str, str]:
+    """The sha256 of every file under `root`, by its relative path."""
+    return {
+        path.relative_to(root).as_posix(): file_sha256(str(path))
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def files_sha256(digests: dict[str, str]) -> str:
+    """One sha256 over a model's files (`file_digests`): each one's relative path and
+    sha256, in path order (a file added, removed, renamed or changed changes it)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def files_sha256(root: Path) -> str:
-    """One sha256 over every file under `root`: each one's relative path and sha256, in
-    path order (a file added, removed, renamed or changed changes it)."""
-    digest = hashlib.sha256()
-    for path in sorted(path for path in root.rglob("*") if path.is_file()):
-        digest.update(f"{path.relative_to(root).as_posix()}\0{file_sha256(path)}\n".encode())
+    for name in sorted(digests):
+        digest.update(f"{name}\0{digests[name]}\n".encode())
     return digest.hexdigest()
 
 
@@ -247,7 +247,7 @@ def _record_files(tracking_uri: str, model_uri: str, model_id: str) -> None:
         local = mlflow.artifacts.download_artifacts(
             artifact_uri=model_uri, dst_path=work, tracking_uri=tracking_uri
         )
-        digest = files_sha256(Path(local))
+        digest = files_sha256(file_digests(Path(local)))
     MlflowClient(tracking_uri).set_logged_model_tags(model_id, {FILES_TAG: digest})
 
 
