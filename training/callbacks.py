@@ -55,7 +55,7 @@ class JobCallbacks:
         meter = strategy.meter if isinstance(strategy, MeteredDDPStrategy) else None
         self.comm = CommMetrics(meter) if meter is not None else None
         self.balance = (
-            SpeedReplan(train_stream)
+            SpeedReplan(train_stream, cfg.loader.balance_every_n_steps)
             if cfg.loader.balance == "speed" and train_stream is not None
             else None
         )
@@ -73,20 +73,33 @@ class JobCallbacks:
 
 
 class SpeedReplan:
-    """`loader.balance: speed`: new shares for the train stream from each interval's
-    gathered step times (training/data/balance.py), logged from rank 0 as the MLflow
-    metrics `balance/share_rank_<r>` and `balance/rows_rank_<r>` (rows a step); a move of
-    some rank's rows by more than `MOVE_LINE` since the last line gives a line in the
-    job's log and in `moves` (the summary's `balance_moves`, which the run log prints)."""
+    """`loader.balance: speed`: new shares for the train stream from the gathered step
+    times (training/data/balance.py), logged from rank 0 as the MLflow metrics
+    `balance/share_rank_<r>` and `balance/rows_rank_<r>` (rows a step); a move of some
+    rank's rows by more than `MOVE_LINE` since the last line gives a line in the job's
+    log and in `moves` (the summary's `balance_moves`, which the run log prints).
+
+    What it measures is each rank's own work: its data wait (reading and decoding its
+    rows) plus its batch's compute less the all-reduce it waited for. Not the whole step:
+    the time between batches holds the interval's all_gather (where the rank that gets
+    there first waits for the others), rank 0's logging and checkpoint barriers, none of
+    which rows move, and on alike ranks those waits alone would read as one rank slower.
+    Gathers come every `log_every_n_steps` and at each epoch's end, so short intervals
+    (an epoch's last steps) are summed with the next ones until they hold at least
+    `every_n_steps` steps: every re-plan reads at least that many."""
 
     MOVE_LINE = 0.1
 
-    def __init__(self, stream: ShardStream) -> None:
-        self.stream = stream
+    def __init__(self, stream: ShardStream, every_n_steps: int = 1) -> None:
+        self.stream, self.every_n_steps = stream, every_n_steps
         self.moves: list[str] = []
         self._rows: np.ndarray | None = None  # rows a step when the last line was written
+        self._held: list[dict[str, float]] = []  # figures of steps not yet re-planned from
 
     def __call__(self, trainer: lightning.Trainer, figures: list[dict[str, float]]) -> None:
+        figures = self.hold(figures)
+        if not figures:
+            return
         state = self.stream.state_dict()
         batch_size = self.stream.config.batch_size
         shares = self.stream.shares.replan(
@@ -94,7 +107,7 @@ class SpeedReplan:
             state["samples_consumed"],
             len(figures) * batch_size,
             [rank["samples"] for rank in figures],
-            [rank["step_s"] - rank["allreduce_blocked_s"] for rank in figures],
+            [own_work_s(rank) for rank in figures],
         )
         rows = np.diff(row_bounds(shares, len(shares) * batch_size))
         if not trainer.is_global_zero:
@@ -104,6 +117,20 @@ class SpeedReplan:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         self.note_move(rows, trainer.global_step)
+
+    def hold(self, figures: list[dict[str, float]]) -> list[dict[str, float]]:
+        """The figures summed since the last re-plan once they hold `every_n_steps` steps
+        (then the sum starts over), else none. Every rank sums the same gathered figures."""
+        if len(self._held) == len(figures):
+            figures = [
+                {name: held[name] + value for name, value in rank.items()}
+                for held, rank in zip(self._held, figures, strict=True)
+            ]
+        if figures and figures[0]["steps"] < self.every_n_steps:
+            self._held = figures
+            return []
+        self._held = []
+        return figures
 
     def note_move(self, rows: np.ndarray, step: int) -> None:
         """A line when some rank's rows a step moved by more than `MOVE_LINE` since the
@@ -117,6 +144,11 @@ class SpeedReplan:
         line = f"step {step}: {who}: {split} rows a step"
         self.moves.append(line)
         rank_zero_info(f"balance: {line}")
+
+
+def own_work_s(figures: dict[str, float]) -> float:
+    """A rank's seconds of its own work in an interval (see `SpeedReplan`)."""
+    return figures["data_wait_s"] + figures["compute_s"]
 
 
 def checkpoint_callbacks(cfg: TrainConfig) -> list[ModelCheckpoint]:

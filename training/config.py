@@ -62,10 +62,12 @@ class LoaderConfig(BaseModel):
         "equal",
         description="How each global step's rows are shared among ranks "
         "(training/data/balance.py): `equal` (batch_size each), or `speed`: the same rows "
-        "per step, each rank's share following its measured samples per busy second "
-        "(re-planned every `balance_every_n_steps`, within 1/4 and 4x the equal share, "
-        "the equal split exactly while the ranks are within 10 % of alike; learned once: "
-        "kept across epochs and in the checkpoint for a resume on the same world size), "
+        "per step, each rank's share following its measured samples per second of its "
+        "own work (data wait and compute; read every `balance_every_n_steps`, within 1/4 "
+        "and 4x the equal share, the equal split exactly while the ranks are within 10 % "
+        "of alike; the split moves only when two consecutive intervals agree, "
+        "training/data/speed_control.py; learned once: kept across epochs and in the "
+        "checkpoint for a resume on the same world size), "
         "the loss weighted by each rank's rows so the gradient is the same global "
         "mean. Each rank then reads the units its slice of a step overlaps (about its share "
         "plus up to two units of the step, training/data/balance.py); needs "
@@ -82,8 +84,10 @@ class LoaderConfig(BaseModel):
     balance_every_n_steps: int = Field(
         10,
         gt=0,
-        description="`balance: speed`: optimizer steps between re-plans (each one "
-        "rides on the per-interval all_gather of the step times, no collective of its own).",
+        description="`balance: speed`: the fewest optimizer steps a re-plan reads (each one "
+        "rides on the per-interval all_gather of the step times, no collective of its own; "
+        "shorter intervals, as at an epoch's end, are summed with the next). A change of "
+        "speed moves the split two intervals after it shows.",
     )
 
     @model_validator(mode="after")

@@ -18,16 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.config import LoaderConfig, TrainConfig
-from training.data.balance import (
-    FLOOR,
-    SharePlan,
-    bounded,
-    next_shares,
-    rank_slice,
-    row_bounds,
-    token_bounds,
-)
+from training.data.balance import SharePlan, rank_slice, row_bounds, token_bounds
 from training.data.loader import Batch, ShardStream
+from training.data.speed_control import FLOOR, Reading, bounded, next_shares
 from training.models.classifier import FeatureClassifier
 
 BATCH = 6
@@ -157,40 +150,52 @@ def test_the_weighted_loss_gives_the_equal_gradient(dataset_cache: Callable[...,
     assert expected.abs().sum() > 0
 
 
-def test_shares_follow_speed_within_bounds() -> None:
-    """Invariant: a rank 2x slower is moved at once to a third of the rows (a change of
-    speed is not smoothed); repeated re-plans converge to shares that make every rank
-    equally busy; a rank 50x slower is held at the floor, 1/4 of the equal share; an
-    interval that measured nothing on a rank, or speeds 1.5 % apart (inside the dead
-    band), changes nothing."""
-    shares = np.array([0.5, 0.5])
-    moved = next_shares(shares, np.array([50.0, 50.0]), np.array([0.05, 0.1]))
-    assert moved == pytest.approx([2 / 3, 1 / 3])
+def settle(shares: np.ndarray, rows_to_busy: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The shares after 30 intervals of 120 rows a step whose busy time `rows_to_busy` gives."""
+    last: Reading | None = None
     for _ in range(30):
         rows = shares * 120
-        shares = next_shares(shares, rows, rows * np.array([1.0, 2.0]) + 0.01)
-    assert shares == pytest.approx([2 / 3, 1 / 3], abs=0.012)  # the dead band: 1 %
-    held = np.full(4, 0.25)
-    for _ in range(4):
-        held = next_shares(held, np.full(4, 10.0), np.array([1.0, 1, 1, 50]))
-    assert held[3] == pytest.approx(FLOOR / 4) and held.sum() == pytest.approx(1.0)
-    assert next_shares(shares, np.array([5.0, 0.0]), np.array([1.0, 0.0])) is shares
+        shares, last = next_shares(shares, rows, rows_to_busy(rows), last)
+    return shares
+
+
+def test_shares_follow_speed_within_bounds() -> None:
+    """Invariant: a rank 2x slower gets a third of the rows from the second interval that
+    measures it (one interval alone moves nothing), all the way at once; repeated
+    intervals converge to shares that make every rank equally busy; a rank 50x slower
+    is held at the floor, 1/4 of the equal share; an interval that measured nothing on a
+    rank changes nothing and keeps the last reading; speeds 1.5 % apart change nothing."""
     even = np.array([0.5, 0.5])
-    assert next_shares(even, np.array([60.0, 60.0]), np.array([1.0, 1.015])) is even
+    once, first = next_shares(even, np.array([50.0, 50.0]), np.array([0.05, 0.1]))
+    assert once is even and first is not None
+    moved, _ = next_shares(even, np.array([50.0, 50.0]), np.array([0.05, 0.1]), first)
+    assert moved == pytest.approx([2 / 3, 1 / 3])
+    busy = settle(even, lambda rows: rows * np.array([1.0, 2.0]) + 0.01)
+    assert busy == pytest.approx([2 / 3, 1 / 3], abs=0.012)  # the dead band: 1 %
+    held = settle(np.full(4, 0.25), lambda rows: np.array([1.0, 1, 1, 50]))
+    assert held[3] == pytest.approx(FLOOR / 4) and held.sum() == pytest.approx(1.0)
+    ignored = next_shares(moved, np.array([5.0, 0.0]), np.array([1.0, 0.0]), first)
+    assert ignored[0] is moved and ignored[1] is first
+    for _ in range(3):
+        kept, _ = next_shares(even, np.array([60.0, 60.0]), np.array([1.0, 1.015]), first)
+        assert kept is even
     assert bounded(np.array([1.0, 0.0, 0.0])) == pytest.approx([0.8333333, 1 / 12, 1 / 12])
 
 
 def test_a_share_plan_applies_from_two_steps_ahead_and_resets_on_a_new_world() -> None:
-    """Invariant: shares re-planned at position p apply from p + 2 global batches on (the
-    steps before keep the shares they had), and a plan asked for another world size starts
-    from the equal split."""
+    """Invariant: shares re-planned at position p (the second of two agreeing intervals)
+    apply from p + 2 global batches on (the steps before keep the shares they had), and a
+    plan asked for another world size starts from the equal split with no reading held."""
     plan = SharePlan()
     assert plan.shares_at(0, 0, 2) == pytest.approx([0.5, 0.5])
+    assert plan.replan(0, 6, 6, [6.0, 6.0], [1.0, 2.0]) == pytest.approx([0.5, 0.5])
     new = plan.replan(0, 12, 6, [6.0, 6.0], [1.0, 2.0])
+    assert new == pytest.approx([2 / 3, 1 / 3])
     assert plan.shares_at(0, 18, 2) == pytest.approx([0.5, 0.5])
     assert plan.shares_at(0, 24, 2) == pytest.approx(new)
     assert plan.shares_at(1, 0, 2) == pytest.approx(new)
     assert plan.shares_at(1, 0, 3) == pytest.approx([1 / 3] * 3)
+    assert plan.last is None
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,12 +11,13 @@ one after the other), and rank r takes the r-th slice of them:
   shares, `token_bounds`; a row's tokens are its non-zero ids, 0 being the pad id);
 - `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
   all_gather of the step times (training/distributed/rank_time.py) hands every rank the
-  same figures, and every rank computes the same new shares from them (`next_shares`:
-  each rank's samples per busy second: a change of speed taken at once, small
-  differences smoothed, bounded, with a dead band, and speeds near alike giving the
-  equal split exactly, whose cuts fall on unit edges), effective two global steps after
-  the position where they were computed, which no rank has reached by then: no
-  collective of its own, and every rank slices every step alike;
+  same figures, and every rank computes the same new shares from them
+  (training/data/speed_control.py: each rank's samples per second of its own work,
+  bounded, speeds near alike giving the equal split exactly, whose cuts fall on unit
+  edges; the split moves only when two consecutive intervals agree, then to the newer
+  one's target at once), effective two global steps after the position where they
+  were computed, which no rank has reached by then: no collective of its own, and
+  every rank slices every step alike;
 - the shares are learned once: they carry over from epoch to epoch, and the stream's
   state (the checkpoint) holds the last ones with their world size (`SharePlan.state`),
   so a resume on the same world size starts from them, one on another from equal;
@@ -52,70 +53,11 @@ import numpy as np
 import torch
 
 from training.data.partition import Recipe, Schedule
+from training.data.speed_control import Reading, equal_shares, next_shares
 
 Batch = dict[str, torch.Tensor]
 
-# A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
-# disturbed interval (a checkpoint write, a GC pause) cannot be starved or flooded.
-FLOOR, CAP = 0.25, 4.0
-# A re-plan moves the shares this far towards the measured ones: half way for a small
-# difference (timing noise is halved), all the way for one of at least JUMP (in units of
-# the equal share), which is a change of speed: a node slowed by 2x is followed at the
-# next re-plan, not over four of them.
-SMOOTHING, JUMP = 0.5, 0.2
-# Measured shares within this fraction of the equal share of the current ones change
-# nothing: timing noise alone does not move rows back and forth (each move costs a step
-# at the pace of the rank that got more).
-DEAD_BAND = 0.02
-# Measured shares within this fraction of the equal share of equal are the equal split
-# exactly: every cut then falls on a unit edge, so alike ranks decode and step as under
-# `equal`. A split a little off equal gains at most that little, while a cut inside a
-# unit makes both ranks of a 2-rank step decode both units (benchmarks/RESULTS.md M33:
-# +10.7 % on unloaded nodes).
-EQUAL_BAND = 0.1
 LAG_STEPS = 2  # new shares apply this many global steps after the position they were made at
-
-
-def equal_shares(world_size: int) -> np.ndarray:
-    return np.full(world_size, 1.0 / world_size)
-
-
-def bounded(shares: np.ndarray) -> np.ndarray:
-    """`shares` normalised, each clipped into the bounds, the others rescaled to sum 1."""
-    world = len(shares)
-    low, high = FLOOR / world, min(1.0, CAP / world)
-    result = shares / shares.sum()
-    fixed = np.zeros(world, bool)
-    for _ in range(world):
-        clipped = np.clip(result, low, high)
-        fixed |= clipped != result
-        free = ~fixed
-        if not free.any() or clipped[free].sum() <= 0:
-            return clipped / clipped.sum()
-        clipped[free] *= (1.0 - clipped[fixed].sum()) / clipped[free].sum()
-        if np.array_equal(clipped, result):
-            break
-        result = clipped
-    return result
-
-
-def next_shares(shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray) -> np.ndarray:
-    """The shares after an interval where rank r took `samples[r]` rows in `busy_s[r]`
-    seconds of its own work: moved towards shares proportional to its speed (a fixed point
-    has every rank equally busy; `SMOOTHING`, `JUMP`), bounded. Speeds within `EQUAL_BAND`
-    of equal give the equal split exactly. An interval that measured nothing on some
-    rank, or speeds within the dead band of the shares, leaves the shares as they are."""
-    if len(samples) != len(shares) or min(samples.min(), busy_s.min()) <= 0:
-        return shares
-    speeds = samples / busy_s
-    target, world = speeds / speeds.sum(), len(shares)
-    if np.abs(target - 1.0 / world).max() * world < EQUAL_BAND:
-        return shares if np.array_equal(shares, equal_shares(world)) else equal_shares(world)
-    gap = np.abs(target - shares).max() * world
-    if gap < DEAD_BAND:
-        return shares
-    step = 1.0 if gap >= JUMP else SMOOTHING
-    return bounded((1.0 - step) * shares + step * target)
 
 
 def row_bounds(shares: np.ndarray, num_rows: int) -> np.ndarray:
@@ -174,16 +116,21 @@ def _cuts_within(
 
 class SharePlan:
     """Every rank's share from a stream position (epoch, samples consumed) on; the same on
-    every rank, since every rank records the same changes (see the module)."""
+    every rank, since every rank records the same changes (see the module). `last` is the
+    controller's state: the last interval's reading, which the next one must agree with
+    before the split moves (training/data/speed_control.py); it is not part of the saved
+    state, so a resume waits one interval more before its first move."""
 
     def __init__(self) -> None:
         self.world_size = 0
         self.changes: list[tuple[tuple[int, int], np.ndarray]] = []
+        self.last: Reading | None = None
 
     def shares_at(self, epoch: int, position: int, world_size: int) -> np.ndarray:
         """The shares of the global step that starts at `position` of `epoch`."""
         if world_size != self.world_size:  # a new run, or a resume on another world size
             self.world_size, self.changes = world_size, [((0, 0), equal_shares(world_size))]
+            self.last = None
         key, found = (epoch, position), self.changes[0][1]
         for start, shares in self.changes:
             if start <= key:
@@ -212,7 +159,7 @@ class SharePlan:
                 f"the saved stream state's balance_shares {shares} are not "
                 f"balance_world_size ({world}) fractions summing to 1"
             )
-        self.world_size, self.changes = world, [((0, 0), found)]
+        self.world_size, self.changes, self.last = world, [((0, 0), found)], None
 
     def replan(
         self,
@@ -223,10 +170,14 @@ class SharePlan:
         busy_s: list[float],
     ) -> np.ndarray:
         """Record the shares that follow from an interval's figures (gathered: the same on
-        every rank), effective `LAG_STEPS` global steps after `position`; returns them."""
+        every rank: `busy_s` each rank's seconds of its own work) and the previous
+        interval's target, effective `LAG_STEPS` global steps after `position`; returns
+        them (the shares in force at `position` when the split does not move)."""
         current = self.shares_at(epoch, position, len(samples))
         start = (epoch, position + LAG_STEPS * global_batch)
-        shares = next_shares(current, np.asarray(samples, float), np.asarray(busy_s, float))
+        shares, self.last = next_shares(
+            current, np.asarray(samples, float), np.asarray(busy_s, float), self.last
+        )
         self.changes = [
             *[(k, s) for k, s in self.changes if k < (epoch, position)][-1:],
             *[(k, s) for k, s in self.changes if (epoch, position) <= k < start],

@@ -24,7 +24,8 @@ each epoch's end) one all_gather brings every rank's figures of the interval to 
 which logs them as `rank_<r>/<figure>` (per optimizer step). `straggler` says which rank
 is slowest, its slowdown against the median, and the share of the step lost to it.
 `on_gathered` receives every interval's gathered totals on every rank (`loader.balance:
-speed` re-plans the ranks' shares from them, training/data/balance.py); `every_n_steps`
+speed` re-plans the ranks' shares from their data wait plus compute, which, unlike
+`step_s`, holds none of the gather's own wait: training/callbacks.py); `every_n_steps`
 then gathers at least that often.
 """
 
