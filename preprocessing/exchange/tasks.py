@@ -359,7 +359,8 @@ def write_shards(
     ]
     encode = EncodeBuffer()  # one encode buffer for the task's shards
     source = spec.source_column or DERIVED_SOURCE_COLUMN
-    entries = []
+    entries: list[ShardEntry] = []
+    etags: dict[str, str] = {}  # on S3, what the receipt records of each shard
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
         for rows, uri in shards[run_start:run_stop]:
@@ -372,11 +373,12 @@ def write_shards(
                     source,
                     staging.part_bytes,
                     encode,
+                    etags,
                 )
             )
             offset += rows
     if receipts is not None:
-        write_shard_receipt(receipts, first, entries)
+        write_shard_receipt(receipts, first, entries, etags)
     return entries
 
 
