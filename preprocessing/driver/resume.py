@@ -8,8 +8,10 @@ from the shards: keeps every shard a receipt vouches for and that hashes to it; 
 write tasks with a shard missing, so the last round's objects those read; keeps each
 needed object whose bytes hash to its receipt, needs the merge (or map) tasks of the rest,
 so their inputs in the round before, and so on down to the map tasks. Each prefix is
-listed once (the round's objects with their receipts, the shards, the shard receipts);
-the hashing runs on the cluster, a task per object or write receipt. The staged objects
+listed once (the round's objects with their receipts, the shards, the shard receipts).
+On S3 the listing verifies (each receipt recorded its object's ETag: no read back, no HEAD
+per object); on local disk the hashing runs on the cluster, a task per object or write
+receipt. A write receipt is read with one GET each. The staged objects
 are named by the exchange's layout (`layout_digest`): a rerun on a cluster of another
 shape, whose tasks cut the pieces otherwise, keeps none of them (its shards, named by
 the plan alone, it still keeps). Kept or rewritten, every byte is the one a clean run
