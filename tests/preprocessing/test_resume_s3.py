@@ -49,7 +49,7 @@ def wait_for_s3(
 
 def store_requests(log: RequestLog, bucket: str, root: str) -> dict[str, int]:
     """What a run asked of its output root: HEADs of a staged object or a receipt (a
-    check per object), and HEADs and GETs of a shard (a read back, or a check)."""
+    check per object), listings, and HEADs and GETs of a shard (a read back, or a check)."""
     made = log.matching(f"/{bucket}/{root}/")
     return {
         "staged_heads": sum(
@@ -57,6 +57,10 @@ def store_requests(log: RequestLog, bucket: str, root: str) -> dict[str, int]:
             and f"/{STAGING_DIR}/" in r.path
             and r.path.endswith((".arrow", ".done", ".json"))
             for r in made
+        ),
+        "listings": sum(
+            r.method == "GET" and "list-type=2" in r.query and f"prefix={root}%2F" in r.query
+            for r in log.requests
         ),
         "shard_requests": sum(
             r.method in ("HEAD", "GET") and "/v-" in r.path and r.path.endswith(".parquet")
@@ -72,9 +76,10 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
     receipts written, the rerun claims the dead attempt, keeps some but not all shards and
     says so (manifest `resumed`, its run log line, `ReshardResult.resumed`), commits the
     version id of a clean run with byte-identical shards, and leaves no staging; it sends
-    no HEAD per staged object or receipt, and asks no more of the shards than a clean run
-    (its table's schema read): the listings' ETags verify them, nothing is read back."""
-    write_sample(tmp_path / "raw", SampleSpec(num_rows=60_000, num_files=6, seed=11))
+    no HEAD per staged object or receipt, lists at most 8 prefixes more than a clean run,
+    and asks no more of the shards than a clean run (its table's schema read): the
+    listings' ETags verify them, nothing is read back."""
+    write_sample(tmp_path / "raw", SampleSpec(num_rows=30_000, num_files=4, seed=11))
     bucket = f"resume-{uuid.uuid4().hex[:8]}"
     with counted_s3() as log:
         fs = fsspec.filesystem("s3")
@@ -113,6 +118,9 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
     assert 0 < resumed["shards_kept"] < resumed["shards"] == len(digests(clean)), resumed
     assert rerun.resumed in caplog.text and rerun.resumed.startswith("resumed: ")
     assert requests["staged_heads"] == 0, requests
+    # What the rerun verified it listed once per prefix: the attempt, its receipts, each
+    # round kept, the shards; a handful of listings more than a clean run, not one per object.
+    assert requests["listings"] <= clean_requests["listings"] + 8, (requests, clean_requests)
     assert requests["shard_requests"] <= clean_requests["shard_requests"], clean_requests
     assert left == []
 
