@@ -66,6 +66,7 @@ class ShardWriter:
         self.uri, self.rows_per_row_group = uri, rows_per_row_group
         self.label_column, self.source_column = label_column, source_column
         self.part_bytes = part_bytes
+        self.etag: str | None = None  # the store's, once written (S3)
         self._schema = schema
         # An Arrow buffer: no regrowth copies, no copy out; or `buffer` (EncodeBuffer), which
         # an encode larger than it fails with OSError "Write out of bounds".
@@ -110,7 +111,7 @@ class ShardWriter:
     def store(self, payload: memoryview) -> ShardEntry:
         """Write the shard's bytes (`encoded()`); its manifest entry."""
         fs, path = url_to_fs(self.uri)
-        write_object(fs, path, payload, self.part_bytes)
+        self.etag = write_object(fs, path, payload, self.part_bytes)  # S3's, else None
         return ShardEntry(
             path=self.uri.rsplit("/", 1)[-1],
             num_rows=self._num_rows,
@@ -192,10 +193,12 @@ def write_shard(
     source_column: str | None = None,
     part_bytes: int = DEFAULT_PART_BYTES,
     encode: EncodeBuffer | None = None,
+    etags: dict[str, str] | None = None,
 ) -> ShardEntry:
     """Write `table` as the shard at `uri`; its manifest entry. `encode`: a buffer reused
     across the caller's shards (same bytes written; a shard that does not fit it is
-    encoded again into its own stream)."""
+    encoded again into its own stream). `etags`: where the store gave the object an ETag
+    (S3), shard name -> ETag is added to it (what a write receipt records)."""
     buffer = encode.for_table(table) if encode is not None else None
     writer = ShardWriter(
         uri,
@@ -212,5 +215,10 @@ def write_shard(
     except OSError:
         if buffer is None:
             raise
-        return write_shard(uri, table, rows_per_row_group, label_column, source_column, part_bytes)
-    return writer.store(payload)
+        return write_shard(
+            uri, table, rows_per_row_group, label_column, source_column, part_bytes, None, etags
+        )
+    entry = writer.store(payload)
+    if etags is not None and writer.etag:
+        etags[entry.path] = writer.etag
+    return entry

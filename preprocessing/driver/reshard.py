@@ -23,14 +23,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
     commit_version,
-    is_local,
     read_current_version,
     read_manifest,
     version_dir,
@@ -187,9 +185,8 @@ def run_reshard(
             lambda expected: commit_version(root, existing, expected=expected),
         )
         return ReshardResult(commit.manifest, commit.location, True, increment.reason)
-    # A killed run of the version is resumed on local roots (docs/reliability.md, Limits).
-    resume_s = config.resume_max_age_s if is_local(url_to_fs(root)[0]) else None
-    with VersionAttempt(root, version_id, resume_max_age_s=resume_s) as attempt:
+    # A killed run of the version is resumed (docs/reliability.md), on S3 too.
+    with VersionAttempt(root, version_id, resume_max_age_s=config.resume_max_age_s) as attempt:
         manifest = _make_version(config, listing, increment, attempt, executor, progress)
         commit = commit_following(
             root, manifest, previous, lambda expected: attempt.commit(manifest, expected=expected)

@@ -8,8 +8,10 @@ from the shards: keeps every shard a receipt vouches for and that hashes to it; 
 write tasks with a shard missing, so the last round's objects those read; keeps each
 needed object whose bytes hash to its receipt, needs the merge (or map) tasks of the rest,
 so their inputs in the round before, and so on down to the map tasks. Each prefix is
-listed once (the round's objects with their receipts, the shards, the shard receipts);
-the hashing runs on the cluster, a task per object or write receipt. The staged objects
+listed once (the round's objects with their receipts, the shards, the shard receipts).
+On S3 the listing verifies (each receipt recorded its object's ETag: no read back, no HEAD
+per object); on local disk the hashing runs on the cluster, a task per object or write
+receipt. A write receipt is read with one GET each. The staged objects
 are named by the exchange's layout (`layout_digest`): a rerun on a cluster of another
 shape, whose tasks cut the pieces otherwise, keeps none of them (its shards, named by
 the plan alone, it still keeps). Kept or rewritten, every byte is the one a clean run
@@ -35,6 +37,8 @@ from preprocessing.exchange.receipts import (
     SHARD_RECEIPTS,
     kept_shards,
     listed_objects,
+    listing,
+    needs_read_back,
     object_intact,
 )
 from preprocessing.exchange.tasks import Staging
@@ -151,8 +155,7 @@ def _verified_shards(
     """Destination -> entry of every shard one of the attempt's write receipts vouches for
     and that hashes to it."""
     shards_uri = shard_uris[0].rsplit("/", 1)[0] if shard_uris else attempt.uri
-    fs, path = url_to_fs(shards_uri)
-    sizes = _sizes(fs, path)
+    listed = listing(*url_to_fs(shards_uri))
     receipts_fs, receipts = url_to_fs(f"{attempt.uri}/{SHARD_RECEIPTS}")
     found = [f"{attempt.uri}/{SHARD_RECEIPTS}/{name}" for name in _names(receipts_fs, receipts)]
     kept = run_in_waves(
@@ -161,7 +164,7 @@ def _verified_shards(
         ((uri, shards_uri) for uri in found),
         len(found),
         in_flight,
-        sizes=share(client, sizes),
+        listed=share(client, listed),
     )
     destination = {uri.rsplit("/", 1)[-1]: index for index, uri in enumerate(shard_uris)}
     return {
@@ -175,36 +178,32 @@ def _verified_shards(
 def _verified_objects(
     client: Client, in_flight: int, staging: Staging, round_index: int, needed: set[int]
 ) -> set[int]:
-    """The `needed` objects of a round that are listed with a receipt and hash to it."""
+    """The `needed` objects of a round that are listed with a receipt and match it: by
+    the listing's ETag alone (S3), or hashed on the cluster (a CRC-32: local disk)."""
     if not needed:
         return set()
     fs, path = url_to_fs(staging.round_uri(round_index))
     listed = listed_objects(fs, path)
     uris = {item: staging.object(round_index, item).uri for item in sorted(needed)}
-    candidates = [(item, uri) for item, uri in uris.items() if uri.rsplit("/", 1)[-1] in listed]
-    checks = run_in_waves(
+    checks = {
+        item: listed[uri.rsplit("/", 1)[-1]][1]
+        for item, uri in uris.items()
+        if uri.rsplit("/", 1)[-1] in listed
+    }
+    kept = {item for item, check in checks.items() if not needs_read_back(check)}
+    to_read = [item for item, check in checks.items() if needs_read_back(check)]
+    intact = run_in_waves(
         client,
         object_intact,
-        ((uri, listed[uri.rsplit("/", 1)[-1]][1]) for _, uri in candidates),
-        len(candidates),
+        ((uris[item], checks[item]) for item in to_read),
+        len(to_read),
         in_flight,
     )
-    return {item for (item, _), ok in zip(candidates, checks, strict=True) if ok}
+    return kept | {item for item, ok in zip(to_read, intact, strict=True) if ok}
 
 
 def _names(fs: Any, path: str) -> list[str]:
-    return list(_sizes(fs, path))
-
-
-def _sizes(fs: Any, path: str) -> dict[str, int]:
-    """Name -> bytes of what one listing of `path` shows (nothing when it is absent)."""
-    try:
-        listing = fs.ls(path, detail=True)
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    return {
-        entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry["size"] or 0) for entry in listing
-    }
+    return list(listing(fs, path))
 
 
 @dataclass(frozen=True)

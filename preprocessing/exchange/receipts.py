@@ -2,22 +2,28 @@
 
 A staged object counts as written only once its receipt exists: an empty object beside it,
 
-    <round>/part-0000003.arrow.<bytes>.<crc32>.done
+    <round>/part-0000003.arrow.<bytes>.<check>.done
 
 written after the object, so one listing of a round's prefix gives every object's size
 and what it must hash to, with no read or HEAD per object. A write task, once all its
 shards are written, writes `<attempt>/receipts/write-<first destination>.json` holding
-their manifest entries (a shard's sha256, rows and counts). A rerun of the version
-(preprocessing/driver/resume.py) keeps an object or a shard only when it is listed at its
-receipt's size and its bytes match its receipt's checksum: a file cut short, damaged, or
-left half-written by a killed task is never kept, its task runs again and writes the same
-bytes. Receipts are untrusted input: a shard's name must be a plain file name.
+their manifest entries (a shard's sha256, rows and counts) and, on S3, each shard's ETag.
+A rerun of the version (preprocessing/driver/resume.py) keeps an object or a shard only
+when it is listed at its receipt's size and its bytes match its receipt's check: a file
+cut short, damaged, or left half-written by a killed task is never kept, its task runs
+again and writes the same bytes. Receipts are untrusted input: a shard's name must be a
+plain file name.
 
-A staged object's checksum is a CRC-32, a shard's its sha256 (the manifest's): every
-staged byte is read back once more to compute it, and CRC-32 costs 0.28 CPU-s per GB here
-against sha256's 0.66 (both with the CPU's instructions): on a 2 GB reshard, whose CPU
-floor is 11.6 CPU-s, 0.6 CPU-s instead of 1.3. It finds a file cut short or damaged; it
-is no defence against a forger, who could as well rewrite the receipt.
+The check is, on local disk, a CRC-32 for a staged object and the sha256 for a shard:
+every byte kept is read back once more to compute it (CRC-32 costs 0.28 CPU-s per GB here
+against sha256's 0.66: on a 2 GB reshard, whose CPU floor is 11.6 CPU-s, 0.6 CPU-s
+instead of 1.3). On S3 it is the ETag the store gave the object's PUT (an MD5 of the
+bytes, or of the parts' MD5s for a multipart upload): the listing that finds the object
+shows its ETag and size, so a rerun verifies every staged object and shard of a prefix
+with one listing and reads nothing back. A PUT is atomic, so a listed object is whole;
+its ETag must still match the receipt's (an object rewritten since by other bytes, or a
+receipt of another object, is not kept). Neither check is a defence against a forger,
+who could as well rewrite the receipt.
 """
 
 from __future__ import annotations
@@ -33,17 +39,20 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import ShardEntry, check_entry, write_atomically
+from preprocessing.storage.objects import etag
 
 SHARD_RECEIPTS = "receipts"
+ETAG_KEY = "etag"  # a shard receipt's record: the manifest entry, and the shard's ETag
 _OBJECT_RECEIPT = re.compile(
-    r"(?P<name>part-\d+\.arrow)\.(?P<bytes>\d+)\.(?P<crc>[0-9a-f]{8})\.done"
+    r"(?P<name>part-\d+\.arrow)\.(?P<bytes>\d+)\.(?P<check>[0-9a-f]{8}|[0-9a-f]{32}(-\d+)?)\.done"
 )
+CRC_DIGITS = 8  # a check this long is a CRC-32, read back to verify; longer, an ETag
 
 
-def write_object_receipt(fs: Any, path: str, num_bytes: int, crc: int) -> None:
-    """Mark the staged object at `path` written, with its size and CRC-32 (called once the
-    object itself is)."""
-    fs.pipe_file(f"{path}.{num_bytes}.{crc:08x}.done", b"")
+def write_object_receipt(fs: Any, path: str, num_bytes: int, check: str) -> None:
+    """Mark the staged object at `path` written, with its size and check (a CRC-32 in hex,
+    or its ETag on S3), once the object itself is."""
+    fs.pipe_file(f"{path}.{num_bytes}.{check}.done", b"")
 
 
 def crc32_of(handle: Any) -> int:
@@ -54,23 +63,48 @@ def crc32_of(handle: Any) -> int:
     return crc
 
 
-def listed_objects(fs: Any, prefix: str) -> dict[str, tuple[int, str]]:
-    """Object name -> (bytes, CRC-32 in hex) of every object of one listing of `prefix`
-    that has a receipt and is listed at its receipt's size (`object_intact` checks the
-    CRC)."""
+def listing(fs: Any, prefix: str) -> dict[str, tuple[int, str | None]]:
+    """Name -> (bytes, ETag or None) of what one listing of `prefix` shows (nothing when
+    it is absent); a cached listing is dropped first (a retry in the same process)."""
+    fs.invalidate_cache(prefix)
     try:
-        listing = fs.ls(prefix, detail=True)
+        entries = fs.ls(prefix, detail=True)
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    sizes = {entry["name"].rsplit("/", 1)[-1]: int(entry["size"]) for entry in listing}
+    return {
+        entry["name"].rstrip("/").rsplit("/", 1)[-1]: (
+            int(entry.get("size") or 0),
+            etag(entry.get("ETag")),
+        )
+        for entry in entries
+    }
+
+
+def listed_objects(fs: Any, prefix: str) -> dict[str, tuple[int, str]]:
+    """Object name -> (bytes, check) of every object of one listing of `prefix` that has
+    a receipt, is listed at its receipt's size and, when the check is an ETag, with that
+    ETag: verified then; a CRC-32 check (`needs_read_back`) is `object_intact`'s."""
+    listed = listing(fs, prefix)
     found = {}
-    for name in sizes:
+    for name in listed:
         if (match := _OBJECT_RECEIPT.fullmatch(name)) is None:
             continue
-        num_bytes = int(match["bytes"])
-        if sizes.get(match["name"]) == num_bytes:
-            found[match["name"]] = (num_bytes, match["crc"])
+        num_bytes, check = int(match["bytes"]), match["check"]
+        size, tag = listed.get(match["name"], (-1, None))
+        if size == num_bytes and (needs_read_back(check) or tag == check):
+            found[match["name"]] = (num_bytes, check)
     return found
+
+
+def read_small(fs: Any, path: str) -> bytes:
+    """The bytes of a small non-empty object (a receipt, a lease) in one GET: s3fs's
+    `cat_file` asks the size first (a HEAD) unless given a range."""
+    return bytes(fs.cat_file(path, start=0))
+
+
+def needs_read_back(check: str) -> bool:
+    """Whether a receipt's check is a CRC-32, which only reading the bytes verifies."""
+    return len(check) == CRC_DIGITS
 
 
 def object_intact(uri: str, crc: str) -> bool:
@@ -92,28 +126,40 @@ def _read(uri: str, digest: Callable[[Any], str]) -> str | None:
         return None
 
 
-def write_shard_receipt(attempt_uri: str, first: int, entries: list[ShardEntry]) -> None:
-    """Mark the shards of the write task starting at destination `first` written."""
+def write_shard_receipt(
+    attempt_uri: str, first: int, entries: list[ShardEntry], etags: dict[str, str] | None = None
+) -> None:
+    """Mark the shards of the write task starting at destination `first` written, with
+    each one's ETag where the store gave one (`etags`: shard name -> ETag)."""
     fs, path = url_to_fs(f"{attempt_uri}/{SHARD_RECEIPTS}/write-{first:07d}.json")
-    records = [asdict(entry) for entry in entries]
+    tags = etags or {}
+    records = [
+        {**asdict(entry), **({ETAG_KEY: tags[entry.path]} if entry.path in tags else {})}
+        for entry in entries
+    ]
     write_atomically(fs, path, json.dumps(records).encode())
 
 
-def kept_shards(receipt_uri: str, shards_uri: str, sizes: dict[str, int]) -> list[ShardEntry]:
-    """The entries of one write receipt whose shard (under `shards_uri`) is listed at its
-    recorded size (`sizes`: name -> bytes) and hashes to its recorded sha256 (the
-    manifest's)."""
+def kept_shards(
+    receipt_uri: str, shards_uri: str, listed: dict[str, tuple[int, str | None]]
+) -> list[ShardEntry]:
+    """The entries of one write receipt whose shard (under `shards_uri`) is `listed`
+    (name -> (bytes, ETag)) at its recorded size and with its recorded ETag, or, where
+    the receipt has none (local disk), hashes to its recorded sha256 (the manifest's)."""
     fs, path = url_to_fs(receipt_uri)
     try:
-        entries = [
-            check_entry(ShardEntry(**record), receipt_uri)
-            for record in json.loads(fs.cat_file(path))
-        ]
+        records = [dict(record) for record in json.loads(read_small(fs, path))]
+        tags = [record.pop(ETAG_KEY, None) for record in records]
+        entries = [check_entry(ShardEntry(**record), receipt_uri) for record in records]
     except (OSError, ValueError, TypeError):  # unreadable, or not a receipt of this code
         return []
     return [
         entry
-        for entry in entries
-        if sizes.get(entry.path) == entry.num_bytes
-        and shard_intact(f"{shards_uri}/{entry.path}", entry.sha256)
+        for entry, tag in zip(entries, tags, strict=True)
+        if listed.get(entry.path, (-1, None))[0] == entry.num_bytes
+        and (
+            listed[entry.path][1] == tag
+            if tag
+            else shard_intact(f"{shards_uri}/{entry.path}", entry.sha256)
+        )
     ]

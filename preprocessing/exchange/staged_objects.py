@@ -113,24 +113,27 @@ class StagedWriter:
         size = int(self._sink.tell())
         header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
         index = header + np.asarray(self._offsets, dtype=_INDEX_ITEM).tobytes()
-        crc = self._finish_local(index) if self._local else self._finish_remote(index)
-        if crc is not None:
-            write_object_receipt(self._fs, self._path, size, crc)
+        check = self._finish_local(index) if self._local else self._finish_remote(index)
+        if self.staged.receipt and check is not None:
+            write_object_receipt(self._fs, self._path, size, check)
         return size
 
-    def _finish_local(self, index: bytes) -> Any:
-        """Fill in the index; the file's CRC-32, read back from the page cache, if a receipt
-        needs it."""
+    def _finish_local(self, index: bytes) -> str | None:
+        """Fill in the index; the file's CRC-32 (hex), read back from the page cache, if a
+        receipt needs it."""
         self._sink.close()
         with open(self._path, "r+b") as handle:
             os.pwrite(handle.fileno(), index, 0)
-            return crc32_of(handle) if self.staged.receipt else None
+            return f"{crc32_of(handle):08x}" if self.staged.receipt else None
 
-    def _finish_remote(self, index: bytes) -> Any:
+    def _finish_remote(self, index: bytes) -> str | None:
+        """One PUT (or multipart upload) of the whole object; the ETag the store gave it,
+        which its listing shows (a receipt's check, exchange/receipts.py), else (a store
+        without ETags) its CRC-32."""
         body = self._sink.getvalue()
         whole = b"".join([index, memoryview(body)[len(index) :]])
-        write_object(self._fs, self._path, whole, self.staged.part_bytes)
-        return zlib.crc32(whole) if self.staged.receipt else None
+        tag = write_object(self._fs, self._path, whole, self.staged.part_bytes)
+        return tag or f"{zlib.crc32(whole):08x}"
 
 
 def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:

@@ -359,24 +359,17 @@ def write_shards(
     ]
     encode = EncodeBuffer()  # one encode buffer for the task's shards
     source = spec.source_column or DERIVED_SOURCE_COLUMN
-    entries = []
+    settings = (rows_per_row_group, spec.label_column, source, staging.part_bytes)
+    entries: list[ShardEntry] = []
+    etags: dict[str, str] = {}  # on S3, what the receipt records of each shard
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
         for rows, uri in shards[run_start:run_stop]:
-            entries.append(
-                write_shard(
-                    uri,
-                    table.slice(offset, rows).cast(schema),
-                    rows_per_row_group,
-                    spec.label_column,
-                    source,
-                    staging.part_bytes,
-                    encode,
-                )
-            )
+            piece = table.slice(offset, rows).cast(schema)
+            entries.append(write_shard(uri, piece, *settings, encode, etags))
             offset += rows
     if receipts is not None:
-        write_shard_receipt(receipts, first, entries)
+        write_shard_receipt(receipts, first, entries, etags)
     return entries
 
 

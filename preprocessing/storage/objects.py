@@ -98,18 +98,20 @@ def write_object(
     path: str,
     data: bytes | memoryview,
     part_bytes: int = DEFAULT_PART_BYTES,
-) -> None:
+) -> str | None:
     """Write a whole object: a local file (directories made), or on S3 one PUT when it is
     under 2 x `part_bytes` and a multipart upload in parts of `part_bytes` (sent
     concurrently) from there; other stores get one `pipe_file`. A reader never sees part
-    of it: S3 shows a multipart object only once it is complete."""
+    of it: S3 shows a multipart object only once it is complete. Returns the object's
+    ETag on S3 (as a listing shows it, unquoted: what a receipt records so that a rerun
+    verifies the object from one listing), None elsewhere."""
     with refusals_named(path, len(data)):
-        _write_object(fs, path, data, part_bytes)
+        return _write_object(fs, path, data, part_bytes)
 
 
 def _write_object(
     fs: fsspec.AbstractFileSystem, path: str, data: bytes | memoryview, part_bytes: int
-) -> None:
+) -> str | None:
     if is_local(fs):
         try:
             handle = open(path, "wb")  # noqa: SIM115 - closed below
@@ -118,12 +120,21 @@ def _write_object(
             handle = open(path, "wb")  # noqa: SIM115 - closed below
         with handle:
             handle.write(data)
-        return
+        return None
     body = bytes(data)  # s3fs slices the body into parts, which botocore sends as bytes only
-    if hasattr(fs, "call_s3"):  # s3fs: `chunksize` is its part size and half its threshold
-        fs.pipe_file(path, body, chunksize=max(part_bytes, MIN_PART_BYTES))
-    else:
+    if not hasattr(fs, "call_s3"):
         fs.pipe_file(path, body)
+        return None
+    # s3fs: `chunksize` is its part size and half its threshold. Its multipart upload
+    # returns nothing: one HEAD then, per object of at least twice the part size.
+    response = fs.pipe_file(path, body, chunksize=max(part_bytes, MIN_PART_BYTES))
+    tag = (response or {}).get("ETag") or fs.info(path).get("ETag")
+    return etag(tag)
+
+
+def etag(value: object) -> str | None:
+    """An S3 ETag as a listing or a PUT gives it (quoted), unquoted; None if absent."""
+    return str(value).strip('"') if value else None
 
 
 def file_sha256(uri: str) -> str:

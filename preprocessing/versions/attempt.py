@@ -17,10 +17,10 @@ removes only such attempts, and every new attempt runs it first. Lease-less left
 are judged by their modification time. See docs/reliability.md.
 
 A run that resumes (`resume_max_age_s` set: the reshard) first takes over the newest dead
-attempt of its own version whose last heartbeat is younger than that age: it writes its
-lease into it, then renames it to its own attempt id (local; the rename is the claim, so
-of two reruns one gets it), or on an object store stages in it where it is. What is in
-it is kept only once verified (preprocessing/exchange/receipts.py). A dead attempt of
+attempt of its own version whose last heartbeat is younger than that age: it claims it
+(locally a rename to its own attempt id; on an object store a conditional PUT, then it
+stages in it where it is: preprocessing/versions/claim.py), so of two reruns one gets it.
+What is in it is kept only once verified (preprocessing/exchange/receipts.py). A dead attempt of
 another version, or one older than the age, is removed as before, never reused. Such a
 run that fails for a transient reason (a cluster lost, a store that kept failing, an
 interrupt) keeps its staging and releases its lease (`released`: dead at once, on any
@@ -58,6 +58,7 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.toolbox.faults import PermanentError, is_permanent
 from preprocessing.toolbox.secrets import redact
+from preprocessing.versions.claim import claim_on_store
 from preprocessing.versions.table import publish_current
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Lease:
     pid: int
     heartbeat_at: float  # unix seconds of the last renewal
     released: bool = False  # its run failed and left it to be resumed: dead now
+    attempt_id: str = ""  # the holding attempt's own id (the one it was first staged as)
 
 
 def _holder() -> str:
@@ -126,6 +128,7 @@ class VersionAttempt:
         self._discarding: list[threading.Thread] = []
         self._resume_max_age_s = resume_max_age_s
         self.resumed_from: str | None = None  # the dead attempt taken over, if any
+        self.taken_over = False  # a rerun claimed it while this run stalled (versions/claim.py)
 
     @property
     def resumable(self) -> bool:
@@ -151,6 +154,8 @@ class VersionAttempt:
         self._beating.join()
         for thread in self._discarding:
             thread.join()
+        if self.taken_over:  # the staging is the rerun's now
+            return
         if error is not None and self.resumable and not is_permanent(error):
             self._release(error)
             return
@@ -161,23 +166,16 @@ class VersionAttempt:
                 raise
             # The first error wins: a storage that refused the run refuses its cleanup too
             # (a read-only file system), and that must not replace the cause.
-            log.warning(
-                "staging %s not removed (%s); the run failed first: %s",
-                redact(self.uri),
-                redact(str(cleanup)),
-                redact(str(error)),
-            )
+            failed = (redact(self.uri), redact(str(cleanup)), redact(str(error)))
+            log.warning("staging %s not removed (%s); the run failed first: %s", *failed)
             return
         _remove_if_empty(self._fs, os.path.dirname(self._path))
         _remove_if_empty(self._fs, os.path.dirname(os.path.dirname(self._path)))
 
     def _release(self, error: BaseException) -> None:
         """Leave the staging to a retry of the version: a lease that says so (dead now)."""
-        lease = Lease(HOLDER, os.getpid(), time.time(), released=True)
         try:
-            write_atomically(
-                self._fs, f"{self._path}/{LEASE_NAME}", json.dumps(asdict(lease)).encode()
-            )
+            write_atomically(self._fs, f"{self._path}/{LEASE_NAME}", self._lease(released=True))
         except OSError as failed:  # its heartbeat stops: dead after LEASE_EXPIRY_S anyway
             log.warning("staging lease %s not released: %s", redact(self.uri), redact(str(failed)))
         log.warning(
@@ -190,18 +188,30 @@ class VersionAttempt:
     def _take_over(self, max_age_s: float) -> None:
         """Stage in the newest dead attempt of this version younger than `max_age_s`, if
         one can be claimed (see the module docstring); else in a new directory."""
-        for dead in dead_attempts(self._fs, os.path.dirname(self._path), max_age_s):
-            try:
-                write_atomically(self._fs, f"{dead}/{LEASE_NAME}", self._lease())
-                if self._local:
-                    os.rename(dead, self._path)
-            except OSError:  # another rerun claimed it first, or a collector removed it
+        for dead, lease in dead_attempts(self._fs, os.path.dirname(self._path), max_age_s):
+            if not self._claim(dead, lease):
                 continue
             if not self._local:
                 self.uri, self._path = self._fs.unstrip_protocol(dead), dead
             self.resumed_from = self._fs.unstrip_protocol(dead)
             log.info("resuming the dead attempt %s", redact(self.resumed_from))
             return
+
+    def _claim(self, dead: str, lease: Lease) -> bool:
+        """Whether this run won the dead attempt at `dead`: locally the rename of its
+        directory, on an object store the conditional PUT of its claim (versions/claim.py),
+        then this run's lease in it."""
+        try:
+            if not self._local and not claim_on_store(
+                self._fs, dead, asdict(lease), self.attempt_id.encode()
+            ):
+                return False
+            write_atomically(self._fs, f"{dead}/{LEASE_NAME}", self._lease())
+            if self._local:
+                os.rename(dead, self._path)
+        except OSError:  # another rerun claimed it first, or a collector removed it
+            return False
+        return True
 
     def discard(self, uri: str) -> None:
         """Remove `uri`, a part of this attempt that nothing reads any more (the exchange's
@@ -232,7 +242,14 @@ class VersionAttempt:
         return commit
 
     def renew(self) -> None:
-        """Write this attempt's lease with a fresh heartbeat."""
+        """Write this attempt's lease with a fresh heartbeat; on an object store, first
+        read it back: another holder's lease there means a rerun claimed this attempt
+        while this run stalled (versions/claim.py), which then stops renewing."""
+        if not self._local and self._held_by_another():
+            self.taken_over = True
+            self._stopped.set()
+            log.warning("staging %s was taken over by a rerun; left to it", redact(self.uri))
+            return
         lease = self._lease()
         for tries_left in reversed(range(3)):
             try:
@@ -242,9 +259,13 @@ class VersionAttempt:
                 if not tries_left:
                     raise
 
-    @staticmethod
-    def _lease() -> bytes:
-        return json.dumps(asdict(Lease(HOLDER, os.getpid(), time.time()))).encode()
+    def _lease(self, released: bool = False) -> bytes:
+        lease = Lease(HOLDER, os.getpid(), time.time(), released, self.attempt_id)
+        return json.dumps(asdict(lease)).encode()
+
+    def _held_by_another(self) -> bool:
+        lease = read_lease(self._fs, f"{self._path}/{LEASE_NAME}")
+        return lease is not None and lease.attempt_id not in ("", self.attempt_id)
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._heartbeat_s):
@@ -293,17 +314,19 @@ def collect_expired(root: str, expiry_s: float = LEASE_EXPIRY_S) -> list[str]:
     return removed
 
 
-def dead_attempts(fs: Any, version_path: str, max_age_s: float) -> list[str]:
+def dead_attempts(fs: Any, version_path: str, max_age_s: float) -> list[tuple[str, Lease]]:
     """The attempts of one version (under `version_path`) whose lease expired and whose
-    last heartbeat is younger than `max_age_s`, the newest first: what a rerun may resume.
-    One listing, and one read of each lease."""
+    last heartbeat is younger than `max_age_s`, with that lease, the newest first: what a
+    rerun may resume. One listing, and one read of each lease."""
     found = []
     for attempt in _children(fs, version_path):
         lease = read_lease(fs, f"{attempt}/{LEASE_NAME}")
-        age_s = time.time() - lease.heartbeat_at if lease else max_age_s + 1
+        if lease is None:
+            continue
+        age_s = time.time() - lease.heartbeat_at
         if age_s <= max_age_s and _expired(fs, attempt, lease, LEASE_EXPIRY_S):
-            found.append((age_s, attempt))
-    return [attempt for _, attempt in sorted(found)]
+            found.append((age_s, attempt, lease))
+    return [(attempt, lease) for _, attempt, lease in sorted(found, key=lambda f: f[:2])]
 
 
 def lease_expired(fs: Any, attempt: str, expiry_s: float = LEASE_EXPIRY_S) -> bool:
@@ -325,7 +348,7 @@ def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> boo
 def read_lease(fs: Any, path: str) -> Lease | None:
     """The lease at `path`; None when absent, not yet written, or not a lease."""
     try:
-        return Lease(**json.loads(fs.cat_file(path)))
+        return Lease(**json.loads(fs.cat_file(path, start=0)))  # one GET, no HEAD
     except (OSError, ValueError, TypeError):  # absent, not yet written, or not a lease
         return None
 

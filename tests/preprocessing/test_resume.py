@@ -98,13 +98,13 @@ def test_a_shard_is_kept_only_when_its_receipt_vouches_for_its_bytes(tmp_path) -
     damaged = tmp_path / "train-00001.parquet"
     damaged.write_bytes(bytes(reversed(damaged.read_bytes())))
     (tmp_path / "train-00002.parquet").unlink()
-    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    listed = {p.name: (p.stat().st_size, None) for p in tmp_path.iterdir()}
     receipt = str(tmp_path / "receipts" / "write-0000000.json")
-    assert kept_shards(receipt, str(tmp_path), sizes) == entries[:1]
+    assert kept_shards(receipt, str(tmp_path), listed) == entries[:1]
     record = json.loads(Path(receipt).read_text())
     record[0]["path"] = "../train-00000.parquet"
     Path(receipt).write_text(json.dumps(record))
-    assert kept_shards(receipt, str(tmp_path), sizes) == []
+    assert kept_shards(receipt, str(tmp_path), listed) == []
 
 
 def test_status_names_a_dead_attempts_resume_command_and_not_a_running_ones(tmp_path) -> None:

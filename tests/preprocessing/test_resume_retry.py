@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import ReshardResult, run_reshard
-from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
 from preprocessing.versions.attempt import STAGING_DIR
 
 pytestmark = pytest.mark.slow  # whole reshards on the session Dask cluster
@@ -76,3 +78,44 @@ def test_a_retry_in_the_same_process_resumes_a_run_that_failed_mid_write(
     resumed = retry.manifest.resumed
     assert 0 < resumed["shards_kept"] < resumed["shards"] == len(digests(clean)), resumed
     assert not staging.exists()
+
+
+def test_a_retry_resumes_an_incremental_child_that_failed_mid_write(
+    tmp_path: Path, dask_client: Client
+) -> None:
+    """Invariants: in incremental mode, a child (a new input file appended to a committed
+    parent) failing for a transient reason halfway through its writes keeps its staging;
+    the retry keeps at least one of the child's new shards and rewrites at least one,
+    and commits the child a clean run from the same parent makes: same version id and
+    parent, byte-identical shards (the parent's entries among them), no staging left."""
+    raw = tmp_path / "raw"
+    write_sample(raw, SampleSpec(num_rows=6_000, num_files=2, seed=5))
+
+    def config(root: str) -> ReshardConfig:
+        return ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(raw)]),
+            output_root=str(tmp_path / root),
+            target_shard_rows=500,
+            rows_per_row_group=250,
+            max_tasks_in_flight=2,
+            mode="incremental",
+        )
+
+    parents = {
+        run_reshard(config(root), dask_client).manifest.version_id for root in ("out", "clean")
+    }
+    night = sample_table(np.random.default_rng(1), 1_000_000, 12_000, 0, SampleSpec())
+    pq.write_table(night, raw / "night.parquet")
+    with pytest.raises(ClusterLost):
+        run_reshard(config("out"), dask_client, progress=fail_halfway(ClusterLost("lost")))
+    wait_idle(dask_client)
+    retry = run_reshard(config("out"), dask_client)
+    clean = run_reshard(config("clean"), dask_client)
+    print(retry.resumed)
+    assert len(parents) == 1 and retry.manifest.parent_version in parents
+    assert retry.manifest.version_id == clean.manifest.version_id
+    assert digests(retry) == digests(clean)
+    resumed = retry.manifest.resumed
+    new_shards = sum(e.version is None for s in retry.manifest.splits.values() for e in s.shards)
+    assert 0 < resumed["shards_kept"] < resumed["shards"] == new_shards, resumed
+    assert not (tmp_path / "out" / STAGING_DIR).exists()
