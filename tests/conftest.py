@@ -19,7 +19,7 @@ from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.cli_pipeline import CliRun, run_cli_pipeline
 from tests.fault_proxy import FaultyS3Proxy
-from tests.parallel import assign_groups
+from tests.parallel import mark_group, order_items, suffix_groups
 from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -98,9 +98,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (tests/parallel.py)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    assign_groups(items, END_TO_END)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    mark_group(item)  # tests/parallel.py: which tests share a worker under xdist
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which should add the suffix
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order_items(items, END_TO_END)
+    if getattr(config.option, "loadgroup", False):
+        suffix_groups(items)
 
 
 @pytest.fixture(autouse=True)

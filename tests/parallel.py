@@ -37,22 +37,49 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-def assign_groups(items: list[pytest.Item], long: frozenset[str]) -> None:
-    """Mark each item with its group and order the run as the workers should take it: the
-    groups and the `long` tests (node ids without parameters) first, then the rest of the
-    slow tier, the quick tier last to fill the gaps (a stable sort: a module keeps its
-    order). `make test` passes `--no-loadscope-reorder`, so xdist hands work out in this
-    order instead of by group size."""
-    rank: dict[str, int] = {}
+def mark_group(item: pytest.Item) -> None:
+    """Mark `item` with its group as it is collected (before any plugin's
+    `pytest_collection_modifyitems`, where xdist reads the marks)."""
+    group = group_of(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def suffix_groups(items: list[pytest.Item]) -> None:
+    """Give each grouped item xdist's `@group` suffix, which `--dist loadgroup` schedules
+    by. xdist 3.8 writes it to `item._nodeid`, which pytest 9 no longer reads (a node's id
+    is `item._id`): without this every test would be scheduled alone and each worker would
+    run the shared pipelines again. Left alone when the suffix is already there."""
     for item in items:
-        group = group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-        first = group is not None or item.nodeid.split("[")[0] in long
-        rank[item.nodeid] = 0 if first else 1 if item.get_closest_marker("slow") else 2
-    items.sort(key=lambda item: rank[item.nodeid])
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None or "@" in item.nodeid.rsplit("::", 1)[-1]:
+            continue
+        grouped = f"{item.nodeid}@{marker.args[0]}"
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(grouped)
+        else:
+            item._nodeid = grouped
+
+
+def order_items(items: list[pytest.Item], long: frozenset[str]) -> None:
+    """Order the run as the workers should take it: the groups and the `long` tests (node
+    ids without parameters) first, then the rest of the slow tier, the quick tier last to
+    fill the gaps (a stable sort: a module keeps its order). `make test` passes
+    `--no-loadscope-reorder`, so xdist hands work out in this order, not by group size."""
+
+    def rank(item: pytest.Item) -> int:
+        grouped = item.get_closest_marker("xdist_group") is not None
+        if grouped or plain_nodeid(item.nodeid).split("[")[0] in long:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)
 
 
 def plain_nodeid(nodeid: str) -> str:
     """A node id without the `@group` suffix xdist adds under `--dist loadgroup`."""
-    return nodeid.rsplit("@", 1)[0] if "@" in nodeid.rsplit("::", 1)[-1] else nodeid
+    head, at, group = nodeid.rpartition("@")
+    # An "@" inside parameters ("test[ada@corp]") is no suffix: a group name has no "]".
+    return head if at and "::" in head and "]" not in group else nodeid
