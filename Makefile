@@ -26,7 +26,7 @@ demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
 
 # Two tiers (tests/tiers.py): `slow` tests start a process or a service, the rest may not.
 test: $(STAMP)  ## the whole suite, as CI runs it (starts its own local services)
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
 test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no process or service
 	$(BIN)/pytest -m "not slow" --durations=10

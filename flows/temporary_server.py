@@ -33,11 +33,14 @@ def start_temporary_server() -> None:
     """Start Prefect's temporary API server for this process, unless `PREFECT_API_URL`
     names a server (or Prefect's temporary server is off); up to ATTEMPTS tries of
     `$PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` (default DEFAULT_TIMEOUT_S)."""
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
+    # Imported only when a server is to start: the server's modules take 3 s to import on
+    # a quiet 2-core machine, which a command against a running server need not pay.
+    from prefect.server.api.server import SubprocessASGIServer
+
     timeout_s = int(os.environ.get(TIMEOUT_VARIABLE) or DEFAULT_TIMEOUT_S)
     # Each attempt is logged at INFO: into the command's log file, not onto the console.
     logger = logging.getLogger(__name__)

@@ -19,9 +19,18 @@ from preprocessing.driver.cluster import local_cluster
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.cli_pipeline import CliRun, run_cli_pipeline
 from tests.fault_proxy import FaultyS3Proxy
+from tests.parallel import mark_group, order_items, suffix_groups
 from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Under pytest-xdist (`make test`) each worker gets a Prefect home of its own: a `ballast run`
+# that starts a temporary server keeps its database there, and two servers writing one
+# sqlite file at once fail with "database is locked".
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["PREFECT_HOME"] = str(
+        Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
+        / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}"
+    )
 
 # The end-to-end tests allowed over 60 s (setup + call + teardown), as node ids without
 # parameters. Any other test over 60 s is reported at the end of the run and fails it
@@ -87,6 +96,17 @@ END_TO_END: frozenset[str] = frozenset(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    mark_group(item)  # tests/parallel.py: which tests share a worker under xdist
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which should add the suffix
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order_items(items, END_TO_END)
+    if getattr(config.option, "loadgroup", False):
+        suffix_groups(items)
 
 
 @pytest.fixture(autouse=True)

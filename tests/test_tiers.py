@@ -47,6 +47,23 @@ def test_only_unlisted_tests_over_the_limit_are_reported() -> None:
     assert tiers.over_limit(durations, {"a.py::test_e2e"}) == {"a.py::test_slow": 61.0}
 
 
+def test_a_listed_test_stays_allowed_under_an_xdist_group() -> None:
+    """Invariant: under `--dist loadgroup` xdist appends `@group` to a grouped test's node
+    id; a listed test is still allowed (with or without parameters) and an unlisted one
+    still reported, under its id as xdist reports it."""
+    durations = {
+        "a.py::test_e2e@pipeline-run": 90.0,
+        "a.py::test_p[x]@a.py": 90.0,
+        "a.py::test_slow@slurm": 61.0,
+        "a.py::test_q[ada@corp]": 61.0,  # an "@" in parameters is no group suffix
+    }
+    allowed = {"a.py::test_e2e", "a.py::test_p", "a.py::test_q[ada"}  # what a cut would leave
+    assert tiers.over_limit(durations, allowed) == {
+        "a.py::test_slow@slurm": 61.0,
+        "a.py::test_q[ada@corp]": 61.0,
+    }
+
+
 def test_the_limit_stretches_with_the_load_of_the_machine() -> None:
     """Invariant: at load 1 (or below) the limit is 60 s; on a machine loaded 2x over its
     cores a test has twice as long."""

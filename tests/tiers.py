@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.parallel import plain_nodeid
+
 # Session or module fixtures that start a service; a test needing one is slow by definition.
 SERVICE_FIXTURES = frozenset(
     {"dask_client", "s3_endpoint", "mlflow_uri", "proxy", "prefect_harness", "slurm_cluster"}
@@ -110,8 +112,8 @@ def over_limit(
         nodeid: seconds
         for nodeid, seconds in durations.items()
         if seconds > LIMIT_S * max(1.0, slowdowns.get(nodeid, 1.0))
-        and nodeid.split("[")[0] not in allowed
-        and nodeid not in allowed
+        and plain_nodeid(nodeid).split("[")[0] not in allowed
+        and plain_nodeid(nodeid) not in allowed
     }
 
 

@@ -169,7 +169,6 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
-    from flows.cli.summary import format_result
     from flows.cli.values import resolved_values
     from flows.deployments import FLOWS
     from flows.params import parse_params
@@ -191,7 +190,16 @@ def _run(args: argparse.Namespace) -> str:
         for line in tracking_lines:
             print(line, file=sys.stderr)
         result = flow(**params.arguments())
-    return _output(args, result, lambda: format_result(params, result))
+    return _output(args, result, lambda: _summary(params, result))
+
+
+def _summary(params: Any, result: object) -> str:
+    """The console summary of a finished run. Imported only here: its modules (MLflow,
+    torch) take 5 s to import on a quiet 2-core machine, which a refused run, or one that
+    fails before its end, does not pay before printing its cause."""
+    from flows.cli.summary import format_result
+
+    return format_result(params, result)
 
 
 def _demo(args: argparse.Namespace) -> str:
