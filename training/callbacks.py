@@ -86,15 +86,9 @@ class SpeedReplan:
     which rows move, and on alike ranks those waits alone would read as one rank slower.
     Gathers come every `log_every_n_steps` and at each epoch's end, so short intervals
     (an epoch's last steps) are summed with the next ones until they hold at least
-    `every_n_steps` steps and `MIN_READING_S` of the busiest rank's own work: every
-    re-plan reads at least that many steps, and at least that long. Why the time: on a
-    model whose steps take 25 ms, 4 steps are 0.1 s, and a few hundred milliseconds of
-    another process on one rank's core (a collector, the page cache's writeback) made
-    two such readings agree on a slow rank that was not there; a node that is really
-    slower stays slower for longer than two readings of half a second."""
+    `every_n_steps` steps: every re-plan reads at least that many."""
 
     MOVE_LINE = 0.1
-    MIN_READING_S = 0.5
 
     def __init__(self, stream: ShardStream, every_n_steps: int = 1) -> None:
         self.stream, self.every_n_steps = stream, every_n_steps
@@ -126,15 +120,13 @@ class SpeedReplan:
 
     def hold(self, figures: list[dict[str, float]]) -> list[dict[str, float]]:
         """The figures summed since the last re-plan once they hold `every_n_steps` steps
-        and `MIN_READING_S` of work (then the sum starts over), else none. Every rank sums
-        the same gathered figures, so every rank re-plans at the same steps."""
+        (then the sum starts over), else none. Every rank sums the same gathered figures."""
         if len(self._held) == len(figures):
             figures = [
                 {name: held[name] + value for name, value in rank.items()}
                 for held, rank in zip(self._held, figures, strict=True)
             ]
-        short = figures and max(own_work_s(rank) for rank in figures) < self.MIN_READING_S
-        if figures and (figures[0]["steps"] < self.every_n_steps or short):
+        if figures and figures[0]["steps"] < self.every_n_steps:
             self._held = figures
             return []
         self._held = []

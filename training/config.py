@@ -87,9 +87,7 @@ class LoaderConfig(BaseModel):
         description="`balance: speed`: the fewest optimizer steps a re-plan reads (each one "
         "rides on the per-interval all_gather of the step times, no collective of its own; "
         "shorter intervals, as at an epoch's end, are summed with the next). A change of "
-        "speed moves the split two intervals after it shows. A re-plan also reads at least "
-        "0.5 s of the busiest rank's work (a fast model's intervals are summed), so a brief "
-        "stall of one core does not read as a slower rank.",
+        "speed moves the split two intervals after it shows.",
     )
 
     @model_validator(mode="after")
