@@ -17,7 +17,8 @@ import pytest
 from botocore.exceptions import ClientError
 from s3fs.errors import translate_boto_error
 
-from preprocessing.contract.manifest import CommitConflict, ManifestError
+from preprocessing.contract.commit import CommitConflict
+from preprocessing.contract.manifest import ManifestError
 from preprocessing.driver.cluster import StorageNotShared
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
 from preprocessing.storage.objects import write_atomically, write_object

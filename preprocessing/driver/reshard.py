@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import ReshardConfig
+from preprocessing.contract.commit import commit_version
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
-    commit_version,
     read_current_version,
     read_manifest,
     version_dir,

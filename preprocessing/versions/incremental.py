@@ -57,10 +57,9 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig, comparable_settings
+from preprocessing.contract.commit import Commit, CommitConflict
 from preprocessing.contract.manifest import (
     MANIFEST_NAME,
-    Commit,
-    CommitConflict,
     Delta,
     InputRecord,
     Manifest,
