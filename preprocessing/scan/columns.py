@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.codec import kind_of
+from preprocessing.contract.column_spec import kind_of
 from preprocessing.scan.feature_stats import InputError, column_nulls
 
 INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
