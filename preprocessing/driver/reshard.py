@@ -45,18 +45,16 @@ from preprocessing.exchange.tasks import (
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split
-from preprocessing.scan.columns import absent_columns_error
-from preprocessing.scan.feature_stats import InputError
-from preprocessing.scan.inputs import (
-    FileScan,
+from preprocessing.scan.across_files import (
     check_classes,
-    check_schemas,
     count_records,
     duplicate_ids,
     feature_state,
     overlapping_id_groups,
-    scan_file,
 )
+from preprocessing.scan.columns import absent_columns_error
+from preprocessing.scan.feature_stats import InputError
+from preprocessing.scan.inputs import FileScan, check_schemas, scan_file
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
 from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying

@@ -41,8 +41,9 @@ from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan
 from preprocessing.plan.row_fates import holdout_mask, route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
-from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
+from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile
 from preprocessing.scan.kept_rows import kept_rows
+from preprocessing.scan.row_counts import row_sources
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 from preprocessing.storage.sources import read_rows
 
