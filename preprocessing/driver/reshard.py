@@ -39,9 +39,7 @@ from preprocessing.driver.resume import (
 )
 from preprocessing.driver.stages import Cluster, exchange, write_stage
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
-from preprocessing.exchange.tasks import (
-    DERIVED_SOURCE_COLUMN,
-)
+from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split

@@ -72,7 +72,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
+from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
