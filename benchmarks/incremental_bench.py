@@ -45,7 +45,7 @@ from preprocessing.contract.manifest import Manifest
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import file_sizes
-from preprocessing.versions.incremental import withdraw_version
+from preprocessing.versions.chain_commit import withdraw_version
 
 
 def linked_inputs(raw: Path, directory: Path) -> Path:

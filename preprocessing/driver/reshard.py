@@ -58,15 +58,15 @@ from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_in
 from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.attempt import VersionAttempt, collect_expired
+from preprocessing.versions.chain_commit import commit_following
 from preprocessing.versions.incremental import (
     Increment,
     check_schema,
-    commit_following,
     earlier_scans,
     plan_increment,
     version_id_of,
-    version_manifest,
 )
+from preprocessing.versions.version_manifest import version_manifest
 
 
 class TooManyRejected(PermanentError, RuntimeError):
