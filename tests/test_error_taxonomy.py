@@ -19,8 +19,8 @@ from s3fs.errors import translate_boto_error
 
 from preprocessing.contract.commit import CommitConflict
 from preprocessing.contract.manifest import ManifestError
-from preprocessing.driver.cluster import StorageNotShared
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
+from preprocessing.driver.shared_storage import StorageNotShared
 from preprocessing.storage.objects import write_atomically, write_object
 from preprocessing.toolbox.faults import (
     RetryPolicy,

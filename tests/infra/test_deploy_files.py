@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from flows.params import PipelineParams, ReshardParams, load_preset
-from preprocessing.driver.cluster import WORKER_MALLOC_ENV
+from preprocessing.driver.worker_environment import WORKER_MALLOC_ENV
 from tests.infra.deploy_files import (
     INFRA,
     K8S_VERSIONS,
