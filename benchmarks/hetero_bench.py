@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/hetero_bench.py                   # about 10-15 min on 2 cores
     .venv/bin/python benchmarks/hetero_bench.py --rows 8000 --epochs 1   # a quicker look
-    .venv/bin/python benchmarks/hetero_bench.py --scale 8 --repeat 3 --baseline 5ec2e20
-        # epochs of 15-30 s, each case 3 times, the last release's `speed` beside this one's
+    .venv/bin/python benchmarks/hetero_bench.py --scale 8 --token-rows 2048 --repeat 3 \
+        --baseline 5ec2e20     # the last release beside this checkout, ~80 min quiet
 
 Two single-process torchrun "nodes" on this host (`--nnodes 2`, rendezvous on
 localhost), node r pinned to CPU core r with `taskset` and one thread. Three cases:
@@ -31,18 +31,13 @@ batches); unloaded, speed costs <= 3 % over equal; token-balanced, the slower ra
 forward time per step within 15 % of the median (of the two). Every figure is printed,
 met or not; on a shared host they are noisy (the load average is printed).
 
-On a host whose speed drifts 20-40 % between runs (benchmarks/RESULTS.md M40), `--scale`
-multiplies both datasets' rows (8, with `--token-rows 2048`: epochs of 15-30 s on a quiet
-2-core host rather than 2-4 s) and `--repeat` runs every case that many times,
-interleaved (each repeat: `equal`, then `speed`, of each case in turn), printing per
-case the median of the per-repeat ratios. `--baseline COMMIT` runs the cases' `equal`
-and `speed` on an older commit too, each right after this checkout's run of the same
-case: a `git worktree add` of it in the work directory (removed after), with this
-checkout's hetero_models.py and hetero_data.py copied in; it writes its own datasets
-(an older ballast may refuse a newer manifest) and its nodes run with PYTHONPATH and
-the working directory at it. Speed / equal for both, side by side
-(benchmarks/hetero_report.py); the whole grid with `--scale 8 --repeat 3 --baseline`
-is 78 runs, about 80 minutes on a quiet host.
+On a host whose speed drifts 20-40 % between runs (RESULTS.md M40): `--scale 8` (with
+`--token-rows 2048`) gives epochs of 15-30 s on a quiet host; `--repeat N` runs each case
+N times, interleaved, and prints the median per case of the per-repeat ratios;
+`--baseline COMMIT` runs the cases' `equal` and `speed` on a `git worktree` of COMMIT as
+well (removed after; PYTHONPATH and working directory at it, this checkout's
+hetero_models.py and hetero_data.py copied in, its own datasets: an older ballast may
+refuse a newer manifest), side by side (hetero_report.py): 78 runs for the whole grid.
 """
 
 from __future__ import annotations
@@ -70,7 +65,7 @@ from typing import Any
 import yaml
 
 from benchmarks.hetero_data import datasets
-from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats
+from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats, settle_steps
 from training.launch.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,21 +241,6 @@ def run_figures(run_dir: Path) -> Run:
         "settle_steps": settle_steps(rows, change),
         "moves": summary.get("balance_moves", []),
     }
-
-
-def settle_steps(rows: list[list[int]], change: int) -> int | None:
-    """Steps from `change` until every rank's rows stay within 5 % of the final split (the
-    mean of the last 5 steps); None when they never do."""
-    final = [sum(rank[-5:]) / len(rank[-5:]) for rank in rows]
-    steps = len(rows[0])
-    within = [
-        all(abs(rank[s] - f) <= 0.05 * f for rank, f in zip(rows, final, strict=True))
-        for s in range(steps)
-    ]
-    for step in range(change, steps):
-        if all(within[step:]):
-            return step - change
-    return None
 
 
 GRID = {  # name: (balance, case, token dataset): each case under equal, then speed

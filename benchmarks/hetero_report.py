@@ -21,6 +21,21 @@ MOST_LOSSES = 100  # a run's per-step losses are printed up to this many steps
 Run = dict[str, Any]
 
 
+def settle_steps(rows: list[list[int]], change: int) -> int | None:
+    """Steps from `change` until every rank's rows stay within 5 % of the final split (the
+    mean of the last 5 steps); None when they never do."""
+    final = [sum(rank[-5:]) / len(rank[-5:]) for rank in rows]
+    steps = len(rows[0])
+    within = [
+        all(abs(rank[s] - f) <= 0.05 * f for rank, f in zip(rows, final, strict=True))
+        for s in range(steps)
+    ]
+    for step in range(change, steps):
+        if all(within[step:]):
+            return step - change
+    return None
+
+
 def print_run(name: str, run: Run) -> None:
     print(
         f"\n{name}: epoch wall s {[round(w, 2) for w in run['epoch_wall_s']]}, "
