@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,41 @@ def test_ui_screens_without_chromium_says_how_to_install_it(tmp_path: Path) -> N
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "apt-get install -y chromium" in done.stderr
     assert not (tmp_path / "work").exists()
+
+
+def hetero_run(walls: list[float], loss: float) -> dict[str, Any]:
+    """One run's figures as benchmarks/hetero_bench.py's `run_figures` gives them."""
+    return {
+        "epoch_wall_s": walls,
+        "losses": [loss, loss],
+        "last_rows": [382, 130],
+        "settle_steps": 6,
+        "slowed_at": 0,
+        "moves": [],
+    }
+
+
+def test_hetero_report_gives_each_codes_median_of_its_repeats_ratios(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Invariant: with repeats and a baseline commit, a case's line per code gives the
+    median over repeats of speed / equal, each repeat's `speed` over the same repeat's
+    `equal` of the same code (not the median of `speed` over the median of `equal`),
+    the largest loss difference of any repeat, and the table one row with both codes."""
+    from benchmarks.hetero_report import report_repeats
+
+    equal = [[2.0, 4.0], [2.0, 8.0], [2.0, 2.0]]
+    speed = [[1.0, 2.0], [1.0, 6.0], [1.0, 1.8]]  # last epoch 0.5x, 0.75x, 0.9x
+    base = [[2.0, 4.0], [2.0, 8.0], [2.0, 2.0]]  # 1x each
+    results = {
+        "equal-loaded": [hetero_run(w, 1.0) for w in equal],
+        "speed-loaded": [hetero_run(w, 1.0 + 1e-6 * i) for i, w in enumerate(speed)],
+        "equal-loaded@abc": [hetero_run(w, 1.0) for w in equal],
+        "speed-loaded@abc": [hetero_run(w, 1.0) for w in base],
+    }
+    report_repeats(results, "abc")
+    out = capsys.readouterr().out
+    assert "mlp-loaded, main: speed / equal median 0.750x last epoch (0.500, 0.750, 0.900)" in out
+    assert "loss 2.00e-06" in out and "(target <= 0.75x: met)" in out
+    assert "mlp-loaded, abc: speed / equal median 1.000x last epoch" in out
+    assert "| mlp-loaded (0.75) | 4.00 | 0.750x, 0.700x | 4.00 | 1.000x, 1.000x |" in out

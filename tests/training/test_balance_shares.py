@@ -32,8 +32,8 @@ def settle(shares: np.ndarray, rows_to_busy: Callable[[np.ndarray], np.ndarray])
 def test_shares_follow_speed_within_bounds() -> None:
     """Invariant: a rank 2x slower gets a third of the rows from the second interval that
     measures it (one interval alone moves nothing), all the way at once; repeated
-    intervals converge to shares that make every rank equally busy; a rank 50x slower
-    is held at the floor, 1/4 of the equal share; an interval that measured nothing on a
+    intervals converge to shares that make every rank equally busy; a rank 50x slower a
+    row is held at the floor, 1/4 of the equal share; an interval that measured nothing on a
     rank changes nothing and keeps the last reading; speeds 1.5 % apart change nothing."""
     even = np.array([0.5, 0.5])
     once, first = next_shares(even, np.array([50.0, 50.0]), np.array([0.05, 0.1]))
@@ -42,7 +42,7 @@ def test_shares_follow_speed_within_bounds() -> None:
     assert moved == pytest.approx([2 / 3, 1 / 3])
     busy = settle(even, lambda rows: rows * np.array([1.0, 2.0]) + 0.01)
     assert busy == pytest.approx([2 / 3, 1 / 3], abs=0.012)  # the dead band: 1 %
-    held = settle(np.full(4, 0.25), lambda rows: np.array([1.0, 1, 1, 50]))
+    held = settle(np.full(4, 0.25), lambda rows: rows * np.array([1.0, 1, 1, 50]))
     assert held[3] == pytest.approx(FLOOR / 4) and held.sum() == pytest.approx(1.0)
     ignored = next_shares(moved, np.array([5.0, 0.0]), np.array([1.0, 0.0]), first)
     assert ignored[0] is moved and ignored[1] is first
