@@ -42,7 +42,6 @@ import hashlib
 import json
 import math
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -184,30 +183,28 @@ def watch(process: subprocess.Popen[str], start: float, kill: Point | None) -> R
     """The child's progress lines and memory till it exits; SIGKILLed at `kill`."""
     import psutil
 
-    events: queue.Queue[Event] = queue.Queue()
-    reader = threading.Thread(target=read_progress, args=(process.stdout, start, events))
-    reader.start()
     run, root = Run(), psutil.Process(process.pid)
+    reader = threading.Thread(target=read_progress, args=(process, start, kill, run))
+    reader.start()
     while process.poll() is None:
         run.peaks.sample(root)
-        with contextlib.suppress(queue.Empty):
-            run.events.append(events.get(timeout=0.05))
+        time.sleep(0.05)
+    run.wall_s = time.perf_counter() - start
+    reader.join()
+    return run
+
+
+def read_progress(process: subprocess.Popen[str], start: float, kill: Any, run: Run) -> None:
+    """Each progress line as it arrives, timed on this clock since the spawn; the child's
+    session SIGKILLed here at once when the line reaches `kill` (no poll in between)."""
+    for line in process.stdout or ():
+        if line.startswith(TAG):
+            _, stage, done, total = line.split()
+            run.events.append((stage, int(done), int(total), time.perf_counter() - start))
             if kill and run.killed_at is None and kill.reached(*run.events[-1][:3]):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 run.killed_at = run.events[-1]
-    run.wall_s = time.perf_counter() - start
-    reader.join()
-    run.events += list(events.queue)  # those of its last moments
-    return run
-
-
-def read_progress(stream: Any, start: float, events: queue.Queue[Event]) -> None:
-    """Each progress line of the child as it arrives, timed on this clock since the spawn."""
-    for line in stream:
-        if line.startswith(TAG):
-            _, stage, done, total = line.split()
-            events.put((stage, int(done), int(total), time.perf_counter() - start))
 
 
 def sha256_of(uri: str) -> str:
