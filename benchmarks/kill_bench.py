@@ -18,15 +18,17 @@ Target (the issue's): rerun wall <= (0.15 + work lost) x clean wall on the stage
 (the time reading's verdict too), shards byte-identical. Each rerun's seconds are split:
 start-up (spawn to run_reshard), cluster start, scan, verifying what the dead attempt left
 (`plan_rerun`; of which its shards), exchange and write tasks, the rest (listing, plan,
-cluster stop, commit).
-RSS: the child's process tree, summed, every 50 ms. `--s3`: the same on moto's server in
-this process, input, staging and shards in a bucket (its files of objects over 5 MB under
-`--work-dir`). Disk: about 3.2x the input (outputs removed once hashed), 4.2x on S3.
+cluster stop, commit). RSS: the child's process tree, summed, every 50 ms. `--s3`: the same
+on moto's server in this process, input, staging and shards in a bucket (moto's files of
+objects over 5 MB in `--work-dir`). Disk: 3.2x the input (outputs go once hashed); S3 4.2x.
 
     .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench
     .venv/bin/python benchmarks/kill_bench.py --s3 --gb 2 --work-dir /tmp/ballast-bench
 
-Measured: MEASURED
+Measured (2 cores, shared, load 3-7; 8 GB and 2 GB S3 not yet), rerun/clean after exchange
+50% / write 50% / write 90%: 0.3 GB 0.55-1.96x / 0.49-1.17x / 0.26-0.80x (start-up, cluster
+start and scan, 4-6 s, are most of a 7.7-11 s clean run); 1 GB 0.50x / 0.38x / 0.19x, all
+met (load 3); S3 0.1 GB 0.88-0.90x / 0.70-1.49x / 0.43-1.45x. Shards identical in every run.
 """
 
 from __future__ import annotations
