@@ -188,12 +188,11 @@ def dir_bytes(directory: Path) -> int:
 # ---------------------------------------------------------------- the tools (child side)
 
 
-def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
-    """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
+def ballast_config(mode: str, job: dict[str, Any]) -> Any:
+    """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too)."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-    from preprocessing.driver.reshard import run_reshard
 
-    config = ReshardConfig(
+    return ReshardConfig(
         dataset=DatasetSpec(inputs=[job["input"]], id_column="id"),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
@@ -204,6 +203,13 @@ def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
         holdout_fraction=job["holdout_fraction"],
         num_workers=2,
     )
+
+
+def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
+    """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
+    from preprocessing.driver.reshard import run_reshard
+
+    config = ballast_config(mode, job)
     start = time.perf_counter()
     result = run_reshard(config)
     return {"wall_s": time.perf_counter() - start, "timings_s": result.manifest.timings_s}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,28 @@ def test_each_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> 
     done = run_benchmark(name, how, [arg.format(tmp=tmp_path) for arg in args], tmp_path)
     assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert expected in done.stdout, done.stdout[-3000:]
+
+
+def test_kill_bench_reruns_a_reshard_killed_mid_write_to_the_clean_runs_shards(
+    tmp_path: Path,
+) -> None:
+    """Invariant: kill_bench at a tiny size, its reshard SIGKILLed (driver and workers) at
+    half its write tasks, reruns it to shards byte-identical to its clean run's with the
+    same version id ([PASS] on that line, `yes` in the table), and prints the rerun's
+    wall time against the clean run's on both readings of the work lost, and what the
+    rerun kept. Its speed target is not asserted: at this size start-up is all there is."""
+    args = ["--gb", "0.005", "--shards", "8", "--points", "write:0.5", "--no-warm-up"]
+    done = run_benchmark(
+        "kill_bench", "script", [*args, "--work-dir", str(tmp_path / "work")], tmp_path
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    out = done.stdout
+    kept = r"resumed: \d of 8 map outputs and \d of 8 shards kept"
+    assert re.search(rf"\[PASS\] write 50%: byte-identical, same version: {kept}", out), out
+    for reading in ("stage", "time"):
+        assert f"write 50%: rerun/clean <= 0.15 + work lost ({reading} reading)" in out, out
+    (row,) = [line for line in out.splitlines() if re.match(r"\s+write 50%\s+\d", line)]
+    assert row.split()[-2] == "yes" and row.split()[-3].endswith("/8"), row
 
 
 def test_reshard_bench_without_duckdb_says_to_install_the_bench_extra(tmp_path: Path) -> None:
