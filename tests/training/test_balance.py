@@ -15,7 +15,8 @@ import torch
 
 from training.config import LoaderConfig, TrainConfig
 from training.data.balance import rank_slice, row_bounds
-from training.data.loader import Batch, ShardStream
+from training.data.batches import Batch
+from training.data.loader import ShardStream
 from training.data.speed_control import FLOOR
 from training.models.classifier import FeatureClassifier
 
