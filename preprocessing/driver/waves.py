@@ -88,23 +88,34 @@ class StallWatch:
                 log.debug("stall watch of %s: %s", self.stage, error)
 
     def check(self) -> None:
-        """Name and retire each worker silent past the deadline."""
+        """Name and retire each worker silent past the deadline (see `to_retire`)."""
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        running, holding = self.client.processing(), self.client.has_what()
-        for address, info in workers.items():
-            silent_s = time.time() - info.get("last_seen", time.time())
-            if silent_s > self.deadline_s:
-                log.warning(
-                    "stage %s: worker %s silent for %.0f s running %s and holding %d results; "
-                    "removing it, its tasks run on the other workers",
-                    self.stage,
-                    address,
-                    silent_s,
-                    ", ".join(str(key) for key in running.get(address, ())[:3]) or "no task",
-                    len(holding.get(address, ())),
-                )
-                self.client.run_on_scheduler(_remove_worker, address)
-                self.retired.append(address)
+        silent = to_retire(workers, time.time(), self.deadline_s)
+        running, holding = (
+            (self.client.processing(), self.client.has_what()) if silent else ({}, {})
+        )
+        for address, silent_s in silent.items():
+            log.warning(
+                "stage %s: worker %s silent for %.0f s running %s and holding %d results; "
+                "removing it, its tasks run on the other workers",
+                self.stage,
+                address,
+                silent_s,
+                ", ".join(str(key) for key in running.get(address, ())[:3]) or "no task",
+                len(holding.get(address, ())),
+            )
+            self.client.run_on_scheduler(_remove_worker, address)
+            self.retired.append(address)
+
+
+def to_retire(workers: dict[str, dict], now: float, deadline_s: float) -> dict[str, float]:
+    """The workers silent past the deadline (address -> seconds silent), but only while
+    some other worker was heard from within it. On a host starved of CPU every worker's
+    heartbeat can lag at once; removing them all would leave a stage no worker to run
+    on (a removed live worker shuts itself down), where waiting costs only time."""
+    silent_s = {address: now - info.get("last_seen", now) for address, info in workers.items()}
+    late = {address: s for address, s in silent_s.items() if s > deadline_s}
+    return late if len(late) < len(silent_s) else {}
 
 
 async def _remove_worker(address: str, dask_scheduler: Any = None) -> None:

@@ -19,7 +19,7 @@ from distributed import Client, LocalCluster, wait
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
-from preprocessing.driver.waves import StallWatch
+from preprocessing.driver.waves import StallWatch, to_retire
 
 DEADLINE_S = 10.0
 
@@ -101,10 +101,21 @@ def test_a_worker_frozen_holding_only_a_finished_result_is_retired(
         assert client.has_what()[address] and not client.processing()[address]
         os.kill(victim, signal.SIGSTOP)
         try:
-            with StallWatch(client, "test", deadline_s=4.0) as watch:
+            with StallWatch(client, "test", deadline_s=DEADLINE_S) as watch:
                 assert future.result(timeout=120) == 49
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGCONT)
     assert watch.retired == [address]
     assert any(address in r.getMessage() and "silent" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_is_retired_only_while_another_was_heard_from() -> None:
+    """Invariant: workers silent past the deadline are retired while another worker is
+    responsive; when every worker is silent (a host starved of CPU) none is, since
+    removing them all would leave the stage nothing to run on."""
+    seen = {"a": {"last_seen": 100.0}, "b": {"last_seen": 95.0}, "c": {"last_seen": 80.0}}
+    assert to_retire(seen, 101.0, 10.0) == {"c": 21.0}
+    assert to_retire(seen, 89.0, 10.0) == {}
+    assert to_retire(seen, 120.0, 10.0) == {}
+    assert to_retire({"a": {"last_seen": 0.0}}, 60.0, 10.0) == {}
