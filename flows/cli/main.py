@@ -169,6 +169,7 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
+    from flows.api_outage import unsent_work_dropped_when_api_down
     from flows.cli.values import resolved_values
     from flows.deployments import FLOWS
     from flows.params import parse_params
@@ -189,7 +190,8 @@ def _run(args: argparse.Namespace) -> str:
         # so a command that fails before (no Prefect server) prints only its one line.
         for line in tracking_lines:
             print(line, file=sys.stderr)
-        result = flow(**params.arguments())
+        with unsent_work_dropped_when_api_down():
+            result = flow(**params.arguments())
     return _output(args, result, lambda: _summary(params, result))
 
 
@@ -203,12 +205,14 @@ def _summary(params: Any, result: object) -> str:
 
 
 def _demo(args: argparse.Namespace) -> str:
+    from flows.api_outage import unsent_work_dropped_when_api_down
     from flows.cli.demo import demo_summary, run_demo
     from flows.temporary_server import start_temporary_server
 
     with _quiet(args):
         start_temporary_server()
-        params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
+        with unsent_work_dropped_when_api_down():
+            params, result, seconds = run_demo(args.work_dir, num_rows=args.rows)
     return _output(args, result, lambda: demo_summary(params, result, seconds))
 
 

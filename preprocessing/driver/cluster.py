@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from inspect import signature
-from pathlib import Path
 from typing import Any, Literal
 
 import dask
@@ -40,6 +38,7 @@ from preprocessing.driver.worker_environment import (
     WORKER_MALLOC_ENV,
     warn_missing_allocator_settings,
 )
+from preprocessing.driver.worker_start import main_script_left_out, own_packages_only
 
 # Dask's statistical profiler samples every worker thread's stack every 10 ms (for the
 # dashboard's Profile page): 1.5-2 of 27 worker CPU-s of a reshard of 5,000 small files
@@ -212,7 +211,11 @@ def local_cluster(num_workers: int, worker_profile: bool = False, **options: Any
     silence = {"silence_logs": False} if WORKER_LOGGING_ENV in os.environ else {}
     for start in range(1, LOCAL_STARTS + 1):
         try:
-            with dask.config.set({**environ, PROFILE_KEY: worker_profile}), own_packages_only():
+            with (
+                dask.config.set({**environ, PROFILE_KEY: worker_profile}),
+                own_packages_only(),
+                main_script_left_out(),
+            ):
                 return LocalCluster(
                     n_workers=num_workers,
                     threads_per_worker=1,
@@ -224,26 +227,6 @@ def local_cluster(num_workers: int, worker_profile: bool = False, **options: Any
             if "failed to start" not in str(error) or start == LOCAL_STARTS:
                 raise
     raise AssertionError("unreachable")
-
-
-@contextmanager
-def own_packages_only() -> Iterator[None]:
-    """Worker processes start with this process's `sys.path`. An entry holding a partial
-    copy of ballast's packages (a logged model's `code/`, which MLflow puts first when the
-    model is loaded in this process) would shadow the real packages in every worker, whose
-    imports then fail (`No module named 'preprocessing.contract.slurm'`): such entries are
-    left out while the workers start."""
-    before = list(sys.path)
-    sys.path[:] = [entry for entry in before if not _holds_partial_copy(entry)]
-    try:
-        yield
-    finally:
-        sys.path[:] = before
-
-
-def _holds_partial_copy(entry: str) -> bool:
-    package = Path(entry or ".") / "preprocessing"
-    return (package / "__init__.py").is_file() and not (package / "driver").is_dir()
 
 
 def _kubernetes_cluster(config: DaskConfig) -> Any:
