@@ -22,13 +22,13 @@ cluster stop, commit). RSS: the child's process tree, summed, every 50 ms. `--s3
 on moto's server in this process, input, staging and shards in a bucket (moto's files of
 objects over 5 MB in `--work-dir`). Disk: 3.2x the input (outputs go once hashed); S3 4.2x.
 
-    .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench
-    .venv/bin/python benchmarks/kill_bench.py --s3 --gb 2 --work-dir /tmp/ballast-bench
+    .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench  # --s3: 2 GB
 
-Measured (2 cores, shared, load 3-7; 8 GB and 2 GB S3 not yet), rerun/clean after exchange
-50% / write 50% / write 90%: 0.3 GB 0.55-1.96x / 0.49-1.17x / 0.26-0.80x (start-up, cluster
-start and scan, 4-6 s, are most of a 7.7-11 s clean run); 1 GB 0.50x / 0.38x / 0.19x, all
-met (load 3); S3 0.1 GB 0.88-0.90x / 0.70-1.49x / 0.43-1.45x. Shards identical in every run.
+Measured (2 cores, shared, load 3-7; 2 GB on S3 not yet), rerun/clean after exchange 50% /
+write 50% / write 90%: 8 GB 1.24x / 0.68x / 0.26x, targets 0.65x / 0.65x / 0.23x (M41);
+0.3 GB 0.55-1.96x / 0.49-1.17x / 0.26-0.80x (start-up, cluster start and scan, 4-6 s, are
+most of a 7.7-11 s clean run); 1 GB 0.50x / 0.38x / 0.19x (load 3); S3 0.1 GB 0.88-0.90x
+/ 0.70-1.49x / 0.43-1.45x. Shards identical in every run.
 """
 
 from __future__ import annotations
