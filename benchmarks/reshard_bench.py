@@ -531,7 +531,7 @@ def format_stage_timings(rows: list[dict[str, Any]]) -> str:
 
 
 def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
-    files = getattr(args, "files", 64)  # scale_bench and incremental_bench share this
+    files = getattr(args, "raw_files", 64)  # scale_bench and kill_bench share this
     spec = RawSpec(
         num_rows=int(gb * GB / BYTES_PER_ROW),
         num_files=files,
@@ -631,7 +631,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--work-dir", default="/tmp/ballast-bench")
     parser.add_argument("--shards", type=int, default=24, help="output files to aim for")
     # Issue 34's second shape: 1.7 GB in 300 zipf-sized files (a long tail of small ones).
-    parser.add_argument("--files", type=int, default=64, help="raw input files (zipf sizes)")
+    parser.add_argument(
+        "--files", dest="raw_files", type=int, default=64, help="raw input files (zipf sizes)"
+    )
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
     parser.add_argument("--seed", type=int, default=0)
