@@ -63,8 +63,8 @@ class StallWatch:
     SIGSTOPped worker froze a reshard for 592 s, until Dask's own timeout.
 
     Running a task is not the only way a frozen worker blocks a stage: one frozen just
-    after finishing its task holds that result, and the driver's gather of it (or a
-    task's fetch of it) waits on a process that never answers; so silence alone counts."""
+    after finishing its task holds that result, and the driver's gather of it waits on a
+    process that never answers; so silence alone counts."""
 
     def __init__(self, client: Client, stage: str, deadline_s: float) -> None:
         self.client, self.stage, self.deadline_s = client, stage, deadline_s

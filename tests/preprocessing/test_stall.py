@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 from distributed import Client, LocalCluster, wait
@@ -22,6 +23,18 @@ from preprocessing.driver.reshard import run_reshard
 from preprocessing.driver.waves import StallWatch, to_retire
 
 DEADLINE_S = 10.0
+
+
+@contextlib.contextmanager
+def two_worker_client() -> Iterator[Client]:
+    """A client of a local cluster of two single-threaded worker processes, one to freeze."""
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
 
 
 @pytest.mark.slow
@@ -42,12 +55,7 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
     )
     frozen: list[tuple[int, float]] = []
     caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_worker_client() as client:
         pids = client.run(os.getpid)
         address, victim = sorted(pids.items())[0]
 
@@ -89,12 +97,7 @@ def test_a_worker_frozen_holding_only_a_finished_result_is_retired(
     named and removed, and the result (recomputed on the other worker) arrives well
     before Dask's own timeout."""
     caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_worker_client() as client:
         address, victim = sorted(client.run(os.getpid).items())[0]
         future = client.submit(_square, 7, workers=[address], allow_other_workers=True)
         wait(future)
