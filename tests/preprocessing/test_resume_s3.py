@@ -7,7 +7,6 @@ dead attempt, a stalled holder, and a rerun of another version, on S3 too."""
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from preprocessing.versions.attempt import HOLDER, LEASE_NAME, STAGING_DIR, VersionAttempt
 from preprocessing.versions.claim import CLAIM_PREFIX
+from tests.log_records import messages, records_of
 from tests.preprocessing.s3_requests import RequestLog, counted_s3
 from tests.preprocessing.test_kill import kill_session, start_reshard
 
@@ -70,7 +70,7 @@ def store_requests(log: RequestLog, bucket: str, root: str) -> dict[str, int]:
 
 
 def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
 ) -> None:
     """Invariants: after SIGKILL of a reshard's process group on S3 with some write tasks'
     receipts written, the rerun claims the dead attempt, keeps some but not all shards and
@@ -101,7 +101,7 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
         assert not fs.glob(f"{bucket}/out/v-*/_MANIFEST.json")
         with local_cluster(2) as cluster, Client(cluster) as client:
             log.clear()
-            with caplog.at_level(logging.INFO, logger="preprocessing.driver.resume"):
+            with records_of("preprocessing.driver.resume") as logged:
                 rerun = run_reshard(config, client)
             requests = store_requests(log, bucket, "out")
             clean = run_reshard(
@@ -116,7 +116,7 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
     assert digests(rerun) == digests(clean)
     resumed = manifest.resumed
     assert 0 < resumed["shards_kept"] < resumed["shards"] == len(digests(clean)), resumed
-    assert rerun.resumed in caplog.text and rerun.resumed.startswith("resumed: ")
+    assert rerun.resumed in messages(logged) and rerun.resumed.startswith("resumed: ")
     assert requests["staged_heads"] == 0, requests
     # What the rerun verified it listed once per prefix: the attempt, its receipts, each
     # round kept, the shards; a handful of listings more than a clean run, not one per object.

@@ -21,8 +21,10 @@ from distributed import Client, LocalCluster, wait
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.driver.waves import StallWatch, to_retire
+from tests.log_records import records_of
 
 DEADLINE_S = 10.0
+WAVES = "preprocessing.driver.waves"  # the stall watch names a silent worker here
 
 
 @contextlib.contextmanager
@@ -40,7 +42,7 @@ def two_worker_client() -> Iterator[Client]:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["exchange", "write"])
 def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
-    tiny_raw, tmp_path, dask_client, stage: str, caplog: pytest.LogCaptureFixture
+    tiny_raw, tmp_path, dask_client, stage: str
 ) -> None:
     """Invariant: see the module; named within 90 s of the freeze, shards byte-identical."""
     config = ReshardConfig(
@@ -54,8 +56,7 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
         progress_deadline_s=DEADLINE_S,
     )
     frozen: list[tuple[int, float]] = []
-    caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
-    with two_worker_client() as client:
+    with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
         pids = client.run(os.getpid)
         address, victim = sorted(pids.items())[0]
 
@@ -69,7 +70,7 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
         finally:
             with contextlib.suppress(ProcessLookupError):  # its nanny may have ended it
                 os.kill(victim, signal.SIGCONT)
-    named = [r for r in caplog.records if address in r.getMessage() and "silent" in r.getMessage()]
+    named = [r for r in logged if address in r.getMessage() and "silent" in r.getMessage()]
     assert frozen and named, "the frozen worker was not named"
     named_after_s = named[0].created - (time.time() - time.monotonic() + frozen[0][1])
     print(f"{stage}: named {named_after_s:.1f} s after the freeze: {named[0].getMessage()}")
@@ -90,14 +91,11 @@ def _square(x: int) -> int:
 
 
 @pytest.mark.slow
-def test_a_worker_frozen_holding_only_a_finished_result_is_retired(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_worker_frozen_holding_only_a_finished_result_is_retired() -> None:
     """Invariant: a silent worker that runs no task but holds a result the driver gathers is
     named and removed, and the result (recomputed on the other worker) arrives well
     before Dask's own timeout."""
-    caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
-    with two_worker_client() as client:
+    with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
         address, victim = sorted(client.run(os.getpid).items())[0]
         future = client.submit(_square, 7, workers=[address], allow_other_workers=True)
         wait(future)
@@ -110,7 +108,7 @@ def test_a_worker_frozen_holding_only_a_finished_result_is_retired(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGCONT)
     assert watch.retired == [address]
-    assert any(address in r.getMessage() and "silent" in r.getMessage() for r in caplog.records)
+    assert any(address in r.getMessage() and "silent" in r.getMessage() for r in logged)
 
 
 def test_a_worker_is_retired_only_while_another_was_heard_from() -> None:
