@@ -23,6 +23,13 @@ from tests.parallel import mark_group, order_items, suffix_groups
 from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One OpenMP thread for torch in this process and in every process it starts (torchrun sets
+# it for ranks of a job of 2 or more; a one-rank job, an in-process run_training and a
+# benchmark were left at one per core): on this 2-core host, loaded by the suite's own
+# workers, OpenMP's threads spin against the other processes, and the fit loop of a 42-step
+# training took 2.1-4.1 s with two threads against 0.4-0.6 s with one (load 4-6). Read by
+# torch when it is first imported, which no plugin does before this file.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Under pytest-xdist (`make test`) each worker gets a Prefect home of its own: a `ballast run`
 # that starts a temporary server keeps its database there, and two servers writing one
 # sqlite file at once fail with "database is locked".
