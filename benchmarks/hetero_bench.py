@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/hetero_bench.py                   # about 10-15 min on 2 cores
     .venv/bin/python benchmarks/hetero_bench.py --rows 8000 --epochs 1   # a quicker look
+    .venv/bin/python benchmarks/hetero_bench.py --scale 8 --token-rows 2048 --repeat 3 \
+        --baseline 5ec2e20     # the last release beside this checkout, ~80 min quiet
 
 Two single-process torchrun "nodes" on this host (`--nnodes 2`, rendezvous on
 localhost), node r pinned to CPU core r with `taskset` and one thread. Three cases:
@@ -28,6 +30,14 @@ final split (the mean of the last 5 steps). Targets: loaded, speed's last-epoch 
 batches); unloaded, speed costs <= 3 % over equal; token-balanced, the slower rank's
 forward time per step within 15 % of the median (of the two). Every figure is printed,
 met or not; on a shared host they are noisy (the load average is printed).
+
+On a host whose speed drifts 20-40 % between runs (RESULTS.md M40): `--scale 8` (with
+`--token-rows 2048`) gives epochs of 15-30 s on a quiet host; `--repeat N` runs each case
+N times, interleaved, and prints the median per case of the per-repeat ratios;
+`--baseline COMMIT` runs the cases' `equal` and `speed` on a `git worktree` of COMMIT as
+well (removed after; PYTHONPATH and working directory at it, this checkout's
+hetero_models.py and hetero_data.py copied in, its own datasets: an older ballast may
+refuse a newer manifest), side by side (hetero_report.py): 78 runs for the whole grid.
 """
 
 from __future__ import annotations
@@ -41,116 +51,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
-import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from statistics import median
 from typing import Any
 
-import torch
 import yaml
 
-from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.driver.reshard import run_reshard
-from preprocessing.synthetic.tabular import SampleSpec, write_sample
-from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
+from benchmarks.hetero_data import datasets
+from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats, settle_steps
 from training.launch.processes import child_env
-from training.models.classifier import FeatureClassifier
-from training.models.transformer import TokenClassifier
 
-MODEL = "benchmarks.hetero_bench:TimedClassifier"
-TOKEN_MODEL = "benchmarks.hetero_bench:TimedTokenClassifier"
-FIGURES = ("step_s", "data_wait_s", "allreduce_blocked_s", "busy_s", "samples_per_s")
-
-
-class StepRecord:
-    """Appends one JSON line per train step: epoch, wall time, rows, scaled loss. With
-    `--slow-by sleep`, rank 1 sleeps twice its step's forward time (forward + backward
-    about 3x forward: about 2x slower) while the file `slow` is in the record directory."""
-
-    record_dir: Path
-
-    def slowed(self, module: Any, started: float) -> None:
-        if module.global_rank == 1 and (self.record_dir / "slow").exists():
-            time.sleep(2 * (time.perf_counter() - started))
-
-    def record(
-        self,
-        module: Any,
-        batch: dict[str, torch.Tensor],
-        loss: torch.Tensor,
-        forward_s: float = 0.0,
-    ) -> None:
-        line = {
-            "epoch": module.current_epoch,
-            "t": time.time(),
-            "rows": len(batch["id"]),
-            "loss": float(loss.detach()),
-            "forward_s": forward_s,
-        }
-        with open(self.record_dir / f"rank{module.global_rank}.jsonl", "a") as handle:
-            handle.write(json.dumps(line) + "\n")
-
-
-class TimedClassifier(FeatureClassifier, StepRecord):
-    """The built-in MLP, recording every step (`options.record_dir`)."""
-
-    def __init__(self, num_features: int, classes: list[Any], model: dict[str, Any]) -> None:
-        super().__init__(num_features, classes, model)
-        self.record_dir = Path(model["options"]["record_dir"])
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        started = time.perf_counter()
-        loss = super().training_step(batch, batch_idx)
-        self.slowed(self, started)
-        self.record(self, batch, loss)
-        return loss
-
-
-class TimedTokenClassifier(TokenClassifier, StepRecord):
-    """The built-in transformer, recording every step (`options.record_dir`) with its
-    forward seconds; it runs each sequence cut to its real tokens (id 0 pads), so that a
-    row costs what its tokens cost, as packed or variable-length attention would."""
-
-    def __init__(self, num_features: int, classes: list[Any], model: dict[str, Any]) -> None:
-        super().__init__(num_features, classes, model)
-        self.record_dir = Path(model["options"]["record_dir"])
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        lengths = (features != 0).sum(dim=1).clamp_min(1).tolist()
-        return torch.cat([self.net(features[i : i + 1, :n]) for i, n in enumerate(lengths)])
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        started = time.perf_counter()
-        loss = super().training_step(batch, batch_idx)
-        forward_s = time.perf_counter() - started
-        self.slowed(self, started)
-        self.record(self, batch, loss, forward_s)
-        return loss
-
-
-def tabular_dataset(work: Path, rows: int) -> str:
-    """The demo's data: a raw tabular sample resharded into a committed version."""
-    raw = work / f"raw-{rows}"
-    if not (raw / "_DONE").exists():
-        write_sample(raw, SampleSpec(num_rows=rows, num_files=8, seed=0))
-        (raw / "_DONE").touch()
-    config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(raw)], id_column="id"),
-        output_root=str(work / f"dataset-{rows}"),
-        target_shard_rows=8192,
-        rows_per_row_group=1024,
-        holdout_fraction=0.0,
-        num_workers=2,
-    )
-    return run_reshard(config).manifest_uri
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "benchmarks.hetero_models:TimedClassifier"
+TOKEN_MODEL = "benchmarks.hetero_models:TimedTokenClassifier"
 
 
 def job_config(
-    dataset: str, run_dir: Path, args: argparse.Namespace, balance: str, tokens: bool
+    dataset: str, run_dir: Path, args: argparse.Namespace, name: str, tokens: bool
 ) -> dict[str, Any]:
     model = (
         {
@@ -162,13 +86,13 @@ def job_config(
     )
     loader = {
         "batch_size": args.batch_size,
-        "balance": balance,
+        "balance": RUNS[name][0],
         "balance_every_n_steps": args.every,
         "num_partitions": 16,
     }
     if tokens:
         loader |= {
-            "balance_by": "tokens" if run_dir.name == "tokens-unloaded" else "samples",
+            "balance_by": "tokens" if name == "tokens-unloaded" else "samples",
             "batch_size": args.token_batch_size,
         }
     return {
@@ -204,14 +128,18 @@ def run_nodes(
     slow_at: int | None,
     timeout_s: float,
     slow_by: str = "busy-loop",
+    code: Path = ROOT,
 ) -> None:
-    """Two torchrun nodes of one process each, node r on core r; node 1 slowed from rank
-    0's step `slow_at` on (0: from the start; None: never; written to `slowed_at`) by a
-    busy loop beside it or (`slow_by` sleep) by sleeping in its steps."""
+    """Two torchrun nodes of one process each, node r on core r, running the ballast at
+    `code` (PYTHONPATH and working directory: `-m training` looks in the working
+    directory first); node 1 slowed from rank 0's step `slow_at` on (0: from the start;
+    None: never; written to `slowed_at`) by a busy loop beside it or (`slow_by` sleep)
+    by sleeping in its steps."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a run of its own: no records appended to
     (run_dir / "record").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     port, env = free_port(), child_env({"OMP_NUM_THREADS": "1"})
+    env["PYTHONPATH"] = str(code)
 
     def slow_down() -> subprocess.Popen[bytes] | None:
         if slow_by == "busy-loop":
@@ -248,6 +176,7 @@ def run_nodes(
                 str(run_dir / "config.yaml"),
             ],
             env=env,
+            cwd=code,
             stdout=logs[node],
             stderr=subprocess.STDOUT,
         )
@@ -282,7 +211,7 @@ def read_records(run_dir: Path) -> list[list[dict[str, Any]]]:
     ]
 
 
-def run_figures(run_dir: Path) -> dict[str, Any]:
+def run_figures(run_dir: Path) -> Run:
     """Per-rank figures, per-epoch wall times and per-step global loss of one run."""
     summary = json.loads((run_dir / "summary.json").read_text())
     ranks = read_records(run_dir)
@@ -314,102 +243,30 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def settle_steps(rows: list[list[int]], change: int) -> int | None:
-    """Steps from `change` until every rank's rows stay within 5 % of the final split (the
-    mean of the last 5 steps); None when they never do."""
-    final = [sum(rank[-5:]) / len(rank[-5:]) for rank in rows]
-    steps = len(rows[0])
-    within = [
-        all(abs(rank[s] - f) <= 0.05 * f for rank, f in zip(rows, final, strict=True))
-        for s in range(steps)
-    ]
-    for step in range(change, steps):
-        if all(within[step:]):
-            return step - change
-    return None
-
-
-def print_run(name: str, run: dict[str, Any]) -> None:
-    print(
-        f"\n{name}: epoch wall s {[round(w, 2) for w in run['epoch_wall_s']]}, "
-        f"rows per rank at the last step {run['last_rows']}"
-    )
-    print(f"  {'rank':<5}" + "".join(f"{figure:>20}" for figure in FIGURES))
-    for rank in range(2):
-        print(f"  {rank:<5}" + "".join(f"{run['per_rank'][f][rank]:>20.4f}" for f in FIGURES))
-    print("  loss per step: " + " ".join(f"{loss:.6f}" for loss in run["losses"]))
-
-
-def loss_difference(a: list[float], b: list[float]) -> float:
-    """The largest relative difference of two runs' per-step losses."""
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
-
-
-def report(runs: dict[str, dict[str, Any]]) -> None:
-    for name, run in runs.items():
-        print_run(name, run)
-    print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: noisy figures")
-    print(
-        "targets: speed / equal wall (last epoch, all epochs); loss (max relative "
-        "difference per step); settle (steps from the slow-down to within 5 % of the "
-        "final split)"
-    )
-    for model, case in ((m, c) for m in ("", "tokens-") for c in CASES):
-        eq, sp = runs.get(f"{model}equal-{case}"), runs.get(f"{model}speed-{case}")
-        if eq is not None and sp is not None:
-            print_case(f"{model or 'mlp-'}{case}", case, eq, sp)
-    for name in ("tokens-by-samples", "tokens-unloaded"):
-        if name in runs:
-            busy, spread = runs[name]["per_rank"]["busy_s"], runs[name]["step_spread"]
-            print(
-                f"  {name}: slower rank's forward per step {spread:+.1%} over the median, "
-                f"on average; run busy time {max(busy) / median(busy) - 1:+.1%} "
-                + (
-                    "(target <= 15%) " + ("met" if spread <= 0.15 else "NOT met")
-                    if name == "tokens-unloaded"
-                    else "(the split by rows, for reference)"
-                )
-            )
-
-
-def print_case(label: str, case: str, eq: dict[str, Any], sp: dict[str, Any]) -> None:
-    """One line of a case's figures against its target."""
-    last = sp["epoch_wall_s"][-1] / eq["epoch_wall_s"][-1]
-    total = sum(sp["epoch_wall_s"]) / sum(eq["epoch_wall_s"])
-    diff = loss_difference(sp["losses"], eq["losses"])
-    target = {"loaded": 0.75, "unloaded": 1.03}.get(case)
-    verdict = (
-        ""
-        if target is None
-        else (f"(target <= {target}x: " + ("met" if last <= target else "NOT met") + ")")
-    )
-    print(
-        f"  {label}: speed / equal {last:.3f}x last epoch, {total:.3f}x all {verdict}; "
-        f"loss {diff:.2e} ({'met' if diff <= 1e-5 else 'NOT met'}); settle "
-        f"{sp['settle_steps']} steps from step {sp['slowed_at']}; rows at the end "
-        f"{sp['last_rows']}; moves logged {len(sp['moves'])}"
-    )
-
-
-CASES = ("loaded", "unloaded", "midslow")
-RUNS = {  # name: (balance, case, token dataset)
-    **{
-        f"{model}{balance}-{case}": (balance, case, model == "tokens-")
-        for model in ("", "tokens-")
-        for case in CASES
-        for balance in ("equal", "speed")
-    },
+GRID = {  # name: (balance, case, token dataset): each case under equal, then speed
+    f"{model}{balance}-{case}": (balance, case, model == "tokens-")
+    for model in ("", "tokens-")
+    for case in CASES
+    for balance in ("equal", "speed")
+}
+RUNS = GRID | {
     "tokens-by-samples": ("equal", "unloaded", True),
     "tokens-unloaded": ("equal", "unloaded", True),
 }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=40_000, help="Tabular train rows.")
     parser.add_argument("--token-rows", type=int, default=4_096, help="Token dataset rows.")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="Multiplies --rows and --token-rows (8: longer epochs).",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="Rows per rank per step.")
     parser.add_argument("--token-batch-size", type=int, default=32)
     parser.add_argument(
@@ -422,6 +279,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="Epochs per run.")
     parser.add_argument("--every", type=int, default=4, help="balance_every_n_steps.")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="Runs of each, interleaved; the median per case."
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="A commit (5ec2e20: the last release) whose `speed` runs beside this checkout's.",
+    )
     parser.add_argument(
         "--slow-by",
         choices=["busy-loop", "sleep"],
@@ -440,28 +305,72 @@ def main() -> None:
     parser.add_argument("--work-dir", default=None, help="Work directory (default: temp).")
     parser.add_argument("--timeout-s", type=float, default=900, help="Per run.")
     args = parser.parse_args()
+    args.rows, args.token_rows = args.rows * args.scale, args.token_rows * args.scale
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="hetero-bench-"))
-    tabular = tabular_dataset(work, args.rows)
-    tokens = write_token_dataset(
-        str(work / "tokens"),
-        TokenDatasetSpec(
-            num_rows=args.token_rows,
-            holdout_rows=0,
-            seq_len=32,
-            min_seq_len=4,
-            vocab_size=512,
-            rows_per_shard=1024,
-            rows_per_row_group=128,
-        ),
+    with ExitStack() as stack:
+        codes = {"": ROOT}  # run-name suffix: the ballast it runs
+        data = {"": datasets(work, args.rows, args.token_rows)}
+        if args.baseline:
+            suffix = f"@{args.baseline}"
+            codes[suffix] = stack.enter_context(checkout(args.baseline, work))
+            data[suffix] = checkout_datasets(codes[suffix], work / suffix, args)
+        results = run_all(args, work, codes, data)
+    if args.repeat == 1 and not args.baseline:
+        report({name: runs[0] for name, runs in results.items()})
+    else:
+        report_repeats(results, args.baseline)
+
+
+def run_all(
+    args: argparse.Namespace, work: Path, codes: dict[str, Path], data: dict[str, dict[str, str]]
+) -> dict[str, list[Run]]:
+    """Every run of `args.runs`, `args.repeat` times, each on every code (a baseline only
+    for the cases' grid), in that order: a case's runs one after another."""
+    results: dict[str, list[Run]] = defaultdict(list)
+    for repeat in range(args.repeat):
+        for name in args.runs:
+            _, case, on_tokens = RUNS[name]
+            for suffix, code in codes.items():
+                if suffix and name not in GRID:
+                    continue
+                run_dir = work / "runs" / f"{name}{suffix}-{repeat}"
+                dataset = data[suffix]["tokens" if on_tokens else "mlp"]
+                config = job_config(dataset, run_dir, args, name, on_tokens)
+                slow_at = slow_step(args, case, on_tokens)
+                run_nodes(config, run_dir, slow_at, args.timeout_s, args.slow_by, code)
+                results[name + suffix].append(run_figures(run_dir))
+    return results
+
+
+@contextmanager
+def checkout(commit: str, work: Path) -> Iterator[Path]:
+    """A detached `git worktree` of `commit` in `work`, with this checkout's
+    benchmarks/hetero_models.py and hetero_data.py copied in (the jobs' model classes and
+    datasets); removed after."""
+    path = work / f"code-{commit}"
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", "--force", str(path), commit], check=True)
+    try:
+        for module in ("hetero_models.py", "hetero_data.py"):
+            shutil.copy(ROOT / "benchmarks" / module, path / "benchmarks")
+        yield path
+    finally:
+        subprocess.run([*git, "remove", "--force", str(path)], check=False)
+
+
+def checkout_datasets(code: Path, work: Path, args: argparse.Namespace) -> dict[str, str]:
+    """The datasets written by the ballast at `code` (benchmarks/hetero_data.py)."""
+    command = [sys.executable, "-m", "benchmarks.hetero_data", str(work), str(args.rows)]
+    env = child_env() | {"PYTHONPATH": str(code)}
+    done = subprocess.run(
+        [*command, str(args.token_rows)], env=env, cwd=code, check=True, capture_output=True
     )
-    runs = {}
-    for name in args.runs:
-        balance, case, on_tokens = RUNS[name]
-        run_dir = work / "runs" / name
-        config = job_config(tokens if on_tokens else tabular, run_dir, args, balance, on_tokens)
-        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s, args.slow_by)
-        runs[name] = run_figures(run_dir)
-    report(runs)
+    return dict(json.loads(done.stdout.decode().splitlines()[-1]))
 
 
 def slow_step(args: argparse.Namespace, case: str, tokens: bool) -> int | None:

@@ -40,11 +40,12 @@ from distributed import Client
 
 from benchmarks.reshard_bench import GB, RawSpec, dir_bytes, ensure_raw, prepare, write_raw_file
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-from preprocessing.contract.manifest import Manifest, swap_current
+from preprocessing.contract.commit import swap_current
+from preprocessing.contract.manifest import Manifest
 from preprocessing.driver.cluster import local_cluster
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import file_sizes
-from preprocessing.versions.incremental import withdraw_version
+from preprocessing.versions.chain_commit import withdraw_version
 
 
 def linked_inputs(raw: Path, directory: Path) -> Path:

@@ -188,12 +188,11 @@ def dir_bytes(directory: Path) -> int:
 # ---------------------------------------------------------------- the tools (child side)
 
 
-def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
-    """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
+def ballast_config(mode: str, job: dict[str, Any]) -> Any:
+    """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too)."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
-    from preprocessing.driver.reshard import run_reshard
 
-    config = ReshardConfig(
+    return ReshardConfig(
         dataset=DatasetSpec(inputs=[job["input"]], id_column="id"),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
@@ -204,6 +203,13 @@ def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
         holdout_fraction=job["holdout_fraction"],
         num_workers=2,
     )
+
+
+def run_ballast(mode: str, job: dict[str, Any]) -> dict[str, Any]:
+    """ballast reshard in one shuffle mode; returns its manifest's stage timings too."""
+    from preprocessing.driver.reshard import run_reshard
+
+    config = ballast_config(mode, job)
     start = time.perf_counter()
     result = run_reshard(config)
     return {"wall_s": time.perf_counter() - start, "timings_s": result.manifest.timings_s}
@@ -525,12 +531,15 @@ def format_stage_timings(rows: list[dict[str, Any]]) -> str:
 
 
 def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
+    files = getattr(args, "raw_files", 64)  # scale_bench and kill_bench share this
     spec = RawSpec(
         num_rows=int(gb * GB / BYTES_PER_ROW),
+        num_files=files,
         seed=args.seed,
         row_group_rows=args.raw_row_group_rows,
     )
-    raw = ensure_raw(Path(args.work_dir) / f"raw-{gb:g}gb-seed{args.seed}", spec)
+    name = f"raw-{gb:g}gb-seed{args.seed}" + (f"-{files}files" if files != 64 else "")
+    raw = ensure_raw(Path(args.work_dir) / name, spec)
     for path in raw.glob("*.parquet"):  # into the page cache, as for every tool after this
         with path.open("rb") as handle:
             while handle.read(1 << 24):
@@ -621,6 +630,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--work-dir", default="/tmp/ballast-bench")
     parser.add_argument("--shards", type=int, default=24, help="output files to aim for")
+    # Issue 34's second shape: 1.7 GB in 300 zipf-sized files (a long tail of small ones).
+    parser.add_argument(
+        "--files", dest="raw_files", type=int, default=64, help="raw input files (zipf sizes)"
+    )
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)
     parser.add_argument("--seed", type=int, default=0)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,6 +154,28 @@ def test_each_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> 
     assert expected in done.stdout, done.stdout[-3000:]
 
 
+def test_kill_bench_reruns_a_reshard_killed_mid_write_to_the_clean_runs_shards(
+    tmp_path: Path,
+) -> None:
+    """Invariant: kill_bench at a tiny size, its reshard SIGKILLed (driver and workers) at
+    half its write tasks, reruns it to shards byte-identical to its clean run's with the
+    same version id ([PASS] on that line, `yes` in the table), and prints the rerun's
+    wall time against the clean run's on both readings of the work lost, and what the
+    rerun kept. Its speed target is not asserted: at this size start-up is all there is."""
+    args = ["--gb", "0.005", "--shards", "8", "--points", "write:0.5", "--no-warm-up"]
+    done = run_benchmark(
+        "kill_bench", "script", [*args, "--work-dir", str(tmp_path / "work")], tmp_path
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    out = done.stdout
+    kept = r"resumed: \d of 8 map outputs and \d of 8 shards kept"
+    assert re.search(rf"\[PASS\] write 50%: byte-identical, same version: {kept}", out), out
+    for reading in ("stage", "time"):
+        assert f"write 50%: rerun/clean <= 0.15 + work lost ({reading} reading)" in out, out
+    (row,) = [line for line in out.splitlines() if re.match(r"\s+write 50%\s+\d", line)]
+    assert row.split()[-2] == "yes" and row.split()[-3].endswith("/8"), row
+
+
 def test_reshard_bench_without_duckdb_says_to_install_the_bench_extra(tmp_path: Path) -> None:
     """Invariant: asked for the DuckDB tools where DuckDB is missing, the reshard benchmark
     stops before any work with a line naming the `bench` extra, not a traceback."""
@@ -226,3 +250,41 @@ def test_ui_screens_without_chromium_says_how_to_install_it(tmp_path: Path) -> N
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "apt-get install -y chromium" in done.stderr
     assert not (tmp_path / "work").exists()
+
+
+def hetero_run(walls: list[float], loss: float) -> dict[str, Any]:
+    """One run's figures as benchmarks/hetero_bench.py's `run_figures` gives them."""
+    return {
+        "epoch_wall_s": walls,
+        "losses": [loss, loss],
+        "last_rows": [382, 130],
+        "settle_steps": 6,
+        "slowed_at": 0,
+        "moves": [],
+    }
+
+
+def test_hetero_report_gives_each_codes_median_of_its_repeats_ratios(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Invariant: with repeats and a baseline commit, a case's line per code gives the
+    median over repeats of speed / equal, each repeat's `speed` over the same repeat's
+    `equal` of the same code (not the median of `speed` over the median of `equal`),
+    the largest loss difference of any repeat, and the table one row with both codes."""
+    from benchmarks.hetero_report import report_repeats
+
+    equal = [[2.0, 4.0], [2.0, 8.0], [2.0, 2.0]]
+    speed = [[1.0, 2.0], [1.0, 6.0], [1.0, 1.8]]  # last epoch 0.5x, 0.75x, 0.9x
+    base = [[2.0, 4.0], [2.0, 8.0], [2.0, 2.0]]  # 1x each
+    results = {
+        "equal-loaded": [hetero_run(w, 1.0) for w in equal],
+        "speed-loaded": [hetero_run(w, 1.0 + 1e-6 * i) for i, w in enumerate(speed)],
+        "equal-loaded@abc": [hetero_run(w, 1.0) for w in equal],
+        "speed-loaded@abc": [hetero_run(w, 1.0) for w in base],
+    }
+    report_repeats(results, "abc")
+    out = capsys.readouterr().out
+    assert "mlp-loaded, main: speed / equal median 0.750x last epoch (0.500, 0.750, 0.900)" in out
+    assert "loss 2.00e-06" in out and "(target <= 0.75x: met)" in out
+    assert "mlp-loaded, abc: speed / equal median 1.000x last epoch" in out
+    assert "| mlp-loaded (0.75) | 4.00 | 0.750x, 0.700x | 4.00 | 1.000x, 1.000x |" in out

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlflow.utils.validation import _validate_param
 
-from preprocessing.contract.codec import ColumnSpec, FeatureCodec
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.column_spec import ColumnSpec
 from preprocessing.contract.names import MAX_MLFLOW_KEY_CHARS, is_plain, mlflow_key, mlflow_params
 from tracking.run.pyfunc import dataset_types, signature
 from tracking.run.runs import flatten

@@ -17,9 +17,10 @@ import pytest
 from botocore.exceptions import ClientError
 from s3fs.errors import translate_boto_error
 
-from preprocessing.contract.manifest import CommitConflict, ManifestError
-from preprocessing.driver.cluster import StorageNotShared
+from preprocessing.contract.commit import CommitConflict
+from preprocessing.contract.manifest import ManifestError
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
+from preprocessing.driver.shared_storage import StorageNotShared
 from preprocessing.storage.objects import write_atomically, write_object
 from preprocessing.toolbox.faults import (
     RetryPolicy,

@@ -5,9 +5,10 @@ Every reader of a version encodes rows through this module: the training loader
 state is a plain JSON-able `ColumnSpec` per feature column, gathered by the scan
 (preprocessing/scan/feature_stats.py) and stored in the manifest (`Manifest.features["columns"]`),
 so the same row gives the same numbers everywhere. Numeric columns of one Arrow type are
-encoded as one matrix (preprocessing/contract/numeric_block.py). It depends on the standard
-library, numpy and pyarrow only (docs/architecture.md 1): every logged model carries this
-module and that one (tracking/run/model.py); the manifest is imported only to read one.
+encoded as one matrix (preprocessing/contract/numeric_block.py); a column's kind and spec
+are preprocessing/contract/column_spec.py. It depends on the standard library, numpy and
+pyarrow only (docs/architecture.md 1): every logged model carries this module and those two
+(tracking/run/model.py); the manifest is imported only to read one.
 Column kinds, and what each becomes:
 
 - `numeric` (integers, floats, decimals of any width): one value, standardized as
@@ -44,76 +45,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from preprocessing.contract.column_spec import (
+    FILL_POLICIES,
+    SCALAR_KINDS,
+    ColumnSpec,
+    FeatureError,
+    kind_of,
+)
 from preprocessing.contract.numeric_block import Plan, plan_blocks
 
-if TYPE_CHECKING:  # imported when needed: a logged model ships this module alone
+if TYPE_CHECKING:  # imported when needed: a logged model ships no manifest module
     from preprocessing.contract.manifest import Manifest
 
-SCALAR_KINDS = ("numeric", "boolean", "temporal")
-FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _ZONE_SUFFIX = r"(Z|[+-]\d\d:?\d\d)$"  # an ISO 8601 timestamp's zone: `Z` or `+01:00`
 _FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
-
-
-class FeatureError(ValueError):
-    """Rows the codec cannot encode: a missing column, a null its policy refuses, a type
-    or length that differs from the dataset's."""
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """How one feature column becomes model inputs (see the module docstring)."""
-
-    name: str
-    kind: str
-    arrow_type: str
-    size: int = 1  # vector: values per list; sequence: the padded length
-    shift: float = 0.0
-    scale: float = 1.0
-    fill: float = 0.0  # the raw value put in place of a null under a fill policy
-    nulls: str = "error"
-    null_count: int = 0  # nulls the scan found in the inputs (a record, not used to encode)
-    vocabulary: list[str] = field(default_factory=list)
-    num_buckets: int = 0
-
-    @property
-    def width(self) -> int:
-        """Floats this column contributes to a row of the matrix."""
-        if self.kind in SCALAR_KINDS:
-            return 2 if self.nulls == "indicator" else 1
-        if self.kind == "vector":
-            return self.size
-        if self.kind == "sequence":
-            return 2 * self.size
-        return 1 + (self.num_buckets or len(self.vocabulary))
-
-
-def kind_of(arrow_type: pa.DataType) -> str | None:
-    """The codec kind of an Arrow type, or None when no kind encodes it."""
-    if pa.types.is_dictionary(arrow_type):
-        return kind_of(arrow_type.value_type)
-    if pa.types.is_boolean(arrow_type):
-        return "boolean"
-    if (
-        pa.types.is_integer(arrow_type)
-        or pa.types.is_floating(arrow_type)
-        or pa.types.is_decimal(arrow_type)
-    ):
-        return "numeric"
-    if pa.types.is_temporal(arrow_type):
-        return "temporal"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "category"
-    if (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    ):
-        element = kind_of(arrow_type.value_type)
-        if element in ("numeric", "boolean"):
-            return "vector" if pa.types.is_fixed_size_list(arrow_type) else "sequence"
-    return None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from preprocessing.contract.manifest import CommitConflict
+from preprocessing.contract.commit import CommitConflict
 from preprocessing.toolbox.faults import (
     RetriesExhausted,
     TransientError,

@@ -7,8 +7,9 @@ chosen, started or joined: worker processes here, an existing scheduler, Kuberne
 the same driver runs on a laptop and on a cluster.
 
 Every client handed out is checked: workers on other hosts must see local staging and
-output paths (a shared filesystem), and workers ballast did not start are told which
-allocator settings they lack (docs/architecture.md M21).
+output paths (a shared filesystem: preprocessing/driver/shared_storage.py), and workers
+ballast did not start are told which allocator settings they lack (docs/architecture.md
+M21: preprocessing/driver/worker_environment.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,13 @@ from __future__ import annotations
 import importlib
 import os
 import uuid
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from inspect import signature
-from pathlib import Path
 from typing import Any, Literal
 
 import dask
 from distributed import Client, LocalCluster
-from distributed.comm import get_address_host
-from distributed.utils import get_ip
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preprocessing.driver.jobqueue import (
@@ -38,17 +33,12 @@ from preprocessing.driver.jobqueue import (
     wait_for_job_workers,
     watch_worker_loss,
 )
+from preprocessing.driver.shared_storage import require_shared_storage
+from preprocessing.driver.worker_environment import (
+    WORKER_MALLOC_ENV,
+    warn_missing_allocator_settings,
+)
 from preprocessing.driver.worker_start import main_script_left_out, own_packages_only
-from preprocessing.toolbox.faults import ConfigError
-
-# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=64 KiB, which also turns off
-# glibc's adaptive mmap threshold: every numpy or Python buffer over 128 KiB is then mapped
-# fresh and unmapped on free, so each temporary of the exchange page-faults anew (2.0 M
-# faults and ~40% of the reshard's CPU time in the kernel, measured on 1 GB; M21). Arrays up
-# to 64 MiB come from the heap instead; up to 256 MiB of free heap is kept for reuse.
-# glibc reads them once at process start: they must be in a worker's environment before it
-# starts (a nanny keeps values it finds in its own environment over its defaults).
-WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 256 << 20}
 
 # Dask's statistical profiler samples every worker thread's stack every 10 ms (for the
 # dashboard's Profile page): 1.5-2 of 27 worker CPU-s of a reshard of 5,000 small files
@@ -74,14 +64,6 @@ _EXTERNAL = {
     "slurm": ("dask_jobqueue", "SLURMCluster", "dask-jobqueue", "slurm"),
     "pbs": ("dask_jobqueue", "PBSCluster", "dask-jobqueue", "slurm"),
 }
-
-
-class StorageNotShared(ConfigError, RuntimeError):
-    """A local staging or output path that some Dask workers cannot see."""
-
-
-class WorkerEnvironmentWarning(RuntimeWarning):
-    """Dask workers run without ballast's allocator settings (slower, same output)."""
 
 
 class DaskConfig(BaseModel):
@@ -307,87 +289,3 @@ def check_workers(client: Client, storage: Sequence[str] = ()) -> None:
     (workers that join later are not checked)."""
     require_shared_storage(client, storage)
     warn_missing_allocator_settings(client)
-
-
-def warn_missing_allocator_settings(client: Client) -> None:
-    """A `WorkerEnvironmentWarning` naming the workers and the exact variables, when any
-    worker's environment lacks `WORKER_MALLOC_ENV` (a cluster ballast did not start)."""
-    wanted = {name: str(value) for name, value in WORKER_MALLOC_ENV.items()}
-    found = client.run(_allocator_environ)
-    lacking = sorted(address for address, env in found.items() if env != wanted)
-    if lacking:
-        settings = " ".join(f"{name}={value}" for name, value in wanted.items())
-        warnings.warn(
-            f"{len(lacking)} of {len(found)} Dask workers ({', '.join(lacking)}) run without "
-            f"ballast's allocator settings; set {settings} in the workers' environment before "
-            "they start (docs/architecture.md M21): the output is the same, the exchange slower",
-            WorkerEnvironmentWarning,
-            stacklevel=3,
-        )
-
-
-def _allocator_environ() -> dict[str, str | None]:
-    """On a worker: its values of the allocator variables."""
-    return {name: os.environ.get(name) for name in WORKER_MALLOC_ENV}
-
-
-def require_shared_storage(client: Client, storage: Sequence[str]) -> None:
-    """Raise `StorageNotShared` when a local path in `storage` is not visible to every
-    worker on another host. A probe file written here and read there tells shared storage
-    (NFS, Lustre: accepted) from a path that only exists on this host."""
-    local_paths = [_local_path(uri) for uri in storage if _is_local(uri)]
-    if not local_paths:
-        return
-    client.wait_for_workers(1)  # a cluster just scaled up: check its first worker at least
-    driver, remote = _workers_on_other_hosts(client)
-    for path in local_paths if remote else []:
-        blind = _workers_not_seeing(client, path, remote)
-        if blind:
-            raise StorageNotShared(
-                f"{path} is a local path, but Dask workers {', '.join(blind)} on other hosts "
-                f"than this driver ({driver}) do not see it: staging and "
-                "output need storage every worker shares (a filesystem mounted at the same "
-                "path on every host, or an object store such as s3://)"
-            )
-
-
-def _is_local(uri: str) -> bool:
-    return isinstance(url_to_fs(uri)[0], LocalFileSystem)
-
-
-def _local_path(uri: str) -> str:
-    return str(Path(url_to_fs(uri)[1]).resolve())
-
-
-def driver_host(scheduler_address: str) -> str:
-    """This host's address on the interface that reaches the scheduler."""
-    return str(get_ip(get_address_host(scheduler_address)))
-
-
-def _workers_on_other_hosts(client: Client) -> tuple[str, list[str]]:
-    """This driver's host address, and the workers whose address is on another host."""
-    info = client.scheduler_info(n_workers=-1)
-    if info["address"].startswith("inproc://"):
-        return "inproc", []  # in-process workers: this very process
-    driver = driver_host(info["address"])
-    return driver, sorted(a for a in info["workers"] if get_address_host(a) != driver)
-
-
-def _workers_not_seeing(client: Client, path: str, workers: list[str]) -> list[str]:
-    token = uuid.uuid4().hex
-    probe = Path(path) / f".ballast-storage-probe-{token}"
-    probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text(token)
-    try:
-        seen = client.run(_read_probe, str(probe), workers=workers)
-    finally:
-        probe.unlink()
-    return sorted(address for address, text in seen.items() if text != token)
-
-
-def _read_probe(path: str) -> str | None:
-    """On a worker: the probe file's text, or None where the path does not exist."""
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None

@@ -4,10 +4,11 @@ cluster's job script, the site's settings, and the wait for its first worker.
 - `JobSettings` (`dask.jobs`): partition, account, QOS, memory, constraint, walltime and
   further sbatch options of the worker jobs, typed; dask-jobqueue's own keyword arguments
   stay in `dask.options`, and a setting given in both places is refused.
-- The job script exports the allocator settings (cluster.WORKER_MALLOC_ENV) and unsets the
-  variables that name a path only the submitting host has (preprocessing/contract/slurm.py
-  `host_only_variables`: the `ballast` command's worker log config; a file in its /tmp),
-  which sbatch would otherwise pass in and a worker with a private /tmp would die on.
+- The job script exports the allocator settings (worker_environment.WORKER_MALLOC_ENV) and
+  unsets the variables that name a path only the submitting host has
+  (preprocessing/contract/slurm.py `host_only_variables`: the `ballast` command's worker
+  log config; a file in its /tmp), which sbatch would otherwise pass in and a worker with
+  a private /tmp would die on.
 - The scheduler's dashboard listens where `dask.dashboard_address` says (default: a free
   port), not on 8787 of a login node several people share.
 - Before the first job is submitted, `sbatch --test-only` checks the script: a partition,

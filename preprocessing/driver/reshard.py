@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import ReshardConfig
+from preprocessing.contract.commit import commit_version
 from preprocessing.contract.manifest import (
     Manifest,
     ManifestError,
-    commit_version,
     read_current_version,
     read_manifest,
     version_dir,
@@ -39,38 +39,34 @@ from preprocessing.driver.resume import (
 )
 from preprocessing.driver.stages import Cluster, exchange, write_stage
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
-from preprocessing.exchange.tasks import (
-    DERIVED_SOURCE_COLUMN,
-)
+from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split
-from preprocessing.scan.columns import absent_columns_error
-from preprocessing.scan.feature_stats import InputError
-from preprocessing.scan.inputs import (
-    FileScan,
+from preprocessing.scan.across_files import (
     check_classes,
-    check_schemas,
     count_records,
     duplicate_ids,
     feature_state,
     overlapping_id_groups,
-    scan_file,
 )
+from preprocessing.scan.columns import absent_columns_error
+from preprocessing.scan.feature_stats import InputError
+from preprocessing.scan.inputs import FileScan, check_schemas, scan_file
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
 from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
 from preprocessing.toolbox.secrets import redact
 from preprocessing.versions.attempt import VersionAttempt, collect_expired
+from preprocessing.versions.chain_commit import commit_following
 from preprocessing.versions.incremental import (
     Increment,
     check_schema,
-    commit_following,
     earlier_scans,
     plan_increment,
     version_id_of,
-    version_manifest,
 )
+from preprocessing.versions.version_manifest import version_manifest
 
 
 class TooManyRejected(PermanentError, RuntimeError):

@@ -56,11 +56,15 @@ class StageProgress:
 
 
 class StallWatch:
-    """No silent stall: while a stage runs, a worker that holds a task of the cluster and
-    has not been heard from (its scheduler heartbeat) for `deadline_s` is named in the log
-    (address, the tasks it holds, seconds silent) and removed from the scheduler, which
-    moves its tasks to the other workers (and recomputes what only it held). Without
-    this a SIGSTOPped worker froze a reshard for 592 s, until Dask's own timeout."""
+    """No silent stall: while a stage runs, a worker not heard from (its scheduler
+    heartbeat) for `deadline_s` is named in the log (address, the tasks it runs and the
+    results it holds, seconds silent) and removed from the scheduler, which moves its
+    tasks to the other workers and recomputes what only it held. Without this a
+    SIGSTOPped worker froze a reshard for 592 s, until Dask's own timeout.
+
+    Running a task is not the only way a frozen worker blocks a stage: one frozen just
+    after finishing its task holds that result, and the driver's gather of it (or a
+    task's fetch of it) waits on a process that never answers; so silence alone counts."""
 
     def __init__(self, client: Client, stage: str, deadline_s: float) -> None:
         self.client, self.stage, self.deadline_s = client, stage, deadline_s
@@ -84,21 +88,34 @@ class StallWatch:
                 log.debug("stall watch of %s: %s", self.stage, error)
 
     def check(self) -> None:
-        """Name and retire each worker silent past the deadline while it holds tasks."""
+        """Name and retire each worker silent past the deadline (see `to_retire`)."""
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        for address, keys in self.client.processing().items():
-            silent_s = time.time() - workers.get(address, {}).get("last_seen", time.time())
-            if keys and silent_s > self.deadline_s:
-                log.warning(
-                    "stage %s: worker %s silent for %.0f s holding %s; removing it, "
-                    "its tasks run on the other workers",
-                    self.stage,
-                    address,
-                    silent_s,
-                    ", ".join(str(key) for key in keys[:3]),
-                )
-                self.client.run_on_scheduler(_remove_worker, address)
-                self.retired.append(address)
+        silent = to_retire(workers, time.time(), self.deadline_s)
+        running, holding = (
+            (self.client.processing(), self.client.has_what()) if silent else ({}, {})
+        )
+        for address, silent_s in silent.items():
+            log.warning(
+                "stage %s: worker %s silent for %.0f s running %s and holding %d results; "
+                "removing it, its tasks run on the other workers",
+                self.stage,
+                address,
+                silent_s,
+                ", ".join(str(key) for key in running.get(address, ())[:3]) or "no task",
+                len(holding.get(address, ())),
+            )
+            self.client.run_on_scheduler(_remove_worker, address)
+            self.retired.append(address)
+
+
+def to_retire(workers: dict[str, dict], now: float, deadline_s: float) -> dict[str, float]:
+    """The workers silent past the deadline (address -> seconds silent), but only while
+    some other worker was heard from within it. On a host starved of CPU every worker's
+    heartbeat can lag at once; removing them all would leave a stage no worker to run
+    on (a removed live worker shuts itself down), where waiting costs only time."""
+    silent_s = {address: now - info.get("last_seen", now) for address, info in workers.items()}
+    late = {address: s for address, s in silent_s.items() if s > deadline_s}
+    return late if len(late) < len(silent_s) else {}
 
 
 async def _remove_worker(address: str, dask_scheduler: Any = None) -> None:

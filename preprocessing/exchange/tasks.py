@@ -11,7 +11,8 @@ ordered by distinct keys, so a shard's bytes do not depend on how pieces were gr
 many rounds there were, or which worker ran what. Peak memory per task is about
 `exchange_task_bytes` of rows (a map task's pieces times their oversampling, a write
 task's shards). The driver makes each task's descriptor here too (`exchange_layout`,
-`map_task`, `shard_jobs`), one per task, never one per (piece, shard) pair.
+`map_task`, `shard_jobs`), one per task, never one per (piece, shard) pair. What a map task
+stages, row by row, is `preprocessing/exchange/staged_rows.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from itertools import chain, pairwise
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
@@ -31,38 +31,33 @@ from preprocessing.contract.shards import EncodeBuffer, write_shard
 from preprocessing.exchange.receipts import write_shard_receipt
 from preprocessing.exchange.staged_objects import (
     StagedObject,
-    StagedWriter,
     destination_batches,
     merge_staged,
     read_destinations,
 )
+from preprocessing.exchange.staged_rows import (
+    DERIVED_SOURCE_COLUMN,
+    ORDER_COLUMN,
+    Destinations,
+    PieceTask,
+    payload_schema,
+    read_piece,
+    staged_schema,
+    stratum_codes,
+    write_grouped,
+)
 from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
-from preprocessing.plan.row_fates import holdout_mask, route_pieces
-from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
+from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.split import SplitPlan
-from preprocessing.scan.inputs import INTERNAL_PREFIX, FileScan, InputFile, row_sources
-from preprocessing.scan.kept_rows import kept_rows
+from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
-from preprocessing.storage.sources import read_rows
 
-ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
 # Shards of fewer staged bytes than this together are put in keyed order by one take: a
 # shard of a few thousand rows cost about 15 pyarrow and numpy calls of its own, most of
 # its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
 # still holds one shard's ordered copy at a time.
 ORDER_RUN_BYTES = 8 << 20
-DERIVED_SOURCE_COLUMN = "source"
-
-
-@dataclass(frozen=True)
-class PieceTask:
-    """One row range of one input file."""
-
-    piece: int
-    file: InputFile
-    first_row: int
-    num_rows: int
 
 
 @dataclass(frozen=True)
@@ -99,27 +94,6 @@ class Staging:
             self.part_bytes,
             self.receipts,
         )
-
-
-@dataclass(frozen=True)
-class Destinations:
-    """What every map task shares: the plans (without piece offsets), the first
-    destination number of each split, and the schema of staged rows."""
-
-    plans: dict[str, SplitPlan]
-    first: dict[str, int]
-    count: int
-    schema: pa.Schema
-
-
-def staged_schema(schema: pa.Schema) -> pa.Schema:
-    """The output schema with dictionaries decoded (every piece has its own) plus the
-    order key; write tasks cast back to `schema`."""
-    fields = [
-        pa.field(f.name, f.type.value_type, f.nullable) if pa.types.is_dictionary(f.type) else f
-        for f in schema
-    ]
-    return pa.schema([*fields, pa.field(ORDER_COLUMN, pa.uint64())])
 
 
 def exchange_layout(
@@ -233,7 +207,7 @@ def map_pieces(
     object's size in bytes."""
     read = [read_piece(piece, destinations, spec, seed, holdout_fraction) for piece in task.pieces]
     tables = [table for table, _ in read]
-    table = pa.concat_tables(tables) if tables else _payload_schema(destinations).empty_table()
+    table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
     held_out = np.concatenate([mask for _, mask in read]) if read else np.zeros(0, dtype=bool)
     piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
     pieces = np.array([piece.piece for piece in task.pieces], dtype=np.int64)
@@ -257,72 +231,9 @@ def map_pieces(
     grouped = table.take(pa.array(np.concatenate(rows)[by_target]))
     order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
     grouped = grouped.append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
-    return _write_grouped(
+    return write_grouped(
         grouped.combine_chunks(), target[by_target], task.output, destinations.schema
     )
-
-
-def read_piece(
-    task: PieceTask,
-    destinations: Destinations,
-    spec: DatasetSpec,
-    seed: int,
-    holdout_fraction: float,
-) -> tuple[pa.Table, np.ndarray]:
-    """One piece's rows in the staged schema (without the order key), and which of them
-    are held out."""
-    table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
-    if spec.source_column is None:
-        table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
-    if spec.id_column is None:
-        ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
-        table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
-    held_out = holdout_mask(
-        task.file.relative_path, task.first_row, table.num_rows, seed, holdout_fraction
-    )
-    kept = kept_rows(table, spec).kept  # as the scan counted them
-    if not kept.all():
-        table, held_out = table.filter(pa.array(kept)), held_out[kept]
-    return table.select(_payload_schema(destinations).names).cast(
-        _payload_schema(destinations)
-    ), held_out
-
-
-def _payload_schema(destinations: Destinations) -> pa.Schema:
-    schema = destinations.schema
-    return schema.remove(schema.get_field_index(ORDER_COLUMN))
-
-
-def stratum_codes(
-    table: pa.Table, plan: SplitPlan, spec: DatasetSpec, rows: np.ndarray | None = None
-) -> np.ndarray:
-    """Stratum index of every row (or of `rows`), by dictionary lookup (vectorised)."""
-    labels = sorted({label for label, _ in plan.strata}, key=str)
-    sources = sorted({source for _, source in plan.strata}, key=str)
-    lookup = np.full((len(labels) + 1, len(sources) + 1), -1, dtype=np.int64)
-    for index, (label, source) in enumerate(plan.strata):
-        lookup[labels.index(label), sources.index(source)] = index
-    source_name = spec.source_column or DERIVED_SOURCE_COLUMN
-    codes = []
-    for name, values in ((spec.label_column, labels), (source_name, sources)):
-        code = pc.index_in(table.column(name), pa.array(values)).fill_null(len(values))
-        codes.append(code.to_numpy())
-    found = lookup[codes[0], codes[1]] if rows is None else lookup[codes[0][rows], codes[1][rows]]
-    if (found < 0).any():
-        raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
-    return found
-
-
-def _write_grouped(
-    grouped: pa.Table, targets: np.ndarray, output: StagedObject, schema: pa.Schema
-) -> int:
-    """Rows sorted by destination, one record batch per destination that has rows."""
-    batch = grouped.to_batches()[0] if grouped.num_rows else None
-    bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
-    writer = StagedWriter(output, schema)
-    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        writer.add_batches([batch.slice(start, stop - start)] if stop > start and batch else [])
-    return writer.close()
 
 
 def merge_task(round_index: int, task: int, staging: Staging) -> int:

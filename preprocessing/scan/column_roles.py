@@ -35,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.codec import FeatureError, kind_of, parse_timestamps
+from preprocessing.contract.codec import parse_timestamps
+from preprocessing.contract.column_spec import FeatureError, kind_of
 from preprocessing.plan.distinct import (
     MIN_IDENTIFYING_ROWS,
     distinct_count,

@@ -6,7 +6,8 @@ internal column name, a feature type no kind encodes, null or NaN labels under
 `absent_columns_error` is the config's mistake, said once: a column the config names that
 no input file has is one `InputError` naming the config field, the columns the files do
 have and the closest of them, not a schema-drift rejection of every file. `IdTally`
-holds a file's ids for its duplicate check and id range.
+holds a file's ids for its duplicate check and id range; `too_many_classes` is the reason
+given when a file, or the files together, hold more label values than allowed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import DatasetSpec
-from preprocessing.contract.codec import kind_of
+from preprocessing.contract.column_spec import kind_of
 from preprocessing.scan.feature_stats import InputError, column_nulls
 
 INTERNAL_PREFIX = "__ballast_"  # the exchange's own columns; inputs may not use the prefix
@@ -154,3 +155,12 @@ class IdTally:
         ids, self.parts = np.concatenate(self.parts), []
         ids.sort()
         return ids[1:][ids[1:] == ids[:-1]]
+
+
+def too_many_classes(spec: DatasetSpec, count: int) -> str:
+    """The reason a file, or the run's files together, hold too many label values."""
+    return (
+        f"label column '{spec.label_column}' holds {count} distinct values, more than "
+        f"dataset.max_classes={spec.max_classes} (a regression target? ballast trains "
+        "classifiers: bin the values into classes, or raise max_classes)"
+    )

@@ -22,14 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec, NullPolicy
-from preprocessing.contract.codec import (
-    SCALAR_KINDS,
-    ColumnSpec,
-    FeatureCodec,
-    FeatureError,
-    kind_of,
-    seconds,
-)
+from preprocessing.contract.codec import FeatureCodec, seconds
+from preprocessing.contract.column_spec import SCALAR_KINDS, ColumnSpec, FeatureError, kind_of
 from preprocessing.contract.notices import identifying_message
 from preprocessing.plan.distinct import (
     distinct_count,

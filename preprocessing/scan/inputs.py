@@ -14,9 +14,9 @@ column is read: ids are derived from each file's path and row (preprocessing/pla
 Each file's scan is retried on transient errors (preprocessing/toolbox/faults.py); a file
 still unreadable for one after every try comes back `transient`, which fails the run
 rather than rejecting the file.
-`check_schemas` rejects files whose schema drifts from the majority's. Across files:
-`check_classes`, `duplicate_ids` (only files whose id ranges overlap are read again)
-and `feature_state`, the manifest's codec, raise `InputError` before anything is written.
+`check_schemas` rejects files whose schema drifts from the majority's. The checks across
+files (classes, duplicate ids, the manifest's codec) are preprocessing/scan/across_files.py;
+a batch's rows are counted by preprocessing/scan/row_counts.py.
 
 Cost (1 M rows in 8 Parquet files, one process, a loaded 2-core machine): a 64-float
 fixed-size-list sample scans in 0.5-0.7 s (0.2-0.4 s reading label and source only: the
@@ -33,28 +33,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.plan.counts import Counts, concat_counts
+from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
-from preprocessing.scan.columns import IdTally, row_problem, schema_problem
+from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
-    InputError,
-    build_codec,
-    earlier_profiles,
-    features_record,
-    identifying_columns,
-    merge_profiles,
     new_profiles,
     profile_batch,
-    profiles_record,
 )
 from preprocessing.scan.kept_rows import kept_rows
+from preprocessing.scan.row_counts import count_rows
 from preprocessing.storage.sources import (
     FORMATS,
     Footer,
@@ -258,7 +251,7 @@ class _Tally:
         table = pa.Table.from_batches([batch])
         if not kept.all():
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
-        self.counts.update(_count_rows(table, spec, file, pieces, holdout))
+        self.counts.update(count_rows(table, spec, file, pieces, holdout))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
@@ -269,7 +262,7 @@ class _Tally:
         """Too many classes or duplicate ids in this file, as a reason; else None."""
         labels = {key[2] for key in self.counts}
         if len(labels) > spec.max_classes:
-            return _too_many_classes(spec, len(labels))
+            return too_many_classes(spec, len(labels))
         repeated = self.ids.repeated()
         if repeated.size:
             return (
@@ -283,14 +276,6 @@ class _Tally:
         if self.ids.low is None or self.ids.high is None:
             return id_range(file.relative_path, self.num_rows)
         return self.ids.low, self.ids.high
-
-
-def _too_many_classes(spec: DatasetSpec, count: int) -> str:
-    return (
-        f"label column '{spec.label_column}' holds {count} distinct values, more than "
-        f"dataset.max_classes={spec.max_classes} (a regression target? ballast trains "
-        "classifiers: bin the values into classes, or raise max_classes)"
-    )
 
 
 def _null_lists_reason(profiles: dict[str, ColumnProfile], error: BaseException) -> str:
@@ -322,55 +307,6 @@ def scan_columns(
     return list(dict.fromkeys(columns))
 
 
-def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array:
-    """The source of every row: its source column, or the input root it was listed from."""
-    if spec.source_column:
-        return table.column(spec.source_column).combine_chunks()
-    # One scalar repeated in Arrow: a Python list of the root's name cost 17 ms per 65,536
-    # rows, in the scan and again in the map (0.18 ms so; benchmarks/RESULTS.md M37).
-    return pa.repeat(pa.scalar(file.root, pa.string()), table.num_rows)
-
-
-def _count_rows(
-    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, holdout: np.ndarray
-) -> dict[tuple[int, str, Any, Any], int]:
-    """Rows per (piece, split, label, source) of one batch: one integer key per row and a
-    numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
-    labels, label_codes = _value_codes(table.column(spec.label_column))
-    sources, source_codes = _value_codes(row_sources(table, spec, file))
-    split = holdout.astype(np.int64)
-    key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
-    keys, counts = _distinct_counts(key)
-    rest, source = np.divmod(keys, len(sources))
-    rest, label = np.divmod(rest, len(labels))
-    piece, held = np.divmod(rest, 2)
-    columns = (part.tolist() for part in (piece, held, label, source, counts))
-    return {
-        (p, "holdout" if h else "train", labels[lab], sources[src]): n
-        for p, h, lab, src, n in zip(*columns, strict=True)
-    }
-
-
-def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(key, return_counts=True)`: a count over the keys' range where that is no
-    larger than the batch (a batch's keys span a few pieces and classes), a pass instead
-    of a sort."""
-    low = int(key.min()) if len(key) else 0
-    if len(key) and int(key.max()) - low < max(len(key), 1 << 10):
-        counts = np.bincount(key - low)
-        present = np.flatnonzero(counts)
-        return present + low, counts[present]
-    return np.unique(key, return_counts=True)
-
-
-def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
-    """The distinct values of `column` and each row's index into them."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    encoded = pc.dictionary_encode(column)
-    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
-
-
 def check_schemas(scans: list[FileScan]) -> list[FileScan]:
     """Reject accepted files whose schema differs from the most common one, saying how."""
     schemas = [scan.schema for scan in scans if scan.reason is None and scan.schema is not None]
@@ -399,106 +335,3 @@ def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
             )
     extra = [name for name in found.names if name not in expected.names]
     return f"schema drift: unexpected columns {extra}"
-
-
-def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
-    """The accepted files' counts over global pieces (files in order), and each piece's
-    (scan index, piece in file) as a [pieces, 2] array."""
-    accepted = [index for index, scan in enumerate(scans) if scan.reason is None]
-    num_pieces = np.fromiter(
-        (len(scans[index].piece_rows) for index in accepted), np.int64, len(accepted)
-    )
-    first_pieces = np.cumsum(num_pieces) - num_pieces
-    counts = concat_counts([scans[index].counts for index in accepted], first_pieces)
-    pieces = np.empty((int(num_pieces.sum()), 2), dtype=np.int64)
-    pieces[:, 0] = np.repeat(np.array(accepted, dtype=np.int64), num_pieces)
-    pieces[:, 1] = np.arange(len(pieces)) - np.repeat(first_pieces, num_pieces)
-    return counts, pieces
-
-
-def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
-    """The accepted files together must hold at most `max_classes` label values."""
-    labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
-    if len(labels) > spec.max_classes:
-        raise InputError(_too_many_classes(spec, len(labels)))
-
-
-def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
-    """Accepted files whose id ranges overlap, grouped (each file's own ids are unique
-    already); files with disjoint ranges cannot share an id and need no read."""
-    ranged = sorted(
-        (scan.id_range, scan.file.uri)
-        for scan in scans
-        if scan.reason is None and scan.id_range is not None
-    )
-    groups: list[list[str]] = []
-    reach = None
-    for (low, high), uri in ranged:
-        if reach is not None and low <= reach:
-            groups[-1].append(uri)
-            reach = max(reach, high)
-        else:
-            groups.append([uri])
-            reach = high
-    return [group for group in groups if len(group) > 1]
-
-
-def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
-    """An id held by two of `uris`, named with both files, or None (reads the id column).
-    Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
-    if id_column is None:
-        return (
-            f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
-            "those files have the same path relative to their input roots; list one "
-            "root that holds them all, or name an id column as dataset.id_column"
-        )
-    ids = [
-        np.concatenate(
-            [
-                batch.column(0).to_numpy(zero_copy_only=False)
-                for batch in iter_batches(uri, columns=[id_column])
-            ]
-        )
-        for uri in uris
-    ]
-    owner = np.repeat(np.arange(len(uris)), [len(part) for part in ids])
-    values = np.concatenate(ids)
-    order = np.argsort(values, kind="stable")
-    same = np.flatnonzero(values[order][1:] == values[order][:-1])
-    if not same.size:
-        return None
-    first, second = owner[order[same[0]]], owner[order[same[0] + 1]]
-    return (
-        f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
-        f"and {uris[second]}; ids must be unique across the input files"
-    )
-
-
-def feature_state(
-    scans: list[FileScan], spec: DatasetSpec, earlier: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The manifest's `features` field from the accepted files' profiles, folded into the
-    `earlier` version's (a chain's parent: its files are not read again); `InputError` for
-    nulls under `error`, unsupported policies, too many categories, identifying features."""
-    accepted = [scan for scan in scans if scan.reason is None]
-    earlier = earlier or {}
-    profiles = merge_profiles([earlier_profiles(earlier), *(scan.profiles for scan in accepted)])
-    files_with_nulls = {
-        name: [scan.file.uri for scan in accepted if scan.profiles[name].null_rows]
-        for name in spec.feature_columns
-    }
-    codec = build_codec(profiles, files_with_nulls, spec)
-    dropped = {
-        **earlier.get("dropped_rows", {}),
-        **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows},
-    }
-    unlabelled = {
-        **earlier.get("unlabelled_rows", {}),
-        **{scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows},
-    }
-    return {
-        **features_record(codec, dropped),
-        "unlabelled_rows": unlabelled,
-        "identifying_columns": identifying_columns(profiles, spec),
-        "profiles": profiles_record(profiles, spec),
-    }

@@ -4,8 +4,8 @@ a filesystem is local disk, and a streamed sha256. A write the storage refuses (
 space, quota, permission, read-only) is raised as the `StorageRefused` it is, naming the
 path and the bytes it needed, so no retry loop takes it for a blip.
 
-fsspec and the standard library only; preprocessing/contract/manifest.py builds the version
-commit on them and re-exports them.
+fsspec and the standard library only; preprocessing/contract/commit.py builds the version
+commit on them and preprocessing/contract/manifest.py re-exports them.
 """
 
 from __future__ import annotations

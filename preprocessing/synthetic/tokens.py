@@ -32,10 +32,10 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from pydantic import BaseModel, ConfigDict, Field
 
+from preprocessing.contract.commit import commit_version
 from preprocessing.contract.manifest import (
     Manifest,
     SplitEntry,
-    commit_version,
     manifest_uri,
     read_manifest,
     shard_name,

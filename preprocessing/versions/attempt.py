@@ -45,12 +45,10 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from preprocessing.contract.commit import ANY_PREVIOUS, Commit, commit_version
 from preprocessing.contract.manifest import (
-    ANY_PREVIOUS,
-    Commit,
     Manifest,
     check_version_id,
-    commit_version,
     file_sha256,
     is_local,
     version_dir,

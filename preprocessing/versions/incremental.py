@@ -2,8 +2,9 @@
 that costs a nightly run its new input files only.
 
 `plan_increment` decides (full, reuse or append) from the listing and the current
-manifest, `version_id_of` names the version, `version_manifest` assembles what the run
-wrote, and `commit_following` commits a child only from its parent.
+manifest and `version_id_of` names the version; `version_manifest` assembles what the run
+wrote (preprocessing/versions/version_manifest.py), and `commit_following` commits a child
+only from its parent (preprocessing/versions/chain_commit.py).
 
 With `mode: incremental` a run compares the inputs with the listing the current version
 recorded (`Manifest.inputs`: path, size and etag or mtime per file, the fields of the
@@ -48,40 +49,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import pyarrow as pa
-from fsspec.core import url_to_fs
 
 from preprocessing.config import ReshardConfig, comparable_settings
 from preprocessing.contract.manifest import (
-    MANIFEST_NAME,
-    Commit,
-    CommitConflict,
-    Delta,
-    InputRecord,
     Manifest,
     ManifestError,
-    RejectedFile,
-    SplitEntry,
     code_version,
-    is_local,
-    read_current_version,
     read_manifest,
     version_dir,
 )
-from preprocessing.exchange.tasks import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.counts import Counts
-from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
-from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile, fingerprint_inputs
-from preprocessing.toolbox.secrets import redact, redact_value
-from preprocessing.versions.table import publish_current
+from preprocessing.toolbox.secrets import redact_value
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted
 
@@ -240,231 +225,3 @@ def check_schema(schema: pa.Schema, parent: Manifest) -> None:
             f"{parent.version_id} has {parent.arrow_schema}: they cannot be "
             f"appended; mode: full reshards every input"
         )
-
-
-def input_records(scans: list[FileScan]) -> list[InputRecord]:
-    """The listing a manifest records: every scanned file, with an accepted file's ids."""
-    return [
-        InputRecord(
-            s.file.uri,
-            s.file.num_bytes,
-            s.file.content_tag,
-            list(s.id_range) if s.reason is None and s.id_range else None,
-        )
-        for s in scans
-    ]
-
-
-def delta_of(
-    version_id: str,
-    parent: Manifest | None,
-    scans: list[FileScan],
-    num_pieces: int,
-    plans: dict[str, SplitPlan],
-) -> Delta:
-    """What this run adds: the files it read and, per split and stratum, rows in and out."""
-    strata = {
-        name: [
-            [label, source, int(n), int(k)]
-            for (label, source), n, k in zip(
-                plan.strata, plan.input_rows, plan.output_rows, strict=True
-            )
-        ]
-        for name, plan in plans.items()
-    }
-    return Delta(
-        version_id,
-        parent.version_id if parent else None,
-        "",
-        len(scans),
-        sum(scan.file.num_bytes for scan in scans),
-        num_pieces,
-        strata,
-    )
-
-
-def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:
-    classes: dict[str, int] = {}
-    sources: dict[str, int] = {}
-    for scan in scans:
-        for totals, column in ((classes, "label"), (sources, "source")):
-            for value, n in scan.counts.rows_by(column).items() if scan.reason is None else ():
-                totals[str(value)] = totals.get(str(value), 0) + n
-    return classes, sources
-
-
-def version_manifest(
-    config: ReshardConfig,
-    version_id: str,
-    fingerprint: str,
-    scans: list[FileScan],
-    schema: pa.Schema,
-    plans: dict[str, SplitPlan],
-    splits: dict[str, SplitEntry],
-    timings: dict[str, float],
-    features: dict[str, Any],
-    parent: Manifest | None,
-    num_pieces: int,
-) -> Manifest:
-    """The manifest of what a run wrote: a flat version's, or (with `parent`) a child's,
-    the new files' version joined to everything the parent lists."""
-    delta = delta_of(version_id, parent, scans, num_pieces, plans)
-    manifest = _flat_manifest(
-        config, version_id, fingerprint, scans, schema, plans, splits, timings, features, delta
-    )
-    return append_to(parent, manifest) if parent else manifest
-
-
-def _flat_manifest(
-    config: ReshardConfig,
-    version_id: str,
-    fingerprint: str,
-    scans: list[FileScan],
-    schema: pa.Schema,
-    plans: dict[str, SplitPlan],
-    splits: dict[str, SplitEntry],
-    timings: dict[str, float],
-    features: dict[str, Any],
-    delta: Delta,
-) -> Manifest:
-    input_classes, input_sources = _input_histograms(scans)
-    train = plans["train"]
-    # Every class of any split: a class whose rows were all held out is still one the
-    # holdout's labels must map to.
-    labels = {label for plan in plans.values() for label, _ in plan.strata}
-    return Manifest(
-        version_id=version_id,
-        label_column=config.dataset.label_column,
-        source_column=config.dataset.source_column or DERIVED_SOURCE_COLUMN,
-        id_column=config.dataset.id_column or DERIVED_ID_COLUMN,
-        feature_columns=list(config.dataset.feature_columns),
-        classes=sorted(labels, key=json_sort_key),
-        sources=sorted({source for _, source in train.strata}, key=json_sort_key),
-        arrow_schema=[{"name": f.name, "type": str(f.type)} for f in schema],
-        splits=splits,
-        seed=config.seed,
-        config=redact_value(config.model_dump(mode="json")),
-        input_fingerprint=fingerprint,
-        input_class_counts=input_classes,
-        input_source_counts=input_sources,
-        rejected=[
-            RejectedFile(redact(s.file.uri), redact(s.reason))
-            for s in scans
-            if s.reason is not None
-        ],
-        features=features,
-        timings_s=timings,
-        code_version=code_version(),
-        inputs=input_records(scans),
-        deltas=[delta],
-    )
-
-
-def json_sort_key(value: Any) -> tuple[int, Any]:
-    """The order of a manifest's classes and sources: numbers by value, then text."""
-    return (0, value) if isinstance(value, int | float) else (1, str(value))
-
-
-def append_to(parent: Manifest, delta: Manifest) -> Manifest:
-    """The child manifest: `delta` (a version of the new files alone, under the child's
-    id, with the chain's features) joined to everything `parent` lists."""
-    names = dict.fromkeys([*parent.splits, *delta.splits])
-    return replace(
-        delta,
-        splits={name: _joined(parent, delta, name) for name in names},
-        classes=sorted({*parent.classes, *delta.classes}, key=json_sort_key),
-        sources=sorted({*parent.sources, *delta.sources}, key=json_sort_key),
-        input_class_counts=_summed(parent.input_class_counts, delta.input_class_counts),
-        input_source_counts=_summed(parent.input_source_counts, delta.input_source_counts),
-        rejected=[*parent.rejected, *delta.rejected],
-        parent_version=parent.version_id,
-        inputs=sorted([*parent.inputs, *delta.inputs], key=lambda record: record.uri),
-        deltas=[*parent.lineage(), *delta.deltas],
-    )
-
-
-def _joined(parent: Manifest, delta: Manifest, name: str) -> SplitEntry:
-    """The parent's shards of split `name`, each naming the directory it is in, then the
-    delta's own."""
-    older = parent.splits[name].shards if name in parent.splits else []
-    newer = delta.splits[name].shards if name in delta.splits else []
-    shards = [
-        entry if entry.version else replace(entry, version=parent.version_id) for entry in older
-    ] + list(newer)
-    return SplitEntry(sum(entry.num_rows for entry in shards), shards)
-
-
-def _summed(first: dict[str, int], second: dict[str, int]) -> dict[str, int]:
-    return {key: first.get(key, 0) + second.get(key, 0) for key in sorted({*first, *second})}
-
-
-def commit_following(
-    root: str, manifest: Manifest, previous: str | None, commit: Callable[[str | None], Commit]
-) -> Commit:
-    """Run `commit(expected)`: a flat version from `previous`; a chain's child only from
-    its parent. A child that finds `_CURRENT` moved on (before its commit, at the swap,
-    or after finding itself committed) is withdrawn and CommitConflict raised: a lost
-    race leaves no version behind. A child current or under the current one is kept.
-    Then the root's table is brought in step with `_CURRENT` (a rerun's repair)."""
-    done = _commit_in_line(root, manifest, previous, commit)
-    publish_current(root)
-    return done
-
-
-def _commit_in_line(
-    root: str, manifest: Manifest, previous: str | None, commit: Callable[[str | None], Commit]
-) -> Commit:
-    if manifest.parent_version is None:
-        return commit(previous)
-    if _position(root, manifest) == "elsewhere":
-        raise _withdrawn(root, manifest)
-    try:
-        done = commit(manifest.parent_version)
-    except CommitConflict as error:
-        raise _withdrawn(root, manifest) from error
-    if _position(root, manifest) != "current":
-        raise _withdrawn(root, manifest)
-    return done
-
-
-def _position(root: str, manifest: Manifest) -> str:
-    """`current` (the child, or a version under it, is current), `parent`, `elsewhere`."""
-    found = read_current_version(root)
-    if found == manifest.parent_version:
-        return "parent"
-    if found == manifest.version_id:
-        return "current"
-    try:
-        lineage = read_manifest(version_dir(root, found))[0].deltas if found else []
-    except ManifestError:
-        return "elsewhere"
-    return "current" if manifest.version_id in {d.version_id for d in lineage} else "elsewhere"
-
-
-def _withdrawn(root: str, manifest: Manifest) -> CommitConflict:
-    withdraw_version(root, manifest)
-    return CommitConflict(
-        f"{root}: _CURRENT names {read_current_version(root)!r}, not "
-        f"{manifest.parent_version!r}, the version {manifest.version_id} appends to: another "
-        f"run committed first. {manifest.version_id} was withdrawn; run again to append to "
-        f"the current version"
-    )
-
-
-def withdraw_version(root: str, manifest: Manifest) -> None:
-    """Remove a version that must never become current: its manifest first (from then on
-    it is no version), then the shards in its own directory, then that directory."""
-    fs, directory = url_to_fs(version_dir(root, manifest.version_id))
-    own = [
-        entry.path
-        for split in manifest.splits.values()
-        for entry in split.shards
-        if entry.version is None
-    ]
-    for name in (MANIFEST_NAME, *own):
-        with suppress(FileNotFoundError):
-            fs.rm_file(f"{directory}/{name}")
-    fs.invalidate_cache(directory)
-    if is_local(fs):
-        with suppress(OSError):  # not empty: another writer's files stay
-            fs.rmdir(directory)

@@ -2,7 +2,7 @@
 
 The version must be committed (its manifest reads and checks, as any reader would);
 `_CURRENT` then moves by the compare-and-swap of a commit
-(preprocessing/contract/manifest.py `swap_current`, expecting the version it named a
+(preprocessing/contract/commit.py `swap_current`, expecting the version it named a
 moment before), so a commit racing the rollback makes one of them fail, never both
 half-succeed. Idempotent: a root already at the version is left as it is. Nothing is
 deleted: the newer versions stay on disk, and an incremental run after a rollback
@@ -13,13 +13,13 @@ named it already (a rollback cut off before its table commit).
 
 from __future__ import annotations
 
+from preprocessing.contract.commit import swap_current
 from preprocessing.contract.manifest import (
     CURRENT_NAME,
     ManifestError,
     manifest_uri,
     read_current_version,
     read_manifest,
-    swap_current,
 )
 from preprocessing.versions.table import publish_current
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from preprocessing.contract.commit import COMMIT_STEPS, KILL_AT_ENV
 from preprocessing.contract.manifest import (
-    COMMIT_STEPS,
-    KILL_AT_ENV,
     MANIFEST_NAME,
     file_sha256,
     read_current_version,

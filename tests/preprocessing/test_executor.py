@@ -27,15 +27,14 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_current_version, read_manifest, version_dir
 from preprocessing.driver.cluster import (
     PROFILE_KEY,
-    WORKER_MALLOC_ENV,
     DaskConfig,
-    StorageNotShared,
-    WorkerEnvironmentWarning,
     build_cluster,
     dask_client,
     kubernetes_cluster_spec,
 )
 from preprocessing.driver.reshard import run_reshard, version_id_for
+from preprocessing.driver.shared_storage import StorageNotShared
+from preprocessing.driver.worker_environment import WORKER_MALLOC_ENV, WorkerEnvironmentWarning
 
 REPO = Path(__file__).resolve().parents[2]
 DASK_CLI = str(Path(sys.executable).parent / "dask")
@@ -262,7 +261,9 @@ def test_local_workers_run_dasks_profiler_only_when_asked(worker_profile: bool) 
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::preprocessing.driver.cluster.WorkerEnvironmentWarning")
+@pytest.mark.filterwarnings(
+    "ignore::preprocessing.driver.worker_environment.WorkerEnvironmentWarning"
+)
 def test_local_output_that_workers_on_other_hosts_cannot_see_is_refused(
     tiny_raw, unshared_dir, foreign_cluster
 ) -> None:

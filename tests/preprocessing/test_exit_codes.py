@@ -25,6 +25,7 @@ from flows.cli.main import failure_status
 from flows.cli.main import main as flows_main
 from preprocessing.__main__ import main
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.commit import CommitConflict
 from preprocessing.contract.exit_status import (
     BAD_INPUT,
     CONFLICT,
@@ -34,7 +35,7 @@ from preprocessing.contract.exit_status import (
     cause_line,
     exit_status,
 )
-from preprocessing.contract.manifest import CommitConflict, ManifestError
+from preprocessing.contract.manifest import ManifestError
 from preprocessing.driver.reshard import InputsUnreadable, TooManyRejected
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.storage.objects import write_object

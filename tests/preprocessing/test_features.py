@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract import numeric_block
-from preprocessing.contract.codec import ENCODERS, ColumnSpec, FeatureCodec, FeatureError, kind_of
+from preprocessing.contract.codec import ENCODERS, FeatureCodec
+from preprocessing.contract.column_spec import ColumnSpec, FeatureError, kind_of
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     InputError,

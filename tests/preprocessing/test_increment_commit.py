@@ -8,11 +8,9 @@ import threading
 
 import pytest
 
+from preprocessing.contract.commit import COMMIT_STEPS, KILL_AT_ENV, CommitConflict
 from preprocessing.contract.manifest import (
-    COMMIT_STEPS,
     CURRENT_NAME,
-    KILL_AT_ENV,
-    CommitConflict,
     file_lock,
     read_current_version,
     read_manifest,

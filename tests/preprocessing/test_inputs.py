@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.scan.columns import IdTally
-from preprocessing.scan.inputs import _distinct_counts
+from preprocessing.scan.row_counts import _distinct_counts
 from preprocessing.storage.sources import read_rows
 
 

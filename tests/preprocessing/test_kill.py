@@ -20,9 +20,8 @@ from distributed import Client, LocalCluster
 
 from flows.cli.status import attempt_lines
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.commit import COMMIT_STEPS, KILL_AT_ENV
 from preprocessing.contract.manifest import (
-    COMMIT_STEPS,
-    KILL_AT_ENV,
     MANIFEST_NAME,
     file_sha256,
     read_current_version,

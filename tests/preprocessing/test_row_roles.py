@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
-from preprocessing.contract.codec import FeatureCodec, FeatureError, seconds
+from preprocessing.contract.codec import FeatureCodec, seconds
+from preprocessing.contract.column_spec import FeatureError
 from preprocessing.contract.notices import identifying_lines, unlabelled_lines
 from preprocessing.driver.reshard import TooManyRejected
 from preprocessing.plan.distinct import (

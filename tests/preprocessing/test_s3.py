@@ -13,14 +13,13 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.commit import CommitConflict, swap_current
 from preprocessing.contract.manifest import (
-    CommitConflict,
     Manifest,
     file_sha256,
     read_current_version,
     read_manifest,
     shard_uri,
-    swap_current,
 )
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.versions.table import (

@@ -2,7 +2,9 @@
 worker SIGSTOPped mid-exchange or mid-write is named in the run's log (address, the tasks
 it holds, seconds silent) within the progress deadline, removed from the cluster, and
 the same `run_reshard` call commits the version a clean run makes, byte-identical. Before,
-such a run printed nothing for 300 s and went on only at Dask's own 592 s."""
+such a run printed nothing for 300 s and went on only at Dask's own 592 s. A worker
+frozen after its task finished runs nothing but holds the result the driver is about to
+gather: it is retired the same way (before, that gather waited 600 s in CI)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import signal
 import time
 
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.driver.waves import StallWatch, to_retire
 
 DEADLINE_S = 10.0
 
@@ -72,3 +75,47 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
 
     assert result.manifest.version_id == clean.manifest.version_id
     assert digests(result) == digests(clean)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_holding_only_a_finished_result_is_retired(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Invariant: a silent worker that runs no task but holds a result the driver gathers is
+    named and removed, and the result (recomputed on the other worker) arrives well
+    before Dask's own timeout."""
+    caplog.set_level(logging.WARNING, logger="preprocessing.driver.waves")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        address, victim = sorted(client.run(os.getpid).items())[0]
+        future = client.submit(_square, 7, workers=[address], allow_other_workers=True)
+        wait(future)
+        assert client.has_what()[address] and not client.processing()[address]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            with StallWatch(client, "test", deadline_s=DEADLINE_S) as watch:
+                assert future.result(timeout=120) == 49
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+    assert watch.retired == [address]
+    assert any(address in r.getMessage() and "silent" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_is_retired_only_while_another_was_heard_from() -> None:
+    """Invariant: workers silent past the deadline are retired while another worker is
+    responsive; when every worker is silent (a host starved of CPU) none is, since
+    removing them all would leave the stage nothing to run on."""
+    seen = {"a": {"last_seen": 100.0}, "b": {"last_seen": 95.0}, "c": {"last_seen": 80.0}}
+    assert to_retire(seen, 101.0, 10.0) == {"c": 21.0}
+    assert to_retire(seen, 89.0, 10.0) == {}
+    assert to_retire(seen, 120.0, 10.0) == {}
+    assert to_retire({"a": {"last_seen": 0.0}}, 60.0, 10.0) == {}

@@ -19,15 +19,13 @@ import pytest
 from deltalake import DeltaTable
 
 from flows.cli.main import main as ballast
+from preprocessing.contract.commit import KILL_AT_ENV, CommitConflict, swap_current
 from preprocessing.contract.manifest import (
-    KILL_AT_ENV,
-    CommitConflict,
     Manifest,
     read_current_version,
     read_manifest,
     shard_name,
     shard_uri,
-    swap_current,
 )
 from preprocessing.contract.shards import write_shard
 from preprocessing.driver.reshard import run_reshard

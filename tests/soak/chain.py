@@ -6,7 +6,8 @@ directory, and `disk_full` is left out). Night 0 reshards the base files; each l
 night uploads one new file and now and then rewrites an old one (`on_changed_inputs:
 rebuild` then makes a flat version), and runs `python -m preprocessing` (its own Dask
 cluster) with one fault drawn by a seeded generator, landing after a random delay
-within the run's expected duration:
+within the run's expected duration (the faults: tests/soak/night_faults.py; the soak's
+settings and state: tests/soak/soak_state.py):
 
 - `driver_kill`: SIGKILL of the driver's whole session;
 - `worker_kill`: SIGKILL of one Dask worker process of the driver;
@@ -34,106 +35,24 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import s3fs
-import yaml
-from distributed import Client
 
-from preprocessing.config import DatasetSpec, IncrementalConfig, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_current_version, read_manifest, shard_uri
 from preprocessing.contract.verify import verify_chain
 from preprocessing.driver.reshard import run_reshard
-from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
-from preprocessing.toolbox.faults import RetryPolicy
+from preprocessing.synthetic.tabular import sample_table, write_sample
 from preprocessing.versions.attempt import STAGING_DIR, lease_expired
-from tests.fault_proxy import FaultyS3Proxy
+from tests.soak.night_faults import inject
+from tests.soak.soak_state import BASE, REPO, Night, Soak, Tally, config_file, config_for, s3
 
-REPO = Path(__file__).resolve().parents[2]
-FAULT_KINDS = ("driver_kill", "worker_kill", "s3_503", "disk_full")
-BASE = SampleSpec(
-    num_rows=2_000,
-    num_files=4,
-    num_classes=3,
-    num_sources=2,
-    num_features=4,
-    class_ratio=4.0,
-    seed=11,
-)
 NIGHT_ROWS, CHANGE_PROBABILITY, RUN_TIMEOUT_S = 200, 0.15, 300
-TMPFS_BYTES = 64 << 20
 COLUMNS = ["id", "label", "source", "features"]
-
-
-@dataclass
-class Tally:
-    """Per fault kind: nights drawn, faults that took effect, runs that took one and still
-    succeeded, runs that failed and were rerun to a commit, and input rows missing or
-    different in the current version."""
-
-    hit: int = 0
-    landed: int = 0
-    survived: int = 0
-    recovered: int = 0
-    lost: int = 0
-
-
-@dataclass
-class Night:
-    number: int
-    fault: str
-    landed: bool
-    rerun: bool
-    how: str
-    seconds: float
-    lost: int
-
-
-@dataclass
-class Soak:
-    """One soak: a scratch directory, the raw bucket, the proxy in front of moto."""
-
-    work: Path
-    bucket: str
-    proxy: FaultyS3Proxy
-    moto_url: str
-    seed: int
-    tmpfs: bool = False
-    client: Client | None = None  # the from-scratch reshards' cluster (sees moto directly)
-    # fault kind -> its night (tests/soak/training_nights.py); the servers those nights use
-    extra_nights: dict[str, Any] = field(default_factory=dict)
-    services: Any = None
-    nights: list[Night] = field(default_factory=list)
-    expected_s: float = 20.0  # the last clean run's duration: faults land within it
-
-    @property
-    def root(self) -> Path:
-        return self.work / "out"
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (*(FAULT_KINDS if self.tmpfs else FAULT_KINDS[:3]), *self.extra_nights)
-
-
-def mount_tmpfs(path: Path) -> bool:
-    """A TMPFS_BYTES tmpfs at `path` (empty directory); False when mounting is not allowed."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(path)],
-        capture_output=True,
-    )
-    return done.returncode == 0
-
-
-def unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def fault_schedule(seed: int, nights: int, kinds: tuple[str, ...]) -> list[str]:
@@ -156,12 +75,6 @@ def upload(soak: Soak, table: pa.Table, name: str) -> None:
     s3(soak).put(str(local), f"{soak.bucket}/raw/{name}")
 
 
-def s3(soak: Soak) -> Any:
-    return fsspec.filesystem(
-        "s3", client_kwargs={"endpoint_url": soak.moto_url}, skip_instance_cache=True
-    )
-
-
 def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
     """Night 0: the base files; later: one new file, sometimes one earlier file rewritten."""
     if night == 0:
@@ -182,26 +95,6 @@ def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
         )
         return f"new file, night-{changed:03d} rewritten"
     return "new file"
-
-
-def config_for(soak: Soak, root: Path) -> ReshardConfig:
-    return ReshardConfig(
-        dataset=DatasetSpec(inputs=[f"s3://{soak.bucket}/raw/*.parquet"], id_column="id"),
-        output_root=str(root),
-        target_shard_rows=400,
-        rows_per_row_group=64,
-        mode="incremental",
-        incremental=IncrementalConfig(on_changed_inputs="rebuild"),
-        num_workers=2,
-        mix=MixConfig(class_weighting="natural"),
-        retry=RetryPolicy(attempts=6, first_delay_s=0.1, max_delay_s=0.5),
-    )
-
-
-def config_file(soak: Soak, root: Path, name: str) -> Path:
-    path = soak.work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config_for(soak, root).model_dump(mode="json")))
-    return path
 
 
 def start(soak: Soak, config: Path, name: str, endpoint: str, *extra: str) -> subprocess.Popen:
@@ -231,64 +124,6 @@ def finish(process: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> int:
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=30)
     return code
-
-
-def inject(soak: Soak, kind: str, process: subprocess.Popen, rng: np.random.Generator) -> bool:
-    """Make fault `kind` happen to the running `process` now; whether it took effect."""
-    if process.poll() is not None:
-        return False
-    return INJECT[kind](soak, process, rng)
-
-
-def kill_driver(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-        return True
-    return False
-
-
-def kill_worker(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
-    """SIGKILL one of the driver's Dask worker processes (spawned by multiprocessing)."""
-    with contextlib.suppress(psutil.Error):
-        workers = [
-            child
-            for child in psutil.Process(process.pid).children(recursive=True)
-            if "spawn_main" in " ".join(_cmdline(child))
-        ]
-        if workers:
-            workers[int(rng.integers(len(workers)))].kill()
-            return True
-    return False
-
-
-def answer_503(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
-    soak.proxy.inject(f"{soak.bucket}/raw/*", "503", times=int(rng.integers(2, 6)))
-    return True
-
-
-def fill_disk(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -> bool:
-    """Fill the output tmpfs to within 0-32 KiB of full (the filler is removed after)."""
-    stat = os.statvfs(soak.root)
-    left = stat.f_bavail * stat.f_frsize - int(rng.integers(0, 32 << 10))
-    with contextlib.suppress(OSError), open(soak.root / ".filler", "wb") as filler:
-        while left > 0:  # in chunks: no buffer the size of the free space
-            left -= filler.write(bytes(min(left, 1 << 20)))
-    return True
-
-
-INJECT = {
-    "driver_kill": kill_driver,
-    "worker_kill": kill_worker,
-    "s3_503": answer_503,
-    "disk_full": fill_disk,
-}
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 def faulted_run(soak: Soak, night: int, kind: str, rng: np.random.Generator) -> tuple[int, bool]:

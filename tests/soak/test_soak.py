@@ -23,7 +23,8 @@ from distributed import Client
 
 from preprocessing.driver.cluster import local_cluster
 from tests.fault_proxy import FaultyS3Proxy
-from tests.soak.chain import Soak, compaction_matches, mount_tmpfs, soak_nights, table, unmount
+from tests.soak.chain import compaction_matches, soak_nights, table
+from tests.soak.soak_state import Soak, mount_tmpfs, unmount
 from tests.soak.training_nights import TRAINING_NIGHTS
 
 SUITE_NIGHTS = 2  # the base night and one faulted night (driver_kill under seed 24)

@@ -48,15 +48,8 @@ from tests.services import (
     start_prefect_server,
     stop_server,
 )
-from tests.soak.chain import (
-    REPO,
-    Night,
-    Soak,
-    add_inputs,
-    check_night,
-    config_for,
-    finish,
-)
+from tests.soak.chain import add_inputs, check_night, finish
+from tests.soak.soak_state import REPO, Night, Soak, config_for
 from tracking.run.runs import FAILURE_TAG
 
 TRAINING_KINDS = ("rank_kill", "mlflow_restart", "prefect_restart")

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from mlflow.models.utils import _enforce_schema
 
-from preprocessing.contract.codec import ColumnSpec, FeatureCodec
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.column_spec import ColumnSpec
 from tracking.run.pyfunc import rows_table, signature
 
 TEMPORAL = [

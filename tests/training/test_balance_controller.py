@@ -17,7 +17,8 @@ import torch
 from training.callbacks import SpeedReplan
 from training.config import LoaderConfig
 from training.data.balance import LAG_STEPS, SharePlan, row_bounds
-from training.data.loader import Batch, ShardStream
+from training.data.batches import Batch
+from training.data.loader import ShardStream
 from training.data.speed_control import AGREE_BAND, Reading, equal_shares, next_shares
 
 Costs = Callable[[int], Sequence[float]]  # each rank's seconds a row at a step

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from preprocessing.contract.manifest import ManifestError, read_manifest, shard_uri
 from training.config import LoaderConfig
-from training.data.loader import Batch, ShardStream, StreamLoader
+from training.data.batches import Batch
+from training.data.loader import ShardStream, StreamLoader
 from training.data.shards import ShardMissingError
 
 

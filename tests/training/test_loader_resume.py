@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from training.config import LoaderConfig
-from training.data.loader import Batch, ShardStream, StreamLoader
+from training.data.batches import Batch
+from training.data.loader import ShardStream, StreamLoader
 
 
 def real_ids(batches: list[Batch]) -> list[int]:

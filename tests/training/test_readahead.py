@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from training.config import LoaderConfig
-from training.data.loader import Batch, ShardStream, StreamLoader
+from training.data.batches import Batch
+from training.data.loader import ShardStream, StreamLoader
 from training.data.readahead import ReadAhead, ReadConfig, prefetched
 from training.data.shards import ShardMissingError
 

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from preprocessing.contract.codec import FeatureCodec, FeatureError
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.column_spec import FeatureError
 from preprocessing.contract.manifest import Manifest, manifest_uri, read_manifest, shard_uri
 from tracking.lifecycle.champion import champion
 from tracking.lifecycle.drift import DriftReport, drift_report

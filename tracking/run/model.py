@@ -74,6 +74,7 @@ _REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "mlflow")
 # The modules a model runs: shipped in it with their packages' __init__ files.
 SHIPPED_MODULES = (
     "preprocessing.contract.codec",
+    "preprocessing.contract.column_spec",
     "preprocessing.contract.numeric_block",
     "tracking.run.pyfunc",
 )

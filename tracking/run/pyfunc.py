@@ -23,10 +23,11 @@ message names the row, the column, the problem and what the dataset holds: MLflo
 serving contract gives one output per input row, so a row cannot be left out alone.
 
 This module is shipped inside every logged model (MLflow `code_paths`, see
-tracking/run/model.py) with the codec it imports, preprocessing/contract/codec.py: it
-imports only mlflow, numpy, pandas, pyarrow and, when a model loads, torch, the packages
-of the model's requirements. The network's weights are a state dict loaded with
-`torch.load(weights_only=True)` together with the layer sizes that rebuild it.
+tracking/run/model.py) with the codec modules it imports, preprocessing/contract/codec.py
+and column_spec.py: it imports only mlflow, numpy, pandas, pyarrow and, when a model
+loads, torch, the packages of the model's requirements. The network's weights are a state
+dict loaded with `torch.load(weights_only=True)` together with the layer sizes that
+rebuild it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
-from preprocessing.contract.codec import FILL_POLICIES, ColumnSpec, FeatureCodec, FeatureError
+from preprocessing.contract.codec import FeatureCodec
+from preprocessing.contract.column_spec import FILL_POLICIES, ColumnSpec, FeatureError
 
 CODEC_ARTIFACT = "codec"
 WEIGHTS_ARTIFACT = "weights"

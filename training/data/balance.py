@@ -12,7 +12,9 @@ one after the other), and rank r takes the r-th slice of them:
 - `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
   all_gather of the step times (training/distributed/rank_time.py) hands every rank the
   same figures, and every rank computes the same new shares from them
-  (training/data/speed_control.py: each rank's samples per second of its own work,
+  (training/data/speed_control.py: the split that equalises the ranks' predicted steps
+  of their own work, each a fixed cost plus a cost per row fitted from intervals at two
+  splits (training/data/step_model.py; samples per second of own work until then),
   bounded, speeds near alike giving the equal split exactly, whose cuts fall on unit
   edges; the split moves only when two consecutive intervals agree, then to the newer
   one's target at once), effective two global steps after the position where they
@@ -117,9 +119,10 @@ def _cuts_within(
 class SharePlan:
     """Every rank's share from a stream position (epoch, samples consumed) on; the same on
     every rank, since every rank records the same changes (see the module). `last` is the
-    controller's state: the last interval's reading, which the next one must agree with
-    before the split moves (training/data/speed_control.py); it is not part of the saved
-    state, so a resume waits one interval more before its first move."""
+    controller's state: the last interval's reading (with its step model and the points
+    it was fitted to), which the next one must agree with before the split moves
+    (training/data/speed_control.py); it is not part of the saved state, so a resume
+    waits one interval more before its first move and measures fixed costs anew."""
 
     def __init__(self) -> None:
         self.world_size = 0

@@ -3,35 +3,46 @@
 Every interval (`loader.balance_every_n_steps` optimizer steps or more) every rank gets
 every rank's rows and seconds of its own work (training/callbacks.py, `SpeedReplan`)
 and computes, alike on every rank, a `Reading` (`read_interval`): the shares the
-interval ran with (those in force when it is read) and its target, shares proportional
-to each rank's rows per second of work (a fixed point has every rank equally busy),
-bounded to [FLOOR, CAP] x the equal share, and the equal split exactly when it is within
-EQUAL_BAND of it (every cut then falls on a unit edge: alike ranks decode and step as
-under `equal`).
+interval ran with (those in force when it is read) and its target, the split that
+equalises the ranks' predicted steps (training/data/step_model.py: each rank's own work
+a step is a fixed cost plus a cost per row, fitted from the last `HISTORY` intervals at
+two splits), bounded to [FLOOR, CAP] x the equal share, and the equal split exactly
+when it is within EQUAL_BAND of it (every cut then falls on a unit edge: alike ranks
+decode and step as under `equal`). Until two readings at splits far enough apart have
+measured a fixed cost, the target is shares proportional to each rank's rows per second
+of work (fixed costs assumed none): the first move is made from that, and the reading
+after it fits the model. Once fitted, the target is the split nearest the equal one
+whose predicted largest step is within GAIN_BAND of the least: when a slow rank's fixed
+cost dominates (all of its work is slow, as on a core shared with another process) and
+moving its rows cannot shorten its step by that much, the target is the equal split,
+not the bound a split proportional to speed runs to interval after interval.
 
 The rule (`next_shares`): the split moves only when the reading and the previous
 interval's agree (`Reading.agrees`):
 
 1. each calls for a move from the shares it ran with: its target beyond DEAD_BAND of
-   them, or the equal split from shares that are not exactly it;
+   them (and, once the model is fitted, predicted to shorten the largest step by
+   GAIN_BAND), or the equal split from shares that are not exactly it;
 2. the two moves point the same way (a positive inner product: the same ranks slower);
-3. the two targets are within AGREE_BAND of each other.
+3. the two targets are within AGREE_BAND of each other, or the newer one is the first
+   from a fitted model (the older assumed no fixed cost; the fit corrects it by as much
+   as the fixed costs are, after a move that the older reading agreed to).
 
 Then the shares become the newer target at once, all the way: after a slow-down the
 newer interval is the one measured wholly at the new speed. So a single disturbed
 interval (a scheduler hiccup, a checkpoint, a GC pause on one rank) moves nothing, nor
 do intervals that disagree (alternating noise); a change of speed that starts with an
 interval moves the split two intervals after it (plus the two steps the shares wait,
-balance.py's LAG_STEPS). The reading that made a move and the next one, run with the
-moved shares, may agree on more of the same move: a per-step cost that rows do not
-scale, which the per-row speed under-corrects, is made up one interval later.
+balance.py's LAG_STEPS). The reading after that move fits the fixed costs (its interval
+ran, in whole or in part, at the moved split) and corrects the move at once.
 
-The state between intervals is the last reading, nothing else: a pure function of
-(shares, figures, last reading) gives (new shares, new reading), held by `SharePlan`
-(training/data/balance.py) and not saved in a checkpoint (a resume waits one interval
-more before its first move).
+The state between intervals is the last reading (its model and points), nothing else: a
+pure function of (shares, figures, last reading) gives (new shares, new reading), held
+by `SharePlan` (training/data/balance.py) and not saved in a checkpoint (a resume waits
+one interval more before its first move, and measures its fixed costs anew).
 
-All bands are in units of the equal share (1/W), compared on the largest rank.
+All bands but GAIN_BAND (relative, of the predicted step) are in units of the equal
+share (1/W), compared on the largest rank.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from training.data.step_model import GAIN_BAND, Point, StepModel, best_split, fit, interval_point
 
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
 # disturbed interval cannot be starved or flooded.
@@ -55,6 +68,11 @@ EQUAL_BAND = 0.1
 # wide enough for the timing noise of a steady slow rank, narrow enough that an interval
 # straddling a change of speed waits for the next one rather than move half way.
 AGREE_BAND = 0.1
+# The points a step model is fitted from: the newest and, per rank, the newest of the
+# others at another split. Few, so that a point from before a change of speed soon ages
+# out; enough to reach past the interval that straddles a move (or two, re-planned
+# every 2 steps: the shares move 2 steps after they are planned).
+HISTORY = 4
 
 
 def equal_shares(world_size: int) -> np.ndarray:
@@ -83,44 +101,69 @@ def bounded(shares: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Reading:
     """What one interval measured: the shares it ran with (those in force when it was
-    read) and the split it calls for, its target (see the module)."""
+    read), the split it calls for (its target, see the module), the step model the
+    target came from (None when made by hand) and the last `HISTORY` points, newest last."""
 
     shares: np.ndarray
     target: np.ndarray
+    model: StepModel | None = None
+    history: tuple[Point, ...] = ()
+
+    @property
+    def fitted(self) -> bool:
+        return self.model is not None and self.model.fitted
 
     def moves(self) -> bool:
-        """Whether the target calls for a move from the shares: beyond the dead band, or
-        the equal split from shares that are not exactly it."""
+        """Whether the target calls for a move from the shares: the equal split from shares
+        that are not exactly it; or beyond the dead band and, once the model has measured
+        fixed costs, predicted to shorten the largest step by `GAIN_BAND` or more."""
         if np.array_equal(self.target, equal_shares(len(self.shares))):
             return not np.array_equal(self.shares, self.target)
-        return bool(np.abs(self.target - self.shares).max() * len(self.shares) >= DEAD_BAND)
+        if np.abs(self.target - self.shares).max() * len(self.shares) < DEAD_BAND:
+            return False
+        if self.model is None or not self.fitted:
+            return True
+        gain = self.model.largest(self.shares) / self.model.largest(self.target)
+        return bool(gain >= 1.0 + GAIN_BAND)
 
     def agrees(self, older: Reading | None) -> bool:
         """Whether this reading and the one before it call for the same move: both move,
         each from the shares it ran with, in the same direction (a positive inner product
-        of the two moves: the same ranks slower), to targets within `AGREE_BAND`."""
+        of the two moves: the same ranks slower), to targets within `AGREE_BAND`, unless
+        this one's target is the first from measured fixed costs (the older one's assumed
+        none: the fit corrects it, by as much as the fixed costs are)."""
         if older is None or len(older.target) != len(self.target):
             return False
         if not (older.moves() and self.moves()):
             return False
         close = np.abs(self.target - older.target).max() * len(self.target) <= AGREE_BAND
         same_way = (older.target - older.shares) @ (self.target - self.shares) > 0
-        return bool(close and same_way)
+        return bool((close or (self.fitted and not older.fitted)) and same_way)
 
 
-def read_interval(shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray) -> Reading | None:
+def read_interval(
+    shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray, last: Reading | None = None
+) -> Reading | None:
     """The reading of an interval run with `shares`, where rank r took `samples[r]` rows in
-    `busy_s[r]` seconds of its own work: the target is shares proportional to its speed,
-    bounded, and the equal split exactly within `EQUAL_BAND` of it; None when some rank
-    measured nothing or the figures are not one per rank."""
+    `busy_s[r]` seconds of its own work, after `last`: its point joins the history, the
+    step model is fitted to it, and the target is the model's best split, or while no
+    fixed cost is measured shares proportional to speed, bounded; the equal split exactly
+    within `EQUAL_BAND` of it. None when some rank measured nothing or the figures are
+    not one per rank."""
     world = len(shares)
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
         return None
-    speeds = samples / busy_s
-    target = speeds / speeds.sum()
+    earlier = last.history if last is not None and len(last.shares) == world else ()
+    history = (*earlier, interval_point(samples, busy_s))[-HISTORY:]
+    model = fit(history, last.model if last is not None and earlier else None)
+    if model.fitted:
+        target = bounded(best_split(model, FLOOR / world, min(1.0, CAP / world)))
+    else:
+        speeds = samples / busy_s
+        target = bounded(speeds / speeds.sum())
     if np.abs(target - 1.0 / world).max() * world < EQUAL_BAND:
-        return Reading(shares, equal_shares(world))
-    return Reading(shares, bounded(target))
+        target = equal_shares(world)
+    return Reading(shares, target, model, history)
 
 
 def next_shares(
@@ -130,7 +173,7 @@ def next_shares(
     interval's target when its reading agrees with `last`, the previous interval's, else
     the shares as they are; and the reading, the state for the next interval. An
     interval that measured nothing on some rank is ignored (shares and state as they were)."""
-    reading = read_interval(shares, samples, busy_s)
+    reading = read_interval(shares, samples, busy_s, last)
     if reading is None:
         return shares, last
     return (reading.target if reading.agrees(last) else shares), reading

@@ -1,0 +1,130 @@
+"""The checks across a run's scanned files, before anything is written: the label values
+of all accepted files together, ids unique across files (only files whose id ranges
+overlap are read again), the manifest's feature codec from every file's profiles, and the
+accepted files' counts over global pieces for the plan. Each check raises `InputError`
+(or names the clash) rather than rejecting one file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from preprocessing.config import DatasetSpec
+from preprocessing.plan.counts import Counts, concat_counts
+from preprocessing.scan.columns import too_many_classes
+from preprocessing.scan.feature_stats import (
+    InputError,
+    build_codec,
+    earlier_profiles,
+    features_record,
+    identifying_columns,
+    merge_profiles,
+    profiles_record,
+)
+from preprocessing.scan.inputs import FileScan
+from preprocessing.storage.sources import iter_batches
+
+
+def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
+    """The accepted files' counts over global pieces (files in order), and each piece's
+    (scan index, piece in file) as a [pieces, 2] array."""
+    accepted = [index for index, scan in enumerate(scans) if scan.reason is None]
+    num_pieces = np.fromiter(
+        (len(scans[index].piece_rows) for index in accepted), np.int64, len(accepted)
+    )
+    first_pieces = np.cumsum(num_pieces) - num_pieces
+    counts = concat_counts([scans[index].counts for index in accepted], first_pieces)
+    pieces = np.empty((int(num_pieces.sum()), 2), dtype=np.int64)
+    pieces[:, 0] = np.repeat(np.array(accepted, dtype=np.int64), num_pieces)
+    pieces[:, 1] = np.arange(len(pieces)) - np.repeat(first_pieces, num_pieces)
+    return counts, pieces
+
+
+def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
+    """The accepted files together must hold at most `max_classes` label values."""
+    labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
+    if len(labels) > spec.max_classes:
+        raise InputError(too_many_classes(spec, len(labels)))
+
+
+def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
+    """Accepted files whose id ranges overlap, grouped (each file's own ids are unique
+    already); files with disjoint ranges cannot share an id and need no read."""
+    ranged = sorted(
+        (scan.id_range, scan.file.uri)
+        for scan in scans
+        if scan.reason is None and scan.id_range is not None
+    )
+    groups: list[list[str]] = []
+    reach = None
+    for (low, high), uri in ranged:
+        if reach is not None and low <= reach:
+            groups[-1].append(uri)
+            reach = max(reach, high)
+        else:
+            groups.append([uri])
+            reach = high
+    return [group for group in groups if len(group) > 1]
+
+
+def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
+    """An id held by two of `uris`, named with both files, or None (reads the id column).
+    Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
+    if id_column is None:
+        return (
+            f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
+            "those files have the same path relative to their input roots; list one "
+            "root that holds them all, or name an id column as dataset.id_column"
+        )
+    ids = [
+        np.concatenate(
+            [
+                batch.column(0).to_numpy(zero_copy_only=False)
+                for batch in iter_batches(uri, columns=[id_column])
+            ]
+        )
+        for uri in uris
+    ]
+    owner = np.repeat(np.arange(len(uris)), [len(part) for part in ids])
+    values = np.concatenate(ids)
+    order = np.argsort(values, kind="stable")
+    same = np.flatnonzero(values[order][1:] == values[order][:-1])
+    if not same.size:
+        return None
+    first, second = owner[order[same[0]]], owner[order[same[0] + 1]]
+    return (
+        f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
+        f"and {uris[second]}; ids must be unique across the input files"
+    )
+
+
+def feature_state(
+    scans: list[FileScan], spec: DatasetSpec, earlier: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The manifest's `features` field from the accepted files' profiles, folded into the
+    `earlier` version's (a chain's parent: its files are not read again); `InputError` for
+    nulls under `error`, unsupported policies, too many categories, identifying features."""
+    accepted = [scan for scan in scans if scan.reason is None]
+    earlier = earlier or {}
+    profiles = merge_profiles([earlier_profiles(earlier), *(scan.profiles for scan in accepted)])
+    files_with_nulls = {
+        name: [scan.file.uri for scan in accepted if scan.profiles[name].null_rows]
+        for name in spec.feature_columns
+    }
+    codec = build_codec(profiles, files_with_nulls, spec)
+    dropped = {
+        **earlier.get("dropped_rows", {}),
+        **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows},
+    }
+    unlabelled = {
+        **earlier.get("unlabelled_rows", {}),
+        **{scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows},
+    }
+    return {
+        **features_record(codec, dropped),
+        "unlabelled_rows": unlabelled,
+        "identifying_columns": identifying_columns(profiles, spec),
+        "profiles": profiles_record(profiles, spec),
+    }

@@ -1,0 +1,66 @@
+"""Rows counted per (piece, split, label, source) in one vectorised pass over a batch, and
+the source of every row (its source column, or the input root it was listed from).
+
+The scan (preprocessing/scan/inputs.py) counts every batch of a file so; the exchange's map
+tasks (preprocessing/exchange/staged_rows.py) take the same sources of the rows they read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from preprocessing.config import DatasetSpec
+from preprocessing.storage.sources import InputFile
+
+
+def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array:
+    """The source of every row: its source column, or the input root it was listed from."""
+    if spec.source_column:
+        return table.column(spec.source_column).combine_chunks()
+    # One scalar repeated in Arrow: a Python list of the root's name cost 17 ms per 65,536
+    # rows, in the scan and again in the map (0.18 ms so; benchmarks/RESULTS.md M37).
+    return pa.repeat(pa.scalar(file.root, pa.string()), table.num_rows)
+
+
+def count_rows(
+    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, holdout: np.ndarray
+) -> dict[tuple[int, str, Any, Any], int]:
+    """Rows per (piece, split, label, source) of one batch: one integer key per row and a
+    numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
+    labels, label_codes = _value_codes(table.column(spec.label_column))
+    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    split = holdout.astype(np.int64)
+    key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
+    keys, counts = _distinct_counts(key)
+    rest, source = np.divmod(keys, len(sources))
+    rest, label = np.divmod(rest, len(labels))
+    piece, held = np.divmod(rest, 2)
+    columns = (part.tolist() for part in (piece, held, label, source, counts))
+    return {
+        (p, "holdout" if h else "train", labels[lab], sources[src]): n
+        for p, h, lab, src, n in zip(*columns, strict=True)
+    }
+
+
+def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(key, return_counts=True)`: a count over the keys' range where that is no
+    larger than the batch (a batch's keys span a few pieces and classes), a pass instead
+    of a sort."""
+    low = int(key.min()) if len(key) else 0
+    if len(key) and int(key.max()) - low < max(len(key), 1 << 10):
+        counts = np.bincount(key - low)
+        present = np.flatnonzero(counts)
+        return present + low, counts[present]
+    return np.unique(key, return_counts=True)
+
+
+def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
+    """The distinct values of `column` and each row's index into them."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
