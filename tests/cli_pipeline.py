@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from tests.services import mlflow_server
+from tests.services import mlflow_server, seed_prefect_database
 
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 TOKEN = f"tok-{uuid.uuid4().hex}"
@@ -77,21 +77,26 @@ def recorded_parameters(prefect_home: Path) -> list[dict[str, Any]]:
         return [json.loads(row[0]) for row in db.execute("SELECT parameters FROM flow_run")]
 
 
-def command_env(root: Path) -> dict[str, str]:
+def command_env(root: Path, database: Path) -> dict[str, str]:
     """A new user's environment: no Prefect API URL (a temporary server is started), a
-    fresh Prefect home, the log files under `root`; a loaded machine starts it slowly."""
+    Prefect home of its own (its database a copy of the suite's migrated one: the
+    migrations of a first start are no part of what the readers check), the log files
+    under `root`; a loaded machine starts it slowly."""
+    home = root / "prefect-home"
     env = {
         **os.environ,
+        **seed_prefect_database(database, home / "prefect.db"),
         "BALLAST_LOG_DIR": str(root / "logs"),
-        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_HOME": str(home),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     }
     env.pop("PREFECT_API_URL", None)
     return env
 
 
-def run_cli_pipeline(raw: Path, root: Path) -> CliRun:
-    """Run the pipeline command once under a real `mlflow server` (stopped after)."""
+def run_cli_pipeline(raw: Path, root: Path, database: Path) -> CliRun:
+    """Run the pipeline command once under a real `mlflow server` (stopped after), its
+    temporary Prefect server on a copy of the migrated `database` (tests/services.py)."""
     given, mlflow_dir = root / "given", root / "mlflow"
     given.mkdir(parents=True)
     mlflow_dir.mkdir()
@@ -111,7 +116,7 @@ def run_cli_pipeline(raw: Path, root: Path) -> CliRun:
                 "--result-file",
                 str(root / "result.json"),
             ],
-            env=command_env(root),
+            env=command_env(root, database),
             capture_output=True,
             text=True,
             timeout=1200,

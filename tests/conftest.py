@@ -23,6 +23,13 @@ from tests.parallel import mark_group, order_items, suffix_groups
 from tests.tiers import TierChecks
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One OpenMP thread for torch in this process and in every process it starts (torchrun sets
+# it for ranks of a job of 2 or more; a one-rank job, an in-process run_training and a
+# benchmark were left at one per core): on this 2-core host, loaded by the suite's own
+# workers, OpenMP's threads spin against the other processes, and the fit loop of a 42-step
+# training took 2.1-4.1 s with two threads against 0.4-0.6 s with one (load 4-6). Read by
+# torch when it is first imported, which no plugin does before this file.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Under pytest-xdist (`make test`) each worker gets a Prefect home of its own: a `ballast run`
 # that starts a temporary server keeps its database there, and two servers writing one
 # sqlite file at once fail with "database is locked".
@@ -171,20 +178,32 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
+def prefect_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated Prefect database that every Prefect server of the run starts from a copy
+    of (tests/services.py), made once for all xdist workers, in their shared directory."""
+    from tests.services import prefect_database as migrated
+
+    base = tmp_path_factory.getbasetemp()
+    return migrated(base.parent if "PYTEST_XDIST_WORKER" in os.environ else base)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_database: Path) -> Iterator[None]:
     """One Prefect test harness (a temporary API server and database) for every test that
     runs a flow in this process."""
-    from prefect.testing.utilities import prefect_test_harness
+    from tests.services import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(prefect_database, timeout_s=120):
         yield
 
 
 @pytest.fixture(scope="session")
-def cli_pipeline_run(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+def cli_pipeline_run(
+    tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
+) -> CliRun:
     """One `ballast run pipeline` command as a new user runs it, with credentials in its
     config (tests/cli_pipeline.py): the console and secrets tests both read it."""
-    return run_cli_pipeline(tiny_raw, tmp_path_factory.mktemp("cli-pipeline"))
+    return run_cli_pipeline(tiny_raw, tmp_path_factory.mktemp("cli-pipeline"), prefect_database)
 
 
 @pytest.fixture

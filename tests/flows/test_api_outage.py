@@ -13,7 +13,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_CLIENT_MAX_RETRIES,
+    PREFECT_LOGGING_TO_API_BATCH_INTERVAL,
+    temporary_settings,
+)
 
 from flows.api_outage import api_answers, stop_api_services, unsent_work_dropped_when_api_down
 from tests.services import free_port
@@ -21,6 +26,8 @@ from tests.services import free_port
 # Prefect's default five retries back off 2 + 4 + 8 + 16 + 32 s: a send that is waited
 # for takes a minute; a stopped service ends within a second or two.
 RETRIES = 5
+# The service sends a batch every 2 s by default; 0.2 s here, so a log is in flight soon.
+BATCH_INTERVAL_S = 0.2
 STOPPED_WITHIN_S = 10.0
 
 
@@ -71,7 +78,7 @@ def api() -> Iterator[LoopbackApi]:
 
 
 def queue_a_log() -> APILogWorker:
-    """A log for the API, sent by the service's next batch (within its 2 s interval)."""
+    """A log for the API, sent by the service's next batch (within its interval)."""
     worker = APILogWorker.instance()
     worker.send(
         {
@@ -97,12 +104,18 @@ def test_a_failed_flow_with_its_api_gone_stops_the_log_service_at_once() -> None
     before, so a refused connection is retried) included, within STOPPED_WITHIN_S, and
     re-raises the failure; the service is no longer there to wait for at exit."""
     api = LoopbackApi()
-    with temporary_settings({PREFECT_API_URL: api.url, PREFECT_CLIENT_MAX_RETRIES: RETRIES}):
+    with temporary_settings(
+        {
+            PREFECT_API_URL: api.url,
+            PREFECT_CLIENT_MAX_RETRIES: RETRIES,
+            PREFECT_LOGGING_TO_API_BATCH_INTERVAL: BATCH_INTERVAL_S,
+        }
+    ):
         queue_a_log()
         assert api.server.posts.acquire(timeout=30), "the first log never reached the API"
         api.stop()
         worker = queue_a_log()
-        time.sleep(3)  # its batch is sent and refused, the retries' back-off begun
+        time.sleep(1)  # its batch is sent and refused, the retries' back-off begun
         started = time.monotonic()
         with (
             pytest.raises(RuntimeError, match="the flow failed"),
@@ -119,7 +132,9 @@ def test_a_failed_flow_with_its_api_answering_leaves_the_service_to_send(
 ) -> None:
     """Invariant: a failure with the API answering leaves the log service running (its
     logs reach the server at exit, as Prefect does)."""
-    with temporary_settings({PREFECT_API_URL: api.url}):
+    with temporary_settings(
+        {PREFECT_API_URL: api.url, PREFECT_LOGGING_TO_API_BATCH_INTERVAL: BATCH_INTERVAL_S}
+    ):
         worker = queue_a_log()
         with pytest.raises(RuntimeError), unsent_work_dropped_when_api_down():
             raise RuntimeError("the flow failed")

@@ -64,7 +64,9 @@ def snapshot(output_root: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, tmp_path):
+def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(
+    tiny_raw, tmp_path, prefect_database
+):
     """Fault: the API server is stopped while the reshard runs (the flow's process is
     paused with SIGSTOP from the moment its reshard begins until the server is gone, so
     the order is certain). Invariants: the flow exits non-zero naming the connection
@@ -102,7 +104,7 @@ def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, t
         "--output",
         "json",
     ]
-    server = start_prefect_server(env, port)
+    server = start_prefect_server(env, port, database=prefect_database)
     log = (tmp_path / "flow.log").open("wb")
     flow = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = TimedOutput(flow.stdout, log)  # type: ignore[arg-type]
@@ -127,7 +129,7 @@ def test_prefect_server_stopped_mid_reshard_rerun_reuses_the_version(tiny_raw, t
     assert not list(output_root.glob("_staging/*/*"))
     committed = snapshot(output_root)
 
-    server = start_prefect_server(env, port)
+    server = start_prefect_server(env, port, database=prefect_database)
     try:
         rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     finally:

@@ -24,8 +24,9 @@ TERMINAL = {"COMPLETED", "CANCELLED", "FAILED", "CRASHED"}
 
 
 @contextmanager
-def prefect_server(home: Path) -> Iterator[dict[str, str]]:
-    """A `prefect server` with its own home and database; yields the env that points at it."""
+def prefect_server(home: Path, database: Path) -> Iterator[dict[str, str]]:
+    """A `prefect server` with its own home and a copy of the migrated `database`; yields
+    the env that points at it."""
     port = free_port()
     env = {
         **os.environ,
@@ -34,7 +35,7 @@ def prefect_server(home: Path) -> Iterator[dict[str, str]]:
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
     }
-    server = start_prefect_server(env, port, timeout_s=120)
+    server = start_prefect_server(env, port, timeout_s=120, database=database)
     try:
         yield env
     finally:
@@ -42,8 +43,10 @@ def prefect_server(home: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+def prefect_api(
+    tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
+) -> Iterator[dict[str, str]]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-home"), prefect_database) as env:
         yield env
 
 
@@ -173,12 +176,14 @@ async def wait_until_polled(name: str, timeout_s: float = 120) -> Any:
 
 
 @pytest.mark.slow
-def test_stopping_serve_pauses_its_deployments_and_says_so(tmp_path: Path) -> None:
+def test_stopping_serve_pauses_its_deployments_and_says_so(
+    tmp_path: Path, prefect_database: Path
+) -> None:
     """Invariants: once `ballast serve` is stopped (SIGTERM) the nightly deployment is paused
     with no scheduled runs left, and serve printed that, naming the deployments it served.
     Its own server: a runner serving the same deployments would mark them polled first."""
     (tmp_path / "home").mkdir()
-    with prefect_server(tmp_path / "home") as prefect_api:
+    with prefect_server(tmp_path / "home", prefect_database) as prefect_api:
         output = stop_serve_after_it_polled(prefect_api, tmp_path)
     assert "paused the deployments it served (pipeline/nightly, reshard/adhoc" in output, output
     assert "removed their scheduled runs" in output

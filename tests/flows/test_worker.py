@@ -49,7 +49,7 @@ def prefect(env: dict[str, str], *args: str, check: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def worker_env(
-    tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
 ) -> Iterator[dict[str, str]]:
     """A server holding the shipped file's deployments on the process pool `ballast`, and a
     worker polling it from a directory outside the checkout, its BALLAST_WORK_DIR holding
@@ -63,7 +63,7 @@ def worker_env(
         "BALLAST_WORK_DIR": str(root / "work"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{root}/worker-mlflow.db",
     }
-    server = start_prefect_server(env, port)
+    server = start_prefect_server(env, port, database=prefect_database)
     worker = None
     try:
         prefect(env, "work-pool", "create", "ballast", "--type", "process")
