@@ -34,9 +34,7 @@ from preprocessing.contract.manifest import (
     version_dir,
 )
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
-from preprocessing.driver.resume import (
-    resumed_line,
-)
+from preprocessing.driver.resume import resumed_line
 from preprocessing.driver.stages import Cluster, exchange, write_stage
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
@@ -53,6 +51,7 @@ from preprocessing.scan.across_files import (
 from preprocessing.scan.columns import absent_columns_error
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan, check_schemas, scan_file
+from preprocessing.scan.scan_record import load_scans, store_scans
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
 from preprocessing.toolbox.faults import PermanentError, RetriesExhausted, retrying
@@ -208,7 +207,9 @@ def _make_version(
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as client:
         dask = Cluster.of(client, config)
-        scans = _timed(timings, "scan_s", lambda: _scan(dask, files, config, progress, earlier))
+        scans = _timed(
+            timings, "scan_s", lambda: _scan_once(dask, files, config, progress, earlier, attempt)
+        )
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
@@ -253,6 +254,26 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
     result = step()
     timings[name] = round(time.perf_counter() - start, 3)
     return result
+
+
+def _scan_once(
+    dask: Cluster,
+    files: list[InputFile],
+    config: ReshardConfig,
+    progress: Progress | None,
+    earlier: list[FileScan],
+    attempt: VersionAttempt,
+) -> list[FileScan]:
+    """The scans the dead attempt this run took over kept, else `_scan`'s, kept for a rerun
+    (preprocessing/scan/scan_record.py): a rerun reads no input twice."""
+    if attempt.resumed_from is not None:
+        kept = load_scans(attempt.uri, attempt.version_id, files)
+        if kept is not None:
+            return kept
+    scans = _scan(dask, files, config, progress, earlier)
+    if attempt.resumable:
+        store_scans(attempt.uri, attempt.version_id, scans)
+    return scans
 
 
 def _scan(

@@ -73,12 +73,12 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
     tmp_path: Path,
 ) -> None:
     """Invariants: after SIGKILL of a reshard's process group on S3 with some write tasks'
-    receipts written, the rerun claims the dead attempt, keeps some but not all shards and
-    says so (manifest `resumed`, its run log line, `ReshardResult.resumed`), commits the
-    version id of a clean run with byte-identical shards, and leaves no staging; it sends
-    no HEAD per staged object or receipt, lists at most 8 prefixes more than a clean run,
-    and asks no more of the shards than a clean run (its table's schema read): the
-    listings' ETags verify them, nothing is read back."""
+    receipts written, the rerun claims the dead attempt, keeps its scans and some but not
+    all shards and says so (manifest `resumed`, its run log lines, `ReshardResult.resumed`),
+    commits the version id of a clean run with byte-identical shards, and leaves no
+    staging; it sends no HEAD per staged object or receipt, lists at most 8 prefixes more
+    than a clean run, and asks no more of the shards than a clean run (its table's schema
+    read): the listings' ETags verify them, nothing is read back."""
     write_sample(tmp_path / "raw", SampleSpec(num_rows=30_000, num_files=4, seed=11))
     bucket = f"resume-{uuid.uuid4().hex[:8]}"
     with counted_s3() as log:
@@ -101,7 +101,7 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
         assert not fs.glob(f"{bucket}/out/v-*/_MANIFEST.json")
         with local_cluster(2) as cluster, Client(cluster) as client:
             log.clear()
-            with records_of("preprocessing.driver.resume") as logged:
+            with records_of("preprocessing") as logged:
                 rerun = run_reshard(config, client)
             requests = store_requests(log, bucket, "out")
             clean = run_reshard(
@@ -117,6 +117,7 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
     resumed = manifest.resumed
     assert 0 < resumed["shards_kept"] < resumed["shards"] == len(digests(clean)), resumed
     assert rerun.resumed in messages(logged) and rerun.resumed.startswith("resumed: ")
+    assert "scan kept: the scans of 4 input files" in messages(logged).splitlines()
     assert requests["staged_heads"] == 0, requests
     # What the rerun verified it listed once per prefix: the attempt, its receipts, each
     # round kept, the shards; a handful of listings more than a clean run, not one per object.

@@ -1,0 +1,290 @@
+"""The scans of a run kept in its attempt's staging, so a rerun that takes the attempt
+over plans from them instead of reading every input file again.
+
+    <attempt>/_SCANS.json   {"format": "ballast-scans", "format_version": 1,
+                             "version_id": ..., "sha256": <of the rest>}\\n<payload>
+
+The driver stores the scans once the checks across files pass (`store_scans`); a rerun
+that took over a dead attempt of its version (preprocessing/versions/attempt.py) loads
+them with one GET (`load_scans`: no HEAD first, as on S3 a read would cost two requests).
+The payload is JSON, every value that JSON does not tell apart tagged (`{"t": tag,
+"v": ...}`: tuples, sets, dicts, bytes, numpy arrays, non-finite floats, the scan's
+dataclasses by name, from a closed list), so the round trip is exact and nothing in the
+file can run code as a pickle would. A pyarrow schema is its Arrow IPC bytes (base64),
+each distinct one stored once and named by its index: the files of a version mostly
+share one. A record that is absent, damaged (cut short, not its sha256, not JSON, not
+the shape written), of another format version, another version id or other files is
+not used: the rerun scans again, saying why. The version id hashes the inputs, every
+setting that changes a scan and the code version, so a record of the same id holds the
+scans a new scan would make.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import hashlib
+import json
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from fsspec.core import url_to_fs
+
+from preprocessing.plan.counts import Counts
+from preprocessing.scan.feature_stats import ColumnProfile
+from preprocessing.scan.inputs import FileScan
+from preprocessing.storage.objects import write_atomically
+from preprocessing.storage.sources import InputFile
+from preprocessing.toolbox.secrets import redact
+
+log = logging.getLogger(__name__)
+
+SCANS_NAME = "_SCANS.json"
+FORMAT = "ballast-scans"
+FORMAT_VERSION = 1
+# The dataclasses a record may hold, by name: decoding builds no other class.
+RECORD_CLASSES: dict[str, Any] = {
+    cls.__name__: cls for cls in (FileScan, InputFile, Counts, ColumnProfile)
+}
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class RecordError(ValueError):
+    """A scan record that cannot be made or used; the message says why."""
+
+
+def encode_scans(scans: list[FileScan], version_id: str) -> bytes:
+    """The record of `scans` of version `version_id`: header line, then the payload."""
+    schemas: list[bytes] = []
+    encoded = _Encoder(schemas).value(scans)
+    payload = json.dumps(
+        {"schemas": [_b64(s) for s in schemas], "scans": encoded}, separators=(",", ":")
+    ).encode()
+    header = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "version_id": version_id,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+def decode_scans(data: bytes, version_id: str) -> list[FileScan]:
+    """The scans of a record of version `version_id`; RecordError saying why it is unusable."""
+    first, newline, payload = data.partition(b"\n")
+    try:
+        header = json.loads(first)
+    except ValueError as error:
+        raise RecordError(f"its header is not JSON ({error})") from None
+    _check_header(header, bool(newline), payload, version_id)
+    try:
+        body = json.loads(payload)
+        # Arrow raises OSError (or ArrowInvalid, a ValueError) for bytes that are no schema.
+        schemas = [pa.ipc.read_schema(pa.py_buffer(_unb64(s))) for s in body["schemas"]]
+        scans = _Decoder(schemas).value(body["scans"])
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OSError) as e:
+        raise RecordError(
+            f"its payload is not a record of scans ({type(e).__name__}: {e})"
+        ) from None
+    if not isinstance(scans, list) or not all(isinstance(s, FileScan) for s in scans):
+        raise RecordError("its payload is not a list of scans")
+    return scans
+
+
+def _check_header(header: Any, whole: bool, payload: bytes, version_id: str) -> None:
+    """Raise RecordError unless the header is of this format and version, and vouches for
+    `payload`."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordError(f"it is not a {FORMAT} record")
+    found = header.get("format_version")
+    if type(found) is not int or found != FORMAT_VERSION:  # `true` is no version 1
+        raise RecordError(f"it is of format version {found!r}, not {FORMAT_VERSION}")
+    if header.get("version_id") != version_id:
+        raise RecordError(f"it is of version {header.get('version_id')!r}, not {version_id}")
+    if not whole or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise RecordError("its payload does not hash to its sha256 (cut short or changed)")
+
+
+def store_scans(attempt_uri: str, version_id: str, scans: list[FileScan]) -> None:
+    """Keep `scans` in the attempt at `attempt_uri` for a rerun; a record that cannot be
+    written only costs that rerun a scan, so it is a warning, not the run's failure."""
+    uri = f"{attempt_uri.rstrip('/')}/{SCANS_NAME}"
+    try:
+        data = encode_scans(scans, version_id)
+        fs, path = url_to_fs(uri)
+        write_atomically(fs, path, data)
+    except (OSError, RecordError) as error:
+        log.warning("scan record %s not written (%s): a rerun scans again", redact(uri), error)
+
+
+def load_scans(attempt_uri: str, version_id: str, files: list[InputFile]) -> list[FileScan] | None:
+    """The scans of `files` kept in the attempt at `attempt_uri`, or None (saying why in
+    a warning) when they must be scanned again."""
+    uri = f"{attempt_uri.rstrip('/')}/{SCANS_NAME}"
+    try:
+        fs, path = url_to_fs(uri)
+        scans = decode_scans(fs.cat_file(path, start=0), version_id)  # one GET, no HEAD
+        if [scan.file for scan in scans] != files:
+            raise RecordError("its files are not the ones listed")
+    except FileNotFoundError:
+        reason = "there is none (the attempt died before its scan ended)"
+    except (OSError, RecordError) as error:
+        reason = str(error)
+    else:
+        log.info("scan kept: the scans of %d input files", len(scans))
+        return scans
+    log.warning("scan record %s not used: %s; scanning again", redact(uri), reason)
+    return None
+
+
+class _Encoder:
+    """Values to JSON, tagging what JSON would not give back as it was."""
+
+    def __init__(self, schemas: list[bytes]) -> None:
+        self.schemas = schemas
+        self._index: dict[bytes, int] = {}
+
+    def value(self, value: Any) -> Any:
+        # Exact types: a subclass (an IntEnum, a pandas Timestamp) would come back as its base.
+        if value is None or type(value) in (str, bool, int):
+            return value
+        if type(value) is float:
+            return value if math.isfinite(value) else _tag("float", repr(value))
+        if type(value) is list:
+            return [self.value(item) for item in value]
+        if type(value) is tuple:
+            return _tag("tuple", [self.value(item) for item in value])
+        if type(value) is dict:
+            return _tag("dict", [[self.value(k), self.value(v)] for k, v in value.items()])
+        if type(value) in (set, frozenset):
+            items = sorted((self.value(item) for item in value), key=json.dumps)
+            return _tag(type(value).__name__, items)
+        return self.tagged(value)
+
+    def tagged(self, value: Any) -> Any:
+        """Values of the other types a scan holds, each under its tag."""
+        if isinstance(value, pa.Schema):
+            return _tag("schema", self.schema_index(value))
+        name = type(value).__name__
+        if RECORD_CLASSES.get(name) is type(value):
+            names = [f.name for f in dataclasses.fields(RECORD_CLASSES[name])]
+            return _tag(name, {field: self.value(getattr(value, field)) for field in names})
+        if isinstance(value, np.ndarray | np.generic):
+            return _numpy(value)
+        if type(value) in (bytes, bytearray):
+            return _tag(name, _b64(value))
+        if type(value) is decimal.Decimal:
+            return _tag("decimal", str(value))
+        if type(value) in (datetime.datetime, datetime.date, datetime.time):
+            return _tag(name, value.isoformat())
+        if type(value) is datetime.timedelta:
+            return _tag("timedelta", [value.days, value.seconds, value.microseconds])
+        raise RecordError(f"a scan holds a {type(value).__name__}, which a record cannot hold")
+
+    def schema_index(self, schema: pa.Schema) -> int:
+        """The index of `schema` in the record's table of schemas, added once."""
+        data = schema.serialize().to_pybytes()
+        if data not in self._index:
+            self._index[data] = len(self.schemas)
+            self.schemas.append(data)
+        return self._index[data]
+
+
+def _numpy(value: np.ndarray | np.generic) -> dict[str, Any]:
+    """An array or numpy scalar as its dtype, shape and bytes (plain dtypes only: an
+    object dtype would pickle)."""
+    if value.dtype.hasobject or value.dtype.names is not None:
+        raise RecordError(f"a scan holds a numpy {value.dtype} value, which a record cannot hold")
+    array = np.ascontiguousarray(value)
+    described = {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "data": _b64(array.tobytes()),
+    }
+    return _tag("ndarray" if isinstance(value, np.ndarray) else "npscalar", described)
+
+
+class _Decoder:
+    """JSON back to the values `_Encoder` tagged."""
+
+    def __init__(self, schemas: list[pa.Schema]) -> None:
+        self.schemas = schemas
+
+    def value(self, value: Any) -> Any:
+        if value is None or isinstance(value, (str, bool, int, float)):
+            return value
+        if isinstance(value, list):
+            return [self.value(item) for item in value]
+        if not isinstance(value, dict) or set(value) != {"t", "v"}:
+            raise RecordError(f"an untagged JSON object {str(value)[:80]!r}")
+        return self.tagged(value["t"], value["v"])
+
+    def tagged(self, tag: str, value: Any) -> Any:
+        if tag in RECORD_CLASSES:
+            return self.record_class(RECORD_CLASSES[tag], value)
+        if tag in ("tuple", "set", "frozenset"):
+            return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](
+                self.value(item) for item in value
+            )
+        if tag == "dict":
+            return {self.value(k): self.value(v) for k, v in value}
+        if tag == "schema":
+            return self.schemas[_int(value)]
+        return _plain(tag, value)
+
+    def record_class(self, cls: Any, fields: dict[str, Any]) -> Any:
+        """An instance of one of RECORD_CLASSES from exactly its fields."""
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        if not isinstance(fields, dict) or set(fields) != names:
+            raise RecordError(f"a {cls.__name__} with fields {sorted(fields)[:20]}")
+        return cls(**{name: self.value(item) for name, item in fields.items()})
+
+
+def _plain(tag: str, value: Any) -> Any:
+    """The tagged values that hold no other value."""
+    if tag == "float":
+        return _NON_FINITE[value]
+    if tag in ("bytes", "bytearray"):
+        return (bytes if tag == "bytes" else bytearray)(_unb64(value))
+    if tag in ("ndarray", "npscalar"):
+        dtype = np.dtype(str(value["dtype"]))
+        if dtype.hasobject or dtype.names is not None:
+            raise RecordError(f"a numpy {dtype} value")
+        array = np.frombuffer(_unb64(value["data"]), dtype=dtype).reshape(value["shape"])
+        return array.copy() if tag == "ndarray" else array[()]
+    if tag == "decimal":
+        return decimal.Decimal(value)
+    if tag in ("datetime", "date", "time"):
+        kind: dict[str, Any] = {
+            "datetime": datetime.datetime,
+            "date": datetime.date,
+            "time": datetime.time,
+        }
+        return kind[tag].fromisoformat(value)
+    if tag == "timedelta":
+        days, seconds, microseconds = value
+        return datetime.timedelta(days, seconds, microseconds)
+    raise RecordError(f"an unknown tag {str(tag)[:40]!r}")
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RecordError(f"{value!r} is not an index")
+    return value
+
+
+def _tag(tag: str, value: Any) -> dict[str, Any]:
+    return {"t": tag, "v": value}
+
+
+def _b64(data: bytes | bytearray) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
