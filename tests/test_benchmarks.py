@@ -22,6 +22,11 @@ WORK = ["--work-dir", "{tmp}/work"]
 # name -> (how it is run, its smallest-size arguments, a line its output must hold)
 SMALLEST = {
     "plan_bench": ("script", ["--files", "1000"], "plan_split train stratified"),
+    "scan_record_bench": (
+        "script",
+        ["--files", "4", "--rows", "4000", "--synthetic", "20", "--sketches", "1", "--repeat", "1"],
+        "scan record of 20 files",
+    ),
     "reshard_bench": (
         "module",
         [
