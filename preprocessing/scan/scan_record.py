@@ -122,7 +122,8 @@ def store_scans(attempt_uri: str, version_id: str, scans: list[FileScan]) -> Non
         fs, path = url_to_fs(uri)
         write_atomically(fs, path, data)
     except (OSError, RecordError) as error:
-        log.warning("scan record %s not written (%s): a rerun scans again", redact(uri), error)
+        said = (redact(uri), redact(str(error)))
+        log.warning("scan record %s not written (%s): a rerun scans again", *said)
 
 
 def load_scans(attempt_uri: str, version_id: str, files: list[InputFile]) -> list[FileScan] | None:
@@ -141,7 +142,7 @@ def load_scans(attempt_uri: str, version_id: str, files: list[InputFile]) -> lis
     else:
         log.info("scan kept: the scans of %d input files", len(scans))
         return scans
-    log.warning("scan record %s not used: %s; scanning again", redact(uri), reason)
+    log.warning("scan record %s not used: %s; scanning again", redact(uri), redact(reason))
     return None
 
 
