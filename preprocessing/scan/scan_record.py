@@ -17,6 +17,14 @@ the shape written), of another format version, another version id or other files
 not used: the rerun scans again, saying why. The version id hashes the inputs, every
 setting that changes a scan and the code version, so a record of the same id holds the
 scans a new scan would make.
+
+Cost (benchmarks/scan_record_bench.py, local disk, a loaded 2-core host): 64 files of the
+synthetic sample, 0.16 MB, stored in 0.006 s and loaded in 0.004 s; 10,000 files, 25 MB,
+1.0 s and 1.4 s. Distinct-value sketches dominate where there are string or integer
+features (4,096 hashes, 44 KB of base64 a column and file): two such columns make 10,000
+files 930 MB, 13.5 s and 8.1 s. At 2 GB in 64 files a rerun's scan stage goes from
+1.3-1.5 s to none, but its wall time did not move beyond the noise: the workers' first
+imports (0.75 s each), which the scan's tasks paid, fall to the verify and map tasks.
 """
 
 from __future__ import annotations
