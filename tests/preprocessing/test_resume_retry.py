@@ -17,6 +17,7 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.synthetic.tabular import SampleSpec, sample_table, write_sample
 from preprocessing.versions.attempt import STAGING_DIR
+from tests.log_records import messages, records_of
 
 pytestmark = pytest.mark.slow  # whole reshards on the session Dask cluster
 
@@ -85,9 +86,10 @@ def test_a_retry_resumes_an_incremental_child_that_failed_mid_write(
 ) -> None:
     """Invariants: in incremental mode, a child (a new input file appended to a committed
     parent) failing for a transient reason halfway through its writes keeps its staging;
-    the retry keeps at least one of the child's new shards and rewrites at least one,
-    and commits the child a clean run from the same parent makes: same version id and
-    parent, byte-identical shards (the parent's entries among them), no staging left."""
+    the retry keeps the scan of the child's one new file (not the parent's) and at least
+    one of its new shards, rewrites at least one, and commits the child a clean run from
+    the same parent makes: same version id and parent, byte-identical shards (the
+    parent's entries among them), no staging left."""
     raw = tmp_path / "raw"
     write_sample(raw, SampleSpec(num_rows=6_000, num_files=2, seed=5))
 
@@ -109,9 +111,11 @@ def test_a_retry_resumes_an_incremental_child_that_failed_mid_write(
     with pytest.raises(ClusterLost):
         run_reshard(config("out"), dask_client, progress=fail_halfway(ClusterLost("lost")))
     wait_idle(dask_client)
-    retry = run_reshard(config("out"), dask_client)
+    with records_of("preprocessing.scan.scan_record") as logged:
+        retry = run_reshard(config("out"), dask_client)
     clean = run_reshard(config("clean"), dask_client)
     print(retry.resumed)
+    assert messages(logged) == "scan kept: the scans of 1 input files"
     assert len(parents) == 1 and retry.manifest.parent_version in parents
     assert retry.manifest.version_id == clean.manifest.version_id
     assert digests(retry) == digests(clean)
