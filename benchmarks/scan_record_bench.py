@@ -5,7 +5,9 @@ scan it saves a rerun that took over a dead attempt.
 Writes `--files` files of the synthetic sample (`--rows` rows in all), scans them in this
 process (`scan_file`, one after another: the cluster's scan stage is that work spread over
 its workers), then times `store_scans` and `load_scans` on a local directory, best of
-`--repeat`. `--synthetic N` also times N scans made from those (their files renamed: N
+`--repeat`, and the store's peak allocation (tracemalloc: the record is streamed, one
+scan's lines at a time, so this stays near one scan's encoding whatever the count of
+files). `--synthetic N` also times N scans made from those (their files renamed: N
 input files of one schema). `--sketches K` gives every scan K string columns with full
 distinct-value sketches (4,096 hashes and 100 values each), the largest profiles a scan
 holds; the sample's own feature column (a fixed-size list) has none. The pickle of the
@@ -30,6 +32,7 @@ import os
 import pickle
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -91,11 +94,24 @@ def report(label: str, scans: list[FileScan], directory: str, repeat: int) -> di
     assert loaded is not None and len(loaded) == len(scans)
     size = os.path.getsize(os.path.join(directory, SCANS_NAME))
     pickled = len(pickle.dumps(scans, protocol=pickle.HIGHEST_PROTOCOL))
+    store_peak = traced_peak(lambda: store_scans(directory, VERSION, scans))
     print(
         f"scan record of {label}: {size / 1e6:.2f} MB ({size / len(scans):,.0f} B a file; "
-        f"pickle {pickled / 1e6:.2f} MB), store {store_s:.3f} s, load {load_s:.3f} s"
+        f"pickle {pickled / 1e6:.2f} MB), store {store_s:.3f} s, load {load_s:.3f} s; "
+        f"store's peak allocation {store_peak / 1e6:.2f} MB"
     )
-    return {"bytes": size, "store_s": store_s, "load_s": load_s}
+    return {"bytes": size, "store_s": store_s, "load_s": load_s, "store_peak": store_peak}
+
+
+def traced_peak(step: Callable[[], Any]) -> int:
+    """The most bytes `step` held allocated at once beyond what was allocated before it
+    (tracemalloc: Python objects and numpy arrays), in a run of its own as tracing slows it."""
+    tracemalloc.start()
+    try:
+        step()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def main() -> int:

@@ -1,30 +1,32 @@
 """The scans of a run kept in its attempt's staging, so a rerun that takes the attempt
 over plans from them instead of reading every input file again.
 
-    <attempt>/_SCANS.json   {"format": "ballast-scans", "format_version": 1,
-                             "version_id": ..., "sha256": <of the rest>}\\n<payload>
+    <attempt>/_SCANS.json   {"format": "ballast-scans", "format_version": 2, "version_id": ...}
+                            {"t": "arrow-schema", "v": <IPC bytes, base64>}   each schema once
+                            {"t": "FileScan", "v": {...}}                     one line a scan
+                            {"sha256": <of every line before this one>}
 
-The driver stores the scans once the checks across files pass (`store_scans`); a rerun
-that took over a dead attempt of its version (preprocessing/versions/attempt.py) loads
-them with one GET (`load_scans`: no HEAD first, as on S3 a read would cost two requests).
-The payload is JSON, every value that JSON does not tell apart tagged (`{"t": tag,
-"v": ...}`: tuples, sets, dicts, bytes, numpy arrays, non-finite floats, the scan's
-dataclasses by name, from a closed list), so the round trip is exact and nothing in the
-file can run code as a pickle would. A pyarrow schema is its Arrow IPC bytes (base64),
-each distinct one stored once and named by its index: the files of a version mostly
-share one. A record that is absent, damaged (cut short, not its sha256, not JSON, not
-the shape written), of another format version, another version id or other files is
-not used: the rerun scans again, saying why. The version id hashes the inputs, every
-setting that changes a scan and the code version, so a record of the same id holds the
-scans a new scan would make.
+The driver streams the record once the checks across files pass (`store_scans`), one
+scan's encoding in memory at a time, written atomically (a rename locally, an upload S3
+shows only once complete); a rerun that took over a dead attempt of its version
+(preprocessing/versions/attempt.py) loads it with one GET (`load_scans`: no HEAD first,
+as on S3 a read would cost two requests). Lines are JSON, every value that JSON does not
+tell apart tagged (`{"t": tag, "v": ...}`: tuples, sets, dicts, bytes, numpy arrays,
+non-finite floats, the scan's dataclasses by name, from a closed list), so the round trip
+is exact and nothing in the file can run code as a pickle would. A pyarrow schema is its
+Arrow IPC bytes, each distinct one stored once, before the first scan that names it by
+index: the files of a version mostly share one. A record that is absent, damaged (cut
+short, so without its end line; not its sha256; not JSON; not the shape written), of
+another format version, another version id or other files is not used: the rerun scans
+again, saying why. The version id hashes the inputs, every setting that changes a scan
+and the code version, so a record of the same id holds the scans a new scan would make.
 
-Cost (benchmarks/scan_record_bench.py, local disk, a loaded 2-core host): 64 files of the
-synthetic sample, 0.16 MB, stored in 0.006 s and loaded in 0.004 s; 10,000 files, 25 MB,
-1.0 s and 1.4 s. Distinct-value sketches dominate where there are string or integer
-features (4,096 hashes, 44 KB of base64 a column and file): two such columns make 10,000
-files 930 MB, 13.5 s and 8.1 s. At 2 GB in 64 files a rerun's scan stage goes from
-1.3-1.5 s to none, but its wall time did not move beyond the noise: the workers' first
-imports (0.75 s each), which the scan's tasks paid, fall to the verify and map tasks.
+Cost (benchmarks/scan_record_bench.py, RESULTS.md M43): a few ms for 64 files, about a
+second for 10,000; distinct-value sketches dominate where there are string or integer
+features (4,096 hashes, 44 KB of base64 a column and file). At 2 GB in 64 files a rerun's
+scan stage goes from 1.3-1.5 s to none, but its wall time did not move beyond the noise:
+the workers' first imports (0.75 s each), which the scan's tasks paid, fall to the verify
+and map tasks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -46,7 +49,7 @@ from fsspec.core import url_to_fs
 from preprocessing.plan.counts import Counts
 from preprocessing.scan.feature_stats import ColumnProfile
 from preprocessing.scan.inputs import FileScan
-from preprocessing.storage.objects import write_atomically
+from preprocessing.storage.objects import write_stream_atomically
 from preprocessing.storage.sources import InputFile
 from preprocessing.toolbox.secrets import redact
 
@@ -54,7 +57,8 @@ log = logging.getLogger(__name__)
 
 SCANS_NAME = "_SCANS.json"
 FORMAT = "ballast-scans"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SCHEMA_LINE = "arrow-schema"  # a body line holding a schema, not a scan
 # The dataclasses a record may hold, by name: decoding builds no other class.
 RECORD_CLASSES: dict[str, Any] = {
     cls.__name__: cls for cls in (FileScan, InputFile, Counts, ColumnProfile)
@@ -69,66 +73,101 @@ class RecordError(ValueError):
     """A scan record that cannot be made or used; the message says why."""
 
 
+def record_lines(scans: Iterable[FileScan], version_id: str) -> Iterator[bytes]:
+    """The record of `scans` of version `version_id`, line by line, holding one scan's
+    encoding at a time: the header, each schema before the first scan that uses it, the
+    scans, and the end line with the sha256 of every line before it."""
+    digest = hashlib.sha256()
+
+    def line(value: Any) -> bytes:
+        data = json.dumps(value, separators=(",", ":")).encode() + b"\n"
+        digest.update(data)
+        return data
+
+    yield line({"format": FORMAT, "format_version": FORMAT_VERSION, "version_id": version_id})
+    encoder = _Encoder([])
+    for scan in scans:
+        encoded = encoder.value(scan)
+        for schema in encoder.take_new_schemas():
+            yield line(_tag(SCHEMA_LINE, _b64(schema)))
+        yield line(encoded)
+    yield json.dumps({"sha256": digest.hexdigest()}).encode() + b"\n"
+
+
 def encode_scans(scans: list[FileScan], version_id: str) -> bytes:
-    """The record of `scans` of version `version_id`: header line, then the payload."""
-    schemas: list[bytes] = []
-    encoded = _Encoder(schemas).value(scans)
-    payload = json.dumps(
-        {"schemas": [_b64(s) for s in schemas], "scans": encoded}, separators=(",", ":")
-    ).encode()
-    header = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "version_id": version_id,
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }
-    return json.dumps(header).encode() + b"\n" + payload
+    """The whole record of `scans` of version `version_id` (`record_lines` joined)."""
+    return b"".join(record_lines(scans, version_id))
 
 
 def decode_scans(data: bytes, version_id: str) -> list[FileScan]:
     """The scans of a record of version `version_id`; RecordError saying why it is unusable."""
-    first, newline, payload = data.partition(b"\n")
+    first, _, _ = data.partition(b"\n")
     try:
         header = json.loads(first)
     except ValueError as error:
         raise RecordError(f"its header is not JSON ({error})") from None
-    _check_header(header, bool(newline), payload, version_id)
+    _check_header(header, version_id)
+    end = data.rfind(b"\n", 0, max(len(data) - 1, 0)) + 1  # where the last line starts
+    _check_end(data[end:], data[:end])
     try:
-        body = json.loads(payload)
-        # Arrow raises OSError (or ArrowInvalid, a ValueError) for bytes that are no schema.
-        schemas = [pa.ipc.read_schema(pa.py_buffer(_unb64(s))) for s in body["schemas"]]
-        scans = _Decoder(schemas).value(body["scans"])
+        return _decode_body(data[len(first) + 1 : end].split(b"\n")[:-1])
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, OSError) as e:
         raise RecordError(
             f"its payload is not a record of scans ({type(e).__name__}: {e})"
         ) from None
-    if not isinstance(scans, list) or not all(isinstance(s, FileScan) for s in scans):
-        raise RecordError("its payload is not a list of scans")
-    return scans
 
 
-def _check_header(header: Any, whole: bool, payload: bytes, version_id: str) -> None:
-    """Raise RecordError unless the header is of this format and version, and vouches for
-    `payload`."""
+def _check_header(header: Any, version_id: str) -> None:
+    """Raise RecordError unless the header is of this format, format version and version."""
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise RecordError(f"it is not a {FORMAT} record")
     found = header.get("format_version")
-    if type(found) is not int or found != FORMAT_VERSION:  # `true` is no version 1
+    if type(found) is not int or found != FORMAT_VERSION:  # `true` is no version 2
         raise RecordError(f"it is of format version {found!r}, not {FORMAT_VERSION}")
     if header.get("version_id") != version_id:
         raise RecordError(f"it is of version {header.get('version_id')!r}, not {version_id}")
-    if not whole or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+
+
+def _check_end(last_line: bytes, vouched: bytes) -> None:
+    """Raise RecordError unless `last_line` is an end line whose sha256 is `vouched`'s:
+    a record cut short lacks it, a changed one does not hash to it."""
+    try:
+        end = json.loads(last_line) if last_line.endswith(b"\n") else None
+    except ValueError:
+        end = None
+    digest = hashlib.sha256(vouched).hexdigest()
+    if not isinstance(end, dict) or set(end) != {"sha256"} or end["sha256"] != digest:
         raise RecordError("its payload does not hash to its sha256 (cut short or changed)")
 
 
+def _decode_body(lines: list[bytes]) -> list[FileScan]:
+    """The scans of a record's body lines, each schema line adding to the table of schemas
+    that the scans after it name by index."""
+    schemas: list[pa.Schema] = []
+    decoder, scans = _Decoder(schemas), []
+    for text in lines:
+        value = json.loads(text)
+        if isinstance(value, dict) and value.get("t") == SCHEMA_LINE:
+            # Arrow raises OSError (or ArrowInvalid, a ValueError) for bytes that are no schema.
+            schemas.append(pa.ipc.read_schema(pa.py_buffer(_unb64(value["v"]))))
+            continue
+        scan = decoder.value(value)
+        if not isinstance(scan, FileScan):
+            raise RecordError(
+                f"its payload is not a list of scans (a line holds a {type(scan).__name__})"
+            )
+        scans.append(scan)
+    return scans
+
+
 def store_scans(attempt_uri: str, version_id: str, scans: list[FileScan]) -> None:
-    """Keep `scans` in the attempt at `attempt_uri` for a rerun; a record that cannot be
-    written only costs that rerun a scan, so it is a warning, not the run's failure."""
+    """Keep `scans` in the attempt at `attempt_uri` for a rerun, streamed (the driver holds
+    one scan's encoding at a time); a record that cannot be written only costs that rerun
+    a scan, so it is a warning, not the run's failure."""
     uri = f"{attempt_uri.rstrip('/')}/{SCANS_NAME}"
     try:
-        data = encode_scans(scans, version_id)
         fs, path = url_to_fs(uri)
-        write_atomically(fs, path, data)
+        write_stream_atomically(fs, path, record_lines(scans, version_id))
     except (OSError, RecordError) as error:
         said = (redact(uri), redact(str(error)))
         log.warning("scan record %s not written (%s): a rerun scans again", *said)
@@ -148,7 +187,9 @@ def load_scans(attempt_uri: str, version_id: str, files: list[InputFile]) -> lis
     except (OSError, RecordError) as error:
         reason = str(error)
     else:
-        log.info("scan kept: the scans of %d input files", len(scans))
+        log.info(
+            "scan kept: the scans of %d input file%s", len(scans), "" if len(scans) == 1 else "s"
+        )
         return scans
     log.warning("scan record %s not used: %s; scanning again", redact(uri), redact(reason))
     return None
@@ -160,6 +201,7 @@ class _Encoder:
     def __init__(self, schemas: list[bytes]) -> None:
         self.schemas = schemas
         self._index: dict[bytes, int] = {}
+        self._taken = 0
 
     def value(self, value: Any) -> Any:
         # Exact types: a subclass (an IntEnum, a pandas Timestamp) would come back as its base.
@@ -197,6 +239,11 @@ class _Encoder:
         if type(value) is datetime.timedelta:
             return _tag("timedelta", [value.days, value.seconds, value.microseconds])
         raise RecordError(f"a scan holds a {type(value).__name__}, which a record cannot hold")
+
+    def take_new_schemas(self) -> list[bytes]:
+        """The schemas added since the last call, in index order."""
+        new, self._taken = self.schemas[self._taken :], len(self.schemas)
+        return new
 
     def schema_index(self, schema: pa.Schema) -> int:
         """The index of `schema` in the record's table of schemas, added once."""

@@ -1,8 +1,9 @@
-"""Storage primitives of every writer: an atomic write (optionally only if absent), a
-whole object (a multipart upload on S3 when it is large), a host-wide file lock, whether
-a filesystem is local disk, and a streamed sha256. A write the storage refuses (no
-space, quota, permission, read-only) is raised as the `StorageRefused` it is, naming the
-path and the bytes it needed, so no retry loop takes it for a blip.
+"""Storage primitives of every writer: an atomic write (optionally only if absent, or
+streamed from chunks), a whole object (a multipart upload on S3 when it is large), a
+host-wide file lock, whether a filesystem is local disk, and a streamed sha256. A write
+the storage refuses (no space, quota, permission, read-only) is raised as the
+`StorageRefused` it is, naming the path and the bytes it needed, so no retry loop takes
+it for a blip.
 
 fsspec and the standard library only; preprocessing/contract/commit.py builds the version
 commit on them and preprocessing/contract/manifest.py re-exports them.
@@ -15,7 +16,7 @@ import fcntl
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import fsspec
@@ -25,7 +26,7 @@ from preprocessing.toolbox.faults import storage_refusal
 
 
 @contextmanager
-def refusals_named(path: str, needed_bytes: int) -> Iterator[None]:
+def refusals_named(path: str, needed_bytes: int | None) -> Iterator[None]:
     """A refusal of the storage inside the block becomes StorageRefused naming `path`."""
     try:
         yield
@@ -91,6 +92,47 @@ def _write_atomically(
         fs.invalidate_cache(path)
     else:
         fs.pipe_file(path, data)
+
+
+def write_stream_atomically(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    chunks: Iterable[bytes],
+    part_bytes: int = DEFAULT_PART_BYTES,
+) -> None:
+    """Write the concatenation of `chunks` as one file, holding one chunk (and on S3 one
+    part of `part_bytes`) at a time; readers see the old file or the new one, never half
+    (rename locally; elsewhere the store's upload, which S3 shows only once complete, and
+    abandons on an error)."""
+    with refusals_named(path, None):  # the size is not known before the end
+        if is_local(fs):
+            _write_local_stream(path, chunks)
+            return
+        handle = fs.open(path, "wb", block_size=max(part_bytes, MIN_PART_BYTES))
+        try:
+            for chunk in chunks:
+                handle.write(chunk)
+        except BaseException:
+            handle.discard()  # aborts a multipart upload; a plain PUT was never sent
+            handle.closed = True  # close() would upload what was written
+            raise
+        handle.close()
+
+
+def _write_local_stream(path: str, chunks: Iterable[bytes]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(temp, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):  # a failed write keeps no half file
+            os.remove(temp)
+        raise
 
 
 def write_object(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 
 import fsspec
 import polars as pl
@@ -22,6 +23,8 @@ from preprocessing.contract.manifest import (
     shard_uri,
 )
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.storage.limits import MIN_PART_BYTES
+from preprocessing.storage.objects import write_stream_atomically
 from preprocessing.versions.table import (
     SPLIT_COLUMN,
     _commit,
@@ -179,3 +182,33 @@ def test_a_stale_publisher_on_s3_fails_its_table_commit_and_converges(bucket) ->
         _commit(root, read_manifest(f"{root}/v-a")[0], stale)
     assert publish_current(root) == 2
     assert [committed_version_id(root, v) for v in range(3)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("chunk_mb", [1, 3])
+def test_a_streamed_write_to_s3_is_whole_or_absent(bucket: str, chunk_mb: int) -> None:
+    """Invariants (the scan record's write, preprocessing/storage/objects.py): chunks
+    streamed to S3 read back as their concatenation, in one PUT (2 MB) or a multipart
+    upload of 5 MB parts (6 MB); a stream that fails part way leaves no object and no
+    multipart upload open, whether or not a part had been sent."""
+    fs = fsspec.filesystem("s3")
+    chunk = bytes(range(256)) * (4 * 1024 * chunk_mb)
+    whole = f"{bucket}/whole-{chunk_mb}"
+    write_stream_atomically(fs, whole, iter([chunk] * 2 + [b"end"]), part_bytes=MIN_PART_BYTES)
+    assert fs.cat_file(whole) == chunk * 2 + b"end"
+
+    def uploads() -> list[dict]:
+        return fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
+
+    open_at_failure = []
+
+    def failing() -> Iterator[bytes]:
+        yield from [chunk] * 2
+        open_at_failure.extend(uploads())
+        raise OSError("the encoder failed")
+
+    broken = f"{bucket}/broken-{chunk_mb}"
+    with pytest.raises(OSError, match="the encoder failed"):
+        write_stream_atomically(fs, broken, failing(), part_bytes=MIN_PART_BYTES)
+    fs.invalidate_cache()
+    assert not fs.exists(broken) and uploads() == []
+    assert len(open_at_failure) == (1 if chunk_mb == 3 else 0)  # a part sent only at 6 MB

@@ -169,12 +169,14 @@ def assert_identical(found: Any, expected: Any, where: str = "scan") -> None:
 def test_any_scans_come_back_exactly_as_stored(scans: list[FileScan]) -> None:
     """Invariant: decoding a record gives back scans identical to those encoded (types,
     floats to the bit incl. NaN, infinities and -0.0, uint64 arrays, schemas with metadata,
-    hostile strings and lone surrogates), and each distinct schema is stored once."""
+    hostile strings and lone surrogates), each distinct schema is stored once, and the
+    record holds a line per scan and per schema between its header and its end line."""
     data = encode_scans(scans, VERSION)
     assert_identical(decode_scans(data, VERSION), scans, "scans")
-    stored = json.loads(data.partition(b"\n")[2])["schemas"]
+    lines = [json.loads(line) for line in data.split(b"\n")[1:-2]]
+    stored = [line["v"] for line in lines if line["t"] == "arrow-schema"]
     distinct = {s.schema.serialize().to_pybytes() for s in scans if s.schema is not None}
-    assert len(stored) == len(distinct)
+    assert len(stored) == len(distinct) and len(lines) == len(stored) + len(scans)
 
 
 def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> None:
@@ -200,51 +202,53 @@ def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> 
     assert b"pickle" not in data and b"__reduce__" not in data
 
 
-def resealed(payload: bytes, **header: Any) -> bytes:
-    """A record of `payload` under a header that vouches for it, with `header` changes."""
-    fields = {
-        "format": "ballast-scans",
-        "format_version": 1,
-        "version_id": VERSION,
-        "sha256": hashlib.sha256(payload).hexdigest(),
-        **header,
-    }
-    return json.dumps(fields).encode() + b"\n" + payload
+def resealed(body: list[bytes], **header: Any) -> bytes:
+    """A record of `body` lines under a header, with `header` changes, and an end line
+    that vouches for both."""
+    fields = {"format": "ballast-scans", "format_version": 2, "version_id": VERSION, **header}
+    vouched = json.dumps(fields).encode() + b"\n" + b"".join(line + b"\n" for line in body)
+    return vouched + json.dumps({"sha256": hashlib.sha256(vouched).hexdigest()}).encode() + b"\n"
 
 
 def damaged_records(data: bytes) -> dict[str, tuple[bytes, str]]:
     """Ways a record goes bad, each with the words of the reason it must give."""
-    header, _, payload = data.partition(b"\n")
+    lines = data.split(b"\n")
+    header, body = lines[0], lines[1:-2]
     flipped = bytearray(data)
-    flipped[-3] ^= 0x01
+    flipped[len(data) // 2] ^= 0x01
+    unknown = json.dumps({"t": "os.system", "v": "ls"}).encode()
     return {
         "cut short": (data[: len(data) // 2], "does not hash"),
-        "header only": (header, "does not hash"),
+        "header only": (header + b"\n", "does not hash"),
+        "no end line": (data[: data.rindex(b"{")], "does not hash"),
         "a byte changed": (bytes(flipped), "does not hash"),
         "empty": (b"", "header is not JSON"),
         "not JSON": (b"\x00\xff garbage\n{}", "header is not JSON"),
-        "another format": (resealed(payload, format="other"), "not a ballast-scans record"),
-        "format version 2": (resealed(payload, format_version=2), "format version 2"),
-        "another version": (resealed(payload, version_id="fedcba9876543210"), "of version"),
-        "payload not JSON": (resealed(b"{not json"), "not a record of scans"),
-        "an unknown tag": (
-            resealed(
-                json.dumps({"schemas": [], "scans": [{"t": "os.system", "v": "ls"}]}).encode()
-            ),
-            "unknown tag",
-        ),
+        "another format": (resealed(body, format="other"), "not a ballast-scans record"),
+        "format version 1": (resealed(body, format_version=1), "format version 1, not 2"),
+        "another version": (resealed(body, version_id="fedcba9876543210"), "of version"),
+        "payload not JSON": (resealed([b"{not json"]), "not a record of scans"),
+        "an unknown tag": (resealed([unknown]), "unknown tag"),
         "a field too many": (
-            resealed(payload.replace(b'"transient":', b'"extra":0,"transient":', 1)),
+            resealed(
+                [line.replace(b'"transient":', b'"extra":0,"transient":', 1) for line in body]
+            ),
             "FileScan with fields",
         ),
         "a schema not Arrow": (
-            resealed(payload.replace(b'"schemas":["', b'"schemas":["AAAA', 1)),
+            resealed(
+                [
+                    line.replace(b'"arrow-schema","v":"', b'"arrow-schema","v":"AAAA', 1)
+                    for line in body
+                ]
+            ),
             "not a record of scans",
         ),
         "not a list of scans": (
-            resealed(json.dumps({"schemas": [], "scans": {"t": "tuple", "v": []}}).encode()),
+            resealed([json.dumps({"t": "tuple", "v": []}).encode()]),
             "not a list of scans",
         ),
+        "a scan before its schema": (resealed(body[1:]), "not a record of scans"),
     }
 
 
@@ -278,7 +282,8 @@ def test_a_rerun_uses_a_stored_record_and_scans_again_without_a_usable_one(tmp_p
     """Invariants: scans stored in an attempt load back for the same version and listing
     (the run log says "scan kept: the scans of 3 input files"); with no record, a damaged
     one, another version's or another listing's, `load_scans` gives None and warns naming
-    the record and why; a scan a record cannot hold writes no record, with a warning."""
+    the record and why; a scan a record cannot hold, met part way through the streamed
+    record, leaves no record and no temporary file, with a warning."""
     attempt, scans = tmp_path / "attempt", some_scans()
     files = [scan.file for scan in scans]
     record = attempt / SCANS_NAME
@@ -300,7 +305,7 @@ def test_a_rerun_uses_a_stored_record_and_scans_again_without_a_usable_one(tmp_p
     assert "does not hash to its sha256" in lines[4] and str(record) in lines[4]
     assert [r.levelno for r in logged] == [logging.WARNING, logging.INFO, *[logging.WARNING] * 3]
     record.unlink()
-    odd = [dataclasses.replace(scans[0], counts=Counts(b"", (object(),), ()))]
+    odd = [scans[0], dataclasses.replace(scans[1], counts=Counts(b"", (object(),), ()))]
     with records_of(LOGGER) as logged:
-        store_scans(str(attempt), VERSION, odd)
-    assert not record.exists() and "a record cannot hold" in messages(logged)
+        store_scans(str(attempt), VERSION, odd)  # fails after its first lines are written
+    assert not list(attempt.iterdir()) and "a record cannot hold" in messages(logged)
