@@ -73,7 +73,6 @@ def test_a_retry_in_the_same_process_resumes_a_run_that_failed_mid_write(
     clean = run_reshard(
         config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
     )
-    print(retry.resumed)
     assert retry.manifest.version_id == clean.manifest.version_id
     assert digests(retry) == digests(clean)
     resumed = retry.manifest.resumed
@@ -114,8 +113,7 @@ def test_a_retry_resumes_an_incremental_child_that_failed_mid_write(
     with records_of("preprocessing.scan.scan_record") as logged:
         retry = run_reshard(config("out"), dask_client)
     clean = run_reshard(config("clean"), dask_client)
-    print(retry.resumed)
-    assert messages(logged) == "scan kept: the scans of 1 input files"
+    assert messages(logged) == "scan kept: the scans of 1 input file"
     assert len(parents) == 1 and retry.manifest.parent_version in parents
     assert retry.manifest.version_id == clean.manifest.version_id
     assert digests(retry) == digests(clean)
