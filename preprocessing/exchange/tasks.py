@@ -257,17 +257,7 @@ def write_shards(
     """Write the shards of destinations [first, first + len(shards)) ((planned rows, URI)
     each): one range read per last-round object, then each shard in keyed order; then,
     given the attempt's URI as `receipts`, the task's receipt (exchange/receipts.py)."""
-    last = len(staging.layout.rounds) - 1
-    stop = first + len(shards)
-    ranges = [
-        read_destinations(staging.object(last, item), first, stop)
-        for item in staging.layout.write_inputs(first)
-    ]
-    decoded = [destination_batches(data, offsets, staging.schema) for data, offsets in ranges]
-    own = [
-        [batch for by_destination in decoded for batch in by_destination[index]]
-        for index in range(len(shards))
-    ]
+    own = _staged_batches(staging, first, first + len(shards))
     encode = EncodeBuffer()  # one encode buffer for the task's shards
     source = spec.source_column or DERIVED_SOURCE_COLUMN
     settings = (rows_per_row_group, spec.label_column, source, staging.part_bytes)
@@ -275,6 +265,9 @@ def write_shards(
     etags: dict[str, str] = {}  # on S3, what the receipt records of each shard
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
+        # The run's staged rows (zero-copy over the bytes read) are freed before its shards
+        # are encoded: the task holds the ordered rows and the encoded ones, not all three.
+        own[run_start:run_stop] = [[] for _ in range(run_start, run_stop)]
         for rows, uri in shards[run_start:run_stop]:
             piece = table.slice(offset, rows).cast(schema)
             entries.append(write_shard(uri, piece, *settings, encode, etags))
@@ -282,6 +275,22 @@ def write_shards(
     if receipts is not None:
         write_shard_receipt(receipts, first, entries, etags)
     return entries
+
+
+def _staged_batches(staging: Staging, first: int, stop: int) -> list[list[pa.RecordBatch]]:
+    """Each of destinations [first, stop)'s staged batches, from one range read per
+    last-round object; no other reference to the bytes read is kept."""
+    last = len(staging.layout.rounds) - 1
+    decoded = [
+        destination_batches(
+            *read_destinations(staging.object(last, item), first, stop), staging.schema
+        )
+        for item in staging.layout.write_inputs(first)
+    ]
+    return [
+        [batch for by_destination in decoded for batch in by_destination[index]]
+        for index in range(stop - first)
+    ]
 
 
 def order_runs(shard_bytes: list[int]) -> list[tuple[int, int]]:
