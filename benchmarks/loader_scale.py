@@ -259,7 +259,8 @@ def quality(epochs: list[np.ndarray], group_of: np.ndarray) -> dict[str, float]:
     pairs = np.concatenate([tracked[:, None] * len(group_of) + m for m in mates], axis=None)
     return {
         "top_group_share": top_group_share(epochs[0], group_of),
-        "remeet_rate": float(np.mean(remeet)),
+        # Of one epoch no pair can meet again: not a rate (NaN, printed as "-").
+        "remeet_rate": float(np.mean(remeet)) if remeet else float("nan"),
         "distinct_mates": len(np.unique(pairs)) / len(pairs),
     }
 
@@ -280,6 +281,11 @@ def top_group_share(batch_of: np.ndarray, group_of: np.ndarray) -> float:
     largest = np.zeros(int(batch_of.max()) + 1)
     np.maximum.at(largest, keys // num_groups, counts)
     return float(np.mean(largest / BATCH))
+
+
+def percent(value: float) -> str:
+    """`value` as a percentage, or "-" where it is not a number."""
+    return "-" if np.isnan(value) else f"{value:.2%}"
 
 
 def quality_report(dataset: str, num_epochs: int) -> float:
@@ -306,7 +312,7 @@ def quality_report(dataset: str, num_epochs: int) -> float:
     }
     for name, q in figures.items():
         print(
-            f"  {name:58} {q['top_group_share']:8.1%} {q['remeet_rate']:9.2%} "
+            f"  {name:58} {q['top_group_share']:8.1%} {percent(q['remeet_rate']):>9} "
             f"{q['distinct_mates']:12.2%}"
         )
     uniform, ours = list(figures.values())[:2]
