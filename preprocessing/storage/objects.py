@@ -18,6 +18,7 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import fsspec
 
@@ -113,10 +114,19 @@ def write_stream_atomically(
             for chunk in chunks:
                 handle.write(chunk)
         except BaseException:
-            handle.discard()  # aborts a multipart upload; a plain PUT was never sent
-            handle.closed = True  # close() would upload what was written
+            _abandon(handle)
             raise
         handle.close()
+
+
+def _abandon(handle: Any) -> None:
+    """Drop an unfinished upload: s3fs aborts its multipart upload (a single PUT was never
+    sent), and the file is marked closed, as its close() would upload what was written."""
+    discard = getattr(handle, "discard", None)
+    if discard is not None:
+        discard()
+    with contextlib.suppress(AttributeError):  # a file object whose `closed` is read-only
+        handle.closed = True
 
 
 def _write_local_stream(path: str, chunks: Iterable[bytes]) -> None:
