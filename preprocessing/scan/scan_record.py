@@ -108,9 +108,9 @@ def decode_scans(data: bytes, version_id: str) -> list[FileScan]:
         raise RecordError(f"its header is not JSON ({error})") from None
     _check_header(header, version_id)
     end = data.rfind(b"\n", 0, max(len(data) - 1, 0)) + 1  # where the last line starts
-    _check_end(data[end:], data[:end])
+    _check_end(data[end:], memoryview(data)[:end])  # a view: no copy of a large record
     try:
-        return _decode_body(data[len(first) + 1 : end].split(b"\n")[:-1])
+        return _decode_body(_lines(data, len(first) + 1, end))
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, OSError) as e:
         raise RecordError(
             f"its payload is not a record of scans ({type(e).__name__}: {e})"
@@ -128,7 +128,16 @@ def _check_header(header: Any, version_id: str) -> None:
         raise RecordError(f"it is of version {header.get('version_id')!r}, not {version_id}")
 
 
-def _check_end(last_line: bytes, vouched: bytes) -> None:
+def _lines(data: bytes, start: int, stop: int) -> Iterator[bytes]:
+    """The lines of `data[start:stop]` (which ends with a newline), one at a time: a
+    record is not copied whole."""
+    while start < stop:
+        newline = data.index(b"\n", start, stop)
+        yield data[start:newline]
+        start = newline + 1
+
+
+def _check_end(last_line: bytes, vouched: bytes | memoryview) -> None:
     """Raise RecordError unless `last_line` is an end line whose sha256 is `vouched`'s:
     a record cut short lacks it, a changed one does not hash to it."""
     try:
@@ -140,7 +149,7 @@ def _check_end(last_line: bytes, vouched: bytes) -> None:
         raise RecordError("its payload does not hash to its sha256 (cut short or changed)")
 
 
-def _decode_body(lines: list[bytes]) -> list[FileScan]:
+def _decode_body(lines: Iterable[bytes]) -> list[FileScan]:
     """The scans of a record's body lines, each schema line adding to the table of schemas
     that the scans after it name by index."""
     schemas: list[pa.Schema] = []
