@@ -265,9 +265,6 @@ def write_shards(
     etags: dict[str, str] = {}  # on S3, what the receipt records of each shard
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
-        # The run's staged rows (zero-copy over the bytes read) are freed before its shards
-        # are encoded: the task holds the ordered rows and the encoded ones, not all three.
-        own[run_start:run_stop] = [[] for _ in range(run_start, run_stop)]
         for rows, uri in shards[run_start:run_stop]:
             piece = table.slice(offset, rows).cast(schema)
             entries.append(write_shard(uri, piece, *settings, encode, etags))
@@ -279,7 +276,7 @@ def write_shards(
 
 def _staged_batches(staging: Staging, first: int, stop: int) -> list[list[pa.RecordBatch]]:
     """Each of destinations [first, stop)'s staged batches, from one range read per
-    last-round object; no other reference to the bytes read is kept."""
+    last-round object."""
     last = len(staging.layout.rounds) - 1
     decoded = [
         destination_batches(

@@ -111,6 +111,8 @@ def decode_scans(data: bytes, version_id: str) -> list[FileScan]:
     _check_end(data[end:], memoryview(data)[:end])  # a view: no copy of a large record
     try:
         return _decode_body(_lines(data, len(first) + 1, end))
+    except RecordError:  # a ValueError, but one that already says why
+        raise
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, OSError) as e:
         raise RecordError(
             f"its payload is not a record of scans ({type(e).__name__}: {e})"

@@ -69,17 +69,7 @@ def _write_atomically(
     fs: fsspec.AbstractFileSystem, path: str, data: bytes, only_if_absent: bool
 ) -> None:
     if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        try:
-            with open(temp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):  # a full disk keeps no half file
-                os.remove(temp)
-            raise
+        temp = _local_temp(path, [data])
         if not only_if_absent:
             os.replace(temp, path)
             return
@@ -107,7 +97,7 @@ def write_stream_atomically(
     abandons on an error)."""
     with refusals_named(path, None):  # the size is not known before the end
         if is_local(fs):
-            _write_local_stream(path, chunks)
+            os.replace(_local_temp(path, chunks), path)
             return
         handle = fs.open(path, "wb", block_size=max(part_bytes, MIN_PART_BYTES))
         try:
@@ -129,7 +119,9 @@ def _abandon(handle: Any) -> None:
         handle.closed = True
 
 
-def _write_local_stream(path: str, chunks: Iterable[bytes]) -> None:
+def _local_temp(path: str, chunks: Iterable[bytes]) -> str:
+    """A new temporary file beside `path` holding `chunks`, synced to disk; a write that
+    fails (a full disk, an encoder's error) leaves no half file."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
@@ -138,11 +130,11 @@ def _write_local_stream(path: str, chunks: Iterable[bytes]) -> None:
                 handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):  # a failed write keeps no half file
+        with contextlib.suppress(FileNotFoundError):
             os.remove(temp)
         raise
+    return temp
 
 
 def write_object(
