@@ -19,7 +19,7 @@ import yaml
 from tests.services import free_port
 from tests.training.conftest import write_dataset
 from training.config import load_train_config
-from training.launch import LocalJob, MultiNodeJob, RetryPolicy, run_job
+from training.launch import LocalJob, MultiNodeJob, RetryPolicy
 from training.launch.launchers import MultiNodeTorchrunLauncher
 from training.launch.processes import child_env, stop_process_group
 from training.summary import read_summary
@@ -128,17 +128,14 @@ def through_the_flow_task(config: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launched_by", ["launcher", "flow task"])
 def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
-    make_dataset: Callable[..., str],
-    tmp_path: Path,
-    launched_by: str,
-    request: pytest.FixtureRequest,
+    make_dataset: Callable[..., str], tmp_path: Path, prefect_harness: None
 ) -> None:
     """A rank SIGKILLed mid-epoch ends its attempt well within the process-group timeout (no
-    hang); the launcher's retry (called directly, or by the flows' task) resumes from the
-    last checkpoint into the same MLflow run, on the dataset version pinned at launch
-    although a newer one was committed after the kill, and ends at the step count of an
+    hang); the launcher's retry, run by the flows' training task (which calls the launcher
+    and returns its summary, so a run of the launcher alone would check nothing more),
+    resumes from the last checkpoint into the same MLflow run, on the dataset version pinned
+    at launch although a newer one was committed after the kill, and ends at the step count of an
     uninterrupted epoch; over both attempts every sample of the epoch is trained exactly
     once (the steps after the checkpoint are redone, none is skipped)."""
     from mlflow.tracking import MlflowClient
@@ -169,11 +166,7 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
     )
     killer = RankKiller(records, out / "checkpoints" / "last.ckpt", Path(root))
     killer.start()
-    if launched_by == "flow task":
-        request.getfixturevalue("prefect_harness")
-        summary = through_the_flow_task(config)
-    else:
-        summary = run_job(load_train_config(config), JOB)
+    summary = through_the_flow_task(config)
     killer.join()
     assert killer.killed_at is not None, "the job ended before a rank could be killed"
     first, second = summary["attempts"]
