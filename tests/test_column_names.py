@@ -43,6 +43,8 @@ HOSTILE = [
     "dataset.nulls.x",
     "-h1234abcd",
     "emoji 🐧",
+    "SECRET",  # a column named like a credential: its policy is data, not redacted
+    "api_token",
 ]
 names = st.one_of(st.sampled_from(HOSTILE), st.text(min_size=0, max_size=260))
 name_sets = st.lists(names, min_size=1, max_size=12, unique=True)

@@ -36,20 +36,34 @@ def redact(text: str) -> str:
     return _QUERY_SECRET.sub(_redact_query_value, text)
 
 
-def redact_value(value: Any) -> Any:
+# Settings whose keys are the user's data, not names of settings: `dataset.nulls` (column
+# -> null policy), `mix.class_weights` and `mix.source_weights` (label or source ->
+# weight). A column called `api_token` names data, and its policy word is no credential:
+# redacted by its key, the policy of such a column vanished from MLflow's params, from
+# Prefect's parameters and from the version id's payload (two policies, one id).
+DATA_KEYED = frozenset({"nulls", "class_weights", "source_weights"})
+
+
+def redact_value(value: Any, keys_are_data: bool = False) -> Any:
     """A JSON-like value (dicts, lists, strings, numbers) with every string redacted and
     every string held under a credential-named key (`API_TOKEN`, `password`) replaced by
-    ***; numbers and flags stay whatever their key (`max_tokens` is no secret)."""
+    ***, unless the key is data (a key of a `DATA_KEYED` map); numbers and flags stay
+    whatever their key (`max_tokens` is no secret)."""
     if isinstance(value, dict):
         return {
             key: REDACTED
-            if isinstance(item, str) and item and SECRET_NAME.search(str(key))
-            else redact_value(item)
+            if isinstance(item, str) and item and not keys_are_data and names_a_credential(key)
+            else redact_value(item, str(key) in DATA_KEYED)
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
         return [redact_value(item) for item in value]
     return redact(value) if isinstance(value, str) else value
+
+
+def names_a_credential(key: Any) -> bool:
+    """Whether a setting's name says it holds a credential."""
+    return SECRET_NAME.search(str(key)) is not None
 
 
 def _redact_query_value(match: re.Match[str]) -> str:

@@ -3,7 +3,16 @@ moves a password out of a URI."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from preprocessing.toolbox.secrets import redact, redact_value, split_credentials
+
+# Names a user's columns, labels and sources may have, some of them a credential's name.
+hostile_names = st.one_of(
+    st.sampled_from(["SECRET", "api_token", "Password (old)", "access_key", "x"]),
+    st.text(max_size=40),
+)
 
 
 def test_redact_hides_uri_passwords_and_credential_query_values_only() -> None:
@@ -48,3 +57,26 @@ def test_redact_value_hides_credential_strings_at_any_depth() -> None:
         "inputs": ["s3://b/raw", "https://host/x?access_token=***&page=2"],
         "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""},
     }
+
+
+@settings(max_examples=100, deadline=None)
+@given(columns=st.lists(hostile_names, min_size=1, max_size=4, unique=True))
+def test_a_column_or_label_named_like_a_credential_keeps_its_policy_and_weight(
+    columns: list[str],
+) -> None:
+    """Invariant: the keys of `nulls`, `class_weights` and `source_weights` are data (column
+    names, labels, sources), never credential names: whatever they are called (`SECRET`,
+    `api_token`), their null policy and weight come back as they were, so that two policies
+    of one column give two version ids and MLflow and Prefect show the policy; a
+    credential-named setting beside them is still hidden."""
+    settings_ = {
+        "dataset": {"nulls": {name: "fill_mean" for name in columns}},
+        "mix": {"class_weights": dict.fromkeys(columns, 2.0), "source_weights": None},
+        "storage_options": {"secret": "s3cr3t"},
+    }
+    redacted = redact_value(settings_)
+    assert redacted["dataset"] == settings_["dataset"]
+    assert redacted["mix"] == settings_["mix"]
+    assert redacted["storage_options"] == {"secret": "***"}
+    other = {**settings_, "dataset": {"nulls": dict.fromkeys(columns, "fill_zero")}}
+    assert redact_value(other) != redacted

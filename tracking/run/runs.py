@@ -38,7 +38,7 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
 from preprocessing.contract.names import mlflow_params
-from preprocessing.toolbox.secrets import REDACTED, SECRET_NAME, redact
+from preprocessing.toolbox.secrets import DATA_KEYED, REDACTED, names_a_credential, redact
 from tracking.config import TrackingConfig
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept
@@ -94,13 +94,17 @@ def flatten(values: dict[str, Any]) -> dict[str, str]:
     return mlflow_params(_dotted(values), _MAX_PARAM_CHARS)
 
 
-def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def _dotted(values: dict[str, Any], prefix: str = "", under_secret: bool = False) -> dict[str, str]:
+    """`under_secret`: a setting above says it holds a credential; the keys of a
+    `DATA_KEYED` map (column names, labels) never do (preprocessing/toolbox/secrets.py)."""
     flat: dict[str, str] = {}
+    keys_are_data = prefix.rstrip(".").rpartition(".")[2] in DATA_KEYED
     for key, value in values.items():
         name = f"{prefix}{key}"
+        secret = under_secret or (not keys_are_data and names_a_credential(key))
         if isinstance(value, dict):
-            flat.update(_dotted(value, f"{name}."))
-        elif SECRET_NAME.search(name):
+            flat.update(_dotted(value, f"{name}.", secret))
+        elif secret:
             flat[name] = REDACTED
         else:
             text = value if isinstance(value, str) else json.dumps(value)
