@@ -39,6 +39,7 @@ from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
 from training.distributed.watchdog import HangWatchdog
+from training.log_cadence import logs_this_step
 
 
 class JobCallbacks:
@@ -227,10 +228,7 @@ class CommMetrics(lightning.Callback):
         self._step_start = None
         num_bytes, comm_s = self.meter.take()
         self.record(num_bytes)
-        # Lightning hands step metrics to the loggers only every `log_every_n_steps`; a
-        # `log` call costs the same on the other steps (its result collection moved and
-        # checked each time): three a step were 20 % of a small MLP's profiled step.
-        if not trainer._logger_connector.should_update_logs:
+        if not logs_this_step(trainer):
             return
         figures = {"comm/allreduce_bytes": float(num_bytes), "comm/allreduce_s": comm_s}
         if comm_s > 0:

@@ -32,6 +32,7 @@ from torch import nn
 from preprocessing.contract.names import mlflow_key
 from tracking.lifecycle.metrics import macro_f1, per_class_recall
 from training.config import ModelConfig
+from training.log_cadence import logs_this_step
 
 
 def build_mlp(num_features: int, num_classes: int, hidden_sizes: list[int]) -> nn.Sequential:
@@ -81,7 +82,9 @@ class Classifier(lightning.LightningModule):
             # logged per step with equal weight, so the epoch's mean is the steps' mean.
             loss, size = loss * batch["loss_scale"], 1
         # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
-        self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
+        # `_trainer`: a step called outside a Trainer (a test's own loop) logs as before.
+        if logs_this_step(self._trainer):  # the epoch mean below still sees every step
+            self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
         self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
         return loss
 
