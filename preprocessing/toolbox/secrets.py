@@ -20,10 +20,19 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 REDACTED = "***"
-# A name that says it holds a credential (a config key, a query parameter, a header).
-SECRET_NAME = re.compile(
-    r"secret|password|passwd|token|credential|access_key|api_key|signature", re.IGNORECASE
+# A name that says it holds a credential (a config key, a query parameter, a header, an
+# environment variable), read word by word (`aws_secret_access_key`, `accessToken`,
+# `X-Amz-Signature`, `PGPASSWORD`): these words anywhere in it ...
+_CREDENTIAL_WORD = re.compile(
+    r"secret|password|passwd|passphrase|credential|apikey|accesskey|authorization"
 )
+# ... or these two words together (`api_key`, `AccessKey`) ...
+_CREDENTIAL_PAIR = re.compile(r"(?:^|_)(?:api|access|private)_key(?:_|$)")
+# ... or a last word that is the credential itself (`api_token`, `HF_TOKEN`, `sig`): a
+# count or a tool named after one is none (`max_tokens`, `tokenizer`, `signature_tokens`).
+_CREDENTIAL_LAST = re.compile(r"(?:token|signature|sig)$")
+_WORD_BREAK = re.compile(r"[^a-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # scheme://user:password@ -- the password ends at the last "@" before the host part.
 _URI_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*):[^\s/?#]*@")
 # ?name=value / &name=value where the name looks like a credential.
@@ -44,30 +53,42 @@ def redact(text: str) -> str:
 DATA_KEYED = frozenset({"nulls", "class_weights", "source_weights"})
 
 
-def redact_value(value: Any, keys_are_data: bool = False) -> Any:
-    """A JSON-like value (dicts, lists, strings, numbers) with every string redacted and
-    every string held under a credential-named key (`API_TOKEN`, `password`) replaced by
-    ***, unless the key is data (a key of a `DATA_KEYED` map); numbers and flags stay
-    whatever their key (`max_tokens` is no secret)."""
+def redact_value(value: Any, keys_are_data: bool = False, hidden: bool = False) -> Any:
+    """A JSON-like value (dicts, lists, strings, numbers) with every string redacted as
+    text, and every string or number held under a credential-named key (`API_TOKEN`,
+    `password`, anything inside `credentials: {...}`) replaced by ***; flags, None and
+    empty strings stay (they hold no secret). The keys of a `DATA_KEYED` map are data,
+    never a credential's name. The one rule for what MLflow, Prefect and the manifest show
+    (tracking's `flatten` dots this value)."""
     if isinstance(value, dict):
         return {
-            key: REDACTED
-            if isinstance(item, str) and item and not keys_are_data and names_a_credential(key)
-            else redact_value(item, str(key) in DATA_KEYED)
+            key: redact_value(
+                item,
+                str(key) in DATA_KEYED,
+                hidden or (not keys_are_data and names_a_credential(key)),
+            )
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
-        return [redact_value(item) for item in value]
+        return [redact_value(item, hidden=hidden) for item in value]
+    if hidden and not isinstance(value, bool) and isinstance(value, str | int | float):
+        return REDACTED if value != "" else value
     return redact(value) if isinstance(value, str) else value
 
 
 def names_a_credential(key: Any) -> bool:
-    """Whether a setting's name says it holds a credential."""
-    return SECRET_NAME.search(str(key)) is not None
+    """Whether a setting's name says it holds a credential (the one rule for config keys,
+    query parameters and environment variables)."""
+    words = _WORD_BREAK.sub("_", _CAMEL.sub("_", str(key)).lower()).strip("_")
+    return bool(
+        _CREDENTIAL_WORD.search(words)
+        or _CREDENTIAL_PAIR.search(words)
+        or _CREDENTIAL_LAST.search(words)
+    )
 
 
 def _redact_query_value(match: re.Match[str]) -> str:
-    if SECRET_NAME.search(match["name"]) and match["value"]:
+    if names_a_credential(match["name"]) and match["value"]:
         return f"{match['head']}{REDACTED}"
     return match[0]
 

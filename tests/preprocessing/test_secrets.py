@@ -6,7 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.toolbox.secrets import redact, redact_value, split_credentials
+from preprocessing.toolbox.secrets import (
+    names_a_credential,
+    redact,
+    redact_value,
+    split_credentials,
+)
 
 # Names a user's columns, labels and sources may have, some of them a credential's name.
 hostile_names = st.one_of(
@@ -50,13 +55,36 @@ def test_redact_value_hides_credential_strings_at_any_depth() -> None:
         "dask": {"options": {"env": {"API_TOKEN": "t0k", "HOME": "/home/ada"}}},
         "inputs": ["s3://b/raw", "https://host/x?access_token=t0k&page=2"],
         "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""},
+        "db": {"password": 1234, "credentials": {"user": "ada", "port": 5432}},
     }
     assert redact_value(value) == {
         "tracking": {"tracking_uri": "http://ada:***@mlflow:5000", "run_id": None},
         "dask": {"options": {"env": {"API_TOKEN": "***", "HOME": "/home/ada"}}},
         "inputs": ["s3://b/raw", "https://host/x?access_token=***&page=2"],
         "loader": {"max_tokens": 128, "secret_sauce": True, "password": ""},
+        "db": {"password": "***", "credentials": {"user": "***", "port": "***"}},
     }
+
+
+CREDENTIAL_NAMES = [
+    "password", "PGPASSWORD", "api_token", "HF_TOKEN", "accessToken", "AWS_SESSION_TOKEN",
+    "aws_secret_access_key", "client_secret", "X-Amz-Signature", "X-Amz-Credential", "sig",
+    "apikey", "api-key", "AccessKey", "private_key", "Authorization", "authtoken",
+]  # fmt: skip
+# Settings named after tokens or signatures that count or build them, never hold one.
+PLAIN_NAMES = [
+    "max_tokens", "tokenizer", "signature_tokens", "num_tokens", "token_rows", "balance_by",
+    "key_column", "keyword", "monkey", "design", "tokens_per_step", "bucket",
+]  # fmt: skip
+
+
+def test_a_credential_is_named_by_its_words_not_by_a_substring() -> None:
+    """Invariant: a name holding a credential's word (secret, password, credential, an
+    API or access key) or ending in the credential itself (token, signature) is one, in
+    any case or separator; a name that counts or builds tokens or signatures is not (its
+    number was shown as *** in MLflow while Prefect showed it)."""
+    assert [name for name in CREDENTIAL_NAMES if not names_a_credential(name)] == []
+    assert [name for name in PLAIN_NAMES if names_a_credential(name)] == []
 
 
 @settings(max_examples=100, deadline=None)

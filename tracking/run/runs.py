@@ -38,7 +38,7 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import Manifest, code_version
 from preprocessing.contract.names import mlflow_params
-from preprocessing.toolbox.secrets import DATA_KEYED, REDACTED, names_a_credential, redact
+from preprocessing.toolbox.secrets import redact, redact_value
 from tracking.config import TrackingConfig
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept
@@ -87,28 +87,24 @@ def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> st
 
 
 def flatten(values: dict[str, Any]) -> dict[str, str]:
-    """Nested config as dotted MLflow params (`loader.batch_size`), values as strings;
-    anything whose name looks like a credential, and any password in a URI, is redacted.
-    Keys MLflow refuses (a column name `Body Mass (g)` in `dataset.nulls`) get a valid
-    form, their value the original key (preprocessing/contract/names.py)."""
-    return mlflow_params(_dotted(values), _MAX_PARAM_CHARS)
+    """Nested config as dotted MLflow params (`loader.batch_size`), values as strings,
+    hidden by the one rule of what a credential is (`redact_value`: a credential-named
+    setting is ***, a URI's password too; Prefect's parameters and the manifest show the
+    same). Keys MLflow refuses (a column name `Body Mass (g)` in `dataset.nulls`) get a
+    valid form, their value the original key (preprocessing/contract/names.py)."""
+    return mlflow_params(_dotted(redact_value(values)), _MAX_PARAM_CHARS)
 
 
-def _dotted(values: dict[str, Any], prefix: str = "", under_secret: bool = False) -> dict[str, str]:
-    """`under_secret`: a setting above says it holds a credential; the keys of a
-    `DATA_KEYED` map (column names, labels) never do (preprocessing/toolbox/secrets.py)."""
+def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts as dotted keys; a value that is not a string as JSON."""
     flat: dict[str, str] = {}
-    keys_are_data = prefix.rstrip(".").rpartition(".")[2] in DATA_KEYED
     for key, value in values.items():
         name = f"{prefix}{key}"
-        secret = under_secret or (not keys_are_data and names_a_credential(key))
         if isinstance(value, dict):
-            flat.update(_dotted(value, f"{name}.", secret))
-        elif secret:
-            flat[name] = REDACTED
+            flat.update(_dotted(value, f"{name}."))
         else:
             text = value if isinstance(value, str) else json.dumps(value)
-            flat[name] = redact(text)[:_MAX_PARAM_CHARS]
+            flat[name] = text[:_MAX_PARAM_CHARS]
     return flat
 
 

@@ -33,7 +33,7 @@ from pydantic import (
 
 from preprocessing.contract.slurm import check_sbatch_options
 from preprocessing.toolbox.faults import RetryPolicy
-from preprocessing.toolbox.secrets import SECRET_NAME
+from preprocessing.toolbox.secrets import names_a_credential
 
 
 def job_retry_policy() -> RetryPolicy:
@@ -132,7 +132,7 @@ class ScheduledJob(NodesJob):
     @model_validator(mode="after")
     def written_env_holds_no_secret(self) -> ScheduledJob:
         """`env` is written into the sbatch script or the PyTorchJob: no credential there."""
-        secret = sorted(name for name in self.env if SECRET_NAME.search(name))
+        secret = sorted(name for name in self.env if names_a_credential(name))
         if secret:
             raise ValueError(
                 f"env: {secret} look like credentials, and a {self.kind} job "
