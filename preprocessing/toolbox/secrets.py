@@ -71,8 +71,8 @@ def redact_value(value: Any, keys_are_data: bool = False, hidden: bool = False) 
         }
     if isinstance(value, list | tuple):
         return [redact_value(item, hidden=hidden) for item in value]
-    if hidden and not isinstance(value, bool) and isinstance(value, str | int | float):
-        return REDACTED if value != "" else value
+    if hidden and value != "" and isinstance(value, str | int | float):
+        return value if isinstance(value, bool) else REDACTED
     return redact(value) if isinstance(value, str) else value
 
 
