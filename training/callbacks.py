@@ -5,6 +5,8 @@
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times,
   and what it tells the operator (per-rank metrics, a line when the split moves).
+- `DataWaitCallback`: the train loader's throughput and data-wait fraction per epoch
+  (training/data/wait.py measures them).
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
 - `GradientClipping`: clips the global gradient norm before each optimizer
   step, for plain tensors and DTensors alike (FSDP2 shards, tensor-parallel
@@ -34,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
 from training.data.balance import row_bounds
 from training.data.loader import ShardStream
-from training.data.wait import DataWaitCallback
+from training.data.wait import interval, loader_metrics
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
@@ -253,3 +255,25 @@ class CommMetrics(lightning.Callback):
             "first_step_bytes": self.first_bytes,
             "last_step_bytes": self.last_bytes,
         }
+
+
+class DataWaitCallback(lightning.Callback):
+    """Logs the train loader's `loader/samples_per_s`, `loader/data_wait_fraction` and
+    `loader/data_wait_s` once per train epoch, from rank 0, through `pl_module.log`."""
+
+    def __init__(self) -> None:
+        self._start: dict[str, float] | None = None
+
+    def on_train_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        self._start = loader_metrics(trainer)  # a run resumed mid-epoch starts no epoch
+
+    def on_train_epoch_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        self._start = loader_metrics(trainer)
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        now = loader_metrics(trainer)
+        if now is None or self._start is None:
+            return
+        figures = interval(self._start, now)
+        for name in ("samples_per_s", "data_wait_fraction", "data_wait_s"):
+            pl_module.log(f"loader/{name}", figures[name], rank_zero_only=True)

@@ -24,9 +24,9 @@ import lightning
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
+from training.callbacks import DataWaitCallback
 from training.config import LoaderConfig
 from training.data.datamodule import StreamDataModule
-from training.data.wait import DataWaitCallback
 from training.models.classifier import FeatureClassifier
 
 

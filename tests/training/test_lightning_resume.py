@@ -13,10 +13,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from training.callbacks import DataWaitCallback
 from training.config import LoaderConfig
 from training.data.datamodule import StreamDataModule
 from training.data.loader import ShardStream, StreamLoader
-from training.data.wait import DataWaitCallback
 from training.models.classifier import FeatureClassifier
 
 BATCH_SIZE, EVERY_N_STEPS = 10, 7

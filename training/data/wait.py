@@ -4,12 +4,9 @@
 the samples handed out, the wall time since the iteration began, and the part
 of it spent inside `next()` waiting for a batch (what the training step
 waited for data: the first batch's start-up included). `StreamLoader.metrics()`
-returns its figures. `DataWaitCallback` logs, per train epoch and on rank 0,
-`loader/samples_per_s` and `loader/data_wait_fraction` of the train loader
-(and `loader/data_wait_s`) through `pl_module.log`, so they reach whatever
-logger the Trainer has (MLflow in ballast):
-
-    Trainer(callbacks=[DataWaitCallback(), ...])
+returns its figures; `DataWaitCallback` (training/callbacks.py) logs them per
+train epoch. This module, like the loader, imports no Lightning: a process that
+only reads (a spawned DataLoader worker, a benchmark's reader) does not pay its import.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import lightning
 import torch
 
 COUNTERS = ("samples", "batches", "wall_s", "data_wait_s")
@@ -69,28 +65,7 @@ def interval(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     return totals | rates(totals)
 
 
-class DataWaitCallback(lightning.Callback):
-    """Logs the train loader's throughput and data-wait fraction once per epoch (rank 0)."""
-
-    def __init__(self) -> None:
-        self._start: dict[str, float] | None = None
-
-    def on_train_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
-        self._start = loader_metrics(trainer)  # a run resumed mid-epoch starts no epoch
-
-    def on_train_epoch_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
-        self._start = loader_metrics(trainer)
-
-    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
-        now = loader_metrics(trainer)
-        if now is None or self._start is None:
-            return
-        figures = interval(self._start, now)
-        for name in ("samples_per_s", "data_wait_fraction", "data_wait_s"):
-            pl_module.log(f"loader/{name}", figures[name], rank_zero_only=True)
-
-
-def loader_metrics(trainer: lightning.Trainer) -> dict[str, float] | None:
+def loader_metrics(trainer: Any) -> dict[str, float] | None:
     """`metrics()` of the train loader, or None when it has none (not a StreamLoader)."""
     metrics = getattr(trainer.train_dataloader, "metrics", None)
     return metrics() if callable(metrics) else None
