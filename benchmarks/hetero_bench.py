@@ -7,8 +7,8 @@
 
 Two single-process torchrun "nodes" on this host (`--nnodes 2`, rendezvous on
 localhost), node r pinned to CPU core r with `taskset` and one thread. Three cases:
-`loaded`, node 1 shares its core with a CPU-bound process (a busy loop) from the start,
-so it runs about 2x slower; `unloaded`, both alike; `midslow`, the busy loop starts when
+`loaded`, node 1 shares its core with a CPU-bound process (a busy loop) from its first
+step, so it runs about 2x slower; `unloaded`, both alike; `midslow`, the busy loop starts when
 rank 0 has run `--slow-at` of the run's steps (by default half of the last epoch). Each
 case runs under `equal` then `speed` on two models: the demo's classifier (a raw
 tabular sample resharded by ballast, then the built-in MLP; `equal-loaded`,
@@ -132,9 +132,11 @@ def run_nodes(
 ) -> None:
     """Two torchrun nodes of one process each, node r on core r, running the ballast at
     `code` (PYTHONPATH and working directory: `-m training` looks in the working
-    directory first); node 1 slowed from rank 0's step `slow_at` on (0: from the start;
-    None: never; written to `slowed_at`) by a busy loop beside it or (`slow_by` sleep)
-    by sleeping in its steps."""
+    directory first); node 1 slowed from rank 0's step `slow_at` on (None: never; a
+    mid-run step is written to `slowed_at`) by a busy loop beside it or (`slow_by` sleep)
+    by sleeping in its steps. "From the start" (0) is from the first recorded step: the
+    epochs are timed from there, and a busy loop through the nodes' imports would only
+    take CPU from whatever else runs on the host."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a run of its own: no records appended to
     (run_dir / "record").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
@@ -147,7 +149,8 @@ def run_nodes(
         (run_dir / "record" / "slow").touch()
         return None
 
-    hog, slowed = (slow_down(), True) if slow_at == 0 else (None, False)
+    hog: subprocess.Popen[bytes] | None = None
+    slowed = False
     logs = [open(run_dir / f"node{node}.log", "w") for node in range(2)]  # noqa: SIM115
     nodes = [
         subprocess.Popen(
@@ -185,9 +188,11 @@ def run_nodes(
     deadline = time.monotonic() + timeout_s
     try:
         while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
-            if not slowed and slow_at and (step := steps_recorded(run_dir)) >= slow_at:
+            due = not slowed and slow_at is not None
+            if due and (step := steps_recorded(run_dir)) >= max(1, slow_at or 0):
                 hog, slowed = slow_down(), True
-                (run_dir / "slowed_at").write_text(str(step))
+                if slow_at:
+                    (run_dir / "slowed_at").write_text(str(step))
             time.sleep(0.02)
     finally:
         for process in nodes + ([hog] if hog is not None else []):
