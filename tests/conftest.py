@@ -84,7 +84,7 @@ END_TO_END: frozenset[str] = frozenset(
         "test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_once",
         "tests/training/test_rank_time.py::test_a_rank_made_slower_is_named_with_its_time_split",
         # whole pipeline runs under Prefect with MLflow: hostile names, the console, promotion
-        "tests/flows/test_column_names_pipeline.py::"
+        "tests/flows/test_hostile_pipeline.py::"
         "test_hostile_column_names_train_register_and_predict_raw_rows",
         "tests/flows/test_console.py::"
         "test_a_pipeline_run_prints_at_most_40_lines_and_the_full_result_as_json",

@@ -1,13 +1,22 @@
-"""Column names as raw data has them, end to end: a table whose label and feature columns
-are named with spaces, units in parentheses, dots, slashes, quotes, a pipe, non-ASCII
-letters, 210 characters and names that differ only in case, and no id column, goes
-through the pipeline (reshard, training, the MLflow server, the registry) and the
-registered pyfunc model predicts its raw rows."""
+"""Names and values as raw data has them, end to end, in one pipeline run (reshard,
+training, the MLflow server, the registry, Prefect's artifacts):
+
+- column names with spaces, units in parentheses, dots, slashes, quotes, a pipe,
+  non-ASCII letters, 210 characters and names that differ only in case, and no id
+  column: the registered pyfunc model predicts the raw rows;
+- label and source values with parentheses, slashes, colons, dots, a percent sign, a
+  newline, quotes, a leading digit, an empty source, a 300-character label and values
+  that differ only in case: metrics land under the keys of the one rule
+  (preprocessing/contract/names.py) and the originals stay where a person reads them,
+  the run's summary and the Prefect tables.
+
+The tests only read the run, so they share it: one pipeline run instead of one each."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,11 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import _validate_metric_name
 
 from flows.params import InferenceParams, PipelineParams
 from flows.pipeline import batch_inference_flow, pipeline
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
+from preprocessing.contract.names import mlflow_key
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
 from tracking.lifecycle.scoring import load_classifier, predictions
@@ -28,7 +39,7 @@ from training.config import LoaderConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy
 
 pytestmark = pytest.mark.slow
-LABEL = "Species (label)"
+LABEL, SOURCE = "Species (label)", "Site / origin"
 FEATURES = [
     "Body Mass (g)",
     "flipper.length/mm",
@@ -39,12 +50,22 @@ FEATURES = [
     "mass",
     "w" * 210,
 ]
+LABELS = [
+    "Adelie Penguin (Pygoscelis adeliae)",
+    "a/b: 50%.\nsecond line",
+    "Mass",
+    "mass",
+    '3rd "quoted" kind',
+    "x" * 300,
+]
+SOURCES = ["site/1 (north)", "SITE/1 (NORTH)", "", "..:%"]
 
 
 def hostile_table(num_rows: int, seed: int) -> pa.Table:
-    """Three classes the numeric columns separate; nulls in `Body Mass (g)`."""
+    """Six classes the numeric columns separate, sources at random; nulls in
+    `Body Mass (g)`."""
     rng = np.random.default_rng(seed)
-    label = rng.integers(0, 3, num_rows)
+    label = rng.integers(0, len(LABELS), num_rows)
     mass = pa.array(
         3_000 + 500 * label + rng.normal(0, 100, num_rows),
         pa.float64(),
@@ -53,7 +74,8 @@ def hostile_table(num_rows: int, seed: int) -> pa.Table:
     numbers = {name: 10 * label + rng.normal(0, 1, num_rows) for name in FEATURES[1:4]}
     return pa.table(
         {
-            LABEL: pa.array([f"kind {k}" for k in label]),
+            LABEL: pa.array([LABELS[k] for k in label]),
+            SOURCE: pa.array(rng.choice(SOURCES, num_rows)),
             FEATURES[0]: mass,
             **numbers,
             FEATURES[4]: rng.choice(["Açores", "Bornéo"], num_rows),
@@ -70,22 +92,22 @@ def hostile_run(
     mlflow_uri: str,
     dask_client: Client,
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, str, dict]:
+) -> tuple[Path, str, Any]:
     """The pipeline on the session's Dask cluster (as the promotion tests run): a cluster
     of its own would cost its start and check nothing about names."""
     work = tmp_path_factory.mktemp("hostile")
     (work / "raw").mkdir()
     for part in range(3):
-        pq.write_table(hostile_table(120, part), work / "raw" / f"part {part}.parquet")
+        pq.write_table(hostile_table(160, part), work / "raw" / f"part {part}.parquet")
     tracking = TrackingConfig(
-        tracking_uri=mlflow_uri, experiment="hostile-names", registered_model_name="hostile-names"
+        tracking_uri=mlflow_uri, experiment="hostile", registered_model_name="hostile"
     )
     params = PipelineParams(
         reshard=ReshardConfig(
             dataset=DatasetSpec(
                 inputs=[str(work / "raw")],
                 label_column=LABEL,
-                source_column=None,
+                source_column=SOURCE,
                 feature_columns=FEATURES,
                 nulls={FEATURES[0]: "fill_mean"},
             ),
@@ -112,8 +134,8 @@ def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -
     """Invariants: the pipeline trains and registers a model; the run's params hold the
     null policy of `Body Mass (g)` under a valid key whose value names the column; the
     version's ids are derived; the registered pyfunc model's signature lists the original
-    names and it predicts every raw row (a DataFrame read from the files, label dropped)
-    as the in-process model does, probabilities summing to 1."""
+    names and it predicts every raw row (a DataFrame read from the files, label and
+    source dropped) as the in-process model does, probabilities summing to 1."""
     import mlflow
 
     work, tracking_uri, result = hostile_run
@@ -131,7 +153,7 @@ def test_hostile_column_names_train_register_and_predict_raw_rows(hostile_run) -
     model = mlflow.pyfunc.load_model(model_uri)
     assert model.metadata.get_input_schema().input_names() == FEATURES
     raw = pa.concat_tables(pq.read_table(path) for path in sorted((work / "raw").iterdir()))
-    frame: pd.DataFrame = raw.drop_columns([LABEL]).to_pandas()
+    frame: pd.DataFrame = raw.drop_columns([LABEL, SOURCE]).to_pandas()
     served = model.predict(frame, params={"details": True})
     assert len(served) == raw.num_rows
     np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)
@@ -172,3 +194,46 @@ def test_batch_inference_on_a_version_without_id_column_carries_the_derived_ids(
     ]
     ids = pa.concat_tables(predicted).column(source.id_column).to_pylist()
     assert ids == pa.concat_tables(held).column(source.id_column).to_pylist() and ids
+
+
+def _table_rows(key: str) -> list[dict[str, Any]]:
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get(key)
+    assert artifact is not None, key
+    data = artifact.data
+    return list(json.loads(data) if isinstance(data, str) else data)
+
+
+def test_hostile_labels_and_sources_land_under_mapped_keys_with_originals_kept(
+    prefect_harness: None, hostile_run, tmp_path: Path
+) -> None:
+    """Invariants: every metric key of the run is one MLflow takes; each class with
+    validation support has its `val_recall/` metric under `mlflow_key(label)` (so `Mass`
+    and `mass` apart); the run's summary keeps each original label with its recall and
+    key; the Prefect class and source tables list the original labels and sources."""
+    _, tracking_uri, result = hostile_run
+    assert result.registration.version >= 1
+    client = MlflowClient(tracking_uri)
+    metrics = client.get_run(result.run_id).data.metrics
+    for key in metrics:
+        _validate_metric_name(key)
+    summary = json.loads(
+        Path(
+            client.download_artifacts(result.run_id, "training/summary.json", str(tmp_path))
+        ).read_text()
+    )
+    supported = [label for label, value in summary["val_recall"].items() if value is not None]
+    assert set(summary["val_recall"]) == set(LABELS) and supported
+    assert {key for key in metrics if key.startswith("val_recall/")} == {
+        mlflow_key(label, "val_recall/") for label in supported
+    }
+    for label in supported:
+        assert metrics[mlflow_key(label, "val_recall/")] == pytest.approx(
+            summary["val_recall"][label]
+        )
+    assert summary["val_recall_keys"]["Mass"] == mlflow_key("Mass", "val_recall/")
+    assert "mass" not in summary["val_recall_keys"]  # a plain label is its own key
+    arm = next(iter(result.runs))
+    assert {row["class"] for row in _table_rows(f"{arm}-class-mix")} == set(LABELS)
+    assert {row["source"] for row in _table_rows(f"{arm}-source-mix")} <= set(SOURCES)
