@@ -61,6 +61,7 @@ from benchmarks.scale_bench import DISK_PER_INPUT_BYTE, report
 
 SLACK = 0.15  # the issue's fixed allowance on top of the work lost
 TAG = "KILL-BENCH-PROGRESS"
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 BUCKET = "kill-bench"
 Event = tuple[str, int, int, float]  # stage, done, total, seconds since the child's spawn
 KEPT = {"exchange": ("map_outputs_kept", "map_outputs"), "write": ("shards_kept", "shards")}
@@ -164,6 +165,8 @@ def run_child(job: dict[str, Any], scratch: Path, kill: Point | None = None) -> 
     job_path, result = scratch / "job.json", scratch / "result.json"
     job_path.write_text(json.dumps({**job, "result": str(result)}))
     result.unlink(missing_ok=True)
+    if job.get("drop_caches"):
+        drop_page_cache()
     start = time.perf_counter()
     with open(scratch / "child.err", "w") as err:
         process = subprocess.Popen(
@@ -179,6 +182,14 @@ def run_child(job: dict[str, Any], scratch: Path, kill: Point | None = None) -> 
     elif run.killed_at is None or process.returncode != -signal.SIGKILL:  # or ended first
         run.error = f"exit {process.returncode}: {(scratch / 'child.err').read_text()[-2000:]}"
     return run
+
+
+def drop_page_cache() -> None:
+    """Write back and drop Linux's page cache (root), so that a run reads from disk what
+    it reads: otherwise the clean run finds the inputs that generation left cached, and a
+    rerun reads the half of them that the runs since have evicted (M47)."""
+    os.sync()
+    Path(DROP_CACHES).write_text("1\n")
 
 
 def watch(process: subprocess.Popen[str], start: float, kill: Point | None) -> Run:
@@ -312,6 +323,7 @@ def bench(args: argparse.Namespace, source: str, output: str, num_rows: int) -> 
     job = {
         **base_job(num_rows, -(-num_rows // args.shards), args),
         **{"input": source, "output": f"{output}/clean", "task_bytes": args.task_mb << 20},
+        "drop_caches": args.drop_caches,
     }
     remove(job["output"])
     runs = [measured(job, scratch) for _ in range(args.clean_runs)]
@@ -374,10 +386,13 @@ def parse_args() -> argparse.Namespace:
     add("--task-mb", type=int, default=64, help="exchange_task_bytes, MiB")
     parser.set_defaults(row_group_rows=8_192, raw_row_group_rows=131_072, holdout_fraction=0.0)
     add("--seed", type=int, default=0)
+    add("--drop-caches", action="store_true", help="empty the page cache before each run (root)")
     add("--no-warm-up", dest="warm_up", action="store_false")
     add("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.gb = args.gb or (2.0 if args.s3 else 8.0)
+    if args.drop_caches and not os.access(DROP_CACHES, os.W_OK):
+        parser.error(f"--drop-caches writes {DROP_CACHES}: run as root on Linux, or leave it out")
     return args
 
 
