@@ -21,14 +21,14 @@ start-up (spawn to run_reshard), cluster start, scan, verifying what the dead at
 cluster stop, commit). RSS: the child's process tree, summed, every 50 ms. `--s3`: the same
 on moto's server in this process, input, staging and shards in a bucket (moto's files of
 objects over 5 MB in `--work-dir`). Disk: 3.2x the input (outputs go once hashed); S3 4.2x.
+`--drop-caches` (root) empties the page cache before each run: otherwise the clean run
+reads inputs generation left cached, and the rerun the ones later runs evicted.
 
     .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench  # --s3: 2 GB
 
-Measured (2 cores, shared, load 3-7; 2 GB on S3 not yet), rerun/clean after exchange 50% /
-write 50% / write 90%: 8 GB 1.24x / 0.68x / 0.26x, targets 0.65x / 0.65x / 0.23x (M41);
-0.3 GB 0.55-1.96x / 0.49-1.17x / 0.26-0.80x (start-up, cluster start and scan, 4-6 s, are
-most of a 7.7-11 s clean run); 1 GB 0.50x / 0.38x / 0.19x (load 3); S3 0.1 GB 0.88-0.90x
-/ 0.70-1.49x / 0.43-1.45x. Shards identical in every run.
+Measured, rerun/clean after exchange 50% / write 50% / write 90% (targets 0.65x / 0.65x /
+0.23x, stage reading): 8 GB 1.24x / 0.68x / 0.26x under load (M41), 0.75x / 0.46x / 0.52x
+from a cold cache (M47: verifying every staged byte costs the last one); shards identical.
 """
 
 from __future__ import annotations
@@ -56,29 +56,13 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from benchmarks.kill_report import KEPT, Event, breakdown, row, table, verdicts
 from benchmarks.reshard_bench import GB, MemoryPeaks, ballast_config, base_job, prepare, warm_up
-from benchmarks.scale_bench import DISK_PER_INPUT_BYTE, report
+from benchmarks.scale_bench import DISK_PER_INPUT_BYTE
 
-SLACK = 0.15  # the issue's fixed allowance on top of the work lost
 TAG = "KILL-BENCH-PROGRESS"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 BUCKET = "kill-bench"
-Event = tuple[str, int, int, float]  # stage, done, total, seconds since the child's spawn
-KEPT = {"exchange": ("map_outputs_kept", "map_outputs"), "write": ("shards_kept", "shards")}
-COLUMNS: list[tuple[str, int, Any]] = [  # the table's: header, width, a row's cell
-    ("kill point", 13, lambda r: r["point"]),
-    ("killed at s", 12, lambda r: f"{r['killed_s']:.1f}"),
-    ("tasks done", 11, lambda r: r["done"]),
-    ("lost: stage", 12, lambda r: f"{r['lost_stage']:.2f}"),
-    ("time", 6, lambda r: f"{r['lost_time']:.2f}"),
-    ("rerun s", 9, lambda r: f"{r['rerun_s']:.1f}"),
-    ("rerun/clean", 12, lambda r: f"{r['ratio']:.2f}x"),
-    ("target", 8, lambda r: f"{SLACK + r['lost_stage']:.2f}x"),
-    ("kept maps", 11, lambda r: "{map_outputs_kept}/{map_outputs}".format(**r["kept"])),
-    ("kept shards", 12, lambda r: "{shards_kept}/{shards}".format(**r["kept"])),
-    ("identical", 10, lambda r: "yes" if r["identical"] else "NO"),
-    ("RSS GB", 8, lambda r: f"{r['rss_gb']:.2f}"),
-]
 
 
 @dataclass(frozen=True)
@@ -254,67 +238,6 @@ def kill_and_rerun(point: Point, job: dict[str, Any], scratch: Path, clean: Run)
     if rerun.result is None:
         return {"point": point.name, "error": f"the rerun failed: {rerun.error}"}
     return row(point, killed.killed_at, rerun, clean)
-
-
-def row(point: Point, killed_at: Event, rerun: Run, clean: Run) -> dict[str, Any]:
-    """A point's figures; the two readings of work lost are the module docstring's."""
-    assert rerun.result is not None and clean.result is not None
-    kept, outputs = (rerun.result["kept"][key] for key in KEPT[point.stage])
-    ahead = next(event[3] for event in clean.events if event[:3] == killed_at[:3])
-    same = rerun.result["version_id"] == clean.result["version_id"]
-    return {
-        "point": point.name,
-        "killed_s": killed_at[3],
-        "done": "{1}/{2}".format(*killed_at),
-        "lost_stage": 1 - kept / outputs,
-        "lost_time": 1 - ahead / clean.wall_s,
-        "rerun_s": rerun.wall_s,
-        "ratio": rerun.wall_s / clean.wall_s,
-        "identical": same and rerun.digests == clean.digests,
-        "rss_gb": rerun.peaks.total / GB,
-        "split": breakdown(rerun),
-        **{key: rerun.result[key] for key in ("kept", "resumed")},
-    }
-
-
-def breakdown(run: Run) -> str:
-    """Where a run's wall time went, in seconds."""
-    assert run.result is not None
-    t = run.result["timings_s"]
-    parts = {
-        "start-up": run.wall_s - run.result["reshard_s"],
-        "cluster start": t["cluster_s"],
-        "scan": t["scan_s"],
-        "verify": t["verify_s"],
-        "of which shards": t["shards_s"],
-        "exchange tasks": t["exchange_s"] - t["verify_s"],
-        "write": t["write_s"],
-    }
-    parts["rest"] = run.wall_s - sum(parts.values()) + t["shards_s"]
-    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in parts.items())
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    """One line per kill point that ran through (verdicts() says why another did not)."""
-    lines = ["".join(f"{head:>{width}}" for head, width, _ in COLUMNS)]
-    lines += [
-        "".join(f"{cell(r):>{w}}" for _, w, cell in COLUMNS) for r in rows if "error" not in r
-    ]
-    return "\n".join(lines)
-
-
-def verdicts(rows: list[dict[str, Any]]) -> None:
-    """[PASS] / [FAIL] per point: the target on both readings, byte-identical shards."""
-    for row in rows:
-        if "error" in row:
-            report(f"{row['point']}: killed and rerun", False, row["error"])
-            continue
-        for reading in ("stage", "time"):
-            target, name = SLACK + row[f"lost_{reading}"], f"{row['point']}: rerun/clean"
-            ok, figures = row["ratio"] <= target, f"{row['ratio']:.2f}x <= {target:.2f}x"
-            report(f"{name} <= {SLACK} + work lost ({reading} reading)", ok, figures)
-        report(f"{row['point']}: byte-identical, same version", row["identical"], row["resumed"])
-        print(f"    {row['point']} rerun, seconds: {row['split']}")
 
 
 def bench(args: argparse.Namespace, source: str, output: str, num_rows: int) -> None:
