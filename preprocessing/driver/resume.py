@@ -39,8 +39,8 @@ from preprocessing.exchange.receipts import (
     listed_objects,
     listing,
     needs_read_back,
-    object_intact,
 )
+from preprocessing.exchange.staged_objects import StagedObject, ranges_intact
 from preprocessing.exchange.tasks import Staging
 from preprocessing.plan.layout import ExchangeLayout
 from preprocessing.versions.attempt import (
@@ -121,9 +121,13 @@ def _objects_to_make(
     layout = staging.layout
     firsts = layout.write_bounds.tolist()
     needed = {item for task in writes for item in layout.write_inputs(firsts[task])}
+    # The last round's objects are read only for these destinations: only their bytes
+    # are checked (an earlier round's objects are merged whole).
+    destinations = {d for task in writes for d in range(firsts[task], firsts[task + 1])}
     rounds: list[list[int]] = []
     for index in reversed(range(len(layout.rounds))):
-        kept = _verified_objects(client, in_flight, staging, index, needed)
+        read = destinations if index == len(layout.rounds) - 1 else None
+        kept = _verified_objects(client, in_flight, staging, index, needed, read)
         rounds.insert(0, sorted(needed - kept))
         if index:  # the merges to run need their inputs, in the round before
             needed = {i for task in rounds[0] for i in layout.merge_inputs(index, task)}
@@ -176,30 +180,44 @@ def _verified_shards(
 
 
 def _verified_objects(
-    client: Client, in_flight: int, staging: Staging, round_index: int, needed: set[int]
+    client: Client,
+    in_flight: int,
+    staging: Staging,
+    round_index: int,
+    needed: set[int],
+    destinations: set[int] | None,
 ) -> set[int]:
     """The `needed` objects of a round that are listed with a receipt and match it: by
-    the listing's ETag alone (S3), or hashed on the cluster (a CRC-32: local disk)."""
+    the listing's ETag alone (S3), or by the CRC-32s of the ranges of `destinations`
+    (None: every range), computed on the cluster (local disk)."""
     if not needed:
         return set()
     fs, path = url_to_fs(staging.round_uri(round_index))
     listed = listed_objects(fs, path)
-    uris = {item: staging.object(round_index, item).uri for item in sorted(needed)}
-    checks = {
-        item: listed[uri.rsplit("/", 1)[-1]][1]
-        for item, uri in uris.items()
-        if uri.rsplit("/", 1)[-1] in listed
+    objects = {item: staging.object(round_index, item) for item in sorted(needed)}
+    receipts = {
+        item: listed[staged.uri.rsplit("/", 1)[-1]]
+        for item, staged in objects.items()
+        if staged.uri.rsplit("/", 1)[-1] in listed
     }
-    kept = {item for item, check in checks.items() if not needs_read_back(check)}
-    to_read = [item for item, check in checks.items() if needs_read_back(check)]
+    kept = {item for item, (_, check) in receipts.items() if not needs_read_back(check)}
+    to_read = [item for item, (_, check) in receipts.items() if needs_read_back(check)]
     intact = run_in_waves(
         client,
-        object_intact,
-        ((uris[item], checks[item]) for item in to_read),
+        ranges_intact,
+        ((objects[i].uri, *receipts[i], _wanted(objects[i], destinations)) for i in to_read),
         len(to_read),
         in_flight,
     )
     return kept | {item for item, ok in zip(to_read, intact, strict=True) if ok}
+
+
+def _wanted(staged: StagedObject, destinations: set[int] | None) -> list[int] | None:
+    """Which of the object's destinations (counted from its first) are in `destinations`."""
+    if destinations is None:
+        return None
+    first = staged.first_destination
+    return [d - first for d in range(first, first + staged.num_destinations) if d in destinations]
 
 
 def _names(fs: Any, path: str) -> list[str]:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import mmap
 import os
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,12 @@ import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from preprocessing.exchange.receipts import crc32_of, write_object_receipt
+from preprocessing.exchange.receipts import (
+    object_receipt,
+    range_crcs,
+    read_object_receipt,
+    write_object_receipt,
+)
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 
 MAGIC = b"BLSTIDX2"
@@ -113,27 +118,36 @@ class StagedWriter:
         size = int(self._sink.tell())
         header = MAGIC + np.uint64(self.staged.num_destinations).tobytes()
         index = header + np.asarray(self._offsets, dtype=_INDEX_ITEM).tobytes()
-        check = self._finish_local(index) if self._local else self._finish_remote(index)
-        if self.staged.receipt and check is not None:
-            write_object_receipt(self._fs, self._path, size, check)
+        finish = self._finish_local if self._local else self._finish_remote
+        receipt = finish(index)
+        if self.staged.receipt and receipt is not None:
+            content, check = receipt
+            write_object_receipt(self._fs, self._path, size, check, content)
         return size
 
-    def _finish_local(self, index: bytes) -> str | None:
-        """Fill in the index; the file's CRC-32 (hex), read back from the page cache, if a
-        receipt needs it."""
+    def _finish_local(self, index: bytes) -> tuple[bytes, str] | None:
+        """Fill in the index; if a receipt needs it, its content and check: each
+        destination's CRC-32, read back from the page cache."""
         self._sink.close()
         with open(self._path, "r+b") as handle:
             os.pwrite(handle.fileno(), index, 0)
-            return f"{crc32_of(handle):08x}" if self.staged.receipt else None
+            if not self.staged.receipt:
+                return None
+            crcs = range_crcs(partial(_pread, handle.fileno()), self._offsets)
+        return object_receipt(self._offsets, crcs)
 
-    def _finish_remote(self, index: bytes) -> str | None:
+    def _finish_remote(self, index: bytes) -> tuple[bytes, str]:
         """One PUT (or multipart upload) of the whole object; the ETag the store gave it,
         which its listing shows (a receipt's check, exchange/receipts.py), else (a store
-        without ETags) its CRC-32."""
+        without ETags) a receipt of each destination's CRC-32."""
         body = self._sink.getvalue()
         whole = b"".join([index, memoryview(body)[len(index) :]])
         tag = write_object(self._fs, self._path, whole, self.staged.part_bytes)
-        return tag or f"{zlib.crc32(whole):08x}"
+        if tag:
+            return b"", tag
+        view = memoryview(whole)
+        crcs = range_crcs(lambda start, stop: view[start:stop], self._offsets)
+        return object_receipt(self._offsets, crcs)
 
 
 def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any, np.ndarray]:
@@ -159,6 +173,33 @@ def read_destinations(staged: StagedObject, first: int, stop: int) -> tuple[Any,
     if index[-1] == index[0]:
         return b"", np.zeros(len(index), dtype=np.int64)
     return read(int(index[0]), int(index[-1])), index - index[0]
+
+
+def ranges_intact(uri: str, num_bytes: int, check: str, wanted: Sequence[int] | None) -> bool:
+    """Whether the destinations `wanted` (counted from the object's first; None: all) of
+    the staged object at `uri` hold what its CRC-32 receipt (`num_bytes`, `check`) says:
+    its index as the receipt has it, and each wanted range's CRC-32. Only those ranges
+    are read, the only bytes a reader of those destinations touches (False if unreadable)."""
+    fs, path = url_to_fs(uri)
+    receipt = read_object_receipt(fs, path, num_bytes, check)
+    if receipt is None:
+        return False
+    offsets, crcs = receipt
+    count = len(crcs)
+    try:
+        read = _range_reader(uri)
+        header = bytes(read(0, _HEADER_BYTES + _INDEX_ITEM.itemsize * (count + 1)))
+        if header != MAGIC + np.uint64(count).tobytes() + offsets.tobytes():
+            return False
+        picked = range(count) if wanted is None else wanted
+        found = [range_crcs(read, offsets[d : d + 2].tolist())[0] for d in picked]
+    except (OSError, ValueError):  # StagedObjectError among them: cut short
+        return False
+    return found == [int(crcs[d]) for d in picked]
+
+
+def _pread(descriptor: int, start: int, stop: int) -> bytes:
+    return os.pread(descriptor, stop - start, start)
 
 
 def read_batches(

@@ -15,13 +15,8 @@ import pyarrow as pa
 
 from flows.cli.status import attempt_lines
 from preprocessing.contract.shards import write_shard
-from preprocessing.exchange.receipts import (
-    kept_shards,
-    listed_objects,
-    object_intact,
-    write_shard_receipt,
-)
-from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
+from preprocessing.exchange.receipts import kept_shards, listed_objects, write_shard_receipt
+from preprocessing.exchange.staged_objects import StagedObject, StagedWriter, ranges_intact
 from preprocessing.toolbox.faults import PermanentError
 from preprocessing.versions.attempt import HOLDER, LEASE_NAME, STAGING_DIR, VersionAttempt
 
@@ -61,27 +56,44 @@ def test_a_rerun_takes_over_its_versions_dead_attempt_and_removes_the_others(tmp
 
 
 def staged(tmp_path: Path, name: str) -> StagedObject:
-    writer = StagedWriter(StagedObject(str(tmp_path / name), 0, 2, receipt=True), SCHEMA)
+    """An object of three destinations: rows 1-3, none, rows 4-5."""
+    writer = StagedWriter(StagedObject(str(tmp_path / name), 0, 3, receipt=True), SCHEMA)
     writer.add_batches([pa.record_batch([pa.array([1, 2, 3])], schema=SCHEMA)])
     writer.add_batches([])
+    writer.add_batches([pa.record_batch([pa.array([4, 5])], schema=SCHEMA)])
     writer.close()
     return writer.staged
 
 
+def intact(staged: StagedObject, listed: dict, wanted: list[int] | None = None) -> bool:
+    return ranges_intact(staged.uri, *listed[staged.uri.rsplit("/", 1)[-1]], wanted)
+
+
 def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
-    """Invariants: a written object is listed with its receipt and matches its CRC-32; one
-    cut short is not listed; one with a flipped byte is listed (same size) but not intact;
-    one without a receipt (its task killed before the end) is not listed."""
-    whole, cut, flipped = (staged(tmp_path, f"part-000000{i}.arrow") for i in range(3))
+    """Invariants: a written object is listed with its receipt and matches its CRC-32s; one
+    cut short is not listed; one with a flipped byte in its last destination is listed
+    (same size) but not intact, though its first destination, the only bytes a reader of
+    that one reads, is; one without a receipt (its task killed before the end) is not
+    listed; a receipt whose content was changed or left empty (an older receipt) vouches
+    for nothing."""
+    whole, cut, flipped, emptied = (staged(tmp_path, f"part-000000{i}.arrow") for i in range(4))
     Path(cut.uri).write_bytes(Path(cut.uri).read_bytes()[:-5])
     data = bytearray(Path(flipped.uri).read_bytes())
     data[-20] ^= 0xFF
     Path(flipped.uri).write_bytes(bytes(data))
-    Path(tmp_path / "part-0000003.arrow").write_bytes(Path(whole.uri).read_bytes())
+    Path(tmp_path / "part-0000009.arrow").write_bytes(Path(whole.uri).read_bytes())
     listed = listed_objects(fsspec.filesystem("file"), str(tmp_path))
-    assert sorted(listed) == ["part-0000000.arrow", "part-0000002.arrow"]
-    assert object_intact(whole.uri, listed["part-0000000.arrow"][1])
-    assert not object_intact(flipped.uri, listed["part-0000002.arrow"][1])
+    assert sorted(listed) == [f"part-000000{i}.arrow" for i in (0, 2, 3)]
+    assert intact(whole, listed) and intact(whole, listed, [2])
+    assert not intact(flipped, listed) and not intact(flipped, listed, [2])
+    assert intact(flipped, listed, [0, 1])
+    (receipt,) = tmp_path.glob("part-0000003.arrow.*.done")
+    content = bytearray(receipt.read_bytes())
+    content[-1] ^= 0x01
+    receipt.write_bytes(bytes(content))
+    assert not intact(emptied, listed, [0])
+    receipt.write_bytes(b"")
+    assert not intact(emptied, listed, [0])
 
 
 def test_a_shard_is_kept_only_when_its_receipt_vouches_for_its_bytes(tmp_path) -> None:
