@@ -27,8 +27,8 @@ reads inputs generation left cached, and the rerun the ones later runs evicted.
     .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench  # --s3: 2 GB
 
 Measured, rerun/clean after exchange 50% / write 50% / write 90% (targets 0.65x / 0.65x /
-0.23x, stage reading): 8 GB 1.24x / 0.68x / 0.26x under load (M41), 0.75x / 0.46x / 0.52x
-from a cold cache (M47: verifying every staged byte costs the last one); shards identical.
+0.23x, stage reading): 8 GB 1.24x / 0.68x / 0.26x under load (M41); from a cold cache 0.75x
+/ 0.46x / 0.52x, then 0.78x / 0.39x / 0.26x with receipts per destination (M47); identical.
 """
 
 from __future__ import annotations
