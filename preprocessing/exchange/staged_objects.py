@@ -186,12 +186,14 @@ def ranges_intact(uri: str, num_bytes: int, check: str, wanted: Sequence[int] | 
         return False
     offsets, crcs = receipt
     count = len(crcs)
+    picked = range(count) if wanted is None else wanted
+    if not all(0 <= d < count for d in picked):  # a receipt of fewer destinations
+        return False
     try:
         read = _range_reader(uri)
         header = bytes(read(0, _HEADER_BYTES + _INDEX_ITEM.itemsize * (count + 1)))
         if header != MAGIC + np.uint64(count).tobytes() + offsets.tobytes():
             return False
-        picked = range(count) if wanted is None else wanted
         found = [range_crcs(read, offsets[d : d + 2].tolist())[0] for d in picked]
     except (OSError, ValueError):  # StagedObjectError among them: cut short
         return False

@@ -74,8 +74,8 @@ def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
     cut short is not listed; one with a flipped byte in its last destination is listed
     (same size) but not intact, though its first destination, the only bytes a reader of
     that one reads, is; one without a receipt (its task killed before the end) is not
-    listed; a receipt whose content was changed or left empty (an older receipt) vouches
-    for nothing."""
+    listed; a receipt whose content was changed or left empty (an older receipt), or asked
+    for a destination it does not hold, vouches for nothing."""
     whole, cut, flipped, emptied = (staged(tmp_path, f"part-000000{i}.arrow") for i in range(4))
     Path(cut.uri).write_bytes(Path(cut.uri).read_bytes()[:-5])
     data = bytearray(Path(flipped.uri).read_bytes())
@@ -85,6 +85,7 @@ def test_a_staged_object_is_kept_only_whole_and_unchanged(tmp_path) -> None:
     listed = listed_objects(fsspec.filesystem("file"), str(tmp_path))
     assert sorted(listed) == [f"part-000000{i}.arrow" for i in (0, 2, 3)]
     assert intact(whole, listed) and intact(whole, listed, [2])
+    assert not intact(whole, listed, [3])  # a destination the receipt does not hold
     assert not intact(flipped, listed) and not intact(flipped, listed, [2])
     assert intact(flipped, listed, [0, 1])
     (receipt,) = tmp_path.glob("part-0000003.arrow.*.done")
