@@ -126,8 +126,8 @@ def _objects_to_make(
     destinations = {d for task in writes for d in range(firsts[task], firsts[task + 1])}
     rounds: list[list[int]] = []
     for index in reversed(range(len(layout.rounds))):
-        read = destinations if index == len(layout.rounds) - 1 else None
-        kept = _verified_objects(client, in_flight, staging, index, needed, read)
+        checked = destinations if index == len(layout.rounds) - 1 else None
+        kept = _verified_objects(client, in_flight, staging, index, needed, checked)
         rounds.insert(0, sorted(needed - kept))
         if index:  # the merges to run need their inputs, in the round before
             needed = {i for task in rounds[0] for i in layout.merge_inputs(index, task)}

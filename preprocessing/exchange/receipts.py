@@ -25,8 +25,8 @@ receipt empty: the listing that finds the object shows its ETag and size, so a r
 verifies every staged object and shard of a prefix with one listing and reads nothing
 back. A PUT is atomic, so a listed object is whole; its ETag must still match the
 receipt's (an object rewritten since by other bytes, or a receipt of another object, is
-not kept). Neither check is a defence against a forger,
-who could as well rewrite the receipt.
+not kept). Neither check is a defence against a forger, who could as well rewrite the
+receipt.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def read_object_receipt(
     """The offsets and per-destination CRC-32s of the receipt of the object at `path`;
     None when it is unreadable, not `check`'s, or not of that shape."""
     try:
-        content = bytes(fs.cat_file(f"{path}.{num_bytes}.{check}.done"))
+        content = read_small(fs, f"{path}.{num_bytes}.{check}.done")
     except OSError:
         return None
     count = (len(content) - _OFFSET.itemsize) // (_OFFSET.itemsize + _CRC.itemsize)
