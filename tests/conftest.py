@@ -75,6 +75,8 @@ END_TO_END: frozenset[str] = frozenset(
         "test_two_torchrun_nodes_on_localhost_train_the_same_steps",
         "tests/training/test_elastic_resume.py::"
         "test_two_rank_checkpoint_resumes_on_another_world_size",
+        # a tracked 2-rank DDP job that two tests read: its setup counts in the first
+        "tests/training/test_ddp_launch.py::test_two_rank_ddp_run_gives_equal_batches_per_rank",
         "tests/training/test_distributed.py::"
         "test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree",
         # three reshards (each its own cluster), a rank process and the loaders, on tiny data

@@ -1,14 +1,14 @@
 """Several 2-rank training runs in one torchrun job (test_distributed.py starts it).
 
-`--suite strategies`: for ddp, fsdp and tp, one epoch, then a resume from its
-last.ckpt up to two epochs (a fresh Trainer and model, built from the checkpoint);
-plus ddp for two epochs straight. The resumed fsdp and tp runs log their network
-to the MLflow run that `--tracking` (JSON: tracking_uri, artifact_location, and a
-run id per strategy, created by the test) names for them. `--suite comm`: one
-epoch of ddp per gradient communication option. Each run writes
-`<out>/<name>/summary.json`. Starting torch and Lightning once for all runs keeps
-the test within its time budget on a 2-core machine; every run builds its own
-Trainer, model, streams and strategy.
+`--suites strategies comm` runs both suites, in that order. `strategies`: for ddp,
+fsdp and tp, one epoch, then a resume from its last.ckpt up to two epochs (a fresh
+Trainer and model, built from the checkpoint); plus ddp for two epochs straight. The
+resumed fsdp and tp runs log their network to the MLflow run that `--tracking` (JSON:
+tracking_uri, artifact_location, and a run id per strategy, created by the test)
+names for them. `comm`: one epoch of ddp per gradient communication option. Each run
+writes `<out>/<suite>/<name>/summary.json`. Starting torch and Lightning once for all
+runs keeps the test within its time budget on a 2-core machine; every run builds its
+own Trainer, model, streams and strategy.
 """
 
 from __future__ import annotations
@@ -79,14 +79,18 @@ def run_comm(dataset: str, out: str, tracking: dict[str, Any]) -> None:
     run_training(accumulated)
 
 
+SUITES = {"strategies": run_strategies, "comm": run_comm}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for name in ("--suite", "--dataset", "--out"):
+    parser.add_argument("--suites", nargs="+", required=True, choices=SUITES)
+    for name in ("--dataset", "--out"):
         parser.add_argument(name, required=True)
     parser.add_argument("--tracking", default='{"run_ids": {}}')
     args = parser.parse_args()
-    suites = {"strategies": run_strategies, "comm": run_comm}
-    suites[args.suite](args.dataset, args.out, json.loads(args.tracking))
+    for suite in args.suites:
+        SUITES[suite](args.dataset, f"{args.out}/{suite}", json.loads(args.tracking))
     exit_rank(0)
 
 

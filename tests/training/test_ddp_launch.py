@@ -1,6 +1,7 @@
 """Real jobs through the launcher (torchrun, gloo on CPU), as a flow launches them: a
 two-rank DDP run, the dataset version pinned at launch, config or data errors that fail
-once, in one line, and tracking credentials that reach the ranks but no file."""
+once, in one line, and tracking credentials that reach the ranks but no file. The two
+tests that only read a finished job share one (`tracked_job`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -43,21 +46,51 @@ def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
     )
 
 
-@pytest.mark.slow
-def test_two_rank_ddp_run_gives_equal_batches_per_rank(
-    make_dataset: Callable[..., str], tmp_path: Path
-) -> None:
-    """Both ranks train the same positive number of batches (DDP never waits on a missing
-    one), validation covers every holdout row once, and macro F1 is a number in [0, 1]."""
-    root = make_dataset(2000, holdout_rows=301, num_shards=4, row_group_size=128)
+@dataclass(frozen=True)
+class TrackedJob:
+    """What the tests that only read the module's one two-rank job see of it."""
+
+    summary: dict[str, Any]
+    run_dir: Path
+    password: str
+    proxy_address: str
+    requests: dict[str, int]  # authorized / rejected, as the proxy counted them
+
+
+@pytest.fixture(scope="module")
+def tracked_job(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> TrackedJob:
+    """One two-rank DDP job (2 epochs over 2000 train rows in 4 shards, 301 holdout rows)
+    whose tracking URI holds user:password, in front of a server (a loopback proxy)
+    that refuses any request without them."""
+    root = tmp_path_factory.mktemp("tracked-job")
+    password = f"pw-{uuid.uuid4().hex}"
+    proxy = BasicAuthProxy(mlflow_uri, f"ada:{password}")
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    dataset = write_dataset(root / "data", 2000, holdout_rows=301, num_shards=4, row_group_size=128)
     cfg = TrainConfig(
-        dataset=root,
-        output_dir=str(tmp_path / "run"),
+        dataset=dataset,
+        output_dir=str(root / "run"),
         max_epochs=2,
         process_group_timeout_s=120,
         loader=LoaderConfig(batch_size=64, num_workers=1),
+        tracking=TrackingConfig(
+            tracking_uri=f"http://ada:{password}@{proxy.address}",
+            experiment="credentials",
+            registered_model_name=None,
+        ),
     )
-    summary = run_job(cfg, local_job(2))
+    try:
+        summary = run_job(cfg, local_job(2))
+    finally:
+        proxy.shutdown()
+    return TrackedJob(summary, root / "run", password, proxy.address, dict(proxy.counts))
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_run_gives_equal_batches_per_rank(tracked_job: TrackedJob) -> None:
+    """Both ranks train the same positive number of batches (DDP never waits on a missing
+    one), validation covers every holdout row once, and macro F1 is a number in [0, 1]."""
+    summary = tracked_job.summary
     assert summary["world_size"] == 2
     assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
     assert sum(map(sum, summary["confusion_matrix"])) == 301
@@ -230,36 +263,18 @@ class ForwardingHandler(BaseHTTPRequestHandler):
 
 @pytest.mark.slow
 def test_tracking_credentials_reach_the_ranks_but_no_file(
-    mlflow_uri: str, dataset_cache: Callable[..., str], tmp_path: Path
+    tracked_job: TrackedJob, mlflow_uri: str
 ) -> None:
     """With a tracking URI holding user:password, in front of a server that refuses any
     request without them: the job's run is created and its metrics arrive (every request,
-    the ranks' included, authenticated: none refused), and no file the job wrote, the
+    both ranks' included, authenticated: none refused), and no file the job wrote, the
     pinned config first, holds the password."""
-    password = f"pw-{uuid.uuid4().hex}"
-    proxy = BasicAuthProxy(mlflow_uri, f"ada:{password}")
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
-        tracking = TrackingConfig(
-            tracking_uri=f"http://ada:{password}@{proxy.address}",
-            experiment="credentials",
-            registered_model_name=None,
-        )
-        cfg = TrainConfig(
-            dataset=dataset_cache(256, row_group_size=32),
-            max_epochs=1,
-            output_dir=str(tmp_path / "run"),
-            loader=LoaderConfig(batch_size=32),
-            tracking=tracking,
-        )
-        summary = run_job(cfg, local_job(1))
-    finally:
-        proxy.shutdown()
-    assert proxy.counts["rejected"] == 0 and proxy.counts["authorized"] > 0
+    summary, run_dir = tracked_job.summary, tracked_job.run_dir
+    assert tracked_job.requests["rejected"] == 0 and tracked_job.requests["authorized"] > 0
     assert summary["tracking_delivery"]["kept_locally"] == 0  # every metric reached the server
     assert "train_loss" in MlflowClient(mlflow_uri).get_run(summary["run_id"]).data.metrics
-    pinned = load_train_config(tmp_path / "run" / PINNED_CONFIG_NAME)
+    pinned = load_train_config(run_dir / PINNED_CONFIG_NAME)
     assert pinned.tracking is not None
-    assert pinned.tracking.tracking_uri == f"http://{proxy.address}"
-    written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
-    assert written and not [p for p in written if password.encode() in p.read_bytes()]
+    assert pinned.tracking.tracking_uri == f"http://{tracked_job.proxy_address}"
+    written = [path for path in run_dir.rglob("*") if path.is_file()]
+    assert written and not [p for p in written if tracked_job.password.encode() in p.read_bytes()]

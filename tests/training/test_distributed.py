@@ -1,11 +1,13 @@
 """2-rank DDP, FSDP2 and tensor-parallel training on CPU (gloo), and DDP's measured gradient
-communication per comm option; each suite is one torchrun job (distributed_job.py)."""
+communication per comm option: both suites in one torchrun job (distributed_job.py), run
+once for the module (`suites`) and read by a test each."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,9 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_token_dataset(str(tmp_path_factory.mktemp("tokens")), SPEC)
 
 
-def run_suite(
-    suite: str, dataset: str, out: Path, tracking: dict[str, Any] | None = None
-) -> dict[str, dict[str, Any]]:
-    """Run one suite of distributed_job.py on 2 ranks; every run's summary by name."""
+def run_suites(dataset: str, out: Path, tracking: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Run both suites of distributed_job.py in one 2-rank job; every run's summary by
+    suite and name ("strategies/ddp", "comm/none", ...)."""
     command = [
         sys.executable,
         "-m",
@@ -55,19 +56,44 @@ def run_suite(
         "--max-restarts",
         "0",
         str(JOB),
-        "--suite",
-        suite,
+        "--suites",
+        "strategies",
+        "comm",
         "--dataset",
         dataset,
         "--out",
         str(out),
         "--tracking",
-        json.dumps(tracking or {"run_ids": {}}),
+        json.dumps(tracking),
     ]
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=400)
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=600)
     (out / "job.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
-    return {path.parent.name: json.loads(path.read_text()) for path in out.glob("*/summary.json")}
+    return {
+        f"{path.parent.parent.name}/{path.parent.name}": json.loads(path.read_text())
+        for path in out.glob("*/*/summary.json")
+    }
+
+
+@dataclass(frozen=True)
+class Suites:
+    """The module's one job: each run's summary by name, per suite, and its MLflow store."""
+
+    strategies: dict[str, dict[str, Any]]
+    comm: dict[str, dict[str, Any]]
+    tracking: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def suites(tokens: str, tmp_path_factory: pytest.TempPathFactory) -> Suites:
+    out = tmp_path_factory.mktemp("suites")
+    tracking = tracked_runs(out, ["fsdp", "tp"])
+    runs = run_suites(tokens, out / "runs", tracking)
+    by_suite: dict[str, dict[str, dict[str, Any]]] = {"strategies": {}, "comm": {}}
+    for key, summary in runs.items():
+        suite, name = key.split("/")
+        by_suite[suite][name] = summary
+    return Suites(by_suite["strategies"], by_suite["comm"], tracking)
 
 
 def tracked_runs(tmp_path: Path, names: list[str]) -> dict[str, Any]:
@@ -122,14 +148,13 @@ def powersgd_numel(shapes: list[tuple[int, ...]], rank: int) -> int:
 
 
 @pytest.mark.slow
-def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, tmp_path: Path) -> None:
+def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, suites: Suites) -> None:
     """Each strategy trains an epoch and resumes from its checkpoint to the second, ending at
     the same step count; FSDP2 holds half of DDP's parameter bytes per rank; all three reach
     the same loss and F1 on the same data and seed, and the resumed DDP run matches one that
     was never interrupted. The FSDP2 and tensor-parallel networks logged to MLflow are whole
     (unsharded): they classify the holdout as the sharded ones did in validation."""
-    tracking = tracked_runs(tmp_path, ["fsdp", "tp"])
-    runs = run_suite("strategies", tokens, tmp_path / "runs", tracking)
+    runs, tracking = suites.strategies, suites.tracking
     for name in ("ddp", "fsdp", "tp"):
         run = runs[name]
         assert run["strategy"] == name and run["world_size"] == 2 and run["epochs"] == 2
@@ -153,14 +178,12 @@ def test_ddp_fsdp_and_tensor_parallel_train_resume_and_agree(tokens: str, tmp_pa
 
 
 @pytest.mark.slow
-def test_each_comm_option_changes_the_measured_bytes_as_expected(
-    tokens: str, tmp_path: Path
-) -> None:
+def test_each_comm_option_changes_the_measured_bytes_as_expected(suites: Suites) -> None:
     """Per optimizer step, `none` all-reduces every gradient byte; fp16 and bf16 exactly half;
     PowerSGD of rank r exactly its P and Q factors plus the tensors not worth compressing
     (after its plain warm-up steps); post-local SGD only its warm-up steps and a parameter
     average every period; with 2 batches accumulated the hook runs once per optimizer step."""
-    runs = run_suite("comm", tokens, tmp_path)
+    runs = suites.comm
     full = runs["none"]["param_bytes_per_rank"][0]
     comm = {name: run["comm"] for name, run in runs.items()}
     assert comm["none"]["steps"] == STEPS_PER_EPOCH

@@ -1,18 +1,19 @@
 """Elastic resume in real jobs: a 2-rank DDP job (torchrun, gloo on CPU) checkpointed
 mid-epoch, resumed by a 1-rank job and, separately, by a 3-rank job (12 partitions serve
-1, 2 and 3 ranks), trains every sample of the epoch exactly once, in the global order."""
+1, 2 and 3 ranks), trains every sample of the epoch exactly once, in the global order.
+Both resumes start from one run of the 2-rank job (`first_job`), which they only read."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.training.conftest import write_dataset
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 from training.launch.processes import child_env
@@ -73,19 +74,28 @@ def uninterrupted_epoch(root: str) -> list[int]:
     return [i for batch in stream.iterate((0, 1)) for i in batch["id"].tolist()]
 
 
+@pytest.fixture(scope="module")
+def first_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The 2-rank job (2 workers per rank) both resumes start from, run once: it trains
+    past its step-30 checkpoint and ends. Its dataset's root and its output folder."""
+    base = tmp_path_factory.mktemp("elastic")
+    root = write_dataset(base / "data", NUM_ROWS, holdout_rows=40, num_shards=4, row_group_size=32)
+    first = base / "first"
+    first.mkdir()
+    run_job(root, first, "first", 2, 2, "--max-steps", str(SAVED_STEP + 4))
+    return root, first
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("num_ranks", "num_workers"), [(1, 2), (3, 1)])
 def test_two_rank_checkpoint_resumes_on_another_world_size(
-    make_dataset: Callable[..., str], tmp_path: Path, num_ranks: int, num_workers: int
+    first_job: tuple[str, Path], tmp_path: Path, num_ranks: int, num_workers: int
 ) -> None:
     """The 2-rank job (2 workers per rank) trains past its step-30 checkpoint and ends; a
     job of `num_ranks` ranks resumed from that checkpoint trains the rest. The ids of the
     steps up to the checkpoint, then the resumed job's, equal the uninterrupted epoch in
     order: every sample once, none lost with the batches trained after the checkpoint."""
-    root = make_dataset(NUM_ROWS, holdout_rows=40, num_shards=4, row_group_size=32)
-    first = tmp_path / "first"
-    first.mkdir()
-    run_job(root, first, "first", 2, 2, "--max-steps", str(SAVED_STEP + 4))
+    root, first = first_job
     saved = first / "checkpoints" / f"epoch=0-step={SAVED_STEP}.ckpt"
     assert torch.load(saved, weights_only=False)["global_step"] == SAVED_STEP
     resumed = tmp_path / f"on{num_ranks}"
