@@ -7,8 +7,8 @@
 
 Two single-process torchrun "nodes" on this host (`--nnodes 2`, rendezvous on
 localhost), node r pinned to CPU core r with `taskset` and one thread. Three cases:
-`loaded`, node 1 shares its core with a CPU-bound process (a busy loop) from its first
-step, so it runs about 2x slower; `unloaded`, both alike; `midslow`, the busy loop starts when
+`loaded`, node 1 shares its core with a busy loop from its first step (1.4-1.6x slower,
+or `--slow-by quota`: half a core); `unloaded`, both alike; `midslow`, slowed from when
 rank 0 has run `--slow-at` of the run's steps (by default half of the last epoch). Each
 case runs under `equal` then `speed` on two models: the demo's classifier (a raw
 tabular sample resharded by ballast, then the built-in MLP; `equal-loaded`,
@@ -65,6 +65,7 @@ from typing import Any
 import yaml
 
 from benchmarks.hetero_data import datasets
+from benchmarks.hetero_quota import CpuQuota
 from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats, settle_steps
 from training.launch.processes import child_env
 
@@ -133,10 +134,9 @@ def run_nodes(
     """Two torchrun nodes of one process each, node r on core r, running the ballast at
     `code` (PYTHONPATH and working directory: `-m training` looks in the working
     directory first); node 1 slowed from rank 0's step `slow_at` on (None: never; a
-    mid-run step is written to `slowed_at`) by a busy loop beside it or (`slow_by` sleep)
-    by sleeping in its steps. "From the start" (0) is from the first recorded step: the
-    epochs are timed from there, and a busy loop through the nodes' imports would only
-    take CPU from whatever else runs on the host."""
+    mid-run step is written to `slowed_at`) by `slow_by`. "From the start" (0) is from
+    the first recorded step: the epochs are timed from there, and a slow-down through
+    the nodes' imports would only take CPU from whatever else runs on the host."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a run of its own: no records appended to
     (run_dir / "record").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
@@ -146,9 +146,14 @@ def run_nodes(
     def slow_down() -> subprocess.Popen[bytes] | None:
         if slow_by == "busy-loop":
             return busy_loop()
-        (run_dir / "record" / "slow").touch()
+        if slow_by == "quota":  # node 1's torchrun and rank at half a core
+            quota.append(CpuQuota())
+            quota[0].add(nodes[1].pid)
+        else:
+            (run_dir / "record" / "slow").touch()
         return None
 
+    quota: list[CpuQuota] = []
     hog: subprocess.Popen[bytes] | None = None
     slowed = False
     logs = [open(run_dir / f"node{node}.log", "w") for node in range(2)]  # noqa: SIM115
@@ -199,6 +204,8 @@ def run_nodes(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+        for group in quota:
+            group.close()
         for log in logs:
             log.close()
     if any(node.returncode for node in nodes):
@@ -294,11 +301,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--slow-by",
-        choices=["busy-loop", "sleep"],
+        choices=["busy-loop", "sleep", "quota"],
         default="busy-loop",
-        help="How node 1 is slowed: a busy loop on its core, or sleeping "
-        "twice its forward time in each step (the same 2x whatever else "
-        "runs on the host).",
+        help="How node 1 is slowed: a busy loop on its core, sleeping twice its "
+        "forward time in each step, or half a core's CPU quota (hetero_quota.py, root).",
     )
     parser.add_argument(
         "--slow-at",
