@@ -65,7 +65,7 @@ from typing import Any
 import yaml
 
 from benchmarks.hetero_data import datasets
-from benchmarks.hetero_quota import CpuQuota
+from benchmarks.hetero_quota import CpuQuota, checked_slow_by
 from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats, settle_steps
 from training.launch.processes import child_env
 
@@ -147,8 +147,7 @@ def run_nodes(
         if slow_by == "busy-loop":
             return busy_loop()
         if slow_by == "quota":  # node 1's torchrun and rank at half a core
-            quota.append(CpuQuota())
-            quota[0].add(nodes[1].pid)
+            quota.append(CpuQuota().add(nodes[1].pid))
         else:
             (run_dir / "record" / "slow").touch()
         return None
@@ -302,6 +301,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--slow-by",
         choices=["busy-loop", "sleep", "quota"],
+        type=checked_slow_by,
         default="busy-loop",
         help="How node 1 is slowed: a busy loop on its core, sleeping twice its "
         "forward time in each step, or half a core's CPU quota (hetero_quota.py, root).",

@@ -18,13 +18,14 @@ V2_ROOT, V1_ROOT = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
 def cpu_root() -> Path:
     """The hierarchy whose `cpu` controller this host's cgroups offer; a clear error
     naming the flag when there is none or it cannot be written."""
-    controllers = V2_ROOT / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
+    # v2: a child group has `cpu.max` only where its parent hands the controller down.
+    delegated = V2_ROOT / "cgroup.subtree_control"
+    if delegated.exists() and "cpu" in delegated.read_text().split():
         root = V2_ROOT
     elif (V1_ROOT / "cpu.cfs_quota_us").exists():
         root = V1_ROOT
     else:
-        raise SystemExit("--slow-by quota: this host's cgroups have no cpu controller")
+        raise SystemExit("--slow-by quota: this host's cgroups offer no cpu controller")
     if not os.access(root, os.W_OK):
         raise SystemExit(f"--slow-by quota: {root} is not writable (run as root)")
     return root
@@ -45,13 +46,14 @@ class CpuQuota:
             (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
 
-    def add(self, pid: int) -> None:
+    def add(self, pid: int) -> CpuQuota:
         """`pid` and every process under it (children started later inherit the group)."""
         for member in [pid, *descendants(pid)]:
             try:
                 (self.path / "cgroup.procs").write_text(str(member))
             except OSError:  # exited meanwhile
                 continue
+        return self
 
     def close(self) -> None:
         for member in (self.path / "cgroup.procs").read_text().split():
@@ -60,6 +62,13 @@ class CpuQuota:
             except OSError:
                 continue
         self.path.rmdir()
+
+
+def checked_slow_by(value: str) -> str:
+    """`--slow-by`'s value, `quota` refused before any work where it cannot be applied."""
+    if value == "quota":
+        cpu_root()
+    return value
 
 
 def descendants(pid: int) -> list[int]:
