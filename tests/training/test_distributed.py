@@ -43,9 +43,12 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_token_dataset(str(tmp_path_factory.mktemp("tokens")), SPEC)
 
 
-def run_suites(dataset: str, out: Path, tracking: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def run_suites(
+    dataset: str, out: Path, tracking: dict[str, Any]
+) -> dict[str, dict[str, dict[str, Any]]]:
     """Run both suites of distributed_job.py in one 2-rank job; every run's summary by
-    suite and name ("strategies/ddp", "comm/none", ...)."""
+    suite, then name (["strategies"]["ddp"], ["comm"]["none"], ...)."""
+    out.mkdir(parents=True, exist_ok=True)  # the job's log lands here even if it made nothing
     command = [
         sys.executable,
         "-m",
@@ -69,10 +72,10 @@ def run_suites(dataset: str, out: Path, tracking: dict[str, Any]) -> dict[str, d
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=600)
     (out / "job.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
-    return {
-        f"{path.parent.parent.name}/{path.parent.name}": json.loads(path.read_text())
-        for path in out.glob("*/*/summary.json")
-    }
+    runs: dict[str, dict[str, dict[str, Any]]] = {"strategies": {}, "comm": {}}
+    for path in out.glob("*/*/summary.json"):
+        runs[path.parent.parent.name][path.parent.name] = json.loads(path.read_text())
+    return runs
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,7 @@ def suites(tokens: str, tmp_path_factory: pytest.TempPathFactory) -> Suites:
     out = tmp_path_factory.mktemp("suites")
     tracking = tracked_runs(out, ["fsdp", "tp"])
     runs = run_suites(tokens, out / "runs", tracking)
-    by_suite: dict[str, dict[str, dict[str, Any]]] = {"strategies": {}, "comm": {}}
-    for key, summary in runs.items():
-        suite, name = key.split("/")
-        by_suite[suite][name] = summary
-    return Suites(by_suite["strategies"], by_suite["comm"], tracking)
+    return Suites(runs["strategies"], runs["comm"], tracking)
 
 
 def tracked_runs(tmp_path: Path, names: list[str]) -> dict[str, Any]:
