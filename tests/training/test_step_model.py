@@ -5,13 +5,14 @@ split equalising the steps lies inside the bounds, and for alike ranks."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 from training.data.balance import SharePlan, row_bounds
-from training.data.speed_control import CAP, DEAD_BAND, FLOOR, next_shares
+from training.data.speed_control import CAP, DEAD_BAND, FLOOR, PROBE_AFTER, next_shares
 from training.data.step_model import (
     GAIN_BAND,
     Point,
@@ -131,16 +132,24 @@ def test_a_rank_whose_rows_cost_nothing_takes_only_what_the_slow_one_must_shed()
     assert ranks.largest(split) == pytest.approx(least_largest(ranks, *bounds(3)))
 
 
-def run_plan(fixed_ms: list[float], per_row_ms: list[float], steps: int) -> list[np.ndarray]:
+def run_plan(
+    fixed_ms: list[float], per_row_ms: list[float], steps: int, until: int = 0
+) -> list[np.ndarray]:
     """Each step's rows per rank under a `SharePlan` re-planned every 4 steps from own work
-    of fixed_ms + per_row_ms x rows a step (exactly, no noise)."""
+    of fixed_ms + per_row_ms x rows a step (exactly, no noise); before step `until` the
+    last rank's own work never falls below its step at the equal split, whatever its rows
+    (a disturbance that makes its first move look as though its rows cost nothing)."""
     plan, history, world = SharePlan(), [], len(fixed_ms)
     samples, busy = np.zeros(world), np.zeros(world)
+    at_equal = fixed_ms[-1] + per_row_ms[-1] * ROWS / world
     for step in range(steps):
         rows = np.diff(row_bounds(plan.shares_at(0, step * ROWS, world), ROWS))
         history.append(rows)
         samples += rows
-        busy += (np.array(fixed_ms) + np.array(per_row_ms) * rows) / 1e3
+        own_ms = np.array(fixed_ms) + np.array(per_row_ms) * rows
+        if step < until:
+            own_ms[-1] = max(own_ms[-1], at_equal)
+        busy += own_ms / 1e3
         if (step + 1) % 4 == 0:
             plan.replan(0, (step + 1) * ROWS, ROWS, list(samples), list(busy))
             samples[:], busy[:] = 0, 0
@@ -161,14 +170,35 @@ def test_the_controller_stops_where_moving_rows_stops_helping() -> None:
     speed, again by speed from the interval that straddles the move, then by the fitted
     model), and keeps it to step 200; (b) a rank whose fixed cost dominates is moved
     once by its speed (no fixed cost measured yet), then, once two splits have measured
-    it, returns to the equal split exactly and stays there: it never reaches the floor
-    the split proportional to speed runs to (64 rows of 256)."""
+    it, returns to the equal split exactly; since the ranks' speeds there still differ,
+    it measures again after PROBE_AFTER readings at equal, then after twice as many, and
+    so on (4 visits of 2 intervals to the speed split in 400 steps, each followed by the
+    equal split again); it never reaches the floor the split proportional to speed runs
+    to (64 rows of 256)."""
     shared = run_plan([8.0, 16.0], [0.066, 0.132], 200)
     assert moves(shared) == [[341, 171], [353, 159], [382, 130]]
     assert all(list(rows) == [382, 130] for rows in shared[20:])
-    history = run_plan([10.0, 40.0], [0.02, 0.004], 200)
-    assert moves(history) == [[374, 138], [256, 256]]
+    history = run_plan([10.0, 40.0], [0.02, 0.004], 400)
+    assert moves(history) == [[374, 138], [256, 256]] * 4
+    starts = [step for step in range(1, 400) if history[step][1] == 138 != history[step - 1][1]]
+    gaps = [later - earlier - 2 * 4 for earlier, later in itertools.pairwise(starts)]
+    assert gaps == [4 * (wait + 1) for wait in (PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER)]
     assert min(int(rows[1]) for rows in history) == 138
+
+
+def test_a_fit_that_read_a_slow_rank_as_fixed_does_not_hold_the_equal_split() -> None:
+    """Invariant: when the intervals after the first move read the slow rank's own work as
+    though its rows cost nothing (so the fit sends the split back to equal), the equal
+    split holds only until PROBE_AFTER readings there have shown the ranks' speeds
+    differ: the controller then measures again and reaches the split that equalises the
+    steps (382/130 rows, as without the disturbance) within 12 intervals of the return,
+    and keeps it to step 200."""
+    history = run_plan([8.0, 16.0], [0.066, 0.132], 200, until=24)
+    back = next(step for step in range(1, 200) if history[step][1] == 256 != history[step - 1][1])
+    assert moves(history)[:3] == [[341, 171], [366, 146], [256, 256]]
+    settled = next(step for step in range(back, 200) if list(history[step]) == [382, 130])
+    assert settled - back <= 4 * (PROBE_AFTER + 4)
+    assert all(list(rows) == [382, 130] for rows in history[settled:])
 
 
 def test_a_fitted_move_needs_a_gain_of_gain_band() -> None:

@@ -36,6 +36,15 @@ interval moves the split two intervals after it (plus the two steps the shares w
 balance.py's LAG_STEPS). The reading after that move fits the fixed costs (its interval
 ran, in whole or in part, at the moved split) and corrects the move at once.
 
+A fitted model can be wrong for good: fitted from two noisy intervals, it may read a
+slow rank's cost as fixed, send the split back to equal, and from then on every reading
+is at one split, which only rescales the line (step_model.py) and never tests it. So
+while a fitted model holds the equal split and the ranks' speeds there call for a move,
+the controller counts the readings (`Reading.held`); after `Reading.wait` of them
+(PROBE_AFTER at first, doubled at each probe) it forgets the model and measures again
+from the split proportional to speed, as at the start. A rank whose fixed cost does
+dominate costs a few intervals at each doubling; alike ranks never probe.
+
 The state between intervals is the last reading (its model and points), nothing else: a
 pure function of (shares, figures, last reading) gives (new shares, new reading), held
 by `SharePlan` (training/data/balance.py) and not saved in a checkpoint (a resume waits
@@ -73,6 +82,10 @@ AGREE_BAND = 0.1
 # out; enough to reach past the interval that straddles a move (or two, re-planned
 # every 2 steps: the shares move 2 steps after they are planned).
 HISTORY = 4
+# Readings at the equal split held by a fitted model, while the ranks' speeds there call
+# for a move, before the model is forgotten and measured again (doubled at each probe).
+# 8 intervals: well past HISTORY, so the probe never cuts short a fit still settling.
+PROBE_AFTER = 8
 
 
 def equal_shares(world_size: int) -> np.ndarray:
@@ -108,6 +121,8 @@ class Reading:
     target: np.ndarray
     model: StepModel | None = None
     history: tuple[Point, ...] = ()
+    held: int = 0
+    wait: int = PROBE_AFTER
 
     @property
     def fitted(self) -> bool:
@@ -147,23 +162,34 @@ def read_interval(
     """The reading of an interval run with `shares`, where rank r took `samples[r]` rows in
     `busy_s[r]` seconds of its own work, after `last`: its point joins the history, the
     step model is fitted to it, and the target is the model's best split, or while no
-    fixed cost is measured shares proportional to speed, bounded; the equal split exactly
-    within `EQUAL_BAND` of it. None when some rank measured nothing or the figures are
-    not one per rank."""
+    fixed cost is measured (or once a model held the equal split `last.wait` readings
+    against the ranks' speeds) shares proportional to speed, bounded; the equal split
+    exactly within `EQUAL_BAND` of it. None when some rank measured nothing or the
+    figures are not one per rank."""
     world = len(shares)
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
         return None
-    earlier = last.history if last is not None and len(last.shares) == world else ()
-    history = (*earlier, interval_point(samples, busy_s))[-HISTORY:]
-    model = fit(history, last.model if last is not None and earlier else None)
-    if model.fitted:
-        target = bounded(best_split(model, FLOOR / world, min(1.0, CAP / world)))
-    else:
-        speeds = samples / busy_s
-        target = bounded(speeds / speeds.sum())
+    before = last if last is not None and len(last.shares) == world else None
+    history = (*(before.history if before else ()), interval_point(samples, busy_s))[-HISTORY:]
+    model = fit(history, before.model if before else None)
+    speed, wait = snapped(bounded(samples / busy_s)), before.wait if before else PROBE_AFTER
+    if not model.fitted:
+        return Reading(shares, speed, model, history, 0, wait)
+    target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
+    equal = equal_shares(world)
+    holding = all(np.array_equal(split, equal) for split in (shares, target))
+    held = (before.held + 1 if before else 1) if holding and not np.array_equal(speed, equal) else 0
+    if held >= wait:  # forget the model: the next readings measure from speed again
+        return Reading(shares, speed, fit(history[-1:]), history, 0, 2 * wait)
+    return Reading(shares, target, model, history, held, wait)
+
+
+def snapped(target: np.ndarray) -> np.ndarray:
+    """`target`, or the equal split exactly when it is within `EQUAL_BAND` of it."""
+    world = len(target)
     if np.abs(target - 1.0 / world).max() * world < EQUAL_BAND:
-        target = equal_shares(world)
-    return Reading(shares, target, model, history)
+        return equal_shares(world)
+    return target
 
 
 def next_shares(
