@@ -115,7 +115,9 @@ def bounded(shares: np.ndarray) -> np.ndarray:
 class Reading:
     """What one interval measured: the shares it ran with (those in force when it was
     read), the split it calls for (its target, see the module), the step model the
-    target came from (None when made by hand) and the last `HISTORY` points, newest last."""
+    target came from (None when made by hand), the last `HISTORY` points, newest last,
+    the readings in a row at which a fitted model held the equal split against the ranks'
+    speeds (`held`), and how many such readings forget the model (`wait`)."""
 
     shares: np.ndarray
     target: np.ndarray
