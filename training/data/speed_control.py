@@ -178,9 +178,10 @@ def read_interval(
     if not model.fitted:
         return Reading(shares, speed, model, history, 0, wait)
     target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
-    equal = equal_shares(world)
-    holding = all(np.array_equal(split, equal) for split in (shares, target))
-    held = (before.held + 1 if before else 1) if holding and not np.array_equal(speed, equal) else 0
+    # A fitted model needs two readings, so `before` is a reading here.
+    equal, unlike = equal_shares(world), not np.array_equal(speed, equal_shares(world))
+    holding = unlike and all(np.array_equal(split, equal) for split in (shares, target))
+    held = before.held + 1 if before is not None and holding else 0
     if held >= wait:  # forget the model: the next readings measure from speed again
         return Reading(shares, speed, fit(history[-1:]), history, 0, 2 * wait)
     return Reading(shares, target, model, history, held, wait)
