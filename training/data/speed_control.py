@@ -28,6 +28,16 @@ interval's agree (`Reading.agrees`):
    from a fitted model (the older assumed no fixed cost; the fit corrects it by as much
    as the fixed costs are, after a move that the older reading agreed to).
 
+Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
+the shares in force, none off the pool by more than SHIFT (a change of speed), make one
+point, their mean, so the longer a split holds, the less one interval's noise moves
+the fit. And a move must gain more than the noise band, NOISE_K standard errors of the
+pooled point (an interval's noise, measured from the pooled intervals, over the root of
+their number), unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit
+that predicts too little). Under 15 % timing noise an interval, the split otherwise
+walks around the best one by tens of rows, each move a few percent (benchmarks/RESULTS.md
+M50); with exact readings the band is 0 and nothing changes.
+
 Then the shares become the newer target at once, all the way: after a slow-down the
 newer interval is the one measured wholly at the new speed. So a single disturbed
 interval (a scheduler hiccup, a checkpoint, a GC pause on one rank) moves nothing, nor
@@ -86,6 +96,25 @@ HISTORY = 4
 # for a move, before the model is forgotten and measured again (doubled at each probe).
 # 8 intervals: well past HISTORY, so the probe never cuts short a fit still settling.
 PROBE_AFTER = 8
+# Intervals in a row at one split are pooled into one point (their mean cost per row),
+# the newest weighing at least 1/POOL: the longer the split holds, the less an
+# interval's noise moves the fit, while a change of speed still shows within a few.
+POOL = 8
+# A rank whose cost per row in the newest interval is off the pooled one by more than
+# this (relative) has changed speed: the pool restarts from that interval. About twice
+# an interval's timing noise (15 % on a shared 2-core host), far under a 2x slow-down.
+SHIFT = 0.35
+# A move must also gain NOISE_K standard errors of the pooled point's timing (the noise
+# band): an interval's relative noise (`Reading.noise`, a variance: the running mean of
+# the squared difference of each pooled interval from its pool, 0 until one is pooled,
+# the newest weighing NOISE_WEIGHT) over the square root of the intervals pooled. Near
+# the best split a move of a few rows changes the largest step by several percent, so
+# noise alone would walk the split around it; the longer a split holds, the narrower.
+NOISE_K = 1.0
+NOISE_WEIGHT = 1 / 8
+# A model's wrong fit can call for too small a gain where the ranks' measured work is
+# far apart: a move is also made when that difference is this many noise bands.
+IMBALANCE_K = 3.0
 
 
 def equal_shares(world_size: int) -> np.ndarray:
@@ -117,7 +146,10 @@ class Reading:
     read), the split it calls for (its target, see the module), the step model the
     target came from (None when made by hand), the last `HISTORY` points, newest last,
     the readings in a row at which a fitted model held the equal split against the ranks'
-    speeds (`held`), and how many such readings forget the model (`wait`)."""
+    speeds (`held`), how many such readings forget the model (`wait`), how many intervals
+    the newest point pools (`pooled`; 0 when it differs from the one before by more than
+    SHIFT: a change of speed, which the next interval must not be pooled with), and the
+    variance of an interval's relative timing noise (`noise`, see NOISE_K)."""
 
     shares: np.ndarray
     target: np.ndarray
@@ -125,6 +157,8 @@ class Reading:
     history: tuple[Point, ...] = ()
     held: int = 0
     wait: int = PROBE_AFTER
+    pooled: int = 1
+    noise: float = 0.0
 
     @property
     def fitted(self) -> bool:
@@ -132,16 +166,31 @@ class Reading:
 
     def moves(self) -> bool:
         """Whether the target calls for a move from the shares: the equal split from shares
-        that are not exactly it; or beyond the dead band and, once the model has measured
-        fixed costs, predicted to shorten the largest step by `GAIN_BAND` or more."""
+        that are not exactly it; or beyond the dead band, once the model has measured
+        fixed costs predicted to shorten the largest step by `GAIN_BAND` or more, and
+        predicted to gain the noise band or with the ranks' own work at the newest point
+        IMBALANCE_K noise bands apart."""
         if np.array_equal(self.target, equal_shares(len(self.shares))):
             return not np.array_equal(self.shares, self.target)
         if np.abs(self.target - self.shares).max() * len(self.shares) < DEAD_BAND:
             return False
-        if self.model is None or not self.fitted:
+        if self.model is None:
             return True
-        gain = self.model.largest(self.shares) / self.model.largest(self.target)
-        return bool(gain >= 1.0 + GAIN_BAND)
+        gain = self.model.largest(self.shares) / self.model.largest(self.target) - 1.0
+        if self.fitted and gain < GAIN_BAND:
+            return False
+        band = self.noise_band()
+        return bool(gain >= band or self.imbalance() >= IMBALANCE_K * band)
+
+    def noise_band(self) -> float:
+        """NOISE_K standard errors of the newest point's timing: an interval's noise over
+        the root of the intervals it pools (at most 2 POOL - 1, the pool's weight)."""
+        return float(NOISE_K * np.sqrt(self.noise / min(max(self.pooled, 1), 2 * POOL - 1)))
+
+    def imbalance(self) -> float:
+        """How much the slowest rank's own work at the newest point exceeds the fastest's."""
+        costs = self.history[-1].costs if self.history else np.ones(1)
+        return float(costs.max() / costs.min() - 1.0)
 
     def agrees(self, older: Reading | None) -> bool:
         """Whether this reading and the one before it call for the same move: both move,
@@ -172,19 +221,41 @@ def read_interval(
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
         return None
     before = last if last is not None and len(last.shares) == world else None
-    history = (*(before.history if before else ()), interval_point(samples, busy_s))[-HISTORY:]
+    history, pooled, noise = joined(before, interval_point(samples, busy_s))
     model = fit(history, before.model if before else None)
-    speed, wait = snapped(bounded(samples / busy_s)), before.wait if before else PROBE_AFTER
+    pooled_point = history[-1]  # samples / busy_s, or its mean over the intervals pooled
+    speed = snapped(bounded(pooled_point.shares / pooled_point.costs))
+    wait = before.wait if before else PROBE_AFTER
     if not model.fitted:
-        return Reading(shares, speed, model, history, 0, wait)
+        return Reading(shares, speed, model, history, 0, wait, pooled, noise)
     target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
     # A fitted model needs two readings, so `before` is a reading here.
     equal, unlike = equal_shares(world), not np.array_equal(speed, equal_shares(world))
     holding = unlike and all(np.array_equal(split, equal) for split in (shares, target))
     held = before.held + 1 if before is not None and holding else 0
     if held >= wait:  # forget the model: the next readings measure from speed again
-        return Reading(shares, speed, fit(history[-1:]), history, 0, 2 * wait)
-    return Reading(shares, target, model, history, held, wait)
+        return Reading(shares, speed, fit(history[-1:]), history[-1:], 0, 2 * wait, pooled, noise)
+    return Reading(shares, target, model, history, held, wait, pooled, noise)
+
+
+def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int, float]:
+    """The history with `point`, how many intervals its newest point pools, and the
+    noise after it: `point` merged into the newest one when both ran wholly at one split
+    and no rank's cost per row moved by more than SHIFT (their mean, the newest weighing
+    1 / min(n + 1, POOL); the noise takes in its largest relative difference from the
+    pool), else appended (the last `HISTORY` points kept; a change of speed is not
+    noise)."""
+    if before is None or not before.history:
+        return (point,), 1, 0.0
+    newest, count = before.history[-1], min(before.pooled, POOL - 1)
+    if np.abs(point.shares - newest.shares).max() >= 1e-9:
+        return (*before.history, point)[-HISTORY:], 1, before.noise
+    off = float(np.abs(point.costs / newest.costs - 1.0).max())
+    if off > SHIFT or before.pooled == 0:  # 0: a change of speed may have straddled it
+        return (*before.history, point)[-HISTORY:], int(off <= SHIFT), before.noise
+    noise = (1 - NOISE_WEIGHT) * before.noise + NOISE_WEIGHT * off**2
+    mean = Point(point.shares, (newest.costs * count + point.costs) / (count + 1))
+    return (*before.history[:-1], mean), before.pooled + 1, noise
 
 
 def snapped(target: np.ndarray) -> np.ndarray:
