@@ -51,17 +51,19 @@ slow rank's cost as fixed, send the split back to equal, and from then on every 
 is at one split, which only rescales the line (step_model.py) and never tests it. So
 while a fitted model holds the equal split and the ranks' speeds there call for a move,
 the controller counts the readings (`Reading.held`); after `Reading.wait` of them
-(PROBE_AFTER at first, doubled at each probe) it forgets the model and measures again
-from the split proportional to speed, as at the start. A rank whose fixed cost does
-dominate costs a few intervals at each doubling; alike ranks never probe.
+(PROBE_AFTER at first, doubled at each probe) it forgets the model and its points and
+measures again from the split proportional to speed, as at the start. A rank whose
+fixed cost does dominate costs a few intervals at each doubling; alike ranks, whose
+pooled speeds agree, do not probe.
 
 The state between intervals is the last reading (its model and points), nothing else: a
 pure function of (shares, figures, last reading) gives (new shares, new reading), held
 by `SharePlan` (training/data/balance.py) and not saved in a checkpoint (a resume waits
 one interval more before its first move, and measures its fixed costs anew).
 
-All bands but GAIN_BAND (relative, of the predicted step) are in units of the equal
-share (1/W), compared on the largest rank.
+All bands but GAIN_BAND, SHIFT and the noise band (relative: of the predicted step, of
+a rank's cost, of the ranks' work) are in units of the equal share (1/W), compared on
+the largest rank.
 """
 
 from __future__ import annotations
