@@ -53,8 +53,8 @@ while a fitted model holds the equal split and the ranks' speeds there call for 
 the controller counts the readings (`Reading.held`); after `Reading.wait` of them
 (PROBE_AFTER at first, doubled at each probe) it forgets the model and its points and
 measures again from the split proportional to speed, as at the start. A rank whose
-fixed cost does dominate costs a few intervals at each doubling; alike ranks, whose
-pooled speeds agree, do not probe.
+fixed cost does dominate costs a few intervals at each doubling; alike ranks seldom
+probe: their pooled speeds agree, and their small moves rarely fit a model at all.
 
 The state between intervals is the last reading (its model and points), nothing else: a
 pure function of (shares, figures, last reading) gives (new shares, new reading), held
@@ -232,7 +232,8 @@ def read_interval(
         return Reading(shares, speed, model, history, 0, wait, pooled, noise)
     target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
     # A fitted model needs two readings, so `before` is a reading here.
-    equal, unlike = equal_shares(world), not np.array_equal(speed, equal_shares(world))
+    equal = equal_shares(world)
+    unlike = not np.array_equal(speed, equal)
     holding = unlike and all(np.array_equal(split, equal) for split in (shares, target))
     held = before.held + 1 if before is not None and holding else 0
     if held >= wait:  # forget the model: the next readings measure from speed again
@@ -249,13 +250,14 @@ def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int
     noise)."""
     if before is None or not before.history:
         return (point,), 1, 0.0
-    newest, count = before.history[-1], min(before.pooled, POOL - 1)
+    newest = before.history[-1]
     if np.abs(point.shares - newest.shares).max() >= 1e-9:
         return (*before.history, point)[-HISTORY:], 1, before.noise
     off = float(np.abs(point.costs / newest.costs - 1.0).max())
     if off > SHIFT or before.pooled == 0:  # 0: a change of speed may have straddled it
         return (*before.history, point)[-HISTORY:], int(off <= SHIFT), before.noise
     noise = (1 - NOISE_WEIGHT) * before.noise + NOISE_WEIGHT * off**2
+    count = min(before.pooled, POOL - 1)
     mean = Point(point.shares, (newest.costs * count + point.costs) / (count + 1))
     return (*before.history[:-1], mean), before.pooled + 1, noise
 
