@@ -42,12 +42,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import mlflow.tracking.fluent as mlflow_fluent
 import pandas as pd
-import torch
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
@@ -66,6 +65,9 @@ from tracking.run.pyfunc import (
 )
 from tracking.run.sending import send_or_keep
 from tracking.run.spool import Spool
+
+if TYPE_CHECKING:  # torch is imported where a network is saved: scoring never needs it
+    import torch
 
 NUM_EXAMPLE_ROWS = 5
 WEIGHTS_TAG = "ballast.weights_sha256"  # of the model's weights (or network) file
@@ -168,6 +170,8 @@ def _model_arguments(
 
 def _save_network(network: torch.nn.Module, work: Path) -> dict[str, str]:
     """The network's artifact: its weights, or the whole network when it is no MLP."""
+    import torch
+
     weights = network_weights(network)
     if weights is None:
         torch.save(network, work / "network.pt")
