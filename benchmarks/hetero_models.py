@@ -20,7 +20,10 @@ from training.models.transformer import TokenClassifier
 
 
 class StepRecord:
-    """Appends one JSON line per train step: epoch, wall time, rows, scaled loss. With
+    """Appends one JSON line per train step: epoch, wall time, the rank process's CPU
+    seconds so far (all its threads: a rank held back by a CPU quota or a busy core shows
+    as wall time its CPU time does not follow), the training step's own seconds (forward
+    and loss), rows, scaled loss. With
     `--slow-by sleep`, rank 1 sleeps twice its step's forward time (forward + backward
     about 3x forward: about 2x slower) while the file `slow` is in the record directory."""
 
@@ -40,6 +43,7 @@ class StepRecord:
         line = {
             "epoch": module.current_epoch,
             "t": time.time(),
+            "cpu_s": time.process_time(),
             "rows": len(batch["id"]),
             "loss": float(loss.detach()),
             "forward_s": forward_s,
@@ -58,8 +62,9 @@ class TimedClassifier(FeatureClassifier, StepRecord):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         started = time.perf_counter()
         loss = super().training_step(batch, batch_idx)
+        forward_s = time.perf_counter() - started
         self.slowed(self, started)
-        self.record(self, batch, loss)
+        self.record(self, batch, loss, forward_s)
         return loss
 
 
