@@ -150,7 +150,9 @@ class ModelConfig(BaseModel):
         default_factory=TransformerConfig, description="Transformer: its sizes."
     )
     optimizer: Literal["adamw", "sgd"] = Field(
-        "adamw", description="`adamw`, or `sgd` with Nesterov momentum 0.9."
+        "adamw",
+        description="`adamw` (torch's fused kernel where every parameter allows it), or `sgd` "
+        "with Nesterov momentum 0.9.",
     )
     learning_rate: float = Field(3e-3, gt=0, description="Learning rate.")
     weight_decay: float = Field(1e-4, ge=0, description="Weight decay (decoupled for AdamW).")

@@ -21,6 +21,7 @@ resolves `model.class_path` (a built-in name or "pkg.module:Class").
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any, cast
 
 import lightning
@@ -125,9 +126,29 @@ class Classifier(lightning.LightningModule):
                 nesterov=True,
                 weight_decay=config.weight_decay,
             )
+        parameters = list(self.parameters())
         return torch.optim.AdamW(
-            self.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+            parameters,
+            lr=config.learning_rate,
+            weight_decay=config.weight_decay,
+            fused=fused_adam_applies(parameters),
         )
+
+
+# torch's fused AdamW: one kernel a parameter instead of about ten tensor operations, each
+# dispatched from Python (torch picks it by default on no device). On CPU a step of the
+# [512, 512] MLP took 1.9-2.2 ms less (11.7 -> 9.8 ms at 64 rows, 22.4 -> 20.2 at 256;
+# one thread, Lightning): the step's fixed cost, which a slowed rank pays whatever its
+# rows. The same update to a few ulps (2.4e-7 in the loss over 200 steps).
+FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def fused_adam_applies(parameters: Sequence[torch.Tensor]) -> bool:
+    """Whether every parameter is a floating-point tensor on a device with the fused
+    kernel (DTensor shards of FSDP2 and tensor parallel included)."""
+    return bool(parameters) and all(
+        p.is_floating_point() and p.device.type in FUSED_ADAM_DEVICES for p in parameters
+    )
 
 
 class FeatureClassifier(Classifier):
