@@ -42,8 +42,12 @@ def test_the_fused_update_is_the_single_tensor_one_to_1e_6_over_100_steps() -> N
     assert max(abs(a - b) for a, b in zip(fused, single, strict=True)) < 1e-6
 
 
-def test_parameters_the_kernel_does_not_take_keep_the_single_tensor_loop() -> None:
-    """None at all, or one on a device without the kernel (meta stands for such a one)."""
+def test_parameters_the_kernel_does_not_take_keep_torchs_default() -> None:
+    """None at all, or one on a device without the kernel (meta stands for such a one):
+    the optimizer is built as torch builds it by default (fused left None, not False,
+    which would also turn off the foreach loop torch picks on some devices)."""
     assert fused_adam_applies([torch.zeros(3)])
     assert not fused_adam_applies([])
     assert not fused_adam_applies([torch.zeros(3), torch.zeros(3, device="meta")])
+    model = FeatureClassifier(16, ["a", "b"], MODEL).to("meta")
+    assert all(group["fused"] is None for group in model.configure_optimizers().param_groups)

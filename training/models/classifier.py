@@ -131,7 +131,9 @@ class Classifier(lightning.LightningModule):
             parameters,
             lr=config.learning_rate,
             weight_decay=config.weight_decay,
-            fused=fused_adam_applies(parameters),
+            # None, not False, where it does not apply: False would also turn off the
+            # foreach loop torch picks by default on some devices.
+            fused=fused_adam_applies(parameters) or None,
         )
 
 
