@@ -1,18 +1,21 @@
 """Where each rank's time goes (training/distributed/rank_time.py): the split of all-reduce
-into blocked and hidden time, the straggler figures, and a real 2-rank job whose rank 1 is
-made slower, seen in summary.json and in MLflow."""
+into blocked and hidden time, the straggler figures, when a re-plan's gather is delivered,
+and a real 2-rank job whose rank 1 is made slower, seen in summary.json and in MLflow."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import lightning
 import pytest
+import torch
 
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.distributed.comm import Span
-from training.distributed.rank_time import split_spans, straggler
+from training.distributed.rank_time import RankTimes, split_spans, straggler
 from training.launch import LocalJob, RetryPolicy, run_job
 
 SLOW_MODEL = "tests.training.slow_rank_model:SlowRankClassifier"
@@ -53,6 +56,45 @@ def test_the_straggler_is_the_busiest_rank_against_the_median() -> None:
     assert found["slowdown_vs_median"] == pytest.approx(3.0)
     assert found["lost_share"] == pytest.approx(0.2 / 0.32)
     assert straggler({"busy_s": [0.1], "step_s": [0.1]}) is None
+
+
+class TinyModule(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_re_plans_gather_is_delivered_at_the_next_step_and_the_epochs_last_at_its_end(
+    tmp_path: Path,
+) -> None:
+    """Invariant: with a receiver (`loader.balance: speed`), the gather launched at the end of
+    an interval of `every_n_steps` steps is delivered at the end of the next step, holding
+    exactly that interval's steps; the epoch's last, shorter interval is gathered at the
+    epoch's end; every step is delivered once. 7 steps, every 2: intervals end at steps
+    2, 4, 6 and are delivered at 3, 5, 7; step 7 alone at the epoch's end."""
+    delivered: list[tuple[int, float]] = []
+
+    def receive(trainer: lightning.Trainer, figures: list[dict[str, float]]) -> None:
+        delivered.append((trainer.global_step, figures[0]["steps"]))
+
+    trainer = lightning.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RankTimes(None, receive, every_n_steps=2)],
+        default_root_dir=tmp_path,
+    )
+    batches: Any = torch.utils.data.DataLoader(torch.randn(7, 2), batch_size=1)
+    trainer.fit(TinyModule(), train_dataloaders=batches)
+    assert delivered == [(3, 2.0), (5, 2.0), (7, 2.0), (7, 1.0)]
 
 
 def slow_rank_config(root: str, tmp_path: Path) -> TrainConfig:

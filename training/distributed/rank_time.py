@@ -26,7 +26,12 @@ is slowest, its slowdown against the median, and the share of the step lost to i
 `on_gathered` receives every interval's gathered totals on every rank (`loader.balance:
 speed` re-plans the ranks' shares from their data wait plus compute, which, unlike
 `step_s`, holds none of the gather's own wait: training/callbacks.py); `every_n_steps`
-then gathers at least that often.
+then gathers at least that often. Those gathers run in the background: launched at the
+interval's end and taken at the next step's end, by when that step's gradient
+all-reduce, queued after it, is done. Waiting for every rank at every interval's end
+made a 2-rank MLP's gather step 1.5-2 ms longer (10 ms steps; +4.5 % a step at
+`every_n_steps` 4, benchmarks/RESULTS.md M53). The epoch's last interval and the run's
+totals are gathered at once, as without `on_gathered`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 
 import lightning
 import torch
+import torch.distributed as dist
 
 from training.data.wait import loader_metrics
 from training.distributed.comm import CommMeter, Span
@@ -131,6 +137,7 @@ class RankTimes(lightning.Callback):
         self.total, self.interval, self.pending = StepTotals(), StepTotals(), StepTotals()
         self._last_end = self._batch_start = time.perf_counter()
         self._data_wait, self._global_step = 0.0, -1
+        self._in_flight: PendingGather | None = None  # the last interval's, taken a step later
 
     def on_train_start(self, trainer: lightning.Trainer, pl_module: Any) -> None:
         self._global_step = trainer.global_step  # a resumed run starts past 0
@@ -150,6 +157,7 @@ class RankTimes(lightning.Callback):
         if trainer.global_step == self._global_step:
             return  # accumulating: the optimizer step is not over
         self._global_step = trainer.global_step
+        self.take_in_flight(trainer)
         self.pending.steps = 1.0
         self.interval.add(self.pending)
         self.total.add(self.pending)
@@ -158,9 +166,10 @@ class RankTimes(lightning.Callback):
         every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
         every = min(every, self.every_n_steps or every)
         if trainer.global_step % every == 0:
-            self.log_interval(trainer)
+            self.log_interval(trainer, background=self.on_gathered is not None)
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        self.take_in_flight(trainer)
         if self.interval.steps > 0:  # every rank ran the same steps: all gather, or none
             self.log_interval(trainer)
 
@@ -181,10 +190,26 @@ class RankTimes(lightning.Callback):
         self._last_end, self._data_wait = now, waited
         return figures
 
-    def log_interval(self, trainer: lightning.Trainer) -> None:
-        """All-gather the interval's figures (one collective) and log them from rank 0."""
-        gathered = gather_values(trainer, self.interval.values())
+    def log_interval(self, trainer: lightning.Trainer, background: bool = False) -> None:
+        """All-gather the interval's figures (one collective) and log them from rank 0;
+        `background`: launch the gather and deliver it at the next step's end."""
+        gather = start_gather(trainer, self.interval.values())
         self.interval = StepTotals()
+        if background:
+            self._in_flight = gather
+        else:
+            self.deliver(trainer, gather)
+
+    def take_in_flight(self, trainer: lightning.Trainer) -> None:
+        """Deliver the gather launched at the last interval's end, if any (every rank takes
+        it at the same step)."""
+        gather, self._in_flight = self._in_flight, None
+        if gather is not None:
+            self.deliver(trainer, gather)
+
+    def deliver(self, trainer: lightning.Trainer, gather: PendingGather) -> None:
+        """Hand a finished gather to `on_gathered` and log it from rank 0 at its step."""
+        gathered = gather.rows()
         if self.on_gathered is not None:  # the same figures on every rank (a re-plan's input)
             self.on_gathered(
                 trainer, [dict(zip(names(), values, strict=True)) for values in gathered]
@@ -197,11 +222,12 @@ class RankTimes(lightning.Callback):
             for name, value in per_step(values, self.meter is not None).items()
         }
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=gather.step)
 
     def per_rank(self, trainer: lightning.Trainer) -> dict[str, list[float]]:
         """Every rank's run figures per optimizer step, by figure (a collective)."""
-        gathered = gather_values(trainer, self.total.values())
+        self.take_in_flight(trainer)
+        gathered = start_gather(trainer, self.total.values()).rows()
         figures = [per_step(values, self.meter is not None) for values in gathered]
         return {name: [round(rank[name], 6) for rank in figures] for name in figures[0]}
 
@@ -212,8 +238,29 @@ def data_wait_s(trainer: lightning.Trainer) -> float:
     return float(metrics["data_wait_s"]) if metrics is not None else 0.0
 
 
-def gather_values(trainer: lightning.Trainer, values: list[float]) -> list[list[float]]:
-    """Every rank's `values`, in rank order (a collective: every rank must call it)."""
-    local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
-    gathered = trainer.strategy.all_gather(local).reshape(-1, len(values))
-    return [[float(value) for value in row] for row in gathered.tolist()]
+@dataclass
+class PendingGather:
+    """An all-gather of every rank's figures, launched at optimizer step `step`; `work` is
+    torch.distributed's handle while it runs (None: one process, nothing to wait for)."""
+
+    gathered: torch.Tensor  # (world size, figures)
+    work: Any
+    step: int
+
+    def rows(self) -> list[list[float]]:
+        """Every rank's figures, in rank order, once the gather is done."""
+        if self.work is not None:
+            self.work.wait()
+        return [[float(value) for value in row] for row in self.gathered.tolist()]
+
+
+def start_gather(trainer: lightning.Trainer, values: list[float]) -> PendingGather:
+    """Launch the gather of every rank's `values` (a collective: every rank must call it,
+    in the same order as every other collective)."""
+    device = trainer.strategy.root_device
+    local = torch.tensor([values], dtype=torch.float64, device=device)  # one row a rank
+    if not (dist.is_available() and dist.is_initialized()):
+        return PendingGather(local, None, trainer.global_step)
+    gathered = local.new_empty((dist.get_world_size(), len(values)))
+    work = dist.all_gather_single(gathered, local, async_op=True)
+    return PendingGather(gathered, work, trainer.global_step)
