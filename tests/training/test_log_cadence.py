@@ -2,7 +2,8 @@
 classifier's `train_loss_step` and CommMetrics' `comm/*` are logged on the steps Lightning
 hands to its loggers (every `log_every_n_steps`, training/log_cadence.py), and skipping
 the other steps' `log` calls changes no figure: the epoch's `train_loss` is still the mean
-of every step's loss. One process, an in-memory logger, no service."""
+of every step's loss, weighted by batch size, though it too is logged only on that
+cadence and at the epoch's last step. One process, an in-memory logger, no service."""
 
 from __future__ import annotations
 
@@ -46,11 +47,16 @@ class MemoryLogger(Logger):
 
 
 class StepLosses(FeatureClassifier):
-    """The built-in classifier; keeps each step's loss."""
+    """The built-in classifier; keeps each step's loss and the names it logs, per call."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.step_losses: list[float] = []
+        self.logged: list[str] = []
+
+    def log(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.logged.append(name)
+        super().log(name, *args, **kwargs)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
@@ -58,16 +64,17 @@ class StepLosses(FeatureClassifier):
         return loss
 
 
-def batches() -> DataLoader[dict[str, torch.Tensor]]:
-    """12 ready batches of 8 rows (`batch_size=None`: the loader hands them on as they are)."""
+def batches(sizes: list[int] | None = None) -> DataLoader[dict[str, torch.Tensor]]:
+    """Ready batches, 12 of 8 rows unless `sizes` says (`batch_size=None`: the loader hands
+    them on as they are)."""
     generator = torch.Generator().manual_seed(0)
     ready = [
         {
-            "features": torch.randn(8, 4, generator=generator),
-            "label": torch.randint(0, 3, (8,), generator=generator),
-            "weight": torch.ones(8),
+            "features": torch.randn(size, 4, generator=generator),
+            "label": torch.randint(0, 3, (size,), generator=generator),
+            "weight": torch.ones(size),
         }
-        for _ in range(NUM_STEPS)
+        for size in sizes or [8] * NUM_STEPS
     ]
     return DataLoader(ready, batch_size=None)  # type: ignore[arg-type]
 
@@ -99,3 +106,29 @@ def test_step_metrics_reach_the_loggers_on_lightnings_cadence_and_the_epoch_mean
     assert len(model.step_losses) == NUM_STEPS
     epoch_loss = float(trainer.callback_metrics["train_loss"])
     assert abs(epoch_loss - sum(model.step_losses) / NUM_STEPS) < 1e-6
+
+
+def test_the_epoch_train_loss_is_every_steps_mean_by_size_logged_on_cadence_and_at_its_end() -> (
+    None
+):
+    """Invariant: over 13 steps of uneven batches (3 to 15 rows) with `log_every_n_steps=5`,
+    the epoch's `train_loss` is the mean of every step's loss weighted by its rows, as when
+    each step logged it; yet `train_loss` is logged 3 times (steps 4 and 9 on the cadence,
+    12 at the epoch's end), not 13: each call costs the same whichever step it is."""
+    sizes = [3 + (7 * step) % 13 for step in range(13)]
+    model = StepLosses(4, [0, 1, 2], {"hidden_sizes": [8]})
+    trainer = lightning.Trainer(
+        max_epochs=1,
+        logger=MemoryLogger(),
+        log_every_n_steps=EVERY,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(model, train_dataloaders=batches(sizes))
+    weighted = sum(loss * size for loss, size in zip(model.step_losses, sizes, strict=True))
+    epoch_loss = float(trainer.callback_metrics["train_loss"])
+    assert abs(epoch_loss - weighted / sum(sizes)) < 1e-6
+    assert model.logged.count("train_loss") == 3

@@ -36,6 +36,19 @@ from training.config import ModelConfig
 from training.log_cadence import logs_this_step
 
 
+def ends_epoch(trainer: lightning.Trainer | None, batch_idx: int) -> bool:
+    """Whether the batch under way may be its epoch's last: the loader's last, the epoch's
+    batch limit, the run's last step, or a stop; always outside a Trainer."""
+    if trainer is None:
+        return True
+    return bool(
+        trainer.is_last_batch
+        or batch_idx + 1 >= trainer.num_training_batches
+        or 0 < trainer.max_steps <= trainer.global_step + 1
+        or trainer.should_stop
+    )
+
+
 def build_mlp(num_features: int, num_classes: int, hidden_sizes: list[int]) -> nn.Sequential:
     """Linear + ReLU per hidden layer, then a linear layer to the class logits."""
     layers: list[nn.Module] = []
@@ -68,6 +81,9 @@ class Classifier(lightning.LightningModule):
         # A plain attribute, not a buffer: DDP would broadcast a buffer from rank 0.
         self._confusion = torch.zeros(len(classes), len(classes), dtype=torch.long)
         self._loss_sum = torch.zeros(())  # of the real samples; their count: the confusion's
+        # The train losses since `train_loss` was last logged, times their batch sizes.
+        self._train_sum: torch.Tensor | None = None
+        self._train_size = 0
 
     def build_network(self, num_features: int, num_classes: int) -> nn.Module:
         raise NotImplementedError
@@ -84,10 +100,32 @@ class Classifier(lightning.LightningModule):
             loss, size = loss * batch["loss_scale"], 1
         # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
         # `_trainer`: a step called outside a Trainer (a test's own loop) logs as before.
-        if logs_this_step(self._trainer):  # the epoch mean below still sees every step
+        logs = logs_this_step(self._trainer)
+        if logs:
             self.log("train_loss_step", loss, on_step=True, on_epoch=False, batch_size=size)
-        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
+        self.add_train_loss(
+            loss.detach() * size, size, logs or ends_epoch(self._trainer, batch_idx)
+        )
         return loss
+
+    def add_train_loss(self, weighted: torch.Tensor, size: int, log: bool) -> None:
+        """Count a step's loss (times its batch size) towards the epoch's `train_loss`; `log`:
+        log the mean of those counted since the last log, weighted by their sizes, so the
+        epoch's mean is every step's, as if each had been logged. A `log` call costs a
+        tenth of a millisecond whichever step it is (Lightning moves and checks its result
+        collection): every step's was 5 % of a 2-rank MLP's step (benchmarks/RESULTS.md
+        M53)."""
+        self._train_sum = weighted if self._train_sum is None else self._train_sum + weighted
+        self._train_size += size
+        if log:
+            mean, count = self._train_sum / self._train_size, self._train_size
+            self.log(
+                "train_loss", mean, on_step=False, on_epoch=True, sync_dist=True, batch_size=count
+            )
+            self._train_sum, self._train_size = None, 0
+
+    def on_train_epoch_start(self) -> None:
+        self._train_sum, self._train_size = None, 0  # a stop mid-epoch may have left some
 
     def on_validation_epoch_start(self) -> None:
         num_classes = len(self.classes)
