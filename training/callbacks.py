@@ -87,8 +87,9 @@ class SpeedReplan:
     the time between batches holds the interval's all_gather (where the rank that gets
     there first waits for the others), rank 0's logging and checkpoint barriers, none of
     which rows move, and on alike ranks those waits alone would read as one rank slower.
-    Gathers come every `log_every_n_steps` and at each epoch's end, so short intervals
-    (an epoch's last steps) are summed with the next ones until they hold at least
+    Gathers come every interval (at least `every_n_steps` steps and 0.25 s,
+    training/distributed/rank_time.py) and at each epoch's end, so short intervals (an
+    epoch's last steps) are summed with the next ones until they hold at least
     `every_n_steps` steps: every re-plan reads at least that many."""
 
     MOVE_LINE = 0.1

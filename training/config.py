@@ -88,8 +88,10 @@ class LoaderConfig(BaseModel):
         gt=0,
         description="`balance: speed`: the fewest optimizer steps a re-plan reads (each one "
         "rides on the per-interval all_gather of the step times, no collective of its own; "
-        "shorter intervals, as at an epoch's end, are summed with the next). A change of "
-        "speed moves the split two intervals after it shows.",
+        "shorter intervals, as at an epoch's end, are summed with the next); an interval "
+        "also lasts at least 0.25 s at the last one's pace, so that a rank under a CPU "
+        "quota is read over its bursts and stalls alike. A change of speed moves the split "
+        "two intervals after it shows.",
     )
 
     @model_validator(mode="after")

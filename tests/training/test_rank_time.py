@@ -15,7 +15,13 @@ import torch
 from tracking.config import TrackingConfig
 from training.config import LoaderConfig, ModelConfig, TrainConfig
 from training.distributed.comm import Span
-from training.distributed.rank_time import RankTimes, split_spans, straggler
+from training.distributed.rank_time import (
+    RankTimes,
+    interval_steps,
+    names,
+    split_spans,
+    straggler,
+)
 from training.launch import LocalJob, RetryPolicy, run_job
 
 SLOW_MODEL = "tests.training.slow_rank_model:SlowRankClassifier"
@@ -89,12 +95,32 @@ def test_a_re_plans_gather_is_delivered_at_the_next_step_and_the_epochs_last_at_
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RankTimes(None, receive, every_n_steps=2)],
+        callbacks=[RankTimes(None, receive, every_n_steps=2, min_interval_s=0.0)],
         default_root_dir=tmp_path,
     )
-    batches: Any = torch.utils.data.DataLoader(torch.randn(7, 2), batch_size=1)
+    batches: Any = torch.utils.data.DataLoader(torch.randn(7, 2), batch_size=1)  # type: ignore[arg-type]
     trainer.fit(TinyModule(), train_dataloaders=batches)
     assert delivered == [(3, 2.0), (5, 2.0), (7, 2.0), (7, 1.0)]
+
+
+def gathered(steps: float, step_s: list[float]) -> list[list[float]]:
+    """Every rank's interval figures: `steps` steps taking `step_s[r]` seconds in all."""
+    rows = []
+    for total in step_s:
+        figures = dict.fromkeys(names(), 0.0) | {"steps": steps, "step_s": total}
+        rows.append([figures[name] for name in names()])
+    return rows
+
+
+def test_a_re_plan_interval_lasts_the_least_time_at_the_slowest_ranks_pace() -> None:
+    """Invariant: the next interval holds at least `every_n_steps` steps and, at the pace of
+    the slowest rank in the last one, at least `min_interval_s`: 4 steps of 10 and 20 ms
+    call for 13 steps to last 0.25 s (20 ms a step); 4 steps of 100 ms need no more than
+    the 4; nothing measured keeps the 4."""
+    assert interval_steps(gathered(4, [0.04, 0.08]), 4, 0.25) == 13
+    assert interval_steps(gathered(4, [0.4, 0.4]), 4, 0.25) == 4
+    assert interval_steps(gathered(4, [0.0, 0.0]), 4, 0.25) == 4
+    assert interval_steps(gathered(5, [0.05, 0.05]), 1, 0.25) == 25
 
 
 def slow_rank_config(root: str, tmp_path: Path) -> TrainConfig:

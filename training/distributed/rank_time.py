@@ -31,11 +31,14 @@ interval's end and taken at the next step's end, by when that step's gradient
 all-reduce, queued after it, is done. Waiting for every rank at every interval's end
 made a 2-rank MLP's gather step 1.5-2 ms longer (10 ms steps; +4.5 % a step at
 `every_n_steps` 4, benchmarks/RESULTS.md M53). The epoch's last interval and the run's
-totals are gathered at once, as without `on_gathered`.
+totals are gathered at once, as without `on_gathered`. Such an interval also lasts at
+least `min_interval_s` (MIN_INTERVAL_S) at the last interval's pace, in whole steps
+(`interval_steps`: from the gathered figures, so every rank counts the same).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -50,6 +53,10 @@ from training.data.wait import loader_metrics
 from training.distributed.comm import CommMeter, Span
 
 ALLREDUCE_FIGURES = ("allreduce_blocked_s", "allreduce_hidden_s")
+# A re-plan's interval lasts at least this long: a rank under a CPU quota (Linux CFS's
+# 100 ms period, as a Kubernetes CPU limit sets it) runs in bursts, and an interval of a
+# few 10 ms steps read one burst or one stall; and the gather is a small part of it.
+MIN_INTERVAL_S = 0.25
 # Called on every rank with every rank's totals of the interval just gathered, by name.
 Gathered = Callable[[lightning.Trainer, list[dict[str, float]]], None]
 
@@ -109,6 +116,16 @@ def split_spans(spans: list[Span]) -> tuple[float, float]:
     return blocked + outside, hidden
 
 
+def interval_steps(gathered: list[list[float]], fewest: int, min_interval_s: float) -> int:
+    """Steps the next re-plan interval holds: at least `fewest`, and enough to last
+    `min_interval_s` at the pace of the gathered interval's slowest rank."""
+    figures = [dict(zip(names(), values, strict=True)) for values in gathered]
+    pace = max(rank["step_s"] / max(rank["steps"], 1.0) for rank in figures)
+    if pace <= 0:
+        return fewest
+    return max(fewest, math.ceil(min_interval_s / pace - 1e-9))
+
+
 def straggler(per_rank: dict[str, list[float]]) -> dict[str, float] | None:
     """The slowest rank by busy time, its slowdown against the median rank, and the share
     of the mean step the job loses waiting for it; None without all-reduce figures."""
@@ -132,8 +149,11 @@ class RankTimes(lightning.Callback):
         meter: CommMeter | None,
         on_gathered: Gathered | None = None,
         every_n_steps: int | None = None,
+        min_interval_s: float = MIN_INTERVAL_S,
     ) -> None:
         self.meter, self.on_gathered, self.every_n_steps = meter, on_gathered, every_n_steps
+        self.min_interval_s = min_interval_s
+        self._interval_steps = every_n_steps or 1  # `on_gathered`'s, until a gather says
         self.total, self.interval, self.pending = StepTotals(), StepTotals(), StepTotals()
         self._last_end = self._batch_start = time.perf_counter()
         self._data_wait, self._global_step = 0.0, -1
@@ -162,11 +182,13 @@ class RankTimes(lightning.Callback):
         self.interval.add(self.pending)
         self.total.add(self.pending)
         self.pending = StepTotals()
+        if self.on_gathered is not None:
+            if self.interval.steps >= self._interval_steps:
+                self.log_interval(trainer, background=True)
+            return
         # Set on the Trainer by its logger connector (the Trainer class does not declare it).
-        every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
-        every = min(every, self.every_n_steps or every)
-        if trainer.global_step % every == 0:
-            self.log_interval(trainer, background=self.on_gathered is not None)
+        if trainer.global_step % max(int(getattr(trainer, "log_every_n_steps", 1)), 1) == 0:
+            self.log_interval(trainer)
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
         self.take_in_flight(trainer)
@@ -211,6 +233,9 @@ class RankTimes(lightning.Callback):
         """Hand a finished gather to `on_gathered` and log it from rank 0 at its step."""
         gathered = gather.rows()
         if self.on_gathered is not None:  # the same figures on every rank (a re-plan's input)
+            self._interval_steps = interval_steps(
+                gathered, self.every_n_steps or 1, self.min_interval_s
+            )
             self.on_gathered(
                 trainer, [dict(zip(names(), values, strict=True)) for values in gathered]
             )
