@@ -103,13 +103,9 @@ def test_a_re_plans_gather_is_delivered_at_the_next_step_and_the_epochs_last_at_
     assert delivered == [(3, 2.0), (5, 2.0), (7, 2.0), (7, 1.0)]
 
 
-def gathered(steps: float, step_s: list[float]) -> list[list[float]]:
+def gathered(steps: float, step_s: list[float]) -> list[dict[str, float]]:
     """Every rank's interval figures: `steps` steps taking `step_s[r]` seconds in all."""
-    rows = []
-    for total in step_s:
-        figures = dict.fromkeys(names(), 0.0) | {"steps": steps, "step_s": total}
-        rows.append([figures[name] for name in names()])
-    return rows
+    return [dict.fromkeys(names(), 0.0) | {"steps": steps, "step_s": total} for total in step_s]
 
 
 def test_a_re_plan_interval_lasts_the_least_time_at_the_slowest_ranks_pace() -> None:

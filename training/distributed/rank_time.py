@@ -116,10 +116,10 @@ def split_spans(spans: list[Span]) -> tuple[float, float]:
     return blocked + outside, hidden
 
 
-def interval_steps(gathered: list[list[float]], fewest: int, min_interval_s: float) -> int:
+def interval_steps(figures: list[dict[str, float]], fewest: int, min_interval_s: float) -> int:
     """Steps the next re-plan interval holds: at least `fewest`, and enough to last
-    `min_interval_s` at the pace of the gathered interval's slowest rank."""
-    figures = [dict(zip(names(), values, strict=True)) for values in gathered]
+    `min_interval_s` at the pace of the slowest rank in the interval of `figures` (every
+    rank's totals, by name)."""
     pace = max(rank["step_s"] / max(rank["steps"], 1.0) for rank in figures)
     if pace <= 0:
         return fewest
@@ -233,12 +233,10 @@ class RankTimes(lightning.Callback):
         """Hand a finished gather to `on_gathered` and log it from rank 0 at its step."""
         gathered = gather.rows()
         if self.on_gathered is not None:  # the same figures on every rank (a re-plan's input)
-            self._interval_steps = interval_steps(
-                gathered, self.every_n_steps or 1, self.min_interval_s
-            )
-            self.on_gathered(
-                trainer, [dict(zip(names(), values, strict=True)) for values in gathered]
-            )
+            figures = [dict(zip(names(), values, strict=True)) for values in gathered]
+            fewest = self.every_n_steps or 1
+            self._interval_steps = interval_steps(figures, fewest, self.min_interval_s)
+            self.on_gathered(trainer, figures)
         if not trainer.is_global_zero or not trainer.loggers:
             return
         metrics = {
