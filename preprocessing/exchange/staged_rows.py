@@ -27,6 +27,10 @@ from preprocessing.scan.row_counts import row_sources
 from preprocessing.storage.sources import InputFile, read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
+# A map task takes its rows in destination order this many bytes at a time: small enough
+# that the allocator reuses one run's memory for the next, large enough that a take's
+# fixed cost (a dozen calls) is nothing beside it.
+RUN_BYTES = 8 << 20
 DERIVED_SOURCE_COLUMN = "source"
 
 
@@ -113,12 +117,50 @@ def stratum_codes(
 
 
 def write_grouped(
-    grouped: pa.Table, targets: np.ndarray, output: StagedObject, schema: pa.Schema
+    rows: pa.Table,
+    picks: np.ndarray,
+    order: np.ndarray,
+    targets: np.ndarray,
+    output: StagedObject,
+    schema: pa.Schema,
 ) -> int:
-    """Rows sorted by destination, one record batch per destination that has rows."""
-    batch = grouped.to_batches()[0] if grouped.num_rows else None
+    """Write `rows[picks]` (sorted by destination: `targets`; `order`, their order keys)
+    as the staged object `output`, one record batch per destination and run that has
+    rows; its size in bytes. The rows are taken a run of about RUN_BYTES at a time (whole
+    destinations, or a part of a larger one), so a map task holds its rows once and one
+    run, not a second copy of all of them in destination order (RESULTS.md M54)."""
     bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
-    writer = StagedWriter(output, schema)
-    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        writer.add_batches([batch.slice(start, stop - start)] if stop > start and batch else [])
+    run_rows = max(1, int(RUN_BYTES * rows.num_rows // max(1, rows.nbytes)))
+    runs = iter(run_bounds(bounds, run_rows))
+    writer, run, start = StagedWriter(output, schema), None, 0
+    for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        parts = []
+        while first < stop:
+            if run is None or first >= start + run.num_rows:
+                start, end = next(runs)
+                run = _taken(rows, picks[start:end], order[start:end])
+            taken = min(stop, start + run.num_rows) - first
+            parts.append(run.slice(first - start, taken))
+            first += taken
+        writer.add_batches(parts)
     return writer.close()
+
+
+def run_bounds(bounds: np.ndarray, run_rows: int) -> list[tuple[int, int]]:
+    """[start, end) runs of rows cut at the destinations' `bounds` (cumulative rows from
+    0), each of at most `run_rows` rows of whole destinations, or `run_rows` rows of one
+    larger."""
+    runs, start, total = [], 0, int(bounds[-1])
+    while start < total:
+        limit = start + run_rows
+        whole = int(bounds[np.searchsorted(bounds, limit, side="right") - 1])
+        end = whole if whole > start else min(limit, total)
+        runs.append((start, end))
+        start = end
+    return runs
+
+
+def _taken(rows: pa.Table, picks: np.ndarray, order: np.ndarray) -> pa.RecordBatch:
+    """`rows[picks]` with the order key `order`, as one record batch."""
+    taken = rows.take(pa.array(picks)).append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
+    return taken.combine_chunks().to_batches()[0]

@@ -228,11 +228,18 @@ def map_pieces(
             keys.append(routing.order_keys)
     target = np.concatenate(targets)
     by_target = np.argsort(small_ints(target), kind="stable")
-    grouped = table.take(pa.array(np.concatenate(rows)[by_target]))
     order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
-    grouped = grouped.append_column(ORDER_COLUMN, pa.array(order, pa.uint64()))
+    del read, tables  # `table` alone holds the pieces' rows now
+    # One chunk: a take from many chunks joins them first, and write_grouped takes a run
+    # of destinations at a time. The pieces as read are let go before the first take.
+    table = table.combine_chunks()
     return write_grouped(
-        grouped.combine_chunks(), target[by_target], task.output, destinations.schema
+        table,
+        np.concatenate(rows)[by_target],
+        order,
+        target[by_target],
+        task.output,
+        destinations.schema,
     )
 
 

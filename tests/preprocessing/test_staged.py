@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preprocessing.exchange import staged_rows
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedObjectError,
@@ -21,6 +22,7 @@ from preprocessing.exchange.staged_objects import (
     read_batches,
     read_destinations,
 )
+from preprocessing.exchange.staged_rows import ORDER_COLUMN, run_bounds
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("features", pa.list_(pa.float32(), 2))]
@@ -166,3 +168,43 @@ def test_a_staged_file_cut_short_is_an_error_never_a_crash(tmp_path: Path) -> No
         ] == expected
         outcomes.add("whole")  # only the end-of-stream marker was cut
     assert outcomes == {"error", "whole"}
+
+
+@given(
+    targets=st.lists(st.integers(0, 5), max_size=40),
+    run_rows=st.integers(1, 12),
+)
+@settings(max_examples=60, deadline=None)
+def test_rows_staged_in_runs_come_back_per_destination(
+    tmp_path_factory, targets: list[int], run_rows: int
+) -> None:
+    """Invariant: whatever the run length (whole destinations, or parts of a larger one),
+    each destination of a map task's staged object holds exactly its rows, in destination
+    order, with their order keys; no run is longer than asked."""
+    ids = np.arange(len(targets), dtype=np.int64)[::-1]  # rows read in another order
+    rows = pa.Table.from_batches([rows_of(ids.tolist())])
+    by_target = np.argsort(np.array(targets, dtype=np.int64), kind="stable")
+    picks, grouped = by_target, np.array(targets, dtype=np.int64)[by_target]
+    keys = (ids[picks] * 7 + 3).astype(np.uint64)
+    schema = SCHEMA.append(pa.field(ORDER_COLUMN, pa.uint64()))
+    staged = StagedObject(str(tmp_path_factory.mktemp("runs") / "part.arrow"), 0, 6)
+    bounds = np.r_[0, np.cumsum(np.bincount(grouped, minlength=6))]
+    assert all(0 < end - start <= run_rows for start, end in run_bounds(bounds, run_rows))
+    write_grouped_runs(rows, picks, keys, grouped, staged, schema, run_rows)
+    data, offsets = read_destinations(staged, 0, 6)
+    for destination, batches in enumerate(destination_batches(data, offsets, schema)):
+        found = [i for batch in batches for i in batch.column("id").to_pylist()]
+        assert found == ids[picks[grouped == destination]].tolist()
+        got_keys = [k for batch in batches for k in batch.column(ORDER_COLUMN).to_pylist()]
+        assert got_keys == [i * 7 + 3 for i in found]
+
+
+def write_grouped_runs(rows, picks, keys, targets, staged, schema, run_rows) -> None:
+    """`write_grouped` with runs of `run_rows` rows (RUN_BYTES set to match)."""
+    row_bytes = rows.nbytes / max(1, rows.num_rows)
+    original = staged_rows.RUN_BYTES
+    staged_rows.RUN_BYTES = int(run_rows * row_bytes) + 1
+    try:
+        staged_rows.write_grouped(rows, picks, keys, targets, staged, schema)
+    finally:
+        staged_rows.RUN_BYTES = original
