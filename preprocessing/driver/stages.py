@@ -5,6 +5,7 @@ the tasks a killed attempt of the version did not finish (preprocessing/driver/r
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from preprocessing.exchange.tasks import (
     map_task,
     merge_task,
     piece_rows,
+    release_encode_buffers,
     shard_jobs,
     write_shards,
 )
@@ -126,19 +128,22 @@ def write_stage(
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(bounds[task], shards[bounds[task] : bounds[task + 1]]) for task in rerun.writes]
     counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
-    entries = run_in_waves(
-        dask.dask,
-        retrying(write_shards, config.retry),
-        tasks,
-        len(tasks),
-        dask.in_flight,
-        counter,
-        staging=share(dask.dask, staging),
-        schema=share(dask.dask, schema),
-        spec=config.dataset,
-        rows_per_row_group=config.rows_per_row_group,
-        receipts=attempt.uri if attempt.resumable else None,
-    )
+    try:
+        entries = run_in_waves(
+            dask.dask,
+            retrying(write_shards, config.retry),
+            tasks,
+            len(tasks),
+            dask.in_flight,
+            counter,
+            staging=share(dask.dask, staging),
+            schema=share(dask.dask, schema),
+            spec=config.dataset,
+            rows_per_row_group=config.rows_per_row_group,
+            receipts=attempt.uri if attempt.resumable else None,
+        )
+    finally:
+        _release_encode_buffers(dask.dask)
     counter.close()
     written = {first: group for (first, _), group in zip(tasks, entries, strict=True)}
     found = dict(rerun.shards)
@@ -149,6 +154,13 @@ def write_stage(
         split: _split_entry([next(flat) for _ in range(plan.num_shards)])
         for split, plan in plans.items()
     }
+
+
+def _release_encode_buffers(dask: Client) -> None:
+    """Let the workers' kept encode buffers go (exchange/tasks.py: a shard's size each).
+    Best effort: a cluster that lost its workers or scheduler holds none to let go."""
+    with contextlib.suppress(OSError, TimeoutError):
+        dask.run(release_encode_buffers, on_error="ignore")
 
 
 def _split_entry(entries: list[ShardEntry]) -> SplitEntry:

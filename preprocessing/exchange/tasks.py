@@ -17,6 +17,7 @@ stages, row by row, is `preprocessing/exchange/staged_rows.py`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import chain, pairwise
@@ -58,6 +59,11 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 # its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
 # still holds one shard's ordered copy at a time.
 ORDER_RUN_BYTES = 8 << 20
+# Each worker thread keeps its write tasks' encode buffer for its next write task, until
+# the write stage ends (`release_encode_buffers`): at 8 GB a task writes one 330 MB
+# shard, and a buffer new for each took 0.2-0.3 s a shard more (benchmarks/RESULTS.md M54).
+_ENCODE_BUFFERS: dict[int, EncodeBuffer] = {}
+_ENCODE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -265,7 +271,7 @@ def write_shards(
     each): one range read per last-round object, then each shard in keyed order; then,
     given the attempt's URI as `receipts`, the task's receipt (exchange/receipts.py)."""
     own = _staged_batches(staging, first, first + len(shards))
-    encode = EncodeBuffer()  # one encode buffer for the task's shards
+    encode = thread_encode_buffer()  # for the task's shards, and the thread's next task
     source = spec.source_column or DERIVED_SOURCE_COLUMN
     settings = (rows_per_row_group, spec.label_column, source, staging.part_bytes)
     entries: list[ShardEntry] = []
@@ -279,6 +285,21 @@ def write_shards(
     if receipts is not None:
         write_shard_receipt(receipts, first, entries, etags)
     return entries
+
+
+def thread_encode_buffer() -> EncodeBuffer:
+    """This thread's encode buffer, kept across its write tasks (see _ENCODE_BUFFERS)."""
+    with _ENCODE_LOCK:
+        return _ENCODE_BUFFERS.setdefault(threading.get_ident(), EncodeBuffer())
+
+
+def release_encode_buffers() -> int:
+    """Let every thread's encode buffer go (run on each worker when the write stage ends);
+    how many there were."""
+    with _ENCODE_LOCK:
+        count = len(_ENCODE_BUFFERS)
+        _ENCODE_BUFFERS.clear()
+    return count
 
 
 def _staged_batches(staging: Staging, first: int, stop: int) -> list[list[pa.RecordBatch]]:

@@ -5,6 +5,7 @@ flight and worker count; and its S3 requests stay under a formula in pieces and 
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 import fsspec
@@ -17,6 +18,7 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import Manifest
 from preprocessing.driver import reshard
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.exchange.tasks import release_encode_buffers, thread_encode_buffer
 from preprocessing.storage.sources import read_footer
 from preprocessing.versions.attempt import VersionAttempt
 from tests.preprocessing.s3_requests import counted_s3
@@ -161,3 +163,20 @@ def test_s3_requests_stay_under_a_formula_in_pieces_and_shards(tiny_raw, s3_endp
     assert len(puts) <= 2 * (pieces * rounds + shards)
     assert len(gets) <= 2 * fan_in * (pieces + shards) * rounds
     assert len(log.requests) <= 2 * (pieces + shards) * fan_in * rounds + 64
+
+
+def test_a_thread_keeps_its_encode_buffer_until_the_stage_lets_it_go() -> None:
+    """Invariant: a thread's write tasks share one encode buffer (a large shard's buffer
+    is not made anew for each task), another thread has its own, and
+    `release_encode_buffers` lets every one go: the next task starts a new one."""
+    release_encode_buffers()
+    first = thread_encode_buffer()
+    assert thread_encode_buffer() is first
+    other: list[object] = []
+    worker = threading.Thread(target=lambda: other.append(thread_encode_buffer()))
+    worker.start()
+    worker.join()
+    assert other[0] is not first
+    assert release_encode_buffers() == 2
+    assert thread_encode_buffer() is not first
+    assert release_encode_buffers() == 1
