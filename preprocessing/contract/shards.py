@@ -163,9 +163,10 @@ def _value_counts(column: pa.ChunkedArray) -> zip[tuple[str, int]]:
 
 
 class EncodeBuffer:
-    """One buffer that a writer of several shards (a write task) encodes each large one
-    into in turn: the encoder then writes to pages it touched already, where a growing
-    stream per shard faulted in fresh ones for every shard (benchmarks/RESULTS.md M32).
+    """One buffer that a writer of several shards (a worker thread's write tasks, until
+    the write stage ends: exchange/tasks.py) encodes each large one into in turn: the
+    encoder then writes to pages it touched already, where a growing stream per shard
+    faulted in fresh ones for every shard (benchmarks/RESULTS.md M32, M54).
     It grows to the largest shard's bound, never shrinks; small shards, which gain
     nothing, are encoded into their own stream."""
 
