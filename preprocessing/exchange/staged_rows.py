@@ -124,9 +124,10 @@ def write_grouped(
     output: StagedObject,
     schema: pa.Schema,
 ) -> int:
-    """Write `rows[picks]` (sorted by destination: `targets`; `order`, their order keys)
-    as the staged object `output`, one record batch per destination and run that has
-    rows; its size in bytes. The rows are taken a run of about RUN_BYTES at a time (whole
+    """Write `rows[picks]` (sorted by destination: `targets`; `order`, their order keys;
+    `rows` in one chunk: a take from many chunks joins them first, at every run) as the
+    staged object `output`, one record batch per destination and run that has rows; its
+    size in bytes. The rows are taken a run of about RUN_BYTES at a time (whole
     destinations, or a part of a larger one), so a map task holds its rows once and one
     run, not a second copy of all of them in destination order (RESULTS.md M54)."""
     bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]

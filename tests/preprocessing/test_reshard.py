@@ -18,7 +18,7 @@ from preprocessing.contract.manifest import (
     shard_uri,
 )
 from preprocessing.driver.reshard import TooManyRejected, run_reshard
-from preprocessing.exchange import tasks as exchange_tasks
+from preprocessing.exchange.tasks import release_encode_buffers
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
@@ -32,11 +32,6 @@ def config_for(inputs: Path, output: Path, **overrides) -> ReshardConfig:
         **overrides,
     }
     return ReshardConfig(**values)
-
-
-def kept_encode_buffers() -> int:
-    """How many encode buffers this worker's threads keep (exchange/tasks.py)."""
-    return len(exchange_tasks._ENCODE_BUFFERS)
 
 
 def shard_tables(manifest_uri: str, split: str = "train") -> list[pa.Table]:
@@ -65,8 +60,9 @@ def test_version_is_balanced_traceable_and_committed(tiny_raw, tmp_path, dask_cl
     assert read_current_version(str(tmp_path / "out")) == manifest.version_id
     assert all(file_sha256(shard_uri(location, s)) == s.sha256 for s in train.shards)
     assert not (tmp_path / "out" / "_staging" / manifest.version_id).exists()
-    # The write tasks' encode buffers, kept per worker thread, are let go with the stage.
-    assert set(dask_client.run(kept_encode_buffers).values()) == {0}
+    # The write tasks' encode buffers, kept per worker thread, were let go with the stage:
+    # none is left for another release to count.
+    assert set(dask_client.run(release_encode_buffers).values()) == {0}
 
 
 def test_stratified_shards_each_carry_the_global_mix(tiny_raw, tmp_path, dask_client) -> None:
