@@ -21,6 +21,7 @@ from training.launch.processes import child_env
 
 JOB = Path(__file__).with_name("ddp_resume_job.py")
 BATCH_SIZE, EVERY_N_STEPS, NUM_ROWS = 8, 6, 1200
+STARTUP_S, STALL_S = 240.0, 60.0
 
 
 def job_command(root: str, out: Path, phase: str, step_sleep_s: float) -> list[str]:
@@ -88,15 +89,33 @@ def kill_job(job: subprocess.Popen) -> None:
     job.wait(timeout=30)
 
 
-def run_until_killed(command: list[str], out: Path, log: Path, timeout_s: float) -> None:
-    """Start the job; SIGKILL all its processes once a checkpoint has been passed."""
+def steps_logged(out: Path) -> int:
+    """How many training steps the two ranks have logged so far, together."""
+    return sum(len(read_steps(out / f"ids-kill-rank{rank}.txt")) for rank in range(2))
+
+
+def run_until_killed(command: list[str], out: Path, log: Path) -> None:
+    """Start the job; SIGKILL all its processes once a checkpoint has been passed.
+
+    The job gets STARTUP_S to log its first step (torchrun, two ranks importing Lightning
+    and a loader worker each: 15 s alone, several times that while the suite's other
+    workers start jobs of their own on the same 2 cores), then fails as stalled only after
+    STALL_S without a new step."""
     with open(log, "wb") as output:
         job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=child_env())
-        deadline = time.monotonic() + timeout_s
+        started, seen = time.monotonic(), 0
+        deadline = started + STARTUP_S
         while not checkpoint_passed(out):
-            if job.poll() is not None or time.monotonic() > deadline:
+            if steps_logged(out) > seen:
+                seen, deadline = steps_logged(out), time.monotonic() + STALL_S
+            ended = job.poll()
+            if ended is not None or time.monotonic() > deadline:
                 kill_job(job)
-                pytest.fail(f"job ended or stalled before passing a checkpoint:\n{log.read_text()}")
+                what = "stalled" if ended is None else f"ended with exit code {ended}"
+                pytest.fail(
+                    f"job {what} after {time.monotonic() - started:.0f} s and {seen} logged "
+                    f"steps, before passing a checkpoint:\n{log.read_text()}"
+                )
             time.sleep(0.02)
         kill_job(job)
 
@@ -118,7 +137,7 @@ def test_sigkilled_ddp_job_resumes_exactly_where_its_checkpoint_was(
     root = make_dataset(NUM_ROWS, holdout_rows=40, num_shards=4, row_group_size=32)
     out = tmp_path / "job"
     out.mkdir()
-    run_until_killed(job_command(root, out, "kill", 0.15), out, tmp_path / "kill.log", 60)
+    run_until_killed(job_command(root, out, "kill", 0.15), out, tmp_path / "kill.log")
     saved_step = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     steps_per_epoch = NUM_ROWS // (2 * BATCH_SIZE)
     assert EVERY_N_STEPS <= saved_step < steps_per_epoch
