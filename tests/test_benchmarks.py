@@ -122,6 +122,7 @@ SMALLEST = {
         ["--rows", "256", "--columns", "80", "--repeat", "1", "--batch-size", "64", *WORK],
         "loader / pyarrow:",
     ),
+    "split_order": ("script", ["--steps", "5"], "384/128 against 256/256: largest"),
     "comm_bench": (
         "module",
         ["--steps", "2", "--epochs", "1", "--only", "none", "--out", "{tmp}/out"],
