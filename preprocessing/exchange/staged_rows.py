@@ -123,15 +123,16 @@ def write_grouped(
     targets: np.ndarray,
     output: StagedObject,
     schema: pa.Schema,
+    run_bytes: int = RUN_BYTES,
 ) -> int:
     """Write `rows[picks]` (sorted by destination: `targets`; `order`, their order keys;
     `rows` in one chunk: a take from many chunks joins them first, at every run) as the
     staged object `output`, one record batch per destination and run that has rows; its
-    size in bytes. The rows are taken a run of about RUN_BYTES at a time (whole
+    size in bytes. The rows are taken a run of about `run_bytes` at a time (whole
     destinations, or a part of a larger one), so a map task holds its rows once and one
     run, not a second copy of all of them in destination order (RESULTS.md M54)."""
     bounds = np.r_[0, np.cumsum(np.bincount(targets, minlength=output.num_destinations))]
-    run_rows = max(1, int(RUN_BYTES * rows.num_rows // max(1, rows.nbytes)))
+    run_rows = max(1, int(run_bytes * rows.num_rows // max(1, rows.nbytes)))
     runs = iter(run_bounds(bounds, run_rows))
     writer, run, start = StagedWriter(output, schema), None, 0
     for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocessing.exchange import staged_rows
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     StagedObjectError,
@@ -22,7 +21,7 @@ from preprocessing.exchange.staged_objects import (
     read_batches,
     read_destinations,
 )
-from preprocessing.exchange.staged_rows import ORDER_COLUMN, run_bounds
+from preprocessing.exchange.staged_rows import ORDER_COLUMN, run_bounds, write_grouped
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("features", pa.list_(pa.float32(), 2))]
@@ -200,11 +199,6 @@ def test_rows_staged_in_runs_come_back_per_destination(
 
 
 def write_grouped_runs(rows, picks, keys, targets, staged, schema, run_rows) -> None:
-    """`write_grouped` with runs of `run_rows` rows (RUN_BYTES set to match)."""
-    row_bytes = rows.nbytes / max(1, rows.num_rows)
-    original = staged_rows.RUN_BYTES
-    staged_rows.RUN_BYTES = int(run_rows * row_bytes) + 1
-    try:
-        staged_rows.write_grouped(rows, picks, keys, targets, staged, schema)
-    finally:
-        staged_rows.RUN_BYTES = original
+    """`write_grouped` with runs of `run_rows` rows (its `run_bytes` set to match)."""
+    run_bytes = int(run_rows * rows.nbytes / max(1, rows.num_rows)) + 1
+    write_grouped(rows, picks, keys, targets, staged, schema, run_bytes)

@@ -106,8 +106,8 @@ def run_until_killed(command: list[str], out: Path, log: Path) -> None:
         started, seen = time.monotonic(), 0
         deadline = started + STARTUP_S
         while not checkpoint_passed(out):
-            if steps_logged(out) > seen:
-                seen, deadline = steps_logged(out), time.monotonic() + STALL_S
+            if (logged := steps_logged(out)) > seen:
+                seen, deadline = logged, time.monotonic() + STALL_S
             ended = job.poll()
             if ended is not None or time.monotonic() > deadline:
                 kill_job(job)
