@@ -19,9 +19,12 @@ marker skips regeneration), then rewrites it into about `--shards` balanced file
 - `floor-two-pass`: the floor of an exchange under a memory budget (RESULTS.md M32):
   every row group decoded once, its rows written once to a local Arrow IPC file and read
   back, encoded once and written as a shard by ballast's shard writer (page checksums,
-  sha256), on 2 processes, nothing routed or reordered (`benchmarks/floors.py`).
+  sha256), on 2 processes, nothing routed or reordered (`benchmarks/floors.py`);
+- `floor-shuffle`: the two-pass floor with a global shuffle: each row sent to a random
+  shard in pass 1 and each shard put in a random order in pass 2 (one `take` each), and
+  nothing else.
 
-Both floors report their CPU seconds, and ballast `stratified` its ratios of wall time
+The floors report their CPU seconds, and ballast `stratified` its ratios of wall time
 and CPU seconds to each.
 
 Every tool runs in its own subprocess, writing to a fresh directory; the parent samples
@@ -62,7 +65,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.floors import run_floor, run_two_pass_floor
+from benchmarks.floors import (
+    floor_checks,
+    format_floor_ratios,
+    run_floor,
+    run_shuffle_floor,
+    run_two_pass_floor,
+)
 from benchmarks.reshard_peers import PEERS as OPTIONAL_PEERS
 from benchmarks.reshard_peers import run_peer
 from preprocessing.synthetic.tabular import class_probabilities, file_sizes
@@ -83,6 +92,7 @@ TOOLS = (
     *OPTIONAL_PEERS,
     "floor",
     "floor-two-pass",
+    "floor-shuffle",
 )
 # The peers a tool needs beyond ballast's own install (the `bench` extra); every run also
 # needs psutil, to sample memory. The `peers` extra's tools (OPTIONAL_PEERS) are skipped
@@ -280,6 +290,8 @@ def run_child(job_path: str) -> None:
         result = run_floor(job)
     elif tool == "floor-two-pass":
         result = run_two_pass_floor(job)
+    elif tool == "floor-shuffle":
+        result = run_shuffle_floor(job)
     elif tool in OPTIONAL_PEERS:
         result = run_peer(tool, job)
     else:
@@ -484,39 +496,6 @@ def format_targets(rows: list[dict[str, Any]]) -> str:
     )
 
 
-# The issue's targets against each floor: (tool, most times its wall and CPU).
-FLOOR_TARGETS = {"floor": 1.5, "floor-two-pass": 1.1}
-
-
-def floor_checks(rows: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
-    """ballast `stratified` against each floor measured: its wall time to the floor's,
-    and its process tree's CPU seconds to the floor's work CPU seconds (the floor's own
-    tree CPU, pool start included, is in the table)."""
-    by_tool = {row["tool"]: row for row in rows if "error" not in row}
-    ballast = by_tool["ballast-stratified"]
-    checks = []
-    for tool, target in FLOOR_TARGETS.items():
-        if tool not in by_tool:
-            continue
-        floor = by_tool[tool]
-        wall, cpu = ballast["wall_s"] / floor["wall_s"], ballast["tree_cpu_s"] / floor["cpu_s"]
-        checks.append(
-            (
-                f"stratified wall <= {target}x {tool}",
-                wall <= target,
-                f"{wall:.2f}x ({ballast['wall_s']:.1f} s vs {floor['wall_s']:.1f} s)",
-            )
-        )
-        checks.append(
-            (
-                f"stratified CPU-s <= {target}x {tool}'s CPU-s",
-                cpu <= target,
-                f"{cpu:.2f}x ({ballast['tree_cpu_s']:.1f} vs {floor['cpu_s']:.1f} CPU-s)",
-            )
-        )
-    return checks
-
-
 def format_stage_timings(rows: list[dict[str, Any]]) -> str:
     """The manifest's stage timings; `other_s` is the rest of the wall time (cluster start
     and stop, listing, manifest and commit)."""
@@ -600,7 +579,8 @@ def compare(args: argparse.Namespace) -> None:
         f"\n{spec.num_rows:,} rows, {dir_bytes(raw) / GB:.2f} GB in, "
         f"{job['num_shards']} shards of <= {job['shard_rows']:,} rows"
     )
-    print(format_table(rows), format_targets(rows), format_stage_timings(rows), sep="\n\n")
+    print(format_table(rows), format_targets(rows), sep="\n\n")
+    print(format_floor_ratios(rows), format_stage_timings(rows), sep="\n\n")
 
 
 def scale_check(args: argparse.Namespace) -> None:

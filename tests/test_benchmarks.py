@@ -42,10 +42,11 @@ SMALLEST = {
             "daft-sort",
             "floor",
             "floor-two-pass",
+            "floor-shuffle",
             "--no-warm-up",
             *WORK,
         ],
-        "peak RSS per Dask worker",
+        "stratified / floor-shuffle: wall",
     ),
     "incremental_bench": (
         "script",
