@@ -579,7 +579,11 @@ def compare(args: argparse.Namespace) -> None:
         f"\n{spec.num_rows:,} rows, {dir_bytes(raw) / GB:.2f} GB in, "
         f"{job['num_shards']} shards of <= {job['shard_rows']:,} rows"
     )
-    print(format_table(rows), format_targets(rows), sep="\n\n")
+    print(format_table(rows))
+    for tool, tool_runs in runs.items():  # the table keeps the fastest; the spread is here
+        walls = [round(run["wall_s"], 1) if "wall_s" in run else None for run in tool_runs]
+        print(f"    {tool} wall s of every run: {walls}")
+    print("", format_targets(rows), sep="\n")
     print(format_floor_ratios(rows), format_stage_timings(rows), sep="\n\n")
 
 
