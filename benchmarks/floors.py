@@ -127,7 +127,9 @@ def stage_shuffled(path: str, group: int, staged: str, num_shards: int) -> tuple
     start = time.process_time()
     table = pq.ParquetFile(path).read_row_group(group)
     rng = np.random.default_rng(zlib.crc32(f"{path}:{group}".encode()))
-    shard = rng.integers(0, num_shards, table.num_rows).astype(np.uint16)
+    # The smallest integer type that holds every shard: numpy's stable sort is a radix
+    # sort on 8- and 16-bit keys.
+    shard = rng.integers(0, num_shards, table.num_rows).astype(np.min_scalar_type(num_shards))
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(num_shards + 1)).tolist()
     taken = table.take(pa.array(order))
