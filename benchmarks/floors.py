@@ -99,14 +99,24 @@ def run_floor(job: dict[str, Any]) -> dict[str, Any]:
     return {"wall_s": time.perf_counter() - start, "cpu_s": cpu}
 
 
-def run_two_pass_floor(job: dict[str, Any]) -> dict[str, Any]:
-    """The two-pass floor: stage every row group once, then write each as one shard (the
-    staged files go in `<output>/_staging`, the shards in `<output>`)."""
+def staging_layout(
+    job: dict[str, Any], num_shards: int | None
+) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    """A two-pass floor's row groups, its staged file per row group (in `<output>/_staging`,
+    made here) and its shard files in `<output>`: `num_shards`, or one per row group."""
     groups = row_groups(job["input"])
     staging = Path(job["output"]) / "_staging"
     staging.mkdir(parents=True)
     staged = [str(staging / f"part-{index:05d}.arrow") for index in range(len(groups))]
-    shards = [f"{job['output']}/shard-{index:05d}.parquet" for index in range(len(groups))]
+    count = len(groups) if num_shards is None else num_shards
+    shards = [f"{job['output']}/shard-{index:05d}.parquet" for index in range(count)]
+    return groups, staged, shards
+
+
+def run_two_pass_floor(job: dict[str, Any]) -> dict[str, Any]:
+    """The two-pass floor: stage every row group once, then write each as one shard (the
+    staged files go in `<output>/_staging`, the shards in `<output>`)."""
+    groups, staged, shards = staging_layout(job, None)
     start = time.perf_counter()
     with ProcessPoolExecutor(FLOOR_PROCESSES) as pool:  # one pool: both passes, as ballast's
         cpu = sum(
@@ -167,11 +177,7 @@ def write_shuffled(ranges: list[tuple[str, int, int]], shard: str, row_group_row
 def run_shuffle_floor(job: dict[str, Any]) -> dict[str, Any]:
     """The shuffle floor: every row group staged once with its rows grouped by random
     shard, then each of the job's shards gathered, shuffled and written."""
-    groups = row_groups(job["input"])
-    staging = Path(job["output"]) / "_staging"
-    staging.mkdir(parents=True)
-    staged = [str(staging / f"part-{index:05d}.arrow") for index in range(len(groups))]
-    shards = [f"{job['output']}/shard-{index:05d}.parquet" for index in range(job["num_shards"])]
+    groups, staged, shards = staging_layout(job, job["num_shards"])
     start = time.perf_counter()
     with ProcessPoolExecutor(FLOOR_PROCESSES) as pool:  # one pool: both passes, as ballast's
         first = list(
