@@ -70,6 +70,14 @@ import yaml
 from benchmarks.hetero_data import datasets
 from benchmarks.hetero_quota import CpuQuota, checked_slow_by
 from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats, settle_steps
+from benchmarks.hetero_sweep import (
+    SWEPT_CASES,
+    against_best,
+    fixed_name,
+    fixed_shares,
+    sweep_table,
+    swept_rows,
+)
 from training.launch.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +86,14 @@ TOKEN_MODEL = "benchmarks.hetero_models:TimedTokenClassifier"
 
 
 def job_config(
-    dataset: str, run_dir: Path, args: argparse.Namespace, name: str, tokens: bool
+    dataset: str,
+    run_dir: Path,
+    args: argparse.Namespace,
+    name: str,
+    tokens: bool,
+    shares: list[float] | None = None,
 ) -> dict[str, Any]:
+    """The job of run `name`; with `shares`, that case under `balance: fixed` at them."""
     model = (
         {
             "class_path": TOKEN_MODEL,
@@ -88,12 +102,14 @@ def job_config(
         if tokens
         else {"class_path": MODEL, "hidden_sizes": args.hidden}
     )
-    loader = {
+    loader: dict[str, Any] = {
         "batch_size": args.batch_size,
-        "balance": RUNS[name][0],
+        "balance": RUNS[name][0] if shares is None else "fixed",
         "balance_every_n_steps": args.every,
         "num_partitions": 16,
     }
+    if shares is not None:
+        loader["balance_shares"] = shares
     if tokens:
         loader |= {
             "balance_by": "tokens" if name == "tokens-unloaded" else "samples",
@@ -316,6 +332,16 @@ def parse_args() -> argparse.Namespace:
         help="midslow: the step (fraction of the run) the busy loop starts at; "
         "default: half way through the last epoch.",
     )
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        default=7,
+        help="Fixed splits swept from equal to the rows-proportional split after each "
+        "slowed case's `equal` run (hetero_sweep.py; 0: none).",
+    )
+    parser.add_argument(
+        "--sweep-beyond", type=int, default=3, help="Fixed splits swept past it, same spacing."
+    )
     parser.add_argument("--work-dir", default=None, help="Work directory (default: temp).")
     parser.add_argument("--timeout-s", type=float, default=900, help="Per run.")
     args = parser.parse_args()
@@ -338,6 +364,7 @@ def main() -> None:
         report({name: runs[0] for name, runs in results.items()})
     else:
         report_repeats(results, args.baseline)
+    report_sweep(results)
 
 
 def run_all(
@@ -358,7 +385,40 @@ def run_all(
                 slow_at = slow_step(args, case, on_tokens)
                 run_nodes(config, run_dir, slow_at, args.timeout_s, args.slow_by, code)
                 results[name + suffix].append(run_figures(run_dir))
+                if not suffix and name.endswith(f"equal-{case}") and case in SWEPT_CASES:
+                    sweep(args, work, results, (name, repeat), dataset)
     return results
+
+
+def sweep(
+    args: argparse.Namespace,
+    work: Path,
+    results: dict[str, list[Run]],
+    run: tuple[str, int],
+    dataset: str,
+) -> None:
+    """A slowed case's fixed splits (benchmarks/hetero_sweep.py), after its `equal` run."""
+    name, repeat = run
+    _, case, on_tokens = RUNS[name]
+    model = "tokens-" if on_tokens else ""
+    loaded = results.get(f"{model}equal-loaded", [])
+    equal = loaded[repeat] if len(loaded) > repeat else results[name][repeat]
+    global_batch = 2 * (args.token_batch_size if on_tokens else args.batch_size)
+    for fast_rows in swept_rows(equal, global_batch, args.sweep, args.sweep_beyond):
+        label = fixed_name(model, case, fast_rows)
+        run_dir = work / "runs" / f"{label}-{repeat}"
+        shares = fixed_shares(fast_rows, global_batch)
+        config = job_config(dataset, run_dir, args, name, on_tokens, shares)
+        run_nodes(config, run_dir, slow_step(args, case, on_tokens), args.timeout_s, args.slow_by)
+        results[label].append(run_figures(run_dir))
+
+
+def report_sweep(results: dict[str, list[Run]]) -> None:
+    """Each slowed case's sweep and `speed` against its best fixed split."""
+    for model, case in ((m, c) for m in ("", "tokens-") for c in SWEPT_CASES):
+        sweep_table(results, model, case)
+        if line := against_best(results, model, case):
+            print(f"  {model or 'mlp-'}{case}: {line}")
 
 
 @contextmanager

@@ -105,10 +105,12 @@ def verdict(case: str, last: float) -> str:
 def print_case(label: str, case: str, eq: Run, sp: Run) -> None:
     """One line of a case's figures against its target."""
     last = sp["epoch_wall_s"][-1] / eq["epoch_wall_s"][-1]
+    first = sp["epoch_wall_s"][0] / eq["epoch_wall_s"][0]
     total = sum(sp["epoch_wall_s"]) / sum(eq["epoch_wall_s"])
     diff = loss_difference(sp["losses"], eq["losses"])
     print(
-        f"  {label}: speed / equal {last:.3f}x last epoch, {total:.3f}x all "
+        f"  {label}: speed / equal {first:.3f}x first epoch, {last:.3f}x last epoch, "
+        f"{total:.3f}x all "
         f"{verdict(case, last)}; loss {diff:.2e} ({'met' if diff <= LOSS_TARGET else 'NOT met'}); "
         f"settle {sp['settle_steps']} steps from step {sp['slowed_at']}; rows at the end "
         f"{sp['last_rows']}; moves logged {len(sp['moves'])}"

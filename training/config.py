@@ -58,10 +58,12 @@ class LoaderConfig(BaseModel):
         "takes its rows from about this many row groups of different shards. Part of the "
         "epoch's order, like num_partitions; read-ahead covers one window.",
     )
-    balance: Literal["equal", "speed"] = Field(
+    balance: Literal["equal", "speed", "fixed"] = Field(
         "equal",
         description="How each global step's rows are shared among ranks "
-        "(training/data/balance.py): `equal` (batch_size each), or `speed`: the same rows "
+        "(training/data/balance.py): `equal` (batch_size each), `fixed`: the shares of "
+        "`balance_shares`, held the whole run (a split chosen by hand, or a benchmark's "
+        "oracle), or `speed`: the same rows "
         "per step, split so that the ranks' predicted steps of their own work (data wait "
         "and compute, each rank's a fixed cost plus a cost per row fitted from intervals at "
         "two splits; until then shares follow samples per second) are equal, or the equal "
@@ -69,7 +71,8 @@ class LoaderConfig(BaseModel):
         "within 1/4 and 4x the equal share, the equal split exactly while the ranks are "
         "within 10 % of alike; the split moves only when two consecutive intervals agree, "
         "training/data/speed_control.py; learned once: kept across epochs and in the "
-        "checkpoint for a resume on the same world size), "
+        "checkpoint for a resume on the same world size and hosts, and in the output "
+        "dir's `balance_split.json` for the next job on them), "
         "the loss weighted by each rank's rows so the gradient is the same global "
         "mean. Each rank then reads the units its slice of a step overlaps (about its share "
         "plus up to two units of the step, training/data/balance.py); needs "
@@ -83,6 +86,12 @@ class LoaderConfig(BaseModel):
         "every rank's token sum follows its share. `tokens` slices whole steps as `speed` "
         "does, with the same needs.",
     )
+    balance_shares: list[float] | None = Field(
+        None,
+        description="`balance: fixed`: each rank's fraction of every global step's rows, "
+        "one per rank (the job's world size), each > 0, summing to 1 (within 1e-6); rows "
+        "are cut by largest remainder. Only with `balance: fixed`.",
+    )
     balance_every_n_steps: int = Field(
         10,
         gt=0,
@@ -93,6 +102,24 @@ class LoaderConfig(BaseModel):
         "quota is read over its bursts and stalls alike. A change of speed moves the split "
         "two intervals after it shows.",
     )
+
+    @model_validator(mode="after")
+    def shares_with_fixed(self) -> LoaderConfig:
+        shares = self.balance_shares
+        if (self.balance == "fixed") != (shares is not None):
+            raise ValueError(
+                "loader.balance_shares goes with loader.balance: fixed and only with it "
+                f"(balance is {self.balance}, balance_shares {shares})"
+            )
+        # Written so that NaN fails each comparison, hence the check.
+        if shares is not None and not (
+            shares and all(share > 0 for share in shares) and abs(sum(shares) - 1.0) <= 1e-6
+        ):
+            raise ValueError(
+                f"loader.balance_shares {shares} must be fractions > 0, one per rank, "
+                f"summing to 1 (they sum to {sum(shares)})"
+            )
+        return self
 
     @model_validator(mode="after")
     def balanced_in_process(self) -> LoaderConfig:
@@ -113,7 +140,7 @@ class LoaderConfig(BaseModel):
     def sliced_by_units(self) -> bool:
         """Whether a rank reads only the units its slice overlaps (`speed` by samples): a
         token split needs every row's token count, so `tokens` reads whole steps."""
-        return self.balance == "speed" and self.balance_by == "samples"
+        return self.balance in ("speed", "fixed") and self.balance_by == "samples"
 
 
 class TransformerConfig(BaseModel):

@@ -122,37 +122,71 @@ class SharePlan:
     controller's state: the last interval's reading (with its step model and the points
     it was fitted to), which the next one must agree with before the split moves
     (training/data/speed_control.py); it is not part of the saved state, so a resume
-    waits one interval more before its first move and measures fixed costs anew."""
+    waits one interval more before its first move and measures fixed costs anew.
 
-    def __init__(self) -> None:
+    A stream starts (`first_shares`) from `fixed` (`balance: fixed`, which never moves),
+    else from a resumed checkpoint's shares, else from the split remembered for these
+    hosts (training/data/split_memory.py, `remembered`), else from equal: saved shares
+    count only on the world size and hosts (`hosts`, one name a rank) they were learned
+    on, since another machine's ranks are not slow in the same way."""
+
+    def __init__(self, fixed: list[float] | None = None) -> None:
         self.world_size = 0
         self.changes: list[tuple[tuple[int, int], np.ndarray]] = []
         self.last: Reading | None = None
+        self.fixed = None if fixed is None else np.asarray(fixed, np.float64)
+        self.hosts: list[str] | None = None  # every rank's host name, once the job knows them
+        self.remembered: np.ndarray | None = None
+        self.resumed: tuple[np.ndarray, list[str] | None] | None = None
 
     def shares_at(self, epoch: int, position: int, world_size: int) -> np.ndarray:
         """The shares of the global step that starts at `position` of `epoch`."""
         if world_size != self.world_size:  # a new run, or a resume on another world size
-            self.world_size, self.changes = world_size, [((0, 0), equal_shares(world_size))]
-            self.last = None
+            self.world_size = world_size
+            self.changes, self.last = [((0, 0), self.first_shares(world_size))], None
         key, found = (epoch, position), self.changes[0][1]
         for start, shares in self.changes:
             if start <= key:
                 found = shares
         return found
 
+    def first_shares(self, world_size: int) -> np.ndarray:
+        """The shares a stream of `world_size` ranks starts from (see the class)."""
+        if self.fixed is not None:
+            if len(self.fixed) != world_size:
+                raise ValueError(
+                    f"loader.balance_shares has {len(self.fixed)} shares, one per rank, but "
+                    f"the job runs {world_size} ranks"
+                )
+            return self.fixed
+        resumed, self.resumed = self.resumed, None
+        if resumed is not None and self.known_here(resumed[0], resumed[1], world_size):
+            return resumed[0]
+        if self.remembered is not None and len(self.remembered) == world_size:
+            return self.remembered
+        return equal_shares(world_size)
+
+    def known_here(self, shares: np.ndarray, hosts: list[str] | None, world_size: int) -> bool:
+        """Whether saved `shares` (learned on `hosts`) hold for this job's ranks."""
+        if len(shares) != world_size:
+            return False
+        return hosts is None or self.hosts is None or hosts == self.hosts
+
     def state(self) -> dict[str, Any]:
-        """The last shares planned and their world size, for the stream's state (a
-        checkpoint); nothing before any plan (`equal` keeps its state as it was)."""
-        if not self.world_size:
-            return {}
-        return {
-            "balance_world_size": self.world_size,
-            "balance_shares": [float(share) for share in self.changes[-1][1]],
-        }
+        """The last shares planned, their world size and the hosts they were learned on,
+        for the stream's state (a checkpoint); nothing before any plan (`equal` keeps its
+        state as it was)."""
+        if not self.world_size:  # none planned yet: a resumed state is kept as it was
+            if self.resumed is None:
+                return {}
+            shares, hosts = self.resumed
+            return saved_state(shares, hosts)
+        return saved_state(self.changes[-1][1], self.hosts)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Start from a state's shares, if it has any: a stream at their world size takes
-        them from its position on, one at any other world size starts from equal."""
+        """Start from a state's shares, if it has any, when the stream starts on their world
+        size and hosts (a state without hosts is from before they were saved: its world
+        size alone decides); otherwise from what a new stream starts from."""
         if "balance_shares" not in state:
             return
         world, shares = int(state["balance_world_size"]), state["balance_shares"]
@@ -162,7 +196,9 @@ class SharePlan:
                 f"the saved stream state's balance_shares {shares} are not "
                 f"balance_world_size ({world}) fractions summing to 1"
             )
-        self.world_size, self.changes, self.last = world, [((0, 0), found)], None
+        hosts = state.get("balance_hosts")
+        self.resumed = (found, None if hosts is None else [str(host) for host in hosts])
+        self.world_size, self.changes, self.last = 0, [], None
 
     def replan(
         self,
@@ -187,6 +223,15 @@ class SharePlan:
             (start, shares),
         ]
         return shares
+
+
+def saved_state(shares: np.ndarray, hosts: list[str] | None) -> dict[str, Any]:
+    """A `SharePlan`'s state: shares, their world size and, when known, their hosts."""
+    state: dict[str, Any] = {
+        "balance_world_size": len(shares),
+        "balance_shares": [float(share) for share in shares],
+    }
+    return state | ({"balance_hosts": list(hosts)} if hosts is not None else {})
 
 
 def whole_steps(batches: Iterator[Batch], world_size: int) -> Iterator[Batch]:

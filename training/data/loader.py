@@ -132,7 +132,7 @@ class ShardStream(IterableDataset):
         self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures
-        self.shares = SharePlan()  # balance: speed re-plans it (training/data/balance.py)
+        self.shares = SharePlan(config.balance_shares)  # training/data/balance.py
 
     @property
     def num_rows(self) -> int:
