@@ -68,11 +68,18 @@ the largest rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from training.data.step_model import GAIN_BAND, Point, StepModel, best_split, fit, interval_point
+from training.data.step_model import (
+    GAIN_BAND,
+    Point,
+    StepModel,
+    best_split,
+    fit,
+    interval_point,
+)
 
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
 # disturbed interval cannot be starved or flooded.
@@ -93,7 +100,7 @@ AGREE_BAND = 0.1
 # others at another split. Few, so that a point from before a change of speed soon ages
 # out; enough to reach past the interval that straddles a move (or two, re-planned
 # every 2 steps: the shares move 2 steps after they are planned).
-HISTORY = 4
+HISTORY = 16
 # Readings at the equal split held by a fitted model, while the ranks' speeds there call
 # for a move, before the model is forgotten and measured again (doubled at each probe).
 # 8 intervals: well past HISTORY, so the probe never cuts short a fit still settling.
@@ -224,7 +231,7 @@ def read_interval(
         return None
     before = last if last is not None and len(last.shares) == world else None
     history, pooled, noise = joined(before, interval_point(samples, busy_s))
-    model = fit(history, before.model if before else None)
+    model = fit(history, before.model if before else None, superseding=pooled == 0)
     pooled_point = history[-1]  # samples / busy_s, or its mean over the intervals pooled
     speed = snapped(bounded(pooled_point.shares / pooled_point.costs))
     wait = before.wait if before else PROBE_AFTER
@@ -242,24 +249,43 @@ def read_interval(
 
 
 def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int, float]:
-    """The history with `point`, how many intervals its newest point pools, and the
-    noise after it: `point` merged into the newest one when both ran wholly at one split
-    and no rank's cost per row moved by more than SHIFT (their mean, the newest weighing
-    1 / min(n + 1, POOL); the noise takes in its largest relative difference from the
-    pool), else appended (the last `HISTORY` points kept; a change of speed is not
-    noise)."""
+    """The history with `point`, how many intervals its newest point pools (0: it is off
+    the pool before it by more than SHIFT), and the noise after it. At the split of the
+    newest point (both ran wholly at it): merged into it when no rank's cost per row is
+    off by more than SHIFT (their mean, the newest weighing 1 / min(n + 1, POOL); the
+    noise takes in its largest relative difference from the pool); else appended, held
+    apart: if the next interval is off the pool the same way, the ranks changed speed and
+    the history starts over from it (the points before measured the old speeds, and the
+    held one may straddle the change); if not, the held one was
+    one disturbed interval and is dropped. At a new split: appended (the last `HISTORY`
+    points kept), so that the fit reads every interval since the last change of speed."""
     if before is None or not before.history:
         return (point,), 1, 0.0
     newest = before.history[-1]
     if np.abs(point.shares - newest.shares).max() >= 1e-9:
         return (*before.history, point)[-HISTORY:], 1, before.noise
     off = float(np.abs(point.costs / newest.costs - 1.0).max())
-    if off > SHIFT or before.pooled == 0:  # 0: a change of speed may have straddled it
-        return (*before.history, point)[-HISTORY:], int(off <= SHIFT), before.noise
-    noise = (1 - NOISE_WEIGHT) * before.noise + NOISE_WEIGHT * off**2
+    if before.pooled == 0 and len(before.history) > 1:  # the newest was off its pool
+        pool = before.history[-2]
+        if shifted(pool.costs, newest.costs, point.costs):  # a change of speed: start over
+            return (point,), 1, before.noise  # (the first interval may straddle it)
+        rest = replace(before, history=before.history[:-1], pooled=1)
+        return joined(rest, point)  # one disturbed interval: read against the pool before
+    if off > SHIFT:
+        return (*before.history, point)[-HISTORY:], 0, before.noise
+    weight = NOISE_WEIGHT if before.noise else 1.0  # the first measured noise is the noise
+    noise = (1 - weight) * before.noise + weight * off**2
     count = min(before.pooled, POOL - 1)
-    mean = Point(point.shares, (newest.costs * count + point.costs) / (count + 1))
+    costs = (newest.costs * count + point.costs) / (count + 1)
+    mean = Point(point.shares, costs, min(newest.weight + 1.0, 2.0 * POOL - 1))
     return (*before.history[:-1], mean), before.pooled + 1, noise
+
+
+def shifted(pool: np.ndarray, suspect: np.ndarray, point: np.ndarray) -> bool:
+    """Whether some rank's cost per row is off `pool`'s by more than SHIFT in both of two
+    intervals in a row, the same way: a change of speed, not one disturbed interval."""
+    first, second = suspect / pool - 1.0, point / pool - 1.0
+    return bool(np.any((np.abs(first) > SHIFT) & (np.abs(second) > SHIFT) & (first * second > 0)))
 
 
 def snapped(target: np.ndarray) -> np.ndarray:

@@ -56,6 +56,7 @@ class Point:
 
     shares: np.ndarray
     costs: np.ndarray
+    weight: float = 1.0  # the intervals it pools (their mean): its weight in a fit
 
 
 def interval_point(samples: np.ndarray, busy_s: np.ndarray) -> Point:
@@ -79,18 +80,23 @@ class StepModel:
         return float((self.fixed + self.per_share * shares).max())
 
 
-def fit(history: Sequence[Point], prior: StepModel | None = None) -> StepModel:
-    """Each rank's least-squares line through the newest point of `history` at each of
-    its splits when they span at least `MIN_SPREAD`; a rank whose splits do not has
-    `prior`'s line scaled through the newest point (a rank slowed or sped up as a whole:
-    its fixed cost and its cost per row alike), or without a prior a line through 0."""
+def fit(
+    history: Sequence[Point], prior: StepModel | None = None, superseding: bool = False
+) -> StepModel:
+    """Each rank's weighted least-squares line through the points of `history` (each
+    weighing the intervals it pools, so that the noise of every interval read since the
+    last change of speed averages out) when their shares span at least `MIN_SPREAD`; a
+    rank whose points do not has `prior`'s line scaled through the newest point (a rank
+    slowed or sped up as a whole: its fixed cost and its cost per row alike), or without
+    a prior a line through 0. `superseding`: the newest point may be a new speed's, so the
+    older ones at its split (within MIN_SPREAD / 2) are left out."""
     latest, world = history[-1], len(history[-1].shares)
     known = prior is not None and prior.fitted and len(prior.fixed) == world
     fixed, per_share = np.zeros(world), latest.costs / latest.shares
     for rank in range(world):
-        shares, costs = newest_per_split(history, rank)
+        shares, costs, weights = rank_points(history, rank, superseding)
         if np.ptp(shares) * world >= MIN_SPREAD:
-            fixed[rank], per_share[rank] = line(shares, costs)
+            fixed[rank], per_share[rank] = line(shares, costs, weights)
             known = True
         elif known and prior is not None:
             at = prior.fixed[rank] + prior.per_share[rank] * latest.shares[rank]
@@ -99,25 +105,36 @@ def fit(history: Sequence[Point], prior: StepModel | None = None) -> StepModel:
     return StepModel(fixed, per_share, known)
 
 
-def newest_per_split(history: Sequence[Point], rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank `rank`'s (shares, costs) of the points of `history` that no newer point
-    supersedes: one within MIN_SPREAD / 2 of it in share, a reading of the same split
-    taken later (after a change of speed, the older one is the old speed's)."""
-    world, kept = len(history[-1].shares), list[tuple[float, float]]()
-    for point in reversed(history):
-        share = point.shares[rank]
-        if all(abs(share - newer) * world >= MIN_SPREAD / 2 for newer, _ in kept):
-            kept.append((float(share), float(point.costs[rank])))
-    return np.array([share for share, _ in kept]), np.array([cost for _, cost in kept])
+def rank_points(
+    history: Sequence[Point], rank: int, superseding: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank `rank`'s (shares, costs, weights) of the points of `history`; `superseding`:
+    without the older points within MIN_SPREAD / 2 of the newest in share."""
+    world, newest = len(history[-1].shares), history[-1].shares[rank]
+    kept = [
+        point
+        for point in history[:-1]
+        if not superseding or abs(point.shares[rank] - newest) * world >= MIN_SPREAD / 2
+    ] + [history[-1]]
+    return (
+        np.array([point.shares[rank] for point in kept]),
+        np.array([point.costs[rank] for point in kept]),
+        np.array([point.weight for point in kept]),
+    )
 
 
-def line(shares: np.ndarray, costs: np.ndarray) -> tuple[float, float]:
-    """(fixed cost, cost per share) of the least-squares line through the points, its
-    fixed cost within [0, their mean cost]: noise cannot make rows cost less than nothing,
-    nor a fixed cost exceed the whole step; the line then goes through their mean."""
-    mean_share, mean_cost = float(shares.mean()), float(costs.mean())
+def line(
+    shares: np.ndarray, costs: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[float, float]:
+    """(fixed cost, cost per share) of the weighted least-squares line through the points,
+    its fixed cost within [0, their mean cost]: noise cannot make rows cost less than
+    nothing, nor a fixed cost exceed the whole step; the line then goes through their
+    mean."""
+    weights = np.ones(len(shares)) if weights is None else weights
+    weights = weights / weights.sum()
+    mean_share, mean_cost = float(weights @ shares), float(weights @ costs)
     centred = shares - mean_share
-    slope = float(centred @ (costs - mean_cost) / (centred @ centred))
+    slope = float((weights * centred) @ (costs - mean_cost) / ((weights * centred) @ centred))
     fixed = min(max(mean_cost - slope * mean_share, 0.0), mean_cost)
     return fixed, (mean_cost - fixed) / mean_share
 
