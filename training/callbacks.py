@@ -5,6 +5,9 @@
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times,
   and what it tells the operator (per-rank metrics, a line when the split moves).
+- `RememberedSplit`: `speed`'s learned split kept in the output dir for the next job on
+  the same hosts (training/data/split_memory.py), and every rank's host for the stream's
+  checks (a checkpoint's shares count only on the hosts they were learned on).
 - `DataWaitCallback`: the train loader's throughput and data-wait fraction per epoch
   (training/data/wait.py measures them).
 - `BatchCounter`: the train batches this rank ran (summary.json compares ranks).
@@ -23,6 +26,8 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from typing import Any
 
@@ -36,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
 from training.data.balance import row_bounds
 from training.data.loader import ShardStream
+from training.data.split_memory import remember_split, remembered_split
 from training.data.wait import interval, loader_metrics
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
@@ -67,6 +73,8 @@ class JobCallbacks:
         else:
             self.ranks = RankTimes(meter)
         extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
+        if self.balance is not None and train_stream is not None:
+            extra.append(RememberedSplit(train_stream, cfg.output_dir))
         if world_size > 1:  # one process has no peer to hang on, nor a collective timeout
             extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
         if cfg.gradient_clip_norm is not None:
@@ -148,6 +156,56 @@ class SpeedReplan:
         line = f"step {step}: {who}: {split} rows a step"
         self.moves.append(line)
         rank_zero_info(f"balance: {line}")
+
+
+class RememberedSplit(lightning.Callback):
+    """`speed`: at setup, every rank's host name (gathered) and the split remembered for
+    them in the output dir, read by rank 0 and broadcast so that every rank slices alike;
+    at each epoch's end and the fit's, rank 0 records the split in force when it moved
+    since the last record. A file that cannot be written costs the memory, not the job."""
+
+    def __init__(self, stream: ShardStream, output_dir: str) -> None:
+        self.stream, self.output_dir = stream, output_dir
+        self._written: list[float] | None = None
+
+    def setup(self, trainer: lightning.Trainer, pl_module: Any, stage: str) -> None:
+        plan = self.stream.shares
+        plan.hosts = gathered_hosts()
+        found = [remembered_split(self.output_dir, plan.hosts) if trainer.is_global_zero else None]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast_object_list(found, src=0)
+        plan.remembered = found[0]
+        self._written = None if found[0] is None else [float(s) for s in found[0]]
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        self.record(trainer)
+
+    def on_fit_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
+        self.record(trainer)
+
+    def record(self, trainer: lightning.Trainer) -> None:
+        plan = self.stream.shares
+        if not trainer.is_global_zero or not plan.changes or plan.hosts is None:
+            return
+        shares = [float(share) for share in plan.changes[-1][1]]
+        if shares == self._written:
+            return
+        try:
+            remember_split(self.output_dir, plan.hosts, np.asarray(shares))
+        except OSError as error:
+            logging.getLogger(__name__).warning("balance split not remembered: %s", error)
+            return
+        self._written = shares
+
+
+def gathered_hosts() -> list[str]:
+    """Every rank's host name, in rank order (this one's alone without a process group)."""
+    name = socket.gethostname()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [name]
+    hosts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(hosts, name)
+    return [str(host) for host in hosts]
 
 
 def own_work_s(figures: dict[str, float]) -> float:
