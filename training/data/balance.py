@@ -257,7 +257,7 @@ def rank_slice(whole: Batch, shares: np.ndarray, rank: int, balance_by: str) -> 
     )
     part = {name: tensor[bounds[rank] : bounds[rank + 1]] for name, tensor in whole.items()}
     total = float(whole["weight"].sum())
-    part["loss_scale"] = torch.tensor(float(part["weight"].sum()) * world / max(total, 1.0))
+    part["loss_scale"] = scale_tensor(float(part["weight"].sum()) * world / max(total, 1.0))
     return part
 
 
@@ -355,7 +355,13 @@ def joined_slice(part: SliceStep, units: list[Batch], world_size: int) -> Batch:
     whole = {name: torch.cat([unit[name] for unit in units]) for name in units[0]}
     sliced = {name: tensor[part.lo : part.hi] for name, tensor in whole.items()}
     total = float(part.real_rows)
-    sliced["loss_scale"] = torch.tensor(
+    sliced["loss_scale"] = scale_tensor(
         float(sliced["weight"].sum()) * world_size / max(total, 1.0)
     )
     return sliced
+
+
+def scale_tensor(scale: float) -> torch.Tensor:
+    """A `loss_scale` in float64, which the model casts to its loss's dtype: a float32 one
+    would round n_r W / N (6 x 2 / 54 off by 1e-8), past float64 training's 1e-12."""
+    return torch.tensor(scale, dtype=torch.float64)

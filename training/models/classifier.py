@@ -97,7 +97,7 @@ class Classifier(lightning.LightningModule):
         if "loss_scale" in batch:  # a balanced slice (training/data/balance.py): this rank's
             # part of the global step's mean, DDP's average of the parts being that mean;
             # logged per step with equal weight, so the epoch's mean is the steps' mean.
-            loss, size = loss * batch["loss_scale"], 1
+            loss, size = loss * batch["loss_scale"].to(loss.dtype), 1
         # Per step: this rank's loss, no collective. Per epoch: the mean over all ranks.
         # `_trainer`: a step called outside a Trainer (a test's own loop) logs as before.
         logs = logs_this_step(self._trainer)
