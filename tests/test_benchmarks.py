@@ -295,3 +295,29 @@ def test_hetero_report_gives_each_codes_median_of_its_repeats_ratios(
     assert "loss 2.00e-06" in out and "(target <= 0.75x: met)" in out
     assert "mlp-loaded, abc: speed / equal median 1.000x last epoch" in out
     assert "| mlp-loaded (0.75) | 4.00 | 0.750x, 0.700x | 4.00 | 1.000x, 1.000x |" in out
+
+
+def test_hetero_sweep_spaces_its_splits_and_rates_speed_against_the_fastest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Invariant: the fixed splits swept run evenly from equal (excluded) to the split by
+    rows per busy second and past it, distinct, leaving the slow rank a row; `best fixed`
+    is the fastest over all epochs of those and `equal`, per repeat; `speed`'s ratios to it
+    are each repeat's over the same repeat's best, first epoch and all epochs."""
+    from benchmarks.hetero_sweep import against_best, best_fixed, fixed_name, swept_rows
+
+    equal = hetero_run([4.0, 4.0], 1.0) | {"per_rank": {"busy_s": [1.0, 3.0]}}  # 3/4 by speed
+    assert swept_rows(equal, 512, 4, 2) == [288, 320, 352, 384, 416, 448]
+    assert swept_rows(equal, 8, 7, 3) == [5, 6, 7]
+    results = {
+        "equal-loaded": [equal, equal],
+        fixed_name("", "loaded", 384): [hetero_run([2.0, 3.0], 1.0), hetero_run([3.0, 3.0], 1.0)],
+        fixed_name("", "loaded", 320): [hetero_run([3.0, 3.0], 1.0), hetero_run([2.5, 3.0], 1.0)],
+        "speed-loaded": [hetero_run([2.2, 3.0], 1.0), hetero_run([2.5, 3.3], 1.0)],
+    }
+    best = best_fixed(results, "", "loaded", 0)
+    assert best is not None and best["name"] == "fixed384-loaded"
+    line = against_best(results, "", "loaded")
+    assert "1.050x first epoch (1.100, 1.000)" in line and "1.047x all (1.040, 1.055)" in line
+    assert "['fixed384-loaded', 'fixed320-loaded']" in line
+    assert against_best(results, "", "midslow") == ""
