@@ -1,4 +1,5 @@
-"""How the rows of each global step are split among ranks: equally, by speed, by tokens.
+"""How the rows of each global step are split among ranks: equally, by hand, by speed, by
+tokens.
 
 `loader.balance: equal` (the default) gives rank r unit r of each global step
 (training/data/loader.py). Otherwise (`balance: speed`, or `balance_by: tokens`) the
@@ -9,7 +10,8 @@ one after the other), and rank r takes the r-th slice of them:
   (`balance_by: samples`, largest remainder, `row_bounds`), or in real tokens
   (`balance_by: tokens`: a prefix split of the rows whose token sums follow the
   shares, `token_bounds`; a row's tokens are its non-zero ids, 0 being the pad id);
-- `SharePlan` holds the shares from a stream position on. With `speed`, the per-interval
+- `SharePlan` holds the shares from a stream position on. With `fixed`, the config's
+  `balance_shares` for the whole run (sliced as `speed`'s are). With `speed`, the per-interval
   all_gather of the step times (training/distributed/rank_time.py) hands every rank the
   same figures, and every rank computes the same new shares from them
   (training/data/speed_control.py: the split that equalises the ranks' predicted steps
@@ -21,8 +23,11 @@ one after the other), and rank r takes the r-th slice of them:
   were computed, which no rank has reached by then: no collective of its own, and
   every rank slices every step alike;
 - the shares are learned once: they carry over from epoch to epoch, and the stream's
-  state (the checkpoint) holds the last ones with their world size (`SharePlan.state`),
-  so a resume on the same world size starts from them, one on another from equal;
+  state (the checkpoint) holds the last ones with their world size and every rank's
+  host (`SharePlan.state`), so a resume on the same world size and hosts starts from
+  them, one on others from the split remembered for its hosts in the output dir
+  (training/data/split_memory.py; a new job on the same hosts starts from it too), or
+  from equal;
 - every rank still yields one batch per global step (the same optimizer steps), every
   row of the step lands on exactly one rank, and the stream position stays (epoch,
   samples consumed): a resume on any world size continues the same stream;

@@ -29,10 +29,13 @@ interval's agree (`Reading.agrees`):
    as the fixed costs are, after a move that the older reading agreed to).
 
 Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
-the shares in force, none off the pool by more than SHIFT (a change of speed), make one
-point, their mean, so the longer a split holds, the less one interval's noise moves
-the fit. And a move must gain more than the noise band, NOISE_K standard errors of the
-pooled point (an interval's noise, measured from the pooled intervals, over the root of
+the shares in force, none off the pool by more than SHIFT, make one point, their mean,
+and the fit reads every point since the last change of speed, each weighing the
+intervals it pools: the more intervals, the less one interval's noise moves the fit.
+An interval off its pool by more than SHIFT is held apart: the next one, off the same
+way, confirms a change of speed (the history starts over from it), or shows it was one
+disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
+standard errors of the pooled point (an interval's noise, measured from the pooled intervals, over the root of
 their number), unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit
 that predicts too little). Under 15 % timing noise an interval, the split otherwise
 walks around the best one by tens of rows, each move a few percent (benchmarks/RESULTS.md
@@ -96,10 +99,10 @@ EQUAL_BAND = 0.1
 # wide enough for the timing noise of a steady slow rank, narrow enough that an interval
 # straddling a change of speed waits for the next one rather than move half way.
 AGREE_BAND = 0.1
-# The points a step model is fitted from: the newest and, per rank, the newest of the
-# others at another split. Few, so that a point from before a change of speed soon ages
-# out; enough to reach past the interval that straddles a move (or two, re-planned
-# every 2 steps: the shares move 2 steps after they are planned).
+# The points a step model is fitted from, all weighted: a change of speed starts them
+# over (`joined`), so they can be many: 16 points, each pooling up to 2 POOL - 1
+# intervals, average out 15 % timing noise an interval where the 4 points of M50 walked
+# the split (tests/training/test_balance_settle.py).
 HISTORY = 16
 # Readings at the equal split held by a fitted model, while the ranks' speeds there call
 # for a move, before the model is forgotten and measured again (doubled at each probe).

@@ -14,9 +14,10 @@ interval that is a fixed cost `fixed_r` (seconds a step over the global batch) p
 `per_share_r` x the share, whatever the interval's length, and an interval whose split
 changed part way is still a point on the same line (its mean share, its mean cost).
 
-`fit` fits each rank's line to the last few points (least squares; of points at one
-split only the newest, so that one from before a change of speed drops out as soon as
-the split is read again) when their shares span at least `MIN_SPREAD` equal shares.
+`fit` fits each rank's line to the points since the last change of speed (weighted
+least squares, each point weighing the intervals it pools; while the newest may be a
+new speed's, only the newest at its split) when their shares span at least
+`MIN_SPREAD` equal shares.
 Readings at one split cannot tell the fixed cost from the cost per row: a rank whose
 points do not span that keeps the line it had, scaled through the newest point (a line
 through 0 before any fit: the split proportional to speed). `best_split` gives the split
