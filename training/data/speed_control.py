@@ -35,8 +35,8 @@ intervals it pools: the more intervals, the less one interval's noise moves the 
 An interval off its pool by more than SHIFT is held apart: the next one, off the same
 way, confirms a change of speed (the history starts over from it), or shows it was one
 disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
-standard errors of the pooled point (an interval's noise, measured from the pooled intervals, over the root of
-their number), unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit
+standard errors of the pooled point (an interval's noise, measured from the pooled
+intervals, over the root of their number), unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit
 that predicts too little). Under 15 % timing noise an interval, the split otherwise
 walks around the best one by tens of rows, each move a few percent (benchmarks/RESULTS.md
 M50); with exact readings the band is 0 and nothing changes.
