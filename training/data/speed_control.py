@@ -31,15 +31,16 @@ interval's agree (`Reading.agrees`):
 Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
 the shares in force, none off the pool by more than SHIFT, make one point, their mean,
 and the fit reads every point since the last change of speed, each weighing the
-intervals it pools: the more intervals, the less one interval's noise moves the fit.
-An interval off its pool by more than SHIFT is held apart: the next one, off the same
-way, confirms a change of speed (the history starts over from it), or shows it was one
+intervals it pools: the more intervals, the less one interval's noise moves the fit. An
+interval off its pool by more than SHIFT is held apart: the next one, off the same way,
+confirms a change of speed (the history starts over from it), or shows it was one
 disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
 standard errors of the pooled point (an interval's noise, measured from the pooled
-intervals, over the root of their number), unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit
-that predicts too little). Under 15 % timing noise an interval, the split otherwise
-walks around the best one by tens of rows, each move a few percent (benchmarks/RESULTS.md
-M50); with exact readings the band is 0 and nothing changes.
+intervals, over the root of their number), unless the ranks' own work there is
+IMBALANCE_K bands apart (a wrong fit that predicts too little). Under 15 % timing noise
+an interval, the split otherwise walks around the best one by tens of rows, each move a
+few percent (benchmarks/RESULTS.md M50); with exact readings the band is 0 and nothing
+changes.
 
 Then the shares become the newer target at once, all the way: after a slow-down the
 newer interval is the one measured wholly at the new speed. So a single disturbed
