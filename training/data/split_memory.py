@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from fsspec.core import url_to_fs
 
-from preprocessing.storage.objects import file_lock, is_local, write_atomically
+from preprocessing.contract.manifest import file_lock, is_local, write_atomically
 
 FILE_NAME = "balance_split.json"
 log = logging.getLogger(__name__)
