@@ -3,12 +3,14 @@ ranks' measured speed, and the invariants of the equal split still hold."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.data.split_memory import remembered_split
 from training.launch import LocalJob, RetryPolicy, run_job
 
 MODEL = "tests.training.balance_model:PerSampleSlowClassifier"
@@ -28,7 +30,9 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     """Rank 1 sleeps 4 ms per sample: under `balance: speed` (re-planned every 2 steps)
     both ranks run the same number of steps, every train sample is trained exactly once in
     the epoch, every step still has 2 x batch_size rows, and over the last steps rank 1
-    takes fewer rows than rank 0 (about a third when the sleep dominates)."""
+    takes fewer rows than rank 0 (about a third when the sleep dominates). The split
+    learned is remembered in the output dir under the job's world size and hosts, with
+    rank 1's share the smaller."""
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     cfg = TrainConfig(
@@ -54,3 +58,6 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     late = slice(-5, None)
     assert sum(map(len, ranks[1][late])) < 0.8 * sum(map(len, ranks[0][late]))
     assert summary["samples_per_s_per_rank"][0] > summary["samples_per_s_per_rank"][1]
+    host = socket.gethostname()
+    remembered = remembered_split(cfg.output_dir, [host, host])
+    assert remembered is not None and remembered[1] < remembered[0]
