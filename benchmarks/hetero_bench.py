@@ -342,6 +342,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--sweep-beyond", type=int, default=3, help="Fixed splits swept past it, same spacing."
     )
+    parser.add_argument(
+        "--sweep-to",
+        type=int,
+        default=None,
+        help="The fast rank's rows a step at the sweep's far end instead of the "
+        "rows-proportional split (MLP batches; the token model's scaled by its batch).",
+    )
     parser.add_argument("--work-dir", default=None, help="Work directory (default: temp).")
     parser.add_argument("--timeout-s", type=float, default=900, help="Per run.")
     args = parser.parse_args()
@@ -404,7 +411,10 @@ def sweep(
     loaded = results.get(f"{model}equal-loaded", [])
     equal = loaded[repeat] if len(loaded) > repeat else results[name][repeat]
     global_batch = 2 * (args.token_batch_size if on_tokens else args.batch_size)
-    for fast_rows in swept_rows(equal, global_batch, args.sweep, args.sweep_beyond):
+    to_rows = None
+    if args.sweep_to is not None:
+        to_rows = round(args.sweep_to * global_batch / (2 * args.batch_size))
+    for fast_rows in swept_rows(equal, global_batch, args.sweep, args.sweep_beyond, to_rows):
         label = fixed_name(model, case, fast_rows)
         run_dir = work / "runs" / f"{label}-{repeat}"
         shares = fixed_shares(fast_rows, global_batch)

@@ -7,9 +7,11 @@ to the rows-proportional split, then `--sweep-beyond` more at the same spacing p
 (a slow rank's fixed cost is slow too, so the best split can lie beyond the split that
 equalises only the cost per row). The rows-proportional split is the fast rank's share
 1/busy_0 / (1/busy_0 + 1/busy_1) of the `equal` run's busy time a step (the slowed node
-is rank 1): from the `loaded` run of the same model and repeat where there is one (a
-mid-run slow-down's `equal` run mixes both speeds). The fastest over all epochs (`equal`
-included) is `best fixed`; the first epoch is compared against the same run's first.
+is rank 1), or `--sweep-to` rows (on a host loaded by others both ranks are slowed and
+that split comes near equal): from the `loaded` run of the same model and repeat where
+there is one (a mid-run slow-down's `equal` run mixes both speeds). The fastest over all
+epochs (`equal` included) is `best fixed`; the first epoch is compared against the same
+run's first.
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ def proportional_share(equal: Run) -> float:
     return (1 / busy[0]) / (1 / busy[0] + 1 / busy[1])
 
 
-def swept_rows(equal: Run, global_batch: int, between: int, beyond: int) -> list[int]:
+def swept_rows(
+    equal: Run, global_batch: int, between: int, beyond: int, to_rows: int | None = None
+) -> list[int]:
     """The fast rank's rows a step at each split swept (ascending, distinct, leaving the
-    slow rank at least one row; the equal split excluded)."""
+    slow rank at least one row; the equal split excluded), up to `to_rows` (by default the
+    rows-proportional split) and `beyond` steps past it."""
     half = global_batch // 2
-    step = (proportional_share(equal) * global_batch - half) / between
+    end = to_rows if to_rows is not None else proportional_share(equal) * global_batch
+    step = (end - half) / between
     rows = {round(half + step * k) for k in range(1, between + beyond + 1)}
     return sorted(r for r in rows if half < r < global_batch)
 

@@ -309,6 +309,7 @@ def test_hetero_sweep_spaces_its_splits_and_rates_speed_against_the_fastest(
     equal = hetero_run([4.0, 4.0], 1.0) | {"per_rank": {"busy_s": [1.0, 3.0]}}  # 3/4 by speed
     assert swept_rows(equal, 512, 4, 2) == [288, 320, 352, 384, 416, 448]
     assert swept_rows(equal, 8, 7, 3) == [5, 6, 7]
+    assert swept_rows(equal, 512, 2, 0, to_rows=448) == [352, 448]
     results = {
         "equal-loaded": [equal, equal],
         fixed_name("", "loaded", 384): [hetero_run([2.0, 3.0], 1.0), hetero_run([3.0, 3.0], 1.0)],
