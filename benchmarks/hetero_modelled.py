@@ -1,0 +1,91 @@
+"""`loader.balance: speed` on modelled ranks, without processes: how near the best fixed
+split it runs from the first step, under seeded timing noise.
+
+    .venv/bin/python benchmarks/hetero_modelled.py                  # about 1 min
+    PYTHONPATH=/path/to/a26e4c8 .venv/bin/python benchmarks/hetero_modelled.py   # A/B
+
+Each rank's own work a step is a + b x rows (three slowed shapes, and a rank that turns
+slow mid-run), each re-plan interval (4 steps) times 1 + 15 % x a standard normal per
+rank, as tests/training/test_balance_settle.py models it; the controller is whatever
+`training` the interpreter imports (PYTHONPATH at another checkout: its controller).
+Printed per case, over the seeds (mean / worst): the modelled step over the best fixed
+split's (every split of the 512 rows tried) over the first 100 and 300 steps (the
+first epoch of a small dataset) and after step 300; mid-run, from the change on and
+from 100 steps after it. Not a timing: the figures are the model's, exact per seed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Appended, not first: PYTHONPATH at another checkout runs that checkout's controller.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+import argparse
+
+import numpy as np
+
+from training.data.balance import SharePlan, row_bounds
+
+ROWS, EVERY, NOISE = 512, 4, 0.15
+Ranks = tuple[list[float], list[float]]
+CASES: dict[str, Ranks] = {
+    "all work 1.5x": ([0.010, 0.015], [5e-5, 7.5e-5]),
+    "rows 2x": ([0.010, 0.010], [5e-5, 1e-4]),
+    "fixed-heavy 1.5x": ([0.020, 0.030], [3e-5, 4.5e-5]),
+    "quota-like 2x": ([0.014, 0.028], [1.2e-4, 2.4e-4]),
+}
+ALIKE: Ranks = ([0.010, 0.010], [5e-5, 5e-5])
+
+
+def run(ranks: Ranks, steps: int, seed: int, change: int | None = None) -> np.ndarray:
+    """Each step's modelled time over the best fixed split's (of the speeds then)."""
+    noise, plan = np.random.default_rng(seed), SharePlan()
+    samples, busy, ratios = np.zeros(2), np.zeros(2), []
+    for step in range(steps):
+        fixed, per_row = ALIKE if change is not None and step < change else ranks
+        rows = np.diff(row_bounds(plan.shares_at(0, step * ROWS, 2), ROWS))
+        own = np.array(fixed) + np.array(per_row) * rows
+        ratios.append(own.max() / best_s((fixed, per_row)))
+        samples, busy = samples + rows, busy + own
+        if (step + 1) % EVERY == 0:
+            busy *= np.maximum(1 + NOISE * noise.standard_normal(2), 0.1)
+            plan.replan(0, (step + 1) * ROWS, ROWS, list(samples), list(busy))
+            samples, busy = np.zeros(2), np.zeros(2)
+    return np.array(ratios)
+
+
+def best_s(ranks: Ranks) -> float:
+    fast = np.arange(1, ROWS)
+    both = np.array(ranks[0])[:, None] + np.array(ranks[1])[:, None] * np.stack([fast, ROWS - fast])
+    return float(both.max(axis=0).min())
+
+
+def spread(values: list[float]) -> str:
+    return f"{np.mean(values):.3f} / {max(values):.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=900)
+    args = parser.parse_args()
+    print("| case | first 100 steps | first 300 | after 300 |\n|---|---|---|---|")
+    for name, ranks in CASES.items():
+        runs = [run(ranks, args.steps, seed) for seed in range(args.seeds)]
+        cells = [[float(r[part].mean()) for r in runs] for part in (slice(100), slice(300))]
+        later = [float(r[300:].mean()) for r in runs]
+        print(f"| {name} | {spread(cells[0])} | {spread(cells[1])} | {spread(later)} |")
+    change = args.steps // 3
+    runs = [run(CASES["all work 1.5x"], args.steps, s, change) for s in range(args.seeds)]
+    after = [float(r[change:].mean()) for r in runs]
+    settled = [float(r[change + 100 :].mean()) for r in runs]
+    print(
+        f"| slowed at step {change} (all work 1.5x) | from the change {spread(after)} | "
+        f"from 100 steps after {spread(settled)} | |"
+    )
+
+
+if __name__ == "__main__":
+    main()
