@@ -34,6 +34,13 @@ the loss target holds only while the split is the equal one: in float32 another 
 of the same batches alone moves its losses past 1e-5 within 40 steps
 (benchmarks/split_order.py).
 
+The oracle (benchmarks/hetero_sweep.py): after each slowed case's `equal` run (`loaded`,
+`midslow`, both models), `--sweep` (7) `loader.balance: fixed` runs at splits evenly
+spaced from equal to the rows-proportional split (or `--sweep-to` fast rows), and
+`--sweep-beyond` (3) past it; the fastest over all epochs is `best fixed`, and `speed`
+is printed against it (first epoch, all epochs: issue 59's targets 1.10x and 1.05x)
+beside `equal`, with the sweep's table. `--sweep 0` runs none.
+
 On a host whose speed drifts 20-40 % between runs (RESULTS.md M40): `--scale 8` (with
 `--token-rows 2048`) gives epochs of 15-30 s on a quiet host; `--repeat N` runs each case
 N times, interleaved, and prints the median per case of the per-repeat ratios;
