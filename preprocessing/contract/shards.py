@@ -51,15 +51,19 @@ def parquet_options(schema: pa.Schema, dictionary_columns: list[str]) -> dict[st
 def stored_schema(schema: pa.Schema) -> pa.Schema:
     """`schema` as a shard stores it (format 3): a fixed-size list column as a list, the
     Arrow form of Delta Lake's array, which has no fixed size (the manifest's schema and
-    codec keep it), so a shard holds exactly the types of the root's Delta table and
-    Polars' own Delta reader, which casts no fixed-size list, reads it."""
-    return pa.schema(
-        [
-            f.with_type(pa.list_(f.type.value_field)) if pa.types.is_fixed_size_list(f.type) else f
-            for f in schema
-        ],
-        metadata=schema.metadata,
-    )
+    codec keep it), and a dictionary column as its values (Delta has no dictionary type;
+    the Parquet pages are dictionary-encoded all the same), so a shard holds exactly the
+    types of the root's Delta table and Polars' own Delta reader, which casts no
+    fixed-size list, reads it."""
+    return pa.schema([_stored_field(f) for f in schema], metadata=schema.metadata)
+
+
+def _stored_field(field: pa.Field) -> pa.Field:
+    if pa.types.is_fixed_size_list(field.type):
+        return field.with_type(pa.list_(field.type.value_field))
+    if pa.types.is_dictionary(field.type):
+        return field.with_type(field.type.value_type)
+    return field
 
 
 class ShardWriter:

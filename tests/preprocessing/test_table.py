@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from flows.cli.main import main as ballast
 from preprocessing.contract.commit import KILL_AT_ENV, CommitConflict, swap_current
 from preprocessing.contract.manifest import (
+    SplitEntry,
     read_current_version,
     read_manifest,
     shard_name,
@@ -258,3 +259,34 @@ def test_an_incremental_run_on_a_format_2_parent_is_a_full_reshard(tmp_path, das
     assert "reformat" in result.how and "full reshard" in result.how, result.how
     assert result.manifest.parent_version is None and result.manifest.format_version == 3
     check_every_reader(str(root))
+
+
+def test_strings_nulls_and_vectors_read_the_same_in_every_engine(tmp_path) -> None:
+    """Invariants on a shape no generator of ours makes: string labels with a null class,
+    a string column with nulls, a dictionary-encoded column and a vector column; every
+    engine reads exactly the manifest's rows per split and class, the vectors at their
+    width, and each file holds exactly the table's types."""
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(range(24), pa.float32()), 3)
+    colours = pa.array(["red", None, "blue", "red", None, "green", "blue", "red"])
+    rows = pa.table(
+        {
+            "id": pa.array(range(8), pa.int64()),
+            "label": pa.array(["cat", "dog", None, "cat", "dog", "cat", None, "emu"]),
+            "colour": colours,
+            "size": colours.dictionary_encode(),
+            "features": vectors,
+        }
+    )
+    schema = [{"name": f.name, "type": str(f.type)} for f in rows.schema]
+    with VersionAttempt(str(tmp_path), "mixed") as attempt:
+        entries = {
+            split: write_shard(attempt.shard_uri(shard_name(split, 0)), part, 4, "label")
+            for split, part in (("train", rows.slice(0, 5)), ("holdout", rows.slice(5)))
+        }
+        manifest = replace(
+            manifest_of("mixed", [entries["train"]]),
+            arrow_schema=schema,
+            splits={s: SplitEntry(e.num_rows, [e]) for s, e in entries.items()},
+        )
+        attempt.commit(manifest, expected=None)
+    check_every_reader(str(tmp_path))
