@@ -218,13 +218,18 @@ def check_manifest(manifest: Manifest, location: str) -> Manifest:
 
 
 def check_contents(manifest: Manifest, origin: str) -> Manifest:
-    """`manifest` if its version id is one, every shard entry passes `check_entry` and its
-    lineage holds together (`lineage_problem`); a copy kept elsewhere, such as a run's
-    artifact, is checked this far."""
+    """`manifest` if its version id is one, every shard entry passes `check_entry` (and lies
+    in its own split's directory, if any) and its lineage holds together
+    (`lineage_problem`); a copy kept elsewhere, such as a run's artifact, is checked this
+    far."""
     check_version_id(manifest.version_id, f"{origin}: version_id")
     entries = [entry for split in manifest.splits.values() for entry in split.shards]
     for entry in entries:
         check_entry(entry, origin)
+    for name, split in manifest.splits.items():  # its directory is the partition engines read
+        for entry in split.shards:
+            if "/" in entry.path and entry.path.split("/")[0] != f"{PARTITION_KEY}={name}":
+                raise ManifestError(f"{origin}: {name} shard {entry.path!r} is in another split")
     if problem := lineage_problem(
         manifest.version_id,
         manifest.parent_version,

@@ -121,6 +121,10 @@ HOSTILE = {
     ),
     "split named up": (set_shard("path", "split=../outside.parquet"), "split=../outside"),
     "a directory that is no split's": (set_shard("path", "a/outside.parquet"), "a/outside"),
+    "another split's directory": (
+        set_shard("path", "split=holdout/train-00000.parquet"),
+        "is in another split",
+    ),
     "digest with separators": (set_shard("sha256", "../../../outside"), "sha256"),
     "version id of another directory": (lambda raw: raw.update(version_id="v2"), "'v2'"),
     "version id with separators": (lambda raw: raw.update(version_id="v1/../v1"), "v1/../v1"),
