@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from prefect import Flow
@@ -21,12 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.overrides import (
     OVERRIDES,
     OVERRIDES_DESCRIPTION,
-    WORK_DIR_PLACEHOLDER,
     resolve_parameters,
 )
+
+# The presets live in a module of their own, which `ballast run` reads before it imports
+# Prefect (flows/presets.py); re-exported here, where callers found them.
+from flows.presets import PRESETS_DIR as PRESETS_DIR
+from flows.presets import load_preset as load_preset
+from flows.presets import preset_location as preset_location
 from preprocessing.config import ReshardConfig
 from preprocessing.driver.cluster import DaskConfig
-from preprocessing.toolbox.config_files import parse_config, read_config_file
+from preprocessing.toolbox.config_files import parse_config
 from preprocessing.toolbox.secrets import redact_value
 from tracking.config import TrackingConfig
 from tracking.lifecycle.promotion import PromotionConfig
@@ -36,7 +40,6 @@ from training.launch import LaunchConfig, LocalJob
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
-PRESETS_DIR = Path(__file__).parent / "presets"
 RESHARD_DESCRIPTION = (
     "Raw files in, one balanced, committed dataset version out: the "
     "dataset's columns, the class and source mix, shuffle, shard sizes."
@@ -127,25 +130,6 @@ class PipelineParams(FlowParams):
         "`champion`: it must beat the champion on the same held-out rows, and the data must "
         "not drift past these thresholds against the parent version (else `challenger`).",
     )
-
-
-def preset_location(name_or_path: str) -> str:
-    """The file of a shipped preset named `name_or_path` (`demo`), else `name_or_path`
-    itself: a YAML file's path or fsspec URI."""
-    if "://" in name_or_path:
-        return name_or_path
-    path = Path(name_or_path) if Path(name_or_path).suffix else PRESETS_DIR / f"{name_or_path}.yaml"
-    if not path.exists():
-        shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"config {name_or_path}: no such file or preset {shipped}")
-    return str(path)
-
-
-def load_preset(name_or_path: str, work_dir: str | Path | None = None) -> dict[str, Any]:
-    """A shipped preset by name (`demo`) or a YAML file (path or fsspec URI), with
-    `${WORK_DIR}` filled in; validate it with `parse_params`."""
-    filled = {} if work_dir is None else {WORK_DIR_PLACEHOLDER: str(Path(work_dir).resolve())}
-    return read_config_file(preset_location(name_or_path), filled)
 
 
 def parse_params(params_type: type[M], values: dict[str, Any], name_or_path: str) -> M:

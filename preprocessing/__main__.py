@@ -28,6 +28,7 @@ from preprocessing.config import ReshardConfig
 from preprocessing.contract.exit_status import cause_line, exit_status, write_traceback
 from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.storage.reach import check_reachable
 from preprocessing.toolbox.config_files import load_config
 from preprocessing.toolbox.secrets import redact
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         return _fail(args.dask or "--scheduler", error)
     try:
+        check_reachable([args.config])  # a config on S3 fails as its inputs would
         config = load_config(ReshardConfig, args.config)
         if args.compact:
             config = config.model_copy(update={"mode": "full"})
@@ -77,6 +79,7 @@ def _executor(args: argparse.Namespace) -> DaskConfig | None:
     if args.scheduler:
         return DaskConfig(kind="address", address=args.scheduler)
     if args.dask:
+        check_reachable([args.dask])
         return load_config(DaskConfig, args.dask)
     return None
 

@@ -38,12 +38,10 @@ from pydantic_core import to_jsonable_python
 
 from flows.cli.files import add_files_command
 from flows.overrides import apply_override as apply_override  # the CLI's, tested here
+from flows.presets import PRESETS_DIR  # no config model imported before `--help` answers
 from preprocessing.toolbox.secrets import redact
 
 FLOW_NAMES = ("pipeline", "reshard", "train", "evaluate", "batch_inference")
-# flows.params.PRESETS_DIR; not imported from there, which would load every config model
-# (and seconds of imports) before `--help` can answer.
-PRESETS_DIR = Path(__file__).parents[1] / "presets"
 
 
 def presets_help() -> str:
@@ -169,13 +167,18 @@ def _output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
-    from flows.api_outage import unsent_work_dropped_when_api_down
+    from preprocessing.storage.reach import check_reachable
+
+    check_reachable([args.config])  # a config on S3 fails as its inputs and output would
     from flows.cli.values import resolved_values
+
+    values, tracking_lines = resolved_values(args.config, args.work_dir, args.set)
+    check_reachable(s3_uris(values))  # inputs, output...: before Prefect is even imported
+    from flows.api_outage import unsent_work_dropped_when_api_down
     from flows.deployments import FLOWS
     from flows.params import parse_params
     from flows.temporary_server import start_temporary_server
 
-    values, tracking_lines = resolved_values(args.config, args.work_dir, args.set)
     if args.force:
         if args.flow != "pipeline":
             raise ValueError(f"--force applies to the pipeline flow, not {args.flow}")
@@ -193,6 +196,15 @@ def _run(args: argparse.Namespace) -> str:
         with unsent_work_dropped_when_api_down():
             result = flow(**params.arguments())
     return _output(args, result, lambda: _summary(params, result))
+
+
+def s3_uris(values: object) -> list[str]:
+    """Every S3 URI among a run's settings (inputs, output root, checkpoints...)."""
+    if isinstance(values, dict):
+        return [uri for value in values.values() for uri in s3_uris(value)]
+    if isinstance(values, list):
+        return [uri for value in values for uri in s3_uris(value)]
+    return [values] if isinstance(values, str) and values.startswith(("s3://", "s3a://")) else []
 
 
 def _summary(params: Any, result: object) -> str:
@@ -298,7 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _verify(args: argparse.Namespace) -> int:
     """Print `ballast verify`'s report; 0 when the chain is whole, 1 when damaged."""
     from preprocessing.contract.verify import verify_chain
+    from preprocessing.storage.reach import check_reachable
 
+    check_reachable([args.root])  # a dead endpoint or a missing bucket: 4 or 5, not 1
     report = verify_chain(args.root, args.version, deep=args.deep)
     print(redact(report.text()))
     return 0 if report.whole else 1

@@ -18,7 +18,7 @@ def resolved_values(
 ) -> tuple[dict[str, Any], list[str]]:
     """The config's values with `overrides` and the tracking conventions applied, and one
     line per tracking section saying where its URI and experiment came from."""
-    from flows.params import PRESETS_DIR, load_preset, preset_location
+    from flows.presets import PRESETS_DIR, load_preset, preset_location
 
     values = load_preset(config, work_dir)
     for assignment in overrides:

@@ -180,20 +180,31 @@ def _plain_spec(name: str, arrow_type: pa.DataType) -> ColumnSpec:
 
 
 def _plain_vector(spec: ColumnSpec, table: pa.Table) -> np.ndarray | None:
-    """[n, size] float32 over a float32 fixed-size-list column's values, without a copy;
-    None when the column needs the general path (another type, size or nulls)."""
+    """[n, size] float32 over a float32 vector column's values, without a copy: a
+    fixed-size list, or a list of `size` values a row (as shards store vectors from
+    format 3); None when the column needs the general path (another type, size or nulls)."""
     arrow_type = table.schema.field(spec.name).type
     if not (
         spec.kind == "vector"
-        and pa.types.is_fixed_size_list(arrow_type)
-        and arrow_type.list_size == spec.size
+        and (pa.types.is_fixed_size_list(arrow_type) or pa.types.is_list(arrow_type))
         and pa.types.is_float32(arrow_type.value_type)
     ):
         return None
     column = table.column(spec.name)
     array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    values = array.values.slice(array.offset * spec.size, len(array) * spec.size)
-    if array.null_count or values.null_count:
+    if array.null_count:
+        return None
+    if pa.types.is_fixed_size_list(arrow_type):
+        if arrow_type.list_size != spec.size:
+            return None
+        start = array.offset * spec.size
+    else:
+        offsets = array.offsets.to_numpy()
+        if (np.diff(offsets) != spec.size).any():
+            return None
+        start = int(offsets[0])
+    values = array.values.slice(start, len(array) * spec.size)
+    if values.null_count:
         return None
     return values.to_numpy(zero_copy_only=False).reshape(len(array), spec.size)
 

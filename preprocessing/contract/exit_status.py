@@ -1,7 +1,10 @@
 """What a failed command of ballast exits with, and the one line that says why.
 
-`python -m preprocessing` and `ballast run` map every failure through `exit_status`, so a
-scheduler or a person reads the same code for the same cause from either:
+`python -m preprocessing`, `ballast run` and `ballast verify` map every failure through
+`exit_status`, so a scheduler or a person reads the same code for the same cause from any;
+every S3 URI each is given (config file, inputs, output root) is probed first by
+preprocessing/storage/reach.py, so a dead endpoint is 4 and a missing bucket 5 wherever
+the URI sits:
 
 - 2 `BAD_INPUT`: the config, a flag or the input data is wrong; fix it, then rerun
   (a config error, a permanent input error, a missing config or input, a hostile

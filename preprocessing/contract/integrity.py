@@ -33,7 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.manifest import ManifestError, ShardEntry, read_manifest, shard_uri
+from preprocessing.contract.manifest import (
+    ManifestError,
+    ShardEntry,
+    read_manifest,
+    shard_directory,
+    shard_uri,
+)
 from preprocessing.storage.sources import VERIFY_PAGES as VERIFY_PAGES  # part of the API
 from preprocessing.toolbox.faults import TransientError, classify
 
@@ -59,9 +65,9 @@ class ShardRef:
 
 
 def shard_version(uri: str) -> str:
-    """The version whose directory (`.../v-<id>/<shard>`) holds the shard at `uri`."""
-    parts = uri.rsplit("/", 2)
-    directory = parts[-2] if len(parts) > 1 else ""
+    """The version whose directory (`.../v-<id>/[split=<name>/]<shard>`) holds the shard
+    at `uri`."""
+    directory = shard_directory(uri).rsplit("/", 1)[-1]
     return directory[2:] if directory.startswith("v-") else "?"
 
 

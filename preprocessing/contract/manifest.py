@@ -5,7 +5,7 @@ Part of `preprocessing/contract/`, the one room of `preprocessing/` that `traini
 records and storage primitives, `contract/lineage.py` and `storage/objects.py`, are reached
 through it). Under an output root:
 
-    <root>/v-<version_id>/train-00000.parquet ...     training split (holdout-*: held out)
+    <root>/v-<version_id>/split=train/train-00000.parquet ...   training split (holdout: held out)
     <root>/v-<version_id>/_MANIFEST.json              written last = the commit
     <root>/v-<child_id>/...                           a chain's child: the new shards only
     <root>/_CURRENT                                   newest committed version id
@@ -42,13 +42,19 @@ from preprocessing.storage.objects import is_local as is_local
 from preprocessing.storage.objects import write_atomically as write_atomically
 from preprocessing.toolbox.faults import PermanentError
 
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)  # 1: no input listing and no lineage (read with their defaults)
+# 3: shards under `split=<name>/` and vectors stored as Delta Lake's list (shard_name,
+# contract/shards.py), so engines read the root's Delta table natively (versions/table.py);
+# 2: shards flat in the version directory; 1: no input listing and no lineage.
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
+PARTITION_KEY = "split"  # the shards' directory `split=<name>/`: the table's partition column
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
 SPLIT_PREFIX = {"train": "train", "holdout": "holdout", "predictions": "part"}  # names say splits
 _VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-_FILE_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+_FILE_NAME = r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}"
+# A file name, under its split's directory from format 3 on (hive style, as Delta writers do).
+_SHARD_PATH = re.compile(rf"(?:{PARTITION_KEY}=[A-Za-z0-9_-]{{1,64}}/)?{_FILE_NAME}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -181,12 +187,13 @@ def check_version_id(value: Any, origin: str) -> str:
 
 
 def check_entry(entry: ShardEntry, origin: str) -> ShardEntry:
-    """`entry` if its path is a plain file name, its sha256 64 lowercase hex digits and
-    its `version` (if any) a version id."""
-    if not isinstance(entry.path, str) or not _FILE_NAME.fullmatch(entry.path):
+    """`entry` if its path is a plain file name (under `split=<name>/` or not), its sha256
+    64 lowercase hex digits and its `version` (if any) a version id."""
+    if not isinstance(entry.path, str) or not _SHARD_PATH.fullmatch(entry.path):
         raise ManifestError(
-            f"{origin}: shard path {entry.path!r} is not a plain file name in "
-            f"the version directory (no '/', '..', scheme or absolute path)"
+            f"{origin}: shard path {entry.path!r} is not a plain file name in the version "
+            f"directory or its {PARTITION_KEY}=<name>/ (no other '/', '..', scheme or "
+            f"absolute path)"
         )
     if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
         raise ManifestError(
@@ -211,13 +218,18 @@ def check_manifest(manifest: Manifest, location: str) -> Manifest:
 
 
 def check_contents(manifest: Manifest, origin: str) -> Manifest:
-    """`manifest` if its version id is one, every shard entry passes `check_entry` and its
-    lineage holds together (`lineage_problem`); a copy kept elsewhere, such as a run's
-    artifact, is checked this far."""
+    """`manifest` if its version id is one, every shard entry passes `check_entry` (and lies
+    in its own split's directory, if any) and its lineage holds together
+    (`lineage_problem`); a copy kept elsewhere, such as a run's artifact, is checked this
+    far."""
     check_version_id(manifest.version_id, f"{origin}: version_id")
     entries = [entry for split in manifest.splits.values() for entry in split.shards]
     for entry in entries:
         check_entry(entry, origin)
+    for name, split in manifest.splits.items():  # its directory is the partition engines read
+        for entry in split.shards:
+            if "/" in entry.path and entry.path.split("/")[0] != f"{PARTITION_KEY}={name}":
+                raise ManifestError(f"{origin}: {name} shard {entry.path!r} is in another split")
     if problem := lineage_problem(
         manifest.version_id,
         manifest.parent_version,
@@ -229,8 +241,19 @@ def check_contents(manifest: Manifest, origin: str) -> Manifest:
 
 
 def shard_name(split: str, index: int) -> str:
-    """The zero-padded file name of shard `index` of `split`: one place for the format."""
-    return f"{SPLIT_PREFIX[split]}-{index:05d}.parquet"
+    """The path of shard `index` of `split` in its version directory: one place for the
+    format. Under `split=<split>/`, where Polars' own Delta reader and every hive-style
+    reader take the partition value from (format 3)."""
+    return f"{PARTITION_KEY}={split}/{SPLIT_PREFIX[split]}-{index:05d}.parquet"
+
+
+def shard_path(uri: str) -> str:
+    """The manifest path of the shard at `uri`: its file name, under its split's directory
+    where it has one (the inverse of joining a version directory and `shard_name`)."""
+    parts = uri.rstrip("/").rsplit("/", 2)
+    if len(parts) > 1 and parts[-2].startswith(f"{PARTITION_KEY}="):
+        return f"{parts[-2]}/{parts[-1]}"
+    return parts[-1]
 
 
 def version_dir(root: str, version_id: str) -> str:
@@ -249,6 +272,11 @@ def shard_uri(manifest_location: str, entry: ShardEntry) -> str:
     if entry.version is not None:
         directory = f"{directory.rsplit('/', 1)[0]}/v-{entry.version}"
     return f"{directory}/{entry.path}"
+
+
+def shard_directory(uri: str) -> str:
+    """The version directory that holds the shard at `uri` (above its split's directory)."""
+    return uri.rstrip("/")[: -len(shard_path(uri)) - 1]
 
 
 def resolve_manifest_uri(uri: str) -> str:

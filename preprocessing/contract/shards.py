@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.integrity import PAGE_CHECKSUMS
-from preprocessing.contract.manifest import ShardEntry
+from preprocessing.contract.manifest import ShardEntry, shard_path
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, write_object
 
 COMPRESSION = "zstd"
@@ -46,6 +46,24 @@ def parquet_options(schema: pa.Schema, dictionary_columns: list[str]) -> dict[st
         "write_statistics": [f.name for f in schema if not pa.types.is_nested(f.type)],
         "use_dictionary": [name for name in dictionary_columns if name in schema.names],
     }
+
+
+def stored_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` as a shard stores it (format 3): a fixed-size list column as a list, the
+    Arrow form of Delta Lake's array, which has no fixed size (the manifest's schema and
+    codec keep it), and a dictionary column as its values (Delta has no dictionary type;
+    the Parquet pages are dictionary-encoded all the same), so a shard holds exactly the
+    types of the root's Delta table and Polars' own Delta reader, which casts no
+    fixed-size list, reads it."""
+    return pa.schema([_stored_field(f) for f in schema], metadata=schema.metadata)
+
+
+def _stored_field(field: pa.Field) -> pa.Field:
+    if pa.types.is_fixed_size_list(field.type):
+        return field.with_type(pa.list_(field.type.value_field))
+    if pa.types.is_dictionary(field.type):
+        return field.with_type(field.type.value_type)
+    return field
 
 
 class ShardWriter:
@@ -113,7 +131,7 @@ class ShardWriter:
         fs, path = url_to_fs(self.uri)
         self.etag = write_object(fs, path, payload, self.part_bytes)  # S3's, else None
         return ShardEntry(
-            path=self.uri.rsplit("/", 1)[-1],
+            path=shard_path(self.uri),
             num_rows=self._num_rows,
             num_bytes=payload.nbytes,
             num_row_groups=self._num_row_groups,
@@ -131,11 +149,13 @@ class ShardWriter:
 
     def _encode(self, table: pa.Table) -> None:
         if self._writer is None:
-            schema = self._schema or table.schema
+            schema = stored_schema(self._schema or table.schema)
             dictionary = [self.label_column, *([self.source_column] if self.source_column else [])]
             self._writer = pq.ParquetWriter(
                 self._sink, schema, **parquet_options(schema, dictionary)
             )
+        if table.schema != self._writer.schema:
+            table = table.cast(self._writer.schema)
         self._writer.write_table(table, row_group_size=self.rows_per_row_group)
         self._num_rows += table.num_rows
         self._num_row_groups += -(-table.num_rows // self.rows_per_row_group)

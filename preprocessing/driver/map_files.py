@@ -36,6 +36,7 @@ from preprocessing.contract.manifest import (
     code_version,
     read_current_version,
     read_manifest,
+    shard_directory,
     shard_name,
     shard_uri,
 )
@@ -101,7 +102,7 @@ def listed_shards(inputs: list[str]) -> list[ShardRef | None]:
     """Per input, its manifest entry when it is a shard of a committed version (read once
     per version directory), else None (a plain file)."""
     refs: dict[str, ShardRef] = {}
-    for directory in {uri.rsplit("/", 1)[0] for uri in inputs if shard_version(uri) != "?"}:
+    for directory in {shard_directory(uri) for uri in inputs if shard_version(uri) != "?"}:
         try:
             manifest, location = read_manifest(directory)
         except ManifestError:  # a directory named like a version but not one

@@ -31,7 +31,7 @@ from typing import Any
 from distributed import Client
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.manifest import ShardEntry, write_atomically
+from preprocessing.contract.manifest import ShardEntry, shard_path, write_atomically
 from preprocessing.driver.waves import run_in_waves, share
 from preprocessing.exchange.receipts import (
     SHARD_RECEIPTS,
@@ -158,8 +158,7 @@ def _verified_shards(
 ) -> dict[int, ShardEntry]:
     """Destination -> entry of every shard one of the attempt's write receipts vouches for
     and that hashes to it."""
-    shards_uri = shard_uris[0].rsplit("/", 1)[0] if shard_uris else attempt.uri
-    listed = listing(*url_to_fs(shards_uri))
+    shards_uri, listed = _shard_listing(attempt, shard_uris)
     receipts_fs, receipts = url_to_fs(f"{attempt.uri}/{SHARD_RECEIPTS}")
     found = [f"{attempt.uri}/{SHARD_RECEIPTS}/{name}" for name in _names(receipts_fs, receipts)]
     kept = run_in_waves(
@@ -170,13 +169,28 @@ def _verified_shards(
         in_flight,
         listed=share(client, listed),
     )
-    destination = {uri.rsplit("/", 1)[-1]: index for index, uri in enumerate(shard_uris)}
+    destination = {shard_path(uri): index for index, uri in enumerate(shard_uris)}
     return {
         destination[entry.path]: entry
         for entries in kept
         for entry in entries
         if entry.path in destination
     }
+
+
+def _shard_listing(
+    attempt: VersionAttempt, shard_uris: list[str]
+) -> tuple[str, dict[str, tuple[int, str | None]]]:
+    """The directory the shards' manifest paths are relative to, and what one listing of
+    each of its split directories shows, by manifest path."""
+    if not shard_uris:
+        return attempt.uri, {}
+    base = shard_uris[0].removesuffix(f"/{shard_path(shard_uris[0])}")
+    listed: dict[str, tuple[int, str | None]] = {}
+    for folder in sorted({shard_path(uri).rpartition("/")[0] for uri in shard_uris}):
+        found = listing(*url_to_fs(f"{base}/{folder}".rstrip("/")))
+        listed.update({f"{folder}/{name}".lstrip("/"): item for name, item in found.items()})
+    return base, listed
 
 
 def _verified_objects(

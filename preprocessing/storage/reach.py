@@ -9,7 +9,11 @@ that a blip interrupts, not a first contact with an endpoint that is not there.
 and to answer and no retry: any answer, an error response included (403, 404), means the
 endpoint is there and the real requests go on under the normal retry policy. No answer
 raises `EndpointUnreachable` (exit 4: rerun once it answers) naming the endpoint and
-the setting it came from. An endpoint that answered is not asked again in this process.
+the setting it came from; a 404 (no such bucket) raises StorageRefused (exit 5) naming
+the bucket. A bucket whose endpoint answered is not asked again in this process.
+Every S3 URI a command is given goes through it before its first real request: the
+config file (`python -m preprocessing`, `ballast run`), the inputs, the output root (and
+`ballast verify`'s root), so each fails the same way, with the same exit status.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as EndpointError
 from fsspec.core import url_to_fs
 
-from preprocessing.toolbox.faults import RetriesExhausted
+from preprocessing.toolbox.faults import RetriesExhausted, StorageRefused
 from preprocessing.toolbox.secrets import redact
 
 PROBE_TIMEOUT_S = 3.0
 S3_PROTOCOLS = ("s3://", "s3a://")
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # botocore's order
-_answered: set[str] = set()  # endpoints that answered a probe in this process
+_answered: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered in this process
+_NO_BUCKET = ("404", "NoSuchBucket")
 
 
 class EndpointUnreachable(RetriesExhausted):
@@ -56,20 +61,28 @@ def probe_s3(uri: str) -> None:
         endpoint_url=explicit,
         config=Config(signature_version=UNSIGNED, retries={"total_max_attempts": 1}, **probe),
     )
-    endpoint = client.meta.endpoint_url
-    if endpoint in _answered:
+    endpoint, bucket = client.meta.endpoint_url, path.split("/", 1)[0]
+    if (endpoint, bucket) in _answered:
         return
     try:
-        client.head_bucket(Bucket=path.split("/", 1)[0])
+        client.head_bucket(Bucket=bucket)
     except (EndpointError, HTTPClientError) as error:
         raise EndpointUnreachable(
             f"S3 endpoint {endpoint} (from {setting}) did not answer within "
             f"{PROBE_TIMEOUT_S:g} s, reaching {redact(uri)} ({type(error).__name__}); "
             f"start it or correct {setting.split(' ', 1)[0]}, then rerun"
         ) from error
-    except (ClientError, BotoCoreError):
-        pass  # an answer, or a request botocore would not send: the real requests say more
-    _answered.add(endpoint)
+    except ClientError as error:  # an answer; only a missing bucket is final already
+        if error.response.get("Error", {}).get("Code") in _NO_BUCKET:
+            raise StorageRefused(
+                None,
+                f"no such bucket for bucket {bucket}: {redact(uri)} at S3 endpoint "
+                f"{endpoint} (from {setting}); create it or correct the URI",
+                f"bucket {bucket}",
+            ) from error
+    except BotoCoreError:
+        pass  # a request botocore would not send: the real requests say more
+    _answered.add((endpoint, bucket))
 
 
 def endpoint_setting(fs: Any) -> tuple[str | None, str]:

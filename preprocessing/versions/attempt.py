@@ -276,7 +276,6 @@ class VersionAttempt:
 
     def _publish(self, manifest: Manifest) -> None:
         target = url_to_fs(version_dir(self.root, self.version_id))[1]
-        os.makedirs(target, exist_ok=True)
         for split in manifest.splits.values():
             for entry in split.shards:
                 if entry.version is not None:  # an ancestor's shard, in its own directory
@@ -286,6 +285,7 @@ class VersionAttempt:
 
 def _link_once(staged: str, final: str, sha256: str) -> None:
     """Publish `staged` as `final` unless `final` exists, which must hold the same bytes."""
+    os.makedirs(os.path.dirname(final), exist_ok=True)  # the version's split directory
     try:
         os.link(staged, final)
         return

@@ -82,7 +82,7 @@ def _withdrawn(root: str, manifest: Manifest) -> CommitConflict:
 
 def withdraw_version(root: str, manifest: Manifest) -> None:
     """Remove a version that must never become current: its manifest first (from then on
-    it is no version), then the shards in its own directory, then that directory."""
+    it is no version), then the shards in its own directory, then its directories."""
     fs, directory = url_to_fs(version_dir(root, manifest.version_id))
     own = [
         entry.path
@@ -94,6 +94,9 @@ def withdraw_version(root: str, manifest: Manifest) -> None:
         with suppress(FileNotFoundError):
             fs.rm_file(f"{directory}/{name}")
     fs.invalidate_cache(directory)
-    if is_local(fs):
-        with suppress(OSError):  # not empty: another writer's files stay
+    if is_local(fs):  # the split directories, then the version's; not empty: left as it is
+        for folder in sorted({path.rpartition("/")[0] for path in own} - {""}):
+            with suppress(OSError):  # another writer's files stay
+                fs.rmdir(f"{directory}/{folder}")
+        with suppress(OSError):
             fs.rmdir(directory)

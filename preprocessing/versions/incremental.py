@@ -56,6 +56,7 @@ import pyarrow as pa
 
 from preprocessing.config import ReshardConfig, comparable_settings
 from preprocessing.contract.manifest import (
+    FORMAT_VERSION,
     Manifest,
     ManifestError,
     code_version,
@@ -94,6 +95,13 @@ def plan_increment(config: ReshardConfig, files: list[InputFile], current: str |
     if current is None:
         return Increment("full", "no current version to append to")
     parent, location = read_manifest(version_dir(config.output_root, current))
+    if parent.format_version < FORMAT_VERSION:  # a child lists its ancestors' shards in place
+        return Increment(
+            "full",
+            f"reformat: {current} has shard format {parent.format_version}, this ballast "
+            f"writes {FORMAT_VERSION} (split directories the Delta table's readers need): a "
+            f"full reshard, not a child (docs/data-path.md)",
+        )
     new, changes = differences(parent, location, config, files)
     if changes:
         if config.incremental.on_changed_inputs == "refuse":

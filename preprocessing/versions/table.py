@@ -3,12 +3,17 @@
     <root>/_delta_log/00000000000000000000.json ...   table version n: one ballast version
 
 The output root is also a Delta Lake table whose newest version holds the shards of the
-version `_CURRENT` names, so Polars, DuckDB, Spark, Ray, Daft or `deltalake` read it
-without ballast. Its add actions reference the shard files where the versions keep them
-(`v-<id>/train-00000.parquet`; a chain's child lists its ancestors' `v-<parent>/...`),
-never a copy, and carry the split as the partition value `split` (`train`, `holdout`),
-which is no column of the shards: their bytes are a ballast version's alone. Every table
-commit records the ballast version it holds in its commit info (`ballast.version_id`).
+version `_CURRENT` names, so Polars (its own reader too), DuckDB, Spark, Ray, Daft or
+`deltalake` read it without ballast. Its add actions reference the shard files where the
+versions keep them (`v-<id>/split=train/train-00000.parquet`; a chain's child lists its
+ancestors' `v-<parent>/...`), never a copy, and carry the split as the partition value
+`split` (`train`, `holdout`), which is no column of the shards: their bytes are a ballast
+version's alone. The split is also the shards' directory (manifest format 3), the only
+place hive-style readers such as Polars' own look for it, and the shards store vectors as
+Delta's array (a list), so every file holds exactly the table's types. A version of an
+older format is published as it is: its files lie flat, which Polars' own reader reads
+with `split` null (docs/data-path.md). Every table commit records the ballast version it
+holds in its commit info (`ballast.version_id`).
 
 `publish_current` moves the table to `_CURRENT`; every commit and rollback calls it after
 `_CURRENT` moved, so the table never holds a version `_CURRENT` did not name, and a rerun
@@ -38,6 +43,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import (
+    PARTITION_KEY,
     Manifest,
     is_local,
     manifest_uri,
@@ -49,7 +55,7 @@ from preprocessing.toolbox.faults import PermanentError
 
 log = logging.getLogger(__name__)
 
-SPLIT_COLUMN = "split"
+SPLIT_COLUMN = PARTITION_KEY
 VERSION_KEY = "ballast.version_id"  # in each table commit's commit info
 # A rollback reads older versions' shards and the table's history maps table versions to
 # ballast's: VACUUM and log clean-up must keep both (the default keeps 7 and 30 days).

@@ -4,26 +4,22 @@ kubernetes-validate) and the two custom resources ballast ships or renders."""
 
 from __future__ import annotations
 
-import importlib.resources
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import all_versions
-from referencing import Registry, Resource
+
+from training.launch.crd import PYTORCH_JOB_CRD, check_resource
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 # Compose: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `${NAME?error}`.
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?])?(?P<arg>[^}]*)\}")
-K8S_DEFINITIONS = "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.api.core.v1."
 # The oldest and the newest Kubernetes minor versions the validator bundles.
 K8S_VERSIONS = (all_versions()[0], all_versions()[-1])
 
@@ -159,109 +155,17 @@ def k8s_documents() -> dict[Path, list[dict[str, Any]]]:
 
 def validate_manifest(doc: dict[str, Any], version: str) -> None:
     """Schema validation, strict (unknown fields fail): the API's own schema for built-in
-    kinds, the custom resource's schema with the API's embedded types for the two CRDs."""
-    if doc["kind"] in CRD_SCHEMAS:
-        crd_validator(doc["kind"], version).validate(doc)
+    kinds; a custom resource against its operator's own CRD (CRD_FILES), which no API
+    version changes."""
+    if doc["kind"] in CRD_FILES:
+        check_resource(doc, CRD_FILES[doc["kind"]])
     else:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@cache
-def crd_validator(kind: str, version: str) -> jsonschema.protocols.Validator:
-    definitions = (
-        importlib.resources.files("kubernetes_validate")
-        / "kubernetes-json-schema"
-        / f"v{version}-local-strict"
-        / "_definitions.json"
-    )
-    registry: Registry = Resource.from_contents(json.loads(definitions.read_text())) @ Registry()
-    return jsonschema.Draft202012Validator(CRD_SCHEMAS[kind], registry=registry)
-
-
-def ref(name: str) -> dict[str, str]:
-    """A reference to a core/v1 type of the Kubernetes API (meta types: `meta:` prefix)."""
-    if name.startswith("meta:"):
-        return {
-            "$ref": K8S_DEFINITIONS.replace("api.core.v1.", "apimachinery.pkg.apis.meta.v1.")
-            + name.removeprefix("meta:")
-        }
-    return {"$ref": K8S_DEFINITIONS + name}
-
-
-def closed(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return closed(
-        {
-            "apiVersion": {"const": api_version},
-            "kind": {"const": kind},
-            "metadata": ref("meta:ObjectMeta"),
-            "spec": spec,
-        },
-        ("apiVersion", "kind", "metadata", "spec"),
-    )
-
-
-SIMPLE_META = closed({"labels": {"type": "object"}, "annotations": {"type": "object"}})
-# dask-kubernetes' DaskCluster (kubernetes.dask.org/v1), field for field from its CRD.
-DASK_CLUSTER = resource(
-    "kubernetes.dask.org/v1",
-    "DaskCluster",
-    closed(
-        {
-            "idleTimeout": {"type": "integer"},
-            "scheduler": closed(
-                {"metadata": SIMPLE_META, "spec": ref("PodSpec"), "service": ref("ServiceSpec")},
-                ("spec", "service"),
-            ),
-            "worker": closed(
-                {"replicas": {"type": "integer"}, "metadata": SIMPLE_META, "spec": ref("PodSpec")},
-                ("spec",),
-            ),
-        },
-        ("scheduler", "worker"),
-    ),
-)
-# Kubeflow's PyTorchJob (kubeflow.org/v1), the fields of its Go types.
-REPLICA = closed(
-    {
-        "replicas": {"type": "integer"},
-        "template": ref("PodTemplateSpec"),
-        "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
-    },
-    ("template",),
-)
-PYTORCH_JOB = resource(
-    "kubeflow.org/v1",
-    "PyTorchJob",
-    closed(
-        {
-            "runPolicy": closed(
-                {
-                    "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
-                    "backoffLimit": {"type": "integer"},
-                    "ttlSecondsAfterFinished": {"type": "integer"},
-                    "activeDeadlineSeconds": {"type": "integer"},
-                    "suspend": {"type": "boolean"},
-                    "schedulingPolicy": {"type": "object"},
-                    "managedBy": {"type": "string"},
-                }
-            ),
-            "elasticPolicy": {"type": "object"},
-            "nprocPerNode": {"type": "string"},
-            "pytorchReplicaSpecs": closed({"Master": REPLICA, "Worker": REPLICA}),
-        },
-        ("pytorchReplicaSpecs",),
-    ),
-)
-CRD_SCHEMAS = {"DaskCluster": DASK_CLUSTER, "PyTorchJob": PYTORCH_JOB}
+# The operators' own CRDs, each file's header naming its source, version and licence.
+CRD_FILES = {"DaskCluster": Path(__file__).with_name("crds") / "daskcluster.yaml"}
+CRD_FILES["PyTorchJob"] = PYTORCH_JOB_CRD
 
 
 def pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:

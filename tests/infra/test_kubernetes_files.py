@@ -11,7 +11,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
+from preprocessing.driver.cluster import DaskConfig, kubernetes_cluster_spec
 from tests.infra.deploy_files import (
     INFRA,
     K8S_VERSIONS,
@@ -20,6 +22,7 @@ from tests.infra.deploy_files import (
     validate_manifest,
 )
 from training.config import load_train_config
+from training.launch.__main__ import main as launch_main
 
 # Written by `python -m training.launch render`, not by hand: schema-checked here, while
 # its pods' security settings are the launcher's.
@@ -40,18 +43,66 @@ def test_every_kubernetes_manifest_passes_schema_validation(version: str) -> Non
         for doc in docs:
             try:
                 validate_manifest(doc, version)
-            except (jsonschema.ValidationError, KeyError) as error:
+            except (jsonschema.ValidationError, ValueError, KeyError) as error:
                 failures.append(f"{path.name} {doc.get('kind')}: {error}")
     assert not failures, "\n".join(failures)
 
 
 def test_crd_schemas_reject_a_misplaced_field() -> None:
-    """Invariant: the custom-resource checks are strict too: a pod field one level too high
-    in a DaskCluster fails."""
+    """Invariant: the operators' CRDs are applied strictly, as `--validate=strict` would: a
+    pod field one level too high in a DaskCluster, a field PyTorchJob does not have, or a
+    replica count of the wrong type fails, naming the field."""
     (cluster,) = k8s_documents()[INFRA / "k8s" / "dask-cluster.yaml"]
     cluster["spec"]["worker"]["containers"] = cluster["spec"]["worker"]["spec"]["containers"]
-    with pytest.raises(jsonschema.ValidationError, match="containers"):
+    with pytest.raises(ValueError, match=r"spec.worker: .*'containers' was unexpected"):
         validate_manifest(cluster, K8S_VERSIONS[-1])
+    job = next(d for d in k8s_documents()[INFRA / "k8s" / "pytorchjob.yaml"] if "spec" in d)
+    job["spec"]["runPolicy"]["backofLimit"] = 0
+    job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
+    with pytest.raises(ValueError) as raised:
+        validate_manifest(job, K8S_VERSIONS[-1])
+    assert "'backofLimit' was unexpected" in str(raised.value)
+    assert "Master.replicas: 'one' is not of type 'integer'" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"env": {"AWS_REGION": "eu-west-1"}},
+        {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}}]},
+        {
+            "name": "reshard",
+            "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+            "worker_command": "dask worker",
+            "scheduler_service_type": "LoadBalancer",
+            "idle_timeout": 600,
+        },
+    ],
+)
+def test_the_dask_cluster_spec_a_run_builds_passes_the_operators_crd(options) -> None:
+    """Invariant: the DaskCluster that `dask.kind: kubernetes` builds at run time
+    (`kubernetes_cluster_spec`, through dask-kubernetes' own `make_cluster_spec`) passes
+    the operator's CRD strictly, whatever options a config sets (its null fields dropped,
+    as the API server drops them)."""
+    image = {"name": "r", "image": "ballast-preprocessing:0.1.0"}
+    config = DaskConfig(kind="kubernetes", num_workers=2, options={**image, **options})
+    validate_manifest(kubernetes_cluster_spec(config), K8S_VERSIONS[-1])
+
+
+def test_render_refuses_a_pytorchjob_the_operator_would_reject(capsys) -> None:
+    """Invariant: `python -m training.launch render` checks the PyTorchJob against the
+    training operator's CRD before printing: a memory the CRD's quantity pattern refuses
+    exits 2 with the field named and prints no manifest; a valid one prints both."""
+    train = str(INFRA / "k8s" / "train.yaml")
+    args = ["render", "--config", train, "--kind", "kubernetes", "--image", "ballast:1"]
+    assert launch_main([*args, "--memory", "32 GB"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "resources.limits.memory" in err and "32 GB" in err, err
+    assert launch_main(args) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == [
+        "ConfigMap",
+        "PyTorchJob",
+    ]
 
 
 def rendered_job(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def test_each_night_reads_only_its_new_file_and_appends_a_child(chain: Chain) ->
         older = manifest.split("train").shards[: len(previous.manifest.split("train").shards)]
         assert all(entry.version is not None for entry in older)
         own_dir = Path(version_dir(str(chain.root), manifest.version_id))
-        assert {p.name for p in own_dir.glob("*.parquet")} == {
+        assert {str(p.relative_to(own_dir)) for p in own_dir.rglob("*.parquet")} == {
             e.path for split in manifest.splits.values() for e in split.shards if e.version is None
         }
     assert read_current_version(str(chain.root)) == nights[-1].manifest.version_id

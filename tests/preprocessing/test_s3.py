@@ -32,6 +32,7 @@ from preprocessing.versions.table import (
     publish_current,
     read_head,
 )
+from tests.preprocessing.table_readers import check_every_reader
 
 pytestmark = pytest.mark.slow  # every test here uses moto's S3 server
 
@@ -164,6 +165,7 @@ def check_s3_table(root: str, manifest: Manifest, location: str, history: list[s
     uris = [shard_uri(location, e) for split in manifest.splits.values() for e in split.shards]
     assert sorted(table.file_uris()) == sorted(uris)
     assert [committed_version_id(root, v) for v in range(table.version() + 1)] == history
+    check_every_reader(root)  # Polars' own reader, through pyarrow, and Daft on S3 too
 
 
 def test_a_stale_publisher_on_s3_fails_its_table_commit_and_converges(bucket) -> None:

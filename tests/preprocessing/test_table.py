@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from flows.cli.main import main as ballast
 from preprocessing.contract.commit import KILL_AT_ENV, CommitConflict, swap_current
 from preprocessing.contract.manifest import (
-    Manifest,
+    SplitEntry,
     read_current_version,
     read_manifest,
     shard_name,
@@ -42,6 +42,7 @@ from preprocessing.versions.table import (
 )
 from tests.log_records import messages, records_of
 from tests.preprocessing.nightly import SPEC, add_night, config_for
+from tests.preprocessing.table_readers import check_every_reader, expected_counts
 from tests.preprocessing.version_writer import manifest_of, write_test_shard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,22 +68,6 @@ def chain(tmp_path_factory, dask_client) -> Chain:
     return Chain(root, ids)
 
 
-def expected_counts(manifest: Manifest) -> dict[str, Counter[str]]:
-    """Per split, the manifest's rows of each class (its shards' class counts summed)."""
-    return {
-        name: sum((Counter(e.class_counts) for e in split.shards), Counter())
-        for name, split in manifest.splits.items()
-    }
-
-
-def counted(frame: pl.DataFrame, label: str) -> dict[str, Counter[str]]:
-    rows = frame.group_by(SPLIT_COLUMN, label).len().iter_rows()
-    out: dict[str, Counter[str]] = {}
-    for split, value, num in rows:
-        out.setdefault(split, Counter())[str(value)] = num
-    return out
-
-
 def listed(root: Path, capsys, *flags: str) -> list[str]:
     """What `ballast files ROOT FLAGS` printed, a URI a line."""
     assert ballast(["files", str(root), *flags]) == 0
@@ -90,19 +75,14 @@ def listed(root: Path, capsys, *flags: str) -> list[str]:
 
 
 def check_readers(root: Path, version_id: str, capsys) -> None:
-    """Polars and deltalake on the table, and `ballast files`, against the manifest."""
+    """Every engine on the table (tests/preprocessing/table_readers.py), and `ballast
+    files`, against the manifest."""
     manifest, location = read_manifest(str(root))
     assert manifest.version_id == version_id and read_current_version(str(root)) == version_id
     expected, label = expected_counts(manifest), manifest.label_column
     table = DeltaTable(str(root))
     assert table.history(1)[0][VERSION_KEY] == version_id
-    assert counted(pl.from_arrow(table.to_pyarrow_table()), label) == expected
-    assert counted(pl.scan_delta(str(root), use_pyarrow=True).collect(), label) == expected
-    # Polars' native scan takes `split` from hive-style paths only and has no cast from the
-    # shards' fixed-size `features` to Delta's list (docs/reliability.md, Limits): when a
-    # Polars release reads the table, this fails, and the README's readers should change.
-    with pytest.raises(pl.exceptions.SchemaError, match="column features"):
-        pl.scan_delta(str(root)).collect()
+    check_every_reader(str(root))
     for split, entries in manifest.splits.items():
         uris = [shard_uri(location, entry) for entry in entries.shards]
         assert listed(root, capsys, "--split", split) == uris
@@ -114,10 +94,12 @@ def check_readers(root: Path, version_id: str, capsys) -> None:
 
 @pytest.mark.slow  # reshards on the session's Dask cluster
 def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chain, capsys) -> None:
-    """Invariants: after the third version of a chain the table's newest version, Polars
-    and `ballast files` hold exactly the manifest's rows per split and class, the
+    """Invariants: after the third version of a chain the table's newest version, every
+    engine (deltalake, Polars' own reader and through pyarrow, Daft) and `ballast files`
+    hold exactly the manifest's rows per split and class, the
     children's ancestors' shards in place; a rollback is a new table version holding the
-    version rolled back to, and the table's history names each ballast version in order."""
+    version rolled back to (the middle one, then the flat one), and the table's history
+    names each ballast version in order."""
     root, ids = chain.root, chain.version_ids
     check_readers(root, ids[-1], capsys)
     assert listed(root, capsys, "--version", ids[0]) == [
@@ -127,8 +109,10 @@ def test_a_chain_and_its_rollback_read_the_same_rows_in_every_engine(chain: Chai
     ]
     rollback_dataset(str(root), ids[1])
     check_readers(root, ids[1], capsys)
+    rollback_dataset(str(root), ids[0])  # the flat version
+    check_readers(root, ids[0], capsys)
     history = [h[VERSION_KEY] for h in reversed(DeltaTable(str(root)).history())]
-    assert history == [*ids, ids[1]]
+    assert history == [*ids, ids[1], ids[0]]
 
 
 def write_version(root: Path, version_id: str) -> None:
@@ -239,3 +223,70 @@ def test_a_commit_that_loses_the_swap_leaves_the_table_on_the_winner(tmp_path) -
         attempt.commit(manifest_of("loser", entries), expected=None)
     assert read_current_version(str(tmp_path)) == head_version(tmp_path) == "winner"
     assert DeltaTable(str(tmp_path)).version() == 0
+
+
+def test_a_version_of_format_2_stays_readable_and_verifiable(tmp_path, capsys) -> None:
+    """Invariants: a version written before format 3 (shards flat in the version
+    directory, `format_version: 2`) is read, listed and verified as before, and its table
+    is published with the paths it has (deltalake reads its rows per split)."""
+    with VersionAttempt(str(tmp_path), "old") as attempt:
+        entries = [
+            write_test_shard(attempt.shard_uri(f"train-{index:05d}.parquet"), "old", index)
+            for index in range(2)
+        ]
+        attempt.commit(replace(manifest_of("old", entries), format_version=2), expected=None)
+    manifest, location = read_manifest(str(tmp_path))
+    assert manifest.format_version == 2 and entries[0].path == "train-00000.parquet"
+    uris = [shard_uri(location, entry) for entry in entries]
+    assert listed(tmp_path, capsys) == uris == sorted(DeltaTable(str(tmp_path)).file_uris())
+    assert ballast(["verify", str(tmp_path)]) == 0
+    rows = DeltaTable(str(tmp_path)).to_pyarrow_table(filters=[(SPLIT_COLUMN, "=", "train")])
+    assert rows.num_rows == manifest.split("train").num_rows
+
+
+@pytest.mark.slow  # reshards on the session's Dask cluster
+def test_an_incremental_run_on_a_format_2_parent_is_a_full_reshard(tmp_path, dask_client) -> None:
+    """Invariants: a child lists its ancestors' shards in place, so a `mode: incremental`
+    run whose current version is of format 2 makes a flat version of format 3 instead
+    (its reason says so), which every engine reads natively."""
+    raw, root = tmp_path / "raw", tmp_path / "out"
+    write_sample(raw, SPEC)
+    first = run_reshard(config_for(raw, root), dask_client).manifest
+    path = root / f"v-{first.version_id}" / "_MANIFEST.json"
+    path.write_text(replace(first, format_version=2).to_json())  # as an older ballast wrote
+    add_night(raw, 0)
+    result = run_reshard(config_for(raw, root), dask_client)
+    assert "reformat" in result.how and "full reshard" in result.how, result.how
+    assert result.manifest.parent_version is None and result.manifest.format_version == 3
+    check_every_reader(str(root))
+
+
+def test_strings_nulls_and_vectors_read_the_same_in_every_engine(tmp_path) -> None:
+    """Invariants on a shape no generator of ours makes: string labels with a null class,
+    a string column with nulls, a dictionary-encoded column and a vector column; every
+    engine reads exactly the manifest's rows per split and class, the vectors at their
+    width, and each file holds exactly the table's types."""
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(range(24), pa.float32()), 3)
+    colours = pa.array(["red", None, "blue", "red", None, "green", "blue", "red"])
+    rows = pa.table(
+        {
+            "id": pa.array(range(8), pa.int64()),
+            "label": pa.array(["cat", "dog", None, "cat", "dog", "cat", None, "emu"]),
+            "colour": colours,
+            "size": colours.dictionary_encode(),
+            "features": vectors,
+        }
+    )
+    schema = [{"name": f.name, "type": str(f.type)} for f in rows.schema]
+    with VersionAttempt(str(tmp_path), "mixed") as attempt:
+        entries = {
+            split: write_shard(attempt.shard_uri(shard_name(split, 0)), part, 4, "label")
+            for split, part in (("train", rows.slice(0, 5)), ("holdout", rows.slice(5)))
+        }
+        manifest = replace(
+            manifest_of("mixed", [entries["train"]]),
+            arrow_schema=schema,
+            splits={s: SplitEntry(e.num_rows, [e]) for s, e in entries.items()},
+        )
+        attempt.commit(manifest, expected=None)
+    check_every_reader(str(tmp_path))

@@ -68,7 +68,9 @@ def test_a_child_resolves_its_parents_shards_in_the_parents_directory(root: Path
     """Invariant: a child's entries from its parent resolve to files in `v-<parent>/`."""
     manifest, location = read_manifest(str(root))
     uris = [shard_uri(location, entry) for entry in manifest.split("train").shards]
-    assert [Path(uri).parent.name for uri in uris] == [f"v-{PARENT}"] * 2 + [f"v-{CHILD}"] * 2
+    assert [Path(uri).parent.parent.name for uri in uris] == [f"v-{PARENT}"] * 2 + [
+        f"v-{CHILD}"
+    ] * 2
     assert all(Path(uri).exists() for uri in uris)
 
 

@@ -15,12 +15,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preprocessing.contract.manifest import (
     CURRENT_NAME,
     MANIFEST_NAME,
     ManifestError,
     ShardEntry,
+    check_entry,
     read_current_version,
     read_manifest,
 )
@@ -112,6 +115,16 @@ HOSTILE = {
     "absolute path": (set_shard("path", "/etc/passwd"), "/etc/passwd"),
     "absolute path to a real file": (None, "outside.parquet"),
     "other scheme": (set_shard("path", "s3://other/x"), "s3://other/x"),
+    "split directory, then up": (
+        set_shard("path", "split=train/../../../outside.parquet"),
+        "split=train/../../../outside.parquet",
+    ),
+    "split named up": (set_shard("path", "split=../outside.parquet"), "split=../outside"),
+    "a directory that is no split's": (set_shard("path", "a/outside.parquet"), "a/outside"),
+    "another split's directory": (
+        set_shard("path", "split=holdout/train-00000.parquet"),
+        "is in another split",
+    ),
     "digest with separators": (set_shard("sha256", "../../../outside"), "sha256"),
     "version id of another directory": (lambda raw: raw.update(version_id="v2"), "'v2'"),
     "version id with separators": (lambda raw: raw.update(version_id="v1/../v1"), "v1/../v1"),
@@ -157,3 +170,22 @@ def test_cache_names_files_by_validated_digests_only(tmp_path) -> None:
     with pytest.raises(ManifestError, match="not 64 lowercase hex digits"):
         cache.open(str(tmp_path / "source.parquet"), entry)
     assert not list(tmp_path.glob("escaped*")) and files_in(tmp_path / "cache") == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="split=/.abc_-\\:0", max_size=40))
+def test_an_accepted_shard_path_stays_in_its_version_directory(path: str) -> None:
+    """Invariant over hostile paths: a shard path `check_entry` accepts is a file name, or
+    one under a `split=<name>/` directory, with no `..`, so it resolves inside the version
+    directory; anything else is a ManifestError naming the path."""
+    entry = ShardEntry(path, 1, 1, 1, 1, "0" * 64, {}, {})
+    try:
+        check_entry(entry, "m")
+    except ManifestError as error:
+        assert repr(path) in str(error)
+        return
+    *folders, name = path.split("/")
+    assert ".." not in path and name and len(folders) <= 1
+    assert all(re.fullmatch(r"split=[A-Za-z0-9_-]+", folder) for folder in folders)
+    resolved = os.path.normpath(f"/root/v-x/{path}")
+    assert resolved.startswith("/root/v-x/") and resolved.endswith(name)

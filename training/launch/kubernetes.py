@@ -5,7 +5,9 @@ with a c10d rendezvous at the master.
 The PyTorchJob is one attempt: pods never restart (`restartPolicy: Never`,
 `backoffLimit: 0`), because training/launch/job.py retries every kind of job in
 one place and decides there whether the attempt resumes. Secrets come from the
-Kubernetes Secret named by `secret_env`, never from the manifest.
+Kubernetes Secret named by `secret_env`, never from the manifest. The PyTorchJob is
+checked against the training operator's own CRD before it is printed or applied
+(training/launch/crd.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fsspec.core import url_to_fs
 
 from training.launch.command import torchrun_command
 from training.launch.config import KubernetesJob
+from training.launch.crd import PYTORCH_JOB_CRD, check_resource
 from training.launch.launchers import Launcher, require_tool
 
 CONFIG_MOUNT = "/etc/ballast"
@@ -49,6 +52,7 @@ class KubernetesLauncher(Launcher[KubernetesJob]):
                 "pytorchReplicaSpecs": replicas,
             },
         }
+        check_resource(job, PYTORCH_JOB_CRD)  # before it is printed or applied
         return [config_map, job]
 
     def render(self, config_uri: str, resume: bool = False) -> str:
