@@ -39,6 +39,12 @@ from training.models.classifier import Classifier
 CLIP = 3.0  # RealMLP's smooth clipping scale, in standard deviations
 
 
+def smooth_clip(x: torch.Tensor) -> torch.Tensor:
+    """`x / sqrt(1 + (x / CLIP)^2)`: near `x` close to 0, tending to +-CLIP; `hypot`, so
+    that a value past 1e19 (whose square overflows float32) still maps to +-CLIP."""
+    return x / torch.hypot(torch.ones_like(x), x / CLIP)
+
+
 class PeriodicEmbedding(nn.Module):
     """[rows, columns] -> [rows, columns * (size + 1)]: each column's PLR embedding and its
     smoothly clipped value."""
@@ -53,7 +59,7 @@ class PeriodicEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.empty(columns, size).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        clipped = x / torch.sqrt(1 + (x / CLIP) ** 2)
+        clipped = smooth_clip(x)
         angles = 2 * math.pi * clipped[..., None] * self.frequencies
         periodic = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
         embedded = F.relu(torch.einsum("bcf,cfs->bcs", periodic, self.weight) + self.bias)
@@ -64,7 +70,7 @@ class SmoothClip(nn.Module):
     """Each value smoothly clipped (wide tables: their columns go in without embeddings)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x / torch.sqrt(1 + (x / CLIP) ** 2)
+        return smooth_clip(x)
 
 
 class EnsembleHeads(nn.Module):
