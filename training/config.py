@@ -26,6 +26,7 @@ LAST_CHECKPOINT_NAME = "last.ckpt"  # the one name of the checkpoint a run resum
 BUILTIN_MODELS = {
     "classifier": "training.models.classifier:FeatureClassifier",
     "transformer": "training.models.transformer:TokenClassifier",
+    "tabular": "training.models.tabular:TabularClassifier",
 }
 CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -163,6 +164,24 @@ class TransformerConfig(BaseModel):
         return self
 
 
+class TabularConfig(BaseModel):
+    """The settings of the `tabular` model (training/models/tabular.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ensemble_size: int = Field(8, gt=0, description="Members sharing the MLP (TabM-mini).")
+    frequencies: int = Field(16, gt=0, description="Periodic embedding: frequencies a column.")
+    embedding_size: int = Field(8, gt=0, description="Periodic embedding: its width a column.")
+    frequency_scale: float = Field(
+        0.1, gt=0, description="Periodic embedding: the deviation of its initial frequencies."
+    )
+    max_embedded_width: int = Field(
+        256, ge=0, description="Above this many input columns, no embeddings (wide tables)."
+    )
+    dropout: float = Field(0.1, ge=0, lt=1, description="Dropout after each hidden layer.")
+    label_smoothing: float = Field(0.1, ge=0, lt=1, description="Of the training loss.")
+
+
 class ModelConfig(BaseModel):
     """Which LightningModule trains, and the settings of the built-in ones."""
 
@@ -170,13 +189,17 @@ class ModelConfig(BaseModel):
 
     class_path: str = Field(
         "classifier",
-        description="`classifier` (MLP over features), `transformer` (over token ids), or a "
+        description="`classifier` (MLP over features), `tabular` (embeddings and an ensemble "
+        "of MLPs over features), `transformer` (over token ids), or a "
         'LightningModule by import path "pkg.module:Class", built as '
         "Class(num_features, classes, model) with `model` this config as a dict.",
     )
     hidden_sizes: list[int] = Field([64, 64], description="Classifier: width of each layer.")
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="Transformer: its sizes."
+    )
+    tabular: TabularConfig = Field(
+        default_factory=TabularConfig, description="Tabular: its embeddings and ensemble."
     )
     optimizer: Literal["adamw", "sgd"] = Field(
         "adamw",

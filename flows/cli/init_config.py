@@ -23,6 +23,7 @@ from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.scan.column_roles import TableSurvey, check_proposal, survey_columns
 from preprocessing.scan.feature_stats import policies_for
 from preprocessing.storage.sources import list_inputs, stream_schema
+from training.config import TabularConfig
 from training.sizing import sized_training
 
 LABEL_NAMES = ("label", "target", "class", "y")
@@ -179,17 +180,24 @@ def _left_out_lines(survey: TableSurvey) -> list[str]:
 def _mark_confirm(body: str, survey: TableSurvey) -> str:
     """The proposed null policies, unlabelled rows and class weighting, each with a
     CONFIRM comment naming the alternatives."""
-    out = []
+    out: list[str] = []
     for line in body.splitlines():
         name = _yaml_key(line)
         column = survey.columns.get(name)
-        if line.startswith("      ") and column is not None and column.role != "label":
+        if _in_section(out, "    tabular:") and line.startswith("      "):
+            line += f"  # {TABULAR_SETTINGS[name]}"
+        elif line.startswith("      ") and column is not None and column.role != "label":
             others = [p for p in policies_for(column.kind) if p != line.rsplit(": ", 1)[-1]]
             line += f"  # CONFIRM: {column.null_rows} nulls; or {', '.join(others)}"
         elif line.strip() == "unlabelled: drop":
             line += (
                 f"  # CONFIRM: {survey.unlabelled} rows have no {survey.label!r}: drop "
                 "leaves them out (counted per file); refuse rejects their files"
+            )
+        elif name == "class_path":
+            line += (
+                "  # CONFIRM: embeddings and an ensemble of MLPs; or classifier (one MLP), "
+                "or your LightningModule as pkg.module:Class"
             )
         elif name == "class_weighting":
             counts = sorted(survey.classes.values()) or [0]
@@ -199,6 +207,20 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             )
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def _in_section(lines: list[str], header: str) -> bool:
+    """Whether the line after `lines` is inside the mapping that `header` opens (the
+    nearest line above indented less than the header's entries is the header)."""
+    depth = len(header) - len(header.lstrip()) + 2
+    above = next((line for line in reversed(lines) if not line.startswith(" " * depth)), "")
+    return above.split("  #")[0] == header
+
+
+# What each setting of the proposed model does, beside it in the config.
+TABULAR_SETTINGS = {
+    name: str(field.description) for name, field in TabularConfig.model_fields.items()
+}
 
 
 def _yaml_key(line: str) -> str:

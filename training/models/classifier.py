@@ -92,7 +92,7 @@ class Classifier(lightning.LightningModule):
         return cast(torch.Tensor, self.net(features))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = weighted_cross_entropy(self(batch["features"]), batch["label"], batch["weight"])
+        loss = self.training_loss(batch)
         size = len(batch["label"])
         if "loss_scale" in batch:  # a balanced slice (training/data/balance.py): this rank's
             # part of the global step's mean, DDP's average of the parts being that mean;
@@ -107,6 +107,10 @@ class Classifier(lightning.LightningModule):
             loss.detach() * size, size, logs or ends_epoch(self._trainer, batch_idx)
         )
         return loss
+
+    def training_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The batch's mean cross-entropy over its real samples (a subclass may add terms)."""
+        return weighted_cross_entropy(self(batch["features"]), batch["label"], batch["weight"])
 
     def add_train_loss(self, weighted: torch.Tensor, size: int, log: bool) -> None:
         """Count a step's loss (times its batch size) towards the epoch's `train_loss`; `log`:
