@@ -385,3 +385,8 @@ class ReshardConfig(BaseModel):
         return comparable_settings(
             self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
         )
+
+    @property
+    def stall_deadline(self) -> tuple[float, float]:
+        """A data stage's stall deadline: its floor (s) and its factor of the median task."""
+        return self.progress_deadline_s, self.progress_deadline_factor
