@@ -93,3 +93,20 @@ def test_new_run_keys_do_not_repeat() -> None:
     keys = {new_run_key() for _ in range(200)}
     assert len(keys) == 200
     assert all(config("/w").of_run(key).run_key == key for key in keys)
+
+
+def test_a_summary_of_another_config_is_refused(tmp_path: Path) -> None:
+    """Invariant: the job's result names the run's own folders and the pinned file's
+    sha256; a summary whose ranks ran another file (another sha256, or none) is refused
+    naming both hashes, never returned as this run's."""
+    from training.launch import TrainingFailed
+    from training.launch.job import ran
+
+    cfg = config(str(tmp_path)).of_run("tonight")
+    pinned = PinnedJob(cfg, f"{cfg.output_dir}/train-config.pinned.yaml", {}, "a" * 64)
+    result = ran(pinned, {"config_sha256": "a" * 64})
+    assert result["run_key"] == "tonight" and result["output_dir"] == cfg.output_dir
+    assert result["checkpoint_uri"] == f"{cfg.output_dir}/checkpoints"
+    for other in ("b" * 64, None):
+        with pytest.raises(TrainingFailed, match="not the pinned one"):
+            ran(pinned, {"config_sha256": other})
