@@ -66,13 +66,24 @@ def night_config(work: Path, mlflow_uri: str, model_name: str) -> Path:
 
 @dataclass
 class Night:
-    """One command's settings, exit status, console and result (None: it wrote none)."""
+    """One command's settings, exit status, console, result (None: it wrote none) and
+    wall time from the start of all; `describe` says it in one line."""
 
     settings: list[str]
     returncode: int
     stderr: str
     result: dict[str, Any] | None
     wall_s: float
+
+    def describe(self) -> str:
+        registration = (self.result or {}).get("registration") or {}
+        training = (self.result or {}).get("training") or {}
+        return (
+            f"{' '.join(self.settings) or 'as configured'}: exit {self.returncode} at "
+            f"{self.wall_s:.0f} s, {training.get('epochs')} epochs, "
+            f"{training.get('batches_per_rank')} batches, v{registration.get('version')} "
+            f"{registration.get('alias')} (displaced v{registration.get('previous_champion')})"
+        )
 
 
 def run_nights(
@@ -87,13 +98,19 @@ def run_nights(
         command += [arg for value in sets for arg in ("--set", value)]
         log = (work / f"night-{index}.err").open("wb")
         processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
+    ended: dict[int, float] = {}  # each command's own wall time, as it ends
+    while len(ended) < len(processes) and time.monotonic() - started < timeout_s:
+        for index, process in enumerate(processes):
+            if index not in ended and process.poll() is not None:
+                ended[index] = time.monotonic() - started
+        time.sleep(0.5)
     nights = []
     for index, (sets, process) in enumerate(zip(settings, processes, strict=True)):
-        returncode = process.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+        returncode = process.wait(timeout=1.0)  # raises past the time limit: a hung night
         result_file = work / f"result-{index}.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else None
         stderr = (work / f"night-{index}.err").read_text(errors="replace")
-        nights.append(Night(sets, returncode, stderr, result, time.monotonic() - started))
+        nights.append(Night(sets, returncode, stderr, result, ended[index]))
     return nights
 
 

@@ -28,5 +28,5 @@ def test_two_nights_at_once_each_record_their_own_lineage(
         settings = [["train.max_epochs=1"], ["train.max_epochs=2"]]
         nights = run_nights(env, config, work, settings, timeout_s=900)
     for night in nights:
-        print(f"{night.settings}: exit {night.returncode} after {night.wall_s:.0f} s")
+        print(night.describe())
     check_nights(nights, mlflow_uri, "two-nights")

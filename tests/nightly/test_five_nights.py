@@ -31,10 +31,7 @@ def test_five_nights_at_once_keep_the_registry_true(
         config = night_config(work, mlflow_uri, "five-nights")
         nights = run_nights(env, config, work, SETTINGS, timeout_s=3000)
     for night in nights:
-        print(
-            f"night {night.settings or 'as configured'}: exit {night.returncode}, "
-            f"done {night.wall_s:.0f} s after the start"
-        )
+        print(night.describe())
     check_nights(nights, mlflow_uri, "five-nights")
     versions = [path.name.removeprefix("v-") for path in (work / "datasets").glob("v-*")]
     assert versions
