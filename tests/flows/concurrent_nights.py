@@ -82,7 +82,8 @@ class Night:
             f"{' '.join(self.settings) or 'as configured'}: exit {self.returncode} at "
             f"{self.wall_s:.0f} s, {training.get('epochs')} epochs, "
             f"{training.get('batches_per_rank')} batches, v{registration.get('version')} "
-            f"{registration.get('alias')} (displaced v{registration.get('previous_champion')})"
+            f"{registration.get('alias')} "
+            f"(champion before: v{registration.get('previous_champion')})"
         )
 
 
