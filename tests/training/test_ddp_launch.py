@@ -124,12 +124,12 @@ def test_a_data_error_on_the_ranks_fails_once_in_one_line(
         loader=LoaderConfig(batch_size=64),
     )
     with pytest.raises(TrainingFailed) as raised:
-        run_job(cfg, local_job(2, attempts=3))
+        run_job(cfg, local_job(2, attempts=3), run_key="data-error")
     failure = raised.value
     assert len(failure.attempts) == 1 and failure.returncode not in (0, None)
     assert "fewer than one global batch" in str(failure) and "\n" not in str(failure)
     assert failure.config_error is not None and "error on 2 ranks:" in str(failure)
-    log = tmp_path / "run" / "errors" / "rank-0.log"
+    log = tmp_path / "run" / "runs" / "data-error" / "errors" / "rank-0.log"  # its own folder
     assert f"(traceback: {log})" in failure.config_error
     assert "Traceback (most recent call last)" in log.read_text()
 
