@@ -209,9 +209,14 @@ class TrainConfig(BaseModel):
     dataset: str = Field(
         description="Manifest URI, version directory or output root (read through `_CURRENT`)."
     )
-    output_dir: str = Field(description="`summary.json` (and by default checkpoints) go here.")
+    output_dir: str = Field(
+        description="Each run's `summary.json`, pinned config, plots (and by default "
+        "checkpoints) go to its own folder `runs/<run_key>/` here."
+    )
     checkpoint_dir: str | None = Field(
-        None, description="Any fsspec URI (s3:// included); default `<output_dir>/checkpoints`."
+        None,
+        description="Any fsspec URI (s3:// included), each run's in its `runs/<run_key>/`; "
+        "default `<output_dir>/runs/<run_key>/checkpoints`.",
     )
     checkpoint_every_n_steps: int | None = Field(
         None, gt=0, description="Also checkpoint every this many optimizer steps (mid-epoch)."
