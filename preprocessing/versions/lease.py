@@ -33,7 +33,7 @@ from fsspec.core import url_to_fs
 
 from preprocessing.contract.commit import CommitConflict
 from preprocessing.storage.objects import write_atomically
-from preprocessing.versions.attempt import HOLDER
+from preprocessing.versions.attempt import HOLDER, process_alive
 
 LEASES_DIR = "_leases"
 PREFIX = "lease-"
@@ -146,16 +146,7 @@ def is_free(record: dict[str, Any], ttl_s: float) -> bool:
     of this host (same boot and pid namespace) that is gone."""
     if record.get("released"):
         return True
-    if record.get("holder") == HOLDER and not _alive(int(record.get("pid", 0))):
+    pid = int(record.get("pid") or 0)  # 0 or less would name a process group, not one
+    if record.get("holder") == HOLDER and pid > 0 and not process_alive(pid):
         return True
     return bool(time.time() - float(record.get("heartbeat_at", 0.0)) > ttl_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return pid > 0

@@ -202,3 +202,24 @@ def night_env(root: Path, prefect_database: Path, tiny_raw: Path) -> Iterator[di
         yield env
     finally:
         stop_server(server)
+
+
+def nights_at_once(
+    tmp_path: Path,
+    services: tuple[Path, Path, str],
+    model_name: str,
+    settings: list[list[str]],
+    timeout_s: float,
+) -> list[Night]:
+    """Start the nights of `settings` together (`services`: the migrated Prefect
+    database, the tiny sample, the MLflow server's URI), print a line each, check them
+    (`check_nights`); the nights. The work dir is `tmp_path / "work"`."""
+    prefect_database, tiny_raw, mlflow_uri = services
+    with night_env(tmp_path, prefect_database, tiny_raw) as env:
+        work = tmp_path / "work"
+        config = night_config(work, mlflow_uri, model_name)
+        nights = run_nights(env, config, work, settings, timeout_s)
+    for night in nights:
+        print(night.describe())
+    check_nights(nights, mlflow_uri, model_name)
+    return nights

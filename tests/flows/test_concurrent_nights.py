@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.concurrent_nights import check_nights, night_config, night_env, run_nights
+from tests.flows.concurrent_nights import nights_at_once
 
 
 @pytest.mark.slow
@@ -22,11 +22,6 @@ def test_two_nights_at_once_each_record_their_own_lineage(
     tiny_raw: Path, mlflow_uri: str, prefect_database: Path, tmp_path: Path
 ) -> None:
     """Invariant: see the module; both complete (or one exits 3 naming the conflict)."""
-    with night_env(tmp_path, prefect_database, tiny_raw) as env:
-        work = tmp_path / "work"
-        config = night_config(work, mlflow_uri, "two-nights")
-        settings = [["train.max_epochs=1"], ["train.max_epochs=2"]]
-        nights = run_nights(env, config, work, settings, timeout_s=900)
-    for night in nights:
-        print(night.describe())
-    check_nights(nights, mlflow_uri, "two-nights")
+    settings = [["train.max_epochs=1"], ["train.max_epochs=2"]]
+    services = (prefect_database, tiny_raw, mlflow_uri)
+    nights_at_once(tmp_path, services, "two-nights", settings, timeout_s=900)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.concurrent_nights import check_nights, night_config, night_env, run_nights
+from tests.flows.concurrent_nights import nights_at_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.nightly]
 SETTINGS = [[], [], [], ["train.max_epochs=2"], ["train.seed=1"]]
@@ -26,17 +26,12 @@ def test_five_nights_at_once_keep_the_registry_true(
     tiny_raw: Path, mlflow_uri: str, prefect_database: Path, tmp_path: Path
 ) -> None:
     """Invariant: see the module."""
-    with night_env(tmp_path, prefect_database, tiny_raw) as env:
-        work = tmp_path / "work"
-        config = night_config(work, mlflow_uri, "five-nights")
-        nights = run_nights(env, config, work, SETTINGS, timeout_s=3000)
-    for night in nights:
-        print(night.describe())
-    check_nights(nights, mlflow_uri, "five-nights")
-    versions = [path.name.removeprefix("v-") for path in (work / "datasets").glob("v-*")]
+    services = (prefect_database, tiny_raw, mlflow_uri)
+    nights_at_once(tmp_path, services, "five-nights", SETTINGS, timeout_s=3000)
+    root = tmp_path / "work" / "datasets"
+    versions = [path.name.removeprefix("v-") for path in root.glob("v-*")]
     assert versions
     for version in versions:
-        root = str(work / "datasets")
-        command = [sys.executable, "-m", "flows", "verify", root, "--version", version]
-        verified = subprocess.run(command, capture_output=True, text=True, env=env)
+        command = [sys.executable, "-m", "flows", "verify", str(root), "--version", version]
+        verified = subprocess.run(command, capture_output=True, text=True)
         assert verified.returncode == 0, verified.stdout + verified.stderr
