@@ -249,20 +249,20 @@ def pin_job(cfg: TrainConfig, job: AnyJob, run_key: str | None = None) -> Pinned
         pinned = pinned.model_copy(update={"tracking": tracking})
     uri = dump_train_config(pinned, f"{cfg.output_dir.rstrip('/')}/{PINNED_CONFIG_NAME}")
     sha256 = config_sha256(uri)
-    if opened:
-        log_pinned_config(pinned, uri, sha256)
+    if opened and cfg.tracking is not None and pinned.tracking is not None:
+        # The config as given: its tracking URI may hold the credentials the file has not.
+        log_pinned_config(cfg.tracking, str(pinned.tracking.run_id), uri, sha256)
     return PinnedJob(pinned, uri, secret_env, sha256)
 
 
-def log_pinned_config(pinned: TrainConfig, uri: str, sha256: str) -> None:
+def log_pinned_config(tracking: TrackingConfig, run_id: str, uri: str, sha256: str) -> None:
     """The run's `train.*` params as read back from the pinned file, its sha256 a tag."""
     from tracking.run.job_config import log_job_config
 
-    assert pinned.tracking is not None and pinned.tracking.run_id is not None
     fs, path = url_to_fs(uri)
     written = yaml.safe_load(fs.cat_file(path))
     written.pop("tracking", None)  # the run's own coordinates, not a setting of the job
-    log_job_config(pinned.tracking, pinned.tracking.run_id, {"train": written}, sha256)
+    log_job_config(tracking, run_id, {"train": written}, sha256)
 
 
 def pin_tracking(
