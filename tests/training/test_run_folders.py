@@ -110,3 +110,28 @@ def test_a_summary_of_another_config_is_refused(tmp_path: Path) -> None:
     for other in ("b" * 64, None):
         with pytest.raises(TrainingFailed, match="not the pinned one"):
             ran(pinned, {"config_sha256": other})
+
+
+def test_the_nodes_of_a_multinode_job_derive_one_run_key() -> None:
+    """Invariant: every node of a multinode job pins the same run folder (each pins on its
+    own): its MLflow run's id, or a digest of the job's name, rendezvous and version; a
+    local job gets none (a new key per job)."""
+    from tracking.config import TrackingConfig
+    from training.launch import LocalJob, MultiNodeJob
+    from training.launch.job import nodes_key
+
+    def node() -> MultiNodeJob:
+        return MultiNodeJob(
+            kind="multinode", num_nodes=2, job_name="nightly", rdzv_endpoint="10.0.0.1:29500"
+        )
+
+    cfg = config("/w")
+    assert nodes_key(cfg, node()) == nodes_key(cfg, node()) is not None
+    assert nodes_key(cfg.model_copy(update={"dataset": "s3://other"}), node()) != nodes_key(
+        cfg, node()
+    )
+    tracked = cfg.model_copy(
+        update={"tracking": TrackingConfig(tracking_uri="http://mlflow", run_id="abc123")}
+    )
+    assert nodes_key(tracked, node()) == "abc123"
+    assert nodes_key(cfg, LocalJob()) is None

@@ -35,6 +35,7 @@ relaunched together by whoever started them, never each by its own loop.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 import time
@@ -228,9 +229,14 @@ def new_run_key() -> str:
 
 
 def nodes_key(cfg: TrainConfig, job: AnyJob) -> str | None:
-    """The run key every node of a multinode job derives alike: its MLflow run's id."""
-    tracking = cfg.tracking
-    return tracking.run_id if isinstance(job, MultiNodeJob) and tracking else None
+    """The run key every node of a multinode job derives alike: its MLflow run's id, or
+    without tracking a digest of what the nodes share (job name, rendezvous, version)."""
+    if not isinstance(job, MultiNodeJob):
+        return None
+    if cfg.tracking is not None and cfg.tracking.run_id is not None:
+        return cfg.tracking.run_id
+    shared = f"{job.job_name}|{job.rdzv_endpoint}|{cfg.dataset}"
+    return hashlib.sha256(shared.encode()).hexdigest()[:16]
 
 
 def pin_job(cfg: TrainConfig, job: AnyJob, run_key: str | None = None) -> PinnedJob:
