@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # (57.9 -> 51.5 s); __pycache__/ is ignored by git.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help venv demo test test-quick soak lint audit format clean
+.PHONY: help venv demo test test-quick soak nightly lint audit format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -35,6 +35,10 @@ test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no proces
 # 30 nights of the incremental chain, one seeded fault a night (tests/soak/chain.py); long.
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
 	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
+
+# Five pipelines at once on one Prefect and one MLflow server (tests/nightly); not in `test`.
+nightly: $(STAMP)  ## the nightly tier: five concurrent pipelines, their wall times printed
+	BALLAST_NIGHTLY=1 $(BIN)/pytest -q -s -p no:randomly tests/nightly
 
 lint: $(STAMP)  ## ruff (lint and formatting), mypy and the import-linter contracts of docs/architecture.md
 	$(BIN)/ruff check .

@@ -93,10 +93,12 @@ def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str, arm: str) -> Tr
         config.model_copy(update={"dataset": dataset, "tracking": _run_named(config, arm)}),
         job,
         arm,
+        flow_run.get_id(),  # the run's own folders: a retry of this flow run resumes them
     )
     runlog.log_training(arm, training)
     if config.tracking is not None and training.run_id is not None:
-        tasks.close_run(config.tracking, training.run_id, training, config.checkpoint_uri, arm)
+        checkpoints = training.checkpoint_uri or config.checkpoint_uri
+        tasks.close_run(config.tracking, training.run_id, training, checkpoints, arm)
     return training
 
 

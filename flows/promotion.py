@@ -1,12 +1,15 @@
 """The pipeline's promotion step, composed: drift against the parent and the champion on
 the same rows (tracking/lifecycle/challenge.py), then the registration that decides
-(tracking/lifecycle/registry.py by tracking/lifecycle/promotion.py's rule), and what a
+(tracking/lifecycle/registry.py by tracking/lifecycle/promotion.py's rule), both under the
+model name's lease on the output root (concurrent nights decide in turn), and what a
 person reads of it: the Prefect markdown artifact `drift`, the run log, the run's
 metrics and tags, the training summary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from prefect import get_run_logger, task
@@ -17,6 +20,7 @@ from flows.results import Challenger, DriftSummary, Evaluation, Registration
 from flows.tasks import TRANSIENT_RETRIES, dask_map
 from preprocessing.contract.manifest import read_manifest
 from preprocessing.driver.cluster import Executor
+from preprocessing.versions.lease import LeaseBusy, NamedLease
 from tracking.config import TrackingConfig
 from tracking.lifecycle.challenge import champion_on_same_rows, drift_against, parent_of
 from tracking.lifecycle.drift import DriftReport, ShareChange
@@ -108,20 +112,40 @@ def promote(
             key="drift",
             description=f"dataset version {report.version} against its parent {report.parent}",
         )
-    same_rows = score_champion(tracking, name, location, dask, arm)
-    registration = register(
-        tracking,
-        name,
-        challenger.model_uri,
-        challenger.evaluation,
-        Promotion(same_rows, breaches, config.force),
-        arm,
-        description,
-    )
+    with decision_lease(location, name, arm):
+        same_rows = score_champion(tracking, name, location, dask, arm)
+        registration = register(
+            tracking,
+            name,
+            challenger.model_uri,
+            challenger.evaluation,
+            Promotion(same_rows, breaches, config.force),
+            arm,
+            description,
+        )
     record(tracking, challenger.run_id, registration, report, markdown, arm)
     log_drift_line(arm, report)
     drift_seen = drift_summary(report, breaches) if report else None
     return registration.model_copy(update={"drift": drift_seen})
+
+
+@contextmanager
+def decision_lease(manifest_uri: str, name: str, arm: str) -> Iterator[NamedLease]:
+    """Hold the lease of model `name` on the version's output root while the champion is
+    scored and the alias decided, so concurrent nights decide one after the other, each
+    against the champion the last one left (preprocessing/versions/lease.py)."""
+    root = manifest_uri.rsplit("/", 2)[0]  # <root>/v-<id>/_MANIFEST.json
+    with NamedLease(root, f"model:{name}") as lease:
+        if lease.waited_s > 1:
+            get_run_logger().info(
+                "promotion[%s]: waited %.0f s for another run's decision on %s",
+                arm,
+                lease.waited_s,
+                name,
+            )
+        yield lease
+        if not lease.held():
+            raise LeaseBusy(f"model:{name}: this run's lease expired while it decided")
 
 
 def drift_summary(report: DriftReport, breaches: list[str]) -> DriftSummary:

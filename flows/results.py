@@ -89,6 +89,9 @@ class TrainingResult(StepResult):
     val_loss: float | None = None
     attempts: list[JobAttempt]
     tracking_delivery: dict[str, Any] | None = None  # the MLflow logger's delivery report
+    run_key: str | None = None  # the run's folder name under output_dir/runs/
+    checkpoint_uri: str | None = None  # the run's own checkpoints
+    config_sha256: str | None = None  # of the pinned config the ranks ran
 
     def figures(self) -> dict[str, Any]:
         """The whole summary as the job wrote it (with `attempts`, `run_id`, ...)."""

@@ -125,11 +125,14 @@ def reshard(
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")
-def train(config: TrainConfig, job: AnyJob, arm: str = "adhoc") -> TrainingResult:
+def train(
+    config: TrainConfig, job: AnyJob, arm: str = "adhoc", run_key: str | None = None
+) -> TrainingResult:
     """Run the training job through its launcher, which pins the dataset version and the
-    MLflow run and retries under `job.retry`, each retry resuming. The task itself is
-    never retried, so retries do not multiply."""
-    return TrainingResult.model_validate(run_job(config, job))
+    MLflow run, gives the job its run's folders (`run_key`: the flow run's id) and retries
+    under `job.retry`, each retry resuming. The task itself is never retried, so retries
+    do not multiply."""
+    return TrainingResult.model_validate(run_job(config, job, run_key))
 
 
 @task(cache_policy=NO_CACHE, task_run_name="close-run[{arm}]")

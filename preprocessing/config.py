@@ -279,14 +279,24 @@ class ReshardConfig(BaseModel):
         "bodies cut short): preprocessing/toolbox/faults.py.",
     )
     progress_deadline_s: float = Field(
-        180.0,
+        60.0,
         gt=0,
         json_schema_extra=OUTPUT_NEUTRAL,
-        description="A worker of a data stage "
-        "(scan, exchange, write) silent this long while it holds a task is named in the log "
-        "(address, tasks, seconds silent) and removed from the cluster; its tasks run on the "
-        "other workers (preprocessing/driver/waves.py StallWatch). Above the longest a task "
-        "may keep its worker from heartbeating; Dask's own timeout took 592 s.",
+        description="The least time a worker of a data stage (scan, exchange, write; the one "
+        "pass of a single-pass route) may go without a scheduler heartbeat while the stage "
+        "runs; past its deadline (this, or progress_deadline_factor x the stage's median "
+        "task time so far when longer) it is named in the log (address, tasks, seconds "
+        "silent) and removed from the cluster, its tasks run on the other workers "
+        "(preprocessing/driver/waves.py StallWatch). A worker that is slow but heartbeats is "
+        "never removed; Dask's own timeout took 592 s.",
+    )
+    progress_deadline_factor: float = Field(
+        3.0,
+        ge=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="The stall deadline grows to this many times the median time of the "
+        "stage's tasks so far (from submission to result), for tasks that may keep their "
+        "worker from heartbeating about as long as they run; 0: progress_deadline_s alone.",
     )
     # The exchange's shape (docs/data-path.md, step 4): how fast and in how many requests a
     # version is made, never what is in it, so none of these changes the version id.
@@ -375,3 +385,8 @@ class ReshardConfig(BaseModel):
         return comparable_settings(
             self.model_dump(mode="json", exclude=set(output_neutral_fields(ReshardConfig)))
         )
+
+    @property
+    def stall_deadline(self) -> tuple[float, float]:
+        """A data stage's stall deadline: its floor (s) and its factor of the median task."""
+        return self.progress_deadline_s, self.progress_deadline_factor

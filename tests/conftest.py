@@ -45,8 +45,13 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # A session fixture's setup counts toward the first test that asks for it: the pipeline run
 # (tests/flows/conftest.py) is paid by the first operator-view test of a full run, the
 # `ballast run pipeline` command (cli_pipeline_run) by the console test.
+NIGHTLY_VARIABLE = "BALLAST_NIGHTLY"  # =1: collect the `nightly` tier (make nightly)
 END_TO_END: frozenset[str] = frozenset(
     {
+        # two `ballast run pipeline` at once on one Prefect and one MLflow server
+        "tests/flows/test_concurrent_nights.py::"
+        "test_two_nights_at_once_each_record_their_own_lineage",
+        "tests/nightly/test_five_nights.py::test_five_nights_at_once_keep_the_registry_true",
         "tests/flows/test_operator_view.py::"
         "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
         "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
@@ -105,6 +110,9 @@ END_TO_END: frozenset[str] = frozenset(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
+    config.addinivalue_line(
+        "markers", f"nightly: several pipelines at once; run only with {NIGHTLY_VARIABLE}=1"
+    )
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -113,6 +121,11 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, which should add the suffix
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(NIGHTLY_VARIABLE) != "1":  # the nightly tier: `make nightly` only
+        nightly = [item for item in items if item.get_closest_marker("nightly")]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [item for item in items if not item.get_closest_marker("nightly")]
     order_items(items, END_TO_END)
     if getattr(config.option, "loadgroup", False):
         suffix_groups(items)

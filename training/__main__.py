@@ -5,7 +5,8 @@ this machine, on several nodes, through srun or in a PyTorchJob's pods; under
 torchrun Lightning finds TorchElasticEnvironment and spawns nothing
 (docs/architecture.md M1). Run without a launcher it trains in one process.
 `--resume` continues from `last.ckpt` in the checkpoint directory when there is
-one (what a retry passes). Rank 0 writes `<output_dir>/summary.json`. The config
+one (what a retry passes). Rank 0 writes `<output_dir>/summary.json`, with the sha256
+of the config file it ran. The config
 may be any fsspec URI.
 
 A config or data error (training/launch/failures.py) ends the rank with status 2,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from training.config import load_train_config
+from training.config import config_sha256, load_train_config
 from training.launch.failures import is_config_error, report_config_error
 from training.train import close_process_group, exit_rank, run_training
 
@@ -38,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_train_config(args.config)
         output_dir = cfg.output_dir
         run_training(
-            cfg.model_copy(update={"resume": cfg.resume or args.resume}), ckpt_path=args.ckpt_path
+            cfg,
+            ckpt_path=args.ckpt_path,
+            resume=args.resume,
+            config_sha256=config_sha256(args.config),
         )
     except BaseException as error:
         close_process_group(wait_for_peers=False)

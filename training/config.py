@@ -9,6 +9,7 @@ errors name the field, e.g. `model.class_path` or `comm.powersgd_rank`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,8 @@ from tracking.config import TrackingConfig
 from training.data.readahead import ReadConfig
 
 LAST_CHECKPOINT_NAME = "last.ckpt"  # the one name of the checkpoint a run resumes from
+RUNS_FOLDER = "runs"  # <output_dir>/runs/<run_key>: one run's own files
+RUN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 BUILTIN_MODELS = {
     "classifier": "training.models.classifier:FeatureClassifier",
@@ -256,15 +259,34 @@ class TrainConfig(BaseModel):
     dataset: str = Field(
         description="Manifest URI, version directory or output root (read through `_CURRENT`)."
     )
-    output_dir: str = Field(description="`summary.json` (and by default checkpoints) go here.")
+    output_dir: str = Field(
+        description="Each run's `summary.json`, pinned config, plots (and by default "
+        "checkpoints) go to its own folder `runs/<run_key>/` here."
+    )
     checkpoint_dir: str | None = Field(
-        None, description="Any fsspec URI (s3:// included); default `<output_dir>/checkpoints`."
+        None,
+        description="Any fsspec URI (s3:// included), each run's in its `runs/<run_key>/`; "
+        "default `<output_dir>/runs/<run_key>/checkpoints`.",
     )
     checkpoint_every_n_steps: int | None = Field(
         None, gt=0, description="Also checkpoint every this many optimizer steps (mid-epoch)."
     )
     resume: bool = Field(
-        False, description="Continue from `last.ckpt` in checkpoint_dir when there is one."
+        False,
+        description="Continue from the run's own `last.ckpt` when there is one, else from "
+        "`resume_from_run`'s, else from a `last.ckpt` left directly in checkpoint_dir by a "
+        "release before runs had folders of their own.",
+    )
+    resume_from_run: str | None = Field(
+        None,
+        description="A new run starts from this run's `last.ckpt` (its folder name under "
+        "`<checkpoint_dir>/runs/`, the Prefect flow run id of a pipeline): the only way a run "
+        "resumes another's checkpoint. Needs `resume: true`.",
+    )
+    run_key: str | None = Field(
+        None,
+        description="The run whose folder output_dir and checkpoint_dir are "
+        "(`.../runs/<run_key>`): set when the launcher pins the job, never by hand.",
     )
     seed: int = Field(0, description="Seeds weights and the sample order of every epoch.")
     max_epochs: int = Field(3, gt=0, description="Passes over the training split.")
@@ -331,6 +353,51 @@ class TrainConfig(BaseModel):
     def last_checkpoint_uri(self) -> str:
         """Where every attempt saves, and a resuming one looks first."""
         return f"{self.checkpoint_uri}/{LAST_CHECKPOINT_NAME}"
+
+    def of_run(self, run_key: str) -> TrainConfig:
+        """This config with output_dir and checkpoint_dir the folders of run `run_key`
+        (`<dir>/runs/<run_key>`): what one run writes, no other run does. A config pinned
+        to a run already stays as it is (a multinode job's nodes each pin the same file)."""
+        if self.run_key is not None:
+            return self
+        if not RUN_KEY.fullmatch(run_key):
+            raise ValueError(f"run_key: {run_key!r} is not a folder name ([A-Za-z0-9_.-]+)")
+        scoped = {"run_key": run_key, "output_dir": _run_folder(self.output_dir, run_key)}
+        if self.checkpoint_dir is not None:
+            scoped["checkpoint_dir"] = _run_folder(self.checkpoint_dir, run_key)
+        return self.model_copy(update=scoped)
+
+    @property
+    def resume_candidates(self) -> list[str]:
+        """The checkpoints a resuming run starts from, the first that exists: its own; and
+        when the config asks to resume (not a retry alone), then the run it names
+        (`resume_from_run`), then a `last.ckpt` of a release before run folders."""
+        own = self.last_checkpoint_uri
+        if self.run_key is None or not self.resume:
+            return [own]
+        # <root>/runs/<key><rest>: `<rest>` is `/checkpoints` under the default checkpoint_dir
+        root, _, rest = own.rpartition(f"/{RUNS_FOLDER}/{self.run_key}/")
+        named = self.resume_from_run
+        others = [f"{root}/{RUNS_FOLDER}/{named}/{rest}"] if named else []
+        return [own, *others, f"{root}/{rest}"]
+
+    @model_validator(mode="after")
+    def named_resume(self) -> TrainConfig:
+        if self.resume_from_run is not None and not RUN_KEY.fullmatch(self.resume_from_run):
+            raise ValueError(
+                f"resume_from_run: {self.resume_from_run!r} is not a run's folder name"
+            )
+        return self
+
+
+def _run_folder(directory: str, run_key: str) -> str:
+    return f"{directory.rstrip('/')}/{RUNS_FOLDER}/{run_key}"
+
+
+def config_sha256(uri: str) -> str:
+    """The sha256 of the config file at `uri` as stored: what a run says it ran."""
+    fs, path = url_to_fs(uri)
+    return hashlib.sha256(fs.cat_file(path)).hexdigest()
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

@@ -34,16 +34,25 @@ from training.summary import summarise, write_summary
 from training.trainer import TrainingJob, build_job
 
 
-def run_training(cfg: TrainConfig, ckpt_path: str | None = None) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig,
+    ckpt_path: str | None = None,
+    config_sha256: str | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
     """Fit on `cfg.dataset` and return the summary (written by rank 0). `ckpt_path`:
-    a checkpoint to resume from, or "last"; `cfg.resume` means "last" if there is one."""
+    a checkpoint to resume from, or "last"; `cfg.resume` or `resume` (a retry's) mean
+    "last" if there is one (a retry alone only the run's own).
+    `config_sha256`: the sha256 of the config file this rank read, recorded in the summary
+    (the launcher checks it against the file it pinned and MLflow's tag)."""
     started = time.monotonic()
     lightning.seed_everything(cfg.seed, workers=True)
     job = build_job(cfg)
-    resume_from = resolve_checkpoint(ckpt_path, cfg.resume, cfg.checkpoint_uri)
+    resume_from = resolve_checkpoint(ckpt_path, cfg.resume or resume, cfg.resume_candidates)
     fit(job, cfg.tracking, resume_from)
     summary = summarise(job.trainer, job.model, cfg, job.callbacks, time.monotonic() - started)
     summary["resumed_from"] = resume_from
+    summary["config_sha256"] = config_sha256
     summary["loader"] = job.data.train_dataloader().metrics()
     model_uri = log_trained_model(cfg, job, summary["run_id"])
     if job.trainer.is_global_zero:

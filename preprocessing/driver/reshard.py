@@ -290,7 +290,7 @@ def _scan(
     bounds = group_pieces(
         np.array([f.num_bytes for f in files]), config.exchange_task_bytes, 4 * dask.threads
     ).tolist()
-    counter = StageProgress("scan", len(bounds) - 1, progress, config.progress_deadline_s)
+    counter = StageProgress("scan", len(bounds) - 1, progress, *config.stall_deadline)
     groups = run_in_waves(
         dask.dask,
         _scan_files,

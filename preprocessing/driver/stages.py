@@ -75,7 +75,7 @@ def exchange(
     shard_uris = [uri for _, uri in shard_jobs(plans, attempt.shard_uri)]
     rerun = plan_rerun(dask.dask, dask.in_flight, attempt, staging, shard_uris)
     counter = StageProgress(
-        "exchange", sum(map(len, rerun.rounds)), progress, config.progress_deadline_s
+        "exchange", sum(map(len, rerun.rounds)), progress, *config.stall_deadline
     )
     # Map tasks need the plans' layout, not every piece's offsets: that goes to the cluster
     # once, as a task's result a dead worker's successor can recompute (waves.share).
@@ -127,7 +127,7 @@ def write_stage(
     shards = shard_jobs(plans, attempt.shard_uri)
     bounds = staging.layout.write_bounds.tolist()
     tasks = [(bounds[task], shards[bounds[task] : bounds[task + 1]]) for task in rerun.writes]
-    counter = StageProgress("write", len(tasks), progress, config.progress_deadline_s)
+    counter = StageProgress("write", len(tasks), progress, *config.stall_deadline)
     try:
         entries = run_in_waves(
             dask.dask,

@@ -338,7 +338,7 @@ def _expired(fs: Any, attempt: str, lease: Lease | None, expiry_s: float) -> boo
         return modified is not None and time.time() - modified > expiry_s
     if lease.released:
         return True
-    if lease.holder == HOLDER and not _alive(lease.pid):
+    if lease.holder == HOLDER and not process_alive(lease.pid):
         return True
     return time.time() - lease.heartbeat_at > expiry_s
 
@@ -351,7 +351,8 @@ def read_lease(fs: Any, path: str) -> Lease | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (a lease's holder judged by its pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -12,15 +12,25 @@ import contextlib
 import logging
 import os
 import signal
+import statistics
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from distributed import Client, LocalCluster, wait
+from hypothesis import given
+from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import run_reshard
-from preprocessing.driver.waves import StallWatch, to_retire
+from preprocessing.driver.waves import (
+    StageProgress,
+    StallWatch,
+    run_in_waves,
+    stall_deadline_s,
+    to_retire,
+)
 from tests.log_records import records_of
 
 DEADLINE_S = 10.0
@@ -120,3 +130,111 @@ def test_a_worker_is_retired_only_while_another_was_heard_from() -> None:
     assert to_retire(seen, 89.0, 10.0) == {}
     assert to_retire(seen, 120.0, 10.0) == {}
     assert to_retire({"a": {"last_seen": 0.0}}, 60.0, 10.0) == {}
+
+
+@given(
+    st.floats(0.1, 1e4),
+    st.floats(0, 100),
+    st.lists(st.floats(0, 1e5, allow_nan=False), max_size=50),
+)
+def test_the_deadline_is_the_floor_or_the_factor_of_the_median(
+    floor_s: float, factor: float, seconds: list[float]
+) -> None:
+    """Invariant: the stall deadline is never under its floor, is the floor alone until a
+    task finished, and is otherwise max(floor, factor x median task time): a stage of
+    sub-second tasks is judged at the floor (60 s by default), one of ten-minute tasks at
+    3 x ten minutes."""
+    deadline = stall_deadline_s(floor_s, factor, seconds)
+    assert deadline >= floor_s
+    if not seconds:
+        assert deadline == floor_s
+    else:
+        assert deadline == max(floor_s, factor * statistics.median(seconds))
+    counter = StageProgress("test", len(seconds), None, floor_s, factor)
+    for second in seconds:
+        counter.advance(second)
+    assert counter.deadline_s == deadline
+    assert StageProgress("test", 1, None).deadline_s is None  # no floor: not watched
+
+
+def _sleep_then(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+@contextlib.contextmanager
+def throttled(pid: int, stopped_s: float, running_s: float) -> Iterator[list[int]]:
+    """Slow process `pid` down: SIGSTOP for `stopped_s` then SIGCONT for `running_s`, over
+    and over, until the block ends; yields the list of cycles done."""
+    cycles: list[int] = []
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stopped_s)
+            os.kill(pid, signal.SIGCONT)
+            cycles.append(1)
+            done.wait(running_s)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield cycles
+    finally:
+        done.set()
+        thread.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_slow_worker_that_heartbeats_is_never_removed() -> None:
+    """Invariant: a worker throttled (stopped 0.3 s of every 1 s) and running tasks 12 times
+    longer than the stage's median, far past the deadline (floor 3 s, factor 1: the
+    median task takes well under a second), is never removed, since it still heartbeats;
+    every result arrives in order. (The floor stands in for the 60 s default, the task
+    lengths for tasks of minutes: what is judged is the heartbeat, not the task time.)"""
+    with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
+        pids = client.run(os.getpid)
+        slow, _ = sorted(pids.items())[0]
+        arguments = [(8.0 if i % 5 == 0 else 0.05, i) for i in range(20)]
+        counter = StageProgress("slow", len(arguments), None, 3.0, 1.0)
+        started = time.monotonic()
+        with throttled(pids[slow], 0.3, 0.7) as cycles:
+            results = run_in_waves(client, _sleep_then, arguments, 20, 4, counter)
+        assert set(client.scheduler_info()["workers"]) == set(pids)
+    assert results == list(range(20))
+    assert cycles and time.monotonic() - started > 8.0
+    assert counter.deadline_s is not None and counter.deadline_s < 8.0  # tasks outlived it
+    assert not [r for r in logged if "silent" in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_judged_by_the_stages_task_times() -> None:
+    """Invariant: in a stage whose tasks take about 2.5 s, with floor 3 s and factor 4, a
+    worker frozen mid-stage is named only once silent past 4 x the median (about 10 s),
+    not at the floor, and well within a minute; the stage still returns every result."""
+    with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
+        pids = client.run(os.getpid)
+        address, victim = sorted(pids.items())[0]
+        counter = StageProgress("timed", 16, None, 3.0, 4.0)
+        arguments = [(2.5, i) for i in range(16)]
+        frozen: list[float] = []
+
+        def freeze(_: str, done: int, __: int) -> None:
+            if done == 6 and not frozen:
+                os.kill(victim, signal.SIGSTOP)
+                frozen.append(time.time())
+
+        counter._progress = freeze
+        try:
+            results = run_in_waves(client, _sleep_then, arguments, 16, 2, counter)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+    named = [r for r in logged if address in r.getMessage() and "silent" in r.getMessage()]
+    assert results == list(range(16)) and frozen and named
+    named_after_s = named[0].created - frozen[0]
+    print(f"named {named_after_s:.1f} s after the freeze: {named[0].getMessage()}")
+    assert 9.0 < named_after_s < 60.0

@@ -55,6 +55,7 @@ NEUTRAL = {
     "max_tasks_in_flight",
     "upload_part_bytes",
     "progress_deadline_s",
+    "progress_deadline_factor",
     "resume_max_age_s",
 }
 # One other value per field: a neutral one must keep the id, an output one must change it.
@@ -70,6 +71,7 @@ CHANGES: dict[str, Any] = {
     "max_tasks_in_flight": 3,
     "upload_part_bytes": 16 << 20,
     "progress_deadline_s": 30.0,
+    "progress_deadline_factor": 7.0,
     "resume_max_age_s": 60.0,
     "dataset": {**FIXED["dataset"], "feature_columns": ["x"], "nulls": {}},
     "mix": {"class_weighting": "uniform"},

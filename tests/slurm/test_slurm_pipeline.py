@@ -92,7 +92,8 @@ def test_the_pipeline_runs_its_dask_step_and_training_as_slurm_jobs(
     log = log_file.read_text()
     dask_jobs = re.findall(r"Dask workers joined from SLURM jobs (\d+)", log)
     assert dask_jobs and attempt["job_id"] not in dask_jobs
-    output = shared_dir / "work" / "job" / "slurm" / f"{train_name}-{attempt['job_id']}.out"
+    run_folder = Path(result["training"]["output_dir"])  # <job>/runs/<flow run id>
+    output = run_folder / "slurm" / f"{train_name}-{attempt['job_id']}.out"
     assert f"SLURM job {attempt['job_id']}, its output {output}" in log
     assert output.exists()
     deadline = time.monotonic() + 60  # the last step's worker job may still be ending

@@ -53,9 +53,9 @@ def test_wrong_python_fails_naming_the_job_its_output_and_the_cause(shared_dir: 
     error's first line, which the console, the run log and MLflow show."""
     job = slurm_job(python="/usr/bin/python3")
     with pytest.raises(TrainingFailed) as failed:
-        run_job(train_config(shared_dir), job)
+        run_job(train_config(shared_dir), job, run_key="no-module")
     [job_id] = jobs_named(job.job_name)
-    output = shared_dir / "run" / "slurm" / f"{job.job_name}-{job_id}.out"
+    output = shared_dir / "run" / "runs" / "no-module" / "slurm" / f"{job.job_name}-{job_id}.out"
     first_line = str(failed.value).split("\n", 1)[0]
     assert re.search(
         rf"training exited with status 1 in SLURM job {job_id} \(FAILED, exit "

@@ -187,7 +187,8 @@ def kill_rank(soak: Soak, process: subprocess.Popen, rng: np.random.Generator) -
     found: list[psutil.Process] = []
     while process.poll() is None and not found:
         time.sleep(0.02)
-        found = ranks(process) if (job_dir / "checkpoints" / "last.ckpt").exists() else []
+        saved = any(job_dir.glob("runs/*/checkpoints/last.ckpt"))  # the run's own folder
+        found = ranks(process) if saved else []
     if not found:
         return False
     victim = found[int(rng.integers(len(found)))]

@@ -46,7 +46,7 @@ def tracked_job(
     )
     job = LocalJob(num_processes_per_node=1, timeout_s=600, retry=RetryPolicy(attempts=1))
     summary = run_job(config, job)
-    finish_run(tracking, run_id, summary, manifest, config.checkpoint_uri)
+    finish_run(tracking, run_id, summary, manifest, summary["checkpoint_uri"])
     return run_id, summary
 
 

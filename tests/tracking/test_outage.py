@@ -154,7 +154,7 @@ def test_outage_mid_run_costs_time_only(dataset, tmp_path) -> None:
         delivery = summary["tracking_delivery"]
         assert delivery["failed_attempts"] > 0 and delivery["kept_locally"] == 0
         assert summary["model_uri"].startswith("models:/")
-        finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints")
+        finish_run(tracking, run_id, summary, manifest, summary["checkpoint_uri"])
         assert_complete(client, run_id, summary, manifest)
         assert_predicts(tracking.tracking_uri, summary["model_uri"], manifest_uri)
     finally:
@@ -177,7 +177,7 @@ def test_down_at_start_the_job_trains_and_an_upload_delivers_the_run(dataset, tm
     summary = launch_once(path)
     assert summary["run_id"] == run_id and summary["tracking_delivery"]["kept_locally"] > 0
     with warnings.catch_warnings(record=True):
-        finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints")
+        finish_run(tracking, run_id, summary, manifest, summary["checkpoint_uri"])
     spool = Spool.of_run(tracking, run_id)
     server = start_mlflow_server(tmp_path, port)
     try:
@@ -217,9 +217,7 @@ def test_down_through_the_job_and_log_model_delivered_at_the_close(dataset, tmp_
     assert not summary["model_uri"].startswith("models:/")
     server = start_mlflow_server(tmp_path, port)
     try:
-        assert (
-            finish_run(tracking, run_id, summary, manifest, f"{tmp_path}/job/checkpoints") == run_id
-        )
+        assert finish_run(tracking, run_id, summary, manifest, summary["checkpoint_uri"]) == run_id
         client = MlflowClient(tracking.tracking_uri)
         assert_complete(client, run_id, summary, manifest)
         registered = register_and_promote(

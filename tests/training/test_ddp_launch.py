@@ -83,7 +83,9 @@ def tracked_job(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Tr
         summary = run_job(cfg, local_job(2))
     finally:
         proxy.shutdown()
-    return TrackedJob(summary, root / "run", password, proxy.address, dict(proxy.counts))
+    return TrackedJob(
+        summary, Path(summary["output_dir"]), password, proxy.address, dict(proxy.counts)
+    )
 
 
 @pytest.mark.slow
@@ -122,12 +124,12 @@ def test_a_data_error_on_the_ranks_fails_once_in_one_line(
         loader=LoaderConfig(batch_size=64),
     )
     with pytest.raises(TrainingFailed) as raised:
-        run_job(cfg, local_job(2, attempts=3))
+        run_job(cfg, local_job(2, attempts=3), run_key="data-error")
     failure = raised.value
     assert len(failure.attempts) == 1 and failure.returncode not in (0, None)
     assert "fewer than one global batch" in str(failure) and "\n" not in str(failure)
     assert failure.config_error is not None and "error on 2 ranks:" in str(failure)
-    log = tmp_path / "run" / "errors" / "rank-0.log"
+    log = tmp_path / "run" / "runs" / "data-error" / "errors" / "rank-0.log"  # its own folder
     assert f"(traceback: {log})" in failure.config_error
     assert "Traceback (most recent call last)" in log.read_text()
 
@@ -189,9 +191,9 @@ def test_every_rank_reads_the_version_pinned_at_launch(tmp_path: Path) -> None:
             class_path=RECORDING_MODEL, hidden_sizes=[8], options={"record_dir": str(records)}
         ),
     )
-    committer = VersionCommitter(root, tmp_path / "run" / PINNED_CONFIG_NAME)
+    committer = VersionCommitter(root, tmp_path / "run" / "runs" / "pinned" / PINNED_CONFIG_NAME)
     committer.start()
-    summary = run_job(cfg, local_job(2))
+    summary = run_job(cfg, local_job(2), run_key="pinned")
     committer.join()
     assert committer.committed_at is not None
     assert read_current_version(str(root)) == "test1280x0x3x32"  # the commit landed

@@ -122,7 +122,7 @@ def through_the_flow_task(config: Path) -> dict[str, Any]:
 
     @flow
     def train() -> dict[str, Any]:
-        return tasks.train(load_train_config(config), JOB).figures()
+        return tasks.train(load_train_config(config), JOB, run_key="killed").figures()
 
     return train()
 
@@ -164,7 +164,8 @@ def test_sigkilled_rank_fails_fast_and_the_retry_resumes_every_sample_once(
             "artifact_location": str(tmp_path / "artifacts"),
         },
     )
-    killer = RankKiller(records, out / "checkpoints" / "last.ckpt", Path(root))
+    # The job's own folder (training/launch/job.py): `runs/<run key>` of its output_dir.
+    killer = RankKiller(records, out / "runs" / "killed" / "checkpoints" / "last.ckpt", Path(root))
     killer.start()
     summary = through_the_flow_task(config)
     killer.join()

@@ -110,16 +110,14 @@ def test_a_sigstopped_rank_fails_the_attempt_and_the_retry_trains_every_sample_o
             options={"record_dir": str(records), "step_sleep_s": 0.15},
         ),
     )
-    stopper = Stopper(
-        records,
-        tmp_path / "run" / "checkpoints" / "last.ckpt",
-        Path(hang_log_uri(cfg.output_dir, 0)),
-    )
+    run = cfg.of_run("hang")  # the folders run_job gives the job of that key
+    stopper = Stopper(records, Path(run.last_checkpoint_uri), Path(hang_log_uri(run.output_dir, 0)))
     stopper.start()
     try:
         summary = run_job(
             cfg,
-            LocalJob(
+            run_key="hang",
+            job=LocalJob(
                 num_processes_per_node=2,
                 timeout_s=400,
                 retry=RetryPolicy(attempts=2, first_delay_s=0),

@@ -12,7 +12,7 @@ A DCP directory is written beside its destination (`<uri>.partial`) and moved
 into place when every rank has finished, so a rank killed mid-save leaves the
 previous `last.ckpt` whole.
 
-`resolve_checkpoint` turns `"last"` into the URI of `<checkpoint_dir>/last.ckpt`
+`resolve_checkpoint` turns `"last"` into the URI of the run's `last.ckpt`
 itself, rather than leaving it to Lightning, whose search drops the protocol
 of remote paths.
 """
@@ -49,20 +49,21 @@ def last_checkpoint_uri(checkpoint_uri: str) -> str:
     return f"{checkpoint_uri.rstrip('/')}/{LAST_NAME}"
 
 
-def resolve_checkpoint(ckpt_path: str | None, resume: bool, checkpoint_uri: str) -> str | None:
-    """The checkpoint to start from: an explicit path, `last.ckpt` when resuming (None,
-    logged, when there is none yet: a first attempt, or one that failed before its first
-    save), else None."""
+def resolve_checkpoint(ckpt_path: str | None, resume: bool, candidates: list[str]) -> str | None:
+    """The checkpoint to start from: an explicit path; when resuming (or `"last"`), the
+    first of `candidates` (`TrainConfig.resume_candidates`: the run's own `last.ckpt`
+    first) that exists (None, logged, when none does yet: a first attempt, or one that
+    failed before its first save); else None."""
     if ckpt_path not in (None, "last"):
         return ckpt_path
     if ckpt_path == "last" or resume:
-        last = last_checkpoint_uri(checkpoint_uri)
-        fs, path = url_to_fs(last)
-        if fs.exists(path):
-            return last
+        for uri in candidates:
+            fs, path = url_to_fs(uri)
+            if fs.exists(path):
+                return uri
         logger.warning(
             "resume asked for, but there is no checkpoint at %s yet: training starts from scratch",
-            last,
+            " or ".join(candidates),
         )
     return None
 

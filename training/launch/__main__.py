@@ -87,7 +87,8 @@ def close_job_run(cfg: TrainConfig, summary: dict[str, Any]) -> None:
     from tracking.run.runs import finish_run
 
     manifest, _ = read_manifest(summary["manifest_uri"])
-    finish_run(cfg.tracking, summary["run_id"], summary, manifest, cfg.checkpoint_uri)
+    checkpoints = summary.get("checkpoint_uri") or cfg.checkpoint_uri  # the run's own
+    finish_run(cfg.tracking, summary["run_id"], summary, manifest, checkpoints)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,12 @@
     summary = run_job(train_config, LaunchConfig(kind="slurm", num_nodes=4, ...))
 
 `pin_job` fixes, once per job, what every rank of every attempt must agree on and
-writes it to `<output_dir>/train-config.pinned.yaml`:
+writes it to `<output_dir>/runs/<run_key>/train-config.pinned.yaml`:
+- the run's own folders: output_dir and checkpoint_dir become `<dir>/runs/<run_key>`
+  (the Prefect flow run id under a flow, else a generated id), so two jobs started at
+  once on one work dir share no config, checkpoint, summary or plot, and a retry of the
+  same run (same key) resumes its own checkpoint, never another's unless named
+  (`resume_from_run`);
 - the dataset version: `_CURRENT` is resolved once to the version's manifest URI,
   so a version committed while the job starts, or between attempts, changes nothing;
 - the MLflow run: created now, with its lineage, when the config names none, so
@@ -12,6 +17,11 @@ writes it to `<output_dir>/train-config.pinned.yaml`:
 - the tracking credentials: a password in the tracking URI moves into the ranks'
   environment (MLFLOW_TRACKING_USERNAME/PASSWORD, which MLflow reads), so no
   config written to disk holds it.
+
+Lineage is true by construction: the run's `train.*` params are read back from the
+pinned file once written, its sha256 is the run's tag `ballast.config_sha256`, and
+every rank records the sha256 of the file it read in its summary; `run_job` refuses a
+summary whose hash is not the pinned file's.
 
 `run_job` is the one place a job is retried and the one place that decides to
 resume: the first attempt resumes only if the config says so, every retry resumes
@@ -25,19 +35,22 @@ relaunched together by whoever started them, never each by its own loop.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manifest
 from preprocessing.toolbox.faults import backoff_s
 from preprocessing.toolbox.secrets import split_credentials
 from tracking.config import TrackingConfig
-from training.config import TrainConfig, dump_train_config
+from training.config import TrainConfig, config_sha256, dump_train_config
 from training.distributed.hangs import take_hang_reports
 from training.launch.config import AnyJob, MultiNodeJob, job_retry
 from training.launch.failures import TrainingFailed, clear_error_logs, read_config_errors
@@ -65,6 +78,7 @@ class PinnedJob:
     config: TrainConfig
     config_uri: str
     secret_env: dict[str, str]
+    sha256: str = ""  # of the file at config_uri
 
 
 def make_launcher(spec: AnyJob) -> Launcher[Any]:
@@ -72,15 +86,17 @@ def make_launcher(spec: AnyJob) -> Launcher[Any]:
     return LAUNCHERS[spec.kind](spec)
 
 
-def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
-    """Pin the job, run it, retry it under `job_retry(job)`; its summary.json, plus
-    `attempts` (status, resume, checkpoint resumed from, seconds, end time and error of
-    each), `run_id` and `manifest_uri`."""
-    pinned = pin_job(cfg, job)
+def run_job(cfg: TrainConfig, job: AnyJob, run_key: str | None = None) -> dict[str, Any]:
+    """Pin the job as run `run_key` (None: a new id), run it, retry it under
+    `job_retry(job)`; its summary.json, plus `attempts` (status, resume, checkpoint
+    resumed from, seconds, end time and error of each), `run_id`, `manifest_uri`, the
+    run's `run_key`, `output_dir` and `checkpoint_uri`."""
+    pinned = pin_job(cfg, job, run_key)
     launcher, policy = make_launcher(job), job_retry(job)
     attempts: list[dict[str, Any]] = []
+    rerun = _exists(pinned.config.last_checkpoint_uri)  # the same run started again
     for attempt in range(1, policy.attempts + 1):
-        resume = cfg.resume or attempt > 1  # the one place that decides to resume
+        resume = cfg.resume or rerun or attempt > 1  # the one place that decides to resume
         started, resumed_from = time.monotonic(), checkpoint_to_resume(pinned, resume, attempt)
         try:
             summary = run_attempt(launcher, pinned, resume)
@@ -93,13 +109,34 @@ def run_job(cfg: TrainConfig, job: AnyJob) -> dict[str, Any]:
             time.sleep(backoff_s(policy, attempt))
             continue
         attempts.append(attempt_record(started, launcher, resume, resumed_from))
-        tracking = pinned.config.tracking
-        return summary | {
-            "attempts": attempts,
-            "manifest_uri": pinned.config.dataset,
-            "run_id": tracking.run_id if tracking else None,
-        }
+        return summary | ran(pinned, summary) | {"attempts": attempts}
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def ran(pinned: PinnedJob, summary: dict[str, Any]) -> dict[str, Any]:
+    """What the job ran, for its result: the run, its folders, the version, the config's
+    sha256, checked against the one rank 0 read (a different file ran: refused)."""
+    if summary.get("config_sha256") != pinned.sha256:
+        raise TrainingFailed(
+            f"{pinned.config_uri}: the ranks ran a config of sha256 "
+            f"{summary.get('config_sha256')}, not the pinned one ({pinned.sha256})",
+            None,
+            "",
+        )
+    tracking, config = pinned.config.tracking, pinned.config
+    return {
+        "manifest_uri": config.dataset,
+        "run_id": tracking.run_id if tracking else None,
+        "run_key": config.run_key,
+        "output_dir": config.output_dir,
+        "checkpoint_uri": config.checkpoint_uri,
+        "config_uri": pinned.config_uri,
+    }
+
+
+def _exists(uri: str) -> bool:
+    fs, path = url_to_fs(uri)
+    return bool(fs.exists(path))
 
 
 def run_attempt(launcher: Launcher, pinned: PinnedJob, resume: bool) -> dict[str, Any]:
@@ -149,14 +186,14 @@ def checkpoint_to_resume(pinned: PinnedJob, resume: bool, attempt: int) -> str |
     says so, rather than starting from scratch without a word."""
     if not resume:
         return None
-    uri = pinned.config.last_checkpoint_uri
-    fs, path = url_to_fs(uri)
-    if fs.exists(path):
-        return uri
+    candidates = pinned.config.resume_candidates
+    found = next((uri for uri in candidates if _exists(uri)), None)
+    if found is not None:
+        return found
     if attempt > 1:
         print(
-            f"retry {attempt - 1}: no checkpoint at {uri} (the failed attempt ended before "
-            "its first save): this attempt trains from scratch",
+            f"retry {attempt - 1}: no checkpoint at {candidates[0]} (the failed attempt "
+            "ended before its first save): this attempt trains from scratch",
             file=sys.stderr,
         )
     return None
@@ -186,19 +223,52 @@ def attempt_record(
     return record
 
 
-def pin_job(cfg: TrainConfig, job: AnyJob) -> PinnedJob:
-    """Resolve the dataset version, open the MLflow run, take the credentials out of the
-    tracking URI; write the result where every node reads it (see the module)."""
+def new_run_key() -> str:
+    """A run's folder name when no flow run names it: sortable by start, never repeated."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+def nodes_key(cfg: TrainConfig, job: AnyJob) -> str | None:
+    """The run key every node of a multinode job derives alike: its MLflow run's id, or
+    without tracking a digest of what the nodes share (job name, rendezvous, version)."""
+    if not isinstance(job, MultiNodeJob):
+        return None
+    if cfg.tracking is not None and cfg.tracking.run_id is not None:
+        return cfg.tracking.run_id
+    shared = f"{job.job_name}|{job.rdzv_endpoint}|{cfg.dataset}"
+    return hashlib.sha256(shared.encode()).hexdigest()[:16]
+
+
+def pin_job(cfg: TrainConfig, job: AnyJob, run_key: str | None = None) -> PinnedJob:
+    """Give the job its run's folders, resolve the dataset version, open the MLflow run,
+    take the credentials out of the tracking URI; write the result where every node reads
+    it, then log the run's params from that file (see the module)."""
     if isinstance(job, MultiNodeJob):
         check_pinned_for_nodes(cfg)
+    cfg = cfg.of_run(run_key or nodes_key(cfg, job) or new_run_key())
     manifest, manifest_uri = read_manifest(cfg.dataset)
     pinned = cfg.model_copy(update={"dataset": manifest_uri})
     secret_env: dict[str, str] = {}
+    opened = cfg.tracking is not None and cfg.tracking.run_id is None
     if cfg.tracking is not None:
         tracking, secret_env = pin_tracking(pinned, cfg.tracking, manifest, job)
         pinned = pinned.model_copy(update={"tracking": tracking})
     uri = dump_train_config(pinned, f"{cfg.output_dir.rstrip('/')}/{PINNED_CONFIG_NAME}")
-    return PinnedJob(pinned, uri, secret_env)
+    sha256 = config_sha256(uri)
+    if opened and cfg.tracking is not None and pinned.tracking is not None:
+        # The config as given: its tracking URI may hold the credentials the file has not.
+        log_pinned_config(cfg.tracking, str(pinned.tracking.run_id), uri, sha256)
+    return PinnedJob(pinned, uri, secret_env, sha256)
+
+
+def log_pinned_config(tracking: TrackingConfig, run_id: str, uri: str, sha256: str) -> None:
+    """The run's `train.*` params as read back from the pinned file, its sha256 a tag."""
+    from tracking.run.job_config import log_job_config
+
+    fs, path = url_to_fs(uri)
+    written = yaml.safe_load(fs.cat_file(path))
+    written.pop("tracking", None)  # the run's own coordinates, not a setting of the job
+    log_job_config(tracking, run_id, {"train": written}, sha256)
 
 
 def pin_tracking(
@@ -223,11 +293,8 @@ def open_job_run(
     version) before any rank starts."""
     from tracking.run.runs import start_run
 
-    params = {
-        "train": cfg.model_dump(mode="json", exclude={"tracking"}),
-        "dataset": manifest.config,
-        "num_processes": job.world_size,
-    }
+    # `train.*` follow once the pinned file is written (`log_pinned_config`).
+    params = {"dataset": manifest.config, "num_processes": job.world_size}
     tags = {"ballast.strategy": cfg.strategy, "ballast.world_size": str(job.world_size)}
     return start_run(tracking, manifest, cfg.dataset, params, tags)
 
