@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
-from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import id_range
+from preprocessing.plan.split_keys import holdout_rows, split_key_columns
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -242,8 +242,8 @@ class _Tally:
             if self.starts is not None
             else rows // max_piece_rows
         )
-        holdout = holdout_mask(
-            file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
+        holdout = holdout_rows(
+            batch, spec, file.relative_path, self.num_rows, seed, holdout_fraction
         )
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
@@ -290,12 +290,14 @@ def _null_lists_reason(profiles: dict[str, ColumnProfile], error: BaseException)
 def scan_columns(
     spec: DatasetSpec, profiles: dict[str, ColumnProfile], footer: Footer | None
 ) -> list[str]:
-    """The columns the scan reads: label, source and id, and the feature columns that
-    need statistics; a fixed-size list whose footer shows no nulls is not read."""
+    """The columns the scan reads: label, source and id, those that decide a row's split
+    (preprocessing/plan/split_keys.py), and the feature columns that need statistics; a
+    fixed-size list whose footer shows no nulls is not read unless it decides a split."""
     columns = [
         spec.label_column,
         *([spec.source_column] if spec.source_column else []),
         *([spec.id_column] if spec.id_column else []),
+        *split_key_columns(spec),
     ]
     columns += [
         name

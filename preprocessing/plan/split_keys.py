@@ -1,0 +1,159 @@
+"""Which split a row goes to: the one decision the scan (which counts the splits) and the
+exchange (which routes the rows) both make, from the row's own values.
+
+Without `dataset.group_column` or `dataset.duplicates` a row's draw is a function of
+(seed, file, row index), as it always was (`plan.row_fates.holdout_mask`). With them the
+draw is a function of (seed, a hash of the row's split key): the group's value when
+`group_column` is set, else with `duplicates: same_split` the row's content (label, then
+feature columns). A duplicate is a row equal in label, features and group (when set), so
+under a group every duplicate set sits in one group and follows it. Equal keys draw alike in any file, piece or
+night, so a group or a duplicate content never crosses splits and stays on its side in
+every later child of a chain, with no index kept and no pass of its own.
+
+Values are hashed as written: integers by value whatever their width, floats by the bits
+of their float64, strings and binaries by their bytes, timestamps and dates by their
+stored integer tagged with the type, lists element by element in order, any other type
+by the repr of its Python value (slow, but exact). A null hashes to one fixed value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from preprocessing.config import DatasetSpec
+from preprocessing.plan.permutation import derive_key, mix64, unit_interval
+from preprocessing.plan.row_fates import holdout_mask
+
+NULL_HASH = np.uint64(derive_key("null value"))
+
+
+def split_key_columns(spec: DatasetSpec) -> list[str]:
+    """The columns whose values decide a row's split; empty: (file, row) decides. The
+    group wins: a duplicate's content holds its group, so it follows the group too."""
+    if spec.group_column:
+        return [spec.group_column]
+    return content_columns(spec) if spec.duplicates == "same_split" else []
+
+
+def content_columns(spec: DatasetSpec) -> list[str]:
+    """The columns whose equal values make two rows duplicates (whatever `duplicates` is)."""
+    group = [spec.group_column] if spec.group_column else []
+    return list(dict.fromkeys([spec.label_column, *spec.feature_columns, *group]))
+
+
+def holdout_rows(
+    table: pa.Table | pa.RecordBatch,
+    spec: DatasetSpec,
+    file_key: str,
+    first_row: int,
+    seed: int,
+    fraction: float,
+) -> np.ndarray:
+    """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out."""
+    columns = split_key_columns(spec)
+    if not columns or fraction <= 0:
+        return holdout_mask(file_key, first_row, table.num_rows, seed, fraction)
+    return unit_interval(row_hashes(table, columns), derive_key(seed, "holdout", "value")) < (
+        fraction
+    )
+
+
+def row_hashes(table: pa.Table | pa.RecordBatch, columns: list[str]) -> np.ndarray:
+    """A 64-bit hash per row of the values of `columns`, in that order."""
+    hashes = np.zeros(table.num_rows, dtype=np.uint64)
+    for position, name in enumerate(columns):
+        hashes ^= column_hashes(table.column(name))
+        hashes = mix64(hashes, derive_key("column", position))
+    return hashes
+
+
+def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit hash of every value of `column` (see the module doc)."""
+    if isinstance(column, pa.ChunkedArray):
+        chunks = [column_hashes(chunk) for chunk in column.chunks]
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint64)
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        values = column_hashes(column.dictionary)[_filled_indices(column.indices)]
+        return _with_nulls(column, values)
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        return _with_nulls(column, _numbers(column.cast(pa.int64(), safe=False), "integer"))
+    if pa.types.is_floating(kind):
+        bits = column.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        return _with_nulls(column, mix64(bits.view(np.uint64), derive_key("float")))
+    if pa.types.is_temporal(kind) and kind.bit_width in (32, 64):
+        stored = column.view(pa.int32() if kind.bit_width == 32 else pa.int64())
+        return _with_nulls(column, _numbers(stored.cast(pa.int64()), str(kind)))
+    if _is_text(kind):
+        return _texts(column)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _lists(column)
+    return _reprs(column)
+
+
+def _numbers(values: pa.Array, tag: str) -> np.ndarray:
+    raw = values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return mix64(raw.view(np.uint64), derive_key(tag))
+
+
+def _with_nulls(column: pa.Array, hashes: np.ndarray) -> np.ndarray:
+    if column.null_count:
+        hashes[column.is_null().to_numpy(zero_copy_only=False)] = NULL_HASH
+    return hashes
+
+
+def _filled_indices(indices: pa.Array) -> np.ndarray:
+    return indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return any(
+        check(kind)
+        for check in (
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+        )
+    )
+
+
+def _texts(column: pa.Array) -> np.ndarray:
+    """Strings and binaries by their bytes: each distinct value hashed once."""
+    encoded = column.dictionary_encode()
+    distinct = [
+        _digest(value if isinstance(value, bytes) else value.encode())
+        for value in encoded.dictionary.to_pylist()
+    ]
+    table = np.array(distinct, dtype=np.uint64)
+    hashes = (
+        table[_filled_indices(encoded.indices)] if len(table) else np.zeros(len(column), np.uint64)
+    )
+    return _with_nulls(column, hashes)
+
+
+def _lists(column: pa.Array) -> np.ndarray:
+    """Lists element by element, each element keyed by its place in its list."""
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+    elements = pc.list_flatten(column)
+    starts = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    places = np.arange(len(elements), dtype=np.int64) - np.repeat(starts[:-1], lengths)
+    keyed = mix64(column_hashes(elements), places.astype(np.uint64))
+    totals = np.r_[np.uint64(0), np.cumsum(keyed, dtype=np.uint64)]
+    with np.errstate(over="ignore"):
+        sums = totals[starts[1:]] - totals[starts[:-1]]
+    hashes = mix64(sums ^ lengths.astype(np.uint64), derive_key("list"))
+    return _with_nulls(column, hashes)
+
+
+def _reprs(column: pa.Array) -> np.ndarray:
+    hashes = [_digest(f"{column.type}:{value!r}".encode()) for value in column.to_pylist()]
+    return _with_nulls(column, np.array(hashes, dtype=np.uint64))
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
