@@ -6,9 +6,10 @@ Without `dataset.group_column` or `dataset.duplicates` a row's draw is a functio
 draw is a function of (seed, a hash of the row's split key): the group's value when
 `group_column` is set, else with `duplicates: same_split` the row's content (label, then
 feature columns). A duplicate is a row equal in label, features and group (when set), so
-under a group every duplicate set sits in one group and follows it. Equal keys draw alike in any file, piece or
-night, so a group or a duplicate content never crosses splits and stays on its side in
-every later child of a chain, with no index kept and no pass of its own.
+under a group every duplicate set sits in one group and follows it. Equal keys draw
+alike in any file, piece or night, so a group or a duplicate content never crosses
+splits and stays on its side in every later child of a chain, with no index kept and no
+pass of its own.
 
 Values are hashed as written: integers by value whatever their width, floats by the bits
 of their float64, strings and binaries by their bytes, timestamps and dates by their

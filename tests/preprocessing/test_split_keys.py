@@ -5,6 +5,7 @@ default settings keep today's draw by (file, row); values hash as written."""
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +61,7 @@ def held_out_in_files(
     """The draw of every row, the table read as files cut at `cuts`, each in two pieces."""
     bounds = [0, *cuts, table.num_rows]
     parts = []
-    for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for index, (start, stop) in enumerate(pairwise(bounds)):
         middle = (start + stop) // 2
         for first, last in ((start, middle), (middle, stop)):
             piece = table.slice(first, last - first)
@@ -150,7 +151,7 @@ def test_group_split_is_stable_across_nights_and_fractions_near_target() -> None
 def test_group_column_config_errors_name_the_field() -> None:
     """Invariant: a group column equal to the label, or an unknown duplicates policy, is
     refused naming the field."""
-    with pytest.raises(ValueError, match="dataset.group_column"):
+    with pytest.raises(ValueError, match=r"dataset\.group_column"):
         DatasetSpec(inputs=["raw"], group_column="label")
     with pytest.raises(ValueError, match="duplicates"):
         DatasetSpec(inputs=["raw"], duplicates="sometimes")  # type: ignore[arg-type]
