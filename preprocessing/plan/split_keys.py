@@ -46,6 +46,12 @@ def content_columns(spec: DatasetSpec) -> list[str]:
     return list(dict.fromkeys([spec.label_column, *spec.feature_columns, *group]))
 
 
+def key_columns(spec: DatasetSpec) -> list[str]:
+    """The columns a scan reads for the split and for the manifest's tally of keys."""
+    content = content_columns(spec) if spec.duplicates != "keep" else []
+    return list(dict.fromkeys([*split_key_columns(spec), *content]))
+
+
 def holdout_rows(
     table: pa.Table | pa.RecordBatch,
     spec: DatasetSpec,
@@ -158,3 +164,61 @@ def _reprs(column: pa.Array) -> np.ndarray:
 
 def _digest(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+# What a scan tallies of a file's keys when groups or duplicates are set: per
+# "<split>/group" and "<split>/content", each distinct hash and its rows.
+KeyCounts = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def tally_keys(
+    table: pa.Table | pa.RecordBatch, spec: DatasetSpec, holdout: np.ndarray
+) -> KeyCounts:
+    """The distinct group and content hashes of `table`'s rows per split, with their rows;
+    empty when neither `group_column` nor `duplicates` is set (nothing to record)."""
+    kinds = {"group": [spec.group_column]} if spec.group_column else {}
+    if spec.duplicates != "keep":
+        kinds["content"] = content_columns(spec)
+    tally: KeyCounts = {}
+    for kind, columns in kinds.items():
+        hashes = row_hashes(table, [c for c in columns if c is not None])
+        for split, rows in (("train", ~holdout), ("holdout", holdout)):
+            tally[f"{split}/{kind}"] = _distinct(hashes[rows], np.ones(int(rows.sum()), np.int64))
+    return tally
+
+
+def merge_keys(parts: list[KeyCounts]) -> KeyCounts:
+    """The tallies of several batches or files as one: hashes distinct, rows summed."""
+    names = dict.fromkeys(name for part in parts for name in part)
+    return {
+        name: _distinct(
+            np.concatenate([part[name][0] for part in parts if name in part]),
+            np.concatenate([part[name][1] for part in parts if name in part]),
+        )
+        for name in names
+    }
+
+
+def _distinct(hashes: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    unique, inverse = np.unique(hashes, return_inverse=True)
+    return unique, np.bincount(inverse, weights=rows, minlength=len(unique)).astype(np.int64)
+
+
+def split_value_stats(keys: KeyCounts) -> dict[str, dict[str, float]]:
+    """Per split: its groups and the largest group's share of its rows; the input rows
+    whose content another input row shares (copies oversampling makes are not input rows);
+    rows held out by groups are whole groups, so the held-out share is what they achieve."""
+    stats: dict[str, dict[str, float]] = {}
+    everywhere = merge_keys([{"all": keys[n]} for n in keys if n.endswith("/content")])
+    repeated = everywhere["all"][0][everywhere["all"][1] > 1] if everywhere else None
+    for name, (hashes, rows) in sorted(keys.items()):
+        split, kind = name.split("/")
+        entry = stats.setdefault(split, {})
+        total = int(rows.sum())
+        if kind == "group":
+            entry["groups"] = len(hashes)
+            entry["largest_group_share"] = round(int(rows.max()) / total, 6) if total else 0.0
+        elif repeated is not None:
+            entry["duplicate_rows"] = int(rows[np.isin(hashes, repeated)].sum())
+        entry["rows"] = total
+    return stats

@@ -38,7 +38,13 @@ import pyarrow.parquet as pq
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_ids import id_range
-from preprocessing.plan.split_keys import holdout_rows, split_key_columns
+from preprocessing.plan.split_keys import (
+    KeyCounts,
+    holdout_rows,
+    key_columns,
+    merge_keys,
+    tally_keys,
+)
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -82,6 +88,9 @@ class FileScan:
     dropped_rows: int = 0  # rows left out: unlabelled (under `unlabelled: drop`) or nulls
     unlabelled_rows: int = 0  # of them, rows without a label
     id_range: tuple[int, int] | None = None
+    # With groups or duplicates set: distinct group / content hashes per split, with rows
+    # (preprocessing/plan/split_keys.py: tally_keys), for the manifest's record of them.
+    keys: KeyCounts = field(default_factory=dict)
 
 
 def scan_file(
@@ -185,6 +194,7 @@ def _scan_rows(
         dropped_rows=tally.dropped,
         unlabelled_rows=tally.unlabelled,
         id_range=tally.id_range(file),
+        keys=merge_keys(tally.keys),
     )
 
 
@@ -223,6 +233,7 @@ class _Tally:
     dropped: int = 0
     unlabelled: int = 0
     ids: IdTally = field(default_factory=IdTally)
+    keys: list[KeyCounts] = field(default_factory=list)
 
     def add(
         self,
@@ -252,6 +263,7 @@ class _Tally:
         if not kept.all():
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
         self.counts.update(count_rows(table, spec, file, pieces, holdout))
+        self.keys.append(tally_keys(table, spec, holdout))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
@@ -297,7 +309,7 @@ def scan_columns(
         spec.label_column,
         *([spec.source_column] if spec.source_column else []),
         *([spec.id_column] if spec.id_column else []),
-        *split_key_columns(spec),
+        *key_columns(spec),
     ]
     columns += [
         name

@@ -26,6 +26,7 @@ from preprocessing.contract.manifest import (
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
+from preprocessing.plan.split_keys import merge_keys, split_value_stats
 from preprocessing.scan.inputs import FileScan
 from preprocessing.toolbox.secrets import redact, redact_value
 
@@ -135,6 +136,7 @@ def delta_of(
         sum(scan.file.num_bytes for scan in scans),
         num_pieces,
         strata,
+        split_value_stats(merge_keys([scan.keys for scan in scans if scan.reason is None])),
     )
 
 
