@@ -112,9 +112,7 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)
 
 
-def test_init_proposes_the_group_column_and_same_split_with_their_reasons(
-    tmp_path, capsys
-) -> None:
+def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_path, capsys) -> None:
     """Invariants: a repeating column under an entity name (`patient`: about 8 rows a
     value) is proposed as `group_column`, not a feature, with a CONFIRM giving its counts;
     rows repeated exactly in the sample get `duplicates: same_split` with their count;
