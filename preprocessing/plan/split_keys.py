@@ -12,9 +12,11 @@ splits and stays on its side in every later child of a chain, with no index kept
 pass of its own.
 
 Values are hashed as written: integers by value whatever their width, floats by the bits
-of their float64, strings and binaries by their bytes, timestamps and dates by their
-stored integer tagged with the type, lists element by element in order, any other type
-by the repr of its Python value (slow, but exact). A null hashes to one fixed value.
+of their float64, strings and binaries by their bytes (8 at a time, vectorised),
+timestamps and dates by their stored integer tagged with the type, fixed-size lists of
+numbers by the bytes of their values as stored, other lists element by element in order,
+any other type by the repr of its Python value (slow, but exact). A null hashes to one
+fixed value.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from preprocessing.plan.permutation import derive_key, mix64, unit_interval
 from preprocessing.plan.row_fates import holdout_mask
 
 NULL_HASH = np.uint64(derive_key("null value"))
+TEXT_ROWS = 1 << 16  # strings hashed this many at a time: index arrays of 8 bytes a byte
 
 
 def split_key_columns(spec: DatasetSpec) -> list[str]:
@@ -52,6 +55,37 @@ def key_columns(spec: DatasetSpec) -> list[str]:
     return list(dict.fromkeys([*split_key_columns(spec), *content]))
 
 
+def key_hashes(
+    table: pa.Table | pa.RecordBatch, spec: DatasetSpec, tally: bool = True
+) -> dict[str, np.ndarray]:
+    """Per row, a hash of its `group` (with group_column) and of its `content` (with
+    `duplicates: same_split`, or for the tally whenever duplicates is not `keep`)."""
+    keys = {}
+    if spec.group_column:
+        keys["group"] = row_hashes(table, [spec.group_column])
+    if (spec.duplicates == "same_split" and not spec.group_column) or (
+        tally and spec.duplicates != "keep"
+    ):
+        keys["content"] = row_hashes(table, content_columns(spec))
+    return keys
+
+
+def held_out(
+    keys: dict[str, np.ndarray],
+    spec: DatasetSpec,
+    file_key: str,
+    first_row: int,
+    num_rows: int,
+    seed: int,
+    fraction: float,
+) -> np.ndarray:
+    """True for rows `first_row`.. of file `file_key` held out, from their `key_hashes`."""
+    split = keys.get("group") if spec.group_column else keys.get("content")
+    if split is None or fraction <= 0:
+        return holdout_mask(file_key, first_row, num_rows, seed, fraction)
+    return unit_interval(split, derive_key(seed, "holdout", "value")) < fraction
+
+
 def holdout_rows(
     table: pa.Table | pa.RecordBatch,
     spec: DatasetSpec,
@@ -61,12 +95,8 @@ def holdout_rows(
     fraction: float,
 ) -> np.ndarray:
     """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out."""
-    columns = split_key_columns(spec)
-    if not columns or fraction <= 0:
-        return holdout_mask(file_key, first_row, table.num_rows, seed, fraction)
-    return unit_interval(row_hashes(table, columns), derive_key(seed, "holdout", "value")) < (
-        fraction
-    )
+    keys = key_hashes(table, spec, tally=False) if fraction > 0 else {}
+    return held_out(keys, spec, file_key, first_row, table.num_rows, seed, fraction)
 
 
 def row_hashes(table: pa.Table | pa.RecordBatch, columns: list[str]) -> np.ndarray:
@@ -97,6 +127,8 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return _with_nulls(column, _numbers(stored.cast(pa.int64()), str(kind)))
     if _is_text(kind):
         return _texts(column)
+    if pa.types.is_fixed_size_list(kind) and _fixed_width(kind.value_type):
+        return _fixed_lists(column)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         return _lists(column)
     return _reprs(column)
@@ -130,17 +162,65 @@ def _is_text(kind: pa.DataType) -> bool:
 
 
 def _texts(column: pa.Array) -> np.ndarray:
-    """Strings and binaries by their bytes: each distinct value hashed once."""
-    encoded = column.dictionary_encode()
-    distinct = [
-        _digest(value if isinstance(value, bytes) else value.encode())
-        for value in encoded.dictionary.to_pylist()
+    """Strings and binaries by their bytes, vectorised: each value padded to 8-byte words,
+    each word hashed with its place, the words of a value summed; TEXT_ROWS at a time."""
+    column = column.cast(pa.large_binary())
+    parts = [
+        _text_slice(column.slice(start, TEXT_ROWS)) for start in range(0, len(column), TEXT_ROWS)
     ]
-    table = np.array(distinct, dtype=np.uint64)
-    hashes = (
-        table[_filled_indices(encoded.indices)] if len(table) else np.zeros(len(column), np.uint64)
-    )
+    hashes = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
     return _with_nulls(column, hashes)
+
+
+def _text_slice(column: pa.Array) -> np.ndarray:
+    offsets = np.frombuffer(column.buffers()[1], np.int64)[
+        column.offset : column.offset + len(column) + 1
+    ]
+    data = column.buffers()[2]
+    values = (
+        np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]] if data else np.zeros(0, np.uint8)
+    )
+    lengths = np.diff(offsets)
+    words = (lengths + 7) // 8
+    first_word = np.r_[0, np.cumsum(words)]
+    padded = np.zeros(int(first_word[-1]) * 8, np.uint8)
+    shift = np.repeat(first_word[:-1] * 8 - (offsets[:-1] - offsets[0]), lengths)
+    padded[np.arange(len(values)) + shift] = values
+    places = np.arange(first_word[-1]) - np.repeat(first_word[:-1], words)
+    keyed = mix64(padded.view(np.uint64), places.astype(np.uint64))
+    return mix64(_segment_sums(keyed, first_word) ^ lengths.astype(np.uint64), derive_key("text"))
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Wrapping uint64 sums of `values[starts[i]:starts[i + 1]]`."""
+    totals = np.r_[np.uint64(0), np.cumsum(values, dtype=np.uint64)]
+    with np.errstate(over="ignore"):
+        return totals[starts[1:]] - totals[starts[:-1]]
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _fixed_lists(column: pa.FixedSizeListArray) -> np.ndarray:
+    """Fixed-size lists of numbers by the bytes of their values as stored, 8 at a time,
+    each word keyed by its place (a vector of 64 float32 is 32 words); elements that are
+    null take the general path."""
+    size, width = column.type.list_size, column.type.value_type.bit_width // 8
+    values = column.values  # the child, whole: a slice of the list keeps its offset
+    if values.null_count:
+        return _lists(column)
+    raw = np.frombuffer(values.buffers()[1], np.uint8)
+    first = (values.offset + column.offset * size) * width
+    rows = raw[first : first + len(column) * size * width].reshape(len(column), size * width)
+    pad = -(size * width) % 8
+    if pad:
+        rows = np.pad(rows, ((0, 0), (0, pad)))
+    words = np.ascontiguousarray(rows).view(np.uint64)
+    places = np.arange(words.shape[1], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        sums = mix64(words, places[None, :]).sum(axis=1, dtype=np.uint64)
+    return _with_nulls(column, mix64(sums, derive_key("fixed list", str(column.type))))
 
 
 def _lists(column: pa.Array) -> np.ndarray:
@@ -150,9 +230,7 @@ def _lists(column: pa.Array) -> np.ndarray:
     starts = np.r_[0, np.cumsum(lengths)].astype(np.int64)
     places = np.arange(len(elements), dtype=np.int64) - np.repeat(starts[:-1], lengths)
     keyed = mix64(column_hashes(elements), places.astype(np.uint64))
-    totals = np.r_[np.uint64(0), np.cumsum(keyed, dtype=np.uint64)]
-    with np.errstate(over="ignore"):
-        sums = totals[starts[1:]] - totals[starts[:-1]]
+    sums = _segment_sums(keyed, starts)
     hashes = mix64(sums ^ lengths.astype(np.uint64), derive_key("list"))
     return _with_nulls(column, hashes)
 
@@ -171,17 +249,11 @@ def _digest(data: bytes) -> int:
 KeyCounts = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def tally_keys(
-    table: pa.Table | pa.RecordBatch, spec: DatasetSpec, holdout: np.ndarray
-) -> KeyCounts:
-    """The distinct group and content hashes of `table`'s rows per split, with their rows;
-    empty when neither `group_column` nor `duplicates` is set (nothing to record)."""
-    kinds = {"group": [spec.group_column]} if spec.group_column else {}
-    if spec.duplicates != "keep":
-        kinds["content"] = content_columns(spec)
+def tally_keys(keys: dict[str, np.ndarray], holdout: np.ndarray) -> KeyCounts:
+    """The distinct hashes of each kind of `keys` (`key_hashes` of some rows) per split,
+    with their rows; empty when there are none (nothing to record)."""
     tally: KeyCounts = {}
-    for kind, columns in kinds.items():
-        hashes = row_hashes(table, [c for c in columns if c is not None])
+    for kind, hashes in keys.items():
         for split, rows in (("train", ~holdout), ("holdout", holdout)):
             tally[f"{split}/{kind}"] = _distinct(hashes[rows], np.ones(int(rows.sum()), np.int64))
     return tally

@@ -40,8 +40,9 @@ from preprocessing.plan.counts import Counts
 from preprocessing.plan.row_ids import id_range
 from preprocessing.plan.split_keys import (
     KeyCounts,
-    holdout_rows,
+    held_out,
     key_columns,
+    key_hashes,
     merge_keys,
     tally_keys,
 )
@@ -253,8 +254,9 @@ class _Tally:
             if self.starts is not None
             else rows // max_piece_rows
         )
-        holdout = holdout_rows(
-            batch, spec, file.relative_path, self.num_rows, seed, holdout_fraction
+        keys = key_hashes(batch, spec)  # each hash once: for the split and the tally
+        holdout = held_out(
+            keys, spec, file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
         )
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
@@ -262,8 +264,9 @@ class _Tally:
         table = pa.Table.from_batches([batch])
         if not kept.all():
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
+            keys = {kind: hashes[kept] for kind, hashes in keys.items()}
         self.counts.update(count_rows(table, spec, file, pieces, holdout))
-        self.keys.append(tally_keys(table, spec, holdout))
+        self.keys.append(tally_keys(keys, holdout))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows

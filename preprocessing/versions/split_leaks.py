@@ -94,7 +94,8 @@ Side = tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]
 def _hashes(manifest: Manifest, location: str, split: str, columns: list[str]) -> Side:
     """The distinct key hashes of a split, the shard of each (an index into the shards
     returned) and the shards (name, URI)."""
-    hashes, owners, shards = [], [], []
+    hashes, owners = [], []
+    shards: list[tuple[str, str]] = []
     for entry in manifest.split(split).shards:
         uri = shard_uri(location, entry)
         keys = row_hashes(_read(uri, columns), columns)

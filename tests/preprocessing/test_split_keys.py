@@ -26,7 +26,8 @@ FLOATS = st.one_of(st.none(), st.floats(allow_nan=True), st.sampled_from([0.0, -
 
 @st.composite
 def tables(draw: st.DrawFn) -> tuple[pa.Table, list[int]]:
-    """A table with a group column (ints or strings), a label, a float and a list feature,
+    """A table with a group column (ints or strings), a label, a float, a list and a
+    fixed-size list feature,
     with rows repeated (duplicates), cut into files at random places."""
     as_text = draw(st.booleans())
     base = draw(st.lists(st.tuples(GROUPS, st.integers(0, 2), FLOATS), min_size=1, max_size=30))
@@ -39,6 +40,10 @@ def tables(draw: st.DrawFn) -> tuple[pa.Table, list[int]]:
             "label": [label for _, label, _ in rows],
             "x": pa.array([x for _, _, x in rows], pa.float64()),
             "v": [[label, 1] if x is None else [label] for _, label, x in rows],
+            "w": pa.array(
+                [None if x is None else [x, float(label)] for _, label, x in rows],
+                pa.list_(pa.float64(), 2),
+            ),
         }
     )
     cuts = sorted(draw(st.lists(st.integers(0, len(rows)), max_size=4)))
@@ -49,7 +54,7 @@ def spec_of(group: bool, duplicates: str) -> DatasetSpec:
     return DatasetSpec(
         inputs=["raw"],
         source_column=None,
-        feature_columns=["x", "v"],
+        feature_columns=["x", "v", "w"],
         group_column="group" if group else None,
         duplicates=duplicates,  # type: ignore[arg-type]
     )
