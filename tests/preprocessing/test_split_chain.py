@@ -7,6 +7,7 @@ rows leaks, and the check names it."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from flows.cli.main import main
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri, version_dir
 from preprocessing.driver.reshard import ReshardResult, run_reshard
@@ -135,3 +137,22 @@ def test_row_wise_split_of_the_same_rows_leaks_and_the_check_names_it(
     assert leaks, "a row-wise split of 8 rows a patient left every patient on one side"
     assert leaks[0].value.startswith("'p") and "train-" in leaks[0].train_shard
     assert "holdout-" in leaks[0].holdout_shard and "LEAK" in leaks[0].line()
+
+
+def test_ballast_verify_exits_1_naming_a_leak_a_version_promised_not_to_have(
+    grouped, tmp_path, dask_client, capsys
+) -> None:
+    """Invariant: `ballast verify` passes the grouped chain (exit 0, no LEAK line); on a
+    row-wise version whose manifest is edited to claim `group_column`, it exits 1 and
+    names a patient on both sides."""
+    root, _ = grouped
+    assert main(["verify", str(root)]) == 0
+    assert "LEAK" not in capsys.readouterr().out
+    leaky, _ = run_chain(tmp_path, False, dask_client)
+    manifest, location = read_manifest(str(leaky))
+    document = json.loads(Path(location).read_text())
+    document["config"]["dataset"]["group_column"] = "patient"
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", str(leaky)]) == 1
+    out = capsys.readouterr().out
+    assert f"LEAK version {manifest.version_id}: group 'p" in out and "more" in out

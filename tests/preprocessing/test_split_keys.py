@@ -15,7 +15,18 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.row_fates import holdout_mask
-from preprocessing.plan.split_keys import column_hashes, content_columns, holdout_rows
+from preprocessing.plan.split_keys import (
+    column_hashes,
+    content_columns,
+    holdout_rows,
+    key_hashes,
+    merge_keys,
+    split_value_stats,
+    tally_keys,
+)
+from preprocessing.scan.inputs import FileScan
+from preprocessing.scan.scan_record import decode_scans, encode_scans
+from preprocessing.storage.sources import InputFile
 
 # Hostile values: NaN and -0.0, empty and non-ASCII strings, nulls in features.
 GROUPS = st.one_of(
@@ -160,3 +171,40 @@ def test_group_column_config_errors_name_the_field() -> None:
         DatasetSpec(inputs=["raw"], group_column="label")
     with pytest.raises(ValueError, match="duplicates"):
         DatasetSpec(inputs=["raw"], duplicates="sometimes")  # type: ignore[arg-type]
+
+
+def test_the_tally_of_groups_and_duplicates_adds_up_and_survives_a_scan_record() -> None:
+    """Invariant: tallied per batch and merged, a split records its rows, its groups and
+    the largest group's share, and the rows whose content another input row shares (in
+    any batch or file); the tally round-trips through the scan record a rerun reads."""
+    spec = spec_of(True, "same_split")
+    table = pa.table(
+        {
+            "group": ["a", "a", "a", "b", "c", "c"],
+            "label": [0, 0, 1, 1, 0, 0],
+            "x": [1.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+            "v": [[1]] * 6,
+            "w": pa.array([[0.0, 0.0]] * 6, pa.list_(pa.float64(), 2)),
+        }
+    )
+    holdout = np.array([False, False, False, True, False, False])
+    halves = [
+        tally_keys({k: h[rows] for k, h in key_hashes(table, spec).items()}, holdout[rows])
+        for rows in (np.arange(6) < 2, np.arange(6) >= 2)
+    ]
+    stats = split_value_stats(merge_keys(halves))
+    assert stats["train"] == {
+        "groups": 2,
+        "largest_group_share": 0.6,
+        "duplicate_rows": 2,
+        "rows": 5,
+    }
+    assert stats["holdout"] == {
+        "groups": 1,
+        "largest_group_share": 1.0,
+        "duplicate_rows": 0,
+        "rows": 1,
+    }
+    scan = FileScan(InputFile("f", "r", "f", 1, "t"), keys=merge_keys(halves))
+    again = decode_scans(encode_scans([scan], "v1"), "v1")[0].keys
+    assert all(np.array_equal(again[k][i], scan.keys[k][i]) for k in scan.keys for i in (0, 1))
