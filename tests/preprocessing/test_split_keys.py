@@ -24,6 +24,7 @@ from preprocessing.plan.split_keys import (
     split_value_stats,
     tally_keys,
 )
+from preprocessing.scan.columns import configured_columns, row_problem
 from preprocessing.scan.inputs import FileScan
 from preprocessing.scan.scan_record import decode_scans, encode_scans
 from preprocessing.storage.sources import InputFile
@@ -208,3 +209,15 @@ def test_the_tally_of_groups_and_duplicates_adds_up_and_survives_a_scan_record()
     scan = FileScan(InputFile("f", "r", "f", 1, "t"), keys=merge_keys(halves))
     again = decode_scans(encode_scans([scan], "v1"), "v1")[0].keys
     assert all(np.array_equal(again[k][i], scan.keys[k][i]) for k in scan.keys for i in (0, 1))
+
+
+def test_a_null_group_rejects_its_file_naming_the_column_and_first_row() -> None:
+    """Invariant: a row without a group cannot be placed with its group, so its file is
+    rejected with the column, the count and the file's row of the first null; the
+    configured group column is named by its field when no file has it."""
+    spec = spec_of(True, "keep")
+    batch = pa.record_batch({"group": ["a", None, None], "label": [0, 1, 0]})
+    reason = row_problem(batch, spec, first_row=10)
+    assert reason is not None and "2 null groups in column 'group'" in reason
+    assert "the first at row 11 of the file" in reason
+    assert configured_columns(spec)["dataset.group_column"] == "group"
