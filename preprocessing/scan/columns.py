@@ -115,22 +115,24 @@ def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str
                 "dataset.unlabelled is 'refuse': set it to 'drop' to leave unlabelled "
                 "rows out, counted per file"
             )
-    groups = batch.column(spec.group_column) if spec.group_column else None
-    if groups is not None and groups.null_count:
-        first = first_row + int(groups.is_null().to_numpy(zero_copy_only=False).argmax())
-        return (
-            f"{groups.null_count} null groups in column '{spec.group_column}' (the first at "
-            f"row {first} of the file): dataset.group_column needs a value in every row "
-            "(fill them, e.g. with the row's id, to make each its own group)"
-        )
-    ids = batch.column(spec.id_column) if spec.id_column else None
-    if ids is not None and ids.null_count:
-        first = first_row + int(ids.is_null().to_numpy(zero_copy_only=False).argmax())
-        return (
-            f"{ids.null_count} null ids in column '{spec.id_column}' (the first at row "
-            f"{first} of the file)"
-        )
+    for column, what, fix in (
+        (spec.group_column, "groups", _GROUP_FIX),
+        (spec.id_column, "ids", ""),
+    ):
+        values = batch.column(column) if column else None
+        if values is not None and values.null_count:
+            first = first_row + int(values.is_null().to_numpy(zero_copy_only=False).argmax())
+            return (
+                f"{values.null_count} null {what} in column '{column}' (the first at row "
+                f"{first} of the file){fix}"
+            )
     return None
+
+
+_GROUP_FIX = (
+    ": dataset.group_column needs a value in every row (fill them, e.g. with the row's id, "
+    "to make each its own group)"
+)
 
 
 @dataclass
