@@ -60,13 +60,14 @@ def key_hashes(
 ) -> dict[str, np.ndarray]:
     """Per row, a hash of its `group` (with group_column) and of its `content` (with
     `duplicates: same_split`, or for the tally whenever duplicates is not `keep`)."""
-    keys = {}
+    keys: dict[str, np.ndarray] = {}
+    columns: dict[str, np.ndarray] = {}  # a group column in the content is hashed once
     if spec.group_column:
-        keys["group"] = row_hashes(table, [spec.group_column])
+        keys["group"] = row_hashes(table, [spec.group_column], columns)
     if (spec.duplicates == "same_split" and not spec.group_column) or (
         tally and spec.duplicates != "keep"
     ):
-        keys["content"] = row_hashes(table, content_columns(spec))
+        keys["content"] = row_hashes(table, content_columns(spec), columns)
     return keys
 
 
@@ -99,11 +100,17 @@ def holdout_rows(
     return held_out(keys, spec, file_key, first_row, table.num_rows, seed, fraction)
 
 
-def row_hashes(table: pa.Table | pa.RecordBatch, columns: list[str]) -> np.ndarray:
-    """A 64-bit hash per row of the values of `columns`, in that order."""
+def row_hashes(
+    table: pa.Table | pa.RecordBatch, columns: list[str], cache: dict | None = None
+) -> np.ndarray:
+    """A 64-bit hash per row of the values of `columns`, in that order; `cache` keeps
+    each column's hashes for another call on the same table."""
+    cache = {} if cache is None else cache
     hashes = np.zeros(table.num_rows, dtype=np.uint64)
     for position, name in enumerate(columns):
-        hashes ^= column_hashes(table.column(name))
+        if name not in cache:
+            cache[name] = column_hashes(table.column(name))
+        hashes ^= cache[name]
         hashes = mix64(hashes, derive_key("column", position))
     return hashes
 
@@ -163,7 +170,7 @@ def _is_text(kind: pa.DataType) -> bool:
 
 def _texts(column: pa.Array) -> np.ndarray:
     """Strings and binaries by their bytes, vectorised: each value padded to 8-byte words,
-    each word hashed with its place, the words of a value summed; TEXT_ROWS at a time."""
+    each word times its place's key, the words of a value summed; TEXT_ROWS at a time."""
     column = column.cast(pa.large_binary())
     parts = [
         _text_slice(column.slice(start, TEXT_ROWS)) for start in range(0, len(column), TEXT_ROWS)
@@ -181,13 +188,17 @@ def _text_slice(column: pa.Array) -> np.ndarray:
         np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]] if data else np.zeros(0, np.uint8)
     )
     lengths = np.diff(offsets)
+    if len(lengths) and lengths[0] > 0 and (lengths == lengths[0]).all():  # ids, uuids
+        sums = _row_words(values.reshape(len(lengths), int(lengths[0])))
+        return mix64(sums ^ lengths.astype(np.uint64), derive_key("text"))
     words = (lengths + 7) // 8
     first_word = np.r_[0, np.cumsum(words)]
     padded = np.zeros(int(first_word[-1]) * 8, np.uint8)
     shift = np.repeat(first_word[:-1] * 8 - (offsets[:-1] - offsets[0]), lengths)
     padded[np.arange(len(values)) + shift] = values
     places = np.arange(first_word[-1]) - np.repeat(first_word[:-1], words)
-    keyed = mix64(padded.view(np.uint64), places.astype(np.uint64))
+    with np.errstate(over="ignore"):
+        keyed = padded.view(np.uint64) * _place_keys(int(words.max(initial=0)))[places]
     return mix64(_segment_sums(keyed, first_word) ^ lengths.astype(np.uint64), derive_key("text"))
 
 
@@ -204,7 +215,7 @@ def _fixed_width(kind: pa.DataType) -> bool:
 
 def _fixed_lists(column: pa.FixedSizeListArray) -> np.ndarray:
     """Fixed-size lists of numbers by the bytes of their values as stored, 8 at a time,
-    each word keyed by its place (a vector of 64 float32 is 32 words); elements that are
+    each word times its place's key (a vector of 64 float32 is 32 words); elements that are
     null take the general path."""
     size, width = column.type.list_size, column.type.value_type.bit_width // 8
     values = column.values  # the child, whole: a slice of the list keeps its offset
@@ -213,14 +224,28 @@ def _fixed_lists(column: pa.FixedSizeListArray) -> np.ndarray:
     raw = np.frombuffer(values.buffers()[1], np.uint8)
     first = (values.offset + column.offset * size) * width
     rows = raw[first : first + len(column) * size * width].reshape(len(column), size * width)
-    pad = -(size * width) % 8
+    return _with_nulls(column, mix64(_row_words(rows), derive_key("fixed list", str(column.type))))
+
+
+def _row_words(rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows` (bytes, one row a value), its bytes padded to 8-byte words, each
+    word times its place's key, summed (wrapping): as `_text_slice` sums a string."""
+    pad = -rows.shape[1] % 8
     if pad:
         rows = np.pad(rows, ((0, 0), (0, pad)))
     words = np.ascontiguousarray(rows).view(np.uint64)
-    places = np.arange(words.shape[1], dtype=np.uint64)
+    keys = _place_keys(words.shape[1])
+    sums = np.zeros(len(rows), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        sums = mix64(words, places[None, :]).sum(axis=1, dtype=np.uint64)
-    return _with_nulls(column, mix64(sums, derive_key("fixed list", str(column.type))))
+        for place in range(words.shape[1]):  # a column at a time: numpy's sum over a
+            sums += words[:, place] * keys[place]  # short last axis is several times slower
+    return sums
+
+
+def _place_keys(count: int) -> np.ndarray:
+    """An odd 64-bit key per word place: a word times its place's key is one to one, and
+    the sum of a value's words is mixed once (mix64) rather than every word."""
+    return mix64(np.arange(count, dtype=np.uint64), derive_key("word place")) | np.uint64(1)
 
 
 def _lists(column: pa.Array) -> np.ndarray:
