@@ -38,8 +38,8 @@ class Delta:
     # Per split, one [label, source, input rows, output rows] per stratum of the delta.
     strata: dict[str, list[list[Any]]] = field(default_factory=dict)
     # With dataset.group_column or duplicates set, per split of the delta's own inputs:
-    # `rows`, `groups`, `largest_group_share`, `duplicate_rows` (preprocessing/plan/
-    # split_keys.py: split_value_stats); empty otherwise.
+    # `rows`, `groups`, `largest_group_share`, `duplicate_rows`, and `estimated_from` when
+    # past a sample's size (preprocessing/plan/key_tally.py); empty otherwise.
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def added_rows(self, split: str = "train") -> int:

@@ -37,15 +37,9 @@ import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
+from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
-from preprocessing.plan.split_keys import (
-    KeyCounts,
-    held_out,
-    key_columns,
-    key_hashes,
-    merge_keys,
-    tally_keys,
-)
+from preprocessing.plan.split_keys import held_out, key_columns, key_hashes
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -90,7 +84,7 @@ class FileScan:
     unlabelled_rows: int = 0  # of them, rows without a label
     id_range: tuple[int, int] | None = None
     # With groups or duplicates set: distinct group / content hashes per split, with rows
-    # (preprocessing/plan/split_keys.py: tally_keys), for the manifest's record of them.
+    # (preprocessing/plan/key_tally.py), for the manifest's record of them.
     keys: KeyCounts = field(default_factory=dict)
 
 

@@ -24,9 +24,9 @@ from preprocessing.contract.manifest import (
     code_version,
 )
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
+from preprocessing.plan.key_tally import merge_keys, split_value_stats
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
-from preprocessing.plan.split_keys import merge_keys, split_value_stats
 from preprocessing.scan.inputs import FileScan
 from preprocessing.toolbox.secrets import redact, redact_value
 
