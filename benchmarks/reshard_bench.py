@@ -85,6 +85,7 @@ GB = 1e9
 BALLAST_MODES = ("stratified", "global", "block", "none")
 TOOLS = (
     *(f"ballast-{mode}" for mode in BALLAST_MODES),
+    "ballast-groups",
     "pyarrow-write_dataset",
     "duckdb-copy",
     "duckdb-order-random",
@@ -199,14 +200,18 @@ def dir_bytes(directory: Path) -> int:
 
 
 def ballast_config(mode: str, job: dict[str, Any]) -> Any:
-    """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too)."""
+    """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too);
+    `groups`: `stratified` with `group_column: uid` (a 32-character string, distinct per
+    row: the most a group hash costs) and `duplicates: same_split` (the 64-float vector
+    hashed too, and read by the scan, which skips it otherwise)."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 
+    splits = {"group_column": "uid", "duplicates": "same_split"} if mode == "groups" else {}
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[job["input"]], id_column="id"),
+        dataset=DatasetSpec(inputs=[job["input"]], id_column="id", **splits),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
-        shuffle=mode,
+        shuffle="stratified" if mode == "groups" else mode,
         num_output_rows=job["num_rows"],
         target_shard_rows=job["shard_rows"],
         rows_per_row_group=job["row_group_rows"],

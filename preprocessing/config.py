@@ -40,6 +40,8 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
     "unlabelled": "drop",
     "date_columns": [],
     "on_identifying_feature": "warn",
+    "group_column": None,
+    "duplicates": "keep",
 }
 
 
@@ -131,6 +133,17 @@ class DatasetSpec(BaseModel):
         "approach its row count identifies rows (a key, not a feature: a model memorises "
         "it): `warn` names it in the run log and the summary, `refuse` fails the scan.",
     )
+    group_column: str | None = Field(
+        None,
+        description="Rows sharing this column's value (any type; a null is refused) share "
+        "a split, decided by a seeded hash of the value (docs/data-path.md, splits); None "
+        "(the default): each row's split is drawn alone.",
+    )
+    duplicates: Literal["keep", "same_split"] = Field(
+        "keep",
+        description="`keep` (the default): each copy of a row is drawn alone; `same_split`: "
+        "rows equal in label, features (and group) share a split, by a hash of that content.",
+    )
     max_classes: int = Field(
         1_000,
         gt=1,
@@ -153,6 +166,8 @@ class DatasetSpec(BaseModel):
                 f"feature columns (dataset.feature_columns: "
                 f"{self.feature_columns})"
             )
+        if self.group_column is not None and self.group_column == self.label_column:
+            raise ValueError("dataset.group_column is the label column: each class in one split")
         return self
 
 

@@ -36,6 +36,7 @@ SMALLEST = {
             "2",
             "--tools",
             "ballast-stratified",
+            "ballast-groups",
             "pyarrow-write_dataset",
             "polars-sort",
             "polars-streaming-sort",
@@ -124,6 +125,7 @@ SMALLEST = {
         "loader / pyarrow:",
     ),
     "split_order": ("script", ["--steps", "5"], "384/128 against 256/256: largest"),
+    "group_leak": ("script", ["--seeds", "1", *WORK], "ballast groups"),
     "comm_bench": (
         "module",
         ["--steps", "2", "--epochs", "1", "--only", "none", "--out", "{tmp}/out"],

@@ -37,6 +37,7 @@ ROLE_NOTES = {
     "id_column": "id",
     "id": "id-like (not a feature)",
     "date": "feature (temporal: a date string)",
+    "group": "group (rows of one entity: not a feature)",
     "wide": "left out (too many distinct strings)",
     "ignored": "ignored (no codec reads this type)",
 }
@@ -77,6 +78,8 @@ def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
         **({"date_columns": survey.named("date")} if survey.named("date") else {}),
         "nulls": nulls,
         **({"unlabelled": "drop"} if survey.unlabelled else {}),
+        **({"group_column": survey.named("group")[0]} if survey.named("group") else {}),
+        **({"duplicates": "same_split"} if survey.duplicate_rows else {}),
     }
 
 
@@ -177,6 +180,18 @@ def _left_out_lines(survey: TableSurvey) -> list[str]:
     return lines
 
 
+def _group_reason(survey: TableSurvey) -> str:
+    column = survey.columns[survey.named("group")[0]]
+    others = survey.named("group")[1:]
+    return (
+        f"{column.distinct} values in {column.rows} rows (about "
+        f"{column.rows // max(column.distinct, 1)} a value): rows of one would land on both "
+        "sides of the split, so each value's rows go to one"
+        + (f"; or {others}" if others else "")
+        + "; remove it if rows are independent"
+    )
+
+
 def _mark_confirm(body: str, survey: TableSurvey) -> str:
     """The proposed null policies, unlabelled rows and class weighting, each with a
     CONFIRM comment naming the alternatives."""
@@ -198,6 +213,13 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             line += (
                 "  # CONFIRM: embeddings and an ensemble of MLPs; or classifier (one MLP), "
                 "or your LightningModule as pkg.module:Class"
+            )
+        elif name == "group_column":
+            line += f"  # CONFIRM: {_group_reason(survey)}"
+        elif line.strip() == "duplicates: same_split":
+            line += (
+                f"  # CONFIRM: {survey.duplicate_rows} rows of the sample repeat an earlier "
+                "row exactly; same_split keeps each set in one split (keep: drawn alone)"
             )
         elif name == "class_weighting":
             counts = sorted(survey.classes.values()) or [0]

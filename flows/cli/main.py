@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_files_command(commands)
     verify = commands.add_parser(
-        "verify", help="check a version and its chain; exit 1 if anything is damaged"
+        "verify",
+        help="check a version and its chain (shards, lineage, groups and duplicates on one "
+        "side of the split); exit 1 if anything is damaged or leaks",
     )
     verify.add_argument("root", help="the output root of the dataset")
     verify.add_argument("--version", help="the version to check (default: _CURRENT's)")
@@ -308,14 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """Print `ballast verify`'s report; 0 when the chain is whole, 1 when damaged."""
+    """Print `ballast verify`'s report; 0 when the chain is whole and no group or
+    duplicate content crosses splits, 1 otherwise."""
     from preprocessing.contract.verify import verify_chain
     from preprocessing.storage.reach import check_reachable
+    from preprocessing.versions.split_leaks import split_leaks
 
     check_reachable([args.root])  # a dead endpoint or a missing bucket: 4 or 5, not 1
     report = verify_chain(args.root, args.version, deep=args.deep)
-    print(redact(report.text()))
-    return 0 if report.whole else 1
+    leaks = split_leaks(args.root, args.version) if report.whole else []
+    print(redact("\n".join([report.text(), *(leak.line() for leak in leaks)])))
+    return 0 if report.whole and not leaks else 1
 
 
 def report_error(args: argparse.Namespace, error: BaseException) -> None:

@@ -37,6 +37,10 @@ class Delta:
     num_pieces: int
     # Per split, one [label, source, input rows, output rows] per stratum of the delta.
     strata: dict[str, list[list[Any]]] = field(default_factory=dict)
+    # With dataset.group_column or duplicates set, per split of the delta's own inputs:
+    # `rows`, `groups`, `largest_group_share`, `duplicate_rows`, and `estimated_from` when
+    # past a sample's size (preprocessing/plan/key_tally.py); empty otherwise.
+    split_values: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def added_rows(self, split: str = "train") -> int:
         return sum(int(stratum[3]) for stratum in self.strata.get(split, []))

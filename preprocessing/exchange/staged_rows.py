@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
-from preprocessing.plan.row_fates import holdout_mask
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
+from preprocessing.plan.split_keys import holdout_rows
 from preprocessing.scan.columns import INTERNAL_PREFIX
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import row_sources
@@ -80,8 +80,8 @@ def read_piece(
     if spec.id_column is None:
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
-    held_out = holdout_mask(
-        task.file.relative_path, task.first_row, table.num_rows, seed, holdout_fraction
+    held_out = holdout_rows(
+        table, spec, task.file.relative_path, task.first_row, seed, holdout_fraction
     )
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():

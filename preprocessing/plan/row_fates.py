@@ -45,7 +45,10 @@ class Routing:
 def holdout_mask(
     file_key: str, first_row: int, num_rows: int, seed: int, fraction: float
 ) -> np.ndarray:
-    """True for rows held out; a function of (seed, file, row index in file) only."""
+    """True for rows held out; a function of (seed, file, row index in file) only. The
+    default draw: the scan and every route of the exchange call
+    `plan.split_keys.holdout_rows`, which draws by a row's group or content instead when
+    the dataset asks (docs/data-path.md), and by this otherwise."""
     if fraction <= 0:  # the draws are in [0, 1): none is below 0, and hashing costs 0.1 us/row
         return np.zeros(num_rows, dtype=bool)
     row_index = np.arange(first_row, first_row + num_rows, dtype=np.uint64)

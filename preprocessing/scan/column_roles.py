@@ -16,7 +16,13 @@ each column gets one role:
 - `wide`: strings with more distinct values than `dataset.max_categories` (a one-hot over
   them would fail the scan, and hashing such a column rarely helps: the user may add it
   back with `category_buckets`) or than half their rows (most values seen once): left out;
+- `group`: a column under an id-ish or entity name (`patient`, `user_id`, `vehicle`...)
+  whose values repeat (a value in two rows or more on average): rows of one entity,
+  proposed as `dataset.group_column`, never a feature;
 - `feature`: the rest of what the codec encodes; `ignored`: types it does not.
+
+The survey also counts rows that repeat an earlier row of the sample exactly (a file
+re-sent, an export retried), for `init`'s `duplicates` proposal.
 
 `check_proposal` then builds the feature codec from the same profiles with the scan's
 `build_codec`: a proposal whose nulls, policies or categories the scan would refuse fails
@@ -42,6 +48,7 @@ from preprocessing.plan.distinct import (
     distinct_count,
     identifies_rows,
 )
+from preprocessing.plan.split_keys import row_hashes
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     build_codec,
@@ -59,6 +66,11 @@ MAX_SURVEY_ROWS = 2_000_000  # rows `init` reads at most, over all files
 # one-hot over them can only memorise rows (scikit-learn's cars: 311 names in 406 rows).
 SPARSE_FRACTION = 0.5
 DATE_SAMPLE = 200  # distinct non-null strings tried as dates, from the first batch
+ENTITY_NAME = re.compile(
+    r"(?i)(^|[_\-. ])(user|patient|customer|client|vehicle|device|store|session|account|"
+    r"subject|member|household)s?($|[_\-. ])"
+)
+GROUP_ROWS = 2.0  # rows a value of a group column has on average, at least
 
 
 @dataclass
@@ -88,6 +100,8 @@ class TableSurvey:
     columns: dict[str, ColumnRole] = field(default_factory=dict)
     profiles: dict[str, ColumnProfile] = field(default_factory=dict)
     files_with_nulls: dict[str, list[str]] = field(default_factory=dict)
+    row_hashes: list[np.ndarray] = field(default_factory=list)  # of whole rows
+    duplicate_rows: int = 0  # rows equal to an earlier row of the sample
 
     def named(self, role: str) -> list[str]:
         return [name for name, column in self.columns.items() if column.role == role]
@@ -126,6 +140,8 @@ def survey_columns(files: list[str], label: str, source: str | None) -> TableSur
         _read_file(survey, uri, integers)
         if survey.sampled:
             break
+    rows = np.concatenate(survey.row_hashes) if survey.row_hashes else np.zeros(0, np.uint64)
+    survey.duplicate_rows, survey.row_hashes = len(rows) - len(np.unique(rows)), []
     _assign_roles(
         survey,
         source,
@@ -146,6 +162,7 @@ def _read_file(survey: TableSurvey, uri: str, integers: dict[str, list[np.ndarra
         profile_batch(survey.profiles, batch, np.ones(batch.num_rows, dtype=bool))
         for name, parts in integers.items():
             parts.append(batch.column(name).drop_null().to_numpy(zero_copy_only=False))
+        survey.row_hashes.append(row_hashes(batch, batch.schema.names))
         survey.num_rows += batch.num_rows
         if survey.num_rows >= MAX_SURVEY_ROWS:
             survey.sampled = True
@@ -174,6 +191,8 @@ def _assign_roles(survey: TableSurvey, source: str | None, integers: dict[str, n
 def _role(
     column: ColumnRole, profile: ColumnProfile, spec: DatasetSpec, integers: np.ndarray | None
 ) -> str:
+    if _repeating_entity(column, profile):
+        return "group"
     named = ID_NAME.search(column.name) is not None and column.distinct == column.rows
     if len(profile.hashes) and (identifies_rows(column.distinct, column.rows) or named):
         unique = (
@@ -189,6 +208,13 @@ def _role(
     ):
         return "wide"
     return "feature"
+
+
+def _repeating_entity(column: ColumnRole, profile: ColumnProfile) -> bool:
+    """An entity's id (by its name) whose values repeat: its rows belong together."""
+    entity = ID_NAME.search(column.name) or ENTITY_NAME.search(column.name)
+    repeats = column.distinct >= 2 and column.distinct * GROUP_ROWS <= column.rows
+    return bool(len(profile.hashes) and entity and repeats)
 
 
 def _sparse(column: ColumnRole) -> bool:

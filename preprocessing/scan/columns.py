@@ -34,6 +34,8 @@ def configured_columns(spec: DatasetSpec) -> dict[str, str]:
         fields["dataset.source_column"] = spec.source_column
     if spec.id_column:
         fields["dataset.id_column"] = spec.id_column
+    if spec.group_column:
+        fields["dataset.group_column"] = spec.group_column
     fields.update(
         {
             f"dataset.feature_columns[{index}]": name
@@ -101,7 +103,7 @@ def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
 
 
 def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str | None:
-    """Null or NaN labels (under `dataset.unlabelled: refuse`), or null ids, in a batch
+    """Null or NaN labels (under `dataset.unlabelled: refuse`), null groups or ids, in a batch
     starting at `first_row`, as a reason naming the first such row of the file."""
     if spec.unlabelled == "refuse":
         unlabelled = column_nulls(batch.column(spec.label_column))
@@ -113,14 +115,24 @@ def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str
                 "dataset.unlabelled is 'refuse': set it to 'drop' to leave unlabelled "
                 "rows out, counted per file"
             )
-    ids = batch.column(spec.id_column) if spec.id_column else None
-    if ids is not None and ids.null_count:
-        first = first_row + int(ids.is_null().to_numpy(zero_copy_only=False).argmax())
-        return (
-            f"{ids.null_count} null ids in column '{spec.id_column}' (the first at row "
-            f"{first} of the file)"
-        )
+    for column, what, fix in (
+        (spec.group_column, "groups", _GROUP_FIX),
+        (spec.id_column, "ids", ""),
+    ):
+        values = batch.column(column) if column else None
+        if values is not None and values.null_count:
+            first = first_row + int(values.is_null().to_numpy(zero_copy_only=False).argmax())
+            return (
+                f"{values.null_count} null {what} in column '{column}' (the first at row "
+                f"{first} of the file){fix}"
+            )
     return None
+
+
+_GROUP_FIX = (
+    ": dataset.group_column needs a value in every row (fill them, e.g. with the row's id, "
+    "to make each its own group)"
+)
 
 
 @dataclass

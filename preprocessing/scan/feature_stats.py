@@ -188,6 +188,8 @@ def _fold(profile: ColumnProfile, array: pa.Array, use: np.ndarray) -> None:
             values = array.to_numpy(zero_copy_only=False)[use]
             profile.hashes = fold_hashes(profile.hashes, value_hashes(values))
         return
+    if profile.kind not in ("sequence", "category"):  # a vector's profile is its nulls:
+        return  # no filtered copy of it (the scan reads one to hash a row's content)
     valid = array.filter(pa.array(use))
     if profile.kind == "sequence" and len(valid):
         profile.max_length = max(profile.max_length, pc.max(pc.list_value_length(valid)).as_py())

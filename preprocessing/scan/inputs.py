@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
-from preprocessing.plan.row_fates import holdout_mask
+from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
+from preprocessing.plan.split_keys import held_out, key_columns, key_hashes
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -82,6 +83,9 @@ class FileScan:
     dropped_rows: int = 0  # rows left out: unlabelled (under `unlabelled: drop`) or nulls
     unlabelled_rows: int = 0  # of them, rows without a label
     id_range: tuple[int, int] | None = None
+    # With groups or duplicates set: distinct group / content hashes per split, with rows
+    # (preprocessing/plan/key_tally.py), for the manifest's record of them.
+    keys: KeyCounts = field(default_factory=dict)
 
 
 def scan_file(
@@ -185,6 +189,7 @@ def _scan_rows(
         dropped_rows=tally.dropped,
         unlabelled_rows=tally.unlabelled,
         id_range=tally.id_range(file),
+        keys=merge_keys(tally.keys),
     )
 
 
@@ -223,6 +228,7 @@ class _Tally:
     dropped: int = 0
     unlabelled: int = 0
     ids: IdTally = field(default_factory=IdTally)
+    keys: list[KeyCounts] = field(default_factory=list)
 
     def add(
         self,
@@ -242,8 +248,9 @@ class _Tally:
             if self.starts is not None
             else rows // max_piece_rows
         )
-        holdout = holdout_mask(
-            file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
+        keys = key_hashes(batch, spec)  # each hash once: for the split and the tally
+        holdout = held_out(
+            keys, spec, file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
         )
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
@@ -251,7 +258,9 @@ class _Tally:
         table = pa.Table.from_batches([batch])
         if not kept.all():
             table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
+            keys = {kind: hashes[kept] for kind, hashes in keys.items()}
         self.counts.update(count_rows(table, spec, file, pieces, holdout))
+        self.keys.append(tally_keys(keys, holdout))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
@@ -290,12 +299,14 @@ def _null_lists_reason(profiles: dict[str, ColumnProfile], error: BaseException)
 def scan_columns(
     spec: DatasetSpec, profiles: dict[str, ColumnProfile], footer: Footer | None
 ) -> list[str]:
-    """The columns the scan reads: label, source and id, and the feature columns that
-    need statistics; a fixed-size list whose footer shows no nulls is not read."""
+    """The columns the scan reads: label, source and id, those that decide a row's split
+    (preprocessing/plan/split_keys.py), and the feature columns that need statistics; a
+    fixed-size list whose footer shows no nulls is not read unless it decides a split."""
     columns = [
         spec.label_column,
         *([spec.source_column] if spec.source_column else []),
         *([spec.id_column] if spec.id_column else []),
+        *key_columns(spec),
     ]
     columns += [
         name

@@ -24,6 +24,7 @@ from preprocessing.contract.manifest import (
     code_version,
 )
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
+from preprocessing.plan.key_tally import merge_keys, split_value_stats
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.inputs import FileScan
@@ -135,6 +136,7 @@ def delta_of(
         sum(scan.file.num_bytes for scan in scans),
         num_pieces,
         strata,
+        split_value_stats(merge_keys([scan.keys for scan in scans if scan.reason is None])),
     )
 
 

@@ -110,3 +110,34 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     )
     assert len(served) == 200 and set(served["predicted"]) <= {"yes", "no"}
     np.testing.assert_allclose(np.stack(served["probabilities"]).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_path, capsys) -> None:
+    """Invariants: a repeating column under an entity name (`patient`: about 8 rows a
+    value) is proposed as `group_column`, not a feature, with a CONFIRM giving its counts;
+    rows repeated exactly in the sample get `duplicates: same_split` with their count;
+    a table of distinct rows and no entity column gets neither."""
+    rng = np.random.default_rng(0)
+    patients = rng.integers(0, 300, size=2_400)
+    table = pa.table(
+        {
+            "patient": [f"p{i}" for i in patients],
+            "label": (patients % 2).tolist(),
+            "x": rng.normal(size=2_400),
+        }
+    )
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    pq.write_table(table.slice(0, 150), tmp_path / "raw" / "b.parquet")  # a re-sent export
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    dataset = config["reshard"]["dataset"]
+    assert dataset["group_column"] == "patient" and dataset["feature_columns"] == ["x"]
+    assert "group_column: patient  # CONFIRM: " in text and "a value)" in text
+    assert dataset["duplicates"] == "same_split"
+    assert "duplicates: same_split  # CONFIRM: 150 rows of the sample repeat" in text
+    pq.write_table(table.drop_columns(["patient"]), tmp_path / "raw" / "b.parquet")
+    (tmp_path / "raw" / "a.parquet").unlink()
+    _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    assert "group_column" not in config["reshard"]["dataset"]
+    assert "duplicates" not in config["reshard"]["dataset"]

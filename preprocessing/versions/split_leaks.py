@@ -1,0 +1,128 @@
+"""`ballast verify`'s check that no group and no duplicate content crosses splits.
+
+A version made with `dataset.group_column` or `dataset.duplicates: same_split`
+(preprocessing/plan/split_keys.py) promises that every group, and every content (label,
+features, group), sits in one split, in the version and in every ancestor of its chain.
+A child's manifest lists every shard of its chain, so one read of the named version's
+shards checks the chain: the group column and the content columns of each shard are
+hashed as the scan hashes them, and a hash found in both splits is a leak, named with its
+value and the shards that hold it on each side. Memory: 8 bytes a row per kept hash while
+it runs (an audit, not a stage of the nightly run). A version made without these
+settings promises nothing of the kind, and nothing is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from preprocessing.config import DatasetSpec
+from preprocessing.contract.manifest import (
+    Manifest,
+    read_current_version,
+    read_manifest,
+    shard_uri,
+    version_dir,
+)
+from preprocessing.plan.split_keys import content_columns, row_hashes
+
+SHOWN = 10  # leaks named one by one; the rest are counted
+SPLITS = ("train", "holdout")
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A key (a group or a content) with rows in train and in holdout."""
+
+    version: str
+    kind: str  # "group" or "duplicate content"
+    value: str
+    train_shard: str
+    holdout_shard: str
+
+    def line(self) -> str:
+        return (
+            f"LEAK version {self.version}: {self.kind} {self.value} has rows in train "
+            f"({self.train_shard}) and in holdout ({self.holdout_shard})"
+        )
+
+
+def split_leaks(root: str, version: str | None = None) -> list[Leak]:
+    """Every group and duplicate content of `version` (default `_CURRENT`'s) and its
+    chain found in both splits; empty when none, or when the version promises nothing."""
+    version = version or read_current_version(root)
+    if version is None:
+        return []
+    manifest, location = read_manifest(version_dir(root, version))
+    return find_leaks(manifest, location, promised_keys(manifest))
+
+
+def find_leaks(manifest: Manifest, location: str, checks: dict[str, list[str]]) -> list[Leak]:
+    """The keys of `checks` (kind: its columns) that `manifest`'s version (read at
+    `location`) holds in both splits, SHOWN of each kind named, the rest counted."""
+    if not checks or not {"train", "holdout"} <= set(manifest.splits):
+        return []
+    leaks = []
+    for kind, columns in checks.items():
+        sides = {split: _hashes(manifest, location, split, columns) for split in SPLITS}
+        crossing = np.intersect1d(sides["train"][0], sides["holdout"][0])
+        leaks += [_named(manifest, kind, columns, sides, key) for key in crossing[:SHOWN].tolist()]
+        if len(crossing) > SHOWN:
+            more = f"and {len(crossing) - SHOWN} more"
+            leaks.append(Leak(manifest.version_id, kind, more, "...", "..."))
+    return leaks
+
+
+def promised_keys(manifest: Manifest) -> dict[str, list[str]]:
+    """The keys whose splits `manifest`'s settings promise disjoint, with their columns."""
+    settings = manifest.config.get("dataset", {})
+    group, duplicates = settings.get("group_column"), settings.get("duplicates", "keep")
+    if not group and duplicates == "keep":
+        return {}
+    spec = DatasetSpec.model_validate(settings)
+    checks = {"group": [group]} if group else {}
+    return {**checks, "duplicate content": content_columns(spec)}
+
+
+Side = tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]
+
+
+def _hashes(manifest: Manifest, location: str, split: str, columns: list[str]) -> Side:
+    """The distinct key hashes of a split, the shard of each (an index into the shards
+    returned) and the shards (name, URI)."""
+    hashes, owners = [], []
+    shards: list[tuple[str, str]] = []
+    for entry in manifest.split(split).shards:
+        uri = shard_uri(location, entry)
+        keys = row_hashes(_read(uri, columns), columns)
+        hashes.append(keys)
+        owners.append(np.full(len(keys), len(shards)))
+        shards.append((f"{entry.path} of v-{entry.version or manifest.version_id}", uri))
+    if not hashes:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), shards
+    unique, first = np.unique(np.concatenate(hashes), return_index=True)
+    return unique, np.concatenate(owners)[first], shards
+
+
+def _read(uri: str, columns: list[str]) -> pa.Table:
+    fs, path = url_to_fs(uri)
+    with fs.open(path, "rb") as handle:
+        return pq.read_table(handle, columns=columns)
+
+
+def _named(
+    manifest: Manifest, kind: str, columns: list[str], sides: dict[str, Side], key: int
+) -> Leak:
+    """The leak of hash `key`, its value read back from the train shard that holds it."""
+    shard = {}
+    for split, (unique, owner, shards) in sides.items():
+        shard[split] = shards[int(owner[np.searchsorted(unique, key)])]
+    table = _read(shard["train"][1], columns)
+    row = int(np.flatnonzero(row_hashes(table, columns) == np.uint64(key))[0])
+    values = table.slice(row, 1).to_pylist()[0]
+    value = repr(values[columns[0]]) if kind == "group" else repr(values)[:200]
+    return Leak(manifest.version_id, kind, value, shard["train"][0], shard["holdout"][0])

@@ -1,0 +1,158 @@
+"""Splits by value through the real reshard (Dask LocalCluster): patients of about 8 rows
+and rows re-delivered in other files, a base version and nightly children. With
+`group_column` and `duplicates: same_split` no patient and no duplicate content crosses
+splits in any version of the chain, `ballast verify`'s check finds nothing, and the
+manifest records each night's groups and duplicates; the row-wise split of the same
+rows leaks, and the check names it."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli.main import main
+from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.manifest import read_manifest, shard_uri, version_dir
+from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.versions.split_leaks import find_leaks, split_leaks
+
+pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
+
+FEATURES = ["x", "y"]
+
+
+def patients(rng: np.random.Generator, first: int, count: int, night: int) -> pa.Table:
+    """About 8 rows for each of `count` patients numbered from `first` (some patients of
+    earlier nights come back), then 6% of the rows re-delivered (copied as they were)."""
+    ids = rng.integers(max(0, first - 20), first + count, size=8 * count)
+    table = pa.table(
+        {
+            "patient": [f"p{i}" for i in ids],
+            "label": (ids % 3).tolist(),
+            "x": np.round(rng.normal(size=len(ids)), 2),
+            "y": rng.integers(0, 4, size=len(ids)).astype(np.float64),
+            "night": np.full(len(ids), night),
+        }
+    )
+    again = rng.choice(table.num_rows, size=table.num_rows * 6 // 100, replace=False)
+    return pa.concat_tables([table, table.take(pa.array(again))])
+
+
+def config(raw: Path, root: Path, group: bool) -> ReshardConfig:
+    dataset = DatasetSpec(
+        inputs=[str(raw)],
+        source_column=None,
+        feature_columns=FEATURES,
+        group_column="patient" if group else None,
+        duplicates="same_split" if group else "keep",
+    )
+    return ReshardConfig(
+        dataset=dataset,
+        output_root=str(root),
+        target_shard_rows=200,
+        holdout_fraction=0.2,
+        mode="incremental",
+        seed=11,
+    )
+
+
+def run_chain(base: Path, group: bool, dask_client) -> tuple[Path, list[ReshardResult]]:
+    """A base of two files, then three nights each adding one file (the last re-sends a
+    slice of the first night's file under a new name)."""
+    rng = np.random.default_rng(5)
+    raw, root = base / "raw", base / "out"
+    raw.mkdir()
+    pq.write_table(patients(rng, 0, 40, 0), raw / "a.parquet", row_group_size=100)
+    pq.write_table(patients(rng, 40, 40, 0), raw / "b.parquet", row_group_size=100)
+    results = [run_reshard(config(raw, root, group), dask_client)]
+    for night in range(1, 4):
+        table = patients(rng, 40 + 30 * night, 30, night)
+        if night == 3:
+            table = pa.concat_tables([table, pq.read_table(raw / "a.parquet").slice(0, 40)])
+        pq.write_table(table, raw / f"night-{night}.parquet", row_group_size=100)
+        results.append(run_reshard(config(raw, root, group), dask_client))
+    return root, results
+
+
+def sides_of(result: ReshardResult, columns: list[str]) -> dict[tuple, set[str]]:
+    """Each key (the values of `columns`) of a version, with the splits it has rows in."""
+    sides: dict[tuple, set[str]] = defaultdict(set)
+    for split, entry in result.manifest.splits.items():
+        for shard in entry.shards:
+            rows = pq.read_table(shard_uri(result.manifest_uri, shard), columns=columns)
+            for row in zip(*(rows.column(c).to_pylist() for c in columns), strict=True):
+                sides[row].add(split)
+    return sides
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory, dask_client) -> tuple[Path, list[ReshardResult]]:
+    return run_chain(tmp_path_factory.mktemp("grouped"), True, dask_client)
+
+
+def test_no_patient_and_no_duplicate_crosses_splits_in_any_version(grouped) -> None:
+    """Invariant: in the base and in every child (each listing its whole chain), every
+    patient and every duplicate content has rows in one split only; so a patient first
+    held out stays held out every later night, and one in train stays in train."""
+    _, results = grouped
+    assert [len(r.manifest.deltas) for r in results] == [1, 2, 3, 4]
+    for result in results:
+        for columns in (["patient"], ["label", *FEATURES, "patient"]):
+            crossing = [key for key, seen in sides_of(result, columns).items() if len(seen) > 1]
+            assert crossing == [], (result.manifest.version_id, columns, crossing[:3])
+        assert {"train", "holdout"} <= set(result.manifest.splits)
+
+
+def test_verify_finds_no_leak_and_the_manifest_records_each_night(grouped) -> None:
+    """Invariant: the check `ballast verify` runs finds no leak in the chain; each
+    night's delta records per split its rows, groups, the largest group's share and the
+    duplicate input rows, and the held-out share of rows is near the fraction asked."""
+    root, results = grouped
+    assert split_leaks(str(root)) == []
+    for delta in results[-1].manifest.deltas:
+        stats = delta.split_values
+        assert stats["train"]["groups"] > 0 and stats["holdout"]["groups"] > 0
+        assert 0 < stats["train"]["largest_group_share"] < 1
+        assert stats["train"]["duplicate_rows"] + stats["holdout"]["duplicate_rows"] > 0
+        held = stats["holdout"]["rows"] / (stats["holdout"]["rows"] + stats["train"]["rows"])
+        assert 0.03 < held < 0.45
+
+
+def test_row_wise_split_of_the_same_rows_leaks_and_the_check_names_it(
+    tmp_path, dask_client
+) -> None:
+    """Invariant: without the settings the same rows leak (patients on both sides), the
+    version promises nothing so `split_leaks` is silent, and the check asked for the
+    patients names a leaking patient and the shards holding it on each side."""
+    root, results = run_chain(tmp_path, False, dask_client)
+    manifest, location = read_manifest(version_dir(str(root), results[-1].manifest.version_id))
+    assert split_leaks(str(root)) == []
+    leaks = find_leaks(manifest, location, {"group": ["patient"]})
+    assert leaks, "a row-wise split of 8 rows a patient left every patient on one side"
+    assert leaks[0].value.startswith("'p") and "train-" in leaks[0].train_shard
+    assert "holdout-" in leaks[0].holdout_shard and "LEAK" in leaks[0].line()
+
+
+def test_ballast_verify_exits_1_naming_a_leak_a_version_promised_not_to_have(
+    grouped, tmp_path, dask_client, capsys
+) -> None:
+    """Invariant: `ballast verify` passes the grouped chain (exit 0, no LEAK line); on a
+    row-wise version whose manifest is edited to claim `group_column`, it exits 1 and
+    names a patient on both sides."""
+    root, _ = grouped
+    assert main(["verify", str(root)]) == 0
+    assert "LEAK" not in capsys.readouterr().out
+    leaky, _ = run_chain(tmp_path, False, dask_client)
+    manifest, location = read_manifest(str(leaky))
+    document = json.loads(Path(location).read_text())
+    document["config"]["dataset"]["group_column"] = "patient"
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", str(leaky)]) == 1
+    out = capsys.readouterr().out
+    assert f"LEAK version {manifest.version_id}: group 'p" in out and "more" in out
