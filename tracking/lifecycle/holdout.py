@@ -1,6 +1,9 @@
 """An arm's held-out figures on its MLflow run: `holdout_*` metrics next to training's
-`val_*`, with the class-prior baseline on the same rows, and the run's description
-(which flow run and arm, which rows the figures are of). The run is closed by then."""
+`val_*`, with the class-prior baseline on the same rows, each class's recall
+(`holdout_recall/<label>`, keyed as `val_recall/` is: preprocessing/contract/names.py),
+and the run's description (which flow run and arm, which rows the figures are of). The
+run is closed by then. The champion scored on a night's rows gets a run of its own with
+the same metric names (`log_scoring_run`)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from preprocessing.contract.names import mlflow_key
 from tracking.config import TrackingConfig
+from tracking.run.runs import create_run, finish_run
 from tracking.run.spool import is_local_run
 
 NOTE_TAG = "mlflow.note.content"  # the run page's Description
@@ -26,9 +31,11 @@ def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
         "holdout_class_prior_balanced_accuracy": baseline["balanced_accuracy"],
         "holdout_rows": evaluation["num_rows"],
     }
-    recalls = [value for value in evaluation["recall"].values() if value is not None]
+    recalls = {label: value for label, value in evaluation["recall"].items() if value is not None}
     if recalls:
-        metrics["holdout_worst_class_recall"] = min(recalls)
+        metrics["holdout_worst_class_recall"] = min(recalls.values())
+    for label, value in recalls.items():
+        metrics[mlflow_key(label, "holdout_recall/")] = value
     return {name: float(value) for name, value in metrics.items()}
 
 
@@ -47,3 +54,14 @@ def describe_run(config: TrackingConfig, run_id: str, text: str) -> None:
     yet (in its spool) keeps none."""
     if not is_local_run(run_id):
         MlflowClient(config.tracking_uri).set_tag(run_id, NOTE_TAG, text[:MAX_NOTE_CHARS])
+
+
+def log_scoring_run(
+    config: TrackingConfig, run_name: str, evaluation: dict[str, Any], tags: dict[str, str]
+) -> str:
+    """A finished run of its own (a child of `config.parent_run_id`) holding a scoring's
+    `holdout_metrics`, e.g. the champion on a night's held-out rows; its id."""
+    run_config = config.model_copy(update={"run_name": run_name, "run_id": None})
+    run_id = create_run(run_config, tags)
+    log_holdout(run_config, run_id, evaluation)
+    return finish_run(run_config, run_id, {})

@@ -1,0 +1,122 @@
+"""Who and what made a run, in MLflow's own terms, so its UI shows them: the experiment's
+kind (MLflow 3 opens an experiment without one in its GenAI mode), and each run's
+Source, Created by and source version (`mlflow.source.name`, `mlflow.source.type`,
+`mlflow.user`, `mlflow.source.git.commit`) and parent (`mlflow.parentRunId`).
+
+The flows name the source (`ballast run pipeline`, or a deployment's name and, as the
+user, the deployment for a scheduled run); a job started by hand gets its own command
+line and the OS user. The commit stays in `git_sha` too, where earlier releases kept it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import re
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Experiment
+from mlflow.tracking import MlflowClient
+
+from preprocessing.contract.manifest import code_version
+from tracking.config import RunOrigin, TrackingConfig
+
+KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"  # MLflow 3.17's "custom model development"
+PARENT_TAG = "mlflow.parentRunId"
+SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"
+USER_TAG, COMMIT_TAG = "mlflow.user", "mlflow.source.git.commit"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+log = logging.getLogger(__name__)
+
+
+def create_experiment(client: MlflowClient, config: TrackingConfig) -> str:
+    """A new experiment of the config's name, in training mode; its id."""
+    return str(
+        client.create_experiment(
+            config.experiment, config.artifact_location, tags={KIND_TAG: TRAINING_KIND}
+        )
+    )
+
+
+def mark_training_kind(client: MlflowClient, experiment: Experiment) -> str:
+    """Set the training kind on an experiment that names none (one made by an earlier
+    release: its runs stay where they are); a kind someone chose is kept, and said. The
+    experiment's kind."""
+    kind = experiment.tags.get(KIND_TAG)
+    if kind is None:
+        client.set_experiment_tag(experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+        return TRAINING_KIND
+    if kind != TRAINING_KIND:
+        log.info(
+            "MLflow experiment %r is of kind %r (not %r): kept as it is",
+            experiment.name,
+            kind,
+            TRAINING_KIND,
+        )
+    return str(kind)
+
+
+def command_line() -> str:
+    """The command this process runs, as a person typed it: `python -m training.launch`,
+    `ballast run pipeline`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    words = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"]
+    return " ".join(words + [arg for arg in sys.argv[1:3] if not arg.startswith("-")])
+
+
+def git_sha() -> str:
+    """The commit the code runs from (asked in the code's own directory: a job runs in its
+    work directory, which is rarely the checkout), or outside a git checkout (an installed
+    wheel) the package's version, `ballast==<version>`."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+        return result.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        try:
+            return f"ballast=={package_version('ballast')}"
+        except PackageNotFoundError:
+            return f"ballast (not installed; {code_version()})"
+
+
+def origin_tags(config: TrackingConfig, commit: str) -> dict[str, str]:
+    """MLflow's source and user tags of a new run of `config`, its parent's, and the
+    commit where `commit` is one (an installed wheel has a package version instead)."""
+    origin = config.origin or RunOrigin(source_name=command_line())
+    tags = {
+        SOURCE_NAME_TAG: origin.source_name,
+        SOURCE_TYPE_TAG: origin.source_type,
+        USER_TAG: origin.user or os_user(),
+    }
+    if _COMMIT.fullmatch(commit):
+        tags[COMMIT_TAG] = commit
+    if config.parent_run_id is not None:
+        tags[PARENT_TAG] = config.parent_run_id
+    return tags
+
+
+def os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry
+        return "unknown"
+
+
+def parent_of(tags: dict[str, Any]) -> str | None:
+    value = tags.get(PARENT_TAG)
+    return str(value) if value is not None else None
