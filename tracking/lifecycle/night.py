@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from preprocessing.contract.names import mlflow_key
 from tracking.config import TrackingConfig
 from tracking.lifecycle.holdout import MAX_NOTE_CHARS, NOTE_TAG, holdout_metrics
+from tracking.run.origin import code_tags
 from tracking.run.runs import create_run, deliver
 from tracking.run.sending import send_or_keep
 from tracking.run.spool import Spool
@@ -39,7 +40,7 @@ def now_ms() -> int:
 def open_night(config: TrackingConfig, run_name: str, tags: dict[str, str]) -> str:
     """Create the night's run (before its children); its id (`local-...` if kept)."""
     night = config.model_copy(update={"run_name": run_name, "run_id": None, "parent_run_id": None})
-    return create_run(night, {NIGHT_TAG: "true", **tags})
+    return create_run(night, {**code_tags(), NIGHT_TAG: "true", **tags})
 
 
 def night_metrics(

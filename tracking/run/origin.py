@@ -10,6 +10,7 @@ line and the OS user. The commit stays in `git_sha` too, where earlier releases 
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import re
@@ -32,6 +33,7 @@ PARENT_TAG = "mlflow.parentRunId"
 SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"
 USER_TAG, COMMIT_TAG = "mlflow.user", "mlflow.source.git.commit"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_WORD = re.compile(r"[a-z][a-z_-]*")
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +71,16 @@ def command_line() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name:
         return f"python -m {spec.name.removesuffix('.__main__')}"
-    words = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"]
-    return " ".join(words + [arg for arg in sys.argv[1:3] if not arg.startswith("-")])
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    words = [program]  # then its subcommands (`run pipeline`), not its paths or flags
+    for arg in sys.argv[1:3]:
+        if not _WORD.fullmatch(arg):
+            break
+        words.append(arg)
+    return " ".join(words)
 
 
+@functools.cache  # one process runs one checkout: asked once, not per run
 def git_sha() -> str:
     """The commit the code runs from (asked in the code's own directory: a job runs in its
     work directory, which is rarely the checkout), or outside a git checkout (an installed
@@ -94,20 +102,24 @@ def git_sha() -> str:
             return f"ballast (not installed; {code_version()})"
 
 
-def origin_tags(config: TrackingConfig, commit: str) -> dict[str, str]:
-    """MLflow's source and user tags of a new run of `config`, its parent's, and the
-    commit where `commit` is one (an installed wheel has a package version instead)."""
+def origin_tags(config: TrackingConfig) -> dict[str, str]:
+    """MLflow's source and user tags of a new run of `config`, and its parent's."""
     origin = config.origin or RunOrigin(source_name=command_line())
     tags = {
         SOURCE_NAME_TAG: origin.source_name,
         SOURCE_TYPE_TAG: origin.source_type,
         USER_TAG: origin.user or os_user(),
     }
-    if _COMMIT.fullmatch(commit):
-        tags[COMMIT_TAG] = commit
     if config.parent_run_id is not None:
         tags[PARENT_TAG] = config.parent_run_id
     return tags
+
+
+def code_tags() -> dict[str, str]:
+    """The code's version: `git_sha` (as earlier releases kept it), and MLflow's source
+    commit where it is one (an installed wheel has a package version instead)."""
+    sha = git_sha()
+    return {"git_sha": sha, COMMIT_TAG: sha} if _COMMIT.fullmatch(sha) else {"git_sha": sha}
 
 
 def os_user() -> str:

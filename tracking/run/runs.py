@@ -38,8 +38,8 @@ from preprocessing.toolbox.secrets import redact, redact_value
 from tracking.config import TrackingConfig
 from tracking.run.origin import (
     PARENT_TAG,
+    code_tags,
     create_experiment,
-    git_sha,
     mark_training_kind,
     origin_tags,
     parent_of,
@@ -97,9 +97,8 @@ def _parent_on_server(config: TrackingConfig, parent: str) -> str:
 def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
     """Create a run in the config's experiment (and the store's schema first); its id.
     A server that cannot be reached gets a `local-...` run in the spool instead. MLflow's
-    source, user, commit and parent tags (tracking/run/origin.py) and `git_sha` come first."""
-    sha = git_sha()
-    tags = {**origin_tags(config, sha), "git_sha": sha, **(tags or {})}
+    source, user and parent tags (tracking/run/origin.py) come first."""
+    tags = {**origin_tags(config), **(tags or {})}
     return send_or_keep(
         config,
         None,
@@ -192,6 +191,7 @@ def start_run(
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
     all_tags = {
+        **code_tags(),
         "ballast.dataset_version": manifest.version_id,
         "ballast.dataset_parent_version": manifest.parent_version or "none",
         **tags,
