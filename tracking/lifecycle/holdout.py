@@ -20,9 +20,10 @@ NOTE_TAG = "mlflow.note.content"  # the run page's Description
 MAX_NOTE_CHARS = 6000
 
 
-def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+def holdout_metrics(evaluation: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """A model's held-out figures and the class-prior baseline's on the same rows, as the
-    metrics of its run (`holdout_...`, next to training's `val_...`)."""
+    metrics of its run (`holdout_...`, next to training's `val_...`), each name after
+    `prefix` (a night's run: `<arm>/`)."""
     baseline = evaluation["class_prior_baseline"]
     metrics = {
         "holdout_macro_f1": evaluation["macro_f1"],
@@ -34,9 +35,10 @@ def holdout_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     recalls = {label: value for label, value in evaluation["recall"].items() if value is not None}
     if recalls:
         metrics["holdout_worst_class_recall"] = min(recalls.values())
+    named = {f"{prefix}{name}": float(value) for name, value in metrics.items()}
     for label, value in recalls.items():
-        metrics[mlflow_key(label, "holdout_recall/")] = value
-    return {name: float(value) for name, value in metrics.items()}
+        named[mlflow_key(label, f"{prefix}holdout_recall/")] = float(value)
+    return named
 
 
 def log_holdout(config: TrackingConfig, run_id: str, evaluation: dict[str, Any]) -> None:

@@ -50,8 +50,7 @@ def night_metrics(
     drift and the promotion's scores."""
     metrics = dict(holdout_metrics(evaluations[arm])) if arm in evaluations else {}
     for name, evaluation in evaluations.items():
-        prefix = f"{mlflow_key(name)}/"
-        metrics |= {prefix + key: value for key, value in holdout_metrics(evaluation).items()}
+        metrics |= holdout_metrics(evaluation, f"{mlflow_key(name)}/")
     if registration is not None:
         metrics |= _promotion_metrics(registration)
     return metrics
