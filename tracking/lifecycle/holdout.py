@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.names import mlflow_key
 from tracking.config import TrackingConfig
+from tracking.run.origin import code_tags
 from tracking.run.runs import create_run, finish_run
 from tracking.run.spool import is_local_run
 
@@ -64,6 +65,6 @@ def log_scoring_run(
     """A finished run of its own (a child of `config.parent_run_id`) holding a scoring's
     `holdout_metrics`, e.g. the champion on a night's held-out rows; its id."""
     run_config = config.model_copy(update={"run_name": run_name, "run_id": None})
-    run_id = create_run(run_config, tags)
+    run_id = create_run(run_config, {**code_tags(), **tags})
     log_holdout(run_config, run_id, evaluation)
     return finish_run(run_config, run_id, {})

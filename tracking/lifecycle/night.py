@@ -19,6 +19,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.names import mlflow_key
+from preprocessing.toolbox.secrets import redact
 from tracking.config import TrackingConfig
 from tracking.lifecycle.holdout import MAX_NOTE_CHARS, NOTE_TAG, holdout_metrics
 from tracking.run.origin import code_tags
@@ -91,7 +92,7 @@ def close_night(
     """Log the night's summary and close its run FINISHED (`description` as its note);
     what the server cannot take is kept in the run's spool. The run's id on the server
     (a `local-...` id while it is not there)."""
-    summary_text = json.dumps(summary, indent=1, default=str)
+    summary_text = redact(json.dumps(summary, indent=1, default=str))  # URIs may hold passwords
     spool = Spool.of_run(config, run_id)
 
     def keep(kept: Spool) -> None:
