@@ -117,19 +117,40 @@ def earlier_release_run(tracking_uri: str) -> None:
         client.set_terminated(run.info.run_id)
 
 
-def run_nights(work: Path, env: dict[str, str], tracking_uri: str, rows: int, nights: int) -> list:
+def write_night(work: Path, night: int, rows: int) -> None:
+    """The night's generated files, their ids after every earlier night's (ids are unique
+    across a version's files)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from preprocessing.synthetic.tabular import SampleSpec, write_sample
+
+    write_sample(raw_dir(work, night), SampleSpec(num_rows=rows, num_files=6, seed=night))
+    for path in sorted(raw_dir(work, night).glob("*.parquet")):
+        table = pq.read_table(path)
+        ids = pc.add(table["id"], (night - 1) * 10**9)
+        pq.write_table(table.set_column(table.schema.get_field_index("id"), "id", ids), path)
+
+
+def run_nights(
+    work: Path, env: dict[str, str], tracking_uri: str, rows: int, nights: int, fresh: bool
+) -> list:
     """`ballast run pipeline` once a night, each night on one more generated file set of
-    `rows` rows; their full results."""
+    `rows` rows (a night whose result is in `work` is kept, unless `fresh`); the results."""
     earlier_release_run(tracking_uri)
-    return [run_pipeline(work, env, tracking_uri, rows, night) for night in range(1, nights + 1)]
+    results = []
+    for night in range(1, nights + 1):
+        done = work / f"result-{night}.json"
+        if fresh or not done.exists():
+            run_pipeline(work, env, tracking_uri, rows, night)
+        results.append(json.loads(done.read_text()))
+    return results
 
 
 def run_pipeline(work: Path, env: dict[str, str], tracking_uri: str, rows: int, night: int) -> dict:
     """`ballast run pipeline` on the files of nights 1 to `night`; its full result."""
-    from preprocessing.synthetic.tabular import SampleSpec, write_sample
-
     if not raw_dir(work, night).exists():
-        write_sample(raw_dir(work, night), SampleSpec(num_rows=rows, num_files=6, seed=night))
+        write_night(work, night, rows)
     config_file, result_file = work / f"pipeline-{night}.yaml", work / f"result-{night}.json"
     config_file.write_text(yaml.safe_dump(pipeline_config(work, tracking_uri, night)))
     done = subprocess.run(
@@ -280,7 +301,8 @@ def main() -> None:
         )
         done = work / "results.json"
         if not done.exists() or args.fresh:
-            done.write_text(json.dumps(run_nights(work, env, mlflow, args.rows, args.nights)))
+            nights = run_nights(work, env, mlflow, args.rows, args.nights, args.fresh)
+            done.write_text(json.dumps(nights))
         result = json.loads(done.read_text())[-1]  # the last night's
         found = pages(prefect, mlflow, prefect_ids(work, env["PREFECT_API_URL"]), result)
         for name, url in found.items():
