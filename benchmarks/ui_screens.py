@@ -30,6 +30,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 
@@ -38,6 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: the clone's pack
     sys.path.insert(0, str(ROOT))
 
 from tests import services  # noqa: E402 - after the clone's root is on sys.path
+from tracking.run.origin import TRAINING_VIEW as VIEW  # noqa: E402 - likewise
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_FLAGS = (
@@ -234,19 +236,24 @@ def pages(prefect: str, mlflow: str, ids: dict[str, str], result: dict) -> dict[
         "prefect-deployment-parameters": (
             f"{prefect}/deployments/deployment/{ids['nightly']}?tab=Parameters"
         ),
-        # The experiment as it opens: MLflow 3 follows its kind (training mode, not GenAI).
-        "mlflow-experiment-training-mode": f"{mlflow}/#/experiments/{exp}",
-        "mlflow-experiment-runs": f"{mlflow}/#/experiments/{exp}/runs",
-        "mlflow-night-run": f"{mlflow}/#/experiments/{exp}/runs/{result['night_run_id']}",
-        "mlflow-nights-chart": f"{mlflow}/#/experiments/{exp}/runs?compareRunsMode=CHART",
+        # MLflow 3.17.2's UI takes its mode from the address (`workflowType`), else the
+        # browser's last choice (GenAI at first), not from the experiment's kind: the
+        # plain address shows which; ballast's links carry the training view.
+        "mlflow-experiment-plain-address": f"{mlflow}/#/experiments/{exp}",
+        "mlflow-experiment-training-mode": f"{mlflow}/#/experiments/{exp}?{VIEW}",
+        "mlflow-night-run": f"{mlflow}/#/experiments/{exp}/runs/{result['night_run_id']}?{VIEW}",
+        "mlflow-nights-chart": (
+            f"{mlflow}/#/experiments/{exp}/runs?{VIEW}&compareRunsMode=CHART&searchFilter="
+            + quote("tags.`ballast.night` = 'true'")
+        ),
         "mlflow-model-version": (
             f"{mlflow}/#/models/{registration['name']}/versions/{registration['version']}"
         ),
     }
     for arm, run_id in result["runs"].items():
-        found[f"mlflow-run-{arm}"] = f"{mlflow}/#/experiments/{exp}/runs/{run_id}"
+        found[f"mlflow-run-{arm}"] = f"{mlflow}/#/experiments/{exp}/runs/{run_id}?{VIEW}"
         found[f"mlflow-run-{arm}-metrics"] = (
-            f"{mlflow}/#/experiments/{exp}/runs/{run_id}/model-metrics"
+            f"{mlflow}/#/experiments/{exp}/runs/{run_id}/model-metrics?{VIEW}"
         )
     return found
 

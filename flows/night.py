@@ -33,7 +33,8 @@ from tracking.lifecycle.night import (
     night_tags,
     open_night,
 )
-from tracking.run.runs import fail_run, run_page_url
+from tracking.run.origin import training_view_url
+from tracking.run.runs import fail_run
 
 
 def run_origin() -> RunOrigin:
@@ -118,7 +119,7 @@ def night_run(params: PipelineParams) -> Iterator[Night]:
 
 def _link(tracking: TrackingConfig, run_id: str) -> None:
     """The flow run's link artifact to the night's MLflow run (a run on a server)."""
-    url = run_page_url(tracking.tracking_uri, run_id)
+    url = training_view_url(tracking.tracking_uri, run_id)
     if url is not None:
         create_link_artifact(
             url,

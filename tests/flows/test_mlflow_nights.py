@@ -119,7 +119,8 @@ def test_two_nights_are_two_parents_in_training_mode_with_their_children(
         for run in [night, *children]:
             check_origin(tags(run))
         artifacts = asyncio.run(link_artifacts(state.state_details.flow_run_id))
-        link = f"{mlflow_uri}/#/runs/{result.night_run_id}"
+        view = f"#/experiments/{exp_id}/runs/{night_id}?workflowType=machine_learning"
+        link = f"{mlflow_uri}/{view}"
         assert [a.data for a in artifacts] == [f"[MLflow run of this night ({night_id})]({link})"]
 
 

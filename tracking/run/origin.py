@@ -1,7 +1,13 @@
 """Who and what made a run, in MLflow's own terms, so its UI shows them: the experiment's
-kind (MLflow 3 opens an experiment without one in its GenAI mode), and each run's
-Source, Created by and source version (`mlflow.source.name`, `mlflow.source.type`,
-`mlflow.user`, `mlflow.source.git.commit`) and parent (`mlflow.parentRunId`).
+kind, each run's Source, Created by and source version (`mlflow.source.name`,
+`mlflow.source.type`, `mlflow.user`, `mlflow.source.git.commit`) and parent
+(`mlflow.parentRunId`), and the links that open a run in the UI's training view.
+
+The experiment's kind (`mlflow.experimentKind`) is MLflow's record of what an experiment
+is for, the tag its own kind selector sets. MLflow 3.17.2's UI does not choose its mode
+by it, though: it takes the `workflowType` of the page's address, else the mode this
+browser chose last (GenAI on a first visit), its lookup of the kind switched off in its
+build (benchmarks/RESULTS.md M61). So the links ballast writes carry `TRAINING_VIEW`.
 
 The flows name the source (`ballast run pipeline`, or a deployment's name and, as the
 user, the deployment for a scheduled run); a job started by hand gets its own command
@@ -26,6 +32,8 @@ from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import code_version
 from tracking.config import RunOrigin, TrackingConfig
+from tracking.run.spool import is_local_run
+from tracking.server import is_reachable, is_server, is_transient, without_credentials
 
 KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"  # MLflow 3.17's "custom model development"
@@ -34,6 +42,7 @@ SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"
 USER_TAG, COMMIT_TAG = "mlflow.user", "mlflow.source.git.commit"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _WORD = re.compile(r"[a-z][a-z_-]*")
+TRAINING_VIEW = "workflowType=machine_learning"  # the UI's training mode, by address
 
 log = logging.getLogger(__name__)
 
@@ -132,3 +141,22 @@ def os_user() -> str:
 def parent_of(tags: dict[str, Any]) -> str | None:
     value = tags.get(PARENT_TAG)
     return str(value) if value is not None else None
+
+
+def training_view_url(tracking_uri: str, run_id: str) -> str | None:
+    """The run's page in the UI's training view, under its experiment (MLflow's `#/runs/`
+    redirect drops the view); None for a local store or a run not on the server yet. A
+    server that does not answer now gets the experiment-less link (MLflow's client would
+    retry for minutes: M23)."""
+    if not is_server(tracking_uri) or is_local_run(run_id):
+        return None
+    base = without_credentials(tracking_uri).rstrip("/")
+    if not is_reachable(tracking_uri):
+        return f"{base}/#/runs/{run_id}?{TRAINING_VIEW}"
+    try:
+        experiment_id = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    except Exception as error:
+        if not is_transient(error):
+            raise
+        return f"{base}/#/runs/{run_id}?{TRAINING_VIEW}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"

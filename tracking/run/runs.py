@@ -43,6 +43,7 @@ from tracking.run.origin import (
     mark_training_kind,
     origin_tags,
     parent_of,
+    training_view_url,
 )
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept
@@ -378,7 +379,7 @@ def how_to_open(tracking_uri: str, run_id: str, spool_dir: str | None = None) ->
             f"it is kept in {spool.path}: `{spool.upload_command()}` sends it"
         )
     run_id = sent_id or run_id
-    url = run_page_url(tracking_uri, run_id)
+    url = training_view_url(tracking_uri, run_id)
     if url is not None:
         return f"open {url}"
     return (
