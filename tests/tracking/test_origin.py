@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from tests.services import free_port
 from tracking.config import RunOrigin, TrackingConfig
 from tracking.lifecycle.night import close_night, night_metrics, open_night
-from tracking.run.origin import KIND_TAG, TRAINING_KIND
+from tracking.run.origin import KIND_TAG, TRAINING_KIND, training_view_url
 from tracking.run.runs import create_run, deliver
 from tracking.run.spool import Spool
 
@@ -118,3 +118,5 @@ def test_a_night_kept_while_the_server_was_down_keeps_its_children(tmp_path, mlf
     assert parent.data.tags["ballast.dataset_version"] == "v"
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags[KIND_TAG] == TRAINING_KIND
+    view = f"#/experiments/{experiment.experiment_id}/runs/{sent_night}?workflowType="
+    assert training_view_url(mlflow_uri, sent_night) == f"{mlflow_uri}/{view}machine_learning"
