@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # (57.9 -> 51.5 s); __pycache__/ is ignored by git.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help venv demo test test-quick soak nightly lint audit format clean
+.PHONY: help venv demo test test-quick nightly soak lint audit format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -26,19 +26,22 @@ demo: $(STAMP)  ## generate a skewed sample and run the whole pipeline on it
 
 # Two tiers (tests/tiers.py): `slow` tests start a process or a service, the rest may not.
 test: $(STAMP)  ## the whole suite, as CI runs it (starts its own local services)
-	$(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=25 -m "not nightly"
 
 # On 2 xdist workers: serial it took 3:06-3:25 on a 2-core host, 2:09 on two (target 3 min).
 test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no process or service
 	$(BIN)/pytest -n 2 -m "not slow" --durations=10
 
+# Tests that run several pipelines (a two-night run read through MLflow's REST API): minutes.
+
 # 30 nights of the incremental chain, one seeded fault a night (tests/soak/chain.py); long.
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
 	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
 
-# Five pipelines at once on one Prefect and one MLflow server (tests/nightly); not in `test`.
-nightly: $(STAMP)  ## the nightly tier: five concurrent pipelines, their wall times printed
-	BALLAST_NIGHTLY=1 $(BIN)/pytest -q -s -p no:randomly tests/nightly
+# Tests of several pipeline runs (the `nightly` marker): five at once on one Prefect and one
+# MLflow server (tests/nightly), two nights read through MLflow's REST API; not in `test`.
+nightly: $(STAMP)  ## the nightly tier: several pipelines at once, their wall times printed
+	BALLAST_NIGHTLY=1 $(BIN)/pytest -q -s -p no:randomly -m nightly --durations=10
 
 lint: $(STAMP)  ## ruff (lint and formatting), mypy and the import-linter contracts of docs/architecture.md
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ from prefect.utilities.annotations import quote
 
 from flows import runlog, tasks
 from flows.arms import NATURAL_MIX, arm_for
+from flows.night import night_run, with_origin
 from flows.overrides import NO_OVERRIDES
 from flows.params import (
     EvaluateParams,
@@ -105,12 +106,12 @@ def _tracked_job(config: TrainConfig, job: AnyJob, dataset: str, arm: str) -> Tr
 def _run_named(config: TrainConfig, arm: str) -> TrackingConfig | None:
     """The job's tracking, its new run named `<flow run name>-<arm>` (`<run_name>-<arm>`
     when the config names runs): one scheme for every arm, so a flow run's MLflow runs
-    are found by its name."""
+    are found by its name; its source is the flow run's (flows/night.py `run_origin`)."""
     tracking = config.tracking
     if tracking is None or tracking.run_id is not None:
         return tracking
     base = tracking.run_name or flow_run.get_name() or "ballast"
-    return tracking.model_copy(update={"run_name": f"{base}-{arm}"})
+    return with_origin(tracking).model_copy(update={"run_name": f"{base}-{arm}"})
 
 
 @ballast_flow("reshard", ReshardParams)
@@ -240,8 +241,9 @@ def pipeline(
         compare_with_natural_mix=compare_with_natural_mix,
         promotion=promotion,
     )
-    with run_executor(params.dask) as executor:
-        return _pipeline(params, executor)
+    # The night's MLflow run is the parent of every run this one makes (flows/night.py).
+    with run_executor(params.dask) as executor, night_run(params) as night:
+        return night.close(_pipeline(night.params, executor))
 
 
 def _pipeline(params: PipelineParams, dask: Executor) -> PipelineResult:

@@ -15,6 +15,7 @@ from functools import partial
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from flows.results import Challenger, DriftSummary, Evaluation, Registration
 from flows.tasks import TRANSIENT_RETRIES, dask_map
@@ -44,9 +45,13 @@ def drift(location: str, parent: str, arm: str) -> DriftReport:
 def score_champion(
     tracking: TrackingConfig, name: str, location: str, dask: Executor, arm: str
 ) -> SameRows | None:
-    """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
+    """The current champion's macro-F1 on the version's held-out rows (None: no champion);
+    in a pipeline run, its figures on a run of their own, a child of the night's run."""
+    scoring_run = None
+    if tracking.parent_run_id is not None:
+        scoring_run = tracking.model_copy(update={"run_name": flow_run.get_name()})
     return champion_on_same_rows(
-        tracking.tracking_uri, name, location, partial(dask_map, dask, [location])
+        tracking.tracking_uri, name, location, partial(dask_map, dask, [location]), scoring_run
     )
 
 

@@ -148,7 +148,8 @@ class Predictions(StepResult):
 class PipelineResult(StepResult):
     """What a pipeline run made: its dataset version (the fields of `DatasetVersion`), the
     training job and its run, and, with tracking and a logged model, every arm's run and
-    held-out evaluation (this run's own arm first) and the registration."""
+    held-out evaluation (this run's own arm first), the registration and the night's run
+    (flows/night.py)."""
 
     manifest_uri: str
     version_id: str
@@ -159,6 +160,7 @@ class PipelineResult(StepResult):
     runs: dict[str, str | None] = {}
     evaluations: dict[str, Evaluation] = {}
     registration: Registration | None = None
+    night_run_id: str | None = None  # the flow run's own MLflow run, the arms' runs' parent
 
     @classmethod
     def of(cls, dataset: DatasetVersion, training: TrainingResult) -> PipelineResult:

@@ -102,6 +102,9 @@ END_TO_END: frozenset[str] = frozenset(
         "tests/slurm/test_slurm_pipeline.py::"
         "test_the_pipeline_runs_its_dask_step_and_training_as_slurm_jobs",
         "tests/slurm/test_slurm_training.py::test_a_job_past_its_walltime_fails_naming_the_time_limit",
+        # two pipeline runs read through MLflow's REST API (the nightly tier: `make nightly`)
+        "tests/flows/test_mlflow_nights.py::"
+        "test_two_nights_are_two_parents_in_training_mode_with_their_children",
         # nights of the incremental chain, each a reshard subprocess under a fault
         "tests/soak/test_soak.py::test_nightly_chain_survives_a_fault_a_night",
     }

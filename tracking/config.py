@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunOrigin(BaseModel):
+    """What started a run, as MLflow's UI shows it (Source, Created by)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_name: str = Field(
+        description="The flow or command that ran (`ballast run pipeline`, a deployment's name)."
+    )
+    source_type: Literal["LOCAL", "JOB"] = Field(
+        "LOCAL", description="`JOB` for a deployment's (scheduled) run, else `LOCAL`."
+    )
+    user: str | None = Field(
+        None, description="Created by: None is the OS user; a deployment's run names it."
+    )
 
 
 class TrackingConfig(BaseModel):
@@ -22,6 +40,15 @@ class TrackingConfig(BaseModel):
         None, description="Resume logging into this run (set by the launcher, kept across retries)."
     )
     run_name: str | None = Field(None, description="Display name of a newly created run.")
+    parent_run_id: str | None = Field(
+        None,
+        description="A new run is a child of this run (set by the pipeline: its night's run).",
+    )
+    origin: RunOrigin | None = Field(
+        None,
+        description="Source and user of a new run (set by the flows); None: this "
+        "process's command line and the OS user.",
+    )
     system_metrics_interval_s: float | None = Field(
         2.0,
         gt=0,

@@ -67,7 +67,11 @@ def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str
     if result.run_id and tracking_uri:
         runs = result.runs or {"run": result.run_id}
         lines.append("MLflow runs: " + ", ".join(f"{arm} {run}" for arm, run in runs.items()))
-        lines.append(f"  {how_to_open_run(result.run_id, tracking_uri, training)}")
+        if result.night_run_id:  # the night's run: the arms' runs are its children
+            night = how_to_open_run(result.night_run_id, tracking_uri, training)
+            lines.append(f"  the night's run {result.night_run_id}: {night}")
+        else:
+            lines.append(f"  {how_to_open_run(result.run_id, tracking_uri, training)}")
     return "\n".join(lines)
 
 

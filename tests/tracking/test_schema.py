@@ -8,7 +8,7 @@ import pytest
 from mlflow.types.schema import Schema
 
 from tracking.lifecycle.holdout import holdout_metrics
-from tracking.run.runs import git_sha
+from tracking.run.origin import git_sha
 from tracking.run.schema import mlflow_schema_json
 
 
@@ -36,7 +36,8 @@ def test_the_schema_is_mlflow_colspec_json_with_every_column_typed() -> None:
 
 def test_holdout_metrics_hold_the_figures_and_the_class_prior_baseline() -> None:
     """Invariant: an arm's run gets its held-out macro-F1, balanced accuracy, worst-class
-    recall (classes without support skipped) and the baseline's figures on the same rows."""
+    recall and each class's recall (classes without support skipped), and the baseline's
+    figures on the same rows."""
     evaluation = {
         "num_rows": 10,
         "macro_f1": 0.8,
@@ -51,6 +52,8 @@ def test_holdout_metrics_hold_the_figures_and_the_class_prior_baseline() -> None
         "holdout_class_prior_macro_f1": 0.3,
         "holdout_class_prior_balanced_accuracy": 0.5,
         "holdout_rows": 10.0,
+        "holdout_recall/a": 0.9,
+        "holdout_recall/b": 0.6,
     }
 
 

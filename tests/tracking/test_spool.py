@@ -76,7 +76,8 @@ def test_a_run_started_while_the_server_is_down_is_kept_locally_without_its_pass
         run_id = create_run(config, {"ballast.strategy": "ddp"})
     assert run_id.startswith("local-")
     spool = Spool.of_run(config, run_id)
-    assert spool.run["tags"] == {"ballast.strategy": "ddp"} and spool.run["run_id"] is None
+    assert spool.run["tags"]["ballast.strategy"] == "ddp" and spool.run["run_id"] is None
+    assert spool.run["tags"]["mlflow.user"] and spool.run["tags"]["mlflow.source.name"]
     assert all("hunter2" not in path.read_text() for path in spool.path.rglob("*.json"))
 
 

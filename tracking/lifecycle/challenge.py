@@ -9,7 +9,9 @@ against the parent, and the current champion scored on the same held-out rows.
    `evaluate`, through the codec logged with the champion). A champion whose codec refuses
    the rows (a missing column, another type, a class it does not know) is reported as
    unable to read them, which holds the challenger back unless `force`
-   (tracking/lifecycle/promotion.py decides).
+   (tracking/lifecycle/promotion.py decides). Given a `scoring_run` config, the scoring
+   is recorded as a run of its own (a child of the night's run), with the metric names
+   the arms' runs use.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import pyarrow.parquet as pq
 from preprocessing.contract.codec import FeatureCodec
 from preprocessing.contract.column_spec import FeatureError
 from preprocessing.contract.manifest import Manifest, manifest_uri, read_manifest, shard_uri
+from tracking.config import TrackingConfig
 from tracking.lifecycle.champion import champion
 from tracking.lifecycle.drift import DriftReport, drift_report
+from tracking.lifecycle.holdout import log_scoring_run
 from tracking.lifecycle.promotion import SameRows
 from tracking.lifecycle.scoring import Mapper, ModelError, evaluate
 from tracking.lifecycle.trust import UntrustedModel
@@ -86,8 +90,10 @@ def champion_on_same_rows(
     name: str,
     location: str,
     cluster_map: Callable[[], AbstractContextManager[Mapper]],
+    scoring_run: TrackingConfig | None = None,
 ) -> SameRows | None:
-    """The current champion's macro-F1 on the version's held-out rows (None: no champion)."""
+    """The current champion's macro-F1 on the version's held-out rows (None: no champion),
+    its figures logged to a run of `scoring_run` when given."""
     current = champion(tracking_uri, name)
     if current is None:
         return None
@@ -105,5 +111,17 @@ def champion_on_same_rows(
     except UNREADABLE as error:
         return SameRows(
             **rows, champion_score=None, problem=f"{type(error).__name__}: {error}"[:1000]
+        )
+    if scoring_run is not None:
+        tags = {
+            "ballast.role": "champion-scoring",
+            "ballast.champion_version": str(rows["champion_version"]),
+            "ballast.dataset_version": manifest.version_id,
+        }
+        log_scoring_run(
+            scoring_run,
+            f"{scoring_run.run_name or name}-champion-v{current['version']}",
+            scores,
+            tags,
         )
     return SameRows(**rows, champion_score=scores["macro_f1"])

@@ -23,12 +23,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import warnings
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
-from pathlib import Path
 from typing import Any
 
 from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -36,14 +32,24 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from preprocessing.contract.manifest import Manifest, code_version
+from preprocessing.contract.manifest import Manifest
 from preprocessing.contract.names import mlflow_params
 from preprocessing.toolbox.secrets import redact, redact_value
 from tracking.config import TrackingConfig
+from tracking.run.origin import (
+    PARENT_TAG,
+    code_tags,
+    create_experiment,
+    mark_training_kind,
+    origin_tags,
+    parent_of,
+    training_view_url,
+)
 from tracking.run.schema import mlflow_schema_json
 from tracking.run.sending import send_or_keep, warn_kept
 from tracking.run.spool import MANIFEST_ARTIFACT, Spool, is_local_run
 from tracking.server import (
+    TrackingUnavailable,
     is_server,
     is_transient,
     wait_until_reachable,
@@ -57,25 +63,43 @@ _BATCH = 1000  # MLflow's log_batch limit on metrics per request
 
 
 def prepare_backend(config: TrackingConfig) -> str:
-    """Create the store's schema and the experiment once; returns the experiment id."""
+    """Create the store's schema and the experiment once, in training mode (an existing
+    experiment is marked so, unless it names another kind); returns the experiment id."""
     client = MlflowClient(config.tracking_uri)
     experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is not None:
-        return str(experiment.experiment_id)
-    return str(client.create_experiment(config.experiment, config.artifact_location))
+    if experiment is None:
+        return create_experiment(client, config)
+    mark_training_kind(client, experiment)
+    return str(experiment.experiment_id)
 
 
 def _create_on_server(config: TrackingConfig, tags: dict[str, str] | None) -> str:
     experiment_id = prepare_backend(config)
+    tags = dict(tags or {})
+    parent = parent_of(tags)
+    if parent is not None and is_local_run(parent):  # a parent kept in its spool: sent first
+        tags[PARENT_TAG] = _parent_on_server(config, parent)
     run = MlflowClient(config.tracking_uri).create_run(
         experiment_id, run_name=config.run_name, tags=tags
     )
     return str(run.info.run_id)
 
 
+def _parent_on_server(config: TrackingConfig, parent: str) -> str:
+    """The server's id of a parent run kept in its spool, delivered now if it was not."""
+    spool = Spool.of_run(config, parent)
+    sent = spool.run.get("run_id") if spool.exists() else None
+    sent = sent or (deliver(spool, config) if spool.exists() else None)
+    if sent is None:
+        raise TrackingUnavailable(f"parent run {parent} is not on the server yet")
+    return str(sent)
+
+
 def create_run(config: TrackingConfig, tags: dict[str, str] | None = None) -> str:
     """Create a run in the config's experiment (and the store's schema first); its id.
-    A server that cannot be reached gets a `local-...` run in the spool instead."""
+    A server that cannot be reached gets a `local-...` run in the spool instead. MLflow's
+    source, user and parent tags (tracking/run/origin.py) come first."""
+    tags = {**origin_tags(config), **(tags or {})}
     return send_or_keep(
         config,
         None,
@@ -106,27 +130,6 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
             text = value if isinstance(value, str) else json.dumps(value)
             flat[name] = text[:_MAX_PARAM_CHARS]
     return flat
-
-
-def git_sha() -> str:
-    """The commit the code runs from (asked in the code's own directory: a job runs in its
-    work directory, which is rarely the checkout), or outside a git checkout (an installed
-    wheel) the package's version, `ballast==<version>`."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-            cwd=Path(__file__).parent,
-        )
-        return result.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        try:
-            return f"ballast=={package_version('ballast')}"
-        except PackageNotFoundError:
-            return f"ballast (not installed; {code_version()})"
 
 
 def dataset_input(manifest: Manifest, manifest_uri: str) -> DatasetInput:
@@ -189,8 +192,8 @@ def start_run(
     """Create the job's run with params, tags, dataset lineage and the manifest artifact;
     returns the run id."""
     all_tags = {
+        **code_tags(),
         "ballast.dataset_version": manifest.version_id,
-        "git_sha": git_sha(),
         "ballast.dataset_parent_version": manifest.parent_version or "none",
         **tags,
     }
@@ -218,7 +221,8 @@ def _close(
 ) -> None:
     from tracking.run.artifacts import log_checkpoints, log_plots  # matplotlib: only here
 
-    client.log_dict(run_id, summary, "training/summary.json")
+    if summary:  # a night's run closes with none (its summary is its own artifact)
+        client.log_dict(run_id, summary, "training/summary.json")
     if manifest is not None:
         log_plots(client, run_id, manifest, summary)
     if checkpoint_dir is not None:
@@ -308,6 +312,8 @@ def _deliver_parts(spool: Spool, config: TrackingConfig, client: MlflowClient) -
         run_id = _create_on_server(config, spool.run["tags"])
         spool.set_server_run_id(run_id)
     log_params(client, run_id, spool.params())  # the same values again are accepted
+    for key, value in spool.tags().items():
+        client.set_tag(run_id, key, value)
     _deliver_lineage(spool, client, run_id)
     if spool.artifacts_dir.exists():
         client.log_artifacts(run_id, str(spool.artifacts_dir))  # overwrites: idempotent
@@ -373,7 +379,7 @@ def how_to_open(tracking_uri: str, run_id: str, spool_dir: str | None = None) ->
             f"it is kept in {spool.path}: `{spool.upload_command()}` sends it"
         )
     run_id = sent_id or run_id
-    url = run_page_url(tracking_uri, run_id)
+    url = training_view_url(tracking_uri, run_id)
     if url is not None:
         return f"open {url}"
     return (

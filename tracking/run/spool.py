@@ -6,6 +6,7 @@ One directory per run, `<spool_dir>/<run key>/`, where the key is the server's r
     run.json            where it goes (experiment, run name, tags) and, once created, the
                         server's run id; the tracking URI is stored without its password
     params.json         params, already flattened
+    tags.json           tags set after the run's creation (a night's decision)
     lineage.json        the dataset version's manifest URI (the manifest is an artifact)
     artifacts/          files to log, at their artifact paths
     metrics/<w>.jsonl   metric values, one file per writer (the rank-0 logger, each node's
@@ -114,6 +115,12 @@ class Spool:
 
     def params(self) -> dict[str, str]:
         return dict(read_json(self.path / "params.json", {}))
+
+    def add_tags(self, tags: dict[str, str]) -> None:
+        write_json(self.path / "tags.json", self.tags() | tags)
+
+    def tags(self) -> dict[str, str]:
+        return dict(read_json(self.path / "tags.json", {}))
 
     def set_lineage(self, manifest_uri: str, manifest_json: str) -> None:
         self.add_artifact_text(MANIFEST_ARTIFACT, manifest_json)
