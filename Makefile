@@ -32,8 +32,6 @@ test: $(STAMP)  ## the whole suite, as CI runs it (starts its own local services
 test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no process or service
 	$(BIN)/pytest -n 2 -m "not slow" --durations=10
 
-# Tests that run several pipelines (a two-night run read through MLflow's REST API): minutes.
-
 # 30 nights of the incremental chain, one seeded fault a night (tests/soak/chain.py); long.
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
 	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
