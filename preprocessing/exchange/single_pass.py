@@ -1,0 +1,101 @@
+"""The single pass: every input read once, every row routed in memory, every shard
+written straight away, nothing staged (the route of a reshard whose rows fit
+`single_pass_bytes`: preprocessing/plan/route.py).
+
+It is the map task and the write tasks of the staged exchange fused, and shares their
+parts rather than repeating them: the rows are read and routed by `route_rows` (the map
+task's reading, fates and keys), each shard's rows are put in order of the same distinct
+keys and written by `write_shard` with the same settings, so its bytes are the staged
+route's. It runs as one Dask task on one worker, reading pieces and writing shards with
+a thread per core of the cluster (pyarrow decodes and encodes without the GIL); the
+worker holds the rows read, in one chunk, and one shard's ordered copy per thread.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from preprocessing.config import DatasetSpec
+from preprocessing.contract.manifest import ShardEntry
+from preprocessing.contract.shards import write_shard
+from preprocessing.exchange.staged_rows import (
+    DERIVED_SOURCE_COLUMN,
+    Destinations,
+    PieceTask,
+    RoutedRows,
+    route_rows,
+)
+from preprocessing.exchange.tasks import release_encode_buffers, thread_encode_buffer
+from preprocessing.plan.counts import OffsetLists
+
+
+@dataclass(frozen=True)
+class SinglePass:
+    """Every piece of a reshard with each split's offsets (`piece_group`), and every
+    shard's (planned rows, URI), in destination order (`shard_jobs`)."""
+
+    pieces: list[PieceTask]
+    offsets: dict[str, OffsetLists]
+    shards: list[tuple[int, str]]
+
+
+def single_pass(
+    task: SinglePass,
+    destinations: Destinations,
+    schema: pa.Schema,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    rows_per_row_group: int,
+    part_bytes: int,
+    threads: int,
+) -> list[ShardEntry]:
+    """Read, route and write every shard of `task` with `threads` threads; the shards'
+    entries in destination order."""
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="single-pass") as pool:
+        routed = route_rows(
+            task.pieces, task.offsets, destinations, spec, seed, holdout_fraction, over=pool.map
+        )
+        counts = np.bincount(routed.targets, minlength=len(task.shards))
+        bounds = np.r_[0, np.cumsum(counts)].tolist()
+        settings = (rows_per_row_group, spec.label_column, spec.source_column, part_bytes)
+        shards = [
+            (index, bounds[index : index + 2], shard) for index, shard in enumerate(task.shards)
+        ]
+        try:
+            return list(pool.map(lambda job: _write(routed, *job, schema, settings), shards))
+        finally:
+            release_encode_buffers()  # the pool's threads end with the task
+
+
+def _write(
+    routed: RoutedRows,
+    index: int,
+    bounds: list[int],
+    shard: tuple[int, str],
+    schema: pa.Schema,
+    settings: tuple[int, str, str | None, int],
+) -> ShardEntry:
+    """Shard `index`'s rows (`bounds`: where they are among the routed picks) in order of
+    their keys, cast to the output schema and written as a write task writes them
+    (exchange/tasks.py `write_shards`)."""
+    (rows, uri), (first, stop) = shard, bounds
+    if stop - first != rows:
+        raise RuntimeError(f"{uri}: assembled {stop - first} rows, plan says {rows}")
+    picks = routed.picks[first:stop][np.argsort(routed.order[first:stop])]
+    # One chunk, as a write task's: the encoder's pages follow the chunks.
+    table = routed.table.take(pa.array(picks)).combine_chunks().cast(schema)
+    row_group_rows, label, source, part_bytes = settings
+    return write_shard(
+        uri,
+        table,
+        row_group_rows,
+        label,
+        source or DERIVED_SOURCE_COLUMN,
+        part_bytes,
+        thread_encode_buffer(),
+    )
