@@ -248,6 +248,7 @@ def single_pass_stage(
         rows_per_row_group=config.rows_per_row_group,
         part_bytes=config.upload_part_bytes,
         threads=dask.threads,
+        block_bytes=config.exchange_task_bytes,
     )
     counter.close()
     return split_entries(plans, entries)

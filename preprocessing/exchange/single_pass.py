@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -53,34 +54,81 @@ def single_pass(
     rows_per_row_group: int,
     part_bytes: int,
     threads: int,
+    block_bytes: int,
 ) -> list[ShardEntry]:
-    """Read, route and write every shard of `task` with `threads` threads; the shards'
-    entries in destination order."""
+    """Read, route and write every shard of `task` with `threads` threads, the rows held
+    in blocks of about `block_bytes`; the shards' entries in destination order."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="single-pass") as pool:
         routed = route_rows(
-            task.pieces, task.offsets, destinations, spec, seed, holdout_fraction, over=pool.map
+            task.pieces,
+            task.offsets,
+            destinations,
+            spec,
+            seed,
+            holdout_fraction,
+            over=pool.map,
+            block_bytes=block_bytes,
         )
+        blocks = Blocks.of(routed.table)
         counts = np.bincount(routed.targets, minlength=len(task.shards))
         bounds = np.r_[0, np.cumsum(counts)].tolist()
         settings = (rows_per_row_group, spec.label_column, spec.source_column, part_bytes)
-        shards = [
-            (index, bounds[index : index + 2], shard) for index, shard in enumerate(task.shards)
-        ]
         try:
-            return list(pool.map(lambda job: _write(routed, *job, schema, settings), shards))
+            return list(
+                pool.map(
+                    lambda index: _write(
+                        routed,
+                        blocks,
+                        bounds[index : index + 2],
+                        task.shards[index],
+                        schema,
+                        settings,
+                    ),
+                    range(len(task.shards)),
+                )
+            )
         finally:
             release_encode_buffers()  # the pool's threads end with the task
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """The routed rows as record batches (zero-copy), and each one's first row."""
+
+    batches: list[pa.RecordBatch]
+    starts: np.ndarray  # and the number of rows last
+
+    @classmethod
+    def of(cls, table: pa.Table) -> Blocks:
+        batches = table.to_batches()
+        return cls(batches, np.cumsum([0, *(batch.num_rows for batch in batches)]))
+
+    def take(self, picks: np.ndarray, schema: pa.Schema) -> pa.Table:
+        """Rows `picks` in that order, in one chunk: taken from each block its rows in
+        ascending order, then put in the order asked."""
+        ascending = np.argsort(picks, kind="stable")
+        rows = picks[ascending]
+        cuts = np.searchsorted(rows, self.starts).tolist()
+        parts = [
+            self.batches[block].take(pa.array(rows[first:stop] - self.starts[block]))
+            for block, (first, stop) in enumerate(pairwise(cuts))
+            if stop > first
+        ]
+        taken = pa.Table.from_batches(parts, schema=schema).combine_chunks()
+        back = np.empty_like(ascending)
+        back[ascending] = np.arange(len(ascending))
+        return taken.take(pa.array(back)).combine_chunks()
+
+
 def _write(
     routed: RoutedRows,
-    index: int,
+    blocks: Blocks,
     bounds: list[int],
     shard: tuple[int, str],
     schema: pa.Schema,
     settings: tuple[int, str, str | None, int],
 ) -> ShardEntry:
-    """Shard `index`'s rows (`bounds`: where they are among the routed picks) in order of
+    """A shard's rows (`bounds`: where they are among the routed picks) in order of
     their keys, cast to the output schema and written as a write task writes them
     (exchange/tasks.py `write_shards`)."""
     (rows, uri), (first, stop) = shard, bounds
@@ -88,7 +136,7 @@ def _write(
         raise RuntimeError(f"{uri}: assembled {stop - first} rows, plan says {rows}")
     picks = routed.picks[first:stop][np.argsort(routed.order[first:stop])]
     # One chunk, as a write task's: the encoder's pages follow the chunks.
-    table = routed.table.take(pa.array(picks)).combine_chunks().cast(schema)
+    table = blocks.take(picks, routed.table.schema).cast(schema)
     row_group_rows, label, source, part_bytes = settings
     return write_shard(
         uri,

@@ -141,11 +141,14 @@ def route_rows(
     seed: int,
     holdout_fraction: float,
     over: Callable[..., Iterable[tuple[pa.Table, np.ndarray]]] = map,
+    block_bytes: int | None = None,
 ) -> RoutedRows:
     """Read a `group` of pieces (`offsets`: `piece_group`'s; `over`: how `read_piece` is
     mapped over them, a thread pool's `map` in a single pass) and route every row, in one
     vectorised pass: what a map task stages and a single pass (exchange/single_pass.py)
-    writes straight away."""
+    writes straight away. The rows are kept in one chunk, or with `block_bytes` in
+    chunks of about that many bytes (`table.to_batches()`: a single pass takes a shard's
+    rows from each, as a take over chunks would join them all first)."""
     reading = partial(
         read_piece,
         destinations=destinations,
@@ -181,8 +184,13 @@ def route_rows(
     # of destinations at a time. The pieces as read are let go column by column, so the
     # rows are held once and one column, not twice.
     schema, columns = table.schema, table.columns
-    del pieces_read, tables, table
-    joined = pa.Table.from_arrays(_joined(columns), schema=schema)
+    del pieces_read, table
+    if block_bytes is None:
+        del tables
+        joined = pa.Table.from_arrays(_joined(columns), schema=schema)
+    else:
+        del columns
+        joined = _blocks(tables, block_bytes, schema)
     return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target])
 
 
@@ -191,6 +199,21 @@ def _joined(columns: list[Any]) -> list[Any]:
     for index in range(len(columns)):
         columns[index] = columns[index].combine_chunks()
     return columns
+
+
+def _blocks(tables: list[Any], block_bytes: int, schema: pa.Schema) -> pa.Table:
+    """`tables` joined into chunks of about `block_bytes` of consecutive tables each, every
+    table let go (its entry in `tables` cleared) once joined: the rows held once and one
+    block, not twice."""
+    blocks: list[pa.Table] = []
+    start, size = 0, 0
+    for index in range(len(tables)):
+        size += tables[index].nbytes
+        if size >= block_bytes or index == len(tables) - 1:
+            blocks.append(pa.concat_tables(tables[start : index + 1]).combine_chunks())
+            tables[start : index + 1] = [None] * (index + 1 - start)
+            start, size = index + 1, 0
+    return pa.concat_tables(blocks) if blocks else schema.empty_table()
 
 
 def write_grouped(

@@ -49,8 +49,9 @@ def test_both_routes_make_the_same_version(
 ) -> None:
     """Invariants: a run under `budget` (None: the default, an eighth of the host's
     memory; 1: too small for any input) takes the route its rows decide, and gives the
-    version id and byte-identical shards (both splits) of a staged run (budget 0), whose
-    exchange has any task size; each manifest records its route."""
+    version id and byte-identical shards (both splits) of a staged run (budget 0); both
+    with any task size (a single pass's blocks of rows: 1 byte, a block per piece); each
+    manifest records its route."""
     with tempfile.TemporaryDirectory() as directory:
         raw = Path(directory) / "raw"
         write_sample(raw, SampleSpec(num_rows=rows, num_files=files, num_features=3, seed=rows))
@@ -68,7 +69,7 @@ def test_both_routes_make_the_same_version(
             return run_reshard(config, dask_client).manifest
 
         staged = run("staged", single_pass_bytes=0, exchange_task_bytes=task_bytes)
-        chosen = run("chosen", single_pass_bytes=budget)
+        chosen = run("chosen", single_pass_bytes=budget, exchange_task_bytes=task_bytes)
     assert staged.route["route"] == STAGED
     assert chosen.route["route"] == (STAGED if budget == 1 else SINGLE_PASS)
     assert chosen.version_id == staged.version_id
