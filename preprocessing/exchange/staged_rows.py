@@ -202,18 +202,32 @@ def _joined(columns: list[Any]) -> list[Any]:
 
 
 def _blocks(tables: list[Any], block_bytes: int, schema: pa.Schema) -> pa.Table:
-    """`tables` joined into chunks of about `block_bytes` of consecutive tables each, every
-    table let go (its entry in `tables` cleared) once joined: the rows held once and one
-    block, not twice."""
-    blocks: list[pa.Table] = []
-    start, size = 0, 0
+    """The rows of `tables` in chunks: each chunk of RUN_BYTES or more as read (no copy),
+    runs of smaller ones joined into blocks of about `block_bytes`; each table let go (its
+    entry in `tables` cleared) once gone through, so the rows are held once and a block."""
+    blocks: list[pa.RecordBatch] = []
+    run: list[pa.RecordBatch] = []
+    run_bytes = 0
     for index in range(len(tables)):
-        size += tables[index].nbytes
-        if size >= block_bytes or index == len(tables) - 1:
-            blocks.append(pa.concat_tables(tables[start : index + 1]).combine_chunks())
-            tables[start : index + 1] = [None] * (index + 1 - start)
-            start, size = index + 1, 0
-    return pa.concat_tables(blocks) if blocks else schema.empty_table()
+        for batch in tables[index].to_batches():
+            if batch.nbytes >= RUN_BYTES:
+                blocks.extend([*_joined_run(run, schema), batch])
+                run, run_bytes = [], 0
+                continue
+            run.append(batch)
+            run_bytes += batch.nbytes
+            if run_bytes >= block_bytes:
+                blocks.extend(_joined_run(run, schema))
+                run, run_bytes = [], 0
+        tables[index] = None
+    blocks.extend(_joined_run(run, schema))
+    return pa.Table.from_batches(blocks, schema=schema)
+
+
+def _joined_run(run: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
+    if len(run) < 2:
+        return run
+    return pa.Table.from_batches(run, schema=schema).combine_chunks().to_batches()
 
 
 def write_grouped(
