@@ -115,6 +115,7 @@ class Blocks:
             if stop > first
         ]
         taken = pa.Table.from_batches(parts, schema=schema).combine_chunks()
+        del parts  # a shard held twice at most, not three times
         back = np.empty_like(ascending)
         back[ascending] = np.arange(len(ascending))
         return taken.take(pa.array(back)).combine_chunks()
