@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -228,10 +229,11 @@ def single_pass_stage(
 ) -> dict[str, SplitEntry]:
     """Every shard in one task that reads every input once and stages nothing
     (exchange/single_pass.py), into `attempt` like the write stage's shards."""
-    members, offsets = piece_group(
-        scans, plans, pieces, piece_rows(scans, pieces)[0], 0, len(pieces)
-    )
-    task = SinglePass(members, offsets, shard_jobs(plans, attempt.shard_uri))
+    # The map tasks' groups: the pass routes a group at a time (exchange/single_pass.py).
+    bounds = exchange_layout(scans, plans, pieces, config, dask.threads).map_bounds.tolist()
+    first_rows = piece_rows(scans, pieces)[0]
+    groups = [piece_group(scans, plans, pieces, first_rows, a, b) for a, b in pairwise(bounds)]
+    task = SinglePass(groups, shard_jobs(plans, attempt.shard_uri))
     counter = StageProgress("write", 1, progress, config.progress_deadline_s)
     [entries] = run_in_waves(
         dask.dask,

@@ -25,22 +25,23 @@ from preprocessing.contract.manifest import ShardEntry
 from preprocessing.contract.shards import write_shard
 from preprocessing.exchange.staged_rows import (
     DERIVED_SOURCE_COLUMN,
+    ORDER_COLUMN,
     Destinations,
     PieceTask,
     RoutedRows,
     route_rows,
 )
 from preprocessing.exchange.tasks import release_encode_buffers, thread_encode_buffer
-from preprocessing.plan.counts import OffsetLists
+from preprocessing.plan.counts import OffsetLists, small_ints
 
 
 @dataclass(frozen=True)
 class SinglePass:
-    """Every piece of a reshard with each split's offsets (`piece_group`), and every
-    shard's (planned rows, URI), in destination order (`shard_jobs`)."""
+    """Every piece of a reshard in the map tasks' groups, each with its splits' offsets
+    (`piece_group`), and every shard's (planned rows, URI), in destination order
+    (`shard_jobs`)."""
 
-    pieces: list[PieceTask]
-    offsets: dict[str, OffsetLists]
+    groups: list[tuple[list[PieceTask], dict[str, OffsetLists]]]
     shards: list[tuple[int, str]]
 
 
@@ -59,16 +60,7 @@ def single_pass(
     """Read, route and write every shard of `task` with `threads` threads, the rows held
     in blocks of about `block_bytes`; the shards' entries in destination order."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="single-pass") as pool:
-        routed = route_rows(
-            task.pieces,
-            task.offsets,
-            destinations,
-            spec,
-            seed,
-            holdout_fraction,
-            over=pool.map,
-            block_bytes=block_bytes,
-        )
+        routed = _routed(task, pool, destinations, spec, seed, holdout_fraction, block_bytes)
         blocks = Blocks.of(routed.table)
         counts = np.bincount(routed.targets, minlength=len(task.shards))
         bounds = np.r_[0, np.cumsum(counts)].tolist()
@@ -89,6 +81,48 @@ def single_pass(
             )
         finally:
             release_encode_buffers()  # the pool's threads end with the task
+
+
+def _routed(
+    task: SinglePass,
+    pool: ThreadPoolExecutor,
+    destinations: Destinations,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    block_bytes: int,
+) -> RoutedRows:
+    """Every group's rows routed as its map task routes them, then joined: routing a
+    group at a time holds its index arrays (several int64 a row) for one group, not for
+    every row at once."""
+    groups = [
+        route_rows(
+            members,
+            offsets,
+            destinations,
+            spec,
+            seed,
+            holdout_fraction,
+            over=pool.map,
+            block_bytes=block_bytes,
+        )
+        for members, offsets in task.groups
+    ]
+    starts = np.cumsum([0, *(group.table.num_rows for group in groups)])
+    shifted = (group.picks + start for group, start in zip(groups, starts[:-1], strict=True))
+    picks = np.concatenate([np.zeros(0, np.int64), *shifted])
+    order = np.concatenate([np.zeros(0, np.uint64), *(group.order for group in groups)])
+    targets = np.concatenate([np.zeros(0, np.int64), *(group.targets for group in groups)])
+    table = pa.concat_tables([group.table for group in groups]) if groups else None
+    del groups
+    by_target = np.argsort(small_ints(targets), kind="stable")
+    empty = destinations.schema.remove(destinations.schema.get_field_index(ORDER_COLUMN))
+    return RoutedRows(
+        table if table is not None else empty.empty_table(),
+        picks[by_target],
+        order[by_target],
+        targets[by_target],
+    )
 
 
 @dataclass(frozen=True)
