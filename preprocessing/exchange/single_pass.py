@@ -7,8 +7,9 @@ parts rather than repeating them: the rows are read and routed by `route_rows` (
 task's reading, fates and keys), each shard's rows are put in order of the same distinct
 keys and written by `write_shard` with the same settings, so its bytes are the staged
 route's. It runs as one Dask task on one worker, reading pieces and writing shards with
-a thread per core of the cluster (pyarrow decodes and encodes without the GIL); the
-worker holds the rows read, in one chunk, and one shard's ordered copy per thread.
+a thread per core of the cluster (pyarrow decodes and encodes without the GIL), routing a
+map task's group of pieces at a time; the worker holds the rows read (chunks as read,
+small ones joined into blocks) and a shard's ordered copies per thread.
 """
 
 from __future__ import annotations
