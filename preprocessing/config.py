@@ -302,10 +302,10 @@ class ReshardConfig(BaseModel):
         None,
         ge=0,
         json_schema_extra=OUTPUT_NEUTRAL,
-        description="A reshard whose rows to hold (input bytes as stored: every input row "
-        "plus the largest shard) fit this is made in one pass in memory, with nothing "
-        "staged; a larger one is staged (docs/data-path.md, step 4). Same shards either "
-        "way. None: one eighth of the host's memory; 0: always staged.",
+        description="A reshard whose rows to hold (estimated in decoded bytes: every input "
+        "row, the largest shard and the routing's index arrays) fit this is made in one "
+        "pass in memory, with nothing staged; a larger one is staged (docs/data-path.md, "
+        "step 4). Same shards either way. None: one eighth of the host's memory; 0: always staged.",
     )
     exchange_fan_in: int | None = Field(
         None,

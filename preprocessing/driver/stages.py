@@ -27,6 +27,7 @@ from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, sh
 from preprocessing.exchange.single_pass import SinglePass, single_pass
 from preprocessing.exchange.tasks import (
     Staging,
+    decoded_input,
     destinations_for,
     exchange_layout,
     map_pieces,
@@ -34,7 +35,6 @@ from preprocessing.exchange.tasks import (
     merge_task,
     piece_group,
     piece_rows,
-    planned_bytes,
     release_encode_buffers,
     shard_jobs,
     write_shards,
@@ -79,7 +79,7 @@ def make_shards(
 ) -> tuple[dict[str, SplitEntry], Route, dict[str, int]]:
     """Every shard of the plans, into `attempt`, by the route `route_of` chooses: the
     splits' entries, the route, and what was kept of a dead attempt (`Rerun.resumed`)."""
-    route = route_of(scans, plans, pieces, config)
+    route = route_of(scans, plans, config)
     stages = (dask, scans, plans, pieces, schema, config, attempt, progress)
     if route.name == SINGLE_PASS:
         return timed(timings, "write_s", lambda: single_pass_stage(*stages)), route, {}
@@ -205,14 +205,12 @@ def write_stage(
     return split_entries(plans, [found[destination] for destination in range(len(shards))])
 
 
-def route_of(
-    scans: list[FileScan], plans: dict[str, SplitPlan], pieces: np.ndarray, config: ReshardConfig
-) -> Route:
+def route_of(scans: list[FileScan], plans: dict[str, SplitPlan], config: ReshardConfig) -> Route:
     """The route of this reshard (plan/route.py), logged on one line."""
     budget = config.single_pass_bytes
     if budget is None:
         budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // HOST_MEMORY_SHARE
-    route = plan_route(*planned_bytes(scans, plans, pieces), budget)
+    route = plan_route(*decoded_input(scans, plans), budget)
     log.info("%s", route.line())
     return route
 

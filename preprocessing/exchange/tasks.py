@@ -122,11 +122,22 @@ def planned_bytes(
     scans: list[FileScan], plans: dict[str, SplitPlan], pieces: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every piece's input bytes and every shard's (its rows at the input's bytes per row
-    as stored): what sizes the exchange's tasks and chooses the route (plan/route.py)."""
+    as stored): what sizes the exchange's tasks."""
     _, rows, piece_bytes = piece_rows(scans, pieces)
     row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
     shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
     return piece_bytes, shard_bytes
+
+
+def decoded_input(
+    scans: list[FileScan], plans: dict[str, SplitPlan]
+) -> tuple[int, int, np.ndarray]:
+    """The accepted inputs' decoded bytes (FileScan.decoded_bytes), their rows and every
+    shard's rows: what chooses the route (plan/route.py)."""
+    accepted = [scan for scan in scans if scan.reason is None]
+    shard_rows = np.concatenate([plan.shard_rows() for plan in plans.values()])
+    decoded = sum(scan.decoded_bytes for scan in accepted)
+    return decoded, sum(sum(scan.piece_rows) for scan in accepted), shard_rows
 
 
 def default_fan_in(config: ReshardConfig) -> int | None:

@@ -58,6 +58,7 @@ from preprocessing.storage.sources import (
     open_input,
     parquet_batches,
     stream_schema,
+    text_decoded_bytes,
 )
 from preprocessing.toolbox.faults import (
     CorruptInput,
@@ -82,6 +83,8 @@ class FileScan:
     dropped_rows: int = 0  # rows left out: unlabelled (under `unlabelled: drop`) or nulls
     unlabelled_rows: int = 0  # of them, rows without a label
     id_range: tuple[int, int] | None = None
+    # The rows' size decoded: a Parquet footer's uncompressed bytes, a bound for text.
+    decoded_bytes: int = 0
 
 
 def scan_file(
@@ -185,6 +188,11 @@ def _scan_rows(
         dropped_rows=tally.dropped,
         unlabelled_rows=tally.unlabelled,
         id_range=tally.id_range(file),
+        decoded_bytes=(
+            footer.decoded_bytes
+            if footer
+            else text_decoded_bytes(schema, tally.num_rows, file.num_bytes)
+        ),
     )
 
 
