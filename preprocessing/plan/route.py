@@ -9,7 +9,7 @@ memory, never of content, and its budget is an output-neutral setting.
 
 What a single pass holds is estimated in decoded bytes, not bytes as stored (compressed):
 the inputs' decoded size (a Parquet footer's uncompressed `total_byte_size` of each row
-group; for CSV and JSON lines a bound, `storage/sources.py: text_decoded_bytes`) times
+group; for CSV and JSON lines a bound, `scan/inputs.py: text_decoded_bytes`) times
 DECODED_FACTOR, plus the largest shard decoded (its ordered copy being written), plus
 ROW_INDEX_BYTES a row for the routing's index arrays (fates, positions, keys,
 destinations, their sorts) and the per-piece parts. The coefficients are fitted to the

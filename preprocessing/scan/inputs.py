@@ -58,7 +58,6 @@ from preprocessing.storage.sources import (
     open_input,
     parquet_batches,
     stream_schema,
-    text_decoded_bytes,
 )
 from preprocessing.toolbox.faults import (
     CorruptInput,
@@ -194,6 +193,20 @@ def _scan_rows(
             else text_decoded_bytes(schema, tally.num_rows, file.num_bytes)
         ),
     )
+
+
+def text_decoded_bytes(schema: pa.Schema, rows: int, stored_bytes: int) -> int:
+    """A bound on the decoded size of a text file (CSV, JSON lines), which has no footer:
+    its bytes (a string's or nested value's contents are no longer decoded than written)
+    plus, a row, each fixed-width column's width and 8 bytes (an offset) for any other.
+    A one-digit integer and its comma, 2 bytes, decode to 8: the widths cover that."""
+    widths = 0
+    for arrow_field in schema:
+        try:
+            widths += max(1, arrow_field.type.bit_width // 8)
+        except ValueError:  # not fixed-width: strings, lists, structs
+            widths += 8
+    return stored_bytes + rows * widths
 
 
 def _read_rows(

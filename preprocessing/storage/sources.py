@@ -266,20 +266,6 @@ def footer_of(parquet: pq.ParquetFile, max_piece_rows: int) -> Footer:
     return Footer(schema, starts, _null_counts(metadata, schema), decoded)
 
 
-def text_decoded_bytes(schema: pa.Schema, rows: int, stored_bytes: int) -> int:
-    """A bound on the decoded size of a text file (CSV, JSON lines), which has no footer:
-    its bytes (a string's or nested value's contents are no longer decoded than written)
-    plus, a row, each fixed-width column's width and 8 bytes (an offset) for any other.
-    A one-digit integer and its comma, 2 bytes, decode to 8: the widths cover that."""
-    widths = 0
-    for arrow_field in schema:
-        try:
-            widths += max(1, arrow_field.type.bit_width // 8)
-        except ValueError:  # not fixed-width: strings, lists, structs
-            widths += 8
-    return stored_bytes + rows * widths
-
-
 def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
     counts: dict[str, int | None] = {}
     leaf = 0

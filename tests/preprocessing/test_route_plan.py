@@ -22,7 +22,7 @@ from preprocessing.plan.route import (
     held_bytes,
     plan_route,
 )
-from preprocessing.storage.sources import text_decoded_bytes
+from preprocessing.scan.inputs import text_decoded_bytes
 
 BUDGET_HERE = 2_940_000_000  # one eighth of this host's memory (M57)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -182,7 +183,8 @@ def test_any_scans_come_back_exactly_as_stored(scans: list[FileScan]) -> None:
 def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> None:
     """Invariant: the scans `scan_file` makes of messy files (string, integer, timestamp
     and float features: profiles with value sets and distinct-value sketches; a file
-    rejected) are rebuilt identical, and their JSON holds no pickle."""
+    rejected) are rebuilt identical, and their JSON holds no pickle; an accepted scan holds
+    its footer's decoded bytes (the row groups' uncompressed sizes, for the route)."""
     write_messy_files(tmp_path / "raw", 3_000)
     (tmp_path / "raw" / "part-9.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
     spec = DatasetSpec(
@@ -197,6 +199,10 @@ def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> 
     scans = [scan_file(f, spec, 0, 0.2, 256) for f in list_inputs(spec)]
     assert scans[-1].reason and all(s.reason is None for s in scans[:-1])
     assert any(p.hashes.size and p.values for s in scans for p in s.profiles.values())
+    for scan in scans[:-1]:
+        metadata = pq.ParquetFile(scan.file.uri).metadata
+        groups = range(metadata.num_row_groups)
+        assert scan.decoded_bytes == sum(metadata.row_group(g).total_byte_size for g in groups) > 0
     data = encode_scans(scans, VERSION)
     assert_identical(decode_scans(data, VERSION), scans, "scans")
     assert b"pickle" not in data and b"__reduce__" not in data
