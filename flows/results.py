@@ -22,12 +22,15 @@ from tracking.lifecycle.promotion import SameRows
 @dataclass(frozen=True)
 class DatasetVersion:
     """A reshard's outcome: the version's manifest URI and id, whether it was there already
-    (`reused`) and whether Prefect's cache answered (`cached`)."""
+    (`reused`), whether Prefect's cache answered (`cached`), and the route that made it
+    (`single_pass` or `staged`, preprocessing/plan/route.py; "" for a version made before
+    routes)."""
 
     manifest_uri: str
     version_id: str
     reused: bool
     cached: bool = False
+    route: str = ""
 
     @classmethod
     def of(cls, value: DatasetVersion | dict[str, Any]) -> DatasetVersion:

@@ -121,7 +121,10 @@ def reshard(
         result = run_reshard(config, client, progress=report, plan=plan)
     if result.resumed:
         print(result.resumed)
-    return DatasetVersion(result.manifest_uri, result.manifest.version_id, result.reused)
+    route = str(result.manifest.route.get("route", ""))
+    return DatasetVersion(
+        result.manifest_uri, result.manifest.version_id, result.reused, route=route
+    )
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")

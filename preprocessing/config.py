@@ -323,6 +323,15 @@ class ReshardConfig(BaseModel):
         "stored) one map task reads: consecutive pieces are grouped up to this size; merge "
         "and write tasks hold about as much.",
     )
+    single_pass_bytes: int | None = Field(
+        None,
+        ge=0,
+        json_schema_extra=OUTPUT_NEUTRAL,
+        description="A reshard whose rows to hold (estimated in decoded bytes: every input "
+        "row, the largest shard and the routing's index arrays) fit this is made in one "
+        "pass in memory, with nothing staged; a larger one is staged (docs/data-path.md, "
+        "step 4). Same shards either way. None: one eighth of the host's memory; 0: always staged.",
+    )
     exchange_fan_in: int | None = Field(
         None,
         ge=2,

@@ -130,6 +130,10 @@ class Manifest:
     # What this version's run kept of a killed attempt of it (preprocessing/driver/resume.py):
     # map_outputs, map_outputs_kept, shards, shards_kept; empty when it resumed nothing.
     resumed: dict[str, int] = field(default_factory=dict)
+    # The route that made it (preprocessing/plan/route.py): route, held_decoded_bytes (the
+    # estimate, in decoded bytes), budget_bytes; either route makes the same shards. Empty
+    # in versions made before routes.
+    route: dict[str, int | str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return document_json(self)

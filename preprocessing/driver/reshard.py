@@ -16,7 +16,6 @@ died after.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
@@ -35,7 +34,7 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
 from preprocessing.driver.resume import resumed_line
-from preprocessing.driver.stages import Cluster, exchange, write_stage
+from preprocessing.driver.stages import Cluster, make_shards, timed
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.layout import group_pieces
@@ -207,25 +206,17 @@ def _make_version(
         executor = DaskConfig(kind="local", num_workers=config.num_workers)
     with dask_client(executor, storage=[config.output_root]) as client:
         dask = Cluster.of(client, config)
-        scans = _timed(
+        scans = timed(
             timings, "scan_s", lambda: _scan_once(dask, files, config, progress, earlier, attempt)
         )
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
             check_schema(schema, parent)
-        plans, pieces = _timed(timings, "plan_s", lambda: _plan(scans, config))
-        staging, rerun = _timed(
-            timings,
-            "exchange_s",
-            lambda: exchange(dask, scans, plans, pieces, schema, config, attempt, progress),
+        plans, pieces = timed(timings, "plan_s", lambda: _plan(scans, config))
+        splits, route, resumed = make_shards(
+            dask, scans, plans, pieces, schema, config, attempt, progress, timings
         )
-        splits = _timed(
-            timings,
-            "write_s",
-            lambda: write_stage(dask, plans, staging, rerun, schema, config, attempt, progress),
-        )
-        attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
     manifest = version_manifest(
         config,
         attempt.version_id,
@@ -239,7 +230,7 @@ def _make_version(
         parent,
         len(pieces),
     )
-    return replace(manifest, resumed=rerun.resumed)
+    return replace(manifest, resumed=resumed, route=route.record())
 
 
 def _committed(root: str, version_id: str) -> Manifest | None:
@@ -247,13 +238,6 @@ def _committed(root: str, version_id: str) -> Manifest | None:
         return read_manifest(version_dir(root, version_id))[0]
     except ManifestError:
         return None
-
-
-def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
-    start = time.perf_counter()
-    result = step()
-    timings[name] = round(time.perf_counter() - start, 3)
-    return result
 
 
 def _scan_once(

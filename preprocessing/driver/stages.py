@@ -1,12 +1,20 @@
 """The exchange and write stages of a reshard on Dask: map and merge rounds into the
 attempt's staging, then the write tasks that make the shards, each stage running only
-the tasks a killed attempt of the version did not finish (preprocessing/driver/resume.py).
+the tasks a killed attempt of the version did not finish (preprocessing/driver/resume.py);
+or, on the single-pass route (preprocessing/plan/route.py, chosen here by `route_of`),
+the one task that reads, routes and writes it all (preprocessing/exchange/single_pass.py).
 `preprocessing/driver/reshard.py` runs them between its plan and its commit."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,22 +24,32 @@ from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, SplitEntry
 from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
+from preprocessing.exchange.single_pass import SinglePass, single_pass
 from preprocessing.exchange.tasks import (
     Staging,
+    decoded_input,
     destinations_for,
     exchange_layout,
     map_pieces,
     map_task,
     merge_task,
+    piece_group,
     piece_rows,
     release_encode_buffers,
     shard_jobs,
     write_shards,
 )
+from preprocessing.plan.route import SINGLE_PASS, Route, plan_route
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.inputs import FileScan
 from preprocessing.toolbox.faults import retrying
 from preprocessing.versions.attempt import VersionAttempt
+
+log = logging.getLogger(__name__)
+# The single pass's budget when `single_pass_bytes` is unset: this share of the host's
+# memory, not Dask's automatic worker limit (about the host's memory over the workers),
+# so a loaded host keeps room for what else runs (docs/data-path.md, step 4).
+HOST_MEMORY_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,41 @@ class Cluster:
     def of(cls, dask: Client, config: ReshardConfig) -> Cluster:
         threads = max(1, sum(dask.nthreads().values()))
         return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
+
+
+def make_shards(
+    dask: Cluster,
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+    timings: dict[str, float],
+) -> tuple[dict[str, SplitEntry], Route, dict[str, int]]:
+    """Every shard of the plans, into `attempt`, by the route `route_of` chooses: the
+    splits' entries, the route, and what was kept of a dead attempt (`Rerun.resumed`)."""
+    route = route_of(scans, plans, config)
+    stages = (dask, scans, plans, pieces, schema, config, attempt, progress)
+    if route.name == SINGLE_PASS:
+        return timed(timings, "write_s", lambda: single_pass_stage(*stages)), route, {}
+    staging, rerun = timed(timings, "exchange_s", lambda: exchange(*stages))
+    splits = timed(
+        timings,
+        "write_s",
+        lambda: write_stage(dask, plans, staging, rerun, schema, config, attempt, progress),
+    )
+    attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
+    return splits, route, rerun.resumed
+
+
+def timed(timings: dict[str, float], name: str, step: Callable[[], Any]) -> Any:
+    """`step()`, its seconds kept in `timings` under `name`."""
+    start = time.perf_counter()
+    result = step()
+    timings[name] = round(time.perf_counter() - start, 3)
+    return result
 
 
 def exchange(
@@ -149,7 +202,61 @@ def write_stage(
     found = dict(rerun.shards)
     for first, group in written.items():
         found.update(enumerate(group, start=first))
-    flat = iter(found[destination] for destination in range(len(shards)))
+    return split_entries(plans, [found[destination] for destination in range(len(shards))])
+
+
+def route_of(scans: list[FileScan], plans: dict[str, SplitPlan], config: ReshardConfig) -> Route:
+    """The route of this reshard (plan/route.py), logged on one line."""
+    budget = config.single_pass_bytes
+    if budget is None:
+        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // HOST_MEMORY_SHARE
+    route = plan_route(*decoded_input(scans, plans), budget)
+    log.info("%s", route.line())
+    return route
+
+
+def single_pass_stage(
+    dask: Cluster,
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    schema: pa.Schema,
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+    progress: Progress | None,
+) -> dict[str, SplitEntry]:
+    """Every shard in one task that reads every input once and stages nothing
+    (exchange/single_pass.py), into `attempt` like the write stage's shards."""
+    # The map tasks' groups: the pass routes a group at a time (exchange/single_pass.py).
+    bounds = exchange_layout(scans, plans, pieces, config, dask.threads).map_bounds.tolist()
+    first_rows = piece_rows(scans, pieces)[0]
+    groups = [piece_group(scans, plans, pieces, first_rows, a, b) for a, b in pairwise(bounds)]
+    task = SinglePass(groups, shard_jobs(plans, attempt.shard_uri))
+    counter = StageProgress("write", 1, progress, config.progress_deadline_s)
+    [entries] = run_in_waves(
+        dask.dask,
+        retrying(single_pass, config.retry),
+        [(task,)],
+        1,
+        1,
+        counter,
+        destinations=destinations_for(plans, schema),
+        schema=schema,
+        spec=config.dataset,
+        seed=config.seed,
+        holdout_fraction=config.holdout_fraction,
+        rows_per_row_group=config.rows_per_row_group,
+        part_bytes=config.upload_part_bytes,
+        threads=dask.threads,
+        block_bytes=config.exchange_task_bytes,
+    )
+    counter.close()
+    return split_entries(plans, entries)
+
+
+def split_entries(plans: dict[str, SplitPlan], entries: list[ShardEntry]) -> dict[str, SplitEntry]:
+    """Every split's entry from its shards' (`entries`: every shard, in destination order)."""
+    flat = iter(entries)
     return {
         split: _split_entry([next(flat) for _ in range(plan.num_shards)])
         for split, plan in plans.items()

@@ -4,13 +4,18 @@ and rows grouped by destination written as one staged object.
 Staged rows have the output schema with dictionaries decoded plus the keyed order column
 (`staged_schema`); a piece's rows (`read_piece`) get the derived source and id columns
 where the dataset has none, keep the rows the scan counted and say which are held out;
-`stratum_codes` looks each row's (label, source) up in a split's plan. The map task that
-routes them is `map_pieces` (preprocessing/exchange/tasks.py).
+`stratum_codes` looks each row's (label, source) up in a split's plan; `route_rows` reads
+a group of pieces and routes every row, for the map task that stages them (`map_pieces`,
+preprocessing/exchange/tasks.py) and the single pass that writes them
+(preprocessing/exchange/single_pass.py) alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +23,8 @@ import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
+from preprocessing.plan.counts import OffsetLists, dense_offsets, small_ints
+from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.split_keys import holdout_rows
@@ -114,6 +121,114 @@ def stratum_codes(
     if (found < 0).any():
         raise ValueError("a row's (label, source) is missing from the plan; inputs changed?")
     return found
+
+
+@dataclass(frozen=True)
+class RoutedRows:
+    """A group of pieces' rows as read (one chunk) and where each goes: `picks` (rows of
+    `table`), their `targets` (destinations, ascending) and `order` keys (distinct)."""
+
+    table: pa.Table
+    picks: np.ndarray
+    order: np.ndarray
+    targets: np.ndarray
+
+
+def route_rows(
+    group: list[PieceTask],
+    offsets: dict[str, OffsetLists],
+    destinations: Destinations,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    over: Callable[..., Iterable[tuple[pa.Table, np.ndarray]]] = map,
+    block_bytes: int | None = None,
+) -> RoutedRows:
+    """Read a `group` of pieces (`offsets`: `piece_group`'s; `over`: how `read_piece` is
+    mapped over them, a thread pool's `map` in a single pass) and route every row, in one
+    vectorised pass: what a map task stages and a single pass (exchange/single_pass.py)
+    writes straight away. The rows are kept in one chunk, or with `block_bytes` in
+    chunks of about that many bytes (`table.to_batches()`: a single pass takes a shard's
+    rows from each, as a take over chunks would join them all first)."""
+    reading = partial(
+        read_piece,
+        destinations=destinations,
+        spec=spec,
+        seed=seed,
+        holdout_fraction=holdout_fraction,
+    )
+    pieces_read = list(over(reading, group))
+    tables = [table for table, _ in pieces_read]
+    table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
+    held_out = np.concatenate([m for _, m in pieces_read]) if tables else np.zeros(0, dtype=bool)
+    piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
+    pieces = np.array([piece.piece for piece in group], dtype=np.int64)
+    rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
+    for split, plan in destinations.plans.items():
+        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
+        if len(members):
+            routing = route_pieces(
+                stratum_codes(table, plan, spec, members),
+                piece_of[members],
+                dense_offsets(offsets[split], len(plan.strata)),
+                plan,
+                seed,
+                pieces,
+            )
+            rows.append(members[routing.rows])
+            targets.append(routing.shards + destinations.first[split])
+            keys.append(routing.order_keys)
+    target = np.concatenate(targets)
+    by_target = np.argsort(small_ints(target), kind="stable")
+    order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
+    # One chunk: a take from many chunks joins them first, and write_grouped takes a run
+    # of destinations at a time. The pieces as read are let go column by column, so the
+    # rows are held once and one column, not twice.
+    schema, columns = table.schema, table.columns
+    del pieces_read, table
+    if block_bytes is None:
+        del tables
+        joined = pa.Table.from_arrays(_joined(columns), schema=schema)
+    else:
+        del columns
+        joined = _blocks(tables, block_bytes, schema)
+    return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target])
+
+
+def _joined(columns: list[Any]) -> list[Any]:
+    """Each column in one chunk, replacing it in `columns` so its chunks are let go."""
+    for index in range(len(columns)):
+        columns[index] = columns[index].combine_chunks()
+    return columns
+
+
+def _blocks(tables: list[Any], block_bytes: int, schema: pa.Schema) -> pa.Table:
+    """The rows of `tables` in chunks: each chunk of RUN_BYTES or more as read (no copy),
+    runs of smaller ones joined into blocks of about `block_bytes`; each table let go (its
+    entry in `tables` cleared) once gone through, so the rows are held once and a block."""
+    blocks: list[pa.RecordBatch] = []
+    run: list[pa.RecordBatch] = []
+    run_bytes = 0
+    for index in range(len(tables)):
+        for batch in tables[index].to_batches():
+            if batch.nbytes >= RUN_BYTES:
+                blocks.extend([*_joined_run(run, schema), batch])
+                run, run_bytes = [], 0
+                continue
+            run.append(batch)
+            run_bytes += batch.nbytes
+            if run_bytes >= block_bytes:
+                blocks.extend(_joined_run(run, schema))
+                run, run_bytes = [], 0
+        tables[index] = None
+    blocks.extend(_joined_run(run, schema))
+    return pa.Table.from_batches(blocks, schema=schema)
+
+
+def _joined_run(run: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
+    if len(run) < 2:
+        return run
+    return pa.Table.from_batches(run, schema=schema).combine_chunks().to_batches()
 
 
 def write_grouped(

@@ -41,15 +41,12 @@ from preprocessing.exchange.staged_rows import (
     ORDER_COLUMN,
     Destinations,
     PieceTask,
-    payload_schema,
-    read_piece,
+    route_rows,
     staged_schema,
-    stratum_codes,
     write_grouped,
 )
-from preprocessing.plan.counts import OffsetLists, PieceOffsets, dense_offsets, small_ints
+from preprocessing.plan.counts import OffsetLists, PieceOffsets
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
-from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
@@ -110,10 +107,7 @@ def exchange_layout(
     threads: int,
 ) -> ExchangeLayout:
     """Map, merge and write tasks of about `exchange_task_bytes`, at least 4 per thread."""
-    _, rows, piece_bytes = piece_rows(scans, pieces)
-    # Bytes per output row as stored in the input: what sizes a shard's write task.
-    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
-    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
+    piece_bytes, shard_bytes = planned_bytes(scans, plans, pieces)
     return plan_exchange(
         piece_bytes,
         shard_bytes,
@@ -122,6 +116,28 @@ def exchange_layout(
         fan_in=default_fan_in(config),
         rounds=config.exchange_rounds,
     )
+
+
+def planned_bytes(
+    scans: list[FileScan], plans: dict[str, SplitPlan], pieces: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every piece's input bytes and every shard's (its rows at the input's bytes per row
+    as stored): what sizes the exchange's tasks."""
+    _, rows, piece_bytes = piece_rows(scans, pieces)
+    row_bytes = piece_bytes.sum() / max(1, int(rows.sum()))
+    shard_bytes = np.concatenate([plan.shard_rows() for plan in plans.values()]) * row_bytes
+    return piece_bytes, shard_bytes
+
+
+def decoded_input(
+    scans: list[FileScan], plans: dict[str, SplitPlan]
+) -> tuple[int, int, np.ndarray]:
+    """The accepted inputs' decoded bytes (FileScan.decoded_bytes), their rows and every
+    shard's rows: what chooses the route (plan/route.py)."""
+    accepted = [scan for scan in scans if scan.reason is None]
+    shard_rows = np.concatenate([plan.shard_rows() for plan in plans.values()])
+    decoded = sum(scan.decoded_bytes for scan in accepted)
+    return decoded, sum(sum(scan.piece_rows) for scan in accepted), shard_rows
 
 
 def default_fan_in(config: ReshardConfig) -> int | None:
@@ -179,6 +195,20 @@ def map_task(
     """Map task `task`'s descriptor: its pieces ((scan index, piece in file) in `pieces`)
     and their offsets."""
     first, stop = (int(bound) for bound in staging.layout.map_bounds[task : task + 2])
+    members, offsets = piece_group(scans, plans, pieces, first_rows, first, stop)
+    return MapTask(members, staging.object(0, task), offsets)
+
+
+def piece_group(
+    scans: list[FileScan],
+    plans: dict[str, SplitPlan],
+    pieces: np.ndarray,
+    first_rows: np.ndarray,
+    first: int,
+    stop: int,
+) -> tuple[list[PieceTask], dict[str, OffsetLists]]:
+    """Pieces [first, stop) ((scan index, piece in file) in `pieces`) to read, and each
+    split's offsets of their first rows."""
     members = [
         PieceTask(
             piece,
@@ -190,8 +220,7 @@ def map_task(
             pieces[first:stop].tolist(), start=first
         )
     ]
-    offsets = {name: plan.piece_offsets.flat(first, stop) for name, plan in plans.items()}
-    return MapTask(members, staging.object(0, task), offsets)
+    return members, {name: plan.piece_offsets.flat(first, stop) for name, plan in plans.items()}
 
 
 def shard_jobs(
@@ -211,39 +240,12 @@ def map_pieces(
 ) -> int:
     """Route a group of pieces' rows into one staged object, grouped by destination; the
     object's size in bytes."""
-    read = [read_piece(piece, destinations, spec, seed, holdout_fraction) for piece in task.pieces]
-    tables = [table for table, _ in read]
-    table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
-    held_out = np.concatenate([mask for _, mask in read]) if read else np.zeros(0, dtype=bool)
-    piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
-    pieces = np.array([piece.piece for piece in task.pieces], dtype=np.int64)
-    rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
-    for split, plan in destinations.plans.items():
-        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
-        if len(members):
-            routing = route_pieces(
-                stratum_codes(table, plan, spec, members),
-                piece_of[members],
-                dense_offsets(task.offsets[split], len(plan.strata)),
-                plan,
-                seed,
-                pieces,
-            )
-            rows.append(members[routing.rows])
-            targets.append(routing.shards + destinations.first[split])
-            keys.append(routing.order_keys)
-    target = np.concatenate(targets)
-    by_target = np.argsort(small_ints(target), kind="stable")
-    order = np.concatenate(keys)[by_target] if keys else np.zeros(0, dtype=np.uint64)
-    del read, tables  # `table` alone holds the pieces' rows now
-    # One chunk: a take from many chunks joins them first, and write_grouped takes a run
-    # of destinations at a time. The pieces as read are let go before the first take.
-    table = table.combine_chunks()
+    routed = route_rows(task.pieces, task.offsets, destinations, spec, seed, holdout_fraction)
     return write_grouped(
-        table,
-        np.concatenate(rows)[by_target],
-        order,
-        target[by_target],
+        routed.table,
+        routed.picks,
+        routed.order,
+        routed.targets,
         task.output,
         destinations.schema,
     )

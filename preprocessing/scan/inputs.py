@@ -86,6 +86,8 @@ class FileScan:
     # With groups or duplicates set: distinct group / content hashes per split, with rows
     # (preprocessing/plan/key_tally.py), for the manifest's record of them.
     keys: KeyCounts = field(default_factory=dict)
+    # The rows' size decoded: a Parquet footer's uncompressed bytes, a bound for text.
+    decoded_bytes: int = 0
 
 
 def scan_file(
@@ -190,7 +192,26 @@ def _scan_rows(
         unlabelled_rows=tally.unlabelled,
         id_range=tally.id_range(file),
         keys=merge_keys(tally.keys),
+        decoded_bytes=(
+            footer.decoded_bytes
+            if footer
+            else text_decoded_bytes(schema, tally.num_rows, file.num_bytes)
+        ),
     )
+
+
+def text_decoded_bytes(schema: pa.Schema, rows: int, stored_bytes: int) -> int:
+    """A bound on the decoded size of a text file (CSV, JSON lines), which has no footer:
+    its bytes (a string's or nested value's contents are no longer decoded than written)
+    plus, a row, each fixed-width column's width and 8 bytes (an offset) for any other.
+    A one-digit integer and its comma, 2 bytes, decode to 8: the widths cover that."""
+    widths = 0
+    for arrow_field in schema:
+        try:
+            widths += max(1, arrow_field.type.bit_width // 8)
+        except ValueError:  # not fixed-width: strings, lists, structs
+            widths += 8
+    return stored_bytes + rows * widths
 
 
 def _read_rows(

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 SCANS_NAME = "_SCANS.json"
 FORMAT = "ballast-scans"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: a scan holds its decoded bytes
 SCHEMA_LINE = "arrow-schema"  # a body line holding a schema, not a scan
 # The dataclasses a record may hold, by name: decoding builds no other class.
 RECORD_CLASSES: dict[str, Any] = {

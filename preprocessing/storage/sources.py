@@ -240,6 +240,8 @@ class Footer:
     # Per top-level column: nulls by the column chunks' statistics (for a list, null lists
     # and null elements), or None when a row group has no statistics for it.
     null_counts: dict[str, int | None]
+    # The row groups' uncompressed size (`total_byte_size`): the rows' size decoded.
+    decoded_bytes: int = 0
 
 
 def read_footer(uri: str, max_piece_rows: int) -> Footer | None:
@@ -260,7 +262,8 @@ def footer_of(parquet: pq.ParquetFile, max_piece_rows: int) -> Footer:
         rows = metadata.row_group(group).num_rows
         starts.extend(range(first, first + rows, max_piece_rows))
         first += rows
-    return Footer(schema, starts, _null_counts(metadata, schema))
+    decoded = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
+    return Footer(schema, starts, _null_counts(metadata, schema), decoded)
 
 
 def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import Manifest
-from preprocessing.driver import reshard
+from preprocessing.driver import stages
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.exchange.tasks import release_encode_buffers, thread_encode_buffer
 from preprocessing.storage.sources import read_footer
@@ -26,11 +26,15 @@ from tests.preprocessing.s3_requests import counted_s3
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
 SHAPE = {"target_shard_rows": 300, "rows_per_row_group": 128, "max_piece_rows": 120}
+STAGED = {"single_pass_bytes": 0}  # the exchange's shape is the staged route's
 
 
 def config_for(inputs: Path, output: str, **exchange: object) -> ReshardConfig:
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(inputs)]), output_root=output, **SHAPE, **exchange
+        dataset=DatasetSpec(inputs=[str(inputs)]),
+        output_root=output,
+        **SHAPE,
+        **{**STAGED, **exchange},
     )
 
 
@@ -96,7 +100,7 @@ def test_each_round_is_discarded_once_the_next_has_read_it(
     the next round has run (before the writes start), the last round once every shard is
     written; nothing of the staging is left; the shards are the reference's."""
     events: list[str] = []
-    discard, reduce = VersionAttempt.discard, reshard.write_stage
+    discard, reduce = VersionAttempt.discard, stages.write_stage
 
     def logged_discard(self: VersionAttempt, uri: str) -> None:
         events.append(uri.rsplit("/", 1)[-1])
@@ -107,7 +111,7 @@ def test_each_round_is_discarded_once_the_next_has_read_it(
         return reduce(*args, **kwargs)
 
     monkeypatch.setattr(VersionAttempt, "discard", logged_discard)
-    monkeypatch.setattr(reshard, "write_stage", logged_reduce)
+    monkeypatch.setattr(stages, "write_stage", logged_reduce)
     config = config_for(
         tiny_raw, str(tmp_path / "out"), exchange_task_bytes=1, exchange_fan_in=2, exchange_rounds=3
     )

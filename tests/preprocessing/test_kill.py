@@ -117,6 +117,7 @@ def test_killed_reshard_leaves_no_version_and_rerun_commits_the_same_one(
         target_shard_rows=1_000,
         rows_per_row_group=500,
         exchange_task_bytes=1 << 20,
+        single_pass_bytes=0,  # the staged route's resume
         exchange_fan_in=4,  # merge rounds: a rerun works back through them
     )
     process = start_reshard(config, tmp_path)
@@ -220,6 +221,7 @@ def test_a_dask_worker_killed_mid_exchange_changes_nothing(tiny_raw, tmp_path, d
         target_shard_rows=300,
         max_piece_rows=60,
         exchange_task_bytes=1,
+        single_pass_bytes=0,  # the staged route's resume
         exchange_fan_in=2,
         max_tasks_in_flight=4,
     )
@@ -295,6 +297,7 @@ def test_the_worker_holding_what_tasks_share_killed_mid_stage_changes_nothing(
         target_shard_rows=100,
         max_piece_rows=60,
         exchange_task_bytes=1,
+        single_pass_bytes=0,  # the staged route's resume
         exchange_fan_in=2,
         max_tasks_in_flight=2,
     )

@@ -54,6 +54,7 @@ def config_of(raw: Path, root: Path) -> ReshardConfig:
         target_shard_rows=1_000,
         rows_per_row_group=500,
         exchange_task_bytes=1 << 20,
+        single_pass_bytes=0,  # the staged route's resume
         exchange_fan_in=4,
     )
 

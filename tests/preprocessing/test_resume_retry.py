@@ -63,6 +63,7 @@ def test_a_retry_in_the_same_process_resumes_a_run_that_failed_mid_write(
         target_shard_rows=500,
         rows_per_row_group=250,
         max_tasks_in_flight=2,  # so that tasks are left to run when the run fails
+        single_pass_bytes=0,  # the staged route's resume
     )
     staging = tmp_path / "out" / STAGING_DIR
     with pytest.raises(ClusterLost):
@@ -99,6 +100,7 @@ def test_a_retry_resumes_an_incremental_child_that_failed_mid_write(
             target_shard_rows=500,
             rows_per_row_group=250,
             max_tasks_in_flight=2,
+            single_pass_bytes=0,  # the staged route's resume
             mode="incremental",
         )
 

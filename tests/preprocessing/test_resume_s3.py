@@ -91,6 +91,7 @@ def test_a_reshard_killed_mid_write_on_s3_resumes_from_one_listing_per_prefix(
             target_shard_rows=500,
             rows_per_row_group=250,
             exchange_task_bytes=1 << 19,
+            single_pass_bytes=0,  # the staged route's resume
             exchange_fan_in=4,
             max_tasks_in_flight=2,
             num_workers=2,

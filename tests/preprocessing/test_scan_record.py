@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -182,7 +183,8 @@ def test_any_scans_come_back_exactly_as_stored(scans: list[FileScan]) -> None:
 def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> None:
     """Invariant: the scans `scan_file` makes of messy files (string, integer, timestamp
     and float features: profiles with value sets and distinct-value sketches; a file
-    rejected) are rebuilt identical, and their JSON holds no pickle."""
+    rejected) are rebuilt identical, and their JSON holds no pickle; an accepted scan holds
+    its footer's decoded bytes (the row groups' uncompressed sizes, for the route)."""
     write_messy_files(tmp_path / "raw", 3_000)
     (tmp_path / "raw" / "part-9.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
     spec = DatasetSpec(
@@ -197,6 +199,10 @@ def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> 
     scans = [scan_file(f, spec, 0, 0.2, 256) for f in list_inputs(spec)]
     assert scans[-1].reason and all(s.reason is None for s in scans[:-1])
     assert any(p.hashes.size and p.values for s in scans for p in s.profiles.values())
+    for scan in scans[:-1]:
+        metadata = pq.ParquetFile(scan.file.uri).metadata
+        groups = range(metadata.num_row_groups)
+        assert scan.decoded_bytes == sum(metadata.row_group(g).total_byte_size for g in groups) > 0
     data = encode_scans(scans, VERSION)
     assert_identical(decode_scans(data, VERSION), scans, "scans")
     assert b"pickle" not in data and b"__reduce__" not in data
@@ -205,7 +211,7 @@ def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> 
 def resealed(body: list[bytes], **header: Any) -> bytes:
     """A record of `body` lines under a header, with `header` changes, and an end line
     that vouches for both."""
-    fields = {"format": "ballast-scans", "format_version": 2, "version_id": VERSION, **header}
+    fields = {"format": "ballast-scans", "format_version": 3, "version_id": VERSION, **header}
     vouched = json.dumps(fields).encode() + b"\n" + b"".join(line + b"\n" for line in body)
     return vouched + json.dumps({"sha256": hashlib.sha256(vouched).hexdigest()}).encode() + b"\n"
 
@@ -225,7 +231,11 @@ def damaged_records(data: bytes) -> dict[str, tuple[bytes, str]]:
         "empty": (b"", "header is not JSON"),
         "not JSON": (b"\x00\xff garbage\n{}", "header is not JSON"),
         "another format": (resealed(body, format="other"), "not a ballast-scans record"),
-        "format version 1": (resealed(body, format_version=1), "format version 1, not 2"),
+        "format version 1": (resealed(body, format_version=1), "format version 1, not 3"),
+        "format version 2 (no decoded bytes)": (
+            resealed(body, format_version=2),
+            "format version 2, not 3",
+        ),
         "another version": (resealed(body, version_id="fedcba9876543210"), "of version"),
         "payload not JSON": (resealed([b"{not json"]), "not a record of scans"),
         "an unknown tag": (resealed([unknown]), "unknown tag"),

@@ -61,6 +61,7 @@ def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
         target_shard_rows=100,
         max_piece_rows=60,
         exchange_task_bytes=1,
+        single_pass_bytes=0,  # the staged route's stages
         exchange_fan_in=2,
         max_tasks_in_flight=2,
         progress_deadline_s=DEADLINE_S,

@@ -126,7 +126,8 @@ def test_faults_in_scan_map_and_write_reads_change_no_shard(raw_bucket, proxy) -
     reads) and every staged object fails 6 once the exchange is done (the write reads).
     Invariant: the run commits, rejects nothing, and every shard's sha256 equals a clean
     run's under the same version id."""
-    clean = run_reshard(config_for(raw_bucket, "clean"))
+    staged = {"single_pass_bytes": 0}  # the staged route: its staged objects' reads fail too
+    clean = run_reshard(config_for(raw_bucket, "clean", **staged))
     for index, fault, times in [(0, "503", 7), (1, "500", 2), (2, "reset", 6), (3, "truncate", 6)]:
         proxy.inject(f"{raw_bucket}/raw/raw-{index:03d}.parquet", fault, times)
 
@@ -136,7 +137,7 @@ def test_faults_in_scan_map_and_write_reads_change_no_shard(raw_bucket, proxy) -
         if stage == "exchange" and done == total:
             proxy.inject(f"{raw_bucket}/faulty/_staging/*/round-*/part-*", "truncate", 6)
 
-    faulty = run_reshard(config_for(raw_bucket, "faulty"), progress=arm)
+    faulty = run_reshard(config_for(raw_bucket, "faulty", **staged), progress=arm)
     assert faulty.manifest.version_id == clean.manifest.version_id and not faulty.reused
     assert faulty.manifest.rejected == [] and digests(faulty) == digests(clean)
     kinds = {fault for (_, fault) in proxy.served}

@@ -1,0 +1,75 @@
+"""Which route a reshard takes (pure): one pass in memory, or the staged exchange.
+
+A reshard whose rows fit `single_pass_bytes` reads every input once, routes the rows in
+memory and writes each shard straight away (`single_pass`); a larger one stages its rows
+grouped by destination and reads them back (`staged`, preprocessing/plan/layout.py). Both
+routes route rows by the same fates and order each shard by the same keys, so the shards,
+and the version id, are the same whichever runs: the choice is a matter of speed and
+memory, never of content, and its budget is an output-neutral setting.
+
+What a single pass holds is estimated in decoded bytes, not bytes as stored (compressed):
+the inputs' decoded size (a Parquet footer's uncompressed `total_byte_size` of each row
+group; for CSV and JSON lines a bound, `scan/inputs.py: text_decoded_bytes`) times
+DECODED_FACTOR, plus the largest shard decoded (its ordered copy being written), plus
+ROW_INDEX_BYTES a row for the routing's index arrays (fates, positions, keys,
+destinations, their sorts) and the per-piece parts. The coefficients are fitted to the
+two single passes measured in benchmarks/RESULTS.md M57 (the Dask worker's peak, which
+includes its imports): 1.83 GB decoded in 5.52 M rows (1.7 GB in 300 files) peaked at
+3.19 GB, and 0.33 GB decoded in 10 M rows (5,000 files of 2,000 rows) at 1.60 GB. The
+exact fit is 1.35 a decoded byte and 115 bytes a row; each is rounded up (1.5 and 128),
+so the estimate is 3.53 GB and 1.78 GB there, about 11% above both peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SINGLE_PASS = "single_pass"
+STAGED = "staged"
+DECODED_FACTOR = 1.5  # the rows held decoded, and the readers' and writers' buffers
+ROW_INDEX_BYTES = 128  # a row's index arrays and share of its piece's parts
+
+
+@dataclass(frozen=True)
+class Route:
+    """The route a run takes, the decoded bytes its rows need held (the estimate) and
+    the budget it was held to."""
+
+    name: str
+    held_bytes: int
+    budget_bytes: int
+
+    def line(self) -> str:
+        """The choice in one line, for the run's log."""
+        relation = "fit" if self.name == SINGLE_PASS else "exceed"
+        return (
+            f"route {self.name}: the rows to hold ({self.held_bytes / 2**20:.1f} MiB decoded, "
+            f"with their index arrays) {relation} single_pass_bytes "
+            f"({self.budget_bytes / 2**20:.1f} MiB)"
+        )
+
+    def record(self) -> dict[str, int | str]:
+        """What the manifest keeps of it (output-neutral: not in the version id)."""
+        return {
+            "route": self.name,
+            "held_decoded_bytes": self.held_bytes,
+            "budget_bytes": self.budget_bytes,
+        }
+
+
+def held_bytes(decoded_bytes: int, rows: int, shard_rows: np.ndarray) -> int:
+    """The estimate of what a single pass holds (the module's docstring): the inputs'
+    `decoded_bytes` in `rows` rows, shards of `shard_rows`."""
+    largest = int(shard_rows.max()) if len(shard_rows) else 0
+    shard_bytes = largest * (decoded_bytes / rows) if rows else 0.0
+    return int(np.ceil(DECODED_FACTOR * decoded_bytes + shard_bytes + ROW_INDEX_BYTES * rows))
+
+
+def plan_route(decoded_bytes: int, rows: int, shard_rows: np.ndarray, budget_bytes: int) -> Route:
+    """The route of a reshard whose inputs decode to `decoded_bytes` in `rows` rows, into
+    shards of `shard_rows`, under a budget of `budget_bytes` (0: always staged)."""
+    held = held_bytes(decoded_bytes, rows, shard_rows)
+    fits = budget_bytes > 0 and held <= budget_bytes
+    return Route(SINGLE_PASS if fits else STAGED, held, budget_bytes)
