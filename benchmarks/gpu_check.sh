@@ -59,7 +59,7 @@ import time
 
 import torch
 
-from training.config import ModelConfig
+from training.models.config import ModelConfig
 from training.models.classifier import build_model, weighted_cross_entropy
 
 work, batch, seq, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from training.config import TabularConfig
+from training.models.config import TabularConfig
 
 TARGET_STEPS = 1_500
 MIN_EPOCHS, MAX_EPOCHS = 4, 40

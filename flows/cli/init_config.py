@@ -23,7 +23,7 @@ from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.scan.column_roles import TableSurvey, check_proposal, survey_columns
 from preprocessing.scan.feature_stats import policies_for
 from preprocessing.storage.sources import list_inputs, stream_schema
-from training.config import TabularConfig
+from training.models.config import TabularConfig
 from training.sizing import sized_training
 
 LABEL_NAMES = ("label", "target", "class", "y")

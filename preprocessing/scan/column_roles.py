@@ -17,8 +17,8 @@ each column gets one role:
   them would fail the scan, and hashing such a column rarely helps: the user may add it
   back with `category_buckets`) or than half their rows (most values seen once): left out;
 - `group`: a column under an id-ish or entity name (`patient`, `user_id`, `vehicle`...)
-  whose values repeat (a value in two rows or more on average): rows of one entity,
-  proposed as `dataset.group_column`, never a feature;
+  whose values repeat (a value in two rows or more on average, at least `MIN_GROUPS`
+  values): rows of one entity, proposed as `dataset.group_column`, never a feature;
 - `feature`: the rest of what the codec encodes; `ignored`: types it does not.
 
 The survey also counts rows that repeat an earlier row of the sample exactly (a file
@@ -71,6 +71,10 @@ ENTITY_NAME = re.compile(
     r"subject|member|household)s?($|[_\-. ])"
 )
 GROUP_ROWS = 2.0  # rows a value of a group column has on average, at least
+# Groups a group column has, at least: whole groups move the holdout in steps of one group,
+# so with fewer (a `batch_id` of 3 values) no holdout lands near its fraction; such a
+# column stays a feature.
+MIN_GROUPS = 20
 
 
 @dataclass
@@ -213,7 +217,7 @@ def _role(
 def _repeating_entity(column: ColumnRole, profile: ColumnProfile) -> bool:
     """An entity's id (by its name) whose values repeat: its rows belong together."""
     entity = ID_NAME.search(column.name) or ENTITY_NAME.search(column.name)
-    repeats = column.distinct >= 2 and column.distinct * GROUP_ROWS <= column.rows
+    repeats = column.distinct >= MIN_GROUPS and column.distinct * GROUP_ROWS <= column.rows
     return bool(len(profile.hashes) and entity and repeats)
 
 

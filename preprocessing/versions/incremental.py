@@ -54,7 +54,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-from preprocessing.config import ReshardConfig, comparable_settings
+from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import (
     FORMAT_VERSION,
     Manifest,
@@ -68,6 +68,7 @@ from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile, fingerprint_inputs
 from preprocessing.toolbox.secrets import redact_value
+from preprocessing.toolbox.setting_marks import comparable_settings
 
 _SHOWN = 5  # changes named in a refusal; the rest are counted
 

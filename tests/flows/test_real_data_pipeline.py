@@ -21,8 +21,9 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.cluster import DaskConfig
 from tracking.config import TrackingConfig
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy
+from training.models.config import ModelConfig
 
 pytestmark = pytest.mark.slow
 NULLS = {"magnesium": "fill_mean", "color_intensity": "indicator"}

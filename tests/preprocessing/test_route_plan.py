@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 from hypothesis import given
 from hypothesis import strategies as st
 
-from preprocessing.config import ReshardConfig, output_neutral_fields
+from preprocessing.config import ReshardConfig
 from preprocessing.plan.route import (
     DECODED_FACTOR,
     ROW_INDEX_BYTES,
@@ -23,6 +23,7 @@ from preprocessing.plan.route import (
     plan_route,
 )
 from preprocessing.scan.inputs import text_decoded_bytes
+from preprocessing.toolbox.setting_marks import output_neutral_fields
 
 BUDGET_HERE = 2_940_000_000  # one eighth of this host's memory (M57)
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import preprocessing.versions.incremental as incremental
-from preprocessing.config import ReshardConfig, output_neutral_fields
+from preprocessing.config import ReshardConfig
 from preprocessing.toolbox.secrets import redact_value
+from preprocessing.toolbox.setting_marks import output_neutral_fields
 from preprocessing.versions.incremental import Increment, version_id_of
 
 FIXED = {

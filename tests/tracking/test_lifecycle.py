@@ -19,8 +19,9 @@ from preprocessing.driver.reshard import run_reshard
 from tracking.config import TrackingConfig
 from tracking.lifecycle.registry import register_and_promote
 from tracking.run.runs import finish_run, flatten, start_run
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.launch import LocalJob, RetryPolicy, run_job
+from training.models.config import ModelConfig
 
 SECRET = f"do-not-log-{uuid.uuid4().hex}"
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.data.split_memory import remembered_split
 from training.launch import LocalJob, RetryPolicy, run_job
+from training.models.config import ModelConfig
 
 MODEL = "tests.training.balance_model:PerSampleSlowClassifier"
 ROWS, BATCH = 640, 16

@@ -30,10 +30,11 @@ from preprocessing.contract.manifest import (
 )
 from tests.training.conftest import write_dataset
 from tracking.config import TrackingConfig
-from training.config import LoaderConfig, ModelConfig, TrainConfig, load_train_config
+from training.config import LoaderConfig, TrainConfig, load_train_config
 from training.launch import LocalJob, RetryPolicy, TrainingFailed, run_job
 from training.launch.job import PINNED_CONFIG_NAME
 from training.launch.processes import child_env
+from training.models.config import ModelConfig
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 

@@ -18,9 +18,10 @@ import torch
 from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
 from tracking.config import TrackingConfig
 from tracking.run.runs import create_run
-from training.config import LoaderConfig, TransformerConfig
+from training.config import LoaderConfig
 from training.data.loader import ShardStream
 from training.launch.processes import child_env
+from training.models.config import TransformerConfig
 from training.models.transformer import TokenTransformer
 
 JOB = Path(__file__).with_name("distributed_job.py")

@@ -35,8 +35,9 @@ import torch
 from preprocessing.contract.manifest import Manifest, ShardEntry, SplitEntry, shard_name
 from preprocessing.contract.shards import write_shard
 from preprocessing.versions.attempt import VersionAttempt
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.models.classifier import FeatureClassifier
+from training.models.config import ModelConfig
 from training.train import run_training
 
 REFERENCE = Path(__file__).with_name("golden_loss.json")

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.data.loader import ShardStream
 from training.distributed.hangs import hang_log_uri, take_hang_reports, write_hang_report
 from training.distributed.watchdog import KEY, stuck_peers
 from training.launch import LocalJob, RetryPolicy, run_job
+from training.models.config import ModelConfig
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 NUM_ROWS, BATCH_SIZE, EVERY_N_STEPS, HANG_TIMEOUT_S = 640, 8, 5, 4.0

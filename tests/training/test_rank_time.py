@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tracking.config import TrackingConfig
-from training.config import LoaderConfig, ModelConfig, TrainConfig
+from training.config import LoaderConfig, TrainConfig
 from training.distributed.comm import Span
 from training.distributed.rank_time import (
     RankTimes,
@@ -23,6 +23,7 @@ from training.distributed.rank_time import (
     straggler,
 )
 from training.launch import LocalJob, RetryPolicy, run_job
+from training.models.config import ModelConfig
 
 SLOW_MODEL = "tests.training.slow_rank_model:SlowRankClassifier"
 SLEEP_S = 0.06

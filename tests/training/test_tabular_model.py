@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from flows.cli.init_config import describe_inputs
-from training.config import TabularConfig, TrainConfig
+from training.config import TrainConfig
+from training.models.config import TabularConfig
 from training.models.tabular import CLIP, PeriodicEmbedding, TabularClassifier, smooth_clip
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=32)

@@ -12,10 +12,11 @@ import torch
 from pydantic import ValidationError
 
 from preprocessing.synthetic.tokens import TokenDatasetSpec, signatures, write_token_dataset
-from training.config import ModelConfig, TrainConfig, dump_train_config, load_train_config
+from training.config import TrainConfig, dump_train_config, load_train_config
 from training.data.loader import ShardStream
 from training.distributed.strategy import build_strategy
 from training.models.classifier import FeatureClassifier, build_model
+from training.models.config import ModelConfig
 from training.models.transformer import TokenClassifier
 
 BASE = {"dataset": "/data", "output_dir": "/out"}

@@ -32,8 +32,8 @@ from torch import nn
 
 from preprocessing.contract.names import mlflow_key
 from tracking.lifecycle.metrics import macro_f1, per_class_recall
-from training.config import ModelConfig
 from training.log_cadence import logs_this_step
+from training.models.config import ModelConfig
 
 
 def ends_epoch(trainer: lightning.Trainer | None, batch_idx: int) -> bool:

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import TransformerConfig
 from training.models.classifier import Classifier
+from training.models.config import TransformerConfig
 
 
 class Attention(nn.Module):
