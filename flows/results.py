@@ -158,6 +158,7 @@ class PipelineResult(StepResult):
     version_id: str
     reused: bool
     cached: bool
+    route: str = ""  # DatasetVersion's: the route that made the version
     run_id: str | None
     training: TrainingResult
     runs: dict[str, str | None] = {}

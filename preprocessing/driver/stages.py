@@ -232,7 +232,7 @@ def single_pass_stage(
     first_rows = piece_rows(scans, pieces)[0]
     groups = [piece_group(scans, plans, pieces, first_rows, a, b) for a, b in pairwise(bounds)]
     task = SinglePass(groups, shard_jobs(plans, attempt.shard_uri))
-    counter = StageProgress("write", 1, progress, config.progress_deadline_s)
+    counter = StageProgress("write", 1, progress, *config.stall_deadline)
     [entries] = run_in_waves(
         dask.dask,
         retrying(single_pass, config.retry),
