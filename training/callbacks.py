@@ -5,7 +5,8 @@
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times,
   and what it tells the operator (per-rank metrics, a line when the split moves).
-- `RememberedSplit`: `speed`'s learned split kept in the output dir for the next job on
+- `RememberedSplit`: `speed`'s learned split kept in the output dir all its runs share
+  (`TrainConfig.shared_output_dir`, not one run's folder) for the next job on
   the same hosts (training/data/split_memory.py), and every rank's host for the stream's
   checks (a checkpoint's shares count only on the hosts they were learned on).
 - `DataWaitCallback`: the train loader's throughput and data-wait fraction per epoch
@@ -74,7 +75,7 @@ class JobCallbacks:
             self.ranks = RankTimes(meter)
         extra: list[lightning.Callback] = [DataWaitCallback(), self.ranks]
         if self.balance is not None and train_stream is not None:
-            extra.append(RememberedSplit(train_stream, cfg.output_dir))
+            extra.append(RememberedSplit(train_stream, cfg.shared_output_dir))
         if world_size > 1:  # one process has no peer to hang on, nor a collective timeout
             extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
         if cfg.gradient_clip_norm is not None:
@@ -160,7 +161,7 @@ class SpeedReplan:
 
 class RememberedSplit(lightning.Callback):
     """`speed`: at setup, every rank's host name (gathered) and the split remembered for
-    them in the output dir, read by rank 0 and broadcast so that every rank slices alike;
+    them in the shared output dir, read by rank 0 and broadcast so that every rank slices alike;
     at each epoch's end and the fit's, rank 0 records the split in force when it moved
     since the last record. A file that cannot be written costs the memory, not the job."""
 

@@ -263,6 +263,14 @@ class TrainConfig(BaseModel):
         return (self.checkpoint_dir or f"{self.output_dir.rstrip('/')}/checkpoints").rstrip("/")
 
     @property
+    def shared_output_dir(self) -> str:
+        """The output dir all runs of it share (above `runs/<run_key>` once pinned): the
+        home of what is kept for every run, not one run's state (`balance_split.json`)."""
+        if self.run_key is None:
+            return self.output_dir
+        return self.output_dir.removesuffix(f"/{RUNS_FOLDER}/{self.run_key}")
+
+    @property
     def last_checkpoint_uri(self) -> str:
         """Where every attempt saves, and a resuming one looks first."""
         return f"{self.checkpoint_uri}/{LAST_CHECKPOINT_NAME}"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import LoaderConfig, TrainConfig
-from training.data.split_memory import remembered_split
+from training.config import RUNS_FOLDER, LoaderConfig, TrainConfig
+from training.data.split_memory import FILE_NAME, remembered_split
 from training.launch import LocalJob, RetryPolicy, run_job
 from training.models.config import ModelConfig
 
@@ -33,7 +33,7 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     the epoch, every step still has 2 x batch_size rows, and over the last steps rank 1
     takes fewer rows than rank 0 (about a third when the sleep dominates). The split
     learned is remembered in the output dir under the job's world size and hosts, with
-    rank 1's share the smaller."""
+    rank 1's share the smaller, at its top (shared by its runs), not in the run's folder."""
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     cfg = TrainConfig(
@@ -62,3 +62,4 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     host = socket.gethostname()
     remembered = remembered_split(cfg.output_dir, [host, host])
     assert remembered is not None and remembered[1] < remembered[0]
+    assert not list(Path(cfg.output_dir, RUNS_FOLDER).rglob(FILE_NAME))  # in no run's folder

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from training.config import TrainConfig
+from training.data.split_memory import FILE_NAME, split_path
 from training.launch.job import PinnedJob, checkpoint_to_resume, new_run_key
 
 KEYS = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,40}", fullmatch=True)
@@ -39,6 +40,19 @@ def test_two_runs_share_no_folder(first: str, second: str, explicit: bool) -> No
         for theirs in folders_b:
             assert not f"{mine}/".startswith(f"{theirs}/")
             assert not f"{theirs}/".startswith(f"{mine}/")
+
+
+@given(KEYS, KEYS, st.sampled_from(["/w/work/training", "/w/work/training/", "s3://b/out"]))
+def test_runs_of_one_output_dir_share_one_balance_split_file(
+    first: str, second: str, output_dir: str
+) -> None:
+    """Invariant: every run of an output dir (any two run keys, or none yet) resolves to the
+    same `balance_split.json`, at the top of that output dir, inside no run's folder."""
+    base = TrainConfig(dataset="s3://data/root", output_dir=output_dir)
+    a, b = base.of_run(first), base.of_run(second)
+    shared = f"{output_dir.rstrip('/')}/{FILE_NAME}"
+    assert {split_path(run.shared_output_dir) for run in (base, a, b)} == {shared}
+    assert not any(shared.startswith(f"{run.output_dir}/") for run in (a, b))
 
 
 @given(st.text(min_size=0, max_size=20).filter(lambda key: not key.isalnum() or not key))

@@ -1,7 +1,8 @@
 """The split `loader.balance: speed` learned, remembered for the next job on the same hosts.
 
 One file, `balance_split.json` at the top of the output dir, shared on purpose by every
-run of that output dir (not one run's state): {"splits": {key: shares}}, the key the world
+run of that output dir (`TrainConfig.shared_output_dir`, above each run's `runs/<run_key>`;
+not one run's state): {"splits": {key: shares}}, the key the world
 size and every rank's host name in rank order ("2@node-a,node-b"). A job on the same
 hosts starts from its entry (training/data/balance.py, `SharePlan.remembered`); one on
 other hosts, or another world size, has no entry and starts from equal. A machine's
