@@ -1,7 +1,8 @@
 """Kill benchmark: what the rerun of a reshard SIGKILLed mid-stage costs, against a clean run.
 
 Method: scale_bench.py's `sizes` input (`--gb` GB, made once in `--work-dir`) resharded as
-there (stratified, `--shards` shards, a LocalCluster of 2 worker processes), each run a
+there (stratified, `--shards` shards, a LocalCluster of 2 worker processes) on the staged
+route (`single_pass_bytes: 0`: a single pass stages nothing a rerun could keep), each run a
 child process, after a warm-up. The clean run (fastest of `--clean-runs`) gives the wall
 time (spawn to exit) and the shards' sha256, read back here. At each kill point (`--points`
 STAGE:FRACTION, default exchange:0.5 write:0.5 write:0.9) a run in a session of its own,
@@ -59,6 +60,7 @@ from fsspec.core import url_to_fs
 from benchmarks.kill_report import KEPT, Event, breakdown, row, table, verdicts
 from benchmarks.reshard_bench import GB, MemoryPeaks, ballast_config, base_job, prepare, warm_up
 from benchmarks.scale_bench import DISK_PER_INPUT_BYTE
+from preprocessing.contract.manifest import shard_path
 
 TAG = "KILL-BENCH-PROGRESS"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -97,7 +99,9 @@ def child(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     config = ballast_config("stratified", job)
-    config = config.model_copy(update={"exchange_task_bytes": job["task_bytes"]})
+    # The staged route, whatever the input's size: a single pass stages nothing to resume.
+    staged = {"exchange_task_bytes": job["task_bytes"], "single_pass_bytes": 0}
+    config = config.model_copy(update=staged)
     spent = {"verify_s": timed(stages, "plan_rerun"), "cluster_s": timed(cluster, "build_cluster")}
     spent["shards_s"] = timed(resume, "_verified_shards")  # of verify_s: the shards' sha256
     start = time.perf_counter()
@@ -221,7 +225,7 @@ def measured(job: dict[str, Any], scratch: Path) -> Run:
     """A clean run or a rerun into job["output"], its shards hashed, its output removed."""
     run = run_child(job, scratch)
     if run.result is not None:  # (name, sha256) of each shard, read back here
-        run.digests = [(uri.rsplit("/", 1)[-1], sha256_of(uri)) for uri in run.result["shards"]]
+        run.digests = [(shard_path(uri), sha256_of(uri)) for uri in run.result["shards"]]
     remove(job["output"])
     return run
 

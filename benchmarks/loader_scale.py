@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 import preprocessing.contract.manifest as contract
 from preprocessing.contract.shards import write_shard
@@ -74,20 +73,17 @@ def synthetic_manifest(work_dir: Path, num_shards: int, rows_per_shard: int = 20
     if not (root / "_CURRENT").exists():
         spec = SampleSpec(num_features=NUM_FEATURES, num_classes=NUM_CLASSES)
         rng = np.random.default_rng(0)
+        tables = [sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec) for k in range(4)]
         with VersionAttempt(str(root), "many") as attempt:
             real = [
                 write_shard(
-                    attempt.shard_uri(f"real-{k}.parquet"),
-                    sample_table(rng, k * rows_per_shard, rows_per_shard, 0, spec),
-                    rows_per_shard,
-                    "label",
-                    "source",
+                    attempt.shard_uri(f"real-{k}.parquet"), table, rows_per_shard, "label", "source"
                 )
-                for k in range(4)
+                for k, table in enumerate(tables)
             ]
             entries = [link_entry(attempt, index, real[index % 4]) for index in range(num_shards)]
-            schema = pq.read_schema(attempt.shard_uri(real[0].path))
-            attempt.commit(many_manifest(schema, entries))
+            # The rows' schema, as every writer records it (a stored vector reads back as a list).
+            attempt.commit(many_manifest(tables[0].schema, entries))
     return str(root)
 
 
@@ -97,7 +93,9 @@ def link_entry(
     """Shard `index` of the split: a hard link (in the attempt's staging) to a real file,
     published as one more, and its manifest entry."""
     name = contract.shard_name("train", index)
-    os.link(attempt.shard_uri(real.path), attempt.shard_uri(name))
+    target = attempt.shard_uri(name)
+    os.makedirs(os.path.dirname(target), exist_ok=True)  # the split's directory (format 3)
+    os.link(attempt.shard_uri(real.path), target)
     return replace(real, path=name)
 
 

@@ -177,11 +177,12 @@ def foreign_cluster(tmp_path_factory: pytest.TempPathFactory, unshared_dir: Path
 
 
 def shard_digests(output_root: Path, version_id: str) -> dict[str, str]:
-    """sha256 of every Parquet file of a committed version, by name."""
+    """sha256 of every Parquet file of a committed version (in its splits' directories
+    too), by its path in the version directory."""
     root = Path(version_dir(str(output_root), version_id))
     return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.glob("*.parquet"))
+        path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*.parquet"))
     }
 
 

@@ -91,12 +91,12 @@ def test_a_killed_single_pass_leaves_no_version_and_its_rerun_commits_the_clean_
         rows_per_row_group=100,
     )
     process = start_reshard(config, tmp_path)
-    wait_for_staged(tmp_path / "out", process, "train-*.parquet")
+    wait_for_staged(tmp_path / "out", process, "**/train-*.parquet")
     kill_session(process)
     assert not list((tmp_path / "out").glob(f"v-*/{MANIFEST_NAME}")), output(tmp_path)
     assert read_current_version(str(tmp_path / "out")) is None
     # SIGKILL leaves the dead run's staging to the rerun, with part of the shards.
-    written = list((tmp_path / "out" / STAGING_DIR).glob("*/*/*-*.parquet"))
+    written = list((tmp_path / "out" / STAGING_DIR).glob("*/*/**/*-*.parquet"))
     rerun = run_reshard(config, dask_client)
     clean = run_reshard(
         config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client

@@ -11,7 +11,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from preprocessing.contract.manifest import ManifestError, read_manifest
+from preprocessing.contract.manifest import ManifestError, read_manifest, shard_name
 from preprocessing.toolbox.faults import RetryPolicy
 from tests.fault_proxy import FaultyS3Proxy
 from training.config import LoaderConfig
@@ -87,8 +87,8 @@ def test_shard_reads_that_fail_for_a_while_cost_retries_not_rows(
     ids equals the local one, and the faults were served (the retries did the work)."""
     local = make_dataset(400, num_shards=3, row_group_size=16)
     remote = upload(local, bucket)
-    proxy.inject(f"{bucket}/ds/v-*/train-00000.parquet", "503", 7)
-    proxy.inject(f"{bucket}/ds/v-*/train-00001.parquet", "truncate", 6)
+    proxy.inject(f"{bucket}/ds/v-*/{shard_name('train', 0)}", "503", 7)
+    proxy.inject(f"{bucket}/ds/v-*/{shard_name('train', 1)}", "truncate", 6)
     read = ReadConfig(prefetch_row_groups=0, retry=FAST_RETRIES)
     assert stream_ids(remote, read) == stream_ids(local, ReadConfig())
     assert {fault for (_, fault) in proxy.served} == {"503", "truncate"}
@@ -100,7 +100,7 @@ def test_a_shard_unreadable_on_every_try_fails_naming_the_tries(
     """Fault: every GET of one shard answers 503. Invariant: the stream fails (no batch
     silently short of that shard's rows) after the policy's tries, and says so."""
     remote = upload(make_dataset(400, num_shards=3, row_group_size=16), bucket)
-    proxy.inject(f"{bucket}/ds/v-*/train-00000.parquet", "503", 10_000)
+    proxy.inject(f"{bucket}/ds/v-*/{shard_name('train', 0)}", "503", 10_000)
     with pytest.raises(OSError) as raised:
         stream_ids(remote, ReadConfig(prefetch_row_groups=0, retry=FAST_RETRIES))
     assert "try 4 of 4" in " ".join(getattr(raised.value, "__notes__", []))
