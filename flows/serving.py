@@ -11,10 +11,12 @@ served deployments carry.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prefect import serve
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
     DeploymentFilterId,
@@ -63,11 +65,7 @@ def remove_scheduled_runs(deployments: list[RunnerDeployment]) -> int:
     )
     removed = 0
     with get_client(sync_client=True) as client:
-        for deployment in deployments:
-            try:
-                existing = client.read_deployment_by_name(deployment.full_name)
-            except ObjectNotFound:
-                continue
+        for _, existing in _on_server(client, deployments):
             if not existing.paused:
                 continue
             own = DeploymentFilter(id=DeploymentFilterId(any_=[existing.id]))
@@ -77,19 +75,26 @@ def remove_scheduled_runs(deployments: list[RunnerDeployment]) -> int:
     return removed
 
 
+def _on_server(
+    client: SyncPrefectClient, deployments: list[RunnerDeployment]
+) -> Iterator[tuple[str, Any]]:
+    """`flow/name` and the server's record of each of `deployments` that exists there."""
+    for deployment in deployments:
+        try:
+            yield deployment.full_name, client.read_deployment_by_name(deployment.full_name)
+        except ObjectNotFound:
+            continue
+
+
 def foreign_deployments(deployments: list[RunnerDeployment]) -> list[str]:
     """`flow/name (work pool P)` of each of `deployments` that exists on the server without
     the served tag."""
     taken = []
     with get_client(sync_client=True) as client:
-        for deployment in deployments:
-            try:
-                existing = client.read_deployment_by_name(deployment.full_name)
-            except ObjectNotFound:
-                continue
+        for name, existing in _on_server(client, deployments):
             if SERVED_TAG not in existing.tags:
                 pool = existing.work_pool_name or "none"
-                taken.append(f"{deployment.full_name} (work pool {pool!r})")
+                taken.append(f"{name} (work pool {pool!r})")
     return taken
 
 
