@@ -60,8 +60,10 @@ def write_object_receipt(
     fs: Any, path: str, num_bytes: int, check: str, content: bytes = b""
 ) -> None:
     """Mark the staged object at `path` written, with its size and check (its ETag on S3,
-    or the CRC-32 of `content`, `object_receipt`'s), once the object itself is."""
-    fs.pipe_file(f"{path}.{num_bytes}.{check}.done", content)
+    or the CRC-32 of `content`, `object_receipt`'s), once the object itself is. Written
+    atomically: a receipt's name is what a rerun and a watcher trust, so a process killed
+    mid-write must leave none rather than an empty or torn one."""
+    write_atomically(fs, f"{path}.{num_bytes}.{check}.done", content)
 
 
 def object_receipt(offsets: Sequence[int], crcs: Sequence[int]) -> tuple[bytes, str]:

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import fsspec
 import pyarrow as pa
+import pytest
 
 from flows.cli.status import attempt_lines
 from preprocessing.contract.shards import write_shard
-from preprocessing.exchange.receipts import kept_shards, listed_objects, write_shard_receipt
+from preprocessing.exchange.receipts import (
+    kept_shards,
+    listed_objects,
+    read_object_receipt,
+    write_shard_receipt,
+)
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter, ranges_intact
 from preprocessing.toolbox.faults import PermanentError
 from preprocessing.versions.attempt import HOLDER, LEASE_NAME, STAGING_DIR, VersionAttempt
@@ -166,3 +175,36 @@ def test_a_transient_failure_leaves_the_staging_to_a_retry_and_a_permanent_one_d
         assert (retry.resumed_from or "").endswith(failed.attempt_id)
         assert (Path(retry.uri) / "train-00000.parquet").read_bytes() == b"staged"
     assert not (tmp_path / "root" / STAGING_DIR).exists()
+
+
+RECEIPT_WRITER = """
+import sys
+import fsspec
+from preprocessing.exchange.receipts import object_receipt, write_object_receipt
+fs, count = fsspec.filesystem("file"), 1 << 19  # ~6 MB of content: a write is not instant
+for k in range(10_000):
+    content, check = object_receipt(range(count + 1), [k] * count)
+    write_object_receipt(fs, f"{sys.argv[1]}/part-{k:07d}.arrow", 1, check, content)
+"""
+
+
+@pytest.mark.slow  # starts a writer process to kill
+@pytest.mark.parametrize("delay_s", [0.3, 0.45, 0.6, 0.75])
+def test_a_process_killed_while_writing_a_receipt_leaves_none_torn(tmp_path, delay_s) -> None:
+    """Invariant: SIGKILL of a process at any moment while it writes object receipts
+    leaves every `.done` name it made readable whole: a rerun, or a watcher that sees the
+    name, never meets an empty or half-written receipt (the name is what they trust)."""
+    repo = Path(__file__).resolve().parents[2]
+    writer = subprocess.Popen(
+        [sys.executable, "-c", RECEIPT_WRITER, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    time.sleep(delay_s)
+    writer.kill()
+    writer.wait(timeout=30)
+    fs = fsspec.filesystem("file")
+    names = sorted(p.name for p in tmp_path.glob("*.done"))
+    for name in names:
+        size, check = name.split(".")[-3:-1]
+        path = str(tmp_path / name.split(".arrow")[0]) + ".arrow"
+        assert read_object_receipt(fs, path, int(size), check) is not None, name
