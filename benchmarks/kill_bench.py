@@ -27,6 +27,13 @@ reads inputs generation left cached, and the rerun the ones later runs evicted.
 
     .venv/bin/python benchmarks/kill_bench.py --gb 8 --work-dir /tmp/ballast-bench  # --s3: 2 GB
 
+A single pass (`--points pass:FRACTION`, the route of an input that fits
+`single_pass_bytes`: the budget is left at its default then, and the run must take it)
+stages nothing, so its rerun reads every input again: it is killed FRACTION of the way
+from the end of its own scan to the clean run's end (its one task reports no progress
+before it ends), and the target is the issue's: rerun <= 1.05x a clean run, no work kept,
+byte-identical, and no partial version or staging left (the rerun commits the clean id).
+
 Measured, rerun/clean after exchange 50% / write 50% / write 90% (targets 0.65x / 0.65x /
 0.23x, stage reading): 8 GB 1.24x / 0.68x / 0.26x under load (M41); from a cold cache 0.75x
 / 0.46x / 0.52x, then 0.78x / 0.39x / 0.26x with receipts per destination (M47); identical.
@@ -52,7 +59,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsspec.core import url_to_fs
@@ -67,12 +74,17 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 BUCKET = "kill-bench"
 
 
+PASS = "pass"  # a kill point inside a single pass (the module's docstring)
+
+
 @dataclass(frozen=True)
 class Point:
-    """Where a run is killed: once `fraction` of `stage`'s tasks are done."""
+    """Where a run is killed: once `fraction` of `stage`'s tasks are done; in a single
+    pass (`PASS`), `after_scan_s` after its scan's last task (set from the clean run)."""
 
     stage: str
     fraction: float
+    after_scan_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -86,8 +98,10 @@ class Point:
 
 def parse_point(text: str) -> Point:
     stage, _, fraction = text.partition(":")
-    if stage not in KEPT or not 0 < float(fraction or 0) < 1:
-        raise argparse.ArgumentTypeError(f"{text}: STAGE:FRACTION, exchange or write, 0 to 1")
+    if stage not in (*KEPT, PASS) or not 0 < float(fraction or 0) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text}: STAGE:FRACTION, exchange, write or {PASS}, 0 to 1"
+        )
     return Point(stage, float(fraction))
 
 
@@ -99,9 +113,9 @@ def child(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     config = ballast_config("stratified", job)
-    # The staged route, whatever the input's size: a single pass stages nothing to resume.
-    staged = {"exchange_task_bytes": job["task_bytes"], "single_pass_bytes": 0}
-    config = config.model_copy(update=staged)
+    # The staged route whatever the input's size, unless a single pass is what is killed.
+    route = {} if job["single_pass"] else {"single_pass_bytes": 0}
+    config = config.model_copy(update={"exchange_task_bytes": job["task_bytes"], **route})
     spent = {"verify_s": timed(stages, "plan_rerun"), "cluster_s": timed(cluster, "build_cluster")}
     spent["shards_s"] = timed(resume, "_verified_shards")  # of verify_s: the shards' sha256
     start = time.perf_counter()
@@ -111,6 +125,7 @@ def child(job_path: str) -> None:
     found = {
         "reshard_s": time.perf_counter() - start,
         "version_id": manifest.version_id,
+        "route": manifest.route["route"],
         "kept": manifest.resumed,
         "resumed": result.resumed,
         "timings_s": {**manifest.timings_s, **{k: sum(v) for k, v in spent.items()}},
@@ -202,10 +217,22 @@ def read_progress(process: subprocess.Popen[str], start: float, kill: Any, run: 
         if line.startswith(TAG):
             _, stage, done, total = line.split()
             run.events.append((stage, int(done), int(total), time.perf_counter() - start))
-            if kill and run.killed_at is None and kill.reached(*run.events[-1][:3]):
+            if kill and kill.stage == PASS and run.events[-1][:2] == ("scan", int(total)):
+                timer = threading.Timer(kill.after_scan_s, kill_pass, (process, start, run))
+                timer.daemon = True
+                timer.start()
+            elif kill and run.killed_at is None and kill.reached(*run.events[-1][:3]):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 run.killed_at = run.events[-1]
+
+
+def kill_pass(process: subprocess.Popen[str], start: float, run: Run) -> None:
+    """SIGKILL the child's session in its single pass, unless it has ended already."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        run.killed_at = (PASS, 0, 1, time.perf_counter() - start)
 
 
 def sha256_of(uri: str) -> str:
@@ -233,6 +260,9 @@ def measured(job: dict[str, Any], scratch: Path) -> Run:
 def kill_and_rerun(point: Point, job: dict[str, Any], scratch: Path, clean: Run) -> dict:
     """Kill a run at `point` and rerun it: the point's row (its error, if it did not run)."""
     job = {**job, "output": f"{job['output']}-{point.stage}-{point.fraction:g}"}
+    if point.stage == PASS:
+        scanned = max(event[3] for event in clean.events if event[0] == "scan")
+        point = replace(point, after_scan_s=point.fraction * (clean.wall_s - scanned))
     remove(job["output"])
     killed = run_child(job, scratch, kill=point)
     if killed.killed_at is None or killed.error:
@@ -251,11 +281,15 @@ def bench(args: argparse.Namespace, source: str, output: str, num_rows: int) -> 
         **base_job(num_rows, -(-num_rows // args.shards), args),
         **{"input": source, "output": f"{output}/clean", "task_bytes": args.task_mb << 20},
         "drop_caches": args.drop_caches,
+        "single_pass": any(point.stage == PASS for point in args.points),
     }
     remove(job["output"])
     runs = [measured(job, scratch) for _ in range(args.clean_runs)]
     for failed in (run for run in runs if run.result is None):
         raise SystemExit(f"kill_bench: a clean run failed: {failed.error}")
+    routes = {run.result["route"] for run in runs if run.result}
+    if job["single_pass"] and routes != {"single_pass"}:
+        raise SystemExit(f"kill_bench: a {PASS} point needs a single pass; the input took {routes}")
     clean = min(runs, key=lambda run: run.wall_s)
     print(
         f"clean run: {[round(run.wall_s, 1) for run in runs]} s (the fastest kept), RSS "
@@ -318,6 +352,9 @@ def parse_args() -> argparse.Namespace:
     add("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.gb = args.gb or (2.0 if args.s3 else 8.0)
+    stages = {point.stage == PASS for point in args.points}
+    if len(stages) > 1:  # one route per command: a pass point lifts the staged route's budget
+        parser.error(f"--points: {PASS} points and exchange/write points go in separate runs")
     if args.drop_caches and not os.access(DROP_CACHES, os.W_OK):
         parser.error(f"--drop-caches writes {DROP_CACHES}: run as root on Linux, or leave it out")
     return args
