@@ -36,8 +36,9 @@ test-quick: $(STAMP)  ## the quick tier for the edit loop: pure logic, no proces
 soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fault table
 	BALLAST_SOAK_NIGHTS=$${BALLAST_SOAK_NIGHTS:-30} $(BIN)/pytest -q -s tests/soak
 
-# Tests of several pipeline runs (the `nightly` marker): five at once on one Prefect and one
-# MLflow server (tests/nightly), two nights read through MLflow's REST API; not in `test`.
+# Tests of several pipeline runs, or of tasks of minutes (the `nightly` marker): five at once
+# on one Prefect and one MLflow server (tests/nightly), two nights read through MLflow's REST
+# API, a stage of 60 s+ tasks on a slowed worker under the stall watch's defaults; not in `test`.
 nightly: $(STAMP)  ## the nightly tier: several pipelines at once, their wall times printed
 	BALLAST_NIGHTLY=1 $(BIN)/pytest -q -s -p no:randomly -m nightly --durations=10
 

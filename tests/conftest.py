@@ -52,6 +52,9 @@ END_TO_END: frozenset[str] = frozenset(
         "tests/flows/test_concurrent_nights.py::"
         "test_two_nights_at_once_each_record_their_own_lineage",
         "tests/nightly/test_five_nights.py::test_five_nights_at_once_keep_the_registry_true",
+        # tasks of over a minute on a slowed worker, under the stall watch's defaults
+        "tests/nightly/test_slow_tasks.py::"
+        "test_tasks_of_over_a_minute_on_a_slowed_worker_remove_nothing",
         "tests/flows/test_operator_view.py::"
         "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
         "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
@@ -114,7 +117,9 @@ END_TO_END: frozenset[str] = frozenset(
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
     config.addinivalue_line(
-        "markers", f"nightly: several pipelines at once; run only with {NIGHTLY_VARIABLE}=1"
+        "markers",
+        "nightly: several pipelines at once, or tasks of minutes; "
+        f"run only with {NIGHTLY_VARIABLE}=1",
     )
 
 
