@@ -52,9 +52,11 @@ END_TO_END: frozenset[str] = frozenset(
         "tests/flows/test_concurrent_nights.py::"
         "test_two_nights_at_once_each_record_their_own_lineage",
         "tests/nightly/test_five_nights.py::test_five_nights_at_once_keep_the_registry_true",
-        # tasks of over a minute on a slowed worker, under the stall watch's defaults
-        "tests/nightly/test_slow_tasks.py::"
+        # the stall watch's shipped defaults: 60 s+ tasks on a slowed worker, a frozen one
+        "tests/nightly/test_stall_defaults.py::"
         "test_tasks_of_over_a_minute_on_a_slowed_worker_remove_nothing",
+        "tests/nightly/test_stall_defaults.py::"
+        "test_a_worker_frozen_in_a_short_reshard_is_named_within_90_s_by_default",
         "tests/flows/test_operator_view.py::"
         "test_run_log_holds_version_rows_shards_epochs_scores_and_registration",
         "tests/flows/test_pipeline.py::test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers",
