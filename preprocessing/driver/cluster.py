@@ -80,11 +80,13 @@ class DaskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["local", "address", "kubernetes", "slurm", "pbs"] = Field(
+    kind: Literal["local", "threads", "address", "kubernetes", "slurm", "pbs"] = Field(
         "local",
-        description="`local`: worker processes on this host; `address`: an existing "
-        "scheduler (workers started by someone else); `kubernetes`: a dask-kubernetes "
-        "operator cluster; `slurm` / `pbs`: dask-jobqueue jobs.",
+        description="`local`: worker processes on this host; `threads`: one worker of "
+        "`num_workers` threads inside this process (no worker to start or import: for "
+        "inputs of seconds); `address`: an existing scheduler (workers started by someone "
+        "else); `kubernetes`: a dask-kubernetes operator cluster; `slurm` / `pbs`: "
+        "dask-jobqueue jobs.",
     )
     address: str | None = Field(
         None, description="Scheduler address for kind `address`, e.g. `tcp://10.0.0.5:8786`."
@@ -200,11 +202,29 @@ def build_cluster(config: DaskConfig) -> Any:
     submitted and no pod created until it is scaled)."""
     if config.kind == "local":
         return local_cluster(config.num_workers, config.worker_profile, **config.options)
+    if config.kind == "threads":
+        return threads_cluster(config.num_workers, **config.options)
     if config.kind == "kubernetes":
         return _kubernetes_cluster(config)
     if config.kind in ("slurm", "pbs"):
         return _jobqueue_cluster(config)
     raise ValueError(f"dask.kind={config.kind!r} joins a running cluster; nothing to build")
+
+
+def threads_cluster(num_threads: int, **options: Any) -> LocalCluster:
+    """A LocalCluster of one worker of `num_threads` threads in this process: no process
+    to spawn, no imports to repeat, no result to pickle between processes (a reshard of
+    0.06 GB: 1.4-1.8 s against 6.0-8.7 s on two worker processes, benchmarks/RESULTS.md
+    M64). Its tasks share this process's memory and GIL (pyarrow decodes and encodes
+    without it), so it suits inputs whose rows fit the single pass's budget."""
+    with dask.config.set({**QUIET_CLOCKS, PROFILE_KEY: False}):
+        return LocalCluster(
+            n_workers=1,
+            threads_per_worker=num_threads,
+            processes=False,
+            dashboard_address=None,
+            **options,
+        )
 
 
 def local_cluster(num_workers: int, worker_profile: bool = False, **options: Any) -> LocalCluster:

@@ -32,9 +32,9 @@ from preprocessing.contract.manifest import (
     read_manifest,
     version_dir,
 )
-from preprocessing.driver.cluster import DaskConfig, Executor, dask_client
+from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.resume import resumed_line
-from preprocessing.driver.stages import Cluster, make_shards, timed
+from preprocessing.driver.stages import Cluster, default_executor, make_shards, timed
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.layout import group_pieces
@@ -202,8 +202,7 @@ def _make_version(
     parent = increment.parent if increment.kind == "append" else None
     files = increment.new_files if parent else listing.files
     earlier = earlier_scans(parent) if parent else []
-    if executor is None:
-        executor = DaskConfig(kind="local", num_workers=config.num_workers)
+    executor = executor or default_executor(config, files)
     with dask_client(executor, storage=[config.output_root]) as client:
         dask = Cluster.of(client, config)
         scans = timed(

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,7 @@ from distributed import Client
 
 from preprocessing.config import ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, SplitEntry
+from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.single_pass import SinglePass, single_pass
@@ -39,9 +40,10 @@ from preprocessing.exchange.tasks import (
     shard_jobs,
     write_shards,
 )
-from preprocessing.plan.route import SINGLE_PASS, Route, plan_route
+from preprocessing.plan.route import SINGLE_PASS, Route, plan_route, runs_in_process
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.inputs import FileScan
+from preprocessing.storage.sources import InputFile
 from preprocessing.toolbox.faults import retrying
 from preprocessing.versions.attempt import VersionAttempt
 
@@ -64,6 +66,28 @@ class Cluster:
     def of(cls, dask: Client, config: ReshardConfig) -> Cluster:
         threads = max(1, sum(dask.nthreads().values()))
         return cls(dask, threads, config.max_tasks_in_flight or max(8, 4 * threads))
+
+
+def default_executor(config: ReshardConfig, files: list[InputFile]) -> DaskConfig:
+    """Threads in this process for inputs of seconds (plan/route.py `runs_in_process`),
+    else a local cluster of `config.num_workers` worker processes."""
+    stored, budget = sum(file.num_bytes for file in files), single_pass_budget(config)
+    small = runs_in_process(stored, budget)
+    kind: Literal["threads", "local"] = "threads" if small else "local"
+    log.info(
+        "workers: %s (inputs %.1f MiB as stored, single_pass_bytes %.1f MiB)",
+        "threads in this process" if small else f"{config.num_workers} local processes",
+        stored / 2**20,
+        budget / 2**20,
+    )
+    return DaskConfig(kind=kind, num_workers=config.num_workers)
+
+
+def single_pass_budget(config: ReshardConfig) -> int:
+    """`single_pass_bytes`, or when unset HOST_MEMORY_SHARE of the host's memory."""
+    if config.single_pass_bytes is not None:
+        return config.single_pass_bytes
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // HOST_MEMORY_SHARE
 
 
 def make_shards(
@@ -207,10 +231,7 @@ def write_stage(
 
 def route_of(scans: list[FileScan], plans: dict[str, SplitPlan], config: ReshardConfig) -> Route:
     """The route of this reshard (plan/route.py), logged on one line."""
-    budget = config.single_pass_bytes
-    if budget is None:
-        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // HOST_MEMORY_SHARE
-    route = plan_route(*decoded_input(scans, plans), budget)
+    route = plan_route(*decoded_input(scans, plans), single_pass_budget(config))
     log.info("%s", route.line())
     return route
 

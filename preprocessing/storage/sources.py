@@ -32,6 +32,7 @@ from fsspec.core import url_to_fs
 from preprocessing.config import DatasetSpec
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.roots import ballast_outputs, is_under
+from preprocessing.storage.schema_form import canonical_schema
 from preprocessing.toolbox.faults import (
     DECODE_ERRORS,
     CorruptInput,
@@ -253,17 +254,15 @@ def read_footer(uri: str, max_piece_rows: int) -> Footer | None:
 
 
 def footer_of(parquet: pq.ParquetFile, max_piece_rows: int) -> Footer:
-    """The footer of an open Parquet file."""
-    metadata = parquet.metadata
-    schema = metadata.schema.to_arrow_schema()
-    starts: list[int] = []
-    first = 0
+    """The footer of an open Parquet file (its schema in the scan's form: schema_form.py)."""
+    metadata, first = parquet.metadata, 0
+    schema, starts = metadata.schema.to_arrow_schema(), list[int]()
     for group in range(metadata.num_row_groups):
         rows = metadata.row_group(group).num_rows
         starts.extend(range(first, first + rows, max_piece_rows))
         first += rows
     decoded = sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
-    return Footer(schema, starts, _null_counts(metadata, schema), decoded)
+    return Footer(canonical_schema(schema), starts, _null_counts(metadata, schema), decoded)
 
 
 def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
@@ -335,7 +334,7 @@ def stream_schema(uri: str) -> pa.Schema:
     kind = file_format(uri)
     with open_input(uri) as handle:
         if kind == "parquet":
-            return pq.ParquetFile(handle.reader).schema_arrow
+            return canonical_schema(pq.ParquetFile(handle.reader).schema_arrow)
         if kind == "csv":
             return pa_csv.open_csv(handle.reader).schema
         return pa_json.open_json(handle.reader).schema

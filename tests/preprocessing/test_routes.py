@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -106,3 +107,36 @@ def test_a_killed_single_pass_leaves_no_version_and_its_rerun_commits_the_clean_
     assert digests(rerun.manifest) == digests(clean.manifest)
     assert 0 < len(written) < len(digests(clean.manifest)), "the kill missed the writes"
     assert_committed(tmp_path / "out", rerun.manifest.version_id)
+
+
+def test_a_small_standalone_reshard_runs_on_threads_and_makes_the_same_version(
+    tiny_raw, tmp_path, dask_client
+) -> None:
+    """Invariants: `run_reshard` with no executor on an input whose stored bytes fit the
+    budget's in-process share (plan/route.py `runs_in_process`) starts no worker process
+    (no child beside the session cluster's while its stages run); with a budget too small for that, it starts
+    worker processes; both commit the version id and byte-identical shards of a run on
+    the session's process cluster."""
+    before = len(psutil.Process().children(recursive=True))  # the session cluster's
+    children: dict[str, int] = {}
+
+    def run(name: str, budget: int | None, executor: object = None) -> Manifest:
+        config = ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(tiny_raw)]),
+            output_root=str(tmp_path / name),
+            target_shard_rows=300,
+            single_pass_bytes=budget,
+        )
+
+        def count(stage: str, done: int, total: int) -> None:
+            found = len(psutil.Process().children(recursive=True))
+            children[name] = max(children.get(name, 0), found)
+
+        return run_reshard(config, executor, progress=count).manifest  # type: ignore[arg-type]
+
+    threads, processes = run("threads", None), run("processes", 1)
+    reference = run("reference", 1, dask_client)
+    assert children["threads"] == before and children["processes"] >= before + 2, children
+    assert threads.route["route"] == SINGLE_PASS and processes.route["route"] == STAGED
+    assert threads.version_id == processes.version_id == reference.version_id
+    assert digests(threads) == digests(processes) == digests(reference)

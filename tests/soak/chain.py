@@ -98,14 +98,19 @@ def add_inputs(soak: Soak, night: int, rng: np.random.Generator) -> str:
 
 
 def start(soak: Soak, config: Path, name: str, endpoint: str, *extra: str) -> subprocess.Popen:
-    """`python -m preprocessing` of this checkout in its own session, S3 at `endpoint`."""
+    """`python -m preprocessing` of this checkout in its own session, S3 at `endpoint`, on
+    a local cluster of worker processes as a production night's input would get (a
+    soak-sized input alone would run on threads in the driver: no worker to kill)."""
     search = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": search, "AWS_ENDPOINT_URL": endpoint}
     logs = soak.work / "logs"
     logs.mkdir(exist_ok=True)
+    dask = soak.work / "dask-local.yaml"
+    dask.write_text("kind: local\nnum_workers: 2\n")
+    command = [sys.executable, "-m", "preprocessing", "--config", str(config), "--dask", str(dask)]
     with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "preprocessing", "--config", str(config), *extra],
+            [*command, *extra],
             start_new_session=True,
             stdout=out,
             stderr=err,
