@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.config import ReshardConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.driver.waves import StageProgress, run_in_waves
 from tests.log_records import records_of
-from tests.preprocessing.test_stall import WAVES, throttled, two_worker_client
+from tests.preprocessing.test_stall import WAVES, staged_config, throttled, two_worker_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.nightly]
 LONG_CPU_S = 45.0  # on a worker running 0.7 s of every second: over 60 s of wall time
@@ -68,16 +68,7 @@ def test_a_worker_frozen_in_a_short_reshard_is_named_within_90_s_by_default(
     """Invariant: with the shipped defaults, a worker SIGSTOPped mid-exchange of a reshard
     of a few seconds is named silent after the 60 s floor and within 90 s of the freeze
     (issue 61's case: 180 s before), and the same call commits the clean run's bytes."""
-    config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-        output_root=str(tmp_path / "frozen"),
-        target_shard_rows=100,
-        max_piece_rows=60,
-        exchange_task_bytes=1,
-        single_pass_bytes=0,  # the staged route's exchange
-        exchange_fan_in=2,
-        max_tasks_in_flight=2,
-    )
+    config = staged_config(tiny_raw, tmp_path / "frozen")  # the shipped stall defaults
     frozen: list[float] = []
     with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
         address, victim = sorted(client.run(os.getpid).items())[0]

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from distributed import Client, LocalCluster, wait
@@ -49,23 +50,29 @@ def two_worker_client() -> Iterator[Client]:
         yield client
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", ["exchange", "write"])
-def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
-    tiny_raw, tmp_path, dask_client, stage: str
-) -> None:
-    """Invariant: see the module; named within 90 s of the freeze, shards byte-identical."""
-    config = ReshardConfig(
-        dataset=DatasetSpec(inputs=[str(tiny_raw)]),
-        output_root=str(tmp_path / "frozen"),
+def staged_config(raw: Path, root: Path, **settings: float) -> ReshardConfig:
+    """A reshard of `raw` on the staged route in many small tasks, two in flight: a stage
+    with tasks left whenever a worker is frozen."""
+    return ReshardConfig(
+        dataset=DatasetSpec(inputs=[str(raw)]),
+        output_root=str(root),
         target_shard_rows=100,
         max_piece_rows=60,
         exchange_task_bytes=1,
         single_pass_bytes=0,  # the staged route's stages
         exchange_fan_in=2,
         max_tasks_in_flight=2,
-        progress_deadline_s=DEADLINE_S,
+        **settings,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["exchange", "write"])
+def test_a_frozen_worker_is_named_and_retired_and_the_run_commits(
+    tiny_raw, tmp_path, dask_client, stage: str
+) -> None:
+    """Invariant: see the module; named within 90 s of the freeze, shards byte-identical."""
+    config = staged_config(tiny_raw, tmp_path / "frozen", progress_deadline_s=DEADLINE_S)
     frozen: list[tuple[int, float]] = []
     with records_of(WAVES, logging.WARNING) as logged, two_worker_client() as client:
         pids = client.run(os.getpid)
