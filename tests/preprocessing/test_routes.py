@@ -114,9 +114,9 @@ def test_a_small_standalone_reshard_runs_on_threads_and_makes_the_same_version(
 ) -> None:
     """Invariants: `run_reshard` with no executor on an input whose stored bytes fit the
     budget's in-process share (plan/route.py `runs_in_process`) starts no worker process
-    (no child beside the session cluster's while its stages run); with a budget too small for that, it starts
-    worker processes; both commit the version id and byte-identical shards of a run on
-    the session's process cluster."""
+    (no child beside the session cluster's while its stages run); with a budget too
+    small for that, it starts worker processes; both commit the version id and
+    byte-identical shards of a run on the session's process cluster."""
     before = len(psutil.Process().children(recursive=True))  # the session cluster's
     children: dict[str, int] = {}
 
