@@ -140,7 +140,8 @@ class FeatureCodec:
     def from_schema(cls, schema: pa.Schema, names: list[str]) -> FeatureCodec:
         """Plain specs (nothing standardized, nulls refused) for columns of `schema`;
         variable-length lists need a length, so they are refused here."""
-        missing = [name for name in names if name not in schema.names]
+        present = set(schema.names)
+        missing = [name for name in names if name not in present]
         if missing:
             raise FeatureError(
                 f"feature columns {missing} are missing from the rows (columns: {schema.names})"
