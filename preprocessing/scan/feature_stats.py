@@ -14,7 +14,7 @@ scan (which counts only the kept rows, so the plan stays exact) and by the map s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, get_args
 
 import numpy as np
@@ -31,6 +31,7 @@ from preprocessing.plan.distinct import (
     identifies_rows,
     value_hashes,
 )
+from preprocessing.scan.numeric_profiles import fold_block, numeric_blocks
 from preprocessing.toolbox.faults import PermanentInputError
 
 # Distinct strings kept per column beyond max_categories, so the error can give a count.
@@ -68,23 +69,21 @@ class ColumnProfile:
     def add_numbers(self, numbers: np.ndarray) -> None:
         """Fold values in (Chan's parallel update: exact, and merges across files)."""
         if len(numbers):
-            self.merge(
-                ColumnProfile(
-                    self.arrow_type,
-                    self.kind,
-                    count=len(numbers),
-                    mean=float(numbers.mean()),
-                    m2=float(((numbers - numbers.mean()) ** 2).sum()),
-                )
-            )
+            mean = numbers.mean()
+            self.add_moments(len(numbers), float(mean), float(((numbers - mean) ** 2).sum()))
+
+    def add_moments(self, count: int, mean: float, m2: float) -> None:
+        """Fold in `count` values of mean `mean` and squared deviations `m2`."""
+        total = self.count + count
+        if total:
+            delta = mean - self.mean
+            self.m2 += m2 + delta * delta * self.count * count / total
+            self.mean += delta * count / total
+        self.count = total
 
     def merge(self, other: ColumnProfile) -> None:
-        total = self.count + other.count
-        if total:
-            delta = other.mean - self.mean
-            self.m2 += other.m2 + delta * delta * self.count * other.count / total
-            self.mean += delta * other.count / total
-        self.count, self.null_rows = total, self.null_rows + other.null_rows
+        self.add_moments(other.count, other.mean, other.m2)
+        self.null_rows += other.null_rows
         self.max_length = max(self.max_length, other.max_length)
         self.add_values(other.values)
         self.hashes = fold_hashes(self.hashes, other.hashes)
@@ -168,9 +167,14 @@ def profile_batch(
     """Fold one batch into the profiles of the columns it holds; statistics cover the
     `kept` rows only, null counts every row."""
     present = set(batch.schema.names)  # a new list at each call: once, for 5,000 columns
-    for name, profile in profiles.items():
-        if name not in present:
-            continue  # a fixed-size list its footer showed to be free of nulls
+    # A fixed-size list its footer showed to be free of nulls is not in the batch.
+    names = [name for name in profiles if name in present]
+    folded: set[str] = set()
+    for block in numeric_blocks(profiles, batch.schema, names):  # wide tables: at once
+        if fold_block(profiles, batch, block, kept):
+            folded.update(block)
+    for name in (name for name in names if name not in folded):
+        profile = profiles[name]
         array = batch.column(name)
         nulls = column_nulls(array)
         profile.null_rows += int(nulls.sum())
@@ -329,7 +333,11 @@ def profiles_record(profiles: dict[str, ColumnProfile], spec: DatasetSpec) -> di
 
 
 def _without_hashes(profile: ColumnProfile) -> dict[str, Any]:
-    return {key: value for key, value in asdict(profile).items() if key != "hashes"}
+    # Not `asdict`: it deep-copies the distinct values and the sketch (0.6 s for 5,000
+    # columns); the caller replaces `values` with a sorted copy.
+    return {
+        item.name: getattr(profile, item.name) for item in fields(profile) if item.name != "hashes"
+    }
 
 
 def earlier_profiles(features: dict[str, Any]) -> dict[str, ColumnProfile]:
