@@ -59,9 +59,9 @@ def absent_columns_error(schemas: list[pa.Schema], spec: DatasetSpec) -> InputEr
     present = list(dict.fromkeys(name for schema in schemas for name in schema.names))
     if not schemas:
         return None
-    problems = []
+    problems, known = [], set(present)
     for field, name in configured_columns(spec).items():
-        if name in present:
+        if name in known:
             continue
         closest = closest_column(name, present)
         hint = f"; did you mean {closest!r}?" if closest else ""

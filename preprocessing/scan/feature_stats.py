@@ -101,6 +101,9 @@ class ColumnProfile:
         return float(np.sqrt(self.m2 / self.count)) if self.count else 0.0
 
 
+_RECORDED = [item.name for item in fields(ColumnProfile) if item.name != "hashes"]
+
+
 def new_profiles(
     schema: pa.Schema, names: list[str], date_columns: list[str] | None = None
 ) -> dict[str, ColumnProfile]:
@@ -335,9 +338,7 @@ def profiles_record(profiles: dict[str, ColumnProfile], spec: DatasetSpec) -> di
 def _without_hashes(profile: ColumnProfile) -> dict[str, Any]:
     # Not `asdict`: it deep-copies the distinct values and the sketch (0.6 s for 5,000
     # columns); the caller replaces `values` with a sorted copy.
-    return {
-        item.name: getattr(profile, item.name) for item in fields(profile) if item.name != "hashes"
-    }
+    return {name: getattr(profile, name) for name in _RECORDED}
 
 
 def earlier_profiles(features: dict[str, Any]) -> dict[str, ColumnProfile]:
