@@ -147,25 +147,26 @@ def rates(read: Callable[[str], int], root: str) -> tuple[float, float]:
     return rows / max(seconds, 1e-9), rows / max(cpu_s, 1e-9)
 
 
-def seconds(step: Callable[[], object]) -> float:
-    started = time.perf_counter()
+def seconds(step: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds (this process, every thread) of `step()`."""
+    started, cpu = time.perf_counter(), time.process_time()
     step()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def scan_report(config: ReshardConfig, root: str, repeat: int) -> float:
     """Print the scan's seconds beside pyarrow's whole read of the raw files (best of
     `repeat`, alternating), and the reshard's scan stage; the scan's cost over pyarrow's."""
-    plain, ours = float("inf"), float("inf")
+    plain, ours = (float("inf"),) * 2, (float("inf"),) * 2
     for _ in range(repeat):
         plain = min(plain, seconds(lambda: pyarrow_whole(config)))
         ours = min(ours, seconds(lambda: scan_rows(config)))
     stage = read_manifest(root)[0].timings_s.get("scan_s", float("nan"))
-    print(f"  {'pyarrow read_table (raw files)':30} {plain:8.3f} s")
-    print(f"  {'scan (in process)':30} {ours:8.3f} s")
+    for name, (wall, cpu) in (("pyarrow read_table (raw)", plain), ("scan (in process)", ours)):
+        print(f"  {name:30} {wall:8.3f} s {cpu:8.3f} CPU-s")
     print(f"  {'reshard scan stage (Dask)':30} {stage:8.3f} s")
-    print(f"  scan / pyarrow: {ours / plain:.2f}x seconds")
-    return ours / plain
+    print(f"  scan / pyarrow: {ours[0] / plain[0]:.2f}x seconds, {ours[1] / plain[1]:.2f}x CPU-s")
+    return ours[0] / plain[0]
 
 
 def wide_report(work: Path, shape: Shape, repeat: int, batch_size: int = BATCH) -> float:
