@@ -2,10 +2,12 @@
 
 Per file, `profile_batch` folds each batch of the feature columns into one
 `ColumnProfile` per column (null rows, count / mean / squared deviations of the numbers,
-the longest list, the distinct strings up to a cap). The driver merges the files'
-profiles (`merge_profiles`) and `build_codec` turns them into the codec's specs
-(preprocessing/contract/codec.py) under the dataset's settings, or raises `InputError` naming
-the column, the count, the first files and the fix, before any shard is written.
+the longest list, the distinct strings up to a cap); the numeric columns of one Arrow
+type are folded together, bit for bit alike (preprocessing/scan/numeric_profiles.py).
+The driver merges the files' profiles (`merge_profiles`) and `build_codec` turns them
+into the codec's specs (preprocessing/contract/codec.py) under the dataset's settings, or
+raises `InputError` naming the column, the count, the first files and the fix, before
+any shard is written.
 
 `null_rows` is the one definition of a row that a `drop_row` policy drops, used by the
 scan (which counts only the kept rows, so the plan stays exact) and by the map stage
