@@ -1,20 +1,31 @@
-"""The loader benchmark's wide case: 5,000 scalar feature columns, loader against pyarrow.
+"""The wide case: 5,000 scalar feature columns, the scan and the loader against pyarrow.
 
-One version of `num_rows` rows of `num_columns` float64 columns (standard normal, no
-nulls, standardized by the reshard as usual), resharded by `run_reshard` into shards of
-8,192 rows in row groups of 2,048. Read twice over the train split, best of `repeat`:
+One version of `num_rows` rows of `num_columns` float64 (or `--dtype float32`) columns in
+`--files` raw files (standard normal, no nulls, standardized by the reshard as usual),
+resharded by `run_reshard` into shards of 8,192 rows in row groups of 2,048.
+
+The scan (issue 58): `scan_file` of every raw file and `feature_state` (the profiles
+merged, the codec built), in this process, against pyarrow reading the same files whole
+(`pq.read_table`), best of `repeat`; and the scan stage of the reshard that made the
+version (its manifest's `scan_s`, on its Dask workers).
+
+The loader: read twice over the train split, best of `repeat`:
 
 - pyarrow: for each shard, `pq.read_table(shard, columns=<features>)` and the features
   to one numpy matrix (`np.stack` of each column's `to_numpy()`): what a user would write,
   with no shuffle, no standardization and no tensors (one rank's share at one rank);
-- the training loader (one rank, 0 workers, default read-ahead, 1024-row batches).
+- the training loader (one rank, 0 workers, default read-ahead, 1024-row batches), from
+  its construction: the first batch's cost included.
 
 Rows per CPU-second (this process, every thread) are printed beside rows/s: on a shared
 machine they move less.
 
-The target (issue 38): the loader serves at least 0.8x pyarrow's rows per second.
+The targets (issues 38, 58): the loader serves at least 0.8x pyarrow's rows per second;
+the scan costs at most 2x pyarrow's whole read.
 
     .venv/bin/python benchmarks/wide_case.py --rows 16384 --work-dir /tmp/wide-bench
+    .venv/bin/python benchmarks/wide_case.py --rows 3000 --files 3 --dtype float32 \
+        --work-dir /tmp/wide-bench
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -35,46 +47,80 @@ import pyarrow.parquet as pq
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.reshard import run_reshard
+from preprocessing.scan.across_files import feature_state
+from preprocessing.scan.inputs import scan_file
+from preprocessing.storage.sources import list_inputs
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 
 BATCH, NUM_FILES = 1024, 4
 
 
-def write_raw(raw: Path, num_rows: int, num_columns: int) -> None:
-    """`NUM_FILES` raw files: ids, 4 classes, `num_columns` float64 features."""
+@dataclass(frozen=True)
+class Shape:
+    """The wide input: rows, feature columns, their type, raw files."""
+
+    rows: int
+    columns: int
+    dtype: str = "float64"
+    files: int = NUM_FILES
+
+    @property
+    def name(self) -> str:
+        kind = "" if self.dtype == "float64" else f"-{self.dtype}"
+        parts = "" if self.files == NUM_FILES else f"-{self.files}files"
+        return f"{self.rows}x{self.columns}{kind}{parts}"
+
+
+def write_raw(raw: Path, shape: Shape) -> None:
+    """`shape.files` raw files: ids, 4 classes, `shape.columns` features of its type."""
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    per_file = num_rows // NUM_FILES
-    for index in range(NUM_FILES):
-        values = rng.normal(size=(num_columns, per_file))
+    per_file = shape.rows // shape.files
+    for index in range(shape.files):
+        values = rng.normal(size=(shape.columns, per_file)).astype(shape.dtype)
         columns = {
             "id": pa.array(np.arange(index * per_file, (index + 1) * per_file)),
             "label": pa.array(rng.integers(0, 4, per_file)),
-            **{f"x{k}": pa.array(values[k]) for k in range(num_columns)},
+            **{f"x{k}": pa.array(values[k]) for k in range(shape.columns)},
         }
         pq.write_table(pa.table(columns), raw / f"part-{index}.parquet")
 
 
-def prepare(work: Path, num_rows: int, num_columns: int) -> str:
-    """A committed wide version (reused from `work` when there)."""
-    raw = work / f"wide-raw-{num_rows}x{num_columns}"
+def prepare(work: Path, shape: Shape) -> tuple[ReshardConfig, str]:
+    """The reshard's config and a committed wide version (reused from `work` when
+    there: then the reshard does not run again)."""
+    raw = work / f"wide-raw-{shape.name}"
     if not raw.exists():
-        write_raw(raw, num_rows, num_columns)
+        write_raw(raw, shape)
     config = ReshardConfig(
         dataset=DatasetSpec(
             inputs=[str(raw)],
             id_column="id",
             source_column=None,
-            feature_columns=[f"x{k}" for k in range(num_columns)],
+            feature_columns=[f"x{k}" for k in range(shape.columns)],
         ),
-        output_root=str(work / f"wide-{num_rows}x{num_columns}"),
+        output_root=str(work / f"wide-{shape.name}"),
         target_shard_rows=8_192,
         rows_per_row_group=2_048,
         holdout_fraction=0.0,
         num_workers=2,
     )
-    return run_reshard(config).manifest_uri
+    return config, run_reshard(config).manifest_uri
+
+
+def pyarrow_whole(config: ReshardConfig) -> int:
+    """pq.read_table of every raw file, every column; the rows."""
+    return sum(pq.read_table(file.uri).num_rows for file in list_inputs(config.dataset))
+
+
+def scan_rows(config: ReshardConfig) -> int:
+    """The reshard's scan of every raw file, in this process, and the codec built from
+    the profiles; the rows."""
+    settings = (config.dataset, config.seed, config.holdout_fraction, config.max_piece_rows)
+    scans = [scan_file(file, *settings) for file in list_inputs(config.dataset)]
+    feature_state(scans, config.dataset)
+    return sum(sum(scan.piece_rows) for scan in scans)
 
 
 def pyarrow_rows(root: str) -> int:
@@ -101,17 +147,38 @@ def rates(read: Callable[[str], int], root: str) -> tuple[float, float]:
     return rows / max(seconds, 1e-9), rows / max(cpu_s, 1e-9)
 
 
-def wide_report(
-    work: Path, num_rows: int, num_columns: int, repeat: int, batch_size: int = BATCH
-) -> float:
-    """Print both readers' rows/s and rows/CPU-s (best of `repeat`, alternating); the
-    loader's share of pyarrow's rows/s."""
-    root = prepare(work, num_rows, num_columns)
+def seconds(step: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds (this process, every thread) of `step()`."""
+    started, cpu = time.perf_counter(), time.process_time()
+    step()
+    return time.perf_counter() - started, time.process_time() - cpu
+
+
+def scan_report(config: ReshardConfig, root: str, repeat: int) -> float:
+    """Print the scan's seconds beside pyarrow's whole read of the raw files (best of
+    `repeat`, alternating), and the reshard's scan stage; the scan's cost over pyarrow's."""
+    plain, ours = (float("inf"),) * 2, (float("inf"),) * 2
+    for _ in range(repeat):
+        plain = min(plain, seconds(lambda: pyarrow_whole(config)))
+        ours = min(ours, seconds(lambda: scan_rows(config)))
+    stage = read_manifest(root)[0].timings_s.get("scan_s", float("nan"))
+    for name, (wall, cpu) in (("pyarrow read_table (raw)", plain), ("scan (in process)", ours)):
+        print(f"  {name:30} {wall:8.3f} s {cpu:8.3f} CPU-s")
+    print(f"  {'reshard scan stage (Dask)':30} {stage:8.3f} s")
+    print(f"  scan / pyarrow: {ours[0] / plain[0]:.2f}x seconds, {ours[1] / plain[1]:.2f}x CPU-s")
+    return ours[0] / plain[0]
+
+
+def wide_report(work: Path, shape: Shape, repeat: int, batch_size: int = BATCH) -> float:
+    """Print both readers' rows/s and rows/CPU-s (best of `repeat`, alternating) and the
+    scan against pyarrow; the loader's share of pyarrow's rows/s."""
+    config, root = prepare(work, shape)
+    print(f"wide case, {shape.rows:,} rows x {shape.columns:,} {shape.dtype} feature columns:")
+    scan_report(config, root, repeat)
     plain, ours = (0.0, 0.0), (0.0, 0.0)
     for _ in range(repeat):
         plain = max(plain, rates(pyarrow_rows, root))
         ours = max(ours, rates(lambda uri: loader_rows(uri, batch_size), root))
-    print(f"wide case, {num_rows:,} rows x {num_columns:,} float64 feature columns:")
     for name, (per_s, per_cpu_s) in (
         ("pyarrow read_table + to numpy", plain),
         ("training loader", ours),
@@ -130,10 +197,13 @@ def main() -> None:
     parser.add_argument("--columns", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=BATCH)
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--files", type=int, default=NUM_FILES)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/wide-bench"))
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    wide_report(args.work_dir, args.rows, args.columns, args.repeat, args.batch_size)
+    shape = Shape(args.rows, args.columns, args.dtype, args.files)
+    wide_report(args.work_dir, shape, args.repeat, args.batch_size)
 
 
 if __name__ == "__main__":

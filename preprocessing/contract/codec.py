@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +119,12 @@ class FeatureCodec:
         return self._plans["last"][1]
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [asdict(spec) for spec in self.columns]
+        # As `asdict`, without its deep copy of every field (0.3 s for 5,000 columns).
+        names = [item.name for item in fields(ColumnSpec)]
+        return [
+            {**{name: getattr(spec, name) for name in names}, "vocabulary": list(spec.vocabulary)}
+            for spec in self.columns
+        ]
 
     @classmethod
     def from_json(cls, columns: list[dict[str, Any]]) -> FeatureCodec:
@@ -140,7 +145,8 @@ class FeatureCodec:
     def from_schema(cls, schema: pa.Schema, names: list[str]) -> FeatureCodec:
         """Plain specs (nothing standardized, nulls refused) for columns of `schema`;
         variable-length lists need a length, so they are refused here."""
-        missing = [name for name in names if name not in schema.names]
+        present = set(schema.names)
+        missing = [name for name in names if name not in present]
         if missing:
             raise FeatureError(
                 f"feature columns {missing} are missing from the rows (columns: {schema.names})"

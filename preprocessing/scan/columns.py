@@ -59,9 +59,9 @@ def absent_columns_error(schemas: list[pa.Schema], spec: DatasetSpec) -> InputEr
     present = list(dict.fromkeys(name for schema in schemas for name in schema.names))
     if not schemas:
         return None
-    problems = []
+    problems, known = [], set(present)
     for field, name in configured_columns(spec).items():
-        if name in present:
+        if name in known:
             continue
         closest = closest_column(name, present)
         hint = f"; did you mean {closest!r}?" if closest else ""
@@ -74,7 +74,8 @@ def absent_columns_error(schemas: list[pa.Schema], spec: DatasetSpec) -> InputEr
 
 def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
     """Why a file's columns cannot make rows of the version, or None."""
-    missing = [name for name in configured_columns(spec).values() if name not in schema.names]
+    present = set(schema.names)  # `schema.names` is a new list each time: 5,000 columns
+    missing = [name for name in configured_columns(spec).values() if name not in present]
     if missing:
         return f"schema drift: missing columns {missing}"
     internal = [name for name in schema.names if name.startswith(INTERNAL_PREFIX)]

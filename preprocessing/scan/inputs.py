@@ -357,13 +357,15 @@ def check_schemas(scans: list[FileScan]) -> list[FileScan]:
 
 
 def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
+    present = set(found.names)  # `names` is a new list at each call
     for name in expected.names:
-        if name not in found.names:
+        if name not in present:
             return f"schema drift: missing column '{name}'"
         if not found.field(name).type.equals(expected.field(name).type):
             return (
                 f"schema drift: column '{name}' is {found.field(name).type}, "
                 f"expected {expected.field(name).type}"
             )
-    extra = [name for name in found.names if name not in expected.names]
+    wanted = set(expected.names)
+    extra = [name for name in found.names if name not in wanted]
     return f"schema drift: unexpected columns {extra}"

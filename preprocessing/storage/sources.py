@@ -238,8 +238,8 @@ class Footer:
 
     schema: pa.Schema
     piece_starts: list[int]
-    # Per top-level column: nulls by the column chunks' statistics (for a list, null lists
-    # and null elements), or None when a row group has no statistics for it.
+    # Per fixed-size list column (no other: 0.1 s a footer of 5,000 columns): null lists and
+    # elements by the chunks' statistics, or None when a row group has none for it.
     null_counts: dict[str, int | None]
     # The row groups' uncompressed size (`total_byte_size`): the rows' size decoded.
     decoded_bytes: int = 0
@@ -267,18 +267,14 @@ def footer_of(parquet: pq.ParquetFile, max_piece_rows: int) -> Footer:
 
 def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
     counts: dict[str, int | None] = {}
-    leaf = 0
+    leaf, groups = 0, range(metadata.num_row_groups)
     for arrow_field in schema:
         num_leaves = _num_leaves(arrow_field.type)
-        total: int | None = 0
-        for group in range(metadata.num_row_groups):
-            for index in range(leaf, leaf + num_leaves):
-                stats = metadata.row_group(group).column(index).statistics
-                if stats is None or not stats.has_null_count or total is None:
-                    total = None
-                else:
-                    total += stats.null_count
-        counts[arrow_field.name] = total
+        if pa.types.is_fixed_size_list(arrow_field.type):
+            leaves = range(leaf, leaf + num_leaves)
+            stats = [metadata.row_group(g).column(i).statistics for g in groups for i in leaves]
+            known = all(item is not None and item.has_null_count for item in stats)
+            counts[arrow_field.name] = sum(item.null_count for item in stats) if known else None
         leaf += num_leaves
     return counts
 
