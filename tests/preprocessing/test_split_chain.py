@@ -135,8 +135,8 @@ def test_row_wise_split_of_the_same_rows_leaks_and_the_check_names_it(
     assert split_leaks(str(root)) == []
     leaks = find_leaks(manifest, location, {"group": ["patient"]})
     assert leaks, "a row-wise split of 8 rows a patient left every patient on one side"
-    assert leaks[0].value.startswith("'p") and "train-" in leaks[0].train_shard
-    assert "holdout-" in leaks[0].holdout_shard and "LEAK" in leaks[0].line()
+    assert leaks[0].value.startswith("'p") and "train-" in leaks[0].shards[0]
+    assert "holdout-" in leaks[0].shards[1] and "LEAK" in leaks[0].line()
 
 
 def test_ballast_verify_exits_1_naming_a_leak_a_version_promised_not_to_have(

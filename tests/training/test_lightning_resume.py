@@ -165,5 +165,5 @@ def test_datamodule_without_holdout_has_no_validation(
 ) -> None:
     """A version with no holdout rows gives an empty validation list, which Lightning skips."""
     data = StreamDataModule(dataset_cache(100), LoaderConfig(batch_size=BATCH_SIZE), seed=1)
-    assert data.holdout_stream is None and data.val_dataloader() == []
+    assert data.val_stream is None and data.val_dataloader() == []
     assert (data.num_features, len(data.classes)) == (16, 10)
