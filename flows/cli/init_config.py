@@ -7,8 +7,9 @@ column (type, nulls, role) and the class counts as comments, then the config tha
 `ballast run pipeline --config` accepts once `${WORK_DIR}` is given. Every choice a person
 should check is marked `CONFIRM` with the alternatives the reshard accepts: each null
 policy (only those the column's kind takes), the mix, unlabelled rows, the validation
-split, and each column left out with why. Training is sized to the rows (training/sizing.py). Before printing,
-the proposal is checked by the scan's own rules (`check_proposal`).
+split, and each column left out with why. Training is sized to the rows
+(training/sizing.py). Before printing, the proposal is checked by the scan's own rules
+(`check_proposal`).
 """
 
 from __future__ import annotations
@@ -112,9 +113,7 @@ def starter_config(survey: TableSurvey, inputs: str) -> dict[str, Any]:
         "train": {
             "dataset": "${WORK_DIR}/datasets",
             "output_dir": "${WORK_DIR}/training",
-            **sized_training(
-                int(labelled * (1 - HOLDOUT_FRACTION - validation_fraction(survey)))
-            ),
+            **sized_training(int(labelled * (1 - HOLDOUT_FRACTION - validation_fraction(survey)))),
             "tracking": {
                 "tracking_uri": "sqlite:///${WORK_DIR}/mlflow.db",
                 "artifact_location": "${WORK_DIR}/mlartifacts",

@@ -90,7 +90,7 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class SplitEntry:
-    """The shards of one split (`train` or `holdout`) in shard-index order."""
+    """The shards of one split (`train`, `holdout`, `validation`) in shard-index order."""
 
     num_rows: int
     shards: list[ShardEntry]

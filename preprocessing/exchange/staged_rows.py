@@ -87,7 +87,8 @@ def read_piece(
     if spec.id_column is None:
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
-    splits = row_splits(table, spec, task.file.relative_path, task.first_row, seed, holdout_fraction)
+    path, first = task.file.relative_path, task.first_row
+    splits = row_splits(table, spec, path, first, seed, holdout_fraction)
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():
         table, splits = table.filter(pa.array(kept)), splits[kept]

@@ -6,8 +6,9 @@ features, group), sits in one split, in the version and in every ancestor of its
 A child's manifest lists every shard of its chain, so one read of the named version's
 shards checks the chain: the group column and the content columns of each shard are
 hashed as the scan hashes them, and a hash found in two splits (train, holdout, validation:
-any pair) is a leak, named with its value and the shards that hold it on each side. Memory: 8 bytes a row per kept hash while
-it runs (an audit, not a stage of the nightly run). A version made without these
+any pair) is a leak, named with its value and the shards that hold it on each side.
+Memory: 8 bytes a row per kept hash while it runs (an audit, not a stage of the nightly
+run). A version made without these
 settings promises nothing of the kind, and nothing is checked.
 """
 

@@ -75,9 +75,7 @@ def route_split(
     output=st.integers(1, 9),
     shard_rows=st.integers(1, 4),
 )
-@example(
-    rows=[(0, 0), (1, 0)], cuts=1, split="holdout", mode="block", output=2, shard_rows=1
-)
+@example(rows=[(0, 0), (1, 0)], cuts=1, split="holdout", mode="block", output=2, shard_rows=1)
 @example(rows=[(0, 1)], cuts=0, split="train", mode="none", output=1, shard_rows=2)
 @example(rows=[(0, 2), (1, 1)], cuts=1, split="validation", mode="none", output=1, shard_rows=1)
 @settings(max_examples=300, deadline=None)

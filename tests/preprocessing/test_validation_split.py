@@ -2,7 +2,8 @@
 exactly one of train, holdout and validation, whatever the values, files, pieces, seed and
 fractions; groups and duplicate contents lie in one of the three; adding a validation split
 changes no held-out row; the splits' counts add up to every row; the validation share is
-its fraction of all rows; the scan's draw (batches) is the map's (pieces)."""
+its fraction of all rows; the scan's draw (batches) is the map's (pieces); training
+selects on validation where a version has it, else on the holdout."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flows.cli.summary import chosen_on
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.contract.manifest import Manifest, SplitEntry
 from preprocessing.plan.counts import SPLITS, Counts
 from preprocessing.plan.split import split_counts
 from preprocessing.plan.split_keys import content_columns, holdout_rows
@@ -143,7 +146,29 @@ def test_the_fractions_must_leave_rows_to_train() -> None:
     """Invariant: holdout and validation fractions adding up to 1 or more are refused,
     naming both fields."""
     dataset = {"inputs": ["raw"], "validation_fraction": 0.5}
-    with pytest.raises(ValueError, match="holdout_fraction and dataset.validation_fraction"):
+    with pytest.raises(ValueError, match=r"holdout_fraction and dataset\.validation_fraction"):
         ReshardConfig.model_validate(
             {"dataset": dataset, "output_root": "out", "holdout_fraction": 0.5}
         )
+
+
+@pytest.mark.parametrize(
+    ("rows", "chosen"),
+    [
+        ({"train": 5, "holdout": 3, "validation": 2}, "validation"),
+        ({"train": 5, "holdout": 3, "validation": 0}, "holdout"),
+        ({"train": 5, "holdout": 3}, "holdout"),
+        ({"train": 5}, None),
+    ],
+)
+def test_training_selects_on_validation_else_the_holdout(rows, chosen) -> None:
+    """Invariant: the split training validates (so selects) on is the validation split
+    where it has rows, else the holdout, as before; the console says which, and where it
+    is the holdout, that the holdout also judged the model."""
+    splits = {name: SplitEntry(n, []) for name, n in rows.items()}
+    manifest = Manifest(
+        "v", "label", "source", "id", ["x"], [0], ["s"], [], splits, 0, {}, "f", {}, {}
+    )
+    assert manifest.selection_split() == chosen
+    line = chosen_on(chosen)
+    assert (chosen or "") in line and ("judged" in line) == (chosen == "holdout")
