@@ -33,8 +33,8 @@ from flows.results import PipelineResult
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.cluster import DaskConfig
-from training.summary import CHOSEN_ON_TAG
 from tests.preprocessing.test_executor import dask_processes, worker_env
+from training.summary import CHOSEN_ON_TAG
 
 
 def flow_run_id(state: State) -> UUID:

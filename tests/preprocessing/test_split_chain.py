@@ -1,9 +1,9 @@
 """Splits by value through the real reshard (Dask LocalCluster): patients of about 8 rows
 and rows re-delivered in other files, a base version and nightly children. With
 `group_column` and `duplicates: same_split` no patient and no duplicate content crosses
-splits (train, holdout, validation) in any version of the chain, `ballast verify`'s check finds nothing, and the
-manifest records each night's groups and duplicates; the row-wise split of the same
-rows leaks, and the check names it."""
+splits (train, holdout, validation) in any version of the chain, `ballast verify`'s check
+finds nothing, and the manifest records each night's groups and duplicates; the row-wise
+split of the same rows leaks, and the check names it."""
 
 from __future__ import annotations
 
