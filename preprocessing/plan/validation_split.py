@@ -59,6 +59,23 @@ def split_codes(holdout: np.ndarray, validation: np.ndarray) -> np.ndarray:
     return codes
 
 
+def splits_of(
+    keys: dict[str, np.ndarray],
+    spec: DatasetSpec,
+    file_key: str,
+    first_row: int,
+    num_rows: int,
+    seed: int,
+    holdout_fraction: float,
+) -> np.ndarray:
+    """The split code of rows `first_row`.. of file `file_key` from their `key_hashes`:
+    the one decision the scan (which counts the splits) and every route of the exchange
+    (which moves the rows, through `row_splits`) make."""
+    holdout = held_out(keys, spec, file_key, first_row, num_rows, seed, holdout_fraction)
+    validation = validation_rows(keys, spec, file_key, first_row, holdout, seed, holdout_fraction)
+    return split_codes(holdout, validation)
+
+
 def row_splits(
     table: pa.Table | pa.RecordBatch,
     spec: DatasetSpec,
@@ -67,10 +84,7 @@ def row_splits(
     seed: int,
     holdout_fraction: float,
 ) -> np.ndarray:
-    """The split code of every row of `table` (rows `first_row`.. of file `file_key`), as
-    the scan counted them: what every route of the exchange moves."""
+    """The split code of every row of `table` (rows `first_row`.. of file `file_key`)."""
     drawn = holdout_fraction > 0 or spec.validation_fraction > 0
     keys = key_hashes(table, spec, tally=False) if drawn else {}
-    holdout = held_out(keys, spec, file_key, first_row, table.num_rows, seed, holdout_fraction)
-    validation = validation_rows(keys, spec, file_key, first_row, holdout, seed, holdout_fraction)
-    return split_codes(holdout, validation)
+    return splits_of(keys, spec, file_key, first_row, table.num_rows, seed, holdout_fraction)

@@ -39,8 +39,8 @@ from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
-from preprocessing.plan.split_keys import held_out, key_columns, key_hashes
-from preprocessing.plan.validation_split import TRAIN, split_codes, validation_rows
+from preprocessing.plan.split_keys import key_columns, key_hashes
+from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -272,9 +272,7 @@ class _Tally:
         )
         keys = key_hashes(batch, spec)  # each hash once: for the split and the tally
         first, name = self.num_rows, file.relative_path
-        holdout = held_out(keys, spec, name, first, batch.num_rows, seed, holdout_fraction)
-        validation = validation_rows(keys, spec, name, first, holdout, seed, holdout_fraction)
-        splits = split_codes(holdout, validation)
+        splits = splits_of(keys, spec, name, first, batch.num_rows, seed, holdout_fraction)
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
         profile_batch(self.profiles, batch, kept & (splits == TRAIN))

@@ -21,13 +21,14 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import Manifest, SplitEntry
 from preprocessing.plan.counts import SPLITS, Counts
 from preprocessing.plan.split import split_counts
-from preprocessing.plan.split_keys import content_columns, holdout_rows
+from preprocessing.plan.split_keys import content_columns, holdout_rows, key_hashes
 from preprocessing.plan.validation_split import (
     HOLDOUT,
     TRAIN,
     VALIDATION,
     row_splits,
     split_codes,
+    splits_of,
     validation_rows,
 )
 from preprocessing.scan.row_counts import count_rows
@@ -47,13 +48,18 @@ def splits_in_files(
     table: pa.Table, cuts: list[int], spec: DatasetSpec, seed: int, holdout: float, halves: bool
 ) -> np.ndarray:
     """Each row's split code, the table read as files cut at `cuts`, each in two pieces
-    (`halves`, as map tasks read it) or whole (as one scan batch)."""
+    as map tasks read it (`halves`), or whole as one scan batch, which hashes the keys
+    for its tally too."""
     parts = []
     for index, (start, stop) in enumerate(pairwise([0, *cuts, table.num_rows])):
         middle = (start + stop) // 2 if halves else stop
         for first, last in ((start, middle), (middle, stop)):
-            piece = table.slice(first, last - first)
-            parts.append(row_splits(piece, spec, f"f{index}", first - start, seed, holdout))
+            piece, name, row = table.slice(first, last - first), f"f{index}", first - start
+            if halves:
+                parts.append(row_splits(piece, spec, name, row, seed, holdout))
+            else:
+                keys = key_hashes(piece, spec)
+                parts.append(splits_of(keys, spec, name, row, piece.num_rows, seed, holdout))
     return np.concatenate(parts)
 
 
@@ -79,7 +85,8 @@ def test_every_row_in_one_split_and_no_group_or_duplicate_across_them(
     """Invariants: every row has one split code of the three; the held-out rows are the
     ones drawn without a validation split (adding it moves no held-out row); with
     `group_column` no group, and with `duplicates: same_split` (or a group) no content, is
-    in two of train, holdout and validation; the draw is the same read in pieces or whole."""
+    in two of train, holdout and validation; the map's draw (in pieces) is the scan's
+    (whole, its keys hashed for the tally too)."""
     table, cuts = drawn
     holdout, validation = fractions
     spec = with_validation(spec_of(group, duplicates), validation)
