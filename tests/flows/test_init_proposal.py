@@ -147,7 +147,7 @@ def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_pa
 
 
 def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path, capsys) -> None:
-    """Invariant: on 1,000 labelled rows (a validation split of 10% under 200 rows) init
+    """Invariant: on 1,000 labelled rows (a validation split of 10% under 1,000 rows) init
     proposes `validation_fraction: 0.0`, its CONFIRM saying that training then validates
     on the holdout, which judges the model it chose."""
     rng = np.random.default_rng(1)
