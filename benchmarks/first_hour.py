@@ -209,12 +209,15 @@ def serving_check(work: Path, registration: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def proposed_config(work: Path, seed: int) -> dict[str, Any]:
+def proposed_config(work: Path, seed: int, validation: float | None = None) -> dict[str, Any]:
     """`ballast init`'s config for the table under `work/raw`, written to
     `work/pipeline.yaml` as proposed, but for `seed` (the reshard's and training's: seed 0
-    is init's own): its reshard dataset section and init's seconds."""
+    is init's own) and `validation` (the validation fraction, None: init's): its reshard
+    dataset section and init's seconds."""
     init, init_s = ballast(["init", "--inputs", str(work / "raw"), "--label", "target"])
     text = init.stdout
+    if validation is not None:  # the holdout stays the same rows whatever this is
+        text = re.sub(r"validation_fraction: [0-9.]+", f"validation_fraction: {validation}", text)
     if seed:  # as a user sets it: a line in each section, init's comments kept
         for section in ("reshard", "train"):
             text = text.replace(f"\n{section}:\n", f"\n{section}:\n  seed: {seed}\n", 1)
@@ -223,10 +226,12 @@ def proposed_config(work: Path, seed: int) -> dict[str, Any]:
     return {"dataset": proposed["reshard"]["dataset"], "init_s": init_s, "text": text}
 
 
-def first_hour(name: str, work: Path, seed: int = 0) -> dict[str, Any]:
+def first_hour(
+    name: str, work: Path, seed: int = 0, validation: float | None = None
+) -> dict[str, Any]:
     """init + run pipeline on one table with one seed; its figures."""
     frame = write_table(name, work / "raw")
-    init = proposed_config(work, seed)
+    init = proposed_config(work, seed, validation)
     # A loaded machine starts Prefect's temporary server past its 20 s default (issue 33.7).
     env = {
         **os.environ,
@@ -264,6 +269,7 @@ def first_hour(name: str, work: Path, seed: int = 0) -> dict[str, Any]:
         "stages_s": stages,
         "outside_stages_s": round(run_s - sum(stages.values()), 1),
         "holdout_rows": next(iter(result["evaluations"].values()))["num_rows"],
+        "validation_fraction": init["dataset"].get("validation_fraction", 0.0),
         "balanced_accuracy": ours,
         "sklearn": {key: round(value, 4) for key, value in theirs.items()},
         "ratio": {arm: round(value / theirs["hgb"], 3) for arm, value in ours.items()},
@@ -303,6 +309,11 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=int, help="seeds per table (default: 5 under 1,000 rows, else 3)"
     )
+    parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        help="dataset.validation_fraction instead of init's proposal (0: none)",
+    )
     args = parser.parse_args()
     summaries = []
     for name in args.tables:
@@ -311,7 +322,7 @@ def main() -> None:
         for seed in range(seeds):
             work = Path(args.work_dir).resolve() / name / f"seed-{seed}"
             try:
-                runs.append(first_hour(name, work, seed))
+                runs.append(first_hour(name, work, seed, args.validation_fraction))
                 print(json.dumps(runs[-1]), flush=True)
             except RuntimeError as error:  # one failed command: the others still run
                 print(json.dumps({"table": name, "seed": seed, "error": str(error)[-500:]}))

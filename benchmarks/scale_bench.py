@@ -194,7 +194,7 @@ def synthetic_scans(
     first = rng.integers(0, NUM_CLASSES, num_pieces)
     held = max(1, rows_per_piece // 10 // strata_per_piece)
     template = np.zeros(2 * strata_per_piece, dtype=COUNT_DTYPE)
-    template["holdout"] = [False, True] * strata_per_piece
+    template["split"] = [0, 1] * strata_per_piece  # train, holdout
     template["label"] = np.repeat(np.arange(strata_per_piece), 2)
     template["num_rows"] = [rows_per_piece // strata_per_piece - held, held] * strata_per_piece
     scans = []

@@ -204,14 +204,17 @@ def run_link_line(
 def run_description(
     arm: str, job: TrainingResult, holdout_uri: str, flow_run_name: str | None
 ) -> str:
-    """An arm's MLflow run description: which flow run, which version it trained on, and
-    which rows its `holdout_*` metrics are of (the same for every arm)."""
+    """An arm's MLflow run description: which flow run, which version it trained on, which
+    split its `val_*` metrics are of and which rows its `holdout_*` metrics are of (the
+    same for every arm)."""
     trained, _ = read_manifest(job.manifest_uri)
     held, _ = read_manifest(holdout_uri)
+    chosen = job.checkpoint_chosen_on
+    validated = f"Its `val_*` metrics are on its {chosen} split. " if chosen else ""
     return (
         f"Arm `{arm}` of flow run `{flow_run_name}`: trained on dataset version "
         f"{trained.version_id} ({trained.config['mix']['class_weighting']} class mix). "
-        f"Its `holdout_*` metrics are on the {held.split('holdout').num_rows} held-out "
+        f"{validated}Its `holdout_*` metrics are on the {held.split('holdout').num_rows} held-out "
         f"rows of version {held.version_id}, the same rows for every arm of the run."
     )
 

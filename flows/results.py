@@ -90,6 +90,9 @@ class TrainingResult(StepResult):
     batches_per_rank: list[int]
     val_macro_f1: float | None = None
     val_loss: float | None = None
+    # The split the `val_*` figures (so any early stopping or checkpoint choice) were on:
+    # `validation`, or `holdout` when the version has no validation split.
+    checkpoint_chosen_on: str | None = None
     attempts: list[JobAttempt]
     tracking_delivery: dict[str, Any] | None = None  # the MLflow logger's delivery report
     run_key: str | None = None  # the run's folder name under output_dir/runs/

@@ -107,6 +107,14 @@ class DatasetSpec(BaseModel):
         description="`keep` (the default): each copy of a row is drawn alone; `same_split`: "
         "rows equal in label, features (and group) share a split, by a hash of that content.",
     )
+    validation_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Input rows in the `validation` split (drawn after the holdout, by its "
+        "rules, unresampled) that training selects on; 0 (the default): it selects on the "
+        "holdout, as before.",
+    )
     max_classes: int = Field(
         1_000,
         gt=1,
@@ -238,7 +246,7 @@ class ReshardConfig(BaseModel):
         "CSV / JSON Lines files are cut into ranges of this many rows.",
     )
     holdout_fraction: float = Field(
-        0.1, ge=0, lt=1, description="Input rows held out, unresampled, for validation."
+        0.1, ge=0, lt=1, description="Input rows held out, unresampled, to evaluate, promote."
     )
     max_rejected_fraction: float = Field(
         0.0, ge=0, le=1, description="Fail when more than this fraction of input files is bad."
@@ -357,6 +365,15 @@ class ReshardConfig(BaseModel):
             raise ValueError(
                 "num_output_rows fixes the total rows, which appending new files "
                 "cannot keep: leave it unset with mode 'incremental'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _some_rows_left_to_train(self) -> ReshardConfig:
+        if (held := self.holdout_fraction + self.dataset.validation_fraction) >= 1:
+            raise ValueError(
+                f"holdout_fraction and dataset.validation_fraction add up to {held:g}: "
+                "no rows left to train on; together they must be under 1"
             )
         return self
 

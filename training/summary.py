@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from training.config import TrainConfig
 
 SUMMARY_NAME = "summary.json"
+# The split training's validation pass read, so what chose a checkpoint or stopped early:
+# `validation`, or `holdout` for a version without one (then evaluation and promotion judge
+# the rows that chose), or None. The same words as the run's MLflow tag of that name.
+CHOSEN_ON = "checkpoint_chosen_on"
+CHOSEN_ON_TAG = f"ballast.{CHOSEN_ON}"
 
 
 def summary_uri(output_dir: str) -> str:

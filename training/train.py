@@ -30,7 +30,7 @@ from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.distributed.checkpoints import full_network_state, resolve_checkpoint
 from training.models.classifier import build_model
-from training.summary import summarise, write_summary
+from training.summary import CHOSEN_ON, summarise, write_summary
 from training.trainer import TrainingJob, build_job
 
 
@@ -54,6 +54,7 @@ def run_training(
     summary["resumed_from"] = resume_from
     summary["config_sha256"] = config_sha256
     summary["loader"] = job.data.train_dataloader().metrics()
+    summary[CHOSEN_ON] = job.data.chosen_on  # the split `val_*` (and any selection) read
     model_uri = log_trained_model(cfg, job, summary["run_id"])
     if job.trainer.is_global_zero:
         summary["model_uri"] = model_uri

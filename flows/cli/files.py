@@ -18,7 +18,9 @@ def add_files_command(commands: argparse._SubParsersAction) -> None:
     """Register `files` with the CLI's sub-commands."""
     files = commands.add_parser("files", help="print the shard URIs of a version, one a line")
     files.add_argument("root", help="the output root of the dataset")
-    files.add_argument("--split", help="only this split (train, holdout); default: every split")
+    files.add_argument(
+        "--split", help="only this split (train, holdout, validation); default: every split"
+    )
     files.add_argument("--version", help="the version (default: the one _CURRENT names)")
 
 

@@ -47,6 +47,13 @@ def evaluation_lines(evaluations: dict[str, Evaluation]) -> list[str]:
     return lines
 
 
+def chosen_on(split: str | None) -> str:
+    """Which rows the validation figures (and any checkpoint choice) were on."""
+    if split == "holdout":  # the rows evaluation and promotion read too
+        return " (on the holdout, which also judged it: set dataset.validation_fraction)"
+    return f" (on the {split} split)" if split else ""
+
+
 def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str | None) -> str:
     """Rows per class before/after, shard balance, validation figures and the MLflow run."""
     lines = ["", *dataset_lines(manifest, result.reused)]
@@ -56,7 +63,7 @@ def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str
     lines.append(
         f"training{arm}: {training.world_size} ranks, batches per rank "
         f"{training.batches_per_rank}, validation macro-F1 "
-        f"{training.val_macro_f1:.3f}"
+        f"{training.val_macro_f1:.3f}{chosen_on(training.checkpoint_chosen_on)}"
     )
     if result.evaluations:
         lines += held_out_lines(result.evaluations)

@@ -50,7 +50,13 @@ READABLE_FORMATS = (1, 2, 3)
 PARTITION_KEY = "split"  # the shards' directory `split=<name>/`: the table's partition column
 MANIFEST_NAME = "_MANIFEST.json"
 CURRENT_NAME = "_CURRENT"
-SPLIT_PREFIX = {"train": "train", "holdout": "holdout", "predictions": "part"}  # names say splits
+# Names say splits: a version's shard names begin with their split's.
+SPLIT_PREFIX = {
+    "train": "train",
+    "holdout": "holdout",
+    "validation": "validation",
+    "predictions": "part",
+}
 _VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _FILE_NAME = r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}"
 # A file name, under its split's directory from format 3 on (hive style, as Delta writers do).
@@ -84,7 +90,7 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class SplitEntry:
-    """The shards of one split (`train` or `holdout`) in shard-index order."""
+    """The shards of one split (`train`, `holdout`, `validation`) in shard-index order."""
 
     num_rows: int
     shards: list[ShardEntry]
@@ -164,6 +170,16 @@ class Manifest:
                 f"version {self.version_id} has no split {name!r}: {list(self.splits)}"
             )
         return self.splits[name]
+
+    def selection_split(self) -> str | None:
+        """The split training validates on, so selects on (early stopping, checkpoint
+        choice): `validation` when the version has rows there, else the holdout, as before
+        a validation split existed (evaluation and promotion then judge the rows that chose
+        the checkpoint); None with neither."""
+        for name in ("validation", "holdout"):
+            if name in self.splits and self.splits[name].num_rows:
+                return name
+        return None
 
     def lineage(self) -> list[Delta]:
         """The deltas oldest first, this version's own stamped with the manifest's time."""

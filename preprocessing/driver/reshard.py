@@ -346,7 +346,7 @@ def _output_schema(scans: list[FileScan], config: ReshardConfig) -> pa.Schema:
 
 
 def _plan(scans: list[FileScan], config: ReshardConfig) -> tuple[dict[str, SplitPlan], np.ndarray]:
-    """Both splits' plans, and each piece's (scan index, piece in file)."""
+    """The plans of the splits with rows, and each piece's (scan index, piece in file)."""
     counts, pieces = count_records(scans)
     shard_rows = shard_rows_target(scans, config)
     plans = {
@@ -360,9 +360,12 @@ def _plan(scans: list[FileScan], config: ReshardConfig) -> tuple[dict[str, Split
             config.seed,
             len(pieces),
         ),
-        "holdout": plan_split(
-            counts, "holdout", None, None, shard_rows, config.shuffle, config.seed, len(pieces)
-        ),
+        **{  # kept as drawn: neither is resampled
+            split: plan_split(
+                counts, split, None, None, shard_rows, config.shuffle, config.seed, len(pieces)
+            )
+            for split in ("holdout", "validation")
+        },
     }
     if plans["train"].num_output_rows == 0:
         raise ValueError("no training rows: every accepted input row was held out or rejected")

@@ -3,7 +3,7 @@ and rows grouped by destination written as one staged object.
 
 Staged rows have the output schema with dictionaries decoded plus the keyed order column
 (`staged_schema`); a piece's rows (`read_piece`) get the derived source and id columns
-where the dataset has none, keep the rows the scan counted and say which are held out;
+where the dataset has none, keep the rows the scan counted and say each one's split;
 `stratum_codes` looks each row's (label, source) up in a split's plan; `route_rows` reads
 a group of pieces and routes every row, for the map task that stages them (`map_pieces`,
 preprocessing/exchange/tasks.py) and the single pass that writes them
@@ -23,11 +23,11 @@ import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
-from preprocessing.plan.counts import OffsetLists, dense_offsets, small_ints
+from preprocessing.plan.counts import SPLITS, OffsetLists, dense_offsets, small_ints
 from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
-from preprocessing.plan.split_keys import holdout_rows
+from preprocessing.plan.validation_split import row_splits
 from preprocessing.scan.columns import INTERNAL_PREFIX
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import row_sources
@@ -79,23 +79,22 @@ def read_piece(
     seed: int,
     holdout_fraction: float,
 ) -> tuple[pa.Table, np.ndarray]:
-    """One piece's rows in the staged schema (without the order key), and which of them
-    are held out."""
+    """One piece's rows in the staged schema (without the order key), and each one's split
+    code (plan/counts.py: SPLITS)."""
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
     if spec.id_column is None:
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
-    held_out = holdout_rows(
-        table, spec, task.file.relative_path, task.first_row, seed, holdout_fraction
-    )
+    path, first = task.file.relative_path, task.first_row
+    splits = row_splits(table, spec, path, first, seed, holdout_fraction)
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():
-        table, held_out = table.filter(pa.array(kept)), held_out[kept]
+        table, splits = table.filter(pa.array(kept)), splits[kept]
     return table.select(payload_schema(destinations).names).cast(
         payload_schema(destinations)
-    ), held_out
+    ), splits
 
 
 def payload_schema(destinations: Destinations) -> pa.Schema:
@@ -160,12 +159,12 @@ def route_rows(
     pieces_read = list(over(reading, group))
     tables = [table for table, _ in pieces_read]
     table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
-    held_out = np.concatenate([m for _, m in pieces_read]) if tables else np.zeros(0, dtype=bool)
+    splits = np.concatenate([m for _, m in pieces_read]) if tables else np.zeros(0, np.int8)
     piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
     pieces = np.array([piece.piece for piece in group], dtype=np.int64)
     rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
     for split, plan in destinations.plans.items():
-        members = np.flatnonzero(held_out if split == "holdout" else ~held_out)
+        members = np.flatnonzero(splits == SPLITS.index(split))
         if len(members):
             routing = route_pieces(
                 stratum_codes(table, plan, spec, members),

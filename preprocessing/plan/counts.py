@@ -1,6 +1,6 @@
 """Row counts per (piece, split, label, source) and the plan's per-piece offsets, columnar.
 
-A scan returns its file's counts as one structured numpy array (piece, holdout, label
+A scan returns its file's counts as one structured numpy array (piece, split code, label
 code, source code, rows) with the file's label and source values; the driver joins the
 files' arrays into one table over global pieces (`concat_counts`) and the plan keeps each
 piece's within-stratum offsets in compressed rows (`PieceOffsets`). At 1e6 pieces the
@@ -18,10 +18,13 @@ from typing import Any
 
 import numpy as np
 
+# A row's split code is its split's index here. One byte, as the holdout flag it replaced
+# (train 0, holdout 1): counts kept by an earlier run read the same.
+SPLITS = ("train", "holdout", "validation")
 COUNT_DTYPE = np.dtype(
     [
         ("piece", np.int64),
-        ("holdout", np.bool_),
+        ("split", np.int8),
         ("label", np.int32),
         ("source", np.int32),
         ("num_rows", np.int64),
@@ -31,8 +34,8 @@ COUNT_DTYPE = np.dtype(
 
 @dataclass(frozen=True)
 class Counts:
-    """`rows` (COUNT_DTYPE, in piece order): `num_rows` rows of `piece` are in the holdout
-    split or not and have label `labels[label]` and source `sources[source]`. The records
+    """`rows` (COUNT_DTYPE, in piece order): `num_rows` rows of `piece` are in split
+    `SPLITS[split]` and have label `labels[label]` and source `sources[source]`. The records
     are kept as their bytes, `packed`: a million files' tables then pickle about 5 us
     faster each (a small array's pickle costs 7 us) and hold 80 bytes less."""
 
@@ -54,7 +57,7 @@ class Counts:
         items = [
             (
                 piece,
-                split == "holdout",
+                SPLITS.index(split),
                 labels.setdefault(label, len(labels)),
                 sources.setdefault(source, len(sources)),
                 n,
@@ -68,12 +71,12 @@ class Counts:
     def records(self) -> list[tuple[int, str, Any, Any, int]]:
         """The table as (piece, split, label, source, rows) records."""
         return [
-            (piece, "holdout" if held else "train", self.labels[label], self.sources[source], n)
-            for piece, held, label, source, n in self.rows.tolist()
+            (piece, SPLITS[split], self.labels[label], self.sources[source], n)
+            for piece, split, label, source, n in self.rows.tolist()
         ]
 
     def rows_by(self, column: str) -> dict[Any, int]:
-        """Rows per label (`column="label"`) or per source, over both splits."""
+        """Rows per label (`column="label"`) or per source, over every split."""
         values = self.labels if column == "label" else self.sources
         totals = np.bincount(
             self.rows[column], weights=self.rows["num_rows"], minlength=len(values)

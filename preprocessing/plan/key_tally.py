@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from preprocessing.plan.counts import SPLITS
+
 SAMPLE = 4096
 TOP = 64
 
@@ -25,12 +27,17 @@ Tally = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 KeyCounts = dict[str, Tally]
 
 
-def tally_keys(keys: dict[str, np.ndarray], holdout: np.ndarray) -> KeyCounts:
-    """The tally of each kind of `keys` (`key_hashes` of some rows) per split; empty when
-    there are none (nothing to record)."""
+def tally_keys(keys: dict[str, np.ndarray], splits: np.ndarray) -> KeyCounts:
+    """The tally of each kind of `keys` (`key_hashes` of some rows) per split (`splits`:
+    each row's split code, or a holdout mask); empty when there are none (nothing to
+    record). Train and holdout are always tallied, validation where it has rows."""
     tally: KeyCounts = {}
+    present = {0, 1} | set(np.unique(splits).tolist())
     for kind, hashes in keys.items():
-        for split, rows in (("train", ~holdout), ("holdout", holdout)):
+        for code, split in enumerate(SPLITS):
+            if code not in present:
+                continue
+            rows = splits == code
             unique, counts = _distinct(hashes[rows], np.ones(int(rows.sum()), np.int64))
             tally[f"{split}/{kind}"] = _bounded(unique, counts, unique, counts, int(rows.sum()))
     return tally

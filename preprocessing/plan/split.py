@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from preprocessing.config import MixConfig
-from preprocessing.plan.counts import Counts, PieceOffsets, SplitCounts, piece_offsets
+from preprocessing.plan.counts import SPLITS, Counts, PieceOffsets, SplitCounts, piece_offsets
 from preprocessing.plan.permutation import derive_key, mix64
 
-SPLITS = ("train", "holdout")
 SHUFFLE_MODES = ("stratified", "global", "block", "none")
 CONTIGUOUS_MODES = ("block", "none")
 
@@ -220,7 +219,7 @@ def piece_starts(
 def split_counts(counts: Counts, split: str, num_pieces: int | None = None) -> SplitCounts:
     """The records of `split` in piece order, their strata (sorted) and each record's
     stratum index; `num_pieces` defaults to one past the last piece counted (any split)."""
-    members = np.flatnonzero(counts.rows["holdout"] == (split == "holdout"))
+    members = np.flatnonzero(counts.rows["split"] == SPLITS.index(split))
     piece = counts.rows["piece"][members]
     if np.any(piece[1:] < piece[:-1]):
         members = members[np.argsort(piece, kind="stable")]

@@ -39,7 +39,8 @@ from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
-from preprocessing.plan.split_keys import held_out, key_columns, key_hashes
+from preprocessing.plan.split_keys import key_columns, key_hashes
+from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
 from preprocessing.scan.feature_stats import (
@@ -270,18 +271,17 @@ class _Tally:
             else rows // max_piece_rows
         )
         keys = key_hashes(batch, spec)  # each hash once: for the split and the tally
-        holdout = held_out(
-            keys, spec, file.relative_path, self.num_rows, batch.num_rows, seed, holdout_fraction
-        )
+        first, name = self.num_rows, file.relative_path
+        splits = splits_of(keys, spec, name, first, batch.num_rows, seed, holdout_fraction)
         rows_kept = kept_rows(batch, spec)
         kept = rows_kept.kept
-        profile_batch(self.profiles, batch, kept & ~holdout)
+        profile_batch(self.profiles, batch, kept & (splits == TRAIN))
         table = pa.Table.from_batches([batch])
         if not kept.all():
-            table, pieces, holdout = table.filter(pa.array(kept)), pieces[kept], holdout[kept]
+            table, pieces, splits = table.filter(pa.array(kept)), pieces[kept], splits[kept]
             keys = {kind: hashes[kept] for kind, hashes in keys.items()}
-        self.counts.update(count_rows(table, spec, file, pieces, holdout))
-        self.keys.append(tally_keys(keys, holdout))
+        self.counts.update(count_rows(table, spec, file, pieces, splits))
+        self.keys.append(tally_keys(keys, splits))
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows

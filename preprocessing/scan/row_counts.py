@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
+from preprocessing.plan.counts import SPLITS
 from preprocessing.storage.sources import InputFile
 
 
@@ -27,22 +28,24 @@ def row_sources(table: pa.Table, spec: DatasetSpec, file: InputFile) -> pa.Array
 
 
 def count_rows(
-    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, holdout: np.ndarray
+    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, splits: np.ndarray
 ) -> dict[tuple[int, str, Any, Any], int]:
-    """Rows per (piece, split, label, source) of one batch: one integer key per row and a
-    numpy count (an Arrow group-by cost 3x more, mostly its per-call set-up)."""
+    """Rows per (piece, split, label, source) of one batch (`splits`: each row's split code,
+    plan/counts.py): one integer key per row and a numpy count (an Arrow group-by cost 3x
+    more, mostly its per-call set-up)."""
     labels, label_codes = _value_codes(table.column(spec.label_column))
     sources, source_codes = _value_codes(row_sources(table, spec, file))
-    split = holdout.astype(np.int64)
-    key = ((pieces * 2 + split) * len(labels) + label_codes) * len(sources) + source_codes
+    split = splits.astype(np.int64)
+    key = ((pieces * len(SPLITS) + split) * len(labels) + label_codes) * len(sources)
+    key += source_codes
     keys, counts = _distinct_counts(key)
     rest, source = np.divmod(keys, len(sources))
     rest, label = np.divmod(rest, len(labels))
-    piece, held = np.divmod(rest, 2)
-    columns = (part.tolist() for part in (piece, held, label, source, counts))
+    piece, split = np.divmod(rest, len(SPLITS))
+    columns = (part.tolist() for part in (piece, split, label, source, counts))
     return {
-        (p, "holdout" if h else "train", labels[lab], sources[src]): n
-        for p, h, lab, src, n in zip(*columns, strict=True)
+        (p, SPLITS[code], labels[lab], sources[src]): n
+        for p, code, lab, src, n in zip(*columns, strict=True)
     }
 
 

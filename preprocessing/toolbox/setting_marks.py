@@ -37,6 +37,7 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
     "on_identifying_feature": "warn",
     "group_column": None,
     "duplicates": "keep",
+    "validation_fraction": 0.0,
 }
 
 

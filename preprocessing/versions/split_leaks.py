@@ -5,9 +5,10 @@ A version made with `dataset.group_column` or `dataset.duplicates: same_split`
 features, group), sits in one split, in the version and in every ancestor of its chain.
 A child's manifest lists every shard of its chain, so one read of the named version's
 shards checks the chain: the group column and the content columns of each shard are
-hashed as the scan hashes them, and a hash found in both splits is a leak, named with its
-value and the shards that hold it on each side. Memory: 8 bytes a row per kept hash while
-it runs (an audit, not a stage of the nightly run). A version made without these
+hashed as the scan hashes them, and a hash found in two splits (train, holdout, validation:
+any pair) is a leak, named with its value and the shards that hold it on each side.
+Memory: 8 bytes a row per kept hash while it runs (an audit, not a stage of the nightly
+run). A version made without these
 settings promises nothing of the kind, and nothing is checked.
 """
 
@@ -28,32 +29,32 @@ from preprocessing.contract.manifest import (
     shard_uri,
     version_dir,
 )
+from preprocessing.plan.counts import SPLITS
 from preprocessing.plan.split_keys import content_columns, row_hashes
 
-SHOWN = 10  # leaks named one by one; the rest are counted
-SPLITS = ("train", "holdout")
+SHOWN = 10  # leaks named one by one (per kind and pair of splits); the rest are counted
 
 
 @dataclass(frozen=True)
 class Leak:
-    """A key (a group or a content) with rows in train and in holdout."""
+    """A key (a group or a content) with rows in two splits, a shard of each."""
 
     version: str
     kind: str  # "group" or "duplicate content"
     value: str
-    train_shard: str
-    holdout_shard: str
+    splits: tuple[str, str]
+    shards: tuple[str, str]
 
     def line(self) -> str:
         return (
-            f"LEAK version {self.version}: {self.kind} {self.value} has rows in train "
-            f"({self.train_shard}) and in holdout ({self.holdout_shard})"
+            f"LEAK version {self.version}: {self.kind} {self.value} has rows in "
+            f"{self.splits[0]} ({self.shards[0]}) and in {self.splits[1]} ({self.shards[1]})"
         )
 
 
 def split_leaks(root: str, version: str | None = None) -> list[Leak]:
     """Every group and duplicate content of `version` (default `_CURRENT`'s) and its
-    chain found in both splits; empty when none, or when the version promises nothing."""
+    chain found in two splits; empty when none, or when the version promises nothing."""
     version = version or read_current_version(root)
     if version is None:
         return []
@@ -63,17 +64,23 @@ def split_leaks(root: str, version: str | None = None) -> list[Leak]:
 
 def find_leaks(manifest: Manifest, location: str, checks: dict[str, list[str]]) -> list[Leak]:
     """The keys of `checks` (kind: its columns) that `manifest`'s version (read at
-    `location`) holds in both splits, SHOWN of each kind named, the rest counted."""
-    if not checks or not {"train", "holdout"} <= set(manifest.splits):
+    `location`) holds in two splits, SHOWN of each kind and pair named, the rest counted."""
+    present = [split for split in SPLITS if split in manifest.splits]
+    pairs = [(a, b) for i, a in enumerate(present) for b in present[i + 1 :]]
+    if not checks or not pairs:
         return []
     leaks = []
     for kind, columns in checks.items():
-        sides = {split: _hashes(manifest, location, split, columns) for split in SPLITS}
-        crossing = np.intersect1d(sides["train"][0], sides["holdout"][0])
-        leaks += [_named(manifest, kind, columns, sides, key) for key in crossing[:SHOWN].tolist()]
-        if len(crossing) > SHOWN:
-            more = f"and {len(crossing) - SHOWN} more"
-            leaks.append(Leak(manifest.version_id, kind, more, "...", "..."))
+        sides = {split: _hashes(manifest, location, split, columns) for split in present}
+        for pair in pairs:
+            crossing = np.intersect1d(sides[pair[0]][0], sides[pair[1]][0])
+            leaks += [
+                _named(manifest, kind, columns, sides, pair, key)
+                for key in crossing[:SHOWN].tolist()
+            ]
+            if len(crossing) > SHOWN:
+                more = f"and {len(crossing) - SHOWN} more"
+                leaks.append(Leak(manifest.version_id, kind, more, pair, ("...", "...")))
     return leaks
 
 
@@ -115,14 +122,22 @@ def _read(uri: str, columns: list[str]) -> pa.Table:
 
 
 def _named(
-    manifest: Manifest, kind: str, columns: list[str], sides: dict[str, Side], key: int
+    manifest: Manifest,
+    kind: str,
+    columns: list[str],
+    sides: dict[str, Side],
+    pair: tuple[str, str],
+    key: int,
 ) -> Leak:
-    """The leak of hash `key`, its value read back from the train shard that holds it."""
+    """The leak of hash `key` between the `pair` of splits, its value read back from the
+    shard of the first that holds it."""
     shard = {}
-    for split, (unique, owner, shards) in sides.items():
+    for split in pair:
+        unique, owner, shards = sides[split]
         shard[split] = shards[int(owner[np.searchsorted(unique, key)])]
-    table = _read(shard["train"][1], columns)
+    table = _read(shard[pair[0]][1], columns)
     row = int(np.flatnonzero(row_hashes(table, columns) == np.uint64(key))[0])
     values = table.slice(row, 1).to_pylist()[0]
     value = repr(values[columns[0]]) if kind == "group" else repr(values)[:200]
-    return Leak(manifest.version_id, kind, value, shard["train"][0], shard["holdout"][0])
+    names = (shard[pair[0]][0], shard[pair[1]][0])
+    return Leak(manifest.version_id, kind, value, pair, names)

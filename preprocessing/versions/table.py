@@ -7,8 +7,8 @@ version `_CURRENT` names, so Polars (its own reader too), DuckDB, Spark, Ray, Da
 `deltalake` read it without ballast. Its add actions reference the shard files where the
 versions keep them (`v-<id>/split=train/train-00000.parquet`; a chain's child lists its
 ancestors' `v-<parent>/...`), never a copy, and carry the split as the partition value
-`split` (`train`, `holdout`), which is no column of the shards: their bytes are a ballast
-version's alone. The split is also the shards' directory (manifest format 3), the only
+`split` (`train`, `holdout`, `validation`), which is no column of the shards: their bytes
+are a ballast version's alone. The split is also the shards' directory (manifest format 3), the only
 place hive-style readers such as Polars' own look for it, and the shards store vectors as
 Delta's array (a list), so every file holds exactly the table's types. A version of an
 older format is published as it is: its files lie flat, which Polars' own reader reads

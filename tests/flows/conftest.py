@@ -23,7 +23,8 @@ def params(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Pipeline
     work = tmp_path_factory.mktemp("pipeline")
     return PipelineParams(
         reshard=ReshardConfig(
-            dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id"),
+            # A validation split: training selects on it, the holdout judges the model.
+            dataset=DatasetSpec(inputs=[str(tiny_raw)], id_column="id", validation_fraction=0.15),
             output_root=str(work / "datasets"),
             target_shard_rows=600,
         ),

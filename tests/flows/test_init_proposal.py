@@ -38,7 +38,8 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     10,000-value string is left out with a CONFIRM saying why; NaN counts as null (as the
     reshard counts it) and gets a fill policy; the null category gets one its kind takes
     (never `indicator`); the unlabelled rows are counted with a CONFIRM line; training is
-    sized to the rows; the config validates."""
+    sized to the rows; a validation split apart from the holdout is proposed, with a
+    CONFIRM; the config validates."""
     table = write_messy_files(tmp_path / "raw", NUM_ROWS)
     text, config = init_config(tmp_path / "raw", tmp_path, capsys)
     PipelineParams.model_validate(config)
@@ -58,7 +59,9 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     unlabelled = table.column("label").null_count
     assert dataset["unlabelled"] == "drop"
     assert f"unlabelled: drop  # CONFIRM: {unlabelled} rows have no 'label'" in text
-    assert config["train"]["max_epochs"] > 4  # ~1,500 steps of 64 rows over ~19,800 rows
+    assert config["train"]["max_epochs"] > 4  # ~1,500 steps of 64 rows over ~17,600 rows
+    assert dataset["validation_fraction"] == 0.1
+    assert "validation_fraction: 0.1  # CONFIRM: rows training validates on" in text
 
 
 @pytest.mark.slow
@@ -141,3 +144,17 @@ def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_pa
     _, config = init_config(tmp_path / "raw", tmp_path, capsys)
     assert "group_column" not in config["reshard"]["dataset"]
     assert "duplicates" not in config["reshard"]["dataset"]
+
+
+def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path, capsys) -> None:
+    """Invariant: on 1,000 labelled rows (a validation split of 10% under 1,000 rows) init
+    proposes `validation_fraction: 0.0`, its CONFIRM saying that training then validates
+    on the holdout, which judges the model it chose."""
+    rng = np.random.default_rng(1)
+    table = pa.table({"label": rng.integers(0, 2, 1_000), "x": rng.normal(size=1_000)})
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["validation_fraction"] == 0.0
+    assert "validation_fraction: 0.0  # CONFIRM: 0: training validates on the holdout" in text

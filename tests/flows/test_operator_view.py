@@ -34,6 +34,7 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from preprocessing.driver.cluster import DaskConfig
 from tests.preprocessing.test_executor import dask_processes, worker_env
+from training.summary import CHOSEN_ON_TAG
 
 
 def flow_run_id(state: State) -> UUID:
@@ -166,7 +167,8 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
     commit or package version, never `unknown`; the registered version's description
     names its arm, dataset version and held-out macro-F1; the dataset input's schema is
     in MLflow's own format, one entry per column of the version; each run's description
-    names its arm, flow run and the held-out rows its figures are of."""
+    names its arm, flow run, the split its `val_*` figures are of (the validation split,
+    as its tag says) and the held-out rows its `holdout_*` figures are of."""
     client = MlflowClient(params.train.tracking.tracking_uri)
     name = asyncio.run(_flow_run_name(flow_run_id(first_state)))
     assert set(first_run.runs) == {REBALANCED, NATURAL_MIX}
@@ -189,6 +191,8 @@ def test_mlflow_shows_both_arms_named_scored_and_the_version_described(
         # figures are of (the natural-mix arm is scored on the other version's rows).
         note = run.data.tags["mlflow.note.content"]
         assert note.startswith(f"Arm `{arm}` of flow run `{name}`: trained on dataset version")
+        assert "Its `val_*` metrics are on its validation split." in note
+        assert run.data.tags[CHOSEN_ON_TAG] == "validation"
         assert (
             f"on the {evaluation.num_rows} held-out rows of version "
             f"{first_run.version_id}, the same rows for every arm"

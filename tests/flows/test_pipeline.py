@@ -14,6 +14,7 @@ from flows.cli.summary import format_summary
 from flows.pipeline import batch_inference_flow, evaluate_flow, pipeline
 from preprocessing.contract.manifest import read_manifest, shard_uri
 from tracking.lifecycle.scoring import load_classifier
+from training.summary import CHOSEN_ON_TAG
 
 pytestmark = pytest.mark.slow  # every test here uses the Prefect harness
 
@@ -21,8 +22,11 @@ pytestmark = pytest.mark.slow  # every test here uses the Prefect harness
 def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, params) -> None:
     """Invariants: the committed version is balanced (+-1 row per shard) and named by the
     result; both ranks ran the same positive number of batches; MLflow holds the run with
-    its dataset version tag and training and validation metrics; the first model registered
-    is the champion; the summary names the run and how to open the UI."""
+    its dataset version tag and training and validation metrics; training's validation
+    (what any early stopping or checkpoint choice sees) read every row of the validation
+    split and none of the holdout, and its summary, its MLflow tag and the console say so;
+    the first model registered is the champion; the summary names the run and how to open
+    the UI."""
     manifest, _ = read_manifest(first_run.manifest_uri)
     rows = [shard.num_rows for shard in manifest.split("train").shards]
     assert len(rows) > 1 and max(rows) - min(rows) <= 1
@@ -33,10 +37,17 @@ def test_pipeline_reshards_trains_on_two_ranks_tracks_and_registers(first_run, p
     assert run.data.tags["ballast.dataset_version"] == manifest.version_id
     assert {"val_macro_f1", "train_loss"} <= set(run.data.metrics)
     assert 0.0 <= run.data.metrics["val_macro_f1"] <= 1.0
+    validation = manifest.split("validation").num_rows
+    assert validation > 0 and manifest.split("holdout").num_rows > 0
+    confusion = first_run.training.figures()["confusion_matrix"]
+    assert sum(map(sum, confusion)) == validation  # the last validation pass's rows
+    assert first_run.training.checkpoint_chosen_on == "validation"
+    assert run.data.tags[CHOSEN_ON_TAG] == "validation"
     assert first_run.registration.alias == "champion"
     summary = format_summary(manifest, first_run, tracking_uri)
     assert first_run.run_id in summary and "mlflow ui --backend-store-uri" in summary
     assert "\ntraining (rebalanced): 2 ranks, batches per rank" in summary  # whose job
+    assert "(on the validation split)" in summary
 
 
 def test_second_pipeline_run_does_no_resharding(first_run, params) -> None:

@@ -22,11 +22,14 @@ from preprocessing.plan.row_fates import route_rows
 from preprocessing.plan.split import SHUFFLE_MODES, SPLITS, plan_split
 
 # Per row: (class, held out); a piece is a run of rows.
-rows_strategy = st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=0, max_size=12)
+# (label, split code: train, holdout, validation)
+rows_strategy = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(0, len(SPLITS) - 1)), min_size=0, max_size=12
+)
 
 
 def route_split(
-    rows: list[tuple[int, bool]],
+    rows: list[tuple[int, int]],
     cuts: int,
     split: str,
     mode: str,
@@ -35,11 +38,11 @@ def route_split(
 ) -> tuple[object, np.ndarray, np.ndarray]:
     """Plan one split of `rows` cut into `cuts` + 1 pieces and route every piece's rows of
     it: (plan, input row of each output row, its shard)."""
-    held = split == "holdout"
+    held, code = split != "train", SPLITS.index(split)  # held: kept as drawn, unresampled
     bounds = np.linspace(0, len(rows), cuts + 2).astype(int)
     pieces = [list(range(a, b)) for a, b in pairwise(bounds)]
     records = Counter(
-        (p, "holdout" if rows[i][1] else "train", rows[i][0], "s")
+        (p, SPLITS[rows[i][1]], rows[i][0], "s")
         for p, members in enumerate(pieces)
         for i in members
     )
@@ -51,7 +54,7 @@ def route_split(
     index = {stratum: i for i, stratum in enumerate(plan.strata)}
     ids, shards = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for p, members in enumerate(pieces):
-        mine = np.array([i for i in members if rows[i][1] == held], dtype=np.int64)
+        mine = np.array([i for i in members if rows[i][1] == code], dtype=np.int64)
         if not len(mine):
             continue
         offsets = np.zeros(len(plan.strata), dtype=np.int64)
@@ -72,24 +75,23 @@ def route_split(
     output=st.integers(1, 9),
     shard_rows=st.integers(1, 4),
 )
-@example(
-    rows=[(0, False), (1, False)], cuts=1, split="holdout", mode="block", output=2, shard_rows=1
-)
-@example(rows=[(0, True)], cuts=0, split="train", mode="none", output=1, shard_rows=2)
+@example(rows=[(0, 0), (1, 0)], cuts=1, split="holdout", mode="block", output=2, shard_rows=1)
+@example(rows=[(0, 1)], cuts=0, split="train", mode="none", output=1, shard_rows=2)
+@example(rows=[(0, 2), (1, 1)], cuts=1, split="validation", mode="none", output=1, shard_rows=1)
 @settings(max_examples=300, deadline=None)
 def test_every_mode_plans_and_routes_an_empty_or_tiny_split_exactly(
     rows, cuts, split, mode, output, shard_rows
 ) -> None:
     """Invariant: in every shuffle mode, a split with no rows, or a few, plans without error;
     the rows routed to each shard are exactly the plan's; an empty split plans no rows;
-    the holdout keeps every one of its rows exactly once."""
+    the holdout and the validation split keep every one of their rows exactly once."""
     plan, ids, shards = route_split(rows, cuts, split, mode, output, shard_rows)
-    members = [i for i, (_, held) in enumerate(rows) if held == (split == "holdout")]
+    members = [i for i, (_, code) in enumerate(rows) if code == SPLITS.index(split)]
     assert np.array_equal(np.bincount(shards, minlength=plan.num_shards), plan.shard_rows())
     assert len(ids) == plan.num_output_rows
     if not members:
         assert plan.num_output_rows == 0
-    elif split == "holdout":
+    elif split != "train":
         assert sorted(ids.tolist()) == members
     else:
         assert plan.num_output_rows == output

@@ -44,22 +44,23 @@ def digests(manifest: Manifest) -> list[str]:
     budget=st.sampled_from([None, 1, 10**12]),
     shard_rows=st.sampled_from([97, 500, 5_000]),
     task_bytes=st.sampled_from([1, 64 << 20]),
+    validation=st.sampled_from([0.0, 0.25]),
 )
 def test_both_routes_make_the_same_version(
-    dask_client, rows, files, shuffle, budget, shard_rows, task_bytes
+    dask_client, rows, files, shuffle, budget, shard_rows, task_bytes, validation
 ) -> None:
     """Invariants: a run under `budget` (None: the default, an eighth of the host's
     memory; 1: too small for any input) takes the route its rows decide, and gives the
-    version id and byte-identical shards (both splits) of a staged run (budget 0); both
-    with any task size (a single pass's blocks of rows: 1 byte, a block per piece); each
-    manifest records its route."""
+    version id and byte-identical shards (every split, a validation split too) of a staged
+    run (budget 0); both with any task size (a single pass's blocks of rows: 1 byte, a
+    block per piece); each manifest records its route."""
     with tempfile.TemporaryDirectory() as directory:
         raw = Path(directory) / "raw"
         write_sample(raw, SampleSpec(num_rows=rows, num_files=files, num_features=3, seed=rows))
 
         def run(name: str, **route: object) -> Manifest:
             config = ReshardConfig(
-                dataset=DatasetSpec(inputs=[str(raw)]),
+                dataset=DatasetSpec(inputs=[str(raw)], validation_fraction=validation),
                 output_root=str(Path(directory) / name),
                 shuffle=shuffle,
                 target_shard_rows=shard_rows,
@@ -75,6 +76,7 @@ def test_both_routes_make_the_same_version(
     assert chosen.route["route"] == (STAGED if budget == 1 else SINGLE_PASS)
     assert chosen.version_id == staged.version_id
     assert digests(chosen) == digests(staged)
+    assert ("validation" in staged.splits) == (validation > 0)
 
 
 def test_a_killed_single_pass_leaves_no_version_and_its_rerun_commits_the_clean_bytes(

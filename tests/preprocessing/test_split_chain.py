@@ -1,9 +1,9 @@
 """Splits by value through the real reshard (Dask LocalCluster): patients of about 8 rows
 and rows re-delivered in other files, a base version and nightly children. With
 `group_column` and `duplicates: same_split` no patient and no duplicate content crosses
-splits in any version of the chain, `ballast verify`'s check finds nothing, and the
-manifest records each night's groups and duplicates; the row-wise split of the same
-rows leaks, and the check names it."""
+splits (train, holdout, validation) in any version of the chain, `ballast verify`'s check
+finds nothing, and the manifest records each night's groups and duplicates; the row-wise
+split of the same rows leaks, and the check names it."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def config(raw: Path, root: Path, group: bool) -> ReshardConfig:
         feature_columns=FEATURES,
         group_column="patient" if group else None,
         duplicates="same_split" if group else "keep",
+        validation_fraction=0.2,
     )
     return ReshardConfig(
         dataset=dataset,
@@ -106,13 +107,14 @@ def test_no_patient_and_no_duplicate_crosses_splits_in_any_version(grouped) -> N
         for columns in (["patient"], ["label", *FEATURES, "patient"]):
             crossing = [key for key, seen in sides_of(result, columns).items() if len(seen) > 1]
             assert crossing == [], (result.manifest.version_id, columns, crossing[:3])
-        assert {"train", "holdout"} <= set(result.manifest.splits)
+        assert {"train", "holdout", "validation"} <= set(result.manifest.splits)
 
 
 def test_verify_finds_no_leak_and_the_manifest_records_each_night(grouped) -> None:
     """Invariant: the check `ballast verify` runs finds no leak in the chain; each
     night's delta records per split its rows, groups, the largest group's share and the
-    duplicate input rows, and the held-out share of rows is near the fraction asked."""
+    duplicate input rows, and the held-out and validation shares of rows are near the
+    fractions asked."""
     root, results = grouped
     assert split_leaks(str(root)) == []
     for delta in results[-1].manifest.deltas:
@@ -120,8 +122,9 @@ def test_verify_finds_no_leak_and_the_manifest_records_each_night(grouped) -> No
         assert stats["train"]["groups"] > 0 and stats["holdout"]["groups"] > 0
         assert 0 < stats["train"]["largest_group_share"] < 1
         assert stats["train"]["duplicate_rows"] + stats["holdout"]["duplicate_rows"] > 0
-        held = stats["holdout"]["rows"] / (stats["holdout"]["rows"] + stats["train"]["rows"])
-        assert 0.03 < held < 0.45
+        rows = sum(stats[split]["rows"] for split in ("train", "holdout", "validation"))
+        for split in ("holdout", "validation"):
+            assert stats[split]["groups"] > 0 and 0.03 < stats[split]["rows"] / rows < 0.45
 
 
 def test_row_wise_split_of_the_same_rows_leaks_and_the_check_names_it(
@@ -135,8 +138,8 @@ def test_row_wise_split_of_the_same_rows_leaks_and_the_check_names_it(
     assert split_leaks(str(root)) == []
     leaks = find_leaks(manifest, location, {"group": ["patient"]})
     assert leaks, "a row-wise split of 8 rows a patient left every patient on one side"
-    assert leaks[0].value.startswith("'p") and "train-" in leaks[0].train_shard
-    assert "holdout-" in leaks[0].holdout_shard and "LEAK" in leaks[0].line()
+    assert leaks[0].value.startswith("'p") and "train-" in leaks[0].shards[0]
+    assert "holdout-" in leaks[0].shards[1] and "LEAK" in leaks[0].line()
 
 
 def test_ballast_verify_exits_1_naming_a_leak_a_version_promised_not_to_have(

@@ -263,8 +263,9 @@ def test_an_incremental_run_on_a_format_2_parent_is_a_full_reshard(tmp_path, das
 
 def test_strings_nulls_and_vectors_read_the_same_in_every_engine(tmp_path) -> None:
     """Invariants on a shape no generator of ours makes: string labels with a null class,
-    a string column with nulls, a dictionary-encoded column and a vector column; every
-    engine reads exactly the manifest's rows per split and class, the vectors at their
+    a string column with nulls, a dictionary-encoded column and a vector column, in three
+    splits (train, holdout, validation); every engine reads exactly the manifest's rows
+    per split and class, the vectors at their
     width, and each file holds exactly the table's types."""
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(range(24), pa.float32()), 3)
     colours = pa.array(["red", None, "blue", "red", None, "green", "blue", "red"])
@@ -281,7 +282,11 @@ def test_strings_nulls_and_vectors_read_the_same_in_every_engine(tmp_path) -> No
     with VersionAttempt(str(tmp_path), "mixed") as attempt:
         entries = {
             split: write_shard(attempt.shard_uri(shard_name(split, 0)), part, 4, "label")
-            for split, part in (("train", rows.slice(0, 5)), ("holdout", rows.slice(5)))
+            for split, part in (
+                ("train", rows.slice(0, 5)),
+                ("holdout", rows.slice(5, 2)),
+                ("validation", rows.slice(7)),
+            )
         }
         manifest = replace(
             manifest_of("mixed", [entries["train"]]),

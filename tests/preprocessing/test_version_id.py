@@ -130,3 +130,12 @@ def test_a_neutral_field_keeps_the_id_and_an_output_field_changes_it(
     assert getattr(changed, name) != getattr(base, name)
     same = version_id(changed) == version_id(base)
     assert same == (name in NEUTRAL), f"{name}: id {'kept' if same else 'changed'}"
+
+
+def test_no_validation_split_keeps_the_id_and_one_changes_it(fixed_code: None) -> None:
+    """Invariant: `dataset.validation_fraction` added later: 0 written out keeps an existing
+    config's version id (pinned above), another value changes it."""
+    for fraction, kept in ((0, True), (0.0, True), (0.1, False)):
+        dataset = {**FIXED["dataset"], "validation_fraction": fraction}
+        config = ReshardConfig.model_validate({**FIXED, "dataset": dataset})
+        assert (version_id(config) == PINNED_VERSION_ID) == kept

@@ -70,10 +70,13 @@ def write_dataset(
     row_group_size: int = 16,
     dim: int = 16,
     seed: int = 0,
+    validation_rows: int = 0,
 ) -> str:
-    """A committed dataset version under `root` (train ids 0..N-1, holdout ids after)."""
+    """A committed dataset version under `root` (train ids 0..N-1, holdout ids after, then
+    validation ids)."""
     rng = np.random.default_rng(seed)
     version_id = f"test{num_rows}x{holdout_rows}x{num_shards}x{row_group_size}"
+    version_id += f"x{validation_rows}" if validation_rows else ""
     with VersionAttempt(str(root), version_id) as attempt:
         train = make_table(np.arange(num_rows), dim, CLASS_VALUES, rng)
         splits = {
@@ -87,6 +90,11 @@ def write_dataset(
             )
             sizes = split_sizes(holdout_rows, 2)
             splits["holdout"] = write_split(attempt, "holdout", holdout, sizes, row_group_size)
+        if validation_rows:
+            first = num_rows + holdout_rows
+            rows = make_table(np.arange(first, first + validation_rows), dim, CLASS_VALUES, rng)
+            sizes = split_sizes(validation_rows, 2)
+            splits["validation"] = write_split(attempt, "validation", rows, sizes, row_group_size)
         attempt.commit(dataset_manifest(version_id, train.schema, splits, seed))
     return str(root)
 

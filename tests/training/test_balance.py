@@ -168,8 +168,8 @@ def test_validation_is_split_equally_under_speed(dataset_cache: Callable[..., st
         root, LoaderConfig(batch_size=4, balance="speed", balance_by="tokens"), seed=0
     )
     assert data.train_stream.config.balanced
-    assert data.holdout_stream is not None
-    held = data.holdout_stream.config
+    assert data.val_stream is not None
+    held = data.val_stream.config
     assert (held.balance, held.balance_by, held.remainder) == ("equal", "samples", "pad")
     assert not held.balanced
 

@@ -140,16 +140,22 @@ def test_mid_epoch_resume_on_more_ranks_trains_exactly_the_rest(
     assert flat(full.steps, 2 * EVERY_N_STEPS) + interleaved == flat(full.steps)
 
 
+@pytest.mark.parametrize("validation_rows", [0, 41])
 def test_datamodule_validates_every_holdout_sample_each_epoch(
-    dataset_cache: Callable[..., str], tmp_path: Path
+    dataset_cache: Callable[..., str], tmp_path: Path, validation_rows: int
 ) -> None:
     """After the sanity check's partial pass and two epochs, the last validation's confusion
-    matrix counts every holdout row exactly once; the DataModule's checkpointed state is the
-    train stream's position; the data-wait metrics reach the logged metrics."""
-    root = dataset_cache(200, holdout_rows=73, row_group_size=16)
+    matrix counts every row of the split training selects on exactly once: the validation
+    split where the version has one (the holdout left unread), else the holdout; the
+    DataModule's checkpointed state is the train stream's position; the data-wait metrics
+    reach the logged metrics."""
+    options = {"holdout_rows": 73, "row_group_size": 16, "validation_rows": validation_rows}
+    root = dataset_cache(200, **options)
     data = StreamDataModule(root, LoaderConfig(batch_size=BATCH_SIZE), seed=1)
+    assert data.chosen_on == ("validation" if validation_rows else "holdout")
     trainer, _, model = fit(data, tmp_path / "run", max_epochs=2, extra=[DataWaitCallback()])
-    assert model.last_confusion is not None and model.last_confusion.sum() == 73
+    assert model.last_confusion is not None
+    assert model.last_confusion.sum() == (validation_rows or 73)
     assert data.state_dict() == {"train": data.train_stream.state_dict()}
     for path in (tmp_path / "run").glob("*.ckpt"):
         saved = torch.load(path, weights_only=False)
@@ -165,5 +171,5 @@ def test_datamodule_without_holdout_has_no_validation(
 ) -> None:
     """A version with no holdout rows gives an empty validation list, which Lightning skips."""
     data = StreamDataModule(dataset_cache(100), LoaderConfig(batch_size=BATCH_SIZE), seed=1)
-    assert data.holdout_stream is None and data.val_dataloader() == []
+    assert data.val_stream is None and data.val_dataloader() == []
     assert (data.num_features, len(data.classes)) == (16, 10)

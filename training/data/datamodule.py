@@ -1,4 +1,4 @@
-"""The train and holdout streams of one dataset version as a Lightning DataModule.
+"""The train and validation streams of one dataset version as a Lightning DataModule.
 
     data = StreamDataModule(dataset, LoaderConfig(batch_size=64), seed=0)
     model = FeatureClassifier(data.num_features, data.classes, {})
@@ -6,9 +6,11 @@
 
 `train_dataloader()` returns the same `StreamLoader` every time, so the
 position carries across epochs; the train stream moves itself to the next
-epoch when one is exhausted. `val_dataloader()` returns a loader over the
-holdout split, padded to whole global batches, that starts every validation
-pass from its beginning (an empty list when the version has no holdout rows).
+epoch when one is exhausted. `val_dataloader()` returns a loader over the split
+training selects on (`Manifest.selection_split`: the validation split, or the
+holdout when the version has none), padded to whole global batches, that starts
+every validation pass from its beginning (an empty list when the version has
+neither).
 `state_dict()` / `load_state_dict()` delegate to the train stream. Lightning
 restores a DataModule before it asks the loaders for their lengths, so a run
 resumed mid-epoch with more ranks than it was saved with still trains exactly
@@ -28,7 +30,8 @@ from training.data.readahead import ReadConfig
 
 
 class StreamDataModule(lightning.LightningDataModule):
-    """Train and holdout `StreamLoader`s over one dataset version."""
+    """Train and validation `StreamLoader`s over one dataset version (`chosen_on`: the
+    split the validation pass reads, None without one)."""
 
     def __init__(
         self,
@@ -39,9 +42,10 @@ class StreamDataModule(lightning.LightningDataModule):
     ) -> None:
         super().__init__()
         self.train_stream = ShardStream(dataset, "train", loader, seed, read)
-        self.holdout_stream = holdout_stream(dataset, loader, seed, read)
+        self.chosen_on = read_manifest(dataset)[0].selection_split()
+        self.val_stream = validation_stream(dataset, self.chosen_on, loader, seed, read)
         self._train = StreamLoader(self.train_stream)
-        self._val = StreamLoader(self.holdout_stream, rewind=True) if self.holdout_stream else None
+        self._val = StreamLoader(self.val_stream, rewind=True) if self.val_stream else None
 
     @property
     def num_features(self) -> int:
@@ -64,16 +68,14 @@ class StreamDataModule(lightning.LightningDataModule):
         self.train_stream.load_state_dict(state_dict["train"])
 
 
-def holdout_stream(
-    dataset: str, loader: LoaderConfig, seed: int, read: ReadConfig | None
+def validation_stream(
+    dataset: str, split: str | None, loader: LoaderConfig, seed: int, read: ReadConfig | None
 ) -> ShardStream | None:
-    """The holdout split padded to whole batches and split equally, or None when the
-    version has none."""
-    manifest, _ = read_manifest(dataset)
-    if "holdout" not in manifest.splits or manifest.split("holdout").num_rows == 0:
+    """`split` padded to whole batches and split equally, or None when it is None."""
+    if split is None:
         return None
     # Validation is split equally whatever training does: its figures are exact sums.
     padded = loader.model_copy(
         update={"remainder": "pad", "balance": "equal", "balance_by": "samples"}
     )
-    return ShardStream(dataset, "holdout", padded, seed, read)
+    return ShardStream(dataset, split, padded, seed, read)

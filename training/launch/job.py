@@ -58,7 +58,7 @@ from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import Launcher, LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.processes import read_tail
 from training.launch.slurm import SlurmLauncher
-from training.summary import read_summary
+from training.summary import CHOSEN_ON_TAG, read_summary
 
 PINNED_CONFIG_NAME = "train-config.pinned.yaml"
 LAUNCHERS: dict[str, type[Launcher[Any]]] = {
@@ -295,7 +295,11 @@ def open_job_run(
 
     # `train.*` follow once the pinned file is written (`log_pinned_config`).
     params = {"dataset": manifest.config, "num_processes": job.world_size}
-    tags = {"ballast.strategy": cfg.strategy, "ballast.world_size": str(job.world_size)}
+    tags = {
+        "ballast.strategy": cfg.strategy,
+        "ballast.world_size": str(job.world_size),
+        CHOSEN_ON_TAG: manifest.selection_split() or "none",
+    }
     return start_run(tracking, manifest, cfg.dataset, params, tags)
 
 
