@@ -137,8 +137,8 @@ class Manifest:
     # map_outputs, map_outputs_kept, shards, shards_kept; empty when it resumed nothing.
     resumed: dict[str, int] = field(default_factory=dict)
     # The route that made it (preprocessing/plan/route.py): route, held_decoded_bytes (the
-    # estimate, in decoded bytes), budget_bytes; either route makes the same shards. Empty
-    # in versions made before routes.
+    # estimate, in decoded bytes), budget_bytes, files_and_shards; either route makes the
+    # same shards. Empty in versions made before routes.
     route: dict[str, int | str] = field(default_factory=dict)
 
     def to_json(self) -> str:

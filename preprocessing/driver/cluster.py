@@ -173,7 +173,7 @@ def _connect(config: DaskConfig) -> Iterator[Client]:
         return
     with build_cluster(config) as cluster:
         check_submission(cluster, config.kind)
-        cluster.scale(config.num_workers)
+        cluster.scale(1 if config.kind == "threads" else config.num_workers)  # its threads
         with Client(cluster) as client:
             if config.kind not in BATCH_KINDS:
                 yield client

@@ -72,11 +72,12 @@ def default_executor(config: ReshardConfig, files: list[InputFile]) -> DaskConfi
     """Threads in this process for inputs of seconds (plan/route.py `runs_in_process`),
     else a local cluster of `config.num_workers` worker processes."""
     stored, budget = sum(file.num_bytes for file in files), single_pass_budget(config)
-    small = runs_in_process(stored, budget)
+    small = runs_in_process(stored, budget, len(files))
     kind: Literal["threads", "local"] = "threads" if small else "local"
     log.info(
-        "workers: %s (inputs %.1f MiB as stored, single_pass_bytes %.1f MiB)",
+        "workers: %s (%d inputs, %.1f MiB as stored, single_pass_bytes %.1f MiB)",
         "threads in this process" if small else f"{config.num_workers} local processes",
+        len(files),
         stored / 2**20,
         budget / 2**20,
     )
@@ -231,7 +232,8 @@ def write_stage(
 
 def route_of(scans: list[FileScan], plans: dict[str, SplitPlan], config: ReshardConfig) -> Route:
     """The route of this reshard (plan/route.py), logged on one line."""
-    route = plan_route(*decoded_input(scans, plans), single_pass_budget(config))
+    accepted = sum(scan.reason is None for scan in scans)
+    route = plan_route(*decoded_input(scans, plans), single_pass_budget(config), accepted)
     log.info("%s", route.line())
     return route
 

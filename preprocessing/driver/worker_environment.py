@@ -33,7 +33,9 @@ def warn_missing_allocator_settings(client: Client) -> None:
     worker's environment lacks `WORKER_MALLOC_ENV` (a cluster ballast did not start)."""
     wanted = {name: str(value) for name, value in WORKER_MALLOC_ENV.items()}
     found = client.run(_allocator_environ)
-    lacking = sorted(address for address, env in found.items() if env != wanted)
+    # Threads in the driver's own process (`dask.kind: threads`) share its allocator, set
+    # or not when it started: nothing a worker's environment could change.
+    lacking = sorted(a for a, env in found.items() if env != wanted and not a.startswith("inproc"))
     if lacking:
         settings = " ".join(f"{name}={value}" for name, value in wanted.items())
         warnings.warn(

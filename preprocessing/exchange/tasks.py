@@ -133,7 +133,7 @@ def decoded_input(
     scans: list[FileScan], plans: dict[str, SplitPlan]
 ) -> tuple[int, int, np.ndarray]:
     """The accepted inputs' decoded bytes (FileScan.decoded_bytes), their rows and every
-    shard's rows: what chooses the route (plan/route.py)."""
+    shard's rows: what chooses the route (plan/route.py), with the accepted files' count."""
     accepted = [scan for scan in scans if scan.reason is None]
     shard_rows = np.concatenate([plan.shard_rows() for plan in plans.values()])
     decoded = sum(scan.decoded_bytes for scan in accepted)
