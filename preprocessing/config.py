@@ -16,6 +16,7 @@ from preprocessing.toolbox.setting_marks import (
     comparable_settings,
     output_neutral_fields,
 )
+from preprocessing.toolbox.split_rules import time_holdout_problem
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -107,6 +108,17 @@ class DatasetSpec(BaseModel):
         description="`keep` (the default): each copy of a row is drawn alone; `same_split`: "
         "rows equal in label, features (and group) share a split, by a hash of that content.",
     )
+    holdout_by: Literal["random", "newest"] = Field(
+        "random",
+        description="`random` (the default): rows (or groups, or contents) drawn for the "
+        "holdout by a seeded hash; `newest`: the newest rows by `holdout_column` held out "
+        "(ties broken by a seeded hash of the row; docs/data-path.md, splits).",
+    )
+    holdout_column: str | None = Field(
+        None,
+        description="The date or timestamp column (or ISO 8601 strings; need not be a "
+        "feature; a null is refused) whose newest rows `holdout_by: newest` holds out.",
+    )
     max_classes: int = Field(
         1_000,
         gt=1,
@@ -131,6 +143,8 @@ class DatasetSpec(BaseModel):
             )
         if self.group_column is not None and self.group_column == self.label_column:
             raise ValueError("dataset.group_column is the label column: each class in one split")
+        if problem := time_holdout_problem(self):
+            raise ValueError(problem)
         return self
 
 

@@ -28,6 +28,7 @@ from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.split_keys import holdout_rows
+from preprocessing.plan.time_cut import TimeCut
 from preprocessing.scan.columns import INTERNAL_PREFIX
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import row_sources
@@ -60,6 +61,7 @@ class Destinations:
     first: dict[str, int]
     count: int
     schema: pa.Schema
+    time_cut: TimeCut | None = None  # the night's, under `holdout_by: newest`
 
 
 def staged_schema(schema: pa.Schema) -> pa.Schema:
@@ -88,7 +90,13 @@ def read_piece(
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
     held_out = holdout_rows(
-        table, spec, task.file.relative_path, task.first_row, seed, holdout_fraction
+        table,
+        spec,
+        task.file.relative_path,
+        task.first_row,
+        seed,
+        holdout_fraction,
+        destinations.time_cut,
     )
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():

@@ -1,4 +1,5 @@
-"""Rows counted per (piece, split, label, source) in one vectorised pass over a batch, and
+"""Rows counted per (piece, split, label, source) in one vectorised pass over a batch (per
+time cell in place of the split under a time holdout), and
 the source of every row (its source column, or the input root it was listed from).
 
 The scan (preprocessing/scan/inputs.py) counts every batch of a file so; the exchange's map
@@ -64,3 +65,20 @@ def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndar
         column = column.combine_chunks()
     encoded = pc.dictionary_encode(column)
     return encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
+
+
+def count_cells(
+    table: pa.Table, spec: DatasetSpec, file: InputFile, pieces: np.ndarray, cells: np.ndarray
+) -> dict[tuple[int, int, Any, Any], int]:
+    """Rows per (piece, time cell, label, source) of one batch (preprocessing/plan/
+    time_cut.py): `count_rows` with the row's time cell in place of its split."""
+    labels, label_codes = _value_codes(table.column(spec.label_column))
+    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    key = (pieces * len(labels) + label_codes) * len(sources) + source_codes
+    pairs, counts = np.unique(np.stack([key, cells], axis=1), axis=0, return_counts=True)
+    rest, source = np.divmod(pairs[:, 0], len(sources))
+    piece, label = np.divmod(rest, len(labels))
+    columns = (part.tolist() for part in (piece, pairs[:, 1], label, source, counts))
+    return {
+        (p, c, labels[lab], sources[src]): n for p, c, lab, src, n in zip(*columns, strict=True)
+    }

@@ -37,6 +37,8 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
     "on_identifying_feature": "warn",
     "group_column": None,
     "duplicates": "keep",
+    "holdout_by": "random",
+    "holdout_column": None,
 }
 
 
