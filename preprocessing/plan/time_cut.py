@@ -117,8 +117,8 @@ class TimeTally:
         keys = list(self.counts)
         cells = coarser(np.fromiter((key[1] for key in keys), np.int64, len(keys)), steps)
         counts: Counter[tuple[int, int, Any, Any]] = Counter()
-        for (piece, _, label, source), cell in zip(keys, cells.tolist(), strict=True):
-            counts[piece, cell, label, source] += self.counts[piece, _, label, source]
+        for key, cell in zip(keys, cells.tolist(), strict=True):
+            counts[key[0], cell, key[2], key[3]] += self.counts[key]
         self.level, self.counts = self.level + steps, counts
 
     def cells(self) -> TimeCells:
