@@ -141,3 +141,35 @@ def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_pa
     _, config = init_config(tmp_path / "raw", tmp_path, capsys)
     assert "group_column" not in config["reshard"]["dataset"]
     assert "duplicates" not in config["reshard"]["dataset"]
+
+
+def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path, capsys) -> None:
+    """Invariants: a table with a timestamp column (no nulls) gets `holdout_by: newest`
+    by it, with a CONFIRM giving the reason, and the config validates; beside a proposed
+    group column the time holdout is not proposed (the two are refused together) but
+    named as the alternative; a date column with nulls is not proposed."""
+    rng = np.random.default_rng(1)
+    seen = np.datetime64("2024-03-01", "s") + rng.integers(0, 10**7, 2_000).astype("timedelta64[s]")
+    table = pa.table(
+        {"label": rng.integers(0, 2, 2_000).tolist(), "x": rng.normal(size=2_000), "seen": seen}
+    )
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    dataset = config["reshard"]["dataset"]
+    assert (dataset["holdout_by"], dataset["holdout_column"]) == ("newest", "seen")
+    assert "holdout_by: newest  # CONFIRM: 'seen' holds dates: the newest rows" in text
+    patients = [f"p{i}" for i in rng.integers(0, 250, 2_000)]
+    pq.write_table(
+        table.append_column("patient", pa.array(patients)), tmp_path / "raw" / "a.parquet"
+    )
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["group_column"] == "patient"
+    assert "holdout_by" not in config["reshard"]["dataset"]
+    assert "# CONFIRM: ['seen'] hold dates: holdout_by: newest" in text
+    with_nulls = table.set_column(2, "seen", pa.array(seen, mask=np.arange(2_000) == 5))
+    pq.write_table(with_nulls, tmp_path / "raw" / "a.parquet")
+    _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    assert "holdout_by" not in config["reshard"]["dataset"]
