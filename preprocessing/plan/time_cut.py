@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from preprocessing.contract.codec import parse_timestamps
-from preprocessing.contract.column_spec import FeatureError
+from preprocessing.contract.column_spec import FeatureError, parse_timestamps
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.permutation import derive_key, unit_interval
 
