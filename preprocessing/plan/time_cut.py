@@ -102,6 +102,23 @@ class TimeTally:
     level: int = 0
     counts: Counter[tuple[int, int, Any, Any]] = field(default_factory=Counter)
 
+    def level_for(self, times: np.ndarray) -> int:
+        """The finest level, no finer than the tally's, at which `times` (a batch) fall
+        in at most MAX_BUCKETS buckets (fewer buckets at each coarser level: a bisection),
+        so a batch is counted at most MAX_BUCKETS buckets wide, never a dict a row."""
+        low, high = self.level, 64
+        while low < high:
+            middle = (low + high) // 2
+            if len(np.unique(times >> middle)) <= MAX_BUCKETS:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def coarsen_to(self, level: int) -> None:
+        if level > self.level:
+            self._coarsen(level - self.level)
+
     def add(self, batch: dict[tuple[int, int, Any, Any], int]) -> None:
         """Fold a batch's counts (cells at `self.level`), coarsening while too many."""
         self.counts.update(batch)

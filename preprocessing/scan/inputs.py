@@ -44,9 +44,6 @@ from preprocessing.plan.time_cut import (
     TimeCells,
     TimeColumnError,
     TimeTally,
-    row_cells,
-    row_times,
-    tie_slices,
 )
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
@@ -56,7 +53,7 @@ from preprocessing.scan.feature_stats import (
     profile_batch,
 )
 from preprocessing.scan.kept_rows import kept_rows
-from preprocessing.scan.row_counts import count_cells, count_rows
+from preprocessing.scan.row_counts import count_rows, count_times
 from preprocessing.storage.sources import (
     FORMATS,
     Footer,
@@ -298,10 +295,8 @@ class _Tally:
         self.counts.update(count_rows(table, spec, file, pieces, holdout))
         self.keys.append(tally_keys(keys, holdout))
         if spec.holdout_by == "newest" and spec.holdout_column:
-            times = row_times(batch.column(spec.holdout_column), spec.holdout_column)
-            slices = tie_slices(file.relative_path, self.num_rows, batch.num_rows, seed)
-            cells = row_cells(times, slices, self.times.level)
-            self.times.add(count_cells(table, spec, file, pieces, cells[kept]))
+            kept_part = (table, pieces, kept)
+            count_times(self.times, batch, kept_part, file, spec, seed, self.num_rows)
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows

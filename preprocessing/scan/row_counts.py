@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from preprocessing.config import DatasetSpec
+from preprocessing.plan.time_cut import TimeTally, row_cells, row_times, tie_slices
 from preprocessing.storage.sources import InputFile
 
 
@@ -82,3 +83,23 @@ def count_cells(
     return {
         (p, c, labels[lab], sources[src]): n for p, c, lab, src, n in zip(*columns, strict=True)
     }
+
+
+def count_times(
+    tally: TimeTally,
+    batch: pa.RecordBatch,
+    rows_kept: tuple[pa.Table, np.ndarray, np.ndarray],
+    file: InputFile,
+    spec: DatasetSpec,
+    seed: int,
+    first_row: int,
+) -> None:
+    """Count a batch's kept rows per time cell into `tally` (preprocessing/plan/
+    time_cut.py): `rows_kept` is the kept rows' table, their pieces and the batch's mask
+    of kept rows; the batch starts at row `first_row` of the file."""
+    table, pieces, kept = rows_kept
+    column = spec.holdout_column or ""
+    times = row_times(batch.column(column), column)[kept]
+    tally.coarsen_to(tally.level_for(times))
+    slices = tie_slices(file.relative_path, first_row, batch.num_rows, seed)[kept]
+    tally.add(count_cells(table, spec, file, pieces, row_cells(times, slices, tally.level)))
