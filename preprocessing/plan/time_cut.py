@@ -32,8 +32,8 @@ from preprocessing.contract.column_spec import FeatureError, parse_timestamps
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.permutation import derive_key, unit_interval
 
-SLICES = 16  # ties of a bucket, split by hash: the cutoff bucket is cut at 1/16 of it
-MAX_BUCKETS = 128  # distinct buckets a file's counts keep before they coarsen
+SLICES = 8  # ties of a bucket, split by hash: the cutoff bucket is cut at 1/8 of it
+MAX_BUCKETS = 64  # distinct buckets a file's counts keep before they coarsen
 NO_HOLDOUT = np.iinfo(np.int64).max  # a cutoff no cell reaches
 CELL_DTYPE = np.dtype(
     [
