@@ -19,7 +19,6 @@ dates are the only ties. No pass over the rows is added: the scan reads one colu
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -97,16 +96,21 @@ def coarser(cells: np.ndarray, steps: int) -> np.ndarray:
 @dataclass
 class TimeTally:
     """A file's rows per (piece, cell, label, source) as its scan reads them, at the
-    finest level that keeps at most MAX_BUCKETS distinct buckets."""
+    finest level that keeps at most MAX_BUCKETS distinct buckets: CELL_DTYPE records,
+    summed and sorted, with the label and source values their codes index."""
 
     level: int = 0
-    counts: Counter[tuple[int, int, Any, Any]] = field(default_factory=Counter)
+    records: np.ndarray = field(default_factory=lambda: np.zeros(0, CELL_DTYPE))
+    labels: dict[Any, int] = field(default_factory=dict)
+    sources: dict[Any, int] = field(default_factory=dict)
 
     def level_for(self, times: np.ndarray) -> int:
         """The finest level, no finer than the tally's, at which `times` (a batch) fall
         in at most MAX_BUCKETS buckets (fewer buckets at each coarser level: a bisection),
-        so a batch is counted at most MAX_BUCKETS buckets wide, never a dict a row."""
+        so a batch is counted at most MAX_BUCKETS buckets wide."""
         low, high = self.level, 64
+        if len(np.unique(times >> low)) <= MAX_BUCKETS:  # the usual case past a batch or two
+            return low
         while low < high:
             middle = (low + high) // 2
             if len(np.unique(times >> middle)) <= MAX_BUCKETS:
@@ -117,28 +121,45 @@ class TimeTally:
 
     def coarsen_to(self, level: int) -> None:
         if level > self.level:
-            self._coarsen(level - self.level)
+            self.records["cell"] = coarser(self.records["cell"], level - self.level)
+            self.level, self.records = level, summed(self.records)
 
-    def add(self, batch: dict[tuple[int, int, Any, Any], int]) -> None:
-        """Fold a batch's counts (cells at `self.level`), coarsening while too many."""
-        self.counts.update(batch)
-        buckets = np.unique(np.fromiter((key[1] for key in self.counts), np.int64) // SLICES)
-        steps = 0
-        while len(np.unique(buckets >> steps)) > MAX_BUCKETS:
-            steps += 1
-        if steps:
-            self._coarsen(steps)
-
-    def _coarsen(self, steps: int) -> None:
-        keys = list(self.counts)
-        cells = coarser(np.fromiter((key[1] for key in keys), np.int64, len(keys)), steps)
-        counts: Counter[tuple[int, int, Any, Any]] = Counter()
-        for key, cell in zip(keys, cells.tolist(), strict=True):
-            counts[key[0], cell, key[2], key[3]] += self.counts[key]
-        self.level, self.counts = self.level + steps, counts
+    def add(self, batch: np.ndarray, labels: list[Any], sources: list[Any]) -> None:
+        """Fold a batch's records (cells at `self.level`; label and source codes index
+        `labels` and `sources`), coarsening while the file holds too many buckets."""
+        batch = batch.copy()
+        for name, values, known in (
+            ("label", labels, self.labels),
+            ("source", sources, self.sources),
+        ):
+            codes = np.array([known.setdefault(v, len(known)) for v in values], np.int32)
+            batch[name] = codes[batch[name]] if len(codes) else batch[name]
+        self.records = summed(np.concatenate([self.records, batch]))
+        buckets = np.unique(self.records["cell"] // SLICES)
+        level = self.level
+        while len(np.unique(buckets >> (level - self.level))) > MAX_BUCKETS:
+            level += 1
+        self.coarsen_to(level)
 
     def cells(self) -> TimeCells:
-        return TimeCells.of(self.level, self.counts)
+        return TimeCells(
+            self.level, self.records.tobytes(), tuple(self.labels), tuple(self.sources)
+        )
+
+
+def summed(records: np.ndarray) -> np.ndarray:
+    """CELL_DTYPE `records` with one record per (piece, label, source, cell), in that order."""
+    order = np.lexsort((records["cell"], records["source"], records["label"], records["piece"]))
+    ordered = records[order]
+    same = np.zeros(len(ordered), dtype=bool)  # as the record before it, in every key
+    same[1:] = True
+    for name in ("piece", "label", "source", "cell"):
+        same[1:] &= ordered[name][1:] == ordered[name][:-1]
+    starts = np.flatnonzero(~same)
+    result = ordered[starts]
+    if len(starts):
+        result["num_rows"] = np.add.reduceat(ordered["num_rows"], starts)
+    return result
 
 
 @dataclass(frozen=True)
@@ -218,17 +239,21 @@ def choose_cut(cells: Sequence[TimeCells], fraction: float) -> TimeCut:
 def split_counts(cells: TimeCells, cut: TimeCut) -> Counts:
     """A file's counts per (piece, split, label, source) under `cut`, exact."""
     rows = cells.rows
-    held = cells.cells_at(cut.level) >= cut.cutoff
-    totals: Counter[tuple[int, str, Any, Any]] = Counter()
-    for piece, hold, label, source, n in zip(
-        rows["piece"].tolist(),
-        held.tolist(),
-        rows["label"].tolist(),
-        rows["source"].tolist(),
-        rows["num_rows"].tolist(),
-        strict=True,
-    ):
-        totals[
-            piece, "holdout" if hold else "train", cells.labels[label], cells.sources[source]
-        ] += n
-    return Counts.of((*key, n) for key, n in totals.items())
+    held = (cells.cells_at(cut.level) >= cut.cutoff).astype(np.int64)
+    width = (len(cells.labels) or 1) * (len(cells.sources) or 1)
+    stratum = rows["label"].astype(np.int64) * (len(cells.sources) or 1) + rows["source"]
+    keys, inverse = np.unique((rows["piece"] * 2 + held) * width + stratum, return_inverse=True)
+    totals = np.bincount(inverse, weights=rows["num_rows"], minlength=len(keys)).astype(np.int64)
+    rest, source = np.divmod(keys % width, len(cells.sources) or 1)
+    piece, hold = np.divmod(keys // width, 2)
+    return Counts.of(
+        (p, "holdout" if h else "train", cells.labels[lab], cells.sources[src], n)
+        for p, h, lab, src, n in zip(
+            piece.tolist(),
+            hold.tolist(),
+            rest.tolist(),
+            source.tolist(),
+            totals.tolist(),
+            strict=True,
+        )
+    )

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.plan.split_keys import holdout_rows
 from preprocessing.plan.time_cut import (
+    CELL_DTYPE,
     MAX_BUCKETS,
     NO_HOLDOUT,
     SLICES,
@@ -30,6 +31,7 @@ from preprocessing.plan.time_cut import (
     TimeColumnError,
     TimeTally,
     choose_cut,
+    row_cells,
     row_times,
     split_counts,
 )
@@ -223,10 +225,15 @@ def test_a_file_of_many_times_coarsens_its_cells_and_keeps_its_rows() -> None:
     tally = TimeTally()
     for batch in range(5):
         times = rng.integers(0, 10**15, size=1_000)
-        cells = (times >> tally.level) * SLICES + rng.integers(0, SLICES, size=1_000)
-        tally.add(Counter((batch, c, "a", "r") for c in cells.tolist()))
+        tally.coarsen_to(tally.level_for(times))
+        records = np.zeros(1_000, CELL_DTYPE)
+        records["piece"], records["num_rows"] = batch, 1
+        records["cell"] = row_cells(times, rng.integers(0, SLICES, size=1_000), tally.level)
+        tally.add(records, ["a"], ["r"])
     fine = TimeTally()
-    fine.add(Counter({(0, 5 * SLICES + 3, "b", "r"): 7, (0, 9 * SLICES, "a", "r"): 2}))
+    two = np.zeros(2, CELL_DTYPE)
+    two["cell"], two["label"], two["num_rows"] = [5 * SLICES + 3, 9 * SLICES], [1, 0], [7, 2]
+    fine.add(two, ["a", "b"], ["r"])
     cells = [tally.cells(), fine.cells()]
     assert len(np.unique(cells[0].rows["cell"] // SLICES)) <= MAX_BUCKETS < 5_000
     assert int(cells[0].rows["num_rows"].sum()) == 5_000 and cells[1].level == 0
