@@ -38,7 +38,8 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     10,000-value string is left out with a CONFIRM saying why; NaN counts as null (as the
     reshard counts it) and gets a fill policy; the null category gets one its kind takes
     (never `indicator`); the unlabelled rows are counted with a CONFIRM line; training is
-    sized to the rows; the config validates."""
+    sized to the rows; the timestamps (no null) make the holdout the newest rows; the
+    config validates."""
     table = write_messy_files(tmp_path / "raw", NUM_ROWS)
     text, config = init_config(tmp_path / "raw", tmp_path, capsys)
     PipelineParams.model_validate(config)
@@ -46,6 +47,7 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     assert dataset["id_column"] == "order_no"
     assert dataset["feature_columns"] == ["created", "x", "colour"]
     assert dataset["date_columns"] == ["created"]
+    assert (dataset["holdout_by"], dataset["holdout_column"]) == ("newest", "created")
     assert dataset["nulls"] == {"x": "fill_mean", "colour": "fill_zero"}
     nan_rows = int(pc.sum(pc.is_nan(table.column("x"))).as_py())
     assert (
