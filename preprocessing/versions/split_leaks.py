@@ -30,6 +30,7 @@ from preprocessing.config import DatasetSpec
 from preprocessing.contract.manifest import (
     Delta,
     Manifest,
+    ManifestError,
     ShardEntry,
     read_current_version,
     read_manifest,
@@ -113,6 +114,13 @@ def time_leaks(manifest: Manifest, location: str) -> list[TimeLeak]:
 def _time_leak(delta: Delta, split: str, entry: ShardEntry, location: str) -> TimeLeak | None:
     """The first row of shard `entry` (of `split`) across `delta`'s time cut, or None."""
     cut = delta.time_cut
+    if not (
+        isinstance(cut.get("column"), str)
+        and type(cut.get("level")) is int
+        and 0 <= cut["level"] < 64
+        and type(cut.get("cutoff")) is int
+    ):  # a manifest is untrusted input
+        raise ManifestError(f"delta {delta.version_id}: time_cut {str(cut)[:200]} is no cut")
     column = str(cut["column"])
     times = row_times(_read(shard_uri(location, entry), [column]).column(0), column)
     buckets, cutoff = times >> int(cut["level"]), int(cut["cutoff"]) // SLICES

@@ -228,7 +228,8 @@ def test_time_holdout_holds_each_nights_newest_rows_on_both_routes(
     row of the night is in a bucket newer than its oldest holdout row's, late re-sent rows
     included; each delta records its cut; the staged route (`single_pass_bytes: 0`) and
     the single pass give the same ids and byte-identical shards; `ballast verify` passes
-    the chain, and names a night whose recorded cut its rows break."""
+    the chain, names a night whose recorded cut its rows break, and refuses a cut record
+    that is no cut."""
     chains = run_time_chains(tmp_path, dask_client)
     staged, single = chains["staged"], chains["single"]
     assert [r.manifest.route["route"] for r in staged] == ["staged"] * 3
@@ -252,6 +253,10 @@ def test_time_holdout_holds_each_nights_newest_rows_on_both_routes(
     assert main(["verify", root]) == 1
     out = capsys.readouterr().out
     assert f"LEAK version {manifest.deltas[0].version_id}: a train row at 2024-03-01" in out
+    document["deltas"][0]["time_cut"]["level"] = "36; rm -rf /"  # an untrusted manifest
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", root]) not in (0, None)
+    assert "is no cut" in capsys.readouterr().err
 
 
 def digests(manifest) -> list[str]:
