@@ -32,7 +32,7 @@ from preprocessing.plan.counts import Counts
 from preprocessing.plan.permutation import derive_key, unit_interval
 
 SLICES = 8  # ties of a bucket, split by hash: the cutoff bucket is cut at 1/8 of it
-MAX_BUCKETS = 64  # distinct buckets a file's counts keep before they coarsen
+MAX_BUCKETS = 256  # distinct buckets a file's counts keep before they coarsen
 NO_HOLDOUT = np.iinfo(np.int64).max  # a cutoff no cell reaches
 CELL_DTYPE = np.dtype(
     [
