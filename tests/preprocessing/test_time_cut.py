@@ -286,3 +286,33 @@ def test_time_holdout_settings_default_to_today_and_refuse_what_they_cannot_keep
     for fields, message in cases:
         with pytest.raises(ValueError, match=message):
             DatasetSpec(inputs=["raw"], **fields)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(SECONDS, min_size=1, max_size=400),
+    st.lists(st.integers(1, 400), min_size=1, max_size=6),
+    st.sampled_from([1, 1_000, 10**6]),  # seconds as us: 2**33 s stays within int64
+)
+def test_a_files_cells_do_not_depend_on_how_its_rows_are_batched(seconds, sizes, scale) -> None:
+    """Invariant: a file's tally (level and records) is the same whatever batches its
+    scan reads it in: the level is the finest that holds the whole file within
+    MAX_BUCKETS buckets, so a rerun, or a reader with other batch sizes, cuts alike."""
+    times = np.array(seconds, dtype=np.int64) * scale
+    slices = np.arange(len(times)) % SLICES
+
+    def tally(bounds: list[int]) -> TimeCells:
+        counted = TimeTally()
+        for start, stop in pairwise(bounds):
+            counted.coarsen_to(counted.level_for(times[start:stop]))
+            records = np.zeros(stop - start, CELL_DTYPE)
+            records["piece"], records["num_rows"] = np.arange(start, stop) // 50, 1
+            records["cell"] = row_cells(times[start:stop], slices[start:stop], counted.level)
+            counted.add(records, ["a"], ["r"])
+        return counted.cells()
+
+    cuts = np.cumsum(sizes)
+    batched = tally([0, *[int(c) for c in cuts if c < len(times)], len(times)])
+    assert batched == tally([0, len(times)])
+    assert len(np.unique(batched.rows["cell"] // SLICES)) <= MAX_BUCKETS
+    assert int(batched.rows["num_rows"].sum()) == len(times)
