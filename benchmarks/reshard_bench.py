@@ -2,11 +2,13 @@
 
 Generates about `--gb` GB of skewed raw Parquet (zipf file sizes, 16 long-tailed classes
 with the largest 50x the smallest, 3 sources; columns id, uid, label, source and a
-fixed_size_list<float32>[64] `features`), once per size and seed (a `_GENERATED.json`
+fixed_size_list<float32>[64] `features`; with `ballast-newest` among the tools, a `seen`
+timestamp too, for every tool), once per size and seed (a `_GENERATED.json`
 marker skips regeneration), then rewrites it into about `--shards` balanced files with:
 
 - ballast `run_reshard` in each shuffle mode (uniform class mix, as many output rows as
-  input rows, holdout 0, 2 Dask workers);
+  input rows, holdout 0, 2 Dask workers), and `stratified` with a group and duplicates
+  rule (`ballast-groups`) or a time holdout by `seen` (`ballast-newest`);
 - pyarrow `dataset.write_dataset(max_rows_per_file=..., max_rows_per_group=...)`;
 - DuckDB `COPY (SELECT * FROM read_parquet(...)) TO ...`, plain and `ORDER BY random()`;
 - Dask `read_parquet(...).repartition(npartitions=S).to_parquet(..., schema=...)`;
@@ -86,6 +88,7 @@ BALLAST_MODES = ("stratified", "global", "block", "none")
 TOOLS = (
     *(f"ballast-{mode}" for mode in BALLAST_MODES),
     "ballast-groups",
+    "ballast-newest",
     "pyarrow-write_dataset",
     "duckdb-copy",
     "duckdb-order-random",
@@ -121,6 +124,7 @@ class RawSpec:
     class_ratio: float = 50.0
     row_group_rows: int = 131_072
     seed: int = 0
+    time_column: bool = False  # a `seen` timestamp column too (for `ballast-newest`)
 
 
 # ---------------------------------------------------------------- data generation
@@ -140,7 +144,7 @@ def raw_chunk(
     )
     features = rng.standard_normal((num_rows, NUM_FEATURES), dtype=np.float32)
     features += means[labels] + np.float32(0.3 * source)
-    return pa.table(
+    table = pa.table(
         [
             pa.array(np.arange(first_id, first_id + num_rows), pa.int64()),
             uid_array(rng, num_rows),
@@ -152,6 +156,20 @@ def raw_chunk(
         ],
         schema=SCHEMA,
     )
+    return table.append_column("seen", seen_array(rng, num_rows)) if spec.time_column else table
+
+
+def seen_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
+    """Timestamps over 30 days to the second (UTC), a row's time drawn alone: every file
+    holds thousands of distinct times, so its time counts coarsen (plan/time_cut.py)."""
+    seconds = 1_709_251_200 + rng.integers(0, 30 * 86_400, num_rows)
+    return pa.array(seconds * 1_000_000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+
+
+def raw_schema(spec: RawSpec) -> pa.Schema:
+    if spec.time_column:
+        return SCHEMA.append(pa.field("seen", pa.timestamp("us", tz="UTC")))
+    return SCHEMA
 
 
 def uid_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
@@ -165,7 +183,7 @@ def uid_array(rng: np.random.Generator, num_rows: int) -> pa.Array:
 def write_raw_file(path: Path, index: int, first_id: int, num_rows: int, spec: RawSpec) -> None:
     """One raw file, written one row group at a time (memory bounded by a row group)."""
     rng = np.random.default_rng([spec.seed, index])
-    with pq.ParquetWriter(path, SCHEMA) as writer:
+    with pq.ParquetWriter(path, raw_schema(spec)) as writer:
         for start in range(0, num_rows, spec.row_group_rows):
             size = min(spec.row_group_rows, num_rows - start)
             chunk = raw_chunk(rng, first_id + start, size, index % spec.num_sources, spec)
@@ -175,7 +193,7 @@ def write_raw_file(path: Path, index: int, first_id: int, num_rows: int, spec: R
 def ensure_raw(directory: Path, spec: RawSpec) -> Path:
     """Generate the raw files unless the marker says this exact spec is already there."""
     marker = directory / MARKER
-    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+    if marker.exists() and json.loads(marker.read_text()) == marker_of(spec):
         return directory
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
@@ -183,13 +201,20 @@ def ensure_raw(directory: Path, spec: RawSpec) -> Path:
     for index, num_rows in enumerate(file_sizes(spec.num_rows, spec.num_files)):
         write_raw_file(directory / f"raw-{index:03d}.parquet", index, first_id, int(num_rows), spec)
         first_id += int(num_rows)
-    marker.write_text(json.dumps(asdict(spec)))
+    marker.write_text(json.dumps(marker_of(spec)))
     print(
         f"generated {spec.num_rows:,} rows, {dir_bytes(directory) / GB:.2f} GB in "
         f"{time.perf_counter() - start:.0f} s: {directory}",
         flush=True,
     )
     return directory
+
+
+def marker_of(spec: RawSpec) -> dict[str, Any]:
+    """The spec as its marker holds it (without `time_column` when unset: the inputs
+    generated before it existed are still the same)."""
+    fields = asdict(spec)
+    return fields if spec.time_column else {k: v for k, v in fields.items() if k != "time_column"}
 
 
 def dir_bytes(directory: Path) -> int:
@@ -203,15 +228,19 @@ def ballast_config(mode: str, job: dict[str, Any]) -> Any:
     """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too);
     `groups`: `stratified` with `group_column: uid` (a 32-character string, distinct per
     row: the most a group hash costs) and `duplicates: same_split` (the 64-float vector
-    hashed too, and read by the scan, which skips it otherwise)."""
+    hashed too, and read by the scan, which skips it otherwise); `newest`: `stratified`
+    with `holdout_by: newest` by the `seen` timestamps (the input made with them)."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 
-    splits = {"group_column": "uid", "duplicates": "same_split"} if mode == "groups" else {}
+    splits = {
+        "groups": {"group_column": "uid", "duplicates": "same_split"},
+        "newest": {"holdout_by": "newest", "holdout_column": "seen"},
+    }.get(mode, {})
     return ReshardConfig(
         dataset=DatasetSpec(inputs=[job["input"]], id_column="id", **splits),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
-        shuffle="stratified" if mode == "groups" else mode,
+        shuffle="stratified" if mode in ("groups", "newest") else mode,
         num_output_rows=job["num_rows"],
         target_shard_rows=job["shard_rows"],
         rows_per_row_group=job["row_group_rows"],
@@ -523,13 +552,16 @@ def format_stage_timings(rows: list[dict[str, Any]]) -> str:
 
 def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
     files = getattr(args, "raw_files", 64)  # scale_bench and kill_bench share this
+    timed = "ballast-newest" in getattr(args, "tools", [])  # then every tool reads `seen` too
     spec = RawSpec(
         num_rows=int(gb * GB / BYTES_PER_ROW),
         num_files=files,
         seed=args.seed,
         row_group_rows=args.raw_row_group_rows,
+        time_column=timed,
     )
     name = f"raw-{gb:g}gb-seed{args.seed}" + (f"-{files}files" if files != 64 else "")
+    name += "-seen" if timed else ""
     raw = ensure_raw(Path(args.work_dir) / name, spec)
     for path in raw.glob("*.parquet"):  # into the page cache, as for every tool after this
         with path.open("rb") as handle:
@@ -555,8 +587,14 @@ def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[s
 def warm_up(tools: list[str], args: argparse.Namespace) -> None:
     """Run each tool once, unmeasured, on a tiny input, so that no measured run pays for
     first imports or a cold page cache on its own."""
-    spec = RawSpec(num_rows=20_000, seed=args.seed, row_group_rows=args.raw_row_group_rows)
-    raw = ensure_raw(Path(args.work_dir) / "raw-warmup", spec)
+    timed = "ballast-newest" in tools
+    spec = RawSpec(
+        num_rows=20_000,
+        seed=args.seed,
+        row_group_rows=args.raw_row_group_rows,
+        time_column=timed,
+    )
+    raw = ensure_raw(Path(args.work_dir) / ("raw-warmup-seen" if timed else "raw-warmup"), spec)
     job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
     print("warming up ...", flush=True)
     for tool in tools:

@@ -16,6 +16,7 @@ from preprocessing.toolbox.setting_marks import (
     comparable_settings,
     output_neutral_fields,
 )
+from preprocessing.toolbox.split_rules import column_settings_problem, time_holdout_problem
 
 NullPolicy = Literal["error", "drop_row", "fill_zero", "fill_mean", "indicator"]
 
@@ -115,6 +116,17 @@ class DatasetSpec(BaseModel):
         "rules, unresampled) that training selects on; 0 (the default): it selects on the "
         "holdout, as before.",
     )
+    holdout_by: Literal["random", "newest"] = Field(
+        "random",
+        description="`random` (the default): rows (or groups, or contents) drawn for the "
+        "holdout by a seeded hash; `newest`: the newest rows by `holdout_column` held out "
+        "(ties broken by a seeded hash of the row; docs/data-path.md, splits).",
+    )
+    holdout_column: str | None = Field(
+        None,
+        description="The date or timestamp column (or ISO 8601 strings; need not be a "
+        "feature; a null is refused) whose newest rows `holdout_by: newest` holds out.",
+    )
     max_classes: int = Field(
         1_000,
         gt=1,
@@ -123,22 +135,9 @@ class DatasetSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _null_policies_name_feature_columns(self) -> DatasetSpec:
-        unknown = sorted(set(self.nulls) - set(self.feature_columns))
-        if unknown:
-            raise ValueError(
-                f"dataset.nulls names {unknown}, which are not feature columns "
-                f"(dataset.feature_columns: {self.feature_columns})"
-            )
-        not_features = sorted(set(self.date_columns) - set(self.feature_columns))
-        if not_features:
-            raise ValueError(
-                f"dataset.date_columns names {not_features}, which are not "
-                f"feature columns (dataset.feature_columns: "
-                f"{self.feature_columns})"
-            )
-        if self.group_column is not None and self.group_column == self.label_column:
-            raise ValueError("dataset.group_column is the label column: each class in one split")
+    def _settings_that_go_together(self) -> DatasetSpec:
+        if problem := column_settings_problem(self) or time_holdout_problem(self):
+            raise ValueError(problem)
         return self
 
 

@@ -37,6 +37,7 @@ SMALLEST = {
             "--tools",
             "ballast-stratified",
             "ballast-groups",
+            "ballast-newest",
             "pyarrow-write_dataset",
             "polars-sort",
             "polars-streaming-sort",

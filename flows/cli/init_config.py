@@ -17,6 +17,7 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import Any
 
+import pyarrow as pa
 import yaml
 
 from preprocessing.config import DatasetSpec
@@ -66,9 +67,11 @@ def proposed_policy(kind: str | None) -> str:
 
 
 def validation_fraction(survey: TableSurvey) -> float:
-    """The validation split init proposes: VALIDATION_FRACTION where it holds enough rows."""
+    """The validation split init proposes: VALIDATION_FRACTION where it holds enough rows,
+    and none beside a time holdout (the config refuses the two together)."""
     labelled = survey.num_rows - survey.unlabelled
-    return VALIDATION_FRACTION if labelled * VALIDATION_FRACTION >= MIN_VALIDATION_ROWS else 0.0
+    enough = labelled * VALIDATION_FRACTION >= MIN_VALIDATION_ROWS
+    return VALIDATION_FRACTION if enough and not _time_holdout(survey) else 0.0
 
 
 def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
@@ -93,7 +96,32 @@ def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
         **({"group_column": survey.named("group")[0]} if survey.named("group") else {}),
         **({"duplicates": "same_split"} if survey.duplicate_rows else {}),
         "validation_fraction": validation_fraction(survey),
+        **_time_holdout(survey),
     }
+
+
+def date_columns_of(survey: TableSurvey) -> list[str]:
+    """Columns of dates or timestamps (Arrow's, or ISO 8601 strings) with no null seen."""
+    return [
+        name
+        for name, column in survey.columns.items()
+        if column.role in ("feature", "date")
+        and not column.null_rows
+        and (
+            column.role == "date"
+            or pa.types.is_timestamp(column.arrow_type)
+            or pa.types.is_date(column.arrow_type)
+        )
+    ]
+
+
+def _time_holdout(survey: TableSurvey) -> dict[str, Any]:
+    """`holdout_by: newest` by the first date column, unless a group or duplicates rule
+    is proposed (the two cannot be set together: preprocessing/toolbox/split_rules.py)."""
+    dates = date_columns_of(survey)
+    if not dates or survey.named("group") or survey.duplicate_rows:
+        return {}
+    return {"holdout_by": "newest", "holdout_column": dates[0]}
 
 
 def _first_id(ids: list[str]) -> str:
@@ -184,6 +212,11 @@ def _left_out_lines(survey: TableSurvey) -> list[str]:
             "use it, add it to feature_columns and set dataset.category_buckets "
             "(its values hashed into that many buckets)"
         )
+    if (dates := date_columns_of(survey)) and (survey.named("group") or survey.duplicate_rows):
+        lines.append(
+            f"# CONFIRM: {dates} hold dates: holdout_by: newest with holdout_column would "
+            "hold out the newest rows instead of the group or duplicates rule (not both)"
+        )
     if dates := survey.named("date"):
         lines.append(
             f"# CONFIRM: {dates} hold ISO 8601 dates, so they are temporal features "
@@ -202,6 +235,15 @@ def _group_reason(survey: TableSurvey) -> str:
         "sides of the split, so each value's rows go to one"
         + (f"; or {others}" if others else "")
         + "; remove it if rows are independent"
+    )
+
+
+def _time_reason(survey: TableSurvey) -> str:
+    first, *others = date_columns_of(survey)
+    return (
+        f"{first!r} holds dates: the newest rows are held out, as the model will meet "
+        "rows newer than it was trained on; random draws rows alone"
+        + (f"; or by {others}" if others else "")
     )
 
 
@@ -236,6 +278,8 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             )
         elif name == "validation_fraction":
             line += f"  # CONFIRM: {_validation_reason(survey)}"
+        elif line.strip() == "holdout_by: newest":
+            line += f"  # CONFIRM: {_time_reason(survey)}"
         elif name == "class_weighting":
             counts = sorted(survey.classes.values()) or [0]
             line += (
@@ -251,6 +295,11 @@ def _validation_reason(survey: TableSurvey) -> str:
         return (
             "rows training validates on (val_*, early stopping, checkpoint choice), apart "
             "from the holdout that judges the model; 0: it validates on the holdout"
+        )
+    if _time_holdout(survey):
+        return (
+            "0: not beside holdout_by: newest (validation rows are drawn among those the "
+            "holdout leaves, and the time cut is known only after the scan)"
         )
     return (
         f"0: training validates on the holdout, which then judges the model it chose; "

@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify",
         help="check a version and its chain (shards, lineage, groups and duplicates on one "
-        "side of the split); exit 1 if anything is damaged or leaks",
+        "side of the split, each night's time cut); exit 1 if anything is damaged or leaks",
     )
     verify.add_argument("root", help="the output root of the dataset")
     verify.add_argument("--version", help="the version to check (default: _CURRENT's)")
@@ -310,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """Print `ballast verify`'s report; 0 when the chain is whole and no group or
-    duplicate content crosses splits, 1 otherwise."""
+    """Print `ballast verify`'s report; 0 when the chain is whole, no group or duplicate
+    content crosses splits and no row lies across its night's time cut, 1 otherwise."""
     from preprocessing.contract.verify import verify_chain
     from preprocessing.storage.reach import check_reachable
     from preprocessing.versions.split_leaks import split_leaks

@@ -51,6 +51,7 @@ from preprocessing.contract.column_spec import (
     ColumnSpec,
     FeatureError,
     kind_of,
+    parse_timestamps,
 )
 from preprocessing.contract.numeric_block import Plan, plan_blocks
 
@@ -58,7 +59,6 @@ if TYPE_CHECKING:  # imported when needed: a logged model ships no manifest modu
     from preprocessing.contract.manifest import Manifest
 
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_ZONE_SUFFIX = r"(Z|[+-]\d\d:?\d\d)$"  # an ISO 8601 timestamp's zone: `Z` or `+01:00`
 _FIXED_SIZE_LIST = re.compile(r"fixed_size_list<.*>\[(\d+)\]")
 
 
@@ -236,35 +236,6 @@ def seconds(array: pa.Array) -> pa.Array:
     unit = "ms" if pa.types.is_date64(arrow_type) else arrow_type.unit
     integers = pa.int32() if arrow_type.bit_width == 32 else pa.int64()
     return pc.multiply(array.cast(integers).cast(pa.float64()), _UNIT_SECONDS[unit])
-
-
-def parse_timestamps(strings: pa.Array) -> pa.Array:
-    """ISO 8601 dates or timestamps (`2024-03-01`, `2024-03-01 12:30:00`, with `T`, a
-    fraction, `Z` or an offset; without a zone, UTC) as timestamp[us, UTC]; `FeatureError`
-    naming the first string that is none of these."""
-    try:
-        return _parsed(strings)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    for value in strings.to_pylist():  # the slow path only to name the culprit
-        try:
-            _parsed(pa.array([value], pa.string()))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise FeatureError(
-                f"{value!r} is not an ISO 8601 date or timestamp (a column of dataset.date_columns)"
-            ) from None
-    raise FeatureError("dates that do not parse as ISO 8601 (a column of dataset.date_columns)")
-
-
-def _parsed(strings: pa.Array) -> pa.Array:
-    # Arrow parses an offset only into a zoned type and a string without one only into a
-    # naive type: each part apart, the naive one read as UTC.
-    strings = strings.cast(pa.string())
-    zoned = pc.match_substring_regex(strings, _ZONE_SUFFIX)
-    with_zone = pc.if_else(zoned, strings, None).cast(pa.timestamp("us", tz="UTC"))
-    without = pc.if_else(zoned, None, strings).cast(pa.timestamp("us"))
-    micros = pc.if_else(zoned, with_zone.cast(pa.int64()), without.cast(pa.int64()))
-    return micros.cast(pa.timestamp("us", tz="UTC"))
 
 
 def _encode_scalar(spec: ColumnSpec, array: pa.Array, out: np.ndarray) -> None:

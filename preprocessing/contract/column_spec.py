@@ -1,5 +1,7 @@
 """What one feature column is to the feature codec: its kind, its `ColumnSpec` (the codec's
-JSON-able state of the column), and `FeatureError` for rows the codec cannot encode.
+JSON-able state of the column), `FeatureError` for rows the codec cannot encode, and how
+ISO 8601 strings read as timestamps (`parse_timestamps`: the codec's date columns, `ballast
+init`'s survey and a time holdout's column read them alike).
 
 The kinds and what each becomes are described in preprocessing/contract/codec.py, which
 encodes by these specs. Depends on the standard library and pyarrow only: it ships with
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SCALAR_KINDS = ("numeric", "boolean", "temporal")
 FILL_POLICIES = ("fill_zero", "fill_mean", "indicator")
@@ -74,3 +77,35 @@ def kind_of(arrow_type: pa.DataType) -> str | None:
         if element in ("numeric", "boolean"):
             return "vector" if pa.types.is_fixed_size_list(arrow_type) else "sequence"
     return None
+
+
+_ZONE_SUFFIX = r"(Z|[+-]\d\d:?\d\d)$"  # an ISO 8601 timestamp's zone: `Z` or `+01:00`
+
+
+def parse_timestamps(strings: pa.Array) -> pa.Array:
+    """ISO 8601 dates or timestamps (`2024-03-01`, `2024-03-01 12:30:00`, with `T`, a
+    fraction, `Z` or an offset; without a zone, UTC) as timestamp[us, UTC]; `FeatureError`
+    naming the first string that is none of these."""
+    try:
+        return _parsed(strings)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    for value in strings.to_pylist():  # the slow path only to name the culprit
+        try:
+            _parsed(pa.array([value], pa.string()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise FeatureError(
+                f"{value!r} is not an ISO 8601 date or timestamp (a column of dataset.date_columns)"
+            ) from None
+    raise FeatureError("dates that do not parse as ISO 8601 (a column of dataset.date_columns)")
+
+
+def _parsed(strings: pa.Array) -> pa.Array:
+    # Arrow parses an offset only into a zoned type and a string without one only into a
+    # naive type: each part apart, the naive one read as UTC.
+    strings = strings.cast(pa.string())
+    zoned = pc.match_substring_regex(strings, _ZONE_SUFFIX)
+    with_zone = pc.if_else(zoned, strings, None).cast(pa.timestamp("us", tz="UTC"))
+    without = pc.if_else(zoned, None, strings).cast(pa.timestamp("us"))
+    micros = pc.if_else(zoned, with_zone.cast(pa.int64()), without.cast(pa.int64()))
+    return micros.cast(pa.timestamp("us", tz="UTC"))

@@ -41,6 +41,9 @@ class Delta:
     # `rows`, `groups`, `largest_group_share`, `duplicate_rows`, and `estimated_from` when
     # past a sample's size (preprocessing/plan/key_tally.py); empty otherwise.
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)
+    # With dataset.holdout_by: newest, the delta's time cut (preprocessing/plan/time_cut.py
+    # `TimeCut.record`): its column, level, cutoff cell and cutoff bucket; empty otherwise.
+    time_cut: dict[str, Any] = field(default_factory=dict)
 
     def added_rows(self, split: str = "train") -> int:
         return sum(int(stratum[3]) for stratum in self.strata.get(split, []))

@@ -46,6 +46,7 @@ from preprocessing.scan.across_files import (
     duplicate_ids,
     feature_state,
     overlapping_id_groups,
+    with_time_cut,
 )
 from preprocessing.scan.columns import absent_columns_error
 from preprocessing.scan.feature_stats import InputError
@@ -208,6 +209,7 @@ def _make_version(
         scans = timed(
             timings, "scan_s", lambda: _scan_once(dask, files, config, progress, earlier, attempt)
         )
+        scans = with_time_cut(scans, config.dataset, config.holdout_fraction)
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:

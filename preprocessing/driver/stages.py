@@ -42,6 +42,8 @@ from preprocessing.exchange.tasks import (
 )
 from preprocessing.plan.route import SINGLE_PASS, Route, plan_route, runs_in_process
 from preprocessing.plan.split import SplitPlan
+from preprocessing.plan.time_cut import TimeCut
+from preprocessing.scan.across_files import time_cut_of
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile
 from preprocessing.toolbox.faults import retrying
@@ -118,6 +120,10 @@ def make_shards(
     return splits, route, rerun.resumed
 
 
+def _time_cut(scans: list[FileScan], config: ReshardConfig) -> TimeCut | None:
+    return time_cut_of(scans, config.dataset, config.holdout_fraction)
+
+
 def timed(timings: dict[str, float], name: str, step: Callable[[], Any]) -> Any:
     """`step()`, its seconds kept in `timings` under `name`."""
     start = time.perf_counter()
@@ -141,7 +147,7 @@ def exchange(
     discarded once the next round has read them: the disk (and page cache) holds two
     rounds at a time, not every round till the end. Only the tasks whose outputs a dead
     attempt of the version did not leave intact run (driver/resume.py)."""
-    destinations = destinations_for(plans, schema)
+    destinations = destinations_for(plans, schema, _time_cut(scans, config))
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(
         f"{attempt.uri}/{EXCHANGE_PREFIX}{layout_digest(layout)}",
@@ -263,7 +269,7 @@ def single_pass_stage(
         1,
         1,
         counter,
-        destinations=destinations_for(plans, schema),
+        destinations=destinations_for(plans, schema, _time_cut(scans, config)),
         schema=schema,
         spec=config.dataset,
         seed=config.seed,

@@ -27,6 +27,7 @@ from preprocessing.plan.counts import SPLITS, OffsetLists, dense_offsets, small_
 from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
+from preprocessing.plan.time_cut import TimeCut
 from preprocessing.plan.validation_split import row_splits
 from preprocessing.scan.columns import INTERNAL_PREFIX
 from preprocessing.scan.kept_rows import kept_rows
@@ -60,6 +61,7 @@ class Destinations:
     first: dict[str, int]
     count: int
     schema: pa.Schema
+    time_cut: TimeCut | None = None  # the night's, under `holdout_by: newest`
 
 
 def staged_schema(schema: pa.Schema) -> pa.Schema:
@@ -88,7 +90,7 @@ def read_piece(
         ids = derived_ids(task.file.relative_path, task.first_row, table.num_rows)
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
     path, first = task.file.relative_path, task.first_row
-    splits = row_splits(table, spec, path, first, seed, holdout_fraction)
+    splits = row_splits(table, spec, path, first, seed, holdout_fraction, destinations.time_cut)
     kept = kept_rows(table, spec).kept  # as the scan counted them
     if not kept.all():
         table, splits = table.filter(pa.array(kept)), splits[kept]

@@ -17,6 +17,10 @@ timestamps and dates by their stored integer tagged with the type, fixed-size li
 numbers by the bytes of their values as stored, other lists element by element in order,
 any other type by the repr of its Python value (slow, but exact). A null hashes to one
 fixed value.
+
+Under `holdout_by: newest` the split is the night's time cut (plan/time_cut.py), known only
+once every file is counted: the scan's `held_out` holds no row out (it counts rows by
+their time cell instead) and the routes pass the cut to `holdout_rows`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pyarrow.compute as pc
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.permutation import derive_key, mix64, unit_interval
 from preprocessing.plan.row_fates import holdout_mask
+from preprocessing.plan.time_cut import TimeCut, row_times, tie_slices
 
 NULL_HASH = np.uint64(derive_key("null value"))
 TEXT_ROWS = 1 << 16  # strings hashed this many at a time: index arrays of 8 bytes a byte
@@ -80,8 +85,11 @@ def held_out(
     seed: int,
     fraction: float,
 ) -> np.ndarray:
-    """True for rows `first_row`.. of file `file_key` held out, from their `key_hashes`."""
+    """True for rows `first_row`.. of file `file_key` held out, from their `key_hashes`
+    (none under a time holdout: the scan counts its cells, the plan cuts)."""
     split = keys.get("group") if spec.group_column else keys.get("content")
+    if spec.holdout_by == "newest":  # the night's cut is known only once all are counted
+        return np.zeros(num_rows, dtype=bool)
     if split is None or fraction <= 0:
         return holdout_mask(file_key, first_row, num_rows, seed, fraction)
     return unit_interval(split, derive_key(seed, "holdout", "value")) < fraction
@@ -94,8 +102,15 @@ def holdout_rows(
     first_row: int,
     seed: int,
     fraction: float,
+    cut: TimeCut | None = None,
 ) -> np.ndarray:
-    """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out."""
+    """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out;
+    under `holdout_by: newest`, those at or past the night's `cut` (plan/time_cut.py)."""
+    if spec.holdout_by == "newest" and spec.holdout_column and fraction > 0:
+        if cut is None:
+            raise ValueError("a time holdout routes rows only by the night's cut")
+        times = row_times(table.column(spec.holdout_column), spec.holdout_column)
+        return cut.held(times, tie_slices(file_key, first_row, table.num_rows, seed))
     keys = key_hashes(table, spec, tally=False) if fraction > 0 else {}
     return held_out(keys, spec, file_key, first_row, table.num_rows, seed, fraction)
 

@@ -22,7 +22,8 @@ import pyarrow as pa
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import SPLITS
 from preprocessing.plan.permutation import derive_key, unit_interval
-from preprocessing.plan.split_keys import held_out, key_hashes
+from preprocessing.plan.split_keys import held_out, holdout_rows, key_hashes
+from preprocessing.plan.time_cut import TimeCut
 
 TRAIN, HOLDOUT, VALIDATION = (SPLITS.index(name) for name in ("train", "holdout", "validation"))
 
@@ -83,8 +84,14 @@ def row_splits(
     first_row: int,
     seed: int,
     holdout_fraction: float,
+    cut: TimeCut | None = None,
 ) -> np.ndarray:
-    """The split code of every row of `table` (rows `first_row`.. of file `file_key`)."""
+    """The split code of every row of `table` (rows `first_row`.. of file `file_key`);
+    under `holdout_by: newest` (never with a validation split: the config refuses it),
+    the holdout is the night's time `cut` (`split_keys.holdout_rows`)."""
+    if spec.holdout_by == "newest":
+        held = holdout_rows(table, spec, file_key, first_row, seed, holdout_fraction, cut)
+        return held.astype(np.int8)
     drawn = holdout_fraction > 0 or spec.validation_fraction > 0
     keys = key_hashes(table, spec, tally=False) if drawn else {}
     return splits_of(keys, spec, file_key, first_row, table.num_rows, seed, holdout_fraction)

@@ -1,18 +1,21 @@
 """The checks across a run's scanned files, before anything is written: the label values
 of all accepted files together, ids unique across files (only files whose id ranges
-overlap are read again), the manifest's feature codec from every file's profiles, and the
-accepted files' counts over global pieces for the plan. Each check raises `InputError`
+overlap are read again), the manifest's feature codec from every file's profiles, the
+night's time cut (`holdout_by: newest`) and the accepted files' counts over global pieces
+for the plan. Each check raises `InputError`
 (or names the clash) rather than rejecting one file.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts, concat_counts
+from preprocessing.plan.time_cut import TimeCut, choose_cut, split_counts
 from preprocessing.scan.columns import too_many_classes
 from preprocessing.scan.feature_stats import (
     InputError,
@@ -40,6 +43,30 @@ def count_records(scans: list[FileScan]) -> tuple[Counts, np.ndarray]:
     pieces[:, 0] = np.repeat(np.array(accepted, dtype=np.int64), num_pieces)
     pieces[:, 1] = np.arange(len(pieces)) - np.repeat(first_pieces, num_pieces)
     return counts, pieces
+
+
+def time_cut_of(scans: list[FileScan], spec: DatasetSpec, fraction: float) -> TimeCut | None:
+    """Under `holdout_by: newest`, the night's cut from its accepted files' time cells
+    (preprocessing/plan/time_cut.py); else None. The same scans give the same cut, so the
+    plan, every route and the manifest each ask for it."""
+    if spec.holdout_by != "newest":
+        return None
+    cells = [scan.time_cells for scan in scans if scan.reason is None and scan.time_cells]
+    return choose_cut(cells, fraction)
+
+
+def with_time_cut(scans: list[FileScan], spec: DatasetSpec, fraction: float) -> list[FileScan]:
+    """`scans` with their counts split by the night's time cut (unchanged without one):
+    the plan then reads exact rows per split, as from any other scan."""
+    cut = time_cut_of(scans, spec, fraction)
+    if cut is None:
+        return scans
+    return [
+        replace(scan, counts=split_counts(scan.time_cells, cut))
+        if scan.reason is None and scan.time_cells is not None
+        else scan
+        for scan in scans
+    ]
 
 
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:

@@ -36,6 +36,8 @@ def configured_columns(spec: DatasetSpec) -> dict[str, str]:
         fields["dataset.id_column"] = spec.id_column
     if spec.group_column:
         fields["dataset.group_column"] = spec.group_column
+    if spec.holdout_column:
+        fields["dataset.holdout_column"] = spec.holdout_column
     fields.update(
         {
             f"dataset.feature_columns[{index}]": name
@@ -104,8 +106,8 @@ def schema_problem(schema: pa.Schema, spec: DatasetSpec) -> str | None:
 
 
 def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str | None:
-    """Null or NaN labels (under `dataset.unlabelled: refuse`), null groups or ids, in a batch
-    starting at `first_row`, as a reason naming the first such row of the file."""
+    """Null or NaN labels (under `dataset.unlabelled: refuse`), null groups, ids or holdout
+    times, in a batch starting at `first_row`, as a reason naming the first such row."""
     if spec.unlabelled == "refuse":
         unlabelled = column_nulls(batch.column(spec.label_column))
         if unlabelled.any():
@@ -119,6 +121,7 @@ def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str
     for column, what, fix in (
         (spec.group_column, "groups", _GROUP_FIX),
         (spec.id_column, "ids", ""),
+        (spec.holdout_column, "times", _TIME_FIX),
     ):
         values = batch.column(column) if column else None
         if values is not None and values.null_count:
@@ -130,6 +133,9 @@ def row_problem(batch: pa.RecordBatch, spec: DatasetSpec, first_row: int) -> str
     return None
 
 
+_TIME_FIX = (
+    ": dataset.holdout_by: newest needs a time in every row (fill them, or leave the file out)"
+)
 _GROUP_FIX = (
     ": dataset.group_column needs a value in every row (fill them, e.g. with the row's id, "
     "to make each its own group)"

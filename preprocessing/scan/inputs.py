@@ -40,6 +40,11 @@ from preprocessing.plan.counts import Counts
 from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
 from preprocessing.plan.split_keys import key_columns, key_hashes
+from preprocessing.plan.time_cut import (
+    TimeCells,
+    TimeColumnError,
+    TimeTally,
+)
 from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
@@ -49,7 +54,7 @@ from preprocessing.scan.feature_stats import (
     profile_batch,
 )
 from preprocessing.scan.kept_rows import kept_rows
-from preprocessing.scan.row_counts import count_rows
+from preprocessing.scan.row_counts import count_rows, count_times
 from preprocessing.storage.sources import (
     FORMATS,
     Footer,
@@ -89,6 +94,9 @@ class FileScan:
     keys: KeyCounts = field(default_factory=dict)
     # The rows' size decoded: a Parquet footer's uncompressed bytes, a bound for text.
     decoded_bytes: int = 0
+    # Under `holdout_by: newest`: rows per time cell (preprocessing/plan/time_cut.py), from
+    # which the plan cuts the night; `counts` then hold every row as train until it does.
+    time_cells: TimeCells | None = None
 
 
 def scan_file(
@@ -193,6 +201,7 @@ def _scan_rows(
         unlabelled_rows=tally.unlabelled,
         id_range=tally.id_range(file),
         keys=merge_keys(tally.keys),
+        time_cells=tally.times.cells() if spec.holdout_by == "newest" else None,
         decoded_bytes=(
             footer.decoded_bytes
             if footer
@@ -234,6 +243,8 @@ def _read_rows(
         if "Expected all lists to be of size" not in str(error):
             raise
         return _null_lists_reason(tally.profiles, error.__cause__ or error)
+    except TimeColumnError as error:  # not a date, or a string that does not parse as one
+        return str(error)
     if tally.num_rows == 0:
         return "empty file (0 rows)"
     return tally.problem(spec)
@@ -251,6 +262,7 @@ class _Tally:
     unlabelled: int = 0
     ids: IdTally = field(default_factory=IdTally)
     keys: list[KeyCounts] = field(default_factory=list)
+    times: TimeTally = field(default_factory=TimeTally)
 
     def add(
         self,
@@ -282,6 +294,9 @@ class _Tally:
             keys = {kind: hashes[kept] for kind, hashes in keys.items()}
         self.counts.update(count_rows(table, spec, file, pieces, splits))
         self.keys.append(tally_keys(keys, splits))
+        if spec.holdout_by == "newest" and spec.holdout_column:
+            kept_part = (table, pieces, kept)
+            count_times(self.times, batch, kept_part, file, spec, seed, self.num_rows)
         if spec.id_column:  # derived ids are unique by construction (plan/row_ids.py)
             self.ids.add(batch.column(spec.id_column).to_numpy(zero_copy_only=False))
         self.num_rows += batch.num_rows
@@ -328,6 +343,7 @@ def scan_columns(
         *([spec.source_column] if spec.source_column else []),
         *([spec.id_column] if spec.id_column else []),
         *key_columns(spec),
+        *([spec.holdout_column] if spec.holdout_column else []),
     ]
     columns += [
         name

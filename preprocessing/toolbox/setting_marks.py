@@ -38,6 +38,8 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
     "group_column": None,
     "duplicates": "keep",
     "validation_fraction": 0.0,
+    "holdout_by": "random",
+    "holdout_column": None,
 }
 
 

@@ -1,4 +1,5 @@
-"""`ballast verify`'s check that no group and no duplicate content crosses splits.
+"""`ballast verify`'s check that no group and no duplicate content crosses splits, and
+that no row lies across its night's time cut.
 
 A version made with `dataset.group_column` or `dataset.duplicates: same_split`
 (preprocessing/plan/split_keys.py) promises that every group, and every content (label,
@@ -10,11 +11,16 @@ any pair) is a leak, named with its value and the shards that hold it on each si
 Memory: 8 bytes a row per kept hash while it runs (an audit, not a stage of the nightly
 run). A version made without these
 settings promises nothing of the kind, and nothing is checked.
+
+A night made with `holdout_by: newest` records its cut in its delta (plan/time_cut.py):
+each of its own shards' time column is read, and a train row in a bucket newer than the
+cutoff bucket, or a holdout row in an older one, is named with its shard.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +29,10 @@ from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.manifest import (
+    Delta,
     Manifest,
+    ManifestError,
+    ShardEntry,
     read_current_version,
     read_manifest,
     shard_uri,
@@ -31,8 +40,10 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.plan.counts import SPLITS
 from preprocessing.plan.split_keys import content_columns, row_hashes
+from preprocessing.plan.time_cut import SLICES, row_times
 
 SHOWN = 10  # leaks named one by one (per kind and pair of splits); the rest are counted
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -52,14 +63,76 @@ class Leak:
         )
 
 
-def split_leaks(root: str, version: str | None = None) -> list[Leak]:
+@dataclass(frozen=True)
+class TimeLeak:
+    """A row on the wrong side of its night's time cut (`holdout_by: newest`)."""
+
+    version: str  # the night (a delta of the chain) whose cut the row breaks
+    split: str
+    time: str
+    shard: str
+    cutoff: str  # the start of the night's cutoff bucket
+
+    def line(self) -> str:
+        side = "newer than" if self.split == "train" else "older than"
+        return (
+            f"LEAK version {self.version}: a {self.split} row at {self.time} ({self.shard}) "
+            f"is {side} the night's time cut (its bucket starts {self.cutoff})"
+        )
+
+
+def split_leaks(root: str, version: str | None = None) -> list[Leak | TimeLeak]:
     """Every group and duplicate content of `version` (default `_CURRENT`'s) and its
-    chain found in two splits; empty when none, or when the version promises nothing."""
+    chain found in two splits, and every row across its night's time cut; empty when
+    none, or when the version promises nothing."""
     version = version or read_current_version(root)
     if version is None:
         return []
     manifest, location = read_manifest(version_dir(root, version))
-    return find_leaks(manifest, location, promised_keys(manifest))
+    return [
+        *find_leaks(manifest, location, promised_keys(manifest)),
+        *time_leaks(manifest, location),
+    ]
+
+
+def time_leaks(manifest: Manifest, location: str) -> list[TimeLeak]:
+    """The rows of each night (a delta recording a time cut) on the wrong side of it:
+    a train row in a bucket newer than the cutoff bucket, a holdout row in an older one
+    (rows of the cutoff bucket itself are split by a hash of their file and row, which a
+    shard does not keep); one named a shard, SHOWN in all."""
+    leaks = []
+    for delta in manifest.deltas:
+        for split in ("train", "holdout") if delta.time_cut else ():  # no validation beside it
+            own = [
+                entry
+                for entry in (manifest.split(split).shards if split in manifest.splits else [])
+                if (entry.version or manifest.version_id) == delta.version_id
+            ]
+            leaks += [leak for entry in own if (leak := _time_leak(delta, split, entry, location))]
+    return leaks[:SHOWN]
+
+
+def _time_leak(delta: Delta, split: str, entry: ShardEntry, location: str) -> TimeLeak | None:
+    """The first row of shard `entry` (of `split`) across `delta`'s time cut, or None."""
+    cut = delta.time_cut
+    if not (
+        isinstance(cut.get("column"), str)
+        and type(cut.get("level")) is int
+        and 0 <= cut["level"] < 64
+        and type(cut.get("cutoff")) is int
+    ):  # a manifest is untrusted input
+        raise ManifestError(f"delta {delta.version_id}: time_cut {str(cut)[:200]} is no cut")
+    column = str(cut["column"])
+    times = row_times(_read(shard_uri(location, entry), [column]).column(0), column)
+    buckets, cutoff = times >> int(cut["level"]), int(cut["cutoff"]) // SLICES
+    wrong = buckets > cutoff if split == "train" else buckets < cutoff
+    if not wrong.any():
+        return None
+    moment = EPOCH + timedelta(microseconds=int(times[wrong.argmax()]))
+    shard = f"{entry.path} of v-{delta.version_id}"
+    return TimeLeak(
+        delta.version_id, split, moment.isoformat(), shard, cut.get("cutoff_bucket_start", "")
+    )
 
 
 def find_leaks(manifest: Manifest, location: str, checks: dict[str, list[str]]) -> list[Leak]:

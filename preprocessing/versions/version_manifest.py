@@ -27,6 +27,7 @@ from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
 from preprocessing.plan.key_tally import merge_keys, split_value_stats
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
+from preprocessing.scan.across_files import time_cut_of
 from preprocessing.scan.inputs import FileScan
 from preprocessing.toolbox.secrets import redact, redact_value
 
@@ -47,6 +48,9 @@ def version_manifest(
     """The manifest of what a run wrote: a flat version's, or (with `parent`) a child's,
     the new files' version joined to everything the parent lists."""
     delta = delta_of(version_id, parent, scans, num_pieces, plans)
+    cut = time_cut_of(scans, config.dataset, config.holdout_fraction)
+    if cut is not None and config.dataset.holdout_column:
+        delta = replace(delta, time_cut=cut.record(config.dataset.holdout_column))
     manifest = _flat_manifest(
         config, version_id, fingerprint, scans, schema, plans, splits, timings, features, delta
     )

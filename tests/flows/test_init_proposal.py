@@ -38,8 +38,9 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     10,000-value string is left out with a CONFIRM saying why; NaN counts as null (as the
     reshard counts it) and gets a fill policy; the null category gets one its kind takes
     (never `indicator`); the unlabelled rows are counted with a CONFIRM line; training is
-    sized to the rows; a validation split apart from the holdout is proposed, with a
-    CONFIRM; the config validates."""
+    sized to the rows; the timestamps (no null) make the holdout the newest rows, so no
+    validation split is proposed beside it (refused together), with a CONFIRM saying why;
+    the config validates."""
     table = write_messy_files(tmp_path / "raw", NUM_ROWS)
     text, config = init_config(tmp_path / "raw", tmp_path, capsys)
     PipelineParams.model_validate(config)
@@ -47,6 +48,7 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     assert dataset["id_column"] == "order_no"
     assert dataset["feature_columns"] == ["created", "x", "colour"]
     assert dataset["date_columns"] == ["created"]
+    assert (dataset["holdout_by"], dataset["holdout_column"]) == ("newest", "created")
     assert dataset["nulls"] == {"x": "fill_mean", "colour": "fill_zero"}
     nan_rows = int(pc.sum(pc.is_nan(table.column("x"))).as_py())
     assert (
@@ -60,8 +62,8 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     assert dataset["unlabelled"] == "drop"
     assert f"unlabelled: drop  # CONFIRM: {unlabelled} rows have no 'label'" in text
     assert config["train"]["max_epochs"] > 4  # ~1,500 steps of 64 rows over ~17,600 rows
-    assert dataset["validation_fraction"] == 0.1
-    assert "validation_fraction: 0.1  # CONFIRM: rows training validates on" in text
+    assert dataset["validation_fraction"] == 0.0
+    assert "validation_fraction: 0.0  # CONFIRM: 0: not beside holdout_by: newest" in text
 
 
 @pytest.mark.slow
@@ -147,9 +149,10 @@ def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_pa
 
 
 def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path, capsys) -> None:
-    """Invariant: on 1,000 labelled rows (a validation split of 10% under 1,000 rows) init
+    """Invariants: on 1,000 labelled rows (a validation split of 10% under 1,000 rows) init
     proposes `validation_fraction: 0.0`, its CONFIRM saying that training then validates
-    on the holdout, which judges the model it chose."""
+    on the holdout, which judges the model it chose; on 12,000 rows (no date column) it
+    proposes 0.1, with its CONFIRM."""
     rng = np.random.default_rng(1)
     table = pa.table({"label": rng.integers(0, 2, 1_000), "x": rng.normal(size=1_000)})
     (tmp_path / "raw").mkdir()
@@ -158,3 +161,42 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     PipelineParams.model_validate(config)
     assert config["reshard"]["dataset"]["validation_fraction"] == 0.0
     assert "validation_fraction: 0.0  # CONFIRM: 0: training validates on the holdout" in text
+    rng = np.random.default_rng(2)
+    table = pa.table({"label": rng.integers(0, 2, 12_000), "x": rng.normal(size=12_000)})
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["validation_fraction"] == 0.1
+    assert "validation_fraction: 0.1  # CONFIRM: rows training validates on" in text
+
+
+def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path, capsys) -> None:
+    """Invariants: a table with a timestamp column (no nulls) gets `holdout_by: newest`
+    by it, with a CONFIRM giving the reason, and the config validates; beside a proposed
+    group column the time holdout is not proposed (the two are refused together) but
+    named as the alternative; a date column with nulls is not proposed."""
+    rng = np.random.default_rng(1)
+    seen = np.datetime64("2024-03-01", "s") + rng.integers(0, 10**7, 2_000).astype("timedelta64[s]")
+    table = pa.table(
+        {"label": rng.integers(0, 2, 2_000).tolist(), "x": rng.normal(size=2_000), "seen": seen}
+    )
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    dataset = config["reshard"]["dataset"]
+    assert (dataset["holdout_by"], dataset["holdout_column"]) == ("newest", "seen")
+    assert "holdout_by: newest  # CONFIRM: 'seen' holds dates: the newest rows" in text
+    patients = [f"p{i}" for i in rng.integers(0, 250, 2_000)]
+    pq.write_table(
+        table.append_column("patient", pa.array(patients)), tmp_path / "raw" / "a.parquet"
+    )
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    PipelineParams.model_validate(config)
+    assert config["reshard"]["dataset"]["group_column"] == "patient"
+    assert "holdout_by" not in config["reshard"]["dataset"]
+    assert "# CONFIRM: ['seen'] hold dates: holdout_by: newest" in text
+    with_nulls = table.set_column(2, "seen", pa.array(seen, mask=np.arange(2_000) == 5))
+    pq.write_table(with_nulls, tmp_path / "raw" / "a.parquet")
+    _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    assert "holdout_by" not in config["reshard"]["dataset"]

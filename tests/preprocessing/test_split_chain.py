@@ -3,7 +3,9 @@ and rows re-delivered in other files, a base version and nightly children. With
 `group_column` and `duplicates: same_split` no patient and no duplicate content crosses
 splits (train, holdout, validation) in any version of the chain, `ballast verify`'s check
 finds nothing, and the manifest records each night's groups and duplicates; the row-wise
-split of the same rows leaks, and the check names it."""
+split of the same rows leaks, and the check names it. Under a time holdout each night
+holds out its newest rows, on both routes alike, and the check names a row across a
+night's cut."""
 
 from __future__ import annotations
 
@@ -159,3 +161,107 @@ def test_ballast_verify_exits_1_naming_a_leak_a_version_promised_not_to_have(
     assert main(["verify", str(leaky)]) == 1
     out = capsys.readouterr().out
     assert f"LEAK version {manifest.version_id}: group 'p" in out and "more" in out
+
+
+def timed_night(rng: np.random.Generator, night: int, rows: int) -> pa.Table:
+    """A night's rows seen during its day (a tenth of them at one instant: ties), then
+    a slice of the rows of the night before re-sent late."""
+    day = np.datetime64("2024-03-01T00:00:00", "s") + np.timedelta64(night, "D")
+    seen = day + rng.integers(0, 86_400, size=rows).astype("timedelta64[s]")
+    seen[: rows // 10] = seen[0]
+    if night:
+        seen[-20:] = seen[-20:] - np.timedelta64(86_400, "s")
+    return pa.table(
+        {
+            "label": (rng.integers(0, 3, size=rows)).tolist(),
+            "x": np.round(rng.normal(size=rows), 2),
+            "y": rng.integers(0, 4, size=rows).astype(np.float64),
+            "seen": pa.array(seen.astype("datetime64[us]")).cast(pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def run_time_chains(base: Path, dask_client) -> dict[str, list[ReshardResult]]:
+    """A base of two files, then two nights each adding one, held out by newest time;
+    each night reshards into two roots, one by each route."""
+    rng = np.random.default_rng(9)
+    raw = base / "raw"
+    raw.mkdir()
+    dataset = DatasetSpec(
+        inputs=[str(raw)],
+        source_column=None,
+        feature_columns=FEATURES,
+        holdout_by="newest",
+        holdout_column="seen",
+    )
+    routes = {"staged": 0, "single": None}  # single_pass_bytes: 0 forces the staged route
+    results: dict[str, list[ReshardResult]] = {name: [] for name in routes}
+    for night in range(3):
+        for part in ("a", "b") if night == 0 else ("c",):
+            table = timed_night(rng, night, 300)
+            pq.write_table(table, raw / f"{night}-{part}.parquet", row_group_size=100)
+        for name, budget in routes.items():
+            settings = ReshardConfig(
+                dataset=dataset,
+                output_root=str(base / name),
+                target_shard_rows=200,
+                holdout_fraction=0.2,
+                mode="incremental",
+                seed=11,
+                single_pass_bytes=budget,
+            )
+            results[name].append(run_reshard(settings, dask_client))
+    return results
+
+
+def own_times(result: ReshardResult, split: str, version: str) -> np.ndarray:
+    """The times of `split`'s rows that night `version` added, as the chain lists them."""
+    parts = [
+        pq.read_table(shard_uri(result.manifest_uri, shard), columns=["seen"]).column(0)
+        for shard in result.manifest.splits[split].shards
+        if (shard.version or result.manifest.version_id) == version
+    ]
+    return np.concatenate([part.to_numpy().astype("datetime64[us]") for part in parts])
+
+
+def test_time_holdout_holds_each_nights_newest_rows_on_both_routes(
+    tmp_path, dask_client, capsys
+) -> None:
+    """Invariants: in a chain of three nights under `holdout_by: newest`, each night's
+    holdout is that night's newest rows (a fifth, at the cut's resolution) and no train
+    row of the night is in a bucket newer than its oldest holdout row's, late re-sent rows
+    included; each delta records its cut; the staged route (`single_pass_bytes: 0`) and
+    the single pass give the same ids and byte-identical shards; `ballast verify` passes
+    the chain, names a night whose recorded cut its rows break, and refuses a cut record
+    that is no cut."""
+    chains = run_time_chains(tmp_path, dask_client)
+    staged, single = chains["staged"], chains["single"]
+    assert [r.manifest.route["route"] for r in staged] == ["staged"] * 3
+    assert [r.manifest.version_id for r in staged] == [r.manifest.version_id for r in single]
+    for ours, theirs in zip(staged, single, strict=True):
+        assert digests(ours.manifest) == digests(theirs.manifest)
+    last = staged[-1]
+    for delta in last.manifest.deltas:
+        cut = delta.time_cut
+        train, holdout = (own_times(last, s, delta.version_id) for s in ("train", "holdout"))
+        assert cut["column"] == "seen" and 0.15 < len(holdout) / (len(train) + len(holdout)) < 0.25
+        width = np.timedelta64(int(2 ** cut["level"]), "us")
+        assert train.max() < holdout.min() + width, (delta.version_id, cut)
+    root = str(tmp_path / "staged")
+    assert split_leaks(root) == [] and main(["verify", root]) == 0
+    capsys.readouterr()
+    manifest, location = read_manifest(version_dir(root, last.manifest.version_id))
+    document = json.loads(Path(location).read_text())
+    document["deltas"][0]["time_cut"]["cutoff"] //= 2  # a cut far before the night
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", root]) == 1
+    out = capsys.readouterr().out
+    assert f"LEAK version {manifest.deltas[0].version_id}: a train row at 2024-03-01" in out
+    document["deltas"][0]["time_cut"]["level"] = "36; rm -rf /"  # an untrusted manifest
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", root]) not in (0, None)
+    assert "is no cut" in capsys.readouterr().err
+
+
+def digests(manifest) -> list[str]:
+    return [s.sha256 for split in manifest.splits.values() for s in split.shards]

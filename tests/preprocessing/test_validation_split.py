@@ -179,3 +179,14 @@ def test_training_selects_on_validation_else_the_holdout(rows, chosen) -> None:
     assert manifest.selection_split() == chosen
     line = chosen_on(chosen)
     assert (chosen or "") in line and ("judged" in line) == (chosen == "holdout")
+
+
+def test_a_validation_split_is_refused_beside_a_time_holdout() -> None:
+    """Invariant: `validation_fraction` beside `holdout_by: newest` is refused in one line
+    naming both (validation rows are drawn among those the holdout leaves, and the time
+    cut is known only after the scan); either alone is accepted."""
+    time = {"holdout_by": "newest", "holdout_column": "seen"}
+    with pytest.raises(ValueError, match=r"holdout_by: newest .*validation_fraction"):
+        DatasetSpec(inputs=["raw"], validation_fraction=0.1, **time)
+    assert DatasetSpec(inputs=["raw"], **time).validation_fraction == 0
+    assert DatasetSpec(inputs=["raw"], validation_fraction=0.1).holdout_by == "random"
