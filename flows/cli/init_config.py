@@ -18,13 +18,14 @@ from contextlib import suppress
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
 
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.scan.column_roles import TableSurvey, check_proposal, survey_columns
 from preprocessing.scan.feature_stats import policies_for
-from preprocessing.storage.sources import list_inputs, stream_schema
+from preprocessing.storage.sources import iter_batches, list_inputs, stream_schema
 from training.models.config import TabularConfig
 from training.sizing import sized_training
 
@@ -37,6 +38,8 @@ HOLDOUT_FRACTION = 0.1
 # it takes cost the held-out score more than its figures are worth (benchmarks/RESULTS.md
 # M67: 0.1 cost benefits' 4,877 rows 1.4 points of balanced accuracy over 3 seeds).
 VALIDATION_FRACTION, MIN_VALIDATION_ROWS = 0.1, 1_000
+MIN_TIME_VALUES = 100  # distinct dates a time holdout is proposed by, at least
+TIME_SAMPLE_ROWS = 1_000_000  # rows read to count them, at most
 MAX_CATEGORIES = DatasetSpec.model_fields["max_categories"].default
 ROLE_NOTES = {
     "label": "label",
@@ -101,7 +104,10 @@ def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
 
 
 def date_columns_of(survey: TableSurvey) -> list[str]:
-    """Columns of dates or timestamps (Arrow's, or ISO 8601 strings) with no null seen."""
+    """Columns of dates or timestamps (Arrow's, or ISO 8601 strings) with no null seen and
+    at least MIN_TIME_VALUES distinct values: a date of fewer (a model year: cars' 13) is an
+    attribute more than an arrival time, and its newest value alone would be the holdout
+    (cars': 41 rows of one year, two of them of its rarest class)."""
     return [
         name
         for name, column in survey.columns.items()
@@ -112,7 +118,23 @@ def date_columns_of(survey: TableSurvey) -> list[str]:
             or pa.types.is_timestamp(column.arrow_type)
             or pa.types.is_date(column.arrow_type)
         )
+        and _distinct_values(survey.files, name) >= MIN_TIME_VALUES
     ]
+
+
+def _distinct_values(files: list[str], name: str) -> int:
+    """Distinct values of column `name` in the surveyed files, counted up to
+    MIN_TIME_VALUES over at most TIME_SAMPLE_ROWS rows (the scan's distinct sketch hashes
+    no dates)."""
+    seen: set[Any] = set()
+    rows = 0
+    for uri in files:
+        for batch in iter_batches(uri, [name]):
+            seen.update(pc.unique(batch.column(0)).to_pylist())
+            rows += batch.num_rows
+            if len(seen) >= MIN_TIME_VALUES or rows >= TIME_SAMPLE_ROWS:
+                return len(seen)
+    return len(seen)
 
 
 def _time_holdout(survey: TableSurvey) -> dict[str, Any]:

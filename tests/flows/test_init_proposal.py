@@ -174,7 +174,8 @@ def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path,
     """Invariants: a table with a timestamp column (no nulls) gets `holdout_by: newest`
     by it, with a CONFIRM giving the reason, and the config validates; beside a proposed
     group column the time holdout is not proposed (the two are refused together) but
-    named as the alternative; a date column with nulls is not proposed."""
+    named as the alternative; a date column with nulls, or with under 100 distinct values
+    (13 years: the newest year alone would be held out), is not proposed."""
     rng = np.random.default_rng(1)
     seen = np.datetime64("2024-03-01", "s") + rng.integers(0, 10**7, 2_000).astype("timedelta64[s]")
     table = pa.table(
@@ -200,3 +201,7 @@ def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path,
     pq.write_table(with_nulls, tmp_path / "raw" / "a.parquet")
     _, config = init_config(tmp_path / "raw", tmp_path, capsys)
     assert "holdout_by" not in config["reshard"]["dataset"]
+    years = np.datetime64("1970-01-01", "D") + 365 * rng.integers(0, 13, 2_000)
+    pq.write_table(table.set_column(2, "seen", pa.array(years)), tmp_path / "raw" / "a.parquet")
+    _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    assert "holdout_by" not in config["reshard"]["dataset"]  # 13 model years: an attribute
