@@ -38,7 +38,8 @@ soak: $(STAMP)  ## the nightly chain under faults for 30 nights, then the per-fa
 
 # Tests of several pipeline runs, or of tasks of minutes (the `nightly` marker): five at once
 # on one Prefect and one MLflow server (tests/nightly), two nights read through MLflow's REST
-# API, a stage of 60 s+ tasks on a slowed worker under the stall watch's defaults; not in `test`.
+# API, a stage of 60 s+ tasks on a slowed worker under the stall watch's defaults, and the
+# benchmarks that start several runs at their smallest size; not in `test`.
 nightly: $(STAMP)  ## the nightly tier: several pipelines at once, their wall times printed
 	BALLAST_NIGHTLY=1 $(BIN)/pytest -q -s -p no:randomly -m nightly --durations=10
 

@@ -120,7 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierChecks(END_TO_END), "ballast-tiers")
     config.addinivalue_line(
         "markers",
-        "nightly: several pipelines at once, or tasks of minutes; "
+        "nightly: several pipelines or runs at once, or tasks of minutes; "
         f"run only with {NIGHTLY_VARIABLE}=1",
     )
 

@@ -154,7 +154,17 @@ def run_benchmark(
     )
 
 
-@pytest.mark.parametrize("name", sorted(SMALLEST))
+# Benchmarks that start several training or reshard runs each (torchrun jobs, a killed run
+# and its rerun) run in the nightly tier (`make nightly`): together about 170 s of the
+# suite's 15 minutes.
+SEVERAL_RUNS = {"hetero_bench", "loader_bench", "comm_bench"}
+BENCHMARKS = [
+    pytest.param(name, marks=[pytest.mark.nightly] if name in SEVERAL_RUNS else [])
+    for name in sorted(SMALLEST)
+]
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_each_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> None:
     """Invariant: the benchmark imports, runs every section it is given end to end on
     tiny data and prints its report (exit status 0, its report's line present)."""
@@ -164,6 +174,7 @@ def test_each_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> 
     assert expected in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.nightly  # a clean run, a killed run and its rerun
 def test_kill_bench_reruns_a_reshard_killed_mid_write_to_the_clean_runs_shards(
     tmp_path: Path,
 ) -> None:
