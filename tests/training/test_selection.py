@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from flows.cli.summary import kept_epoch
 from training.config import SelectBestConfig, TrainConfig
 from training.selection import BestEpoch, SelectBest, check_selection_split
 
@@ -183,3 +184,11 @@ def test_sharded_strategies_are_refused(strategy: str) -> None:
     assert TrainConfig(dataset="d", output_dir="o", strategy=strategy).select_best is None
     with pytest.raises(ValidationError, match=r"select_best\.patience"):
         TrainConfig(dataset="d", output_dir="o", select_best={"patience": 0})
+
+
+def test_console_names_the_kept_epoch() -> None:
+    """The run's console line names the epoch kept and the figure that chose it, as the
+    callback's summary (summary.json's `selection`) says; nothing without a selection."""
+    _, select, _ = fit_scripted([0.3, 0.1, 0.2, 0.2, 0.4], patience=2)
+    assert kept_epoch(select.summary()) == "; kept epoch 1 of 0-3 by val_loss"
+    assert kept_epoch(None) == ""
