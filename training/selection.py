@@ -10,9 +10,9 @@ as the model the run logs.
   alone), keeps a CPU copy of the weights when the epoch is the best, and sets
   `trainer.should_stop` after `patience` epochs without one. At the train's end every
   rank loads the copy back (DDP keeps ranks' weights equal, so all hold the same), and
-  the model's last confusion matrix becomes the chosen epoch's, so the summary's `val_*`
-  describe the weights logged. Its state (the copy included) rides in the checkpoint, so
-  a resumed run keeps its choice.
+  the model's last confusion matrix becomes the chosen epoch's and `val_loss` is kept,
+  so the summary's `val_*` describe the weights logged. Its state (the copy included)
+  rides in the checkpoint, so a resumed run keeps its choice.
 - `check_selection_split`: a version without a validation split is refused (its
   holdout would choose the model and then judge it) unless `select_best.on_holdout`.
 
@@ -70,6 +70,7 @@ class SelectBest(lightning.Callback):
         self.best = BestEpoch(MODES[config.monitor], config.patience)
         self.weights: dict[str, torch.Tensor] | None = None
         self.confusion: torch.Tensor | None = None
+        self.val_loss: float | None = None  # the chosen epoch's, for the summary
         self.epochs_seen = 0
         self.stopped_early = False
 
@@ -81,6 +82,8 @@ class SelectBest(lightning.Callback):
         self.epochs_seen += 1
         if self.best.see(trainer.current_epoch, value):
             self.weights = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+            loss = trainer.callback_metrics.get("val_loss")
+            self.val_loss = None if loss is None else float(loss)
             confusion = getattr(pl_module, "last_confusion", None)
             self.confusion = None if confusion is None else torch.as_tensor(confusion).clone()
         if self.best.should_stop:
@@ -112,12 +115,14 @@ class SelectBest(lightning.Callback):
             "epochs_seen": self.epochs_seen,
             "weights": self.weights,
             "confusion": self.confusion,
+            "val_loss": self.val_loss,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best.value, self.best.epoch = state_dict["value"], state_dict["epoch"]
         self.best.waited, self.epochs_seen = state_dict["waited"], state_dict["epochs_seen"]
         self.weights, self.confusion = state_dict["weights"], state_dict["confusion"]
+        self.val_loss = state_dict["val_loss"]
 
     def summary(self) -> dict[str, Any]:
         """summary.json's `selection`: the figure, the epoch chosen (0-based) and its value."""

@@ -64,6 +64,8 @@ def run_training(
     summary[CHOSEN_ON] = job.data.chosen_on  # the split `val_*` (and any selection) read
     selection = job.callbacks.selection
     summary["selection"] = selection.summary() if selection is not None else None
+    if selection is not None and selection.best.epoch is not None:
+        summary["val_loss"] = selection.val_loss  # the chosen epoch's, as val_macro_f1
     model_uri = log_trained_model(cfg, job, summary["run_id"])
     if job.trainer.is_global_zero:
         tag_selection(cfg, summary)

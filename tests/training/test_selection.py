@@ -144,6 +144,7 @@ def test_trainer_stops_and_restores_exactly_the_best_epoch(
     for name, value in model.state_dict().items():
         assert torch.equal(value, snapshots.weights[chosen][name]), name
     assert (model.last_confusion == chosen).all()
+    assert select.val_loss == pytest.approx(figures[chosen])
     assert select.summary()["stopped_early"] == stopped
 
 
