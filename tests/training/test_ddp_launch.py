@@ -40,7 +40,7 @@ from training.models.config import ModelConfig
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 # The tracked job: a learning rate high enough that val_loss turns up before MAX_EPOCHS,
 # so that select_best stops it early with a best epoch before its last.
-MAX_EPOCHS, VALIDATION_ROWS, SELECTION_LEARNING_RATE = 6, 257, 0.3
+MAX_EPOCHS, VALIDATION_ROWS, SELECTION_LEARNING_RATE = 6, 257, 0.01
 
 
 def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
