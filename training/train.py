@@ -69,7 +69,6 @@ def run_training(
     model_uri = log_trained_model(cfg, job, summary["run_id"])
     if job.trainer.is_global_zero:
         tag_selection(cfg, summary)
-    if job.trainer.is_global_zero:
         summary["model_uri"] = model_uri
         write_summary(cfg.output_dir, summary)
     return summary

@@ -180,6 +180,20 @@ def test_a_missing_dataset_fails_before_any_rank_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_selection_without_a_validation_split_fails_before_any_rank_starts(
+    tmp_path: Path,
+) -> None:
+    """`select_best` on a version without a validation split is refused by the launcher,
+    naming `dataset.validation_fraction`, before a rank starts or a config is written."""
+    dataset = write_dataset(tmp_path / "data", 64, holdout_rows=16)
+    cfg = TrainConfig(
+        dataset=dataset, output_dir=str(tmp_path / "run"), select_best=SelectBestConfig()
+    )
+    with pytest.raises(ValueError, match=r"no validation split.*dataset\.validation_fraction"):
+        run_job(cfg, local_job(1, attempts=3))
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_a_data_error_on_the_ranks_fails_once_in_one_line(
     dataset_cache: Callable[..., str], tmp_path: Path
