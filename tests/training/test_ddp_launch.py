@@ -40,7 +40,7 @@ from training.models.config import ModelConfig
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
 # The tracked job: a learning rate high enough that val_loss turns up before MAX_EPOCHS,
 # so that select_best stops it early with a best epoch before its last.
-MAX_EPOCHS, VALIDATION_ROWS, SELECTION_LEARNING_RATE = 6, 257, 0.01
+MAX_EPOCHS, VALIDATION_ROWS, SELECTION_LEARNING_RATE = 10, 257, 0.01
 
 
 def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
@@ -166,8 +166,12 @@ def logged_network_weights(tracking_uri: str, model_uri: str) -> list[torch.Tens
     """The weights of the network inside the logged pyfunc, in its layers' order."""
     import mlflow
 
-    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking_uri)
-    network = mlflow.pyfunc.load_model(local).unwrap_python_model().network
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)  # a `models:/` URI resolves on the global one
+    try:
+        network = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().network
+    finally:
+        mlflow.set_tracking_uri(before)
     return [value.detach().cpu() for value in network.state_dict().values()]
 
 
