@@ -209,15 +209,22 @@ def serving_check(work: Path, registration: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def proposed_config(work: Path, seed: int, validation: float | None = None) -> dict[str, Any]:
+def proposed_config(
+    work: Path, seed: int, validation: float | None = None, patience: int | None = None
+) -> dict[str, Any]:
     """`ballast init`'s config for the table under `work/raw`, written to
     `work/pipeline.yaml` as proposed, but for `seed` (the reshard's and training's: seed 0
-    is init's own) and `validation` (the validation fraction, None: init's): its reshard
-    dataset section and init's seconds."""
+    is init's own), `validation` (the validation fraction, None: init's) and `patience`
+    (`train.select_best` on val_loss with it, 0: none, None: init's): its reshard dataset
+    section and init's seconds."""
     init, init_s = ballast(["init", "--inputs", str(work / "raw"), "--label", "target"])
     text = init.stdout
     if validation is not None:  # the holdout stays the same rows whatever this is
         text = re.sub(r"validation_fraction: [0-9.]+", f"validation_fraction: {validation}", text)
+    if patience is not None:  # init's block (a line and its indented settings) out first
+        text = re.sub(r"\n  select_best:[^\n]*(\n    [^\n]*)*", "", text)
+        selection = f"  select_best: {{monitor: val_loss, patience: {patience}}}\n"
+        text = text.replace("\ntrain:\n", f"\ntrain:\n{selection if patience else ''}", 1)
     if seed:  # as a user sets it: a line in each section, init's comments kept
         for section in ("reshard", "train"):
             text = text.replace(f"\n{section}:\n", f"\n{section}:\n  seed: {seed}\n", 1)
@@ -227,11 +234,15 @@ def proposed_config(work: Path, seed: int, validation: float | None = None) -> d
 
 
 def first_hour(
-    name: str, work: Path, seed: int = 0, validation: float | None = None
+    name: str,
+    work: Path,
+    seed: int = 0,
+    validation: float | None = None,
+    patience: int | None = None,
 ) -> dict[str, Any]:
     """init + run pipeline on one table with one seed; its figures."""
     frame = write_table(name, work / "raw")
-    init = proposed_config(work, seed, validation)
+    init = proposed_config(work, seed, validation, patience)
     # A loaded machine starts Prefect's temporary server past its 20 s default (issue 33.7).
     env = {
         **os.environ,
@@ -270,6 +281,8 @@ def first_hour(
         "outside_stages_s": round(run_s - sum(stages.values()), 1),
         "holdout_rows": next(iter(result["evaluations"].values()))["num_rows"],
         "validation_fraction": init["dataset"].get("validation_fraction", 0.0),
+        "select_best": yaml.safe_load(init["text"])["train"].get("select_best"),
+        "selection": result["training"].get("selection"),
         "balanced_accuracy": ours,
         "sklearn": {key: round(value, 4) for key, value in theirs.items()},
         "ratio": {arm: round(value / theirs["hgb"], 3) for arm, value in ours.items()},
@@ -314,6 +327,12 @@ def main() -> None:
         type=float,
         help="dataset.validation_fraction instead of init's proposal (0: none)",
     )
+    parser.add_argument(
+        "--select-best",
+        type=int,
+        metavar="PATIENCE",
+        help="train.select_best on val_loss with this patience instead of init's (0: none)",
+    )
     args = parser.parse_args()
     summaries = []
     for name in args.tables:
@@ -322,7 +341,9 @@ def main() -> None:
         for seed in range(seeds):
             work = Path(args.work_dir).resolve() / name / f"seed-{seed}"
             try:
-                runs.append(first_hour(name, work, seed, args.validation_fraction))
+                runs.append(
+                    first_hour(name, work, seed, args.validation_fraction, args.select_best)
+                )
                 print(json.dumps(runs[-1]), flush=True)
             except RuntimeError as error:  # one failed command: the others still run
                 print(json.dumps({"table": name, "seed": seed, "error": str(error)[-500:]}))

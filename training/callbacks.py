@@ -21,6 +21,8 @@
   `comm/allreduce_bytes`, `comm/allreduce_s` and `comm/compute_comm_ratio`
   (step time outside all-reduce over all-reduce time), and their totals for
   the summary. Values are rank 0's, logged without a collective.
+- `SelectBest` (training/selection.py) when `select_best` is set: early stopping and
+  the best epoch's weights restored at the train's end.
 - `checkpoint_callbacks`: `last.ckpt`, at every epoch's end and every
   `checkpoint_every_n_steps` optimizer steps.
 """
@@ -49,6 +51,7 @@ from training.distributed.rank_time import RankTimes
 from training.distributed.strategy import MeteredDDPStrategy
 from training.distributed.watchdog import HangWatchdog
 from training.log_cadence import logs_this_step
+from training.selection import SelectBest
 
 
 class JobCallbacks:
@@ -80,6 +83,8 @@ class JobCallbacks:
             extra.append(HangWatchdog(cfg.watchdog_timeout_s, cfg.output_dir))
         if cfg.gradient_clip_norm is not None:
             extra.append(GradientClipping(cfg.gradient_clip_norm))
+        self.selection = SelectBest(cfg.select_best) if cfg.select_best is not None else None
+        extra += [self.selection] if self.selection is not None else []
         self.all: list[lightning.Callback] = [*checkpoint_callbacks(cfg), self.counter, *extra]
         self.all += [self.comm] if self.comm is not None else []
 

@@ -164,6 +164,28 @@ class CommConfig(BaseModel):
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MiB).")
 
 
+class SelectBestConfig(BaseModel):
+    """Keep the best epoch's weights, not the last, and stop once it stops improving
+    (training/selection.py): judged on the version's validation split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    monitor: Literal["val_loss", "val_macro_f1"] = Field(
+        "val_loss",
+        description="The validation figure that chooses: `val_loss` (lowest wins) or "
+        "`val_macro_f1` (highest wins); a tie keeps the earlier epoch.",
+    )
+    patience: int = Field(
+        3, gt=0, description="Stop after this many epochs in a row without a better figure."
+    )
+    on_holdout: bool = Field(
+        False,
+        description="Also select on the holdout of a version without a validation split "
+        "(then promotion judges the rows that chose the model; a warning says so). "
+        "False: such a version is refused, naming dataset.validation_fraction.",
+    )
+
+
 class TrainConfig(BaseModel):
     """One training job on one dataset version."""
 
@@ -235,6 +257,11 @@ class TrainConfig(BaseModel):
     loader: LoaderConfig = Field(default_factory=LoaderConfig, description="Streaming.")
     read: ReadConfig = Field(default_factory=ReadConfig, description="Read-ahead and cache.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model.")
+    select_best: SelectBestConfig | None = Field(
+        None,
+        description="Early stopping and the best epoch's weights as the model logged "
+        "(ddp or auto); None: every epoch runs and the last weights are logged.",
+    )
     tracking: TrackingConfig | None = Field(None, description="MLflow target; None logs nothing.")
 
     @model_validator(mode="after")
@@ -251,6 +278,9 @@ class TrainConfig(BaseModel):
             )
         if self.comm.hook != "none" and self.strategy not in ("ddp", "auto"):
             raise ValueError(f"comm.hook: {self.comm.hook} applies to ddp, not {self.strategy}")
+        if self.select_best is not None and self.strategy not in ("ddp", "auto"):
+            # Its copy of the best weights is a plain state dict; sharded DTensors are not.
+            raise ValueError(f"select_best applies to ddp or auto, not strategy {self.strategy}")
         return self
 
     @property

@@ -38,6 +38,9 @@ SUMMARY_NAME = "summary.json"
 # the rows that chose), or None. The same words as the run's MLflow tag of that name.
 CHOSEN_ON = "checkpoint_chosen_on"
 CHOSEN_ON_TAG = f"ballast.{CHOSEN_ON}"
+# `train.select_best`: the epoch whose weights were logged (0-based, as Lightning counts)
+# and the rule that chose it; summary.json's `selection` holds the same and the figure.
+SELECTED_EPOCH_TAG, SELECTED_BY_TAG = "ballast.selected_epoch", "ballast.selected_by"
 
 
 def summary_uri(output_dir: str) -> str:

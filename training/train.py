@@ -4,7 +4,8 @@
 model, strategy, callbacks, Trainer), fits it, resuming from `last.ckpt` when
 `cfg.resume` is set or `ckpt_path` is given, and closes the run: the summary's
 figures (training/summary.py; a collective), the trained network logged to MLflow
-from rank 0, and `<output_dir>/summary.json`. It never spawns processes itself:
+from rank 0 (with `select_best`, the chosen epoch's weights, training/selection.py, and
+tags naming it), and `<output_dir>/summary.json`. It never spawns processes itself:
 launch it with `python -m training` under torchrun, srun or a PyTorchJob
 (training/launch/, docs/architecture.md M1). `close_process_group`
 and `exit_rank` end a rank's process.
@@ -30,7 +31,13 @@ from tracking.config import TrackingConfig
 from training.config import TrainConfig
 from training.distributed.checkpoints import full_network_state, resolve_checkpoint
 from training.models.classifier import build_model
-from training.summary import CHOSEN_ON, summarise, write_summary
+from training.summary import (
+    CHOSEN_ON,
+    SELECTED_BY_TAG,
+    SELECTED_EPOCH_TAG,
+    summarise,
+    write_summary,
+)
 from training.trainer import TrainingJob, build_job
 
 
@@ -55,8 +62,13 @@ def run_training(
     summary["config_sha256"] = config_sha256
     summary["loader"] = job.data.train_dataloader().metrics()
     summary[CHOSEN_ON] = job.data.chosen_on  # the split `val_*` (and any selection) read
+    selection = job.callbacks.selection
+    summary["selection"] = selection.summary() if selection is not None else None
+    if selection is not None and selection.best.epoch is not None:
+        summary["val_loss"] = selection.val_loss  # the chosen epoch's, as val_macro_f1
     model_uri = log_trained_model(cfg, job, summary["run_id"])
     if job.trainer.is_global_zero:
+        tag_selection(cfg, summary)
         summary["model_uri"] = model_uri
         write_summary(cfg.output_dir, summary)
     return summary
@@ -100,6 +112,20 @@ def log_trained_model(cfg: TrainConfig, job: TrainingJob, run_id: str | None) ->
     network.load_state_dict(state)
     # The version's codec and classes go with the network: the model predicts on raw rows.
     return log_model(cfg.tracking, run_id, network, cfg.dataset)
+
+
+def tag_selection(cfg: TrainConfig, summary: dict[str, Any]) -> None:
+    """`select_best`'s choice as tags of the job's run (rank 0): the epoch logged and
+    the rule, e.g. `val_loss (min), patience 3, on the validation split`."""
+    chosen, run_id = summary["selection"], summary["run_id"]
+    if chosen is None or cfg.tracking is None or run_id is None:
+        return
+    from tracking.run.job_config import tag_job_run
+
+    rule = f"{chosen['monitor']} ({chosen['mode']}), patience {chosen['patience']}"
+    tags = {SELECTED_EPOCH_TAG: str(chosen["epoch"])}
+    tags[SELECTED_BY_TAG] = f"{rule}, on the {summary[CHOSEN_ON]} split"
+    tag_job_run(cfg.tracking, run_id, tags)
 
 
 def close_process_group(wait_for_peers: bool = True) -> None:

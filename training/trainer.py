@@ -28,6 +28,7 @@ from training.distributed.env import env_local_world_size, env_world_size
 from training.distributed.parallelize import bind_parallelism
 from training.distributed.strategy import build_strategy
 from training.models.classifier import build_model
+from training.selection import check_selection_split
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def build_job(cfg: TrainConfig) -> TrainingJob:
     world = RankWorld.from_environment()
     data = StreamDataModule(cfg.dataset, cfg.loader, cfg.seed, cfg.read)
     check_enough_rows(data.train_stream, world.world_size, cfg)
+    check_selection_split(cfg.select_best, data.chosen_on)
     model = build_model(cfg.model, data.num_features, data.classes)
     strategy = build_strategy(cfg, world.world_size)
     if isinstance(strategy, ModelParallelStrategy):

@@ -34,12 +34,15 @@ SOURCE_NAMES = ("source",)
 IMBALANCE_TO_REBALANCE = 2.0  # largest / smallest class count above which `uniform` is proposed
 HOLDOUT_FRACTION = 0.1
 # A validation split of this share is proposed where it would hold MIN_VALIDATION_ROWS or
-# more. The built-in models select nothing on it, so on a smaller table the training rows
-# it takes cost the held-out score more than its figures are worth (benchmarks/RESULTS.md
-# M67: 0.1 cost benefits' 4,877 rows 1.4 points of balanced accuracy over 3 seeds).
+# more, with `train.select_best` on it. On a smaller table the training rows it takes cost
+# the held-out score more than its figures are worth (benchmarks/RESULTS.md M67: 0.1 cost
+# benefits' 4,877 rows 1.4 points of balanced accuracy over 3 seeds, without selection),
+# and a few hundred rows' val_loss is too noisy to choose an epoch by.
 VALIDATION_FRACTION, MIN_VALIDATION_ROWS = 0.1, 1_000
 MIN_TIME_VALUES = 100  # distinct dates a time holdout is proposed by, at least
 TIME_SAMPLE_ROWS = 1_000_000  # rows read to count them, at most
+# select_best's patience: this share of the proposed epochs, at least MIN_PATIENCE.
+PATIENCE_SHARE, MIN_PATIENCE = 0.25, 2
 MAX_CATEGORIES = DatasetSpec.model_fields["max_categories"].default
 ROLE_NOTES = {
     "label": "label",
@@ -75,6 +78,14 @@ def validation_fraction(survey: TableSurvey) -> float:
     labelled = survey.num_rows - survey.unlabelled
     enough = labelled * VALIDATION_FRACTION >= MIN_VALIDATION_ROWS
     return VALIDATION_FRACTION if enough and not _time_holdout(survey) else 0.0
+
+
+def proposed_selection(survey: TableSurvey, max_epochs: int) -> dict[str, Any]:
+    """`train.select_best` on val_loss where a validation split is proposed, else none."""
+    if not validation_fraction(survey):
+        return {}
+    patience = max(MIN_PATIENCE, round(PATIENCE_SHARE * max_epochs))
+    return {"select_best": {"monitor": "val_loss", "patience": patience}}
 
 
 def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
@@ -155,6 +166,7 @@ def starter_config(survey: TableSurvey, inputs: str) -> dict[str, Any]:
     counts = sorted(survey.classes.values())
     uniform = len(counts) > 1 and counts[-1] / max(counts[0], 1) > IMBALANCE_TO_REBALANCE
     labelled = survey.num_rows - survey.unlabelled
+    training = sized_training(int(labelled * (1 - HOLDOUT_FRACTION - validation_fraction(survey))))
     return {
         "reshard": {
             "dataset": dataset_section(survey, inputs),
@@ -165,7 +177,8 @@ def starter_config(survey: TableSurvey, inputs: str) -> dict[str, Any]:
         "train": {
             "dataset": "${WORK_DIR}/datasets",
             "output_dir": "${WORK_DIR}/training",
-            **sized_training(int(labelled * (1 - HOLDOUT_FRACTION - validation_fraction(survey)))),
+            **training,
+            **proposed_selection(survey, training["max_epochs"]),
             "tracking": {
                 "tracking_uri": "sqlite:///${WORK_DIR}/mlflow.db",
                 "artifact_location": "${WORK_DIR}/mlartifacts",
@@ -300,6 +313,12 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             )
         elif name == "validation_fraction":
             line += f"  # CONFIRM: {_validation_reason(survey)}"
+        elif line.strip() == "select_best:":
+            line += (
+                "  # CONFIRM: stop once val_loss on the validation split has not improved "
+                "for `patience` epochs and log the best epoch's weights; remove: every "
+                "epoch runs and the last weights are logged"
+            )
         elif line.strip() == "holdout_by: newest":
             line += f"  # CONFIRM: {_time_reason(survey)}"
         elif name == "class_weighting":

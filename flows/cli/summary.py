@@ -54,6 +54,14 @@ def chosen_on(split: str | None) -> str:
     return f" (on the {split} split)" if split else ""
 
 
+def kept_epoch(selection: dict[str, Any] | None) -> str:
+    """`train.select_best`'s choice (epochs 0-based, as its tag counts), or nothing."""
+    if not selection or selection.get("epoch") is None:
+        return ""
+    run = selection["epochs_validated"]
+    return f"; kept epoch {selection['epoch']} of 0-{run - 1} by {selection['monitor']}"
+
+
 def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str | None) -> str:
     """Rows per class before/after, shard balance, validation figures and the MLflow run."""
     lines = ["", *dataset_lines(manifest, result.reused)]
@@ -64,6 +72,7 @@ def format_summary(manifest: Manifest, result: PipelineResult, tracking_uri: str
         f"training{arm}: {training.world_size} ranks, batches per rank "
         f"{training.batches_per_rank}, validation macro-F1 "
         f"{training.val_macro_f1:.3f}{chosen_on(training.checkpoint_chosen_on)}"
+        f"{kept_epoch((training.model_extra or {}).get('selection'))}"
     )
     if result.evaluations:
         lines += held_out_lines(result.evaluations)

@@ -151,8 +151,9 @@ def test_init_proposes_the_group_column_and_same_split_with_their_reasons(tmp_pa
 def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path, capsys) -> None:
     """Invariants: on 1,000 labelled rows (a validation split of 10% under 1,000 rows) init
     proposes `validation_fraction: 0.0`, its CONFIRM saying that training then validates
-    on the holdout, which judges the model it chose; on 12,000 rows (no date column) it
-    proposes 0.1, with its CONFIRM."""
+    on the holdout, which judges the model it chose, and no `select_best`; on 12,000 rows
+    (no date column) it proposes 0.1, with its CONFIRM, and `select_best` on val_loss with
+    a quarter of the epochs as patience (at least 2), with its CONFIRM."""
     rng = np.random.default_rng(1)
     table = pa.table({"label": rng.integers(0, 2, 1_000), "x": rng.normal(size=1_000)})
     (tmp_path / "raw").mkdir()
@@ -161,6 +162,7 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     PipelineParams.model_validate(config)
     assert config["reshard"]["dataset"]["validation_fraction"] == 0.0
     assert "validation_fraction: 0.0  # CONFIRM: 0: training validates on the holdout" in text
+    assert "select_best" not in config["train"]
     rng = np.random.default_rng(2)
     table = pa.table({"label": rng.integers(0, 2, 12_000), "x": rng.normal(size=12_000)})
     pq.write_table(table, tmp_path / "raw" / "a.parquet")
@@ -168,6 +170,9 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     PipelineParams.model_validate(config)
     assert config["reshard"]["dataset"]["validation_fraction"] == 0.1
     assert "validation_fraction: 0.1  # CONFIRM: rows training validates on" in text
+    patience = max(2, round(config["train"]["max_epochs"] / 4))
+    assert config["train"]["select_best"] == {"monitor": "val_loss", "patience": patience}
+    assert "select_best:  # CONFIRM: stop once val_loss on the validation split" in text
 
 
 def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path, capsys) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import (
@@ -30,13 +31,16 @@ from preprocessing.contract.manifest import (
 )
 from tests.training.conftest import write_dataset
 from tracking.config import TrackingConfig
-from training.config import LoaderConfig, TrainConfig, load_train_config
+from training.config import LoaderConfig, SelectBestConfig, TrainConfig, load_train_config
 from training.launch import LocalJob, RetryPolicy, TrainingFailed, run_job
 from training.launch.job import PINNED_CONFIG_NAME
 from training.launch.processes import child_env
 from training.models.config import ModelConfig
 
 RECORDING_MODEL = "tests.training.recording_model:RecordingClassifier"
+# The tracked job: a learning rate high enough that val_loss turns up before MAX_EPOCHS,
+# so that select_best stops it early with a best epoch before its last.
+MAX_EPOCHS, VALIDATION_ROWS, SELECTION_LEARNING_RATE = 10, 257, 0.01
 
 
 def local_job(num_processes: int, attempts: int = 1) -> LocalJob:
@@ -56,24 +60,42 @@ class TrackedJob:
     password: str
     proxy_address: str
     requests: dict[str, int]  # authorized / rejected, as the proxy counted them
+    records: Path  # each rank's weights at each validation (RecordingClassifier)
 
 
 @pytest.fixture(scope="module")
 def tracked_job(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> TrackedJob:
-    """One two-rank DDP job (2 epochs over 2000 train rows in 4 shards, 301 holdout rows)
-    whose tracking URI holds user:password, in front of a server (a loopback proxy)
-    that refuses any request without them."""
+    """One two-rank DDP job (up to MAX_EPOCHS over 2000 train rows in 4 shards, 301
+    holdout rows, VALIDATION_ROWS validation rows; `select_best` on val_loss, patience 1,
+    each rank's weights recorded at every validation) whose tracking URI holds
+    user:password, in front of a server (a loopback proxy) that refuses any request
+    without them."""
     root = tmp_path_factory.mktemp("tracked-job")
     password = f"pw-{uuid.uuid4().hex}"
     proxy = BasicAuthProxy(mlflow_uri, f"ada:{password}")
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    dataset = write_dataset(root / "data", 2000, holdout_rows=301, num_shards=4, row_group_size=128)
+    dataset = write_dataset(
+        root / "data",
+        2000,
+        holdout_rows=301,
+        num_shards=4,
+        row_group_size=128,
+        validation_rows=VALIDATION_ROWS,
+    )
+    records = root / "records"
+    records.mkdir()
     cfg = TrainConfig(
         dataset=dataset,
         output_dir=str(root / "run"),
-        max_epochs=2,
+        max_epochs=MAX_EPOCHS,
         process_group_timeout_s=120,
         loader=LoaderConfig(batch_size=64, num_workers=1),
+        model=ModelConfig(
+            class_path=RECORDING_MODEL,
+            learning_rate=SELECTION_LEARNING_RATE,
+            options={"record_dir": str(records), "record_weights": True},
+        ),
+        select_best=SelectBestConfig(monitor="val_loss", patience=1),
         tracking=TrackingConfig(
             tracking_uri=f"http://ada:{password}@{proxy.address}",
             experiment="credentials",
@@ -85,21 +107,72 @@ def tracked_job(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Tr
     finally:
         proxy.shutdown()
     return TrackedJob(
-        summary, Path(summary["output_dir"]), password, proxy.address, dict(proxy.counts)
+        summary, Path(summary["output_dir"]), password, proxy.address, dict(proxy.counts), records
     )
 
 
 @pytest.mark.slow
 def test_two_rank_ddp_run_gives_equal_batches_per_rank(tracked_job: TrackedJob) -> None:
     """Both ranks train the same positive number of batches (DDP never waits on a missing
-    one), validation covers every holdout row once, and macro F1 is a number in [0, 1]."""
+    one), validation covers every validation row once (the holdout none), and macro F1 is
+    a number in [0, 1]."""
     summary = tracked_job.summary
     assert summary["world_size"] == 2
-    assert summary["batches_per_rank"] == [2 * (2000 // 128)] * 2
-    assert sum(map(sum, summary["confusion_matrix"])) == 301
+    epochs = summary["selection"]["epochs_validated"]
+    assert summary["batches_per_rank"] == [epochs * (2000 // 128)] * 2
+    assert sum(map(sum, summary["confusion_matrix"])) == VALIDATION_ROWS
     assert 0.0 <= summary["val_macro_f1"] <= 1.0 and not math.isnan(summary["val_macro_f1"])
     assert math.isfinite(summary["val_loss"]) and summary["val_loss"] > 0
     assert [attempt["returncode"] for attempt in summary["attempts"]] == [0]
+
+
+@pytest.mark.slow
+def test_two_rank_selection_stops_together_and_logs_the_best_epoch(
+    tracked_job: TrackedJob, mlflow_uri: str
+) -> None:
+    """`select_best` under 2-rank DDP: both ranks validated the same epochs (so stopped
+    at the same one), early, after `patience` epochs without a lower val_loss; the chosen
+    epoch is the first lowest of the run's logged val_loss history; the logged model's
+    weights equal exactly what both ranks held at that epoch (not the last one); the
+    summary and the run's tags name the epoch and the validation split."""
+    summary, records = tracked_job.summary, tracked_job.records
+    selection = summary["selection"]
+    epochs = [
+        sorted(p.name.split("epoch")[1] for p in records.glob(f"weights-rank{r}-*"))
+        for r in range(2)
+    ]
+    assert epochs[0] == epochs[1] and len(epochs[0]) == selection["epochs_validated"]
+    assert selection["stopped_early"] and selection["epochs_validated"] < MAX_EPOCHS
+    client = MlflowClient(mlflow_uri)
+    history = sorted(client.get_metric_history(summary["run_id"], "val_loss"), key=lambda m: m.step)
+    losses = [m.value for m in history]
+    assert len(losses) == selection["epochs_validated"]
+    chosen = selection["epoch"]
+    assert chosen == losses.index(min(losses)) and chosen < selection["epochs_validated"] - 1
+    best = [torch.load(records / f"weights-rank{r}-epoch{chosen}.pt") for r in range(2)]
+    last = torch.load(records / f"weights-rank0-epoch{selection['epochs_validated'] - 1}.pt")
+    logged = logged_network_weights(mlflow_uri, summary["model_uri"])
+    assert len(logged) == len(best[0])
+    for saved, mine, other in zip(logged, best[0].values(), best[1].values(), strict=True):
+        assert torch.equal(saved, mine) and torch.equal(mine, other)
+    assert not all(torch.equal(a, b) for a, b in zip(logged, last.values(), strict=True))
+    tags = client.get_run(summary["run_id"]).data.tags
+    assert summary["checkpoint_chosen_on"] == tags["ballast.checkpoint_chosen_on"] == "validation"
+    assert tags["ballast.selected_epoch"] == str(chosen)
+    assert tags["ballast.selected_by"] == "val_loss (min), patience 1, on the validation split"
+
+
+def logged_network_weights(tracking_uri: str, model_uri: str) -> list[torch.Tensor]:
+    """The weights of the network inside the logged pyfunc, in its layers' order."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)  # a `models:/` URI resolves on the global one
+    try:
+        network = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().network
+    finally:
+        mlflow.set_tracking_uri(before)
+    return [value.detach().cpu() for value in network.state_dict().values()]
 
 
 def test_a_missing_dataset_fails_before_any_rank_starts(tmp_path: Path) -> None:
@@ -107,6 +180,20 @@ def test_a_missing_dataset_fails_before_any_rank_starts(tmp_path: Path) -> None:
     it, before a rank starts or a config is written."""
     cfg = TrainConfig(dataset=str(tmp_path / "nowhere"), output_dir=str(tmp_path / "run"))
     with pytest.raises(ManifestError, match=r"nowhere: no _MANIFEST\.json"):
+        run_job(cfg, local_job(1, attempts=3))
+    assert not (tmp_path / "run").exists()
+
+
+def test_selection_without_a_validation_split_fails_before_any_rank_starts(
+    tmp_path: Path,
+) -> None:
+    """`select_best` on a version without a validation split is refused by the launcher,
+    naming `dataset.validation_fraction`, before a rank starts or a config is written."""
+    dataset = write_dataset(tmp_path / "data", 64, holdout_rows=16)
+    cfg = TrainConfig(
+        dataset=dataset, output_dir=str(tmp_path / "run"), select_best=SelectBestConfig()
+    )
+    with pytest.raises(ValueError, match=r"no validation split.*dataset\.validation_fraction"):
         run_job(cfg, local_job(1, attempts=3))
     assert not (tmp_path / "run").exists()
 

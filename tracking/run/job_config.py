@@ -6,6 +6,9 @@ since the file names the run; the config's params follow the file here, so a run
 and the config its ranks ran are one file by construction. A server that is away keeps
 both in the run's spool (the hash as the param `ballast.config_sha256` there: a spool
 keeps params, and its tags only for a run not yet created).
+
+`tag_job_run`: tags a finished job adds to its run (the epoch `train.select_best` chose),
+kept in the spool's tags when the server is away (they are sent with the rest).
 """
 
 from __future__ import annotations
@@ -36,3 +39,13 @@ def log_job_config(
         spool.add_params(flat | {CONFIG_SHA256_TAG: sha256})
 
     send_or_keep(config, run_id, "its config", send, keep)
+
+
+def tag_job_run(config: TrackingConfig, run_id: str, tags: dict[str, str]) -> None:
+    """Set `tags` on the job's run, or keep them in its spool."""
+
+    def send(client: MlflowClient) -> None:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+
+    send_or_keep(config, run_id, "its tags", send, lambda spool: spool.add_tags(tags))

@@ -58,6 +58,7 @@ from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import Launcher, LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.processes import read_tail
 from training.launch.slurm import SlurmLauncher
+from training.selection import check_selection_split
 from training.summary import CHOSEN_ON_TAG, read_summary
 
 PINNED_CONFIG_NAME = "train-config.pinned.yaml"
@@ -247,6 +248,7 @@ def pin_job(cfg: TrainConfig, job: AnyJob, run_key: str | None = None) -> Pinned
         check_pinned_for_nodes(cfg)
     cfg = cfg.of_run(run_key or nodes_key(cfg, job) or new_run_key())
     manifest, manifest_uri = read_manifest(cfg.dataset)
+    check_selection_split(cfg.select_best, manifest.selection_split())  # before any rank
     pinned = cfg.model_copy(update={"dataset": manifest_uri})
     secret_env: dict[str, str] = {}
     opened = cfg.tracking is not None and cfg.tracking.run_id is None
