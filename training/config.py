@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -363,3 +364,23 @@ def dump_train_config(cfg: TrainConfig, path: str | Path) -> str:
     fs.makedirs(location.rsplit("/", 1)[0], exist_ok=True)
     fs.pipe_file(location, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).encode())
     return str(path)
+
+
+def check_selection_split(config: SelectBestConfig | None, chosen_on: str | None) -> None:
+    """Refuse selection on a version without a validation split, unless it may select on
+    the holdout (`on_holdout`), which it then says loudly."""
+    if config is None or chosen_on == "validation":
+        return
+    if chosen_on == "holdout" and config.on_holdout:
+        warnings.warn(
+            "select_best: this version has no validation split, so the holdout chooses the "
+            "epoch and then judges the model it chose (set dataset.validation_fraction)",
+            stacklevel=2,
+        )
+        return
+    where = "no validation split" if chosen_on == "holdout" else "neither validation nor holdout"
+    raise ValueError(
+        f"select_best: the dataset version has {where} to select on; set "
+        "dataset.validation_fraction when resharding (or select_best.on_holdout: true to "
+        "let the holdout choose the model it then judges)"
+    )

@@ -13,8 +13,9 @@ as the model the run logs.
   the model's last confusion matrix becomes the chosen epoch's and `val_loss` is kept,
   so the summary's `val_*` describe the weights logged. Its state (the copy included)
   rides in the checkpoint, so a resumed run keeps its choice.
-- `check_selection_split`: a version without a validation split is refused (its
-  holdout would choose the model and then judge it) unless `select_best.on_holdout`.
+- `check_selection_split` (in training/config.py, so the launcher checks it without
+  importing torch): a version without a validation split is refused (its holdout would
+  choose the model and then judge it) unless `select_best.on_holdout`.
 
 FSDP and tensor parallel are refused in the config (training/config.py): their weights
 are sharded DTensors, which the copy here does not handle.
@@ -23,7 +24,6 @@ are sharded DTensors, which the copy here does not handle.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -135,23 +135,3 @@ class SelectBest(lightning.Callback):
             "epochs_validated": self.epochs_seen,
             "stopped_early": self.stopped_early,
         }
-
-
-def check_selection_split(config: SelectBestConfig | None, chosen_on: str | None) -> None:
-    """Refuse selection on a version without a validation split, unless it may select on
-    the holdout (`on_holdout`), which it then says loudly."""
-    if config is None or chosen_on == "validation":
-        return
-    if chosen_on == "holdout" and config.on_holdout:
-        warnings.warn(
-            "select_best: this version has no validation split, so the holdout chooses the "
-            "epoch and then judges the model it chose (set dataset.validation_fraction)",
-            stacklevel=2,
-        )
-        return
-    where = "no validation split" if chosen_on == "holdout" else "neither validation nor holdout"
-    raise ValueError(
-        f"select_best: the dataset version has {where} to select on; set "
-        "dataset.validation_fraction when resharding (or select_best.on_holdout: true to "
-        "let the holdout choose the model it then judges)"
-    )

@@ -21,14 +21,13 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from training.callbacks import JobCallbacks
-from training.config import TrainConfig
+from training.config import TrainConfig, check_selection_split
 from training.data.datamodule import StreamDataModule
 from training.data.loader import ShardStream
 from training.distributed.env import env_local_world_size, env_world_size
 from training.distributed.parallelize import bind_parallelism
 from training.distributed.strategy import build_strategy
 from training.models.classifier import build_model
-from training.selection import check_selection_split
 
 
 @dataclass(frozen=True)

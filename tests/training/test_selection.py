@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from flows.cli.summary import kept_epoch
-from training.config import SelectBestConfig, TrainConfig
-from training.selection import BestEpoch, SelectBest, check_selection_split
+from training.config import SelectBestConfig, TrainConfig, check_selection_split
+from training.selection import BestEpoch, SelectBest
 
 # Few distinct values, so that ties are common; NaN now and then.
 FIGURES = st.lists(st.sampled_from([0.1, 0.2, 0.3, 0.5, float("nan")]), min_size=1, max_size=12)

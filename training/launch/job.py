@@ -50,7 +50,7 @@ from preprocessing.contract.manifest import MANIFEST_NAME, Manifest, read_manife
 from preprocessing.toolbox.faults import backoff_s
 from preprocessing.toolbox.secrets import split_credentials
 from tracking.config import TrackingConfig
-from training.config import TrainConfig, config_sha256, dump_train_config
+from training.config import TrainConfig, check_selection_split, config_sha256, dump_train_config
 from training.distributed.hangs import take_hang_reports
 from training.launch.config import AnyJob, MultiNodeJob, job_retry
 from training.launch.failures import TrainingFailed, clear_error_logs, read_config_errors
@@ -58,7 +58,6 @@ from training.launch.kubernetes import KubernetesLauncher
 from training.launch.launchers import Launcher, LocalTorchrunLauncher, MultiNodeTorchrunLauncher
 from training.launch.processes import read_tail
 from training.launch.slurm import SlurmLauncher
-from training.selection import check_selection_split
 from training.summary import CHOSEN_ON_TAG, read_summary
 
 PINNED_CONFIG_NAME = "train-config.pinned.yaml"
