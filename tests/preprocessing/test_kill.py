@@ -194,7 +194,9 @@ def test_two_reshards_of_one_config_race_and_both_exit_zero(small_raw, tmp_path)
     `committed` and one `already committed`; `_CURRENT` names the version; every shard
     checks out; no staging is left."""
     root = tmp_path / "out"
-    config = small_config(small_raw, root)
+    # Staged, on worker processes: a small input's single pass on threads ends in about a
+    # second, before a second process started beside it stages at all.
+    config = small_config(small_raw, root, single_pass_bytes=0)
     version_id = version_id_for(config)
     runs = [start_reshard(config, tmp_path, name=f"run{k}") for k in range(2)]
     most_attempts, deadline = 0, time.monotonic() + 300
