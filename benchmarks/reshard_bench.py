@@ -246,6 +246,7 @@ def ballast_config(mode: str, job: dict[str, Any]) -> Any:
         rows_per_row_group=job["row_group_rows"],
         holdout_fraction=job["holdout_fraction"],
         num_workers=2,
+        single_pass_bytes=job.get("single_pass_bytes"),
     )
 
 
@@ -581,6 +582,7 @@ def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[s
         "num_shards": -(-num_rows // shard_rows),
         "row_group_rows": args.row_group_rows,
         "holdout_fraction": args.holdout_fraction,
+        "single_pass_bytes": args.single_pass_bytes,
     }
 
 
@@ -690,6 +692,12 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=1,
         help="runs per tool; the table shows the fastest, the highest peaks",
+    )
+    parser.add_argument(
+        "--single-pass-bytes",
+        type=int,
+        default=None,
+        help="ballast's `single_pass_bytes` (default: unset, the host's share; 0 stages)",
     )
     parser.add_argument("--scale-check", action="store_true")
     parser.add_argument("--keep-outputs", action="store_true")
