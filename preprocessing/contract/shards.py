@@ -17,6 +17,8 @@ Part of the contract room: training-side writers (fixtures of tests/training) us
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -195,20 +197,37 @@ class EncodeBuffer:
     def __init__(self) -> None:
         self._buffer: pa.Buffer | None = None
 
-    def for_table(self, table: pa.Table) -> pa.Buffer | None:
-        """A buffer to encode `table` into (bound: its Arrow bytes and a sixteenth, plus 1
-        MiB for headers and footer; rarely too small, see `write_shard`), or None."""
-        if table.nbytes < self.MIN_TABLE_BYTES:
+    def for_bytes(self, nbytes: int) -> pa.Buffer | None:
+        """A buffer to encode rows of `nbytes` Arrow bytes into (bound: those bytes and a
+        sixteenth, plus 1 MiB for headers and footer; rarely too small, see
+        `write_shard`), or None."""
+        if nbytes < self.MIN_TABLE_BYTES:
             return None
-        bound = table.nbytes + table.nbytes // 16 + (1 << 20)
+        bound = nbytes + nbytes // 16 + (1 << 20)
         if self._buffer is None or self._buffer.size < bound:
             self._buffer = pa.allocate_buffer(bound)
         return self._buffer
 
 
+@dataclass(frozen=True)
+class ShardSlices:
+    """A shard's rows as consecutive slices made on demand (`make()`: a fresh iterator
+    each call, so an encode that overflows its buffer can make them again), with their
+    schema and about their Arrow bytes. Slices of whole row groups are encoded as they
+    come: a writer of a large shard then holds one slice of it, not a second copy."""
+
+    schema: pa.Schema
+    nbytes: int
+    make: Callable[[], Iterable[pa.Table]]
+
+    @classmethod
+    def of(cls, table: pa.Table) -> ShardSlices:
+        return cls(table.schema, table.nbytes, lambda: [table])
+
+
 def write_shard(
     uri: str,
-    table: pa.Table,
+    rows: pa.Table | ShardSlices,
     rows_per_row_group: int,
     label_column: str,
     source_column: str | None = None,
@@ -216,28 +235,31 @@ def write_shard(
     encode: EncodeBuffer | None = None,
     etags: dict[str, str] | None = None,
 ) -> ShardEntry:
-    """Write `table` as the shard at `uri`; its manifest entry. `encode`: a buffer reused
-    across the caller's shards (same bytes written; a shard that does not fit it is
-    encoded again into its own stream). `etags`: where the store gave the object an ETag
-    (S3), shard name -> ETag is added to it (what a write receipt records)."""
-    buffer = encode.for_table(table) if encode is not None else None
+    """Write `rows` (a table, or its slices in order) as the shard at `uri`; its manifest
+    entry. `encode`: a buffer reused across the caller's shards (same bytes written; a
+    shard that does not fit it is encoded again into its own stream). `etags`: where the
+    store gave the object an ETag (S3), shard name -> ETag is added to it (what a write
+    receipt records)."""
+    slices = rows if isinstance(rows, ShardSlices) else ShardSlices.of(rows)
+    buffer = encode.for_bytes(slices.nbytes) if encode is not None else None
     writer = ShardWriter(
         uri,
         rows_per_row_group,
         label_column,
         source_column,
-        schema=table.schema,
+        schema=slices.schema,
         part_bytes=part_bytes,
         buffer=buffer,
     )
     try:
-        writer.write(table)
+        for part in slices.make():
+            writer.write(part)
         payload = writer.encoded()
     except OSError:
         if buffer is None:
             raise
         return write_shard(
-            uri, table, rows_per_row_group, label_column, source_column, part_bytes, None, etags
+            uri, slices, rows_per_row_group, label_column, source_column, part_bytes, None, etags
         )
     entry = writer.store(payload)
     if etags is not None and writer.etag:

@@ -9,14 +9,13 @@ keys and written by `write_shard` with the same settings, so its bytes are the s
 route's. It runs as one Dask task on one worker, reading pieces and writing shards with
 a thread per core of the cluster (pyarrow decodes and encodes without the GIL), routing a
 map task's group of pieces at a time; the worker holds the rows read (chunks as read,
-small ones joined into blocks) and a shard's ordered copies per thread.
+small ones joined into blocks) and a slice of a shard per thread (exchange/shard_slices.py).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +23,7 @@ import pyarrow as pa
 from preprocessing.config import DatasetSpec
 from preprocessing.contract.manifest import ShardEntry
 from preprocessing.contract.shards import write_shard
+from preprocessing.exchange.shard_slices import Blocks, keyed_slices
 from preprocessing.exchange.staged_rows import (
     DERIVED_SOURCE_COLUMN,
     ORDER_COLUMN,
@@ -62,7 +62,7 @@ def single_pass(
     in blocks of about `block_bytes`; the shards' entries in destination order."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="single-pass") as pool:
         routed = _routed(task, pool, destinations, spec, seed, holdout_fraction, block_bytes)
-        blocks = Blocks.of(routed.table)
+        blocks = Blocks.of(routed.table.to_batches(), routed.table.schema)
         counts = np.bincount(routed.targets, minlength=len(task.shards))
         bounds = np.r_[0, np.cumsum(counts)].tolist()
         settings = (rows_per_row_group, spec.label_column, spec.source_column, part_bytes)
@@ -126,36 +126,6 @@ def _routed(
     )
 
 
-@dataclass(frozen=True)
-class Blocks:
-    """The routed rows as record batches (zero-copy), and each one's first row."""
-
-    batches: list[pa.RecordBatch]
-    starts: np.ndarray  # and the number of rows last
-
-    @classmethod
-    def of(cls, table: pa.Table) -> Blocks:
-        batches = table.to_batches()
-        return cls(batches, np.cumsum([0, *(batch.num_rows for batch in batches)]))
-
-    def take(self, picks: np.ndarray, schema: pa.Schema) -> pa.Table:
-        """Rows `picks` in that order, in one chunk: taken from each block its rows in
-        ascending order, then put in the order asked."""
-        ascending = np.argsort(picks, kind="stable")
-        rows = picks[ascending]
-        cuts = np.searchsorted(rows, self.starts).tolist()
-        parts = [
-            self.batches[block].take(pa.array(rows[first:stop] - self.starts[block]))
-            for block, (first, stop) in enumerate(pairwise(cuts))
-            if stop > first
-        ]
-        taken = pa.Table.from_batches(parts, schema=schema).combine_chunks()
-        del parts  # a shard held twice at most, not three times
-        back = np.empty_like(ascending)
-        back[ascending] = np.arange(len(ascending))
-        return taken.take(pa.array(back)).combine_chunks()
-
-
 def _write(
     routed: RoutedRows,
     blocks: Blocks,
@@ -171,12 +141,10 @@ def _write(
     if stop - first != rows:
         raise RuntimeError(f"{uri}: assembled {stop - first} rows, plan says {rows}")
     picks = routed.picks[first:stop][np.argsort(routed.order[first:stop])]
-    # One chunk, as a write task's: the encoder's pages follow the chunks.
-    table = blocks.take(picks, routed.table.schema).cast(schema)
     row_group_rows, label, source, part_bytes = settings
     return write_shard(
         uri,
-        table,
+        keyed_slices(blocks, picks, schema, row_group_rows),
         row_group_rows,
         label,
         source or DERIVED_SOURCE_COLUMN,

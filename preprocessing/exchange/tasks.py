@@ -28,8 +28,9 @@ from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import ShardEntry, shard_name
-from preprocessing.contract.shards import EncodeBuffer, write_shard
+from preprocessing.contract.shards import EncodeBuffer, ShardSlices, write_shard
 from preprocessing.exchange.receipts import write_shard_receipt
+from preprocessing.exchange.shard_slices import Blocks, keyed_slices
 from preprocessing.exchange.staged_objects import (
     StagedObject,
     destination_batches,
@@ -54,8 +55,8 @@ from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 
 # Shards of fewer staged bytes than this together are put in keyed order by one take: a
 # shard of a few thousand rows cost about 15 pyarrow and numpy calls of its own, most of
-# its write (benchmarks/RESULTS.md M36); a larger shard is ordered alone, so a write task
-# still holds one shard's ordered copy at a time.
+# its write (benchmarks/RESULTS.md M36); a larger shard is taken in order alone, a slice at
+# a time as it is written (exchange/shard_slices.py).
 ORDER_RUN_BYTES = 8 << 20
 # Each worker thread keeps its write tasks' encode buffer for its next write task, until
 # the write stage ends (`release_encode_buffers`): at 8 GB a task writes one 330 MB
@@ -283,6 +284,10 @@ def write_shards(
     entries: list[ShardEntry] = []
     etags: dict[str, str] = {}  # on S3, what the receipt records of each shard
     for run_start, run_stop in order_runs([sum(b.nbytes for b in batches) for batches in own]):
+        if run_stop - run_start == 1:  # a shard of its own: taken in slices as written
+            keyed = _keyed(own[run_start], shards[run_start], staging, schema, settings[0])
+            entries.append(write_shard(shards[run_start][1], keyed, *settings, encode, etags))
+            continue
         table, offset = _ordered(own[run_start:run_stop], shards[run_start:run_stop], staging), 0
         for rows, uri in shards[run_start:run_stop]:
             piece = table.slice(offset, rows).cast(schema)
@@ -336,15 +341,36 @@ def order_runs(shard_bytes: list[int]) -> list[tuple[int, int]]:
     return [*runs, (start, len(shard_bytes))] if shard_bytes else runs
 
 
+def _keyed(
+    batches: list[pa.RecordBatch],
+    shard: tuple[int, str],
+    staging: Staging,
+    schema: pa.Schema,
+    rows_per_row_group: int,
+) -> ShardSlices:
+    """A shard's staged rows (`batches`) in keyed order, without the order key, as slices."""
+    _check_rows([sum(batch.num_rows for batch in batches)], [shard])
+    keys = np.concatenate(
+        [np.zeros(0, np.uint64), *(batch.column(ORDER_COLUMN).to_numpy() for batch in batches)]
+    )
+    rows = [batch.drop_columns([ORDER_COLUMN]) for batch in batches]
+    blocks = Blocks.of(rows, staging.schema.remove(staging.schema.get_field_index(ORDER_COLUMN)))
+    return keyed_slices(blocks, np.argsort(keys), schema, rows_per_row_group)
+
+
+def _check_rows(counts: list[int], shards: list[tuple[int, str]]) -> None:
+    for found, (rows, uri) in zip(counts, shards, strict=True):
+        if found != rows:
+            raise RuntimeError(f"{uri}: assembled {found} rows, plan says {rows}")
+
+
 def _ordered(
     own: list[list[pa.RecordBatch]], shards: list[tuple[int, str]], staging: Staging
 ) -> pa.Table:
     """The staged rows of a run of shards (`own`: each shard's batches), each shard's in
     keyed order, one shard after the other, in one chunk, without the order key."""
     counts = [sum(batch.num_rows for batch in batches) for batches in own]
-    for found, (rows, uri) in zip(counts, shards, strict=True):
-        if found != rows:
-            raise RuntimeError(f"{uri}: assembled {found} rows, plan says {rows}")
+    _check_rows(counts, shards)
     table = pa.Table.from_batches([b for batches in own for b in batches], schema=staging.schema)
     keys, bounds = table.column(ORDER_COLUMN).to_numpy(), np.cumsum([0, *counts])
     order = np.concatenate(

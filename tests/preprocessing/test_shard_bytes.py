@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver import reshard
+from preprocessing.exchange import shard_slices
 from preprocessing.exchange import tasks as exchange
 from preprocessing.scan.inputs import check_schemas, scan_file
 from preprocessing.storage.sources import list_inputs
@@ -116,20 +117,26 @@ def shard_digests(inputs: Path, output: Path, id_column: str | None) -> list[str
     ]
 
 
-@pytest.mark.parametrize("run_bytes", [0, exchange.ORDER_RUN_BYTES])
+@pytest.mark.parametrize(
+    ("run_bytes", "slice_bytes"),
+    [(0, shard_slices.SLICE_BYTES), (0, 1), (exchange.ORDER_RUN_BYTES, shard_slices.SLICE_BYTES)],
+)
 @pytest.mark.parametrize("id_column", ["id", None])
 def test_shards_keep_the_bytes_of_before(
     small_files: Path,
     tmp_path: Path,
     id_column: str | None,
     run_bytes: int,
+    slice_bytes: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Invariant: with an id column or derived ids, the 23 shards (train and holdout) are
     byte-identical to those commit 3dc5cc3 wrote for the same inputs and settings, whether
-    each shard is put in order alone (run_bytes 0, as a large shard is) or with the
-    others of a run (one take)."""
+    each shard is put in order alone (run_bytes 0, as a large shard is) and taken in one
+    slice or a row group at a time (slice_bytes 1), or with the others of a run (one
+    take)."""
     monkeypatch.setattr(exchange, "ORDER_RUN_BYTES", run_bytes)
+    monkeypatch.setattr(shard_slices, "SLICE_BYTES", slice_bytes)
     digests = shard_digests(small_files, tmp_path, id_column)
     assert len(digests) == 23
     assert hashlib.sha256("".join(digests).encode()).hexdigest() == PINNED[id_column]

@@ -66,7 +66,7 @@ class EveryTable(EncodeBuffer):
 class TooSmall(EncodeBuffer):
     """An encode buffer shorter than any shard: every encode overflows it."""
 
-    def for_table(self, table: pa.Table) -> pa.Buffer | None:
+    def for_bytes(self, nbytes: int) -> pa.Buffer | None:
         return pa.allocate_buffer(64)
 
 
@@ -106,4 +106,4 @@ def test_a_reused_encode_buffer_writes_the_same_bytes(tmp_path: Path) -> None:
                 alone.class_counts,
                 alone.num_row_groups,
             )
-    assert EncodeBuffer().for_table(table(10)) is None  # small shards keep their own stream
+    assert EncodeBuffer().for_bytes(table(10).nbytes) is None  # small shards keep their own stream
