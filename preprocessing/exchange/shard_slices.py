@@ -23,7 +23,8 @@ from preprocessing.contract.shards import ShardSlices
 
 # A slice's Arrow bytes, about: large enough that a slice's take from each block costs
 # little beside its rows (a block's take is a few microseconds), small beside a shard.
-SLICE_BYTES = 32 << 20
+# 8 MiB against 32 MiB took 0.12 GB off a write task's peak with 350 MB shards (M74).
+SLICE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
