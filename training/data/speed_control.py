@@ -78,11 +78,13 @@ import numpy as np
 
 from training.data.step_model import (
     GAIN_BAND,
+    MIN_SPREAD,
     Point,
     StepModel,
     best_split,
     fit,
     interval_point,
+    rank_points,
 )
 
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
@@ -125,6 +127,12 @@ SHIFT = 0.35
 # noise alone would walk the split around it; the longer a split holds, the narrower.
 NOISE_K = 1.0
 NOISE_WEIGHT = 1 / 8
+# Each rank's fitted cost per row is raised by this many standard errors of its slope
+# (`cautious`), at most to the line through 0 (the split proportional to speed): a fit
+# from few noisy points may read a slow rank's rows as costing nothing and send the split
+# back to equal, where the cautious line moves it on by speed; the more intervals the
+# fit reads, the nearer the fitted line. 0.5: 1 stalled the split short of the best one.
+CAUTION_K = 0.5
 # A model's wrong fit can call for too small a gain where the ranks' measured work is
 # far apart: a move is also made when that difference is this many noise bands.
 IMBALANCE_K = 3.0
@@ -180,10 +188,12 @@ class Reading:
     def moves(self) -> bool:
         """Whether the target calls for a move from the shares: the equal split from shares
         that are not exactly it; or beyond the dead band, once the model has measured
-        fixed costs predicted to shorten the largest step by `GAIN_BAND` or more, and
-        predicted to gain the noise band or with the ranks' own work at the newest point
-        IMBALANCE_K noise bands apart."""
-        if np.array_equal(self.target, equal_shares(len(self.shares))):
+        fixed costs predicted to shorten the largest step by `GAIN_BAND` or more, and,
+        from the equal split, predicted to gain the noise band or with the ranks' own work
+        at the newest point IMBALANCE_K noise bands apart (off equal the cautious model
+        has already shortened the move by the fit's uncertainty)."""
+        equal = equal_shares(len(self.shares))
+        if np.array_equal(self.target, equal):
             return not np.array_equal(self.shares, self.target)
         if np.abs(self.target - self.shares).max() * len(self.shares) < DEAD_BAND:
             return False
@@ -192,6 +202,8 @@ class Reading:
         gain = self.model.largest(self.shares) / self.model.largest(self.target) - 1.0
         if self.fitted and gain < GAIN_BAND:
             return False
+        if not np.array_equal(self.shares, equal):
+            return True
         band = self.noise_band()
         return bool(gain >= band or self.imbalance() >= IMBALANCE_K * band)
 
@@ -241,6 +253,7 @@ def read_interval(
     wait = before.wait if before else PROBE_AFTER
     if not model.fitted:
         return Reading(shares, speed, model, history, 0, wait, pooled, noise)
+    model = cautious(model, history, noise, superseding=pooled == 0)
     target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
     # A fitted model needs two readings, so `before` is a reading here.
     equal = equal_shares(world)
@@ -250,6 +263,26 @@ def read_interval(
     if held >= wait:  # forget the model: the next readings measure from speed again
         return Reading(shares, speed, fit(history[-1:]), history[-1:], 0, 2 * wait, pooled, noise)
     return Reading(shares, target, model, history, held, wait, pooled, noise)
+
+
+def cautious(
+    model: StepModel, history: tuple[Point, ...], noise: float, superseding: bool
+) -> StepModel:
+    """`model` with each fitted rank's cost per row raised by CAUTION_K standard errors of
+    its slope (an interval's relative `noise` at the rank's cost, over the weighted spread
+    of the shares its fit read), at most to the line through 0, kept through the fitted
+    cost at the newest share; ranks whose points span less than MIN_SPREAD kept as fitted."""
+    newest, world = history[-1].shares, len(history[-1].shares)
+    level = model.fixed + model.per_share * newest
+    per_share = model.per_share.copy()
+    for rank in range(world):
+        shares, _, weights = rank_points(history, rank, superseding)
+        if np.ptp(shares) * world < MIN_SPREAD:
+            continue
+        spread = float(weights @ (shares - weights @ shares / weights.sum()) ** 2)
+        error = float(np.sqrt(noise / spread)) * level[rank]
+        per_share[rank] = min(per_share[rank] + CAUTION_K * error, level[rank] / newest[rank])
+    return StepModel(level - per_share * newest, per_share, model.fitted)
 
 
 def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int, float]:
