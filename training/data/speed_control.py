@@ -78,7 +78,6 @@ import numpy as np
 
 from training.data.step_model import (
     GAIN_BAND,
-    MIN_SPREAD,
     Point,
     StepModel,
     best_split,
@@ -133,6 +132,12 @@ NOISE_WEIGHT = 1 / 8
 # back to equal, where the cautious line moves it on by speed; the more intervals the
 # fit reads, the nearer the fitted line. 0.5: 1 stalled the split short of the best one.
 CAUTION_K = 0.5
+# A fitted target of the equal split from shares off it is taken only when a model
+# steepened by this many standard errors calls for equal too: a move back to equal gains
+# nothing the model can see (best_split: equal is within GAIN_BAND of the least), so it
+# waits until the fit is sure that moving rows no longer helps; until then the shares
+# hold. Exact readings (no noise) return at once (tests/training/test_step_model.py).
+EQUAL_CAUTION_K = 2.0
 # A model's wrong fit can call for too small a gain where the ranks' measured work is
 # far apart: a move is also made when that difference is this many noise bands.
 IMBALANCE_K = 3.0
@@ -253,8 +258,7 @@ def read_interval(
     wait = before.wait if before else PROBE_AFTER
     if not model.fitted:
         return Reading(shares, speed, model, history, 0, wait, pooled, noise)
-    model = cautious(model, history, noise, superseding=pooled == 0)
-    target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
+    model, target = cautious_target(shares, model, history, noise, pooled == 0)
     # A fitted model needs two readings, so `before` is a reading here.
     equal = equal_shares(world)
     unlike = not np.array_equal(speed, equal)
@@ -265,23 +269,41 @@ def read_interval(
     return Reading(shares, target, model, history, held, wait, pooled, noise)
 
 
+def cautious_target(
+    shares: np.ndarray, model: StepModel, history: tuple[Point, ...], noise: float, new: bool
+) -> tuple[StepModel, np.ndarray]:
+    """The cautious model (CAUTION_K) and its target, bounded and snapped; a target of the
+    equal split from `shares` off it only when the model steepened by EQUAL_CAUTION_K
+    also calls for equal, else `shares` (hold). `new`: the newest point may be a new
+    speed's (`fit`'s `superseding`)."""
+    world = len(shares)
+    low, high, equal = FLOOR / world, min(1.0, CAP / world), equal_shares(world)
+    steeper = cautious(model, history, noise, new, CAUTION_K)
+    target = snapped(bounded(best_split(steeper, low, high)))
+    if np.array_equal(target, equal) and not np.array_equal(shares, equal):
+        doubt = cautious(model, history, noise, new, EQUAL_CAUTION_K)
+        if not np.array_equal(snapped(bounded(best_split(doubt, low, high))), equal):
+            target = shares
+    return steeper, target
+
+
 def cautious(
-    model: StepModel, history: tuple[Point, ...], noise: float, superseding: bool
+    model: StepModel, history: tuple[Point, ...], noise: float, superseding: bool, k: float
 ) -> StepModel:
     """`model` with each fitted rank's cost per row raised by CAUTION_K standard errors of
     its slope (an interval's relative `noise` at the rank's cost, over the weighted spread
     of the shares its fit read), at most to the line through 0, kept through the fitted
     cost at the newest share; ranks whose points span less than MIN_SPREAD kept as fitted."""
-    newest, world = history[-1].shares, len(history[-1].shares)
+    newest = history[-1].shares
     level = model.fixed + model.per_share * newest
     per_share = model.per_share.copy()
-    for rank in range(world):
+    for rank in range(len(newest)):
         shares, _, weights = rank_points(history, rank, superseding)
-        if np.ptp(shares) * world < MIN_SPREAD:
-            continue
         spread = float(weights @ (shares - weights @ shares / weights.sum()) ** 2)
+        if spread <= 0:
+            continue
         error = float(np.sqrt(noise / spread)) * level[rank]
-        per_share[rank] = min(per_share[rank] + CAUTION_K * error, level[rank] / newest[rank])
+        per_share[rank] = min(per_share[rank] + k * error, level[rank] / newest[rank])
     return StepModel(level - per_share * newest, per_share, model.fitted)
 
 
