@@ -28,6 +28,19 @@ interval's agree (`Reading.agrees`):
    from a fitted model (the older assumed no fixed cost; the fit corrects it by as much
    as the fixed costs are, after a move that the older reading agreed to).
 
+The fit is not trusted further than its points reach (`cautious_target`): each rank's
+fitted cost per row is raised by CAUTION_K standard errors of its slope (at most to the
+line through 0), kept through the fitted cost at the newest share, so the fewer and the
+closer together the points, the nearer the target is to the split proportional to speed
+from there (a move the speeds measured at the current split call for, whatever the fixed
+costs), and the more intervals the fit reads, the nearer to the fitted one. A target of
+the equal split from shares off it is taken only when lines steepened by
+EQUAL_CAUTION_K standard errors call for it too: the return gains nothing the model can
+see, and a fit from two noisy intervals (or one mixing a slow-down it did not detect)
+that reads a slow rank's rows as costing nothing would otherwise hold a slowed rank at
+equal for PROBE_AFTER readings or more (benchmarks/RESULTS.md M72). With exact readings
+both are the fitted model.
+
 Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
 the shares in force, none off the pool by more than SHIFT, make one point, their mean,
 and the fit reads every point since the last change of speed, each weighing the
@@ -37,7 +50,9 @@ confirms a change of speed (the history starts over from it), or shows it was on
 disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
 standard errors of the pooled point (an interval's noise, measured from the pooled
 intervals, over the root of their number), unless the ranks' own work there is
-IMBALANCE_K bands apart (a wrong fit that predicts too little). Under 15 % timing noise
+IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
+move off the equal split (alike ranks stay there), while off it the cautious lines
+already shorten each move by the fit's uncertainty. Under 15 % timing noise
 an interval, the split otherwise walks around the best one by tens of rows, each move a
 few percent (benchmarks/RESULTS.md M50); with exact readings the band is 0 and nothing
 changes.
