@@ -1,7 +1,7 @@
 """`loader.balance: speed` on modelled ranks, without processes: how near the best fixed
 split it runs from the first step, under seeded timing noise.
 
-    .venv/bin/python benchmarks/hetero_modelled.py                  # about 4 min
+    .venv/bin/python benchmarks/hetero_modelled.py                  # about 2 min
     PYTHONPATH=/path/to/a26e4c8 .venv/bin/python benchmarks/hetero_modelled.py   # A/B
 
 Each rank's own work a step is a + b x rows (four slowed shapes, alike ranks, and a rank
