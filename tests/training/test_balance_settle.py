@@ -20,6 +20,10 @@ SLOWED: dict[str, Ranks] = {
     "fixed costs dominate, rank 1 1.5x": ([0.020, 0.030], [3e-5, 4.5e-5]),
 }
 ALIKE: Ranks = ([0.010, 0.010], [5e-5, 5e-5])
+# A shape the 8-seed tests above leave out: all of rank 1's work 2x slower, rows most of
+# each step (a CPU quota halved: benchmarks/hetero_quota.py).
+QUOTA: Ranks = ([0.014, 0.028], [1.2e-4, 2.4e-4])
+SEEDS = 32  # every seed must hold: the worst of 32 (benchmarks/hetero_modelled.py, M72)
 
 
 def modelled_run(
@@ -60,8 +64,8 @@ def test_a_slowed_rank_is_balanced_near_the_best_fixed_split_from_the_first_step
     """Invariant: with rank 1 slower (three shapes of cost), re-planned every 4 steps under
     15 % timing noise, in each of 8 seeded runs the mean modelled step is within 1.07x the
     best fixed split's over the first 300 steps (the equal split's first 10 steps
-    included, 1.25-1.3x each), and within 1.045x over steps 100-600 (measured: 1.021-1.066
-    and 1.003-1.042)."""
+    included, 1.25-1.3x each), and within 1.045x over steps 100-600 (measured: 1.021-1.059
+    and 1.006-1.038)."""
     ranks = SLOWED[case]
     best = best_fixed_s(ranks)
     for seed in range(8):
@@ -86,8 +90,8 @@ def test_a_rank_that_turns_slow_mid_run_is_followed() -> None:
     """Invariant: alike ranks until step 300, then all of rank 1's work 1.5x slower: in
     each of 8 seeded runs under 15 % noise the split first moves off equal within 40 steps
     of the change (6-38 here), toward the faster rank, and the mean modelled step from
-    step 400 on is within 1.09x the best fixed split for the new speeds (1.010-1.084;
-    from the change on, 1.035-1.122)."""
+    step 400 on is within 1.09x the best fixed split for the new speeds (1.010-1.070;
+    from the change on, 1.027-1.096)."""
     slowed = SLOWED["all of rank 1's work 1.5x slower"]
     best = best_fixed_s(slowed)
     for seed in range(8):
@@ -96,3 +100,34 @@ def test_a_rank_that_turns_slow_mid_run_is_followed() -> None:
         assert moved - 300 <= 40 and history[moved][0] > ROWS // 2, (seed, moved)
         later = np.mean([step_s(slowed, rows) / best for rows in history[400:]])
         assert later <= 1.09, (seed, later)
+
+
+@pytest.mark.parametrize("case", [*SLOWED, "quota-like"])
+def test_every_seed_runs_within_1_10x_the_best_fixed_split_in_the_first_epoch(
+    case: str,
+) -> None:
+    """Invariant: with rank 1 slower (four shapes of cost), under 15 % timing noise, in
+    every one of 32 seeded runs the mean modelled step over the first epoch (300 steps)
+    is within 1.10x the best fixed split's, and within 1.05x over the next 300 (measured:
+    at most 1.081x and 1.048x; the controller before failed the first epoch at 1.176x
+    with fixed costs dominating and 1.134x quota-like, its first fit from two noisy
+    intervals sending the split back to equal for 8 intervals or more)."""
+    ranks = QUOTA if case == "quota-like" else SLOWED[case]
+    best = best_fixed_s(ranks)
+    for seed in range(SEEDS):
+        steps = np.array([step_s(ranks, rows) / best for rows in modelled_run(ranks, 600, seed)])
+        assert steps[:300].mean() <= 1.10, (seed, steps[:300].mean())
+        assert steps[300:].mean() <= 1.05, (seed, steps[300:].mean())
+
+
+def test_every_seed_follows_a_rank_slowed_mid_run_within_the_epoch_after() -> None:
+    """Invariant: alike ranks until step 300, then all of rank 1's work 1.5x slower: in
+    every one of 32 seeded runs the mean modelled step over the 300 steps after the change
+    is within 1.10x the best fixed split for the new speeds (measured: at most 1.096x;
+    before, 1.122x: a fit mixing the old speed's points sent the split back to equal)."""
+    slowed = SLOWED["all of rank 1's work 1.5x slower"]
+    best = best_fixed_s(slowed)
+    for seed in range(SEEDS):
+        history = modelled_run(ALIKE, 600, seed, change=(300, slowed))
+        after = np.mean([step_s(slowed, rows) / best for rows in history[300:]])
+        assert after <= 1.10, (seed, after)

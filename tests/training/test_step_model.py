@@ -10,9 +10,19 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training.data.balance import SharePlan, row_bounds
-from training.data.speed_control import CAP, DEAD_BAND, FLOOR, PROBE_AFTER, next_shares
+from training.data.speed_control import (
+    CAP,
+    DEAD_BAND,
+    FLOOR,
+    PROBE_AFTER,
+    bounded,
+    cautious,
+    next_shares,
+)
 from training.data.step_model import (
     GAIN_BAND,
     Point,
@@ -244,3 +254,33 @@ def test_timing_noise_does_not_walk_the_split_around_the_best_one() -> None:
         steps = [float(np.max(np.array(fixed) + np.array(per_row) * rows)) for rows in history]
         assert len(later) <= 10, (seed, later)
         assert sum(steps) <= 0.70 * 1200 * (fixed[1] + per_row[1] * ROWS / 2), seed
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fixed=st.lists(st.floats(0.0, 50.0), min_size=2, max_size=4),
+    per_row=st.lists(st.floats(1e-4, 1.0), min_size=4, max_size=4),
+    spread=st.floats(0.0, 0.4),
+    noise=st.floats(0.0, 1.0),
+    k=st.floats(0.0, 4.0),
+)
+def test_a_cautious_line_is_steeper_never_past_the_line_through_0_and_keeps_its_level(
+    fixed: list[float], per_row: list[float], spread: float, noise: float, k: float
+) -> None:
+    """Invariant: for any fitted lines, points at two splits (any spread, even none) and
+    any noise, `cautious` raises no rank's cost per row by less than 0 nor past the line
+    through 0 (its fixed cost stays >= 0: rows never cost more than the whole step), and
+    every rank's predicted cost at the newest share is the fitted one; with no noise it
+    changes nothing."""
+    world = len(fixed)
+    truth = model(fixed, per_row[:world])
+    equal = np.full(world, 1.0 / world)
+    moved = bounded(equal + spread * (np.arange(world) - (world - 1) / 2) / world)
+    history = tuple(Point(s, steps_ms(truth, s), w) for s, w in ((equal, 3.0), (moved, 1.0)))
+    steeper = cautious(truth, history, noise**2, False, k)
+    at = history[-1].shares
+    assert np.all(steeper.per_share >= truth.per_share - 1e-12)
+    assert np.all(steeper.fixed >= -1e-9 * (1 + truth.fixed))
+    assert np.allclose(steeper.fixed + steeper.per_share * at, truth.fixed + truth.per_share * at)
+    if noise == 0:
+        assert np.allclose(steeper.per_share, truth.per_share)

@@ -28,6 +28,19 @@ interval's agree (`Reading.agrees`):
    from a fitted model (the older assumed no fixed cost; the fit corrects it by as much
    as the fixed costs are, after a move that the older reading agreed to).
 
+The fit is not trusted further than its points reach (`cautious_target`): each rank's
+fitted cost per row is raised by CAUTION_K standard errors of its slope (at most to the
+line through 0), kept through the fitted cost at the newest share, so the fewer and the
+closer together the points, the nearer the target is to the split proportional to speed
+from there (a move the speeds measured at the current split call for, whatever the fixed
+costs), and the more intervals the fit reads, the nearer to the fitted one. A target of
+the equal split from shares off it is taken only when lines steepened by
+EQUAL_CAUTION_K standard errors call for it too: the return gains nothing the model can
+see, and a fit from two noisy intervals (or one mixing a slow-down it did not detect)
+that reads a slow rank's rows as costing nothing would otherwise hold a slowed rank at
+equal for PROBE_AFTER readings or more (benchmarks/RESULTS.md M72). With exact readings
+both are the fitted model.
+
 Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
 the shares in force, none off the pool by more than SHIFT, make one point, their mean,
 and the fit reads every point since the last change of speed, each weighing the
@@ -37,7 +50,9 @@ confirms a change of speed (the history starts over from it), or shows it was on
 disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
 standard errors of the pooled point (an interval's noise, measured from the pooled
 intervals, over the root of their number), unless the ranks' own work there is
-IMBALANCE_K bands apart (a wrong fit that predicts too little). Under 15 % timing noise
+IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
+move off the equal split (alike ranks stay there), while off it the cautious lines
+already shorten each move by the fit's uncertainty. Under 15 % timing noise
 an interval, the split otherwise walks around the best one by tens of rows, each move a
 few percent (benchmarks/RESULTS.md M50); with exact readings the band is 0 and nothing
 changes.
@@ -83,6 +98,7 @@ from training.data.step_model import (
     best_split,
     fit,
     interval_point,
+    rank_points,
 )
 
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
@@ -125,6 +141,18 @@ SHIFT = 0.35
 # noise alone would walk the split around it; the longer a split holds, the narrower.
 NOISE_K = 1.0
 NOISE_WEIGHT = 1 / 8
+# Each rank's fitted cost per row is raised by this many standard errors of its slope
+# (`cautious`), at most to the line through 0 (the split proportional to speed): a fit
+# from few noisy points may read a slow rank's rows as costing nothing and send the split
+# back to equal, where the cautious line moves it on by speed; the more intervals the
+# fit reads, the nearer the fitted line. 0.5: 1 stalled the split short of the best one.
+CAUTION_K = 0.5
+# A fitted target of the equal split from shares off it is taken only when a model
+# steepened by this many standard errors calls for equal too: a move back to equal gains
+# nothing the model can see (best_split: equal is within GAIN_BAND of the least), so it
+# waits until the fit is sure that moving rows no longer helps; until then the shares
+# hold. Exact readings (no noise) return at once (tests/training/test_step_model.py).
+EQUAL_CAUTION_K = 2.0
 # A model's wrong fit can call for too small a gain where the ranks' measured work is
 # far apart: a move is also made when that difference is this many noise bands.
 IMBALANCE_K = 3.0
@@ -180,10 +208,12 @@ class Reading:
     def moves(self) -> bool:
         """Whether the target calls for a move from the shares: the equal split from shares
         that are not exactly it; or beyond the dead band, once the model has measured
-        fixed costs predicted to shorten the largest step by `GAIN_BAND` or more, and
-        predicted to gain the noise band or with the ranks' own work at the newest point
-        IMBALANCE_K noise bands apart."""
-        if np.array_equal(self.target, equal_shares(len(self.shares))):
+        fixed costs predicted to shorten the largest step by `GAIN_BAND` or more, and,
+        from the equal split, predicted to gain the noise band or with the ranks' own work
+        at the newest point IMBALANCE_K noise bands apart (off equal the cautious model
+        has already shortened the move by the fit's uncertainty)."""
+        equal = equal_shares(len(self.shares))
+        if np.array_equal(self.target, equal):
             return not np.array_equal(self.shares, self.target)
         if np.abs(self.target - self.shares).max() * len(self.shares) < DEAD_BAND:
             return False
@@ -192,6 +222,8 @@ class Reading:
         gain = self.model.largest(self.shares) / self.model.largest(self.target) - 1.0
         if self.fitted and gain < GAIN_BAND:
             return False
+        if not np.array_equal(self.shares, equal):
+            return True
         band = self.noise_band()
         return bool(gain >= band or self.imbalance() >= IMBALANCE_K * band)
 
@@ -241,7 +273,7 @@ def read_interval(
     wait = before.wait if before else PROBE_AFTER
     if not model.fitted:
         return Reading(shares, speed, model, history, 0, wait, pooled, noise)
-    target = snapped(bounded(best_split(model, FLOOR / world, min(1.0, CAP / world))))
+    model, target = cautious_target(shares, model, history, noise, pooled == 0)
     # A fitted model needs two readings, so `before` is a reading here.
     equal = equal_shares(world)
     unlike = not np.array_equal(speed, equal)
@@ -250,6 +282,44 @@ def read_interval(
     if held >= wait:  # forget the model: the next readings measure from speed again
         return Reading(shares, speed, fit(history[-1:]), history[-1:], 0, 2 * wait, pooled, noise)
     return Reading(shares, target, model, history, held, wait, pooled, noise)
+
+
+def cautious_target(
+    shares: np.ndarray, model: StepModel, history: tuple[Point, ...], noise: float, new: bool
+) -> tuple[StepModel, np.ndarray]:
+    """The cautious model (CAUTION_K) and its target, bounded and snapped; a target of the
+    equal split from `shares` off it only when the model steepened by EQUAL_CAUTION_K
+    also calls for equal, else `shares` (hold). `new`: the newest point may be a new
+    speed's (`fit`'s `superseding`)."""
+    world = len(shares)
+    low, high, equal = FLOOR / world, min(1.0, CAP / world), equal_shares(world)
+    steeper = cautious(model, history, noise, new, CAUTION_K)
+    target = snapped(bounded(best_split(steeper, low, high)))
+    if np.array_equal(target, equal) and not np.array_equal(shares, equal):
+        doubt = cautious(model, history, noise, new, EQUAL_CAUTION_K)
+        if not np.array_equal(snapped(bounded(best_split(doubt, low, high))), equal):
+            target = shares
+    return steeper, target
+
+
+def cautious(
+    model: StepModel, history: tuple[Point, ...], noise: float, superseding: bool, k: float
+) -> StepModel:
+    """`model` with each fitted rank's cost per row raised by CAUTION_K standard errors of
+    its slope (an interval's relative `noise` at the rank's cost, over the weighted spread
+    of the shares its fit read), at most to the line through 0, kept through the fitted
+    cost at the newest share; ranks whose points span less than MIN_SPREAD kept as fitted."""
+    newest = history[-1].shares
+    level = model.fixed + model.per_share * newest
+    per_share = model.per_share.copy()
+    for rank in range(len(newest)):
+        shares, _, weights = rank_points(history, rank, superseding)
+        spread = float(weights @ (shares - weights @ shares / weights.sum()) ** 2)
+        if spread <= 0:
+            continue
+        error = float(np.sqrt(noise / spread)) * level[rank]
+        per_share[rank] = min(per_share[rank] + k * error, level[rank] / newest[rank])
+    return StepModel(level - per_share * newest, per_share, model.fitted)
 
 
 def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int, float]:
