@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver import reshard
 from preprocessing.exchange import tasks as exchange
-from preprocessing.scan.inputs import check_schemas, scan_file
+from preprocessing.scan.across_files import check_schemas
+from preprocessing.scan.inputs import scan_file
 from preprocessing.storage.sources import list_inputs
 
 # sha256 of the shards' sha256s joined, in destination order, as manifest format 3 writes
