@@ -122,8 +122,14 @@ def reshard(
     if result.resumed:
         print(result.resumed)
     route = str(result.manifest.route.get("route", ""))
+    own = result.manifest.deltas[-1].split_values if result.manifest.deltas else {}
+    dropped = sum(int(entry.get("dropped_duplicates", 0)) for entry in own.values())
     return DatasetVersion(
-        result.manifest_uri, result.manifest.version_id, result.reused, route=route
+        result.manifest_uri,
+        result.manifest.version_id,
+        result.reused,
+        route=route,
+        duplicates_dropped=dropped,
     )
 
 
