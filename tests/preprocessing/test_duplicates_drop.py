@@ -5,6 +5,7 @@ stay; the manifest counts what was dropped."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections import Counter
 from pathlib import Path
@@ -211,3 +212,25 @@ def test_a_resent_file_is_dropped_within_its_night_only(tmp_path, dask_client) -
     resent = set(nights[1][0])
     assert all(len(sides[row]) == 1 for row in resent)  # one split, twice in the chain
     assert main(["verify", str(root)]) == 0
+
+
+def test_verify_names_a_content_kept_twice_in_a_night_under_drop(
+    tmp_path, dask_client, capsys
+) -> None:
+    """Invariant: `ballast verify` of a version whose settings say `drop` names a content
+    that two rows of one night hold (exit 1), with the two shards; the same shards under
+    `same_split`, which keeps copies, pass."""
+    rows = night_rows(np.random.default_rng(4), 0, 40)
+    write_files(tmp_path / "raw", [rows, rows[:10]])
+    root = tmp_path / "out"
+    result = run_reshard(reshard_config(tmp_path / "raw", root, "same_split", None), dask_client)
+    assert main(["verify", str(root)]) == 0
+    capsys.readouterr()
+    location = Path(result.manifest_uri)
+    document = json.loads(location.read_text())
+    document["config"]["dataset"]["duplicates"] = "drop"  # a version that broke its promise
+    location.write_text(json.dumps(document))
+    assert main(["verify", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert f"LEAK version {result.manifest.version_id}: duplicate content {{'label'" in out
+    assert "kept twice in one night under duplicates: drop" in out
