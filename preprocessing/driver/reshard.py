@@ -17,6 +17,7 @@ died after.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -216,9 +217,10 @@ def _make_version(
             timings, "scan_s", lambda: _scan_once(dask, files, config, progress, earlier, attempt)
         )
         scans = with_time_cut(scans, config.dataset, config.holdout_fraction)
-        scans = with_first_copies(
-            scans, config.dataset, pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
-        )
+        if config.dataset.duplicates == "drop":  # the night's first copies, before the plan
+            scratch, budget = pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
+            reduce = partial(with_first_copies, scans, config.dataset, scratch, budget)
+            scans = timed(timings, "first_copies_s", reduce)
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
