@@ -1,15 +1,19 @@
-"""The rule of `duplicates: drop` (preprocessing/plan/first_copies.py), pure: of each set of
-equal hashes exactly the first by (file, row) is kept, however the hash space is cut into
-ranges and whatever files, rows and collisions there are."""
+"""The rule of `duplicates: drop` (preprocessing/plan/first_copies.py): of each set of equal
+hashes exactly the first by (file, row) is kept, however the hash space is cut into ranges
+and whatever files, rows and collisions there are; and the pairs a file's scan writes for
+it (preprocessing/scan/content_pairs.py), on local files, no process started."""
 
 from __future__ import annotations
 
 from itertools import pairwise
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preprocessing.config import DatasetSpec
 from preprocessing.plan.first_copies import (
     BUCKETS,
     bucket_bounds,
@@ -17,6 +21,10 @@ from preprocessing.plan.first_copies import (
     later_copies,
     sorted_pairs,
 )
+from preprocessing.scan.content_pairs import read_pairs
+from preprocessing.scan.inputs import scan_file
+from preprocessing.scan.scan_record import decode_scans, encode_scans
+from preprocessing.storage.sources import InputFile
 
 # A few hashes spread over the whole space (so over many buckets), drawn again and again.
 POOL = st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=12, unique=True)
@@ -81,3 +89,42 @@ def test_a_range_is_one_bucket_when_that_bucket_alone_is_past_the_budget() -> No
     assert (4, 5) in groups
     assert all(rows[a:b].sum() <= 10 or b - a == 1 for a, b in groups)
     assert [a for a, _ in groups][1:] == [b for _, b in groups][:-1]
+
+
+def test_a_scan_writes_its_sorted_pairs_and_its_record_keeps_where_they_are(tmp_path) -> None:
+    """Invariant: under `drop`, a file's scan writes one pair per kept row (a `drop_row`
+    null left out), sorted by hash, its bucket bounds covering them and each stratum code
+    naming the row's (split, label, source); the scan record keeps them exactly, and a
+    scan without a scratch writes nothing (`keep` and `same_split` never do)."""
+    table = pa.table(
+        {
+            "label": [0, 1, 0, 0, 1, 1],
+            "x": pa.array([1.0, 2.0, 1.0, None, -0.0, 0.0], pa.float64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    file = InputFile(str(tmp_path / "a.parquet"), str(tmp_path), "a.parquet", 1, "t")
+    spec = DatasetSpec(
+        inputs=[str(tmp_path)],
+        source_column=None,
+        feature_columns=["x"],
+        nulls={"x": "drop_row"},
+        duplicates="drop",
+    )
+    scan = scan_file(file, spec, 3, 0.5, 100, pairs_dir=str(tmp_path / "scratch"))
+    pairs = scan.content_pairs
+    assert pairs is not None and pairs.bounds[-1] == 5
+    found = read_pairs(str(tmp_path / "scratch"), pairs.name, 0, 5)
+    assert sorted(found["row"].tolist()) == [0, 1, 2, 4, 5]
+    assert (np.diff(found["hash"].astype(np.float64)) >= 0).all()
+    hashes = dict(zip(found["row"].tolist(), found["hash"].tolist(), strict=True))
+    assert hashes[0] == hashes[2] and hashes[4] != hashes[5]  # -0.0 is not 0.0
+    labels = {
+        row: pairs.strata[code][1] for row, code in zip(found["row"], found["stratum"], strict=True)
+    }
+    assert labels == {0: 0, 1: 1, 2: 0, 4: 1, 5: 1}
+    [kept] = decode_scans(encode_scans([scan], "0123456789abcdef"), "0123456789abcdef")
+    assert kept.content_pairs == pairs and kept.counts == scan.counts
+    for other in ("keep", "same_split"):
+        settings = spec.model_copy(update={"duplicates": other})
+        assert scan_file(file, settings, 3, 0.5, 100, pairs_dir="unused").content_pairs is None
