@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flows.cli.main import main
+from flows.tasks import dropped_copies
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import shard_uri
 from preprocessing.driver.reshard import ReshardResult, run_reshard
@@ -209,6 +210,7 @@ def test_a_resent_file_is_dropped_within_its_night_only(tmp_path, dask_client) -
         delta = result.manifest.deltas[-1].split_values
         rows_in = sum(len(rows) for rows in parts)
         assert sum(v["dropped_duplicates"] for v in delta.values()) == rows_in - len(distinct)
+        assert dropped_copies(result.manifest) == rows_in - len(distinct)  # --output json's
     resent = set(nights[1][0])
     assert all(len(sides[row]) == 1 for row in resent)  # one split, twice in the chain
     assert main(["verify", str(root)]) == 0
