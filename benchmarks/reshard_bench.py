@@ -243,7 +243,7 @@ def ballast_config(mode: str, job: dict[str, Any]) -> Any:
         "drop": {"duplicates": "drop"},
     }.get(mode, {})
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[job["input"]], id_column="id", **splits),
+        dataset=DatasetSpec(inputs=[job["input"]], id_column=job.get("id_column", "id"), **splits),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
         shuffle=mode if mode in BALLAST_MODES else "stratified",
@@ -607,6 +607,9 @@ def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[s
         "num_shards": -(-num_rows // shard_rows),
         "row_group_rows": args.row_group_rows,
         "holdout_fraction": args.holdout_fraction,
+        # A re-sent file repeats its ids, which an id column refuses across files (before
+        # `drop` could leave the copies out): ballast derives ids from (file, row) instead.
+        **({"id_column": None} if getattr(args, "resent_files", 0) else {}),
     }
 
 
