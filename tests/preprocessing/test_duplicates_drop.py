@@ -6,6 +6,8 @@ stay; the manifest counts what was dropped."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from collections import Counter
 from pathlib import Path
@@ -23,6 +25,9 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import shard_uri
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
+from preprocessing.synthetic.tabular import SampleSpec, write_sample
+from tests.log_records import messages, records_of
+from tests.preprocessing.test_kill_scans import killed_mid_write, zeroed
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
@@ -236,3 +241,34 @@ def test_verify_names_a_content_kept_twice_in_a_night_under_drop(
     out = capsys.readouterr().out
     assert f"LEAK version {result.manifest.version_id}: duplicate content {{'label'" in out
     assert "kept twice in one night under duplicates: drop" in out
+
+
+def test_a_rerun_of_a_killed_drop_keeps_its_scans_pairs_and_shards(tmp_path, dask_client) -> None:
+    """Invariants: a reshard under `drop` (one file re-sent under a new name) killed
+    mid-write, its inputs then zeroed, is resumed from its dead attempt's scans and the
+    pairs they wrote into it (no input read again), and commits the clean run's shards,
+    having dropped the same rows."""
+    raw = tmp_path / "raw"
+    write_sample(raw, SampleSpec(num_rows=60_000, num_files=4, seed=13))
+    shutil.copyfile(raw / sorted(os.listdir(raw))[0], raw / "zz-resent.parquet")
+
+    def config_of(root: Path) -> ReshardConfig:
+        return ReshardConfig(
+            dataset=DatasetSpec(inputs=[str(raw)], duplicates="drop"),
+            output_root=str(root),
+            target_shard_rows=1_000,
+            rows_per_row_group=500,
+            exchange_task_bytes=1 << 20,
+            single_pass_bytes=0,  # the staged route's resume
+            exchange_fan_in=4,
+        )
+
+    clean = run_reshard(config_of(tmp_path / "clean"), dask_client)
+    dropped = dropped_copies(clean.manifest)
+    assert dropped == pq.ParquetFile(raw / "zz-resent.parquet").metadata.num_rows
+    config = config_of(tmp_path / "out")
+    killed_mid_write(config, tmp_path)
+    with zeroed(sorted(raw.glob("*.parquet"))), records_of("preprocessing") as logged:
+        rerun = run_reshard(config, dask_client)
+    assert "scan kept: the scans of 5 input files" in messages(logged).splitlines()
+    assert digests(rerun) == digests(clean) and dropped_copies(rerun.manifest) == dropped
