@@ -27,7 +27,7 @@ from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.log_records import messages, records_of
-from tests.preprocessing.test_kill_scans import killed_mid_write, zeroed
+from tests.preprocessing.test_kill_scans import config_of, killed_mid_write, zeroed
 
 pytestmark = pytest.mark.slow  # every test here uses the session Dask cluster
 
@@ -252,21 +252,15 @@ def test_a_rerun_of_a_killed_drop_keeps_its_scans_pairs_and_shards(tmp_path, das
     write_sample(raw, SampleSpec(num_rows=60_000, num_files=4, seed=13))
     shutil.copyfile(raw / sorted(os.listdir(raw))[0], raw / "zz-resent.parquet")
 
-    def config_of(root: Path) -> ReshardConfig:
-        return ReshardConfig(
-            dataset=DatasetSpec(inputs=[str(raw)], duplicates="drop"),
-            output_root=str(root),
-            target_shard_rows=1_000,
-            rows_per_row_group=500,
-            exchange_task_bytes=1 << 20,
-            single_pass_bytes=0,  # the staged route's resume
-            exchange_fan_in=4,
-        )
+    def dropping(root: Path) -> ReshardConfig:  # test_kill_scans' staged route, under drop
+        config = config_of(raw, root)
+        dataset = config.dataset.model_copy(update={"duplicates": "drop"})
+        return config.model_copy(update={"dataset": dataset})
 
-    clean = run_reshard(config_of(tmp_path / "clean"), dask_client)
+    clean = run_reshard(dropping(tmp_path / "clean"), dask_client)
     dropped = dropped_copies(clean.manifest)
     assert dropped == pq.ParquetFile(raw / "zz-resent.parquet").metadata.num_rows
-    config = config_of(tmp_path / "out")
+    config = dropping(tmp_path / "out")
     killed_mid_write(config, tmp_path)
     with zeroed(sorted(raw.glob("*.parquet"))), records_of("preprocessing") as logged:
         rerun = run_reshard(config, dask_client)
