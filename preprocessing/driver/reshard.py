@@ -48,13 +48,13 @@ from preprocessing.scan.across_files import (
     count_records,
     duplicate_ids,
     feature_state,
+    id_clash,
     overlapping_id_groups,
     with_first_copies,
     with_time_cut,
 )
 from preprocessing.scan.columns import absent_columns_error
 from preprocessing.scan.content_pairs import pairs_dir
-from preprocessing.scan.feature_stats import InputError
 from preprocessing.scan.inputs import FileScan, scan_file
 from preprocessing.scan.scan_record import load_scans, store_scans
 from preprocessing.storage.reach import check_reachable
@@ -338,7 +338,7 @@ def _scan(
         else []
     )
     if any(found):
-        raise InputError("; ".join(problem for problem in found if problem))
+        raise id_clash(found, config.dataset)
     return scans
 
 

@@ -20,7 +20,7 @@ from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.first_copies import BUCKETS, bucket_groups, later_copies
 from preprocessing.plan.time_cut import TimeCut, choose_cut, split_counts
-from preprocessing.scan.columns import too_many_classes
+from preprocessing.scan.columns import resent_hint, too_many_classes
 from preprocessing.scan.content_pairs import (
     ContentPairs,
     DropLists,
@@ -164,6 +164,11 @@ def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
             groups.append([uri])
             reach = high
     return [group for group in groups if len(group) > 1]
+
+
+def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
+    """The error naming ids held by two files (`found`: `duplicate_ids`' answers)."""
+    return InputError("; ".join(problem for problem in found if problem) + resent_hint(spec))
 
 
 def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:

@@ -47,7 +47,13 @@ from preprocessing.plan.time_cut import (
 )
 from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
-from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
+from preprocessing.scan.columns import (
+    IdTally,
+    resent_hint,
+    row_problem,
+    schema_problem,
+    too_many_classes,
+)
 from preprocessing.scan.content_pairs import ContentPairs, PairTally
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
@@ -333,7 +339,7 @@ class _Tally:
         if repeated.size:
             return (
                 f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
-                f"ids (e.g. {repeated[0]}); ids must be unique"
+                f"ids (e.g. {repeated[0]}); ids must be unique{resent_hint(spec)}"
             )
         return None
 

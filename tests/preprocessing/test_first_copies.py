@@ -128,3 +128,23 @@ def test_a_scan_writes_its_sorted_pairs_and_its_record_keeps_where_they_are(tmp_
     for other in ("keep", "same_split"):
         settings = spec.model_copy(update={"duplicates": other})
         assert scan_file(file, settings, 3, 0.5, 100, pairs_dir="unused").content_pairs is None
+
+
+def test_under_drop_a_copy_repeating_its_id_is_refused_saying_why_and_what_to_do(
+    tmp_path,
+) -> None:
+    """Invariant: ids are checked before copies are dropped (not built otherwise): under
+    `drop` with an id column, a file holding a copy with its row's id is rejected with a
+    reason that says so and names the way out; under `same_split` the reason is as
+    before."""
+    table = pa.table({"id": [1, 2, 1], "label": [0, 1, 0], "x": [1.0, 2.0, 1.0]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    file = InputFile(str(tmp_path / "a.parquet"), str(tmp_path), "a.parquet", 1, "t")
+    spec = DatasetSpec(
+        inputs=[str(tmp_path)], source_column=None, id_column="id", feature_columns=["x"]
+    )
+    for duplicates, hint in (("drop", True), ("same_split", False)):
+        settings = spec.model_copy(update={"duplicates": duplicates})
+        reason = scan_file(file, settings, 3, 0.5, 100, pairs_dir=str(tmp_path)).reason
+        assert reason is not None and "column 'id' holds 1 duplicate ids" in reason
+        assert ("leave dataset.id_column unset" in reason) == hint
