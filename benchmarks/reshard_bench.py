@@ -89,6 +89,8 @@ TOOLS = (
     *(f"ballast-{mode}" for mode in BALLAST_MODES),
     "ballast-groups",
     "ballast-newest",
+    "ballast-same_split",
+    "ballast-drop",
     "pyarrow-write_dataset",
     "duckdb-copy",
     "duckdb-order-random",
@@ -229,18 +231,22 @@ def ballast_config(mode: str, job: dict[str, Any]) -> Any:
     `groups`: `stratified` with `group_column: uid` (a 32-character string, distinct per
     row: the most a group hash costs) and `duplicates: same_split` (the 64-float vector
     hashed too, and read by the scan, which skips it otherwise); `newest`: `stratified`
-    with `holdout_by: newest` by the `seen` timestamps (the input made with them)."""
+    with `holdout_by: newest` by the `seen` timestamps (the input made with them);
+    `same_split` and `drop`: `stratified` with that `duplicates` rule alone (`drop`'s cost
+    beside `same_split`'s: the pairs each scan writes, the reduce, the drop lists read)."""
     from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 
     splits = {
         "groups": {"group_column": "uid", "duplicates": "same_split"},
         "newest": {"holdout_by": "newest", "holdout_column": "seen"},
+        "same_split": {"duplicates": "same_split"},
+        "drop": {"duplicates": "drop"},
     }.get(mode, {})
     return ReshardConfig(
-        dataset=DatasetSpec(inputs=[job["input"]], id_column="id", **splits),
+        dataset=DatasetSpec(inputs=[job["input"]], id_column=job.get("id_column", "id"), **splits),
         output_root=job["output"],
         mix=MixConfig(class_weighting="uniform"),
-        shuffle="stratified" if mode in ("groups", "newest") else mode,
+        shuffle=mode if mode in BALLAST_MODES else "stratified",
         num_output_rows=job["num_rows"],
         target_shard_rows=job["shard_rows"],
         rows_per_row_group=job["row_group_rows"],
@@ -575,6 +581,26 @@ def prepare(gb: float, args: argparse.Namespace) -> tuple[Path, RawSpec]:
     return raw, spec
 
 
+def with_resent(raw: Path, count: int) -> Path:
+    """A sibling of `raw` holding its files and the first `count` of them once more under
+    names listed after them (hard links: no bytes copied), as re-sent exports: the rows
+    `duplicates: drop` leaves out."""
+    if not count:
+        return raw
+    resent = raw.with_name(f"{raw.name}-resent{count}")
+    if not (resent / MARKER).exists():
+        shutil.rmtree(resent, ignore_errors=True)
+        resent.mkdir(parents=True)
+        files = sorted(raw.glob("*.parquet"))
+        for path in files:
+            (resent / path.name).hardlink_to(path)
+        for path in files[:count]:
+            (resent / f"resent-{path.name}").hardlink_to(path)
+        (resent / MARKER).write_text((raw / MARKER).read_text())
+    print(f"input with {count} files re-sent: {dir_bytes(resent) / GB:.2f} GB", flush=True)
+    return resent
+
+
 def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "num_rows": num_rows,
@@ -583,6 +609,9 @@ def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[s
         "row_group_rows": args.row_group_rows,
         "holdout_fraction": args.holdout_fraction,
         "single_pass_bytes": args.single_pass_bytes,
+        # A re-sent file repeats its ids, which an id column refuses across files (before
+        # `drop` could leave the copies out): ballast derives ids from (file, row) instead.
+        **({"id_column": None} if getattr(args, "resent_files", 0) else {}),
     }
 
 
@@ -618,6 +647,7 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def compare(args: argparse.Namespace) -> None:
     """All tools on the same input, then the table and the targets."""
     raw, spec = prepare(args.gb, args)
+    raw = with_resent(raw, args.resent_files)
     if args.warm_up:
         warm_up(args.tools, args)
     job = base_job(spec.num_rows, -(-spec.num_rows // args.shards), args)
@@ -669,6 +699,12 @@ def parse_args() -> argparse.Namespace:
     # Issue 34's second shape: 1.7 GB in 300 zipf-sized files (a long tail of small ones).
     parser.add_argument(
         "--files", dest="raw_files", type=int, default=64, help="raw input files (zipf sizes)"
+    )
+    parser.add_argument(
+        "--resent-files",
+        type=int,
+        default=0,
+        help="the first N raw files listed once more under new names (re-sent exports)",
     )
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)

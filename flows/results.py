@@ -24,13 +24,14 @@ class DatasetVersion:
     """A reshard's outcome: the version's manifest URI and id, whether it was there already
     (`reused`), whether Prefect's cache answered (`cached`), and the route that made it
     (`single_pass` or `staged`, preprocessing/plan/route.py; "" for a version made before
-    routes)."""
+    routes); under `duplicates: drop`, the input rows its night left out as copies."""
 
     manifest_uri: str
     version_id: str
     reused: bool
     cached: bool = False
     route: str = ""
+    duplicates_dropped: int = 0
 
     @classmethod
     def of(cls, value: DatasetVersion | dict[str, Any]) -> DatasetVersion:

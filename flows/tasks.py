@@ -26,7 +26,7 @@ from prefect.client.schemas.objects import State
 
 from flows.results import DatasetVersion, Evaluation, Predictions, TrainingResult
 from preprocessing.config import ReshardConfig
-from preprocessing.contract.manifest import read_manifest
+from preprocessing.contract.manifest import Manifest, read_manifest
 from preprocessing.driver.cluster import Executor, dask_client
 from preprocessing.driver.map_files import OutputSpec, map_to_version
 from preprocessing.driver.reshard import VersionPlan, run_reshard
@@ -123,8 +123,18 @@ def reshard(
         print(result.resumed)
     route = str(result.manifest.route.get("route", ""))
     return DatasetVersion(
-        result.manifest_uri, result.manifest.version_id, result.reused, route=route
+        result.manifest_uri,
+        result.manifest.version_id,
+        result.reused,
+        route=route,
+        duplicates_dropped=dropped_copies(result.manifest),
     )
+
+
+def dropped_copies(manifest: Manifest) -> int:
+    """The input rows the version's own night left out as copies (`duplicates: drop`)."""
+    own = manifest.deltas[-1].split_values if manifest.deltas else {}
+    return sum(int(entry.get("dropped_duplicates", 0)) for entry in own.values())
 
 
 @task(cache_policy=NO_CACHE, task_run_name="train[{arm}]")

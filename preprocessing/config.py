@@ -103,10 +103,12 @@ class DatasetSpec(BaseModel):
         "a split, decided by a seeded hash of the value (docs/data-path.md, splits); None "
         "(the default): each row's split is drawn alone.",
     )
-    duplicates: Literal["keep", "same_split"] = Field(
+    duplicates: Literal["keep", "same_split", "drop"] = Field(
         "keep",
         description="`keep` (the default): each copy of a row is drawn alone; `same_split`: "
-        "rows equal in label, features (and group) share a split, by a hash of that content.",
+        "rows equal in label, features (and group) share a split, by a hash of that content; "
+        "`drop`: as `same_split`, and only the first copy of a night's inputs is kept (by "
+        "file as listed, then row; rows committed by an earlier night are not dropped).",
     )
     validation_fraction: float = Field(
         0.0,

@@ -17,6 +17,7 @@ died after.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -37,20 +38,24 @@ from preprocessing.driver.resume import resumed_line
 from preprocessing.driver.stages import Cluster, default_executor, make_shards, timed
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
+from preprocessing.plan.first_copies import PAIR_DTYPE
 from preprocessing.plan.layout import group_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split
 from preprocessing.scan.across_files import (
     check_classes,
+    check_schemas,
     count_records,
     duplicate_ids,
     feature_state,
+    id_clash,
     overlapping_id_groups,
+    with_first_copies,
     with_time_cut,
 )
 from preprocessing.scan.columns import absent_columns_error
-from preprocessing.scan.feature_stats import InputError
-from preprocessing.scan.inputs import FileScan, check_schemas, scan_file
+from preprocessing.scan.content_pairs import pairs_dir
+from preprocessing.scan.inputs import FileScan, scan_file
 from preprocessing.scan.scan_record import load_scans, store_scans
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.sources import InputFile, fingerprint_inputs, list_inputs
@@ -66,6 +71,8 @@ from preprocessing.versions.incremental import (
     version_id_of,
 )
 from preprocessing.versions.version_manifest import version_manifest
+
+PAIR_BYTES = PAIR_DTYPE.itemsize
 
 
 class TooManyRejected(PermanentError, RuntimeError):
@@ -210,6 +217,10 @@ def _make_version(
             timings, "scan_s", lambda: _scan_once(dask, files, config, progress, earlier, attempt)
         )
         scans = with_time_cut(scans, config.dataset, config.holdout_fraction)
+        if config.dataset.duplicates == "drop":  # the night's first copies, before the plan
+            scratch, budget = pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
+            reduce = partial(with_first_copies, scans, config.dataset, scratch, budget)
+            scans = timed(timings, "first_copies_s", reduce)
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
@@ -255,7 +266,7 @@ def _scan_once(
         kept = load_scans(attempt.uri, attempt.version_id, files)
         if kept is not None:
             return kept
-    scans = _scan(dask, files, config, progress, earlier)
+    scans = _scan(dask, files, config, progress, earlier, pairs_dir(attempt.uri))
     if attempt.resumable:
         store_scans(attempt.uri, attempt.version_id, scans)
     return scans
@@ -267,9 +278,11 @@ def _scan(
     config: ReshardConfig,
     progress: Progress | None,
     earlier: list[FileScan],
+    scratch: str,
 ) -> list[FileScan]:
     """Scan `files`; the checks across files also see the `earlier` files of a parent
-    (preprocessing/versions/incremental.py), whose ids are read again only where ranges overlap."""
+    (preprocessing/versions/incremental.py), whose ids are read again only where ranges overlap.
+    `scratch`: where the scans write what `duplicates: drop` reduces (scan/content_pairs.py)."""
     # Files in groups of about a task's bytes: a Dask task costs more than scanning a small
     # file (5,000 files of 58 KB: 47 s one task each, on two workers).
     bounds = group_pieces(
@@ -288,6 +301,7 @@ def _scan(
         holdout_fraction=config.holdout_fraction,
         max_piece_rows=config.max_piece_rows,
         retry=config.retry,
+        pairs_dir=scratch,
     )
     counter.close()
     scans = check_schemas([scan for group in groups for scan in group])
@@ -324,7 +338,7 @@ def _scan(
         else []
     )
     if any(found):
-        raise InputError("; ".join(problem for problem in found if problem))
+        raise id_clash(found, config.dataset)
     return scans
 
 

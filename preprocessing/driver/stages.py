@@ -26,6 +26,7 @@ from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.single_pass import SinglePass, single_pass
+from preprocessing.exchange.staged_rows import Destinations
 from preprocessing.exchange.tasks import (
     Staging,
     decoded_input,
@@ -42,8 +43,8 @@ from preprocessing.exchange.tasks import (
 )
 from preprocessing.plan.route import SINGLE_PASS, Route, plan_route, runs_in_process
 from preprocessing.plan.split import SplitPlan
-from preprocessing.plan.time_cut import TimeCut
-from preprocessing.scan.across_files import time_cut_of
+from preprocessing.scan.across_files import drop_lists, time_cut_of
+from preprocessing.scan.content_pairs import pairs_dir
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.sources import InputFile
 from preprocessing.toolbox.faults import retrying
@@ -120,8 +121,16 @@ def make_shards(
     return splits, route, rerun.resumed
 
 
-def _time_cut(scans: list[FileScan], config: ReshardConfig) -> TimeCut | None:
-    return time_cut_of(scans, config.dataset, config.holdout_fraction)
+def _destinations(
+    plans: dict[str, SplitPlan],
+    schema: pa.Schema,
+    scans: list[FileScan],
+    config: ReshardConfig,
+    attempt: VersionAttempt,
+) -> Destinations:
+    """What every route's tasks share, with the night's time cut and drop lists."""
+    cut = time_cut_of(scans, config.dataset, config.holdout_fraction)
+    return destinations_for(plans, schema, cut, drop_lists(scans, pairs_dir(attempt.uri)))
 
 
 def timed(timings: dict[str, float], name: str, step: Callable[[], Any]) -> Any:
@@ -147,7 +156,7 @@ def exchange(
     discarded once the next round has read them: the disk (and page cache) holds two
     rounds at a time, not every round till the end. Only the tasks whose outputs a dead
     attempt of the version did not leave intact run (driver/resume.py)."""
-    destinations = destinations_for(plans, schema, _time_cut(scans, config))
+    destinations = _destinations(plans, schema, scans, config, attempt)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(
         f"{attempt.uri}/{EXCHANGE_PREFIX}{layout_digest(layout)}",
@@ -269,7 +278,7 @@ def single_pass_stage(
         1,
         1,
         counter,
-        destinations=destinations_for(plans, schema, _time_cut(scans, config)),
+        destinations=_destinations(plans, schema, scans, config, attempt),
         schema=schema,
         spec=config.dataset,
         seed=config.seed,

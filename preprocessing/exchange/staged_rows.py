@@ -3,7 +3,8 @@ and rows grouped by destination written as one staged object.
 
 Staged rows have the output schema with dictionaries decoded plus the keyed order column
 (`staged_schema`); a piece's rows (`read_piece`) get the derived source and id columns
-where the dataset has none, keep the rows the scan counted and say each one's split;
+where the dataset has none, keep the rows the scan counted (less the copies that
+`duplicates: drop` leaves out: the one place rows are dropped) and say each one's split;
 `stratum_codes` looks each row's (label, source) up in a split's plan; `route_rows` reads
 a group of pieces and routes every row, for the map task that stages them (`map_pieces`,
 preprocessing/exchange/tasks.py) and the single pass that writes them
@@ -30,6 +31,7 @@ from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.time_cut import TimeCut
 from preprocessing.plan.validation_split import row_splits
 from preprocessing.scan.columns import INTERNAL_PREFIX
+from preprocessing.scan.content_pairs import DropLists
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import row_sources
 from preprocessing.storage.sources import InputFile, read_rows
@@ -62,6 +64,7 @@ class Destinations:
     count: int
     schema: pa.Schema
     time_cut: TimeCut | None = None  # the night's, under `holdout_by: newest`
+    drops: DropLists | None = None  # the night's, under `duplicates: drop`
 
 
 def staged_schema(schema: pa.Schema) -> pa.Schema:
@@ -91,7 +94,9 @@ def read_piece(
         table = table.append_column(DERIVED_ID_COLUMN, pa.array(ids, pa.int64()))
     path, first = task.file.relative_path, task.first_row
     splits = row_splits(table, spec, path, first, seed, holdout_fraction, destinations.time_cut)
-    kept = kept_rows(table, spec).kept  # as the scan counted them
+    kept = kept_rows(table, spec).kept  # as the scan counted them, less the copies dropped
+    if destinations.drops is not None:
+        kept &= ~destinations.drops.dropped(task.file, task.first_row, table.num_rows)
     if not kept.all():
         table, splits = table.filter(pa.array(kept)), splits[kept]
     return table.select(payload_schema(destinations).names).cast(

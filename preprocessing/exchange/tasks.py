@@ -50,6 +50,7 @@ from preprocessing.plan.counts import OffsetLists, PieceOffsets
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.time_cut import TimeCut
+from preprocessing.scan.content_pairs import DropLists
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.objects import DEFAULT_PART_BYTES, is_local
 
@@ -154,16 +155,25 @@ def default_fan_in(config: ReshardConfig) -> int | None:
 
 
 def destinations_for(
-    plans: dict[str, SplitPlan], schema: pa.Schema, time_cut: TimeCut | None = None
+    plans: dict[str, SplitPlan],
+    schema: pa.Schema,
+    time_cut: TimeCut | None = None,
+    drops: DropLists | None = None,
 ) -> Destinations:
     """Destinations are the shards of every split, numbered one split after the other;
-    `time_cut`: the night's, under a time holdout (preprocessing/plan/time_cut.py)."""
+    `time_cut`: the night's, under a time holdout (preprocessing/plan/time_cut.py);
+    `drops`: the night's drop lists, under `duplicates: drop` (scan/content_pairs.py)."""
     first = dict(
         zip(plans, np.cumsum([0, *(p.num_shards for p in plans.values())]).tolist(), strict=False)
     )
     slim = {name: replace(plan, piece_offsets=PieceOffsets.empty()) for name, plan in plans.items()}
     return Destinations(
-        slim, first, sum(p.num_shards for p in plans.values()), staged_schema(schema), time_cut
+        slim,
+        first,
+        sum(p.num_shards for p in plans.values()),
+        staged_schema(schema),
+        time_cut,
+        drops,
     )
 
 

@@ -4,9 +4,10 @@ exchange (which routes the rows) both make, from the row's own values.
 Without `dataset.group_column` or `dataset.duplicates` a row's draw is a function of
 (seed, file, row index), as it always was (`plan.row_fates.holdout_mask`). With them the
 draw is a function of (seed, a hash of the row's split key): the group's value when
-`group_column` is set, else with `duplicates: same_split` the row's content (label, then
-feature columns). A duplicate is a row equal in label, features and group (when set), so
-under a group every duplicate set sits in one group and follows it. Equal keys draw
+`group_column` is set, else with `duplicates: same_split` or `drop` the row's content
+(label, then feature columns; `drop` also keeps one copy: plan/first_copies.py). A
+duplicate is a row equal in label, features and group (when set), so under a group
+every duplicate set sits in one group and follows it. Equal keys draw
 alike in any file, piece or night, so a group or a duplicate content never crosses
 splits and stays on its side in every later child of a chain, with no index kept and no
 pass of its own.
@@ -45,7 +46,7 @@ def split_key_columns(spec: DatasetSpec) -> list[str]:
     group wins: a duplicate's content holds its group, so it follows the group too."""
     if spec.group_column:
         return [spec.group_column]
-    return content_columns(spec) if spec.duplicates == "same_split" else []
+    return content_columns(spec) if spec.duplicates != "keep" else []
 
 
 def content_columns(spec: DatasetSpec) -> list[str]:
@@ -64,12 +65,12 @@ def key_hashes(
     table: pa.Table | pa.RecordBatch, spec: DatasetSpec, tally: bool = True
 ) -> dict[str, np.ndarray]:
     """Per row, a hash of its `group` (with group_column) and of its `content` (with
-    `duplicates: same_split`, or for the tally whenever duplicates is not `keep`)."""
+    `duplicates: same_split` or `drop`, or for the tally whenever duplicates is not `keep`)."""
     keys: dict[str, np.ndarray] = {}
     columns: dict[str, np.ndarray] = {}  # a group column in the content is hashed once
     if spec.group_column:
         keys["group"] = row_hashes(table, [spec.group_column], columns)
-    if (spec.duplicates == "same_split" and not spec.group_column) or (
+    if (spec.duplicates != "keep" and not spec.group_column) or (
         tally and spec.duplicates != "keep"
     ):
         keys["content"] = row_hashes(table, content_columns(spec), columns)

@@ -1,22 +1,32 @@
-"""The checks across a run's scanned files, before anything is written: the label values
+"""The checks across a run's scanned files, before anything is written: schemas that drift
+from the majority's (`check_schemas`), the label values
 of all accepted files together, ids unique across files (only files whose id ranges
 overlap are read again), the manifest's feature codec from every file's profiles, the
-night's time cut (`holdout_by: newest`) and the accepted files' counts over global pieces
-for the plan. Each check raises `InputError`
+night's time cut (`holdout_by: newest`), the night's first copies (`duplicates: drop`) and
+the accepted files' counts over global pieces for the plan. Each check raises `InputError`
 (or names the clash) rather than rejecting one file.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts, concat_counts
+from preprocessing.plan.first_copies import BUCKETS, bucket_groups, later_copies
 from preprocessing.plan.time_cut import TimeCut, choose_cut, split_counts
-from preprocessing.scan.columns import too_many_classes
+from preprocessing.scan.columns import resent_hint, too_many_classes
+from preprocessing.scan.content_pairs import (
+    ContentPairs,
+    DropLists,
+    read_pairs,
+    write_drop_list,
+)
 from preprocessing.scan.feature_stats import (
     InputError,
     build_codec,
@@ -69,6 +79,66 @@ def with_time_cut(scans: list[FileScan], spec: DatasetSpec, fraction: float) -> 
     ]
 
 
+def with_first_copies(
+    scans: list[FileScan], spec: DatasetSpec, directory: str, budget_rows: int
+) -> list[FileScan]:
+    """Under `duplicates: drop`, `scans` less every copy of a content but its first of
+    the night (by file as listed, then row: preprocessing/plan/first_copies.py): the
+    reduce over the pairs their scans wrote in `directory`, a range of hashes of about
+    `budget_rows` pairs at a time, writing each file's drop list there; the counts
+    corrected, so the plan is exact. Unchanged otherwise."""
+    if spec.duplicates != "drop":
+        return scans
+    order = [i for i, scan in enumerate(scans) if scan.reason is None and scan.content_pairs]
+    pairs = [cast(ContentPairs, scans[i].content_pairs) for i in order]
+    bounds = np.array([p.bounds for p in pairs], np.int64).reshape(len(pairs), BUCKETS + 1)
+    dropped: list[list[np.ndarray]] = [[] for _ in order]
+    for start, stop in bucket_groups(np.diff(bounds, axis=1).sum(axis=0), budget_rows):
+        parts = [
+            read_pairs(directory, p.name, int(bounds[k, start]), int(bounds[k, stop]))
+            for k, p in enumerate(pairs)
+        ]
+        for k, later in enumerate(later_copies(parts)):
+            if later.any():
+                dropped[k].append(parts[k][later])
+    scans = list(scans)
+    for k, index in enumerate(order):
+        if dropped[k]:
+            scans[index] = _less_copies(scans[index], np.concatenate(dropped[k]), directory)
+    return scans
+
+
+def _less_copies(scan: FileScan, dropped: np.ndarray, directory: str) -> FileScan:
+    """`scan` with the rows of `dropped` (its pairs) out of its counts, their drop list
+    written."""
+    pairs = cast(ContentPairs, scan.content_pairs)
+    write_drop_list(directory, pairs.name, dropped["row"])
+    pieces = np.searchsorted(np.cumsum(scan.piece_rows), dropped["row"], side="right")
+    keys, removed = np.unique(pieces * len(pairs.strata) + dropped["stratum"], return_counts=True)
+    less: Counter[tuple[int, str, Any, Any]] = Counter()
+    per_split: Counter[str] = Counter()
+    for key, n in zip(keys.tolist(), removed.tolist(), strict=True):
+        piece, code = divmod(key, len(pairs.strata))
+        less[(piece, *pairs.strata[code])] += n
+        per_split[pairs.strata[code][0]] += n
+    records = [
+        (p, sp, lab, src, n - less[(p, sp, lab, src)])
+        for p, sp, lab, src, n in scan.counts.records()
+    ]
+    counts = Counts.of(record for record in records if record[-1] > 0)
+    return replace(scan, counts=counts, duplicates_dropped=dict(sorted(per_split.items())))
+
+
+def drop_lists(scans: list[FileScan], directory: str) -> DropLists | None:
+    """What the routes read of the night's drop lists (None: no row is dropped)."""
+    names = {
+        scan.file.uri: scan.content_pairs.name
+        for scan in scans
+        if scan.reason is None and scan.content_pairs and scan.duplicates_dropped
+    }
+    return DropLists(directory, names) if names else None
+
+
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
     """The accepted files together must hold at most `max_classes` label values."""
     labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
@@ -94,6 +164,11 @@ def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
             groups.append([uri])
             reach = high
     return [group for group in groups if len(group) > 1]
+
+
+def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
+    """The error naming ids held by two files (`found`: `duplicate_ids`' answers)."""
+    return InputError("; ".join(problem for problem in found if problem) + resent_hint(spec))
 
 
 def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
@@ -145,6 +220,12 @@ def feature_state(
         **earlier.get("dropped_rows", {}),
         **{scan.file.uri: scan.dropped_rows for scan in accepted if scan.dropped_rows},
     }
+    copies = {
+        **earlier.get("duplicates_dropped", {}),
+        **{
+            s.file.uri: sum(s.duplicates_dropped.values()) for s in accepted if s.duplicates_dropped
+        },
+    }
     unlabelled = {
         **earlier.get("unlabelled_rows", {}),
         **{scan.file.uri: scan.unlabelled_rows for scan in accepted if scan.unlabelled_rows},
@@ -152,6 +233,39 @@ def feature_state(
     return {
         **features_record(codec, dropped),
         "unlabelled_rows": unlabelled,
+        **({"duplicates_dropped": copies} if copies else {}),  # a key only where rows are
         "identifying_columns": identifying_columns(profiles, spec),
         "profiles": profiles_record(profiles, spec),
     }
+
+
+def check_schemas(scans: list[FileScan]) -> list[FileScan]:
+    """Reject accepted files whose schema differs from the most common one, saying how."""
+    schemas = [scan.schema for scan in scans if scan.reason is None and scan.schema is not None]
+    if not schemas:
+        return scans
+    reference = Counter(s.remove_metadata().to_string() for s in schemas).most_common(1)[0][0]
+    reference_schema = next(s for s in schemas if s.remove_metadata().to_string() == reference)
+    return [
+        scan
+        if scan.reason
+        or scan.schema is None
+        or scan.schema.remove_metadata().equals(reference_schema.remove_metadata())
+        else replace(scan, reason=_describe_drift(scan.schema, reference_schema))
+        for scan in scans
+    ]
+
+
+def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
+    present = set(found.names)  # `names` is a new list at each call
+    for name in expected.names:
+        if name not in present:
+            return f"schema drift: missing column '{name}'"
+        if not found.field(name).type.equals(expected.field(name).type):
+            return (
+                f"schema drift: column '{name}' is {found.field(name).type}, "
+                f"expected {expected.field(name).type}"
+            )
+    wanted = set(expected.names)
+    extra = [name for name in found.names if name not in wanted]
+    return f"schema drift: unexpected columns {extra}"

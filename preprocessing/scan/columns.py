@@ -183,3 +183,14 @@ def too_many_classes(spec: DatasetSpec, count: int) -> str:
         f"dataset.max_classes={spec.max_classes} (a regression target? ballast trains "
         "classifiers: bin the values into classes, or raise max_classes)"
     )
+
+
+def resent_hint(spec: DatasetSpec) -> str:
+    """Under `duplicates: drop`, why a re-sent file's ids are refused, and what to do."""
+    if spec.duplicates != "drop" or not spec.id_column:
+        return ""
+    return (
+        " (under duplicates: drop the ids are checked before copies are dropped, so a "
+        "re-sent file's ids clash; leave dataset.id_column unset to derive them from file "
+        "and row)"
+    )

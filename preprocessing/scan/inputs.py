@@ -14,8 +14,8 @@ column is read: ids are derived from each file's path and row (preprocessing/pla
 Each file's scan is retried on transient errors (preprocessing/toolbox/faults.py); a file
 still unreadable for one after every try comes back `transient`, which fails the run
 rather than rejecting the file.
-`check_schemas` rejects files whose schema drifts from the majority's. The checks across
-files (classes, duplicate ids, the manifest's codec) are preprocessing/scan/across_files.py;
+The checks across files (schemas, classes, duplicate ids, the manifest's codec) are
+preprocessing/scan/across_files.py;
 a batch's rows are counted by preprocessing/scan/row_counts.py.
 
 Cost (1 M rows in 8 Parquet files, one process, a loaded 2-core machine): a 64-float
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,14 @@ from preprocessing.plan.time_cut import (
 )
 from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
-from preprocessing.scan.columns import IdTally, row_problem, schema_problem, too_many_classes
+from preprocessing.scan.columns import (
+    IdTally,
+    resent_hint,
+    row_problem,
+    schema_problem,
+    too_many_classes,
+)
+from preprocessing.scan.content_pairs import ContentPairs, PairTally
 from preprocessing.scan.feature_stats import (
     ColumnProfile,
     new_profiles,
@@ -97,6 +104,10 @@ class FileScan:
     # Under `holdout_by: newest`: rows per time cell (preprocessing/plan/time_cut.py), from
     # which the plan cuts the night; `counts` then hold every row as train until it does.
     time_cells: TimeCells | None = None
+    # Under `duplicates: drop`: the file's content pairs as written (scan/content_pairs.py),
+    # and once the night's reduce has run, its rows dropped per split (copies of earlier).
+    content_pairs: ContentPairs | None = None
+    duplicates_dropped: dict[str, int] = field(default_factory=dict)
 
 
 def scan_file(
@@ -106,15 +117,17 @@ def scan_file(
     holdout_fraction: float,
     max_piece_rows: int,
     retry: RetryPolicy | None = None,
+    pairs_dir: str | None = None,
 ) -> FileScan:
     """Count rows per (piece, split, class, source), trying again on transient errors; a
     file whose bytes do not decode is rejected with the reason, one still unreadable for
     a transient reason after every try comes back `transient` (never rejected), and any
-    other permanent error (storage refusing, a config error) is raised."""
+    other permanent error (storage refusing, a config error) is raised. `pairs_dir`: the
+    run's scratch, where under `duplicates: drop` the file's content pairs go."""
     policy = retry or RetryPolicy()
     try:
         return call_with_retries(
-            _scan, file, spec, seed, holdout_fraction, max_piece_rows, policy=policy
+            _scan, file, spec, seed, holdout_fraction, max_piece_rows, pairs_dir, policy=policy
         )
     except Exception as error:
         kind = FORMATS.get("." + file.uri.rsplit(".", 1)[-1].lower(), "file")
@@ -139,9 +152,14 @@ def _cause(error: Exception) -> str:
 
 
 def _scan(
-    file: InputFile, spec: DatasetSpec, seed: int, holdout_fraction: float, max_piece_rows: int
+    file: InputFile,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+    max_piece_rows: int,
+    pairs_dir: str | None,
 ) -> FileScan:
-    settings = (spec, seed, holdout_fraction, max_piece_rows)
+    settings = (spec, seed, holdout_fraction, max_piece_rows, pairs_dir)
     if file_format(file.uri) != "parquet":
         return _scan_rows(
             file,
@@ -171,6 +189,7 @@ def _scan_rows(
     seed: int,
     holdout_fraction: float,
     max_piece_rows: int,
+    pairs_dir: str | None,
 ) -> FileScan:
     """The scan of a file whose footer (Parquet) and schema are read: `batches(columns)`
     reads its rows."""
@@ -179,6 +198,7 @@ def _scan_rows(
     tally = _Tally(
         new_profiles(schema, spec.feature_columns, spec.date_columns),
         np.array(footer.piece_starts, dtype=np.int64) if footer else None,
+        pairs=PairTally() if spec.duplicates == "drop" and pairs_dir else None,
     )
     columns = scan_columns(spec, tally.profiles, footer)
     if reason := _read_rows(
@@ -202,6 +222,7 @@ def _scan_rows(
         id_range=tally.id_range(file),
         keys=merge_keys(tally.keys),
         time_cells=tally.times.cells() if spec.holdout_by == "newest" else None,
+        content_pairs=tally.pairs.write(pairs_dir, file) if tally.pairs and pairs_dir else None,
         decoded_bytes=(
             footer.decoded_bytes
             if footer
@@ -263,6 +284,7 @@ class _Tally:
     ids: IdTally = field(default_factory=IdTally)
     keys: list[KeyCounts] = field(default_factory=list)
     times: TimeTally = field(default_factory=TimeTally)
+    pairs: PairTally | None = None  # under `duplicates: drop`
 
     def add(
         self,
@@ -290,9 +312,14 @@ class _Tally:
         profile_batch(self.profiles, batch, kept & (splits == TRAIN))
         table = pa.Table.from_batches([batch])
         if not kept.all():
-            table, pieces, splits = table.filter(pa.array(kept)), pieces[kept], splits[kept]
+            table, (pieces, splits, rows) = (
+                table.filter(pa.array(kept)),
+                _at(kept, pieces, splits, rows),
+            )
             keys = {kind: hashes[kept] for kind, hashes in keys.items()}
         self.counts.update(count_rows(table, spec, file, pieces, splits))
+        if self.pairs is not None:
+            self.pairs.add(keys["content"], rows, splits, table, spec, file)
         self.keys.append(tally_keys(keys, splits))
         if spec.holdout_by == "newest" and spec.holdout_column:
             kept_part = (table, pieces, kept)
@@ -312,7 +339,7 @@ class _Tally:
         if repeated.size:
             return (
                 f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
-                f"ids (e.g. {repeated[0]}); ids must be unique"
+                f"ids (e.g. {repeated[0]}); ids must be unique{resent_hint(spec)}"
             )
         return None
 
@@ -355,33 +382,5 @@ def scan_columns(
     return list(dict.fromkeys(columns))
 
 
-def check_schemas(scans: list[FileScan]) -> list[FileScan]:
-    """Reject accepted files whose schema differs from the most common one, saying how."""
-    schemas = [scan.schema for scan in scans if scan.reason is None and scan.schema is not None]
-    if not schemas:
-        return scans
-    reference = Counter(s.remove_metadata().to_string() for s in schemas).most_common(1)[0][0]
-    reference_schema = next(s for s in schemas if s.remove_metadata().to_string() == reference)
-    return [
-        scan
-        if scan.reason
-        or scan.schema is None
-        or scan.schema.remove_metadata().equals(reference_schema.remove_metadata())
-        else replace(scan, reason=_describe_drift(scan.schema, reference_schema))
-        for scan in scans
-    ]
-
-
-def _describe_drift(found: pa.Schema, expected: pa.Schema) -> str:
-    present = set(found.names)  # `names` is a new list at each call
-    for name in expected.names:
-        if name not in present:
-            return f"schema drift: missing column '{name}'"
-        if not found.field(name).type.equals(expected.field(name).type):
-            return (
-                f"schema drift: column '{name}' is {found.field(name).type}, "
-                f"expected {expected.field(name).type}"
-            )
-    wanted = set(expected.names)
-    extra = [name for name in found.names if name not in wanted]
-    return f"schema drift: unexpected columns {extra}"
+def _at(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    return tuple(array[mask] for array in arrays)

@@ -41,8 +41,8 @@ def count_rows(
     """Rows per (piece, split, label, source) of one batch (`splits`: each row's split code,
     plan/counts.py): one integer key per row and a numpy count (an Arrow group-by cost 3x
     more, mostly its per-call set-up)."""
-    labels, label_codes = _value_codes(table.column(spec.label_column))
-    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    labels, label_codes = value_codes(table.column(spec.label_column))
+    sources, source_codes = value_codes(row_sources(table, spec, file))
     split = splits.astype(np.int64)
     key = ((pieces * len(SPLITS) + split) * len(labels) + label_codes) * len(sources)
     key += source_codes
@@ -69,7 +69,7 @@ def _distinct_counts(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(key, return_counts=True)
 
 
-def _value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
+def value_codes(column: pa.Array | pa.ChunkedArray) -> tuple[list[Any], np.ndarray]:
     """The distinct values of `column` and each row's index into them."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -83,8 +83,8 @@ def count_cells(
     """Rows per (piece, time cell, label, source) of one batch (preprocessing/plan/
     time_cut.py), as CELL_DTYPE records and the label and source values their codes
     index: `count_rows` with the row's time cell in place of its split."""
-    labels, label_codes = _value_codes(table.column(spec.label_column))
-    sources, source_codes = _value_codes(row_sources(table, spec, file))
+    labels, label_codes = value_codes(table.column(spec.label_column))
+    sources, source_codes = value_codes(row_sources(table, spec, file))
     # Cells by their rank in the batch (a batch spans at most MAX_BUCKETS buckets): one
     # integer key a row, as `count_rows` keys them (a sort of (key, cell) pairs cost 13x).
     distinct, cell_codes = np.unique(cells, return_inverse=True)

@@ -48,6 +48,7 @@ from fsspec.core import url_to_fs
 
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.time_cut import TimeCells
+from preprocessing.scan.content_pairs import ContentPairs
 from preprocessing.scan.feature_stats import ColumnProfile
 from preprocessing.scan.inputs import FileScan
 from preprocessing.storage.objects import write_stream_atomically
@@ -58,11 +59,12 @@ log = logging.getLogger(__name__)
 
 SCANS_NAME = "_SCANS.json"
 FORMAT = "ballast-scans"
-FORMAT_VERSION = 4  # 3: a scan holds its decoded bytes; 4: its time cells
+FORMAT_VERSION = 5  # 3: a scan holds its decoded bytes; 4: its time cells; 5: its pairs
 SCHEMA_LINE = "arrow-schema"  # a body line holding a schema, not a scan
 # The dataclasses a record may hold, by name: decoding builds no other class.
 RECORD_CLASSES: dict[str, Any] = {
-    cls.__name__: cls for cls in (FileScan, InputFile, Counts, ColumnProfile, TimeCells)
+    cls.__name__: cls
+    for cls in (FileScan, InputFile, Counts, ColumnProfile, TimeCells, ContentPairs)
 }
 # Each record class's fields, by name (`dataclasses.fields` per value cost a tenth of a load).
 _FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in RECORD_CLASSES.items()}

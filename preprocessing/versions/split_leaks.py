@@ -12,6 +12,10 @@ Memory: 8 bytes a row per kept hash while it runs (an audit, not a stage of the 
 run). A version made without these
 settings promises nothing of the kind, and nothing is checked.
 
+A version made with `duplicates: drop` also promises that each night kept one row of a
+content: a content held by two rows of different ids among one night's own shards (copies
+that oversampling makes share their row's id) is named with the two shards (`kept_copies`).
+
 A night made with `holdout_by: newest` records its cut in its delta (plan/time_cut.py):
 each of its own shards' time column is read, and a train row in a bucket newer than the
 cutoff bucket, or a holdout row in an older one, is named with its shard.
@@ -81,7 +85,7 @@ class TimeLeak:
         )
 
 
-def split_leaks(root: str, version: str | None = None) -> list[Leak | TimeLeak]:
+def split_leaks(root: str, version: str | None = None) -> list[Leak | TimeLeak | CopyLeak]:
     """Every group and duplicate content of `version` (default `_CURRENT`'s) and its
     chain found in two splits, and every row across its night's time cut; empty when
     none, or when the version promises nothing."""
@@ -92,7 +96,76 @@ def split_leaks(root: str, version: str | None = None) -> list[Leak | TimeLeak]:
     return [
         *find_leaks(manifest, location, promised_keys(manifest)),
         *time_leaks(manifest, location),
+        *kept_copies(manifest, location),
     ]
+
+
+@dataclass(frozen=True)
+class CopyLeak:
+    """A content that two input rows of one night hold, both kept under `drop`."""
+
+    version: str  # the night (a delta of the chain)
+    value: str
+    shards: tuple[str, str]
+
+    def line(self) -> str:
+        return (
+            f"LEAK version {self.version}: duplicate content {self.value} kept twice in one "
+            f"night under duplicates: drop ({self.shards[0]} and {self.shards[1]})"
+        )
+
+
+def kept_copies(manifest: Manifest, location: str) -> list[CopyLeak]:
+    """Under `duplicates: drop`, each night's contents held by rows of two ids (SHOWN)."""
+    settings = manifest.config.get("dataset", {})
+    if settings.get("duplicates") != "drop":
+        return []
+    columns = content_columns(DatasetSpec.model_validate(settings))
+    leaks: list[CopyLeak] = []
+    for delta in manifest.deltas:
+        own = [
+            entry
+            for split in manifest.splits.values()
+            for entry in split.shards
+            if (entry.version or manifest.version_id) == delta.version_id
+        ]
+        leaks += _copies_of_night(delta.version_id, own, location, columns, manifest.id_column)
+    return leaks[:SHOWN]
+
+
+def _copies_of_night(
+    night: str, own: list[ShardEntry], location: str, columns: list[str], id_column: str
+) -> list[CopyLeak]:
+    """The contents that rows of two ids hold among `own`, night `night`'s shards."""
+    rows = _distinct_rows(own, location, columns, id_column)
+    contents, counts = np.unique(rows["content"], return_counts=True)
+    named = []
+    for key in contents[counts > 1][:SHOWN].tolist():
+        holders = rows["shard"][rows["content"] == key][:2].tolist()
+        table = _read(shard_uri(location, own[holders[0]]), columns)
+        row = int(np.flatnonzero(row_hashes(table, columns) == np.uint64(key))[0])
+        value = repr(table.slice(row, 1).to_pylist()[0])[:200]
+        first, second = (f"{own[h].path} of v-{night}" for h in holders)
+        named.append(CopyLeak(night, value, (first, second)))
+    return named
+
+
+def _distinct_rows(
+    own: list[ShardEntry], location: str, columns: list[str], id_column: str
+) -> np.ndarray:
+    """(content hash, id hash, shard) of the rows of `own`, one per (content, id): the
+    copies oversampling makes of a row count once."""
+    parts = [np.zeros(0, dtype=[("content", np.uint64), ("id", np.uint64), ("shard", np.int64)])]
+    for index, entry in enumerate(own):
+        table = _read(shard_uri(location, entry), [*dict.fromkeys([*columns, id_column])])
+        part = np.zeros(table.num_rows, parts[0].dtype)
+        part["content"], part["shard"] = row_hashes(table, columns), index
+        part["id"] = row_hashes(table, [id_column])
+        parts.append(part)
+    keys = np.concatenate(parts)
+    keys = keys[np.lexsort((keys["id"], keys["content"]))]
+    same = (keys["content"][1:] == keys["content"][:-1]) & (keys["id"][1:] == keys["id"][:-1])
+    return keys[np.r_[True, ~same]] if len(keys) else keys
 
 
 def time_leaks(manifest: Manifest, location: str) -> list[TimeLeak]:

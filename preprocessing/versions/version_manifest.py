@@ -140,8 +140,29 @@ def delta_of(
         sum(scan.file.num_bytes for scan in scans),
         num_pieces,
         strata,
-        split_value_stats(merge_keys([scan.keys for scan in scans if scan.reason is None])),
+        _with_dropped(
+            split_value_stats(merge_keys([scan.keys for scan in scans if scan.reason is None])),
+            scans,
+        ),
     )
+
+
+def _with_dropped(
+    stats: dict[str, dict[str, float]], scans: list[FileScan]
+) -> dict[str, dict[str, float]]:
+    """`stats` with, under `duplicates: drop`, each split's `dropped_duplicates`: the input
+    rows left out as copies of an earlier row of the night (`rows` and `duplicate_rows`
+    count the input before the drop)."""
+    dropped: dict[str, int] = {}
+    for scan in scans:
+        for split, n in scan.duplicates_dropped.items():
+            dropped[split] = dropped.get(split, 0) + n
+    if not dropped and not any(scan.content_pairs for scan in scans):
+        return stats
+    return {
+        split: {**entry, "dropped_duplicates": dropped.get(split, 0)}
+        for split, entry in stats.items()
+    }
 
 
 def _input_histograms(scans: list[FileScan]) -> tuple[dict[str, int], dict[str, int]]:

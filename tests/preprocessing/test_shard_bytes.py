@@ -21,7 +21,8 @@ from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver import reshard
 from preprocessing.exchange import shard_slices
 from preprocessing.exchange import tasks as exchange
-from preprocessing.scan.inputs import check_schemas, scan_file
+from preprocessing.scan.across_files import check_schemas
+from preprocessing.scan.inputs import scan_file
 from preprocessing.storage.sources import list_inputs
 
 # sha256 of the shards' sha256s joined, in destination order, as manifest format 3 writes

@@ -139,3 +139,17 @@ def test_no_validation_split_keeps_the_id_and_one_changes_it(fixed_code: None) -
         dataset = {**FIXED["dataset"], "validation_fraction": fraction}
         config = ReshardConfig.model_validate({**FIXED, "dataset": dataset})
         assert (version_id(config) == PINNED_VERSION_ID) == kept
+
+
+def test_duplicates_keep_written_out_keeps_the_id_and_each_other_value_has_its_own(
+    fixed_code: None,
+) -> None:
+    """Invariant: `dataset.duplicates` added later: `keep` written out keeps an existing
+    config's version id (pinned above); `same_split` and `drop` (a value added later
+    still) each change it, to ids of their own."""
+    ids = {}
+    for value in ("keep", "same_split", "drop"):
+        dataset = {**FIXED["dataset"], "duplicates": value}
+        ids[value] = version_id(ReshardConfig.model_validate({**FIXED, "dataset": dataset}))
+    assert ids["keep"] == PINNED_VERSION_ID
+    assert len(set(ids.values())) == 3
