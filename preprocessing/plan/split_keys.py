@@ -14,9 +14,12 @@ pass of its own.
 Values are hashed as written: integers by value whatever their width, floats by the bits
 of their float64, strings and binaries by their bytes (8 at a time, vectorised),
 timestamps and dates by their stored integer tagged with the type, fixed-size lists of
-numbers by the bytes of their values as stored, other lists element by element in order,
-any other type by the repr of its Python value (slow, but exact). A null hashes to one
-fixed value.
+numbers by the bytes of their values as stored (one holding a null element as other
+lists are), other lists element by element in order, any other type by the repr of its
+Python value (slow, but exact). A null hashes to one fixed value. A value's hash is a
+function of the value alone, never of the rows read beside it (a scan's batch, a map's
+piece): tests/preprocessing/test_split_key_hashes.py checks each path against this
+definition written one value at a time.
 
 Under `holdout_by: newest` the split is the night's time cut (plan/time_cut.py), known only
 once every file is counted: the scan's `held_out` holds no row out (it counts rows by
