@@ -4,7 +4,7 @@ default settings keep today's draw by (file, row); values hash as written."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import pairwise
 
 import numpy as np
@@ -246,3 +246,28 @@ def test_past_its_sample_the_tally_stays_bounded_and_estimates_within_a_few_perc
     _, counts = np.unique(np.concatenate(every_content), return_counts=True)
     assert stats["duplicate_rows"] == pytest.approx(counts[counts > 1].sum(), rel=0.05)
     assert stats["estimated_from"] == SAMPLE and stats["rows"] == rows
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 150), st.integers(0, 2)), max_size=400),
+    st.sampled_from([2**64 - 1, 2**40, 1]),
+)
+def test_a_batch_tally_is_its_keys_counted_smallest_first_and_largest_first(rows, scale):
+    """Invariant: a batch's tally of a split holds its distinct keys, smallest first
+    (SAMPLE of them), with their rows, and the TOP keys by rows, ties by the smaller
+    key: many keys tied at one count (the scan's distinct groups) keep the smallest."""
+    hashes = np.array([value * scale % 2**64 for value, _ in rows], dtype=np.uint64)
+    splits = np.array([split for _, split in rows], dtype=np.int8)
+    tally = tally_keys({"group": hashes}, splits)
+    for code, split in enumerate(("train", "holdout", "validation")):
+        counts = Counter(hashes[splits == code].tolist())
+        if f"{split}/group" not in tally:
+            assert code == 2 and not counts
+            continue
+        sample, sample_rows, top, top_rows, total = tally[f"{split}/group"]
+        keys = sorted(counts)[:SAMPLE]
+        assert sample.tolist() == keys and sample_rows.tolist() == [counts[k] for k in keys]
+        largest = sorted(counts, key=lambda k: (-counts[k], k))[:TOP]
+        assert top.tolist() == largest and top_rows.tolist() == [counts[k] for k in largest]
+        assert total.tolist() == [sum(counts.values())]
