@@ -423,7 +423,8 @@ def s3_report(
     """Requests per GB, per stage, the median bytes, and the bound of the issue."""
     from preprocessing.driver import reshard
     from preprocessing.exchange import tasks as exchange
-    from preprocessing.scan.inputs import check_schemas, scan_file
+    from preprocessing.scan.across_files import check_schemas
+    from preprocessing.scan.inputs import scan_file
     from preprocessing.storage.sources import list_inputs
 
     local = config.model_copy(

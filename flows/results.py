@@ -163,6 +163,7 @@ class PipelineResult(StepResult):
     reused: bool
     cached: bool
     route: str = ""  # DatasetVersion's: the route that made the version
+    duplicates_dropped: int = 0  # DatasetVersion's: its night's copies left out (`drop`)
     run_id: str | None
     training: TrainingResult
     runs: dict[str, str | None] = {}
