@@ -26,11 +26,12 @@ LEARNING_RATE = 3e-3
 MODEL = "tabular"
 # Every TabM-mini member passes every row through the shared MLP, so an epoch costs
 # members x rows of the first layer's work (8x the plain MLP's with 8 members; flights'
-# 262,000 training rows took about 20 minutes an epoch on the loaded host that way, against
-# HGB's 38 s fit). The ensemble pays most where rows are few and one network's variance is
-# high, so all MAX_MEMBERS train up to ENSEMBLE_ROWS training rows; above, the members
-# halve each time the rows double (an epoch's member-rows stay within MAX_MEMBERS x
-# ENSEMBLE_ROWS), down to one: a single MLP with its embeddings, as RealMLP trains.
+# 295,000 training rows took about 20 minutes an epoch on the loaded host that way, against
+# HGB's 38 s fit: benchmarks/RESULTS.md M63, M73). The ensemble pays most where rows are
+# few and one network's variance is high, so all MAX_MEMBERS train up to ENSEMBLE_ROWS
+# training rows; above, the members halve each time the rows double (an epoch's
+# member-rows stay within MAX_MEMBERS x ENSEMBLE_ROWS), down to one: a single MLP with its
+# embeddings, as RealMLP trains.
 MAX_MEMBERS, ENSEMBLE_ROWS = TabularConfig.model_fields["ensemble_size"].default, 50_000
 ENSEMBLE_RULE = (
     f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows, halved each time the "
