@@ -210,12 +210,17 @@ def serving_check(work: Path, registration: dict[str, Any]) -> dict[str, Any]:
 
 
 def proposed_config(
-    work: Path, seed: int, validation: float | None = None, patience: int | None = None
+    work: Path,
+    seed: int,
+    validation: float | None = None,
+    patience: int | None = None,
+    members: int | None = None,
 ) -> dict[str, Any]:
     """`ballast init`'s config for the table under `work/raw`, written to
     `work/pipeline.yaml` as proposed, but for `seed` (the reshard's and training's: seed 0
     is init's own), `validation` (the validation fraction, None: init's) and `patience`
-    (`train.select_best` on val_loss with it, 0: none, None: init's): its reshard dataset
+    (`train.select_best` on val_loss with it, 0: none, None: init's) and `members`
+    (`model.tabular.ensemble_size`, None: init's, training/sizing.py): its reshard dataset
     section and init's seconds."""
     init, init_s = ballast(["init", "--inputs", str(work / "raw"), "--label", "target"])
     text = init.stdout
@@ -225,6 +230,8 @@ def proposed_config(
         text = re.sub(r"\n  select_best:[^\n]*(\n    [^\n]*)*", "", text)
         selection = f"  select_best: {{monitor: val_loss, patience: {patience}}}\n"
         text = text.replace("\ntrain:\n", f"\ntrain:\n{selection if patience else ''}", 1)
+    if members is not None:  # an A/B of the size rule on the same reshard and holdout
+        text = re.sub(r"ensemble_size: \d+", f"ensemble_size: {members}", text)
     if seed:  # as a user sets it: a line in each section, init's comments kept
         for section in ("reshard", "train"):
             text = text.replace(f"\n{section}:\n", f"\n{section}:\n  seed: {seed}\n", 1)
@@ -239,10 +246,11 @@ def first_hour(
     seed: int = 0,
     validation: float | None = None,
     patience: int | None = None,
+    members: int | None = None,
 ) -> dict[str, Any]:
     """init + run pipeline on one table with one seed; its figures."""
     frame = write_table(name, work / "raw")
-    init = proposed_config(work, seed, validation, patience)
+    init = proposed_config(work, seed, validation, patience, members)
     # A loaded machine starts Prefect's temporary server past its 20 s default (issue 33.7).
     env = {
         **os.environ,
@@ -333,6 +341,11 @@ def main() -> None:
         metavar="PATIENCE",
         help="train.select_best on val_loss with this patience instead of init's (0: none)",
     )
+    parser.add_argument(
+        "--ensemble-size",
+        type=int,
+        help="model.tabular.ensemble_size instead of init's (training/sizing.py's rule)",
+    )
     args = parser.parse_args()
     summaries = []
     for name in args.tables:
@@ -342,7 +355,14 @@ def main() -> None:
             work = Path(args.work_dir).resolve() / name / f"seed-{seed}"
             try:
                 runs.append(
-                    first_hour(name, work, seed, args.validation_fraction, args.select_best)
+                    first_hour(
+                        name,
+                        work,
+                        seed,
+                        args.validation_fraction,
+                        args.select_best,
+                        args.ensemble_size,
+                    )
                 )
                 print(json.dumps(runs[-1]), flush=True)
             except RuntimeError as error:  # one failed command: the others still run

@@ -6,7 +6,9 @@ instead: about `TARGET_STEPS` optimizer steps, as epochs over the training rows,
 [MIN_EPOCHS, MAX_EPOCHS]; the batch and the network widen with the rows (a larger
 batch keeps an epoch's steps, and so its time, in bounds; a wider network has the data to
 fit it). The model is the built-in `tabular` one (training/models/tabular.py), its
-settings written out in full so that a user sees what to change.
+settings written out in full so that a user sees what to change, and its ensemble sized
+to the rows too (`ensemble_size`). This is the one place these choices are made: a
+config, once written, holds them as explicit settings and keeps its meaning.
 """
 
 from __future__ import annotations
@@ -22,6 +24,28 @@ MIN_EPOCHS, MAX_EPOCHS = 4, 40
 SIZES = ((20_000, 64, 64), (500_000, 256, 128), (math.inf, 1024, 256))
 LEARNING_RATE = 3e-3
 MODEL = "tabular"
+# Every TabM-mini member passes every row through the shared MLP, so an epoch costs
+# members x rows of the first layer's work (8x the plain MLP's with 8 members; flights'
+# 295,000 training rows took about 20 minutes an epoch on the loaded host that way, against
+# HGB's 38 s fit: benchmarks/RESULTS.md M63, M73). The ensemble pays most where rows are
+# few and one network's variance is high, so all MAX_MEMBERS train up to ENSEMBLE_ROWS
+# training rows; above, the members halve each time the rows double (an epoch's
+# member-rows stay within MAX_MEMBERS x ENSEMBLE_ROWS), down to one: a single MLP with its
+# embeddings, as RealMLP trains.
+MAX_MEMBERS, ENSEMBLE_ROWS = TabularConfig.model_fields["ensemble_size"].default, 50_000
+ENSEMBLE_RULE = (
+    f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows, halved each time the "
+    "rows double above, at least 1"
+)
+
+
+def ensemble_size(num_training_rows: int) -> int:
+    """The members `init` proposes for `num_training_rows` training rows: MAX_MEMBERS
+    halved until members x rows is within MAX_MEMBERS x ENSEMBLE_ROWS, at least 1."""
+    members = MAX_MEMBERS
+    while members > 1 and members * num_training_rows > MAX_MEMBERS * ENSEMBLE_ROWS:
+        members //= 2
+    return members
 
 
 def sized_training(num_training_rows: int) -> dict[str, Any]:
@@ -37,6 +61,6 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
             "class_path": MODEL,
             "hidden_sizes": [width, width],
             "learning_rate": LEARNING_RATE,
-            "tabular": TabularConfig().model_dump(),
+            "tabular": TabularConfig(ensemble_size=ensemble_size(rows)).model_dump(),
         },
     }

@@ -1,0 +1,87 @@
+"""The size rule `ballast init` proposes training by (training/sizing.py): monotone in the
+rows, and written into the config as settings that read back to the same model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flows.cli.main import main
+from flows.params import PipelineParams
+from training.config import TrainConfig
+from training.models.config import TabularConfig
+from training.sizing import (
+    ENSEMBLE_ROWS,
+    MAX_EPOCHS,
+    MAX_MEMBERS,
+    MIN_EPOCHS,
+    ensemble_size,
+    sized_training,
+)
+
+rows = st.integers(min_value=0, max_value=10**10)
+
+
+@given(rows, rows)
+def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
+    """Invariant: more training rows never get more ensemble members, a smaller batch or
+    narrower layers; the epochs stay within [MIN_EPOCHS, MAX_EPOCHS]."""
+    small, large = sorted((a, b))
+    few, many = sized_training(small), sized_training(large)
+    assert ensemble_size(large) <= ensemble_size(small)
+    assert many["model"]["tabular"]["ensemble_size"] <= few["model"]["tabular"]["ensemble_size"]
+    assert many["loader"]["batch_size"] >= few["loader"]["batch_size"]
+    assert many["model"]["hidden_sizes"][0] >= few["model"]["hidden_sizes"][0]
+    assert MIN_EPOCHS <= many["max_epochs"] <= few["max_epochs"] <= MAX_EPOCHS
+
+
+@given(rows)
+def test_the_ensemble_keeps_its_default_up_to_the_threshold_and_bounds_the_work(n: int) -> None:
+    """Invariant: up to ENSEMBLE_ROWS training rows init proposes the model's default
+    members (so what it proposes for small tables is unchanged); above, an epoch's
+    member-rows stay within MAX_MEMBERS x ENSEMBLE_ROWS unless one member is left, and
+    the members are the most (a power of two) that fit it."""
+    members = ensemble_size(n)
+    assert MAX_MEMBERS == TabularConfig().ensemble_size == 8
+    assert 1 <= members <= MAX_MEMBERS and members & (members - 1) == 0
+    if n <= ENSEMBLE_ROWS:
+        assert members == MAX_MEMBERS
+    assert members == 1 or members * n <= MAX_MEMBERS * ENSEMBLE_ROWS
+    if members < MAX_MEMBERS:
+        assert 2 * members * n > MAX_MEMBERS * ENSEMBLE_ROWS
+
+
+@pytest.mark.parametrize(("num_rows", "members"), [(3_000, 8), (120_000, 4)])
+def test_init_writes_the_sized_ensemble_and_it_reads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], num_rows: int, members: int
+) -> None:
+    """Invariant: the config `ballast init` prints holds the rule's members for its
+    training rows (3,000 rows: 8; 120,000 rows: 96,000 training rows, 4) as an explicit,
+    commented setting; the config validates, and dumped and validated again it is the
+    same training config (a written config keeps its meaning)."""
+    generator = np.random.default_rng(0)
+    table = pa.table(
+        {
+            "x": generator.normal(size=num_rows),
+            "colour": generator.choice(["red", "blue"], size=num_rows),
+            "label": generator.integers(0, 2, size=num_rows),
+        }
+    )
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "part-0.parquet")
+    assert main(["init", "--inputs", str(tmp_path / "raw")]) == 0
+    text = capsys.readouterr().out
+    assert f"ensemble_size: {members}  # Members sharing the MLP" in text
+    assert f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows" in text
+    params = PipelineParams.model_validate(yaml.safe_load(text.replace("${WORK_DIR}", "/w")))
+    assert params.train.model.tabular.ensemble_size == members
+    assert params.train.model.class_path == "tabular"
+    again = TrainConfig.model_validate(params.train.model_dump())
+    assert again == params.train
