@@ -22,6 +22,7 @@ from training.sizing import (
     MAX_EPOCHS,
     MAX_MEMBERS,
     MIN_EPOCHS,
+    TARGET_STEPS,
     ensemble_size,
     sized_training,
 )
@@ -31,15 +32,21 @@ rows = st.integers(min_value=0, max_value=10**10)
 
 @given(rows, rows)
 def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
-    """Invariant: more training rows never get more ensemble members, a smaller batch or
-    narrower layers; the epochs stay within [MIN_EPOCHS, MAX_EPOCHS]."""
+    """Invariants: more training rows never get more ensemble members, a smaller batch or
+    narrower layers; the epochs stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest
+    that reach TARGET_STEPS optimizer steps (not monotone in the rows: where the batch
+    widens, an epoch has fewer steps, so 20,000 rows take more epochs than 19,999)."""
     small, large = sorted((a, b))
     few, many = sized_training(small), sized_training(large)
     assert ensemble_size(large) <= ensemble_size(small)
     assert many["model"]["tabular"]["ensemble_size"] <= few["model"]["tabular"]["ensemble_size"]
     assert many["loader"]["batch_size"] >= few["loader"]["batch_size"]
     assert many["model"]["hidden_sizes"][0] >= few["model"]["hidden_sizes"][0]
-    assert MIN_EPOCHS <= many["max_epochs"] <= few["max_epochs"] <= MAX_EPOCHS
+    for count, sized in ((small, few), (large, many)):
+        epochs, steps = sized["max_epochs"], max(count, 1) / sized["loader"]["batch_size"]
+        assert MIN_EPOCHS <= epochs <= MAX_EPOCHS
+        assert epochs == MAX_EPOCHS or epochs * steps >= TARGET_STEPS * (1 - 1e-12)
+        assert epochs == MIN_EPOCHS or (epochs - 1) * steps < TARGET_STEPS * (1 + 1e-12)
 
 
 @given(rows)
