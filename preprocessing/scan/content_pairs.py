@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -121,8 +122,17 @@ class DropLists:
         name = self.names.get(file.uri)
         if name is None:
             return mask
-        fs, path = url_to_fs(f"{self.directory}/{name}.drop")
-        rows = np.frombuffer(fs.cat_file(path, start=0), dtype=np.int64)
+        rows = _drop_rows(f"{self.directory}/{name}.drop")
         low, high = np.searchsorted(rows, [first_row, first_row + num_rows])
         mask[rows[low:high] - first_row] = True
         return mask
+
+
+# A file's pieces go to the same map task or thread pool one after the other: each read
+# the file's whole list, so a file of P pieces read it P times. A list is written once
+# per attempt (its path is keyed by the run) and never changed, so a few are kept.
+@lru_cache(maxsize=8)
+def _drop_rows(uri: str) -> np.ndarray:
+    """The ascending row numbers of a drop list (read-only)."""
+    fs, path = url_to_fs(uri)
+    return np.frombuffer(fs.cat_file(path, start=0), dtype=np.int64)
