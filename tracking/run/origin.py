@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Experiment
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from preprocessing.contract.manifest import code_version
@@ -48,12 +49,20 @@ log = logging.getLogger(__name__)
 
 
 def create_experiment(client: MlflowClient, config: TrackingConfig) -> str:
-    """A new experiment of the config's name, in training mode; its id."""
-    return str(
-        client.create_experiment(
-            config.experiment, config.artifact_location, tags={KIND_TAG: TRAINING_KIND}
+    """A new experiment of the config's name, in training mode; its id. Two runs started
+    together (two nights at once) may both have found none: the one whose create comes
+    second takes the id of the one the other made."""
+    try:
+        return str(
+            client.create_experiment(
+                config.experiment, config.artifact_location, tags={KIND_TAG: TRAINING_KIND}
+            )
         )
-    )
+    except MlflowException as error:
+        made = client.get_experiment_by_name(config.experiment)
+        if error.error_code != "RESOURCE_ALREADY_EXISTS" or made is None:
+            raise
+        return str(made.experiment_id)
 
 
 def mark_training_kind(client: MlflowClient, experiment: Experiment) -> str:
