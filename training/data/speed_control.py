@@ -305,10 +305,10 @@ def cautious_target(
 def cautious(
     model: StepModel, history: tuple[Point, ...], noise: float, superseding: bool, k: float
 ) -> StepModel:
-    """`model` with each fitted rank's cost per row raised by CAUTION_K standard errors of
-    its slope (an interval's relative `noise` at the rank's cost, over the weighted spread
-    of the shares its fit read), at most to the line through 0, kept through the fitted
-    cost at the newest share; ranks whose points span less than MIN_SPREAD kept as fitted."""
+    """`model` with each fitted rank's cost per row raised by `k` standard errors of its
+    slope (an interval's relative `noise` at the rank's cost, over the weighted spread of
+    the shares its fit read), at most to the line through 0, kept through the fitted cost
+    at the newest share; a rank whose points all sit at one share kept as fitted."""
     newest = history[-1].shares
     level = model.fixed + model.per_share * newest
     per_share = model.per_share.copy()
