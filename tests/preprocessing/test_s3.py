@@ -1,5 +1,5 @@
-"""Resharding from and to S3 (moto's server on loopback), the S3 commit race, and the
-Delta Lake table of an S3 root read back by `deltalake`."""
+"""Resharding from and to S3 (moto's server on loopback), `duplicates: drop` on S3, the
+S3 commit race, and the Delta Lake table of an S3 root read back by `deltalake`."""
 
 from __future__ import annotations
 
@@ -214,3 +214,46 @@ def test_a_streamed_write_to_s3_is_whole_or_absent(bucket: str, chunk_mb: int) -
     fs.invalidate_cache()
     assert not fs.exists(broken) and uploads() == []
     assert len(open_at_failure) == (1 if chunk_mb == 3 else 0)  # a part sent only at 6 MB
+
+
+@pytest.mark.parametrize("budget", [0, None], ids=["staged", "single-pass"])
+def test_drop_on_s3_keeps_the_first_copies_and_the_bytes_of_a_local_run(
+    bucket, tmp_path, budget
+) -> None:
+    """Invariants of `duplicates: drop` with inputs and output on S3 (its pairs and drop
+    lists then live under the attempt's S3 prefix): exactly the first copy of each content
+    by (file, row) is written, the delta counts the rest as dropped, and the shards are
+    row for row those of the same files resharded on local disk (derived ids name the
+    file, not its root; only `source`, the input as listed, differs), on either route."""
+    from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
+    from tests.preprocessing.test_duplicates_drop import (
+        content_key,
+        first_copies,
+        reshard_config,
+        write_files,
+        written,
+    )
+
+    base = [(i % 3, float(i), i % 2, f"r{i}") for i in range(40)]
+    files = [base, [*base[5:25], (1, -0.0, 0, "new")], base[::3]]
+    raw = tmp_path / "raw"
+    write_files(raw, files)
+    fsspec.filesystem("s3").put(f"{raw}/", f"{bucket}/raw/", recursive=True)
+    local = run_reshard(reshard_config(raw, tmp_path / "out", "drop", budget))
+    config = reshard_config(raw, tmp_path / "unused", "drop", budget)
+    s3_inputs = config.dataset.model_copy(update={"inputs": [f"s3://{bucket}/raw/*.parquet"]})
+    remote_config = config.model_copy(
+        update={"dataset": s3_inputs, "output_root": f"s3://{bucket}/datasets"}
+    )
+    remote = run_reshard(remote_config)
+    here, there = written(local), written(remote)
+    assert there.keys() == here.keys()
+    for split, table in there.items():  # all but `source`, which names the input as listed
+        assert table.drop_columns("source").equals(here[split].drop_columns("source"))
+    kept = written(remote)
+    ids = {i for table in kept.values() for i in table.column(DERIVED_ID_COLUMN).to_pylist()}
+    assert ids == first_copies(files)
+    distinct = {content_key(row) for rows in files for row in rows if row[2] is not None}
+    rows_in = sum(1 for rows in files for row in rows if row[2] is not None)
+    dropped = remote.manifest.deltas[-1].split_values
+    assert sum(v["dropped_duplicates"] for v in dropped.values()) == rows_in - len(distinct)
