@@ -22,6 +22,7 @@ from preprocessing.contract.manifest import (
     read_manifest,
     shard_uri,
 )
+from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.storage.limits import MIN_PART_BYTES
 from preprocessing.storage.objects import write_stream_atomically
@@ -239,13 +240,15 @@ def test_drop_on_s3_keeps_the_first_copies_and_the_bytes_of_a_local_run(
     raw = tmp_path / "raw"
     write_files(raw, files)
     fsspec.filesystem("s3").put(f"{raw}/", f"{bucket}/raw/", recursive=True)
-    local = run_reshard(reshard_config(raw, tmp_path / "out", "drop", budget))
+    threads = DaskConfig(kind="threads", num_workers=1)  # no worker processes to start
+    local = run_reshard(reshard_config(raw, tmp_path / "out", "drop", budget), threads)
     config = reshard_config(raw, tmp_path / "unused", "drop", budget)
     s3_inputs = config.dataset.model_copy(update={"inputs": [f"s3://{bucket}/raw/*.parquet"]})
     remote_config = config.model_copy(
         update={"dataset": s3_inputs, "output_root": f"s3://{bucket}/datasets"}
     )
-    remote = run_reshard(remote_config)
+    remote = run_reshard(remote_config, threads)
+    assert remote.manifest.route["route"] == ("staged" if budget == 0 else "single_pass")
     here, there = written(local), written(remote)
     assert there.keys() == here.keys()
     for split, table in there.items():  # all but `source`, which names the input as listed
