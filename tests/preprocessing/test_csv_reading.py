@@ -15,10 +15,13 @@ import pandas as pd
 import polars as pl
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flows.cli.main import main
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.scan.feature_stats import InputError
@@ -215,3 +218,25 @@ def test_an_empty_label_is_unlabelled_under_missing_and_a_class_only_under_the_o
     named = reshard_flights(tmp_path, dask_client, csv_empty_text="empty_string")
     assert named.reused and named.manifest.version_id == old.manifest.version_id
     assert new.version_id != old.manifest.version_id
+
+
+def test_init_reads_as_it_proposes_and_writes_the_reading_with_its_comment(
+    tmp_path, capsys
+) -> None:
+    """Invariants: `ballast init` on a CSV surveys it under `missing` (the 4 empty labels
+    are unlabelled rows, the 3 empty carriers nulls given a policy) and writes
+    `csv_empty_text: missing` with a comment saying what it means, in a config that
+    validates; on the same rows as Parquet, which no reading touches, it writes nothing."""
+    write_flights(tmp_path / "raw")
+    assert main(["init", "--inputs", str(tmp_path / "raw")]) == 0
+    text = capsys.readouterr().out
+    dataset = yaml.safe_load(text.replace("${WORK_DIR}", str(tmp_path)))["reshard"]["dataset"]
+    assert DatasetSpec.model_validate(dataset).csv_empty_text == "missing"
+    assert "csv_empty_text: missing  # an empty field of a CSV text column is a null" in text
+    assert dataset["nulls"] == {"carrier": "fill_zero"} and dataset["unlabelled"] == "drop"
+    assert "unlabelled: drop  # CONFIRM: 4 rows have no 'label'" in text
+    assert "# classes of 'label' (rows): late: 16, on_time: 20" in text
+    table = read(tmp_path / "raw" / "flights.csv", MISSING)
+    pq.write_table(table, tmp_path / "flights.parquet")
+    assert main(["init", "--inputs", str(tmp_path / "flights.parquet")]) == 0
+    assert "csv_empty_text" not in capsys.readouterr().out
