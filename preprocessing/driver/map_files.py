@@ -90,8 +90,10 @@ def _mapped(
 ) -> ShardEntry:
     writer = ShardWriter(out_uri, rows_per_row_group, label_column)
     rows = 0
-    # A map's inputs are Parquet (its docstring), which no CsvReading touches; no dataset
-    # config names one here, so a CSV given anyway reads as ballast's default reads it.
+    # A map's inputs are Parquet (its docstring), which no CsvReading touches, and no
+    # dataset config names a reading here: a CSV given anyway reads as by default. For a
+    # model that is no other answer: an empty category and a null under a fill policy both
+    # encode as slot 0 (preprocessing/contract/codec.py), and only the label differs.
     for batch in iter_batches(uri, reading=CsvReading()):
         table = transform(pa.Table.from_batches([batch]))
         writer.write(table)
