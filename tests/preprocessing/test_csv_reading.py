@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from flows.cli.main import main
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.driver.reshard import ReshardResult, run_reshard
+from preprocessing.driver.reshard import ReshardResult, TooManyRejected, run_reshard
 from preprocessing.scan.feature_stats import InputError
 from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import iter_batches, read_rows, stream_schema
@@ -199,13 +199,23 @@ def test_an_empty_label_is_unlabelled_under_missing_and_a_class_only_under_the_o
 ) -> None:
     """Invariants, through the reshard on a Dask cluster: under `csv_empty_text: missing`
     the 4 rows with an empty label are left out by `unlabelled: drop` and counted, not made
-    a class ""; the empty carriers are nulls met by the column's policy, and without one
+    a class "" (under `refuse`, the file is rejected naming it, the column and the first
+    such row); the empty carriers are nulls met by the column's policy, and without one
     the scan fails naming the file, the column and the setting to choose. A config without
     the field reads as before (the class "" is there, as the old reading made it) and has
     the version id of the same config naming `empty_string`, another than `missing`'s."""
     write_flights(tmp_path / "raw")
     with pytest.raises(InputError, match=r"feature column 'carrier' holds 3 null rows.*flights"):
         reshard_flights(tmp_path, dask_client, csv_empty_text="missing")
+    refused = r"flights\.csv: 4 null or NaN labels in column 'label' \(the first at row 3 "
+    with pytest.raises(TooManyRejected, match=refused):
+        reshard_flights(
+            tmp_path,
+            dask_client,
+            csv_empty_text="missing",
+            nulls={"carrier": "fill_zero"},
+            unlabelled="refuse",
+        )
     new = reshard_flights(
         tmp_path, dask_client, csv_empty_text="missing", nulls={"carrier": "fill_zero"}
     ).manifest
