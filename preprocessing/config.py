@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.storage.csv_reading import CSV_EMPTY_TEXT_HELP, CsvEmptyText
 from preprocessing.storage.limits import DEFAULT_PART_BYTES, MIN_PART_BYTES
 from preprocessing.storage.roots import overlap_problem
 from preprocessing.toolbox.faults import RetryPolicy
@@ -129,6 +130,7 @@ class DatasetSpec(BaseModel):
         description="The date or timestamp column (or ISO 8601 strings; need not be a "
         "feature; a null is refused) whose newest rows `holdout_by: newest` holds out.",
     )
+    csv_empty_text: CsvEmptyText = Field("empty_string", description=CSV_EMPTY_TEXT_HELP)
     max_classes: int = Field(
         1_000,
         gt=1,

@@ -25,7 +25,8 @@ from preprocessing.config import DatasetSpec
 from preprocessing.contract.names import yaml_comment, yaml_text
 from preprocessing.scan.column_roles import TableSurvey, check_proposal, survey_columns
 from preprocessing.scan.feature_stats import policies_for
-from preprocessing.storage.sources import iter_batches, list_inputs, stream_schema
+from preprocessing.storage.csv_reading import CsvReading
+from preprocessing.storage.sources import file_format, iter_batches, list_inputs, stream_schema
 from training.models.config import TabularConfig
 from training.sizing import ENSEMBLE_RULE, sized_training
 
@@ -44,6 +45,9 @@ TIME_SAMPLE_ROWS = 1_000_000  # rows read to count them, at most
 # select_best's patience: this share of the proposed epochs, at least MIN_PATIENCE.
 PATIENCE_SHARE, MIN_PATIENCE = 0.25, 2
 MAX_CATEGORIES = DatasetSpec.model_fields["max_categories"].default
+# init reads CSV text as pandas and Polars do, an empty field a null, and writes that
+# reading into the config it proposes (a config without it reads as ballast did before).
+PROPOSED_READING = CsvReading("missing")
 ROLE_NOTES = {
     "label": "label",
     "source": "source",
@@ -59,12 +63,12 @@ ROLE_NOTES = {
 def survey_inputs(inputs: str, label: str | None) -> TableSurvey:
     """Every column of the files under `inputs`, with its role; the label checked."""
     files = [file.uri for file in list_inputs(DatasetSpec(inputs=[inputs]))]
-    names = stream_schema(files[0]).names
+    names = stream_schema(files[0], reading=PROPOSED_READING).names
     label = label or next((name for name in LABEL_NAMES if name in names), None)
     if label is None or label not in names:
         raise ValueError(f"--label {label}: no such column in {files[0]}; the columns are {names}")
     source = next((name for name in SOURCE_NAMES if name in names and name != label), None)
-    return survey_columns(files, label, source)
+    return survey_columns(files, label, source, PROPOSED_READING)
 
 
 def proposed_policy(kind: str | None) -> str:
@@ -111,7 +115,15 @@ def dataset_section(survey: TableSurvey, inputs: str) -> dict[str, Any]:
         **({"duplicates": "same_split"} if survey.duplicate_rows else {}),
         "validation_fraction": validation_fraction(survey),
         **_time_holdout(survey),
+        **_csv_reading(survey),
     }
+
+
+def _csv_reading(survey: TableSurvey) -> dict[str, Any]:
+    """The reading the survey used, where a file is CSV (the only format it touches)."""
+    if not any(file_format(uri) == "csv" for uri in survey.files):
+        return {}
+    return {"csv_empty_text": survey.reading.empty_text}
 
 
 def date_columns_of(survey: TableSurvey) -> list[str]:
@@ -129,18 +141,18 @@ def date_columns_of(survey: TableSurvey) -> list[str]:
             or pa.types.is_timestamp(column.arrow_type)
             or pa.types.is_date(column.arrow_type)
         )
-        and _distinct_values(survey.files, name) >= MIN_TIME_VALUES
+        and _distinct_values(survey, name) >= MIN_TIME_VALUES
     ]
 
 
-def _distinct_values(files: list[str], name: str) -> int:
+def _distinct_values(survey: TableSurvey, name: str) -> int:
     """Distinct values of column `name` in the surveyed files, counted up to
     MIN_TIME_VALUES over at most TIME_SAMPLE_ROWS rows (the scan's distinct sketch hashes
     no dates)."""
     seen: set[Any] = set()
     rows = 0
-    for uri in files:
-        for batch in iter_batches(uri, [name]):
+    for uri in survey.files:
+        for batch in iter_batches(uri, [name], reading=survey.reading):
             seen.update(pc.unique(batch.column(0)).to_pylist())
             rows += batch.num_rows
             if len(seen) >= MIN_TIME_VALUES or rows >= TIME_SAMPLE_ROWS:
@@ -310,6 +322,11 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             line += (
                 f"  # CONFIRM: {survey.duplicate_rows} rows of the sample repeat an earlier "
                 "row exactly; same_split keeps each set in one split (keep: drawn alone)"
+            )
+        elif line.strip() == "csv_empty_text: missing":
+            line += (
+                "  # an empty field of a CSV text column is a null (as pandas and Polars "
+                'read it), met by the nulls policies and unlabelled; empty_string: the value ""'
             )
         elif name == "validation_fraction":
             line += f"  # CONFIRM: {_validation_reason(survey)}"

@@ -42,6 +42,7 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.contract.shards import ShardWriter
 from preprocessing.driver.cluster import Executor, dask_client
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import iter_batches
 from preprocessing.toolbox.faults import RetryPolicy, retrying
 from preprocessing.toolbox.secrets import redact_value
@@ -89,7 +90,11 @@ def _mapped(
 ) -> ShardEntry:
     writer = ShardWriter(out_uri, rows_per_row_group, label_column)
     rows = 0
-    for batch in iter_batches(uri):
+    # A map's inputs are Parquet (its docstring), which no CsvReading touches, and no
+    # dataset config names a reading here: a CSV given anyway reads as by default. For a
+    # model that is no other answer: an empty category and a null under a fill policy both
+    # encode as slot 0 (preprocessing/contract/codec.py), and only the label differs.
+    for batch in iter_batches(uri, reading=CsvReading()):
         table = transform(pa.Table.from_batches([batch]))
         writer.write(table)
         rows += table.num_rows

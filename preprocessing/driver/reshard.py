@@ -330,7 +330,7 @@ def _scan(
             dask.dask.map(
                 retrying(duplicate_ids, config.retry),
                 groups,
-                id_column=config.dataset.id_column,
+                spec=config.dataset,
                 pure=False,
             )
         )

@@ -34,6 +34,7 @@ from preprocessing.scan.columns import INTERNAL_PREFIX
 from preprocessing.scan.content_pairs import DropLists
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import row_sources
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import InputFile, read_rows
 
 ORDER_COLUMN = f"{INTERNAL_PREFIX}order"
@@ -86,7 +87,8 @@ def read_piece(
 ) -> tuple[pa.Table, np.ndarray]:
     """One piece's rows in the staged schema (without the order key), and each one's split
     code (plan/counts.py: SPLITS)."""
-    table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
+    rows = read_rows(task.file.uri, task.first_row, task.num_rows, reading=CsvReading.of(spec))
+    table = rows.replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
     if spec.id_column is None:

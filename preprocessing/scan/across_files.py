@@ -37,6 +37,7 @@ from preprocessing.scan.feature_stats import (
     profiles_record,
 )
 from preprocessing.scan.inputs import FileScan
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import iter_batches
 
 
@@ -171,9 +172,10 @@ def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
     return InputError("; ".join(problem for problem in found if problem) + resent_hint(spec))
 
 
-def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
+def duplicate_ids(uris: list[str], spec: DatasetSpec) -> str | None:
     """An id held by two of `uris`, named with both files, or None (reads the id column).
     Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
+    id_column, reading = spec.id_column, CsvReading.of(spec)
     if id_column is None:
         return (
             f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
@@ -184,7 +186,7 @@ def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
         np.concatenate(
             [
                 batch.column(0).to_numpy(zero_copy_only=False)
-                for batch in iter_batches(uri, columns=[id_column])
+                for batch in iter_batches(uri, columns=[id_column], reading=reading)
             ]
         )
         for uri in uris

@@ -56,6 +56,7 @@ from preprocessing.scan.feature_stats import (
     new_profiles,
     profile_batch,
 )
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import iter_batches
 
 # An id-ish name: `id`, `Id`, `uuid`, `stone_id`, `stoneId`, `row-key`, `GUID`: unique
@@ -97,6 +98,7 @@ class TableSurvey:
     files: list[str]
     schema: pa.Schema
     label: str
+    reading: CsvReading  # how the files' CSV text reads: as the proposed config will
     num_rows: int = 0
     sampled: bool = False  # stopped at MAX_SURVEY_ROWS
     classes: Counter[Any] = field(default_factory=Counter)
@@ -127,10 +129,12 @@ def date_columns(batch: pa.RecordBatch) -> list[str]:
     return found
 
 
-def survey_columns(files: list[str], label: str, source: str | None) -> TableSurvey:
+def survey_columns(
+    files: list[str], label: str, source: str | None, reading: CsvReading
+) -> TableSurvey:
     """Read the files (up to MAX_SURVEY_ROWS rows) and give every column its role."""
-    first = next(iter_batches(files[0]))
-    survey = TableSurvey(files, first.schema, label)
+    first = next(iter_batches(files[0], reading=reading))
+    survey = TableSurvey(files, first.schema, label, reading)
     candidates = [
         f.name
         for f in first.schema
@@ -157,7 +161,7 @@ def survey_columns(files: list[str], label: str, source: str | None) -> TableSur
 def _read_file(survey: TableSurvey, uri: str, integers: dict[str, list[np.ndarray]]) -> None:
     """Fold one file's rows into the survey: classes, null labels, profiles, integers."""
     nulls_before = {name: p.null_rows for name, p in survey.profiles.items()}
-    for batch in iter_batches(uri):
+    for batch in iter_batches(uri, reading=survey.reading):
         batch = batch.slice(0, MAX_SURVEY_ROWS - survey.num_rows)
         unlabelled = column_nulls(batch.column(survey.label))
         survey.unlabelled += int(unlabelled.sum())

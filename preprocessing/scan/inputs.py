@@ -62,6 +62,7 @@ from preprocessing.scan.feature_stats import (
 )
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.scan.row_counts import count_rows, count_times
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import (
     FORMATS,
     STREAM_BUFFER_BYTES,
@@ -165,8 +166,8 @@ def _scan(
         return _scan_rows(
             file,
             None,
-            stream_schema(file.uri),
-            lambda columns: iter_batches(file.uri, columns),
+            stream_schema(file.uri, reading=CsvReading.of(spec)),
+            lambda columns: iter_batches(file.uri, columns, reading=CsvReading.of(spec)),
             *settings,
         )
     with open_input(file.uri) as source:  # one open for the footer and the columns

@@ -1,11 +1,12 @@
 """Reading raw files of any supported format as bounded record batches.
 
-Parquet, CSV and JSON Lines are read through fsspec in batches, so no reader
-holds more than one batch beyond what its caller keeps. A file is cut into
-pieces (row ranges): Parquet pieces follow row groups, split when a row group
-is larger than `max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of
-`max_piece_rows` rows. `read_rows` returns one piece. `list_inputs` expands roots,
-directories and globs into a sorted, fingerprinted listing, retried on transient errors.
+Parquet, CSV and JSON Lines are read through fsspec in batches, so no reader holds more
+than one batch beyond what its caller keeps; a CSV file's text as the dataset's `CsvReading`
+says (preprocessing/storage/csv_reading.py), which every reader takes. A file is cut into
+pieces (row ranges): Parquet pieces follow row groups, split when a row group is larger than
+`max_piece_rows`; CSV and JSON Lines pieces are fixed ranges of `max_piece_rows` rows.
+`read_rows` returns one piece. `list_inputs` expands roots, directories and globs into a
+sorted, fingerprinted listing, retried on transient errors.
 
 Every read goes through `open_input`, which tells the store's errors from the
 decoder's (preprocessing/toolbox/faults.py): a read that returns fewer bytes than the object
@@ -24,12 +25,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from preprocessing.config import DatasetSpec
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.reach import check_reachable
 from preprocessing.storage.roots import ballast_outputs, is_under
 from preprocessing.storage.schema_form import canonical_schema
@@ -285,19 +286,17 @@ def _num_leaves(arrow_type: pa.DataType) -> int:
         return sum(_num_leaves(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
     if pa.types.is_map(arrow_type):
         return _num_leaves(arrow_type.key_type) + _num_leaves(arrow_type.item_type)
-    if (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    ):
+    if isinstance(arrow_type, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)):
         return _num_leaves(arrow_type.value_type)
     return 1
 
 
-def iter_batches(uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    uri: str, columns: list[str] | None = None, *, reading: CsvReading
+) -> Iterator[pa.RecordBatch]:
     """Every row of the file in order, as record batches of at most ~64k rows."""
     with open_input(uri) as handle:
-        yield from batches_of(handle.reader, uri, columns)
+        yield from batches_of(handle.reader, uri, columns, reading=reading)
 
 
 def parquet_batches(
@@ -309,7 +308,9 @@ def parquet_batches(
         yield from parquet.iter_batches(_BATCH_ROWS, columns=columns, use_threads=_THREADS)
 
 
-def batches_of(handle: Any, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+def batches_of(
+    handle: Any, uri: str, columns: list[str] | None = None, *, reading: CsvReading
+) -> Iterator[pa.RecordBatch]:
     """`iter_batches` over a file open from its start."""
     kind = file_format(uri)
     if kind == "parquet":
@@ -317,26 +318,25 @@ def batches_of(handle: Any, uri: str, columns: list[str] | None = None) -> Itera
             _BATCH_ROWS, columns=columns, use_threads=_THREADS
         )
     elif kind == "csv":
-        convert = pa_csv.ConvertOptions(include_columns=columns) if columns else None
-        yield from pa_csv.open_csv(handle, convert_options=convert)
+        yield from reading.batches(handle, columns)
     else:
         reader = pa_json.open_json(handle)
         for batch in reader:
             yield batch.select(columns) if columns else batch
 
 
-def stream_schema(uri: str) -> pa.Schema:
+def stream_schema(uri: str, *, reading: CsvReading) -> pa.Schema:
     """The schema a streaming read of the whole file produces."""
     kind = file_format(uri)
     with open_input(uri) as handle:
         if kind == "parquet":
             return canonical_schema(pq.ParquetFile(handle.reader).schema_arrow)
         if kind == "csv":
-            return pa_csv.open_csv(handle.reader).schema
+            return reading.schema(handle.reader)
         return pa_json.open_json(handle.reader).schema
 
 
-def read_rows(uri: str, first_row: int, num_rows: int) -> pa.Table:
+def read_rows(uri: str, first_row: int, num_rows: int, *, reading: CsvReading) -> pa.Table:
     """Rows [first_row, first_row + num_rows) of a file, reading only what covers them
     (Parquet: the overlapping row groups; CSV / JSON Lines: a stream up to the range)."""
     whole = _whole_row_groups(uri, first_row, num_rows)
@@ -344,7 +344,7 @@ def read_rows(uri: str, first_row: int, num_rows: int) -> pa.Table:
         return whole
     batches = []
     position = 0
-    for batch in _batches_from(uri, first_row):
+    for batch in _batches_from(uri, first_row, reading):
         start, end = batch[1], batch[1] + batch[0].num_rows
         position = end
         low, high = max(start, first_row), min(end, first_row + num_rows)
@@ -369,12 +369,14 @@ def _whole_row_groups(uri: str, first_row: int, num_rows: int) -> pa.Table | Non
         return parquet.read_row_groups(list(range(int(first), int(last))), use_threads=_THREADS)
 
 
-def _batches_from(uri: str, first_row: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+def _batches_from(
+    uri: str, first_row: int, reading: CsvReading
+) -> Iterator[tuple[pa.RecordBatch, int]]:
     """(batch, its first row) from the row group holding `first_row` on (Parquet), or from
     the start of the file (other formats)."""
     if file_format(uri) != "parquet":
         position = 0
-        for batch in iter_batches(uri):
+        for batch in iter_batches(uri, reading=reading):
             yield batch, position
             position += batch.num_rows
         return

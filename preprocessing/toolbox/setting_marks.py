@@ -40,6 +40,7 @@ SETTINGS_ADDED_LATER: dict[str, Any] = {
     "validation_fraction": 0.0,
     "holdout_by": "random",
     "holdout_column": None,
+    "csv_empty_text": "empty_string",
 }
 
 

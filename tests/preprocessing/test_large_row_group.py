@@ -17,9 +17,12 @@ import pytest
 NUM_ROWS, PIECE_ROWS = 4_000_000, 500_000
 READ_PIECES = f"""
 import sys
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import read_rows
 firsts = range(0, {NUM_ROWS}, {PIECE_ROWS})
-rows = sum(read_rows(sys.argv[1], first, {PIECE_ROWS}).num_rows for first in firsts)
+rows = sum(
+    read_rows(sys.argv[1], first, {PIECE_ROWS}, reading=CsvReading()).num_rows for first in firsts
+)
 assert rows == {NUM_ROWS}, rows
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from pytest's own process.
 hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))

@@ -39,6 +39,7 @@ from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.scan.columns import row_problem
 from preprocessing.scan.inputs import FileScan, scan_file
 from preprocessing.scan.scan_record import decode_scans, encode_scans
+from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import InputFile, read_rows
 from preprocessing.toolbox.setting_marks import comparable_settings
 
@@ -126,7 +127,7 @@ def routed(scan: FileScan, file: InputFile, cut, seed: int, fraction: float) -> 
     """What every route holds out of a file: piece by piece, as `read_piece` reads them."""
     parts, first = [], 0
     for rows in scan.piece_rows:
-        table = read_rows(file.uri, first, rows)
+        table = read_rows(file.uri, first, rows, reading=CsvReading.of(time_spec()))
         parts.append(
             holdout_rows(table, time_spec(), file.relative_path, first, seed, fraction, cut)
         )
