@@ -11,6 +11,10 @@ with `base` 62 bits of a hash of the path, so a file's ids are unique by constru
 two files can share an id only if their ranges overlap, which the scan sees from the
 ranges alone (two roots holding the same relative path, or a 1 in ~2^40 accident) and
 refuses. Renaming a file within its root gives its rows new ids.
+
+With an id column, `shared_id` is the rule the check across files applies to the ids it
+reads (preprocessing/scan/across_files.py: `duplicate_ids`): which two rows share an id,
+leaving alone a pair that an earlier night's files both hold (checked on their night).
 """
 
 from __future__ import annotations
@@ -37,3 +41,15 @@ def id_range(relative_path: str, num_rows: int) -> tuple[int, int]:
     """The lowest and highest derived id of a file of `num_rows` rows."""
     base = id_base(relative_path)
     return base, base + max(num_rows, 1) - 1
+
+
+def shared_id(ids: np.ndarray, owners: np.ndarray, committed: np.ndarray) -> tuple[int, int] | None:
+    """Positions of two entries of `ids` that are equal, in `owners` order (`owners`: each
+    entry's file, ascending), where not both files are `committed` (a bool per file: an
+    earlier night's); None if no such pair. A run of equal ids that holds one file of
+    tonight has a neighbour pair with that entry in it, so neighbours in id order suffice."""
+    order = np.argsort(ids, kind="stable")  # equal ids stay in (file, row) order
+    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    first, second = order[same], order[same + 1]
+    clash = np.flatnonzero(~(committed[owners[first]] & committed[owners[second]]))
+    return (int(first[clash[0]]), int(second[clash[0]])) if clash.size else None

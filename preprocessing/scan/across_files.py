@@ -10,7 +10,9 @@ the accepted files' counts over global pieces for the plan. Each check raises `I
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -19,8 +21,9 @@ import pyarrow as pa
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.first_copies import BUCKETS, bucket_groups, later_copies
+from preprocessing.plan.row_ids import shared_id
 from preprocessing.plan.time_cut import TimeCut, choose_cut, split_counts
-from preprocessing.scan.columns import resent_hint, too_many_classes
+from preprocessing.scan.columns import kept_ids_hint, too_many_classes
 from preprocessing.scan.content_pairs import (
     ContentPairs,
     DropLists,
@@ -166,13 +169,57 @@ def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
     return [group for group in groups if len(group) > 1]
 
 
+def id_groups(scans: list[FileScan], earlier: list[FileScan]) -> list[list[str]]:
+    """The files whose ids `duplicate_ids` must read, by group: files (with the `earlier`
+    files of a chain's parent) whose id ranges overlap, where one is tonight's; and under
+    `duplicates: drop`, each file whose own ids repeat (its scan left that to the rows
+    the drop keeps: scan/inputs.py)."""
+    new = {scan.file.uri for scan in scans}
+    groups = [g for g in overlapping_id_groups([*scans, *earlier]) if new & set(g)]
+    grouped = {uri for group in groups for uri in group}
+    return groups + [
+        [scan.file.uri]
+        for scan in scans
+        if scan.reason is None
+        and scan.content_pairs
+        and scan.content_pairs.repeated_ids
+        and scan.file.uri not in grouped
+    ]
+
+
+def check_ids(
+    scans: list[FileScan],
+    earlier: list[FileScan],
+    spec: DatasetSpec,
+    on_cluster: Callable[[Callable[..., str | None], list[list[str]]], list[str | None]],
+    drops: DropLists | None = None,
+) -> None:
+    """Ids unique among tonight's `scans` and against the `earlier` files of a chain's
+    parent, on every row but those `drops` lists; `InputError` naming a clash. Under
+    `duplicates: drop` the driver runs it after the reduce, with the night's drop lists:
+    a copy left out no longer holds its id. `on_cluster(check, groups)`: check's answers."""
+    groups = id_groups(scans, earlier)
+    committed = frozenset(scan.file.uri for scan in earlier)
+    check = partial(duplicate_ids, id_column=spec.id_column, drops=drops, committed=committed)
+    found = on_cluster(check, groups) if groups else []
+    if any(found):
+        raise id_clash(found, spec)
+
+
 def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
     """The error naming ids held by two files (`found`: `duplicate_ids`' answers)."""
-    return InputError("; ".join(problem for problem in found if problem) + resent_hint(spec))
+    return InputError("; ".join(problem for problem in found if problem) + kept_ids_hint(spec))
 
 
-def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
-    """An id held by two of `uris`, named with both files, or None (reads the id column).
+def duplicate_ids(
+    uris: list[str],
+    id_column: str | None,
+    drops: DropLists | None = None,
+    committed: frozenset[str] = frozenset(),
+) -> str | None:
+    """An id held by two rows of `uris`, named with its rows and files, or None (reads the
+    id column). Rows `drops` lists are left out (`duplicates: drop`'s copies); two rows of
+    `committed` files (an earlier night's, checked then) never clash with each other.
     Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
     if id_column is None:
         return (
@@ -180,26 +227,36 @@ def duplicate_ids(uris: list[str], id_column: str | None) -> str | None:
             "those files have the same path relative to their input roots; list one "
             "root that holds them all, or name an id column as dataset.id_column"
         )
-    ids = [
-        np.concatenate(
-            [
-                batch.column(0).to_numpy(zero_copy_only=False)
-                for batch in iter_batches(uri, columns=[id_column])
-            ]
-        )
-        for uri in uris
-    ]
-    owner = np.repeat(np.arange(len(uris)), [len(part) for part in ids])
-    values = np.concatenate(ids)
-    order = np.argsort(values, kind="stable")
-    same = np.flatnonzero(values[order][1:] == values[order][:-1])
-    if not same.size:
+    parts = [_kept_ids(uri, id_column, drops) for uri in uris]
+    owners = np.repeat(np.arange(len(uris)), [len(ids) for ids, _ in parts])
+    ids, rows = (np.concatenate([part[k] for part in parts]) for k in (0, 1))
+    clash = shared_id(ids, owners, np.array([uri in committed for uri in uris]))
+    if clash is None:
         return None
-    first, second = owner[order[same[0]]], owner[order[same[0] + 1]]
-    return (
-        f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
-        f"and {uris[second]}; ids must be unique across the input files"
+    first, second = (uris[owners[at]] for at in clash)
+    at_rows = f"rows {rows[clash[0]]} and {rows[clash[1]]}"
+    place = (
+        f"{first} twice ({at_rows})"
+        if first == second
+        else f"both {first} and {second} ({at_rows})"
+        + "".join(
+            f", {uri} committed by an earlier version"
+            for uri in (first, second)
+            if uri in committed
+        )
     )
+    unique = "ids must be unique across the input files"
+    return f"column '{id_column}': id {ids[clash[0]]} is in {place}; {unique}"
+
+
+def _kept_ids(uri: str, id_column: str, drops: DropLists | None) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of the file at `uri` but those of rows `drops` lists, and their rows."""
+    batches = iter_batches(uri, columns=[id_column])
+    ids = np.concatenate([batch.column(0).to_numpy(zero_copy_only=False) for batch in batches])
+    kept = np.ones(len(ids), dtype=bool)
+    if drops is not None:
+        kept[drops.rows(uri)] = False
+    return ids[kept], np.flatnonzero(kept)
 
 
 def feature_state(

@@ -50,6 +50,9 @@ class ContentPairs:
     name: str
     bounds: tuple[int, ...]
     strata: tuple[tuple[str, Any, Any], ...]
+    # Two of the file's rows share an id of `dataset.id_column`: checked once the drop is
+    # known, on the rows it keeps (preprocessing/scan/across_files.py: `id_groups`).
+    repeated_ids: bool = False
 
 
 @dataclass
@@ -58,6 +61,7 @@ class PairTally:
 
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     strata: dict[tuple[str, Any, Any], int] = field(default_factory=dict)
+    repeated_ids: bool = False
 
     def add(
         self,
@@ -90,7 +94,7 @@ class PairTally:
         fs, path = url_to_fs(f"{directory}/{file_key(file)}.pairs")
         write_object(fs, path, pairs.tobytes())
         bounds = tuple(bucket_bounds(pairs).tolist())
-        return ContentPairs(file_key(file), bounds, tuple(self.strata))
+        return ContentPairs(file_key(file), bounds, tuple(self.strata), self.repeated_ids)
 
 
 def read_pairs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
@@ -119,13 +123,17 @@ class DropLists:
     def dropped(self, file: InputFile, first_row: int, num_rows: int) -> np.ndarray:
         """True for rows `first_row`.. (`num_rows`) of `file` that a copy before them holds."""
         mask = np.zeros(num_rows, dtype=bool)
-        name = self.names.get(file.uri)
-        if name is None:
-            return mask
-        rows = _drop_rows(f"{self.directory}/{name}.drop")
+        rows = self.rows(file.uri)
         low, high = np.searchsorted(rows, [first_row, first_row + num_rows])
         mask[rows[low:high] - first_row] = True
         return mask
+
+    def rows(self, uri: str) -> np.ndarray:
+        """The ascending numbers of the rows of the file at `uri` that are dropped."""
+        name = self.names.get(uri)
+        if name is None:
+            return np.zeros(0, dtype=np.int64)
+        return _drop_rows(f"{self.directory}/{name}.drop")
 
 
 # A file's pieces go to the same map task or thread pool one after the other: each read
