@@ -48,8 +48,8 @@ from preprocessing.scan.across_files import (
     check_ids,
     check_schemas,
     count_records,
-    drop_lists,
     feature_state,
+    rows_written,
     with_first_copies,
     with_time_cut,
 )
@@ -221,8 +221,8 @@ def _make_version(
             scratch, budget = pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
             reduce = partial(with_first_copies, scans, config.dataset, scratch, budget)
             scans = timed(timings, "first_copies_s", reduce)
-            drops = drop_lists(scans, scratch)  # ids checked on the rows the drop keeps
-            check_ids(scans, earlier, config.dataset, partial(_on_cluster, dask, config), drops)
+            written = rows_written(scans, scratch)  # ids checked on the rows it keeps
+            check_ids(scans, earlier, config.dataset, partial(_on_cluster, dask, config), written)
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:

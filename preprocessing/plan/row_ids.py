@@ -46,10 +46,15 @@ def id_range(relative_path: str, num_rows: int) -> tuple[int, int]:
 def shared_id(ids: np.ndarray, owners: np.ndarray, committed: np.ndarray) -> tuple[int, int] | None:
     """Positions of two entries of `ids` that are equal, in `owners` order (`owners`: each
     entry's file, ascending), where not both files are `committed` (a bool per file: an
-    earlier night's); None if no such pair. A run of equal ids that holds one file of
-    tonight has a neighbour pair with that entry in it, so neighbours in id order suffice."""
+    earlier night's); None if no such pair. The first is the first entry of that id (the
+    copy an earlier night kept, where it is one), the second the first after it that
+    makes a pair: in a run of equal ids, the first neighbour pair to qualify holds it."""
     order = np.argsort(ids, kind="stable")  # equal ids stay in (file, row) order
-    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
-    first, second = order[same], order[same + 1]
-    clash = np.flatnonzero(~(committed[owners[first]] & committed[owners[second]]))
-    return (int(first[clash[0]]), int(second[clash[0]])) if clash.size else None
+    ordered = ids[order]
+    same = np.flatnonzero(ordered[1:] == ordered[:-1])
+    pairs = ~(committed[owners[order[same]]] & committed[owners[order[same + 1]]])
+    clash = np.flatnonzero(pairs)
+    if not clash.size:
+        return None
+    at = same[clash[0]]
+    return int(order[np.searchsorted(ordered, ordered[at])]), int(order[at + 1])

@@ -27,6 +27,7 @@ from preprocessing.scan.columns import kept_ids_hint, too_many_classes
 from preprocessing.scan.content_pairs import (
     ContentPairs,
     DropLists,
+    RowsWritten,
     read_pairs,
     write_drop_list,
 )
@@ -142,6 +143,18 @@ def drop_lists(scans: list[FileScan], directory: str) -> DropLists | None:
     return DropLists(directory, names) if names else None
 
 
+def rows_written(scans: list[FileScan], directory: str) -> RowsWritten:
+    """Under `drop`, where tonight's accepted files' rows written are told (`RowsWritten`)."""
+    return RowsWritten(
+        directory,
+        {
+            scan.file.uri: (p.name, p.bounds[-1], bool(scan.duplicates_dropped))
+            for scan in scans
+            if scan.reason is None and (p := scan.content_pairs)
+        },
+    )
+
+
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
     """The accepted files together must hold at most `max_classes` label values."""
     labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
@@ -192,15 +205,15 @@ def check_ids(
     earlier: list[FileScan],
     spec: DatasetSpec,
     on_cluster: Callable[[Callable[..., str | None], list[list[str]]], list[str | None]],
-    drops: DropLists | None = None,
+    written: RowsWritten | None = None,
 ) -> None:
     """Ids unique among tonight's `scans` and against the `earlier` files of a chain's
-    parent, on every row but those `drops` lists; `InputError` naming a clash. Under
-    `duplicates: drop` the driver runs it after the reduce, with the night's drop lists:
-    a copy left out no longer holds its id. `on_cluster(check, groups)`: check's answers."""
+    parent; `InputError` naming a clash. Under `duplicates: drop` the driver runs it
+    after the reduce, on the rows `written` (`rows_written`): a copy left out no longer
+    holds its id. `on_cluster(check, groups)`: check's answer for each group."""
     groups = id_groups(scans, earlier)
     committed = frozenset(scan.file.uri for scan in earlier)
-    check = partial(duplicate_ids, id_column=spec.id_column, drops=drops, committed=committed)
+    check = partial(duplicate_ids, id_column=spec.id_column, written=written, committed=committed)
     found = on_cluster(check, groups) if groups else []
     if any(found):
         raise id_clash(found, spec)
@@ -214,12 +227,12 @@ def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
 def duplicate_ids(
     uris: list[str],
     id_column: str | None,
-    drops: DropLists | None = None,
+    written: RowsWritten | None = None,
     committed: frozenset[str] = frozenset(),
 ) -> str | None:
     """An id held by two rows of `uris`, named with its rows and files, or None (reads the
-    id column). Rows `drops` lists are left out (`duplicates: drop`'s copies); two rows of
-    `committed` files (an earlier night's, checked then) never clash with each other.
+    id column). Of a file `written` holds, only its rows written are read (`duplicates:
+    drop`); two rows of `committed` files (an earlier night's, checked then) never clash.
     Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
     if id_column is None:
         return (
@@ -227,7 +240,7 @@ def duplicate_ids(
             "those files have the same path relative to their input roots; list one "
             "root that holds them all, or name an id column as dataset.id_column"
         )
-    parts = [_kept_ids(uri, id_column, drops) for uri in uris]
+    parts = [_written_ids(uri, id_column, written) for uri in uris]
     owners = np.repeat(np.arange(len(uris)), [len(ids) for ids, _ in parts])
     ids, rows = (np.concatenate([part[k] for part in parts]) for k in (0, 1))
     clash = shared_id(ids, owners, np.array([uri in committed for uri in uris]))
@@ -240,23 +253,24 @@ def duplicate_ids(
         if first == second
         else f"both {first} and {second} ({at_rows})"
         + "".join(
-            f", {uri} committed by an earlier version"
-            for uri in (first, second)
-            if uri in committed
+            f", {uri} an input of an earlier version" for uri in (first, second) if uri in committed
         )
     )
     unique = "ids must be unique across the input files"
     return f"column '{id_column}': id {ids[clash[0]]} is in {place}; {unique}"
 
 
-def _kept_ids(uri: str, id_column: str, drops: DropLists | None) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of the file at `uri` but those of rows `drops` lists, and their rows."""
+def _written_ids(
+    uri: str, id_column: str, written: RowsWritten | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of the file at `uri` (of its rows `written`, if it is tonight's under
+    `drop`), and their row numbers."""
     batches = iter_batches(uri, columns=[id_column])
     ids = np.concatenate([batch.column(0).to_numpy(zero_copy_only=False) for batch in batches])
-    kept = np.ones(len(ids), dtype=bool)
-    if drops is not None:
-        kept[drops.rows(uri)] = False
-    return ids[kept], np.flatnonzero(kept)
+    rows = written.rows(uri) if written else None
+    if rows is None:
+        return ids, np.arange(len(ids))
+    return ids[rows], rows
 
 
 def feature_state(

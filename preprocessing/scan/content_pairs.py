@@ -123,17 +123,33 @@ class DropLists:
     def dropped(self, file: InputFile, first_row: int, num_rows: int) -> np.ndarray:
         """True for rows `first_row`.. (`num_rows`) of `file` that a copy before them holds."""
         mask = np.zeros(num_rows, dtype=bool)
-        rows = self.rows(file.uri)
+        name = self.names.get(file.uri)
+        if name is None:
+            return mask
+        rows = _drop_rows(f"{self.directory}/{name}.drop")
         low, high = np.searchsorted(rows, [first_row, first_row + num_rows])
         mask[rows[low:high] - first_row] = True
         return mask
 
-    def rows(self, uri: str) -> np.ndarray:
-        """The ascending numbers of the rows of the file at `uri` that are dropped."""
-        name = self.names.get(uri)
-        if name is None:
-            return np.zeros(0, dtype=np.int64)
-        return _drop_rows(f"{self.directory}/{name}.drop")
+
+@dataclass(frozen=True)
+class RowsWritten:
+    """Which rows of tonight's files reach the version under `drop`: those the scan kept
+    (its pairs: not left out by a null or unlabelled policy) but those a drop list
+    names; by file URI, the name of its pairs, their number and whether it has a list."""
+
+    directory: str
+    files: dict[str, tuple[str, int, bool]]
+
+    def rows(self, uri: str) -> np.ndarray | None:
+        """The ascending numbers of the rows of `uri` written, or None: not tonight's."""
+        if uri not in self.files:
+            return None
+        name, count, dropped = self.files[uri]
+        rows = np.sort(read_pairs(self.directory, name, 0, count)["row"])
+        if dropped:
+            rows = np.setdiff1d(rows, _drop_rows(f"{self.directory}/{name}.drop"), True)
+        return rows
 
 
 # A file's pieces go to the same map task or thread pool one after the other: each read

@@ -167,7 +167,8 @@ def test_under_drop_a_file_repeating_an_id_is_left_to_the_check_on_kept_rows(
 def test_shared_id_finds_a_clash_unless_only_committed_files_share_it(ids, committed) -> None:
     """Invariant (plan/row_ids.py `shared_id`): of (file, id) entries in file order, it
     names two entries with one id, not both of committed files, exactly when such a pair
-    exists; the first named comes before the second in (file, row) order."""
+    exists; the first named is the first entry holding that id, and comes before the
+    second in (file, row) order."""
     ids = sorted(ids, key=lambda entry: entry[0])  # files in order, rows as drawn
     owners = np.array([file for file, _ in ids], dtype=np.int64)
     values = np.array([value for _, value in ids], dtype=np.int64)
@@ -181,5 +182,5 @@ def test_shared_id_finds_a_clash_unless_only_committed_files_share_it(ids, commi
     assert (found is not None) == exists
     if found is not None:
         a, b = found
-        assert a < b and values[a] == values[b]
+        assert a < b and values[a] == values[b] and a == list(values).index(values[a])
         assert not (flags[owners[a]] and flags[owners[b]])
