@@ -8,7 +8,8 @@ the object by the file, not by the scratch: a rerun that takes a dead attempt ov
 it under its own). The night's reduce (preprocessing/scan/across_files.py:
 `with_first_copies`) writes each file's dropped row numbers, ascending, as
 `<file key>.drop`; `DropLists` is what every route is given to read them, where rows are
-read for routing (preprocessing/exchange/staged_rows.py: `read_piece`).
+read for routing (preprocessing/exchange/staged_rows.py: `read_piece`). `RowsWritten`
+tells, from both, which rows reach the version: the rows whose ids must be unique.
 """
 
 from __future__ import annotations
