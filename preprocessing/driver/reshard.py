@@ -221,8 +221,9 @@ def _make_version(
             scratch, budget = pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
             reduce = partial(with_first_copies, scans, config.dataset, scratch, budget)
             scans = timed(timings, "first_copies_s", reduce)
+            on_kept = (scans, earlier, config.dataset, partial(_on_cluster, dask, config))
             written = rows_written(scans, scratch)  # ids checked on the rows it keeps
-            check_ids(scans, earlier, config.dataset, partial(_on_cluster, dask, config), written)
+            timed(timings, "id_check_s", lambda: check_ids(*on_kept, written))
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
