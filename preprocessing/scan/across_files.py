@@ -267,10 +267,10 @@ def _written_ids(
     `drop`), and their row numbers."""
     batches = iter_batches(uri, columns=[id_column])
     ids = np.concatenate([batch.column(0).to_numpy(zero_copy_only=False) for batch in batches])
-    rows = written.rows(uri) if written else None
-    if rows is None:
+    kept = written.written(uri, len(ids)) if written else None
+    if kept is None:
         return ids, np.arange(len(ids))
-    return ids[rows], rows
+    return ids[kept], np.flatnonzero(kept)
 
 
 def feature_state(

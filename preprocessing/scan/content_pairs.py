@@ -142,15 +142,17 @@ class RowsWritten:
     directory: str
     files: dict[str, tuple[str, int, bool]]
 
-    def rows(self, uri: str) -> np.ndarray | None:
-        """The ascending numbers of the rows of `uri` written, or None: not tonight's."""
+    def written(self, uri: str, num_rows: int) -> np.ndarray | None:
+        """True for the rows of `uri` (of `num_rows`) written, or None: not tonight's.
+        A mask, not a sort: the pairs come in hash order."""
         if uri not in self.files:
             return None
         name, count, dropped = self.files[uri]
-        rows = np.sort(read_pairs(self.directory, name, 0, count)["row"])
+        mask = np.zeros(num_rows, dtype=bool)
+        mask[read_pairs(self.directory, name, 0, count)["row"]] = True
         if dropped:
-            rows = np.setdiff1d(rows, _drop_rows(f"{self.directory}/{name}.drop"), True)
-        return rows
+            mask[_drop_rows(f"{self.directory}/{name}.drop")] = False
+        return mask
 
 
 # A file's pieces go to the same map task or thread pool one after the other: each read
