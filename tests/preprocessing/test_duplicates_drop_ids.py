@@ -96,7 +96,8 @@ def test_ids_are_checked_on_the_rows_the_drop_keeps(
     their id, NaN, -0.0, nulls, empty files, a new content under a used id anywhere): the
     run is refused exactly when two rows it would write share an id, and the error names
     such an id, the column and the files that hold it; otherwise the rows written are
-    exactly the first copies, by id, and `ballast verify` passes."""
+    exactly the first copies, by id, the delta counts every other copy as dropped
+    (renumbered ones too), and `ballast verify` passes."""
     base = tmp_path_factory.mktemp("ids")
     write_id_files(base / "raw", files)
     kept = rows_written(files)
@@ -121,6 +122,9 @@ def test_ids_are_checked_on_the_rows_the_drop_keeps(
         return
     ids = [i for table in written(result).values() for i in table.column("id").to_pylist()]
     assert Counter(ids) == Counter(row_id for _, row_id in kept)
+    values = result.manifest.deltas[-1].split_values  # renumbered copies counted too
+    scanned = sum(1 for rows in files for _, row in rows if row[2] is not None)
+    assert sum(v["dropped_duplicates"] for v in values.values()) == scanned - len(kept)
     assert main(["verify", str(base / "out")]) == 0
 
 
