@@ -247,17 +247,23 @@ def duplicate_ids(
     if clash is None:
         return None
     first, second = (uris[owners[at]] for at in clash)
-    at_rows = f"rows {rows[clash[0]]} and {rows[clash[1]]}"
-    place = (
-        f"{first} twice ({at_rows})"
-        if first == second
-        else f"both {first} and {second} ({at_rows})"
-        + "".join(
-            f", {uri} an input of an earlier version" for uri in (first, second) if uri in committed
-        )
+    where = _clash_place(first, second, (int(rows[clash[0]]), int(rows[clash[1]])), committed)
+    return (
+        f"column '{id_column}': id {ids[clash[0]]} is in {where}; "
+        "ids must be unique across the input files"
     )
-    unique = "ids must be unique across the input files"
-    return f"column '{id_column}': id {ids[clash[0]]} is in {place}; {unique}"
+
+
+def _clash_place(first: str, second: str, rows: tuple[int, int], committed: frozenset[str]) -> str:
+    """Where two rows sharing an id are: one file twice, or two files (saying which of
+    them an earlier version read), with the rows."""
+    at_rows = f"rows {rows[0]} and {rows[1]}"
+    if first == second:
+        return f"{first} twice ({at_rows})"
+    earlier = "".join(
+        f", {uri} an input of an earlier version" for uri in (first, second) if uri in committed
+    )
+    return f"both {first} and {second} ({at_rows}){earlier}"
 
 
 def _written_ids(
