@@ -8,9 +8,11 @@ refused, and `mode: full` drops it as a copy."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -187,3 +189,27 @@ def test_across_nights_a_committed_id_stays_unique(tmp_path, dask_client) -> Non
     full = run_reshard(id_config(raw, tmp_path / "full", "full"), dask_client)
     ids = [i for table in written(full).values() for i in table.column("id").to_pylist()]
     assert sorted(ids) == list(range(40))
+
+
+def test_on_s3_a_resent_file_with_ids_is_dropped_and_a_clash_refused(tmp_path, s3_endpoint) -> None:
+    """Invariants, inputs, scratch and version on moto's S3: the check reads the pairs and
+    drop lists the run wrote there, so a re-sent file keeping its ids is dropped to its
+    first copies (each id once), and a row of new content under a used id is refused."""
+    bucket = f"ballast-{uuid.uuid4().hex[:8]}"
+    fs = fsspec.filesystem("s3")
+    fs.mkdir(bucket)
+    rows = [(i, (i % 3, float(i), i % 2, "s3")) for i in range(40)]
+    other = [*rows[:39], (39, (0, -1.0, 0, "differs"))]
+    for name, files in (("ok", [rows, rows]), ("clash", [rows, other])):
+        write_id_files(tmp_path / name, files, ["a.parquet", "b.parquet"])
+        fs.put(f"{tmp_path / name}/", f"{bucket}/{name}/", recursive=True)
+    config = id_config(tmp_path / "ok", tmp_path / "unused")
+    dataset = config.dataset.model_copy(update={"inputs": [f"s3://{bucket}/ok/*.parquet"]})
+    settings = {"dataset": dataset, "output_root": f"s3://{bucket}/out", "num_workers": 1}
+    result = run_reshard(config.model_copy(update=settings))
+    ids = [i for table in written(result).values() for i in table.column("id").to_pylist()]
+    assert sorted(ids) == list(range(40))
+    dataset = dataset.model_copy(update={"inputs": [f"s3://{bucket}/clash/*.parquet"]})
+    settings = {**settings, "dataset": dataset, "output_root": f"s3://{bucket}/out2"}
+    with pytest.raises(InputError, match=r"id 39 is in both s3://\S+/a\.parquet and "):
+        run_reshard(config.model_copy(update=settings))
