@@ -609,9 +609,13 @@ def base_job(num_rows: int, shard_rows: int, args: argparse.Namespace) -> dict[s
         "row_group_rows": args.row_group_rows,
         "holdout_fraction": args.holdout_fraction,
         "single_pass_bytes": args.single_pass_bytes,
-        # A re-sent file repeats its ids, which an id column refuses across files (before
-        # `drop` could leave the copies out): ballast derives ids from (file, row) instead.
-        **({"id_column": None} if getattr(args, "resent_files", 0) else {}),
+        # A re-sent file repeats its ids: only `drop`, which checks ids on the rows it
+        # keeps, takes them (--resent-ids); else ballast derives ids from (file, row).
+        **(
+            {"id_column": None}
+            if getattr(args, "resent_files", 0) and not getattr(args, "resent_ids", False)
+            else {}
+        ),
     }
 
 
@@ -705,6 +709,11 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=0,
         help="the first N raw files listed once more under new names (re-sent exports)",
+    )
+    parser.add_argument(
+        "--resent-ids",
+        action="store_true",
+        help="keep the `id` column with --resent-files (ballast-drop only: the copies repeat it)",
     )
     parser.add_argument("--row-group-rows", type=int, default=8_192, help="output row groups")
     parser.add_argument("--raw-row-group-rows", type=int, default=131_072)

@@ -16,6 +16,7 @@ died after.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import pairwise
@@ -44,12 +45,11 @@ from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan, plan_split
 from preprocessing.scan.across_files import (
     check_classes,
+    check_ids,
     check_schemas,
     count_records,
-    duplicate_ids,
     feature_state,
-    id_clash,
-    overlapping_id_groups,
+    rows_written,
     with_first_copies,
     with_time_cut,
 )
@@ -221,6 +221,9 @@ def _make_version(
             scratch, budget = pairs_dir(attempt.uri), config.exchange_task_bytes // PAIR_BYTES
             reduce = partial(with_first_copies, scans, config.dataset, scratch, budget)
             scans = timed(timings, "first_copies_s", reduce)
+            on_kept = (scans, earlier, config.dataset, partial(_on_cluster, dask, config))
+            written = rows_written(scans, scratch)  # ids checked on the rows it keeps
+            timed(timings, "id_check_s", lambda: check_ids(*on_kept, written))
         features = feature_state(scans, config.dataset, parent.features if parent else None)
         schema = _output_schema(scans, config)
         if parent:
@@ -323,23 +326,16 @@ def _scan(
             f"max_rejected_fraction={config.max_rejected_fraction} allows: {details}"
         )
     check_classes([*scans, *earlier], config.dataset)
-    new = {scan.file.uri for scan in scans}
-    groups = [group for group in overlapping_id_groups([*scans, *earlier]) if new & set(group)]
-    found = (
-        dask.dask.gather(
-            dask.dask.map(
-                retrying(duplicate_ids, config.retry),
-                groups,
-                spec=config.dataset,
-                pure=False,
-            )
-        )
-        if groups
-        else []
-    )
-    if any(found):
-        raise id_clash(found, config.dataset)
+    if config.dataset.duplicates != "drop":  # else on the rows the drop keeps, once known
+        check_ids(scans, earlier, config.dataset, partial(_on_cluster, dask, config))
     return scans
+
+
+def _on_cluster(
+    dask: Cluster, config: ReshardConfig, task: Callable[..., Any], items: list
+) -> list:
+    """`task` of each of `items`, one cluster task each, retried on transient errors."""
+    return dask.dask.gather(dask.dask.map(retrying(task, config.retry), items, pure=False))
 
 
 def _scan_files(files: list[Any], **settings: Any) -> list[FileScan]:

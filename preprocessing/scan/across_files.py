@@ -10,7 +10,9 @@ the accepted files' counts over global pieces for the plan. Each check raises `I
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -19,11 +21,13 @@ import pyarrow as pa
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts, concat_counts
 from preprocessing.plan.first_copies import BUCKETS, bucket_groups, later_copies
+from preprocessing.plan.row_ids import shared_id
 from preprocessing.plan.time_cut import TimeCut, choose_cut, split_counts
-from preprocessing.scan.columns import resent_hint, too_many_classes
+from preprocessing.scan.columns import kept_ids_hint, too_many_classes
 from preprocessing.scan.content_pairs import (
     ContentPairs,
     DropLists,
+    RowsWritten,
     read_pairs,
     write_drop_list,
 )
@@ -140,6 +144,18 @@ def drop_lists(scans: list[FileScan], directory: str) -> DropLists | None:
     return DropLists(directory, names) if names else None
 
 
+def rows_written(scans: list[FileScan], directory: str) -> RowsWritten:
+    """Under `drop`, where tonight's accepted files' rows written are told (`RowsWritten`)."""
+    return RowsWritten(
+        directory,
+        {
+            scan.file.uri: (p.name, p.bounds[-1], bool(scan.duplicates_dropped))
+            for scan in scans
+            if scan.reason is None and (p := scan.content_pairs)
+        },
+    )
+
+
 def check_classes(scans: list[FileScan], spec: DatasetSpec) -> None:
     """The accepted files together must hold at most `max_classes` label values."""
     labels = {label for scan in scans if scan.reason is None for label in scan.counts.labels}
@@ -167,41 +183,102 @@ def overlapping_id_groups(scans: list[FileScan]) -> list[list[str]]:
     return [group for group in groups if len(group) > 1]
 
 
+def id_groups(scans: list[FileScan], earlier: list[FileScan]) -> list[list[str]]:
+    """The files whose ids `duplicate_ids` must read, by group: files (with the `earlier`
+    files of a chain's parent) whose id ranges overlap, where one is tonight's; and under
+    `duplicates: drop`, each file whose own ids repeat (its scan left that to the rows
+    the drop keeps: scan/inputs.py)."""
+    new = {scan.file.uri for scan in scans}
+    groups = [g for g in overlapping_id_groups([*scans, *earlier]) if new & set(g)]
+    grouped = {uri for group in groups for uri in group}
+    return groups + [
+        [scan.file.uri]
+        for scan in scans
+        if scan.reason is None
+        and scan.content_pairs
+        and scan.content_pairs.repeated_ids
+        and scan.file.uri not in grouped
+    ]
+
+
+def check_ids(
+    scans: list[FileScan],
+    earlier: list[FileScan],
+    spec: DatasetSpec,
+    on_cluster: Callable[[Callable[..., str | None], list[list[str]]], list[str | None]],
+    written: RowsWritten | None = None,
+) -> None:
+    """Ids unique among tonight's `scans` and against the `earlier` files of a chain's
+    parent; `InputError` naming a clash. Under `duplicates: drop` the driver runs it
+    after the reduce, on the rows `written` (`rows_written`): a copy left out no longer
+    holds its id. `on_cluster(check, groups)`: check's answer for each group."""
+    groups = id_groups(scans, earlier)
+    committed = frozenset(scan.file.uri for scan in earlier)
+    check = partial(duplicate_ids, spec=spec, written=written, committed=committed)
+    found = on_cluster(check, groups) if groups else []
+    if any(found):
+        raise id_clash(found, spec)
+
+
 def id_clash(found: list[str | None], spec: DatasetSpec) -> InputError:
     """The error naming ids held by two files (`found`: `duplicate_ids`' answers)."""
-    return InputError("; ".join(problem for problem in found if problem) + resent_hint(spec))
+    return InputError("; ".join(problem for problem in found if problem) + kept_ids_hint(spec))
 
 
-def duplicate_ids(uris: list[str], spec: DatasetSpec) -> str | None:
-    """An id held by two of `uris`, named with both files, or None (reads the id column).
+def duplicate_ids(
+    uris: list[str],
+    spec: DatasetSpec,
+    written: RowsWritten | None = None,
+    committed: frozenset[str] = frozenset(),
+) -> str | None:
+    """An id held by two rows of `uris`, named with its rows and files, or None (reads the
+    id column). Of a file `written` holds, only its rows written are read (`duplicates:
+    drop`); two rows of `committed` files (an earlier night's, checked then) never clash.
     Derived ids (no id column) of files whose ranges overlap do clash: no read needed."""
-    id_column, reading = spec.id_column, CsvReading.of(spec)
+    id_column = spec.id_column
     if id_column is None:
         return (
             f"the row ids ballast derives (dataset.id_column unset) of {uris} overlap: "
             "those files have the same path relative to their input roots; list one "
             "root that holds them all, or name an id column as dataset.id_column"
         )
-    ids = [
-        np.concatenate(
-            [
-                batch.column(0).to_numpy(zero_copy_only=False)
-                for batch in iter_batches(uri, columns=[id_column], reading=reading)
-            ]
-        )
-        for uri in uris
-    ]
-    owner = np.repeat(np.arange(len(uris)), [len(part) for part in ids])
-    values = np.concatenate(ids)
-    order = np.argsort(values, kind="stable")
-    same = np.flatnonzero(values[order][1:] == values[order][:-1])
-    if not same.size:
+    parts = [_written_ids(uri, id_column, CsvReading.of(spec), written) for uri in uris]
+    owners = np.repeat(np.arange(len(uris)), [len(ids) for ids, _ in parts])
+    ids, rows = (np.concatenate([part[k] for part in parts]) for k in (0, 1))
+    clash = shared_id(ids, owners, np.array([uri in committed for uri in uris]))
+    if clash is None:
         return None
-    first, second = owner[order[same[0]]], owner[order[same[0] + 1]]
+    first, second = (uris[owners[at]] for at in clash)
+    where = _clash_place(first, second, (int(rows[clash[0]]), int(rows[clash[1]])), committed)
     return (
-        f"column '{id_column}': id {values[order[same[0]]]} is in both {uris[first]} "
-        f"and {uris[second]}; ids must be unique across the input files"
+        f"column '{id_column}': id {ids[clash[0]]} is in {where}; "
+        "ids must be unique across the input files"
     )
+
+
+def _clash_place(first: str, second: str, rows: tuple[int, int], committed: frozenset[str]) -> str:
+    """Where two rows sharing an id are: one file twice, or two files (saying which of
+    them an earlier version read), with the rows."""
+    at_rows = f"rows {rows[0]} and {rows[1]}"
+    if first == second:
+        return f"{first} twice ({at_rows})"
+    earlier = "".join(
+        f", {uri} an input of an earlier version" for uri in (first, second) if uri in committed
+    )
+    return f"both {first} and {second} ({at_rows}){earlier}"
+
+
+def _written_ids(
+    uri: str, id_column: str, reading: CsvReading, written: RowsWritten | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of the file at `uri` (of its rows `written`, if it is tonight's under
+    `drop`), and their row numbers."""
+    batches = iter_batches(uri, columns=[id_column], reading=reading)
+    ids = np.concatenate([batch.column(0).to_numpy(zero_copy_only=False) for batch in batches])
+    kept = written.written(uri, len(ids)) if written else None
+    if kept is None:
+        return ids, np.arange(len(ids))
+    return ids[kept], np.flatnonzero(kept)
 
 
 def feature_state(

@@ -185,12 +185,15 @@ def too_many_classes(spec: DatasetSpec, count: int) -> str:
     )
 
 
-def resent_hint(spec: DatasetSpec) -> str:
-    """Under `duplicates: drop`, why a re-sent file's ids are refused, and what to do."""
+def kept_ids_hint(spec: DatasetSpec) -> str:
+    """Under `duplicates: drop` with an id column, what an id clash found on the rows the
+    drop keeps means, and what to do about one with an earlier night's file."""
     if spec.duplicates != "drop" or not spec.id_column:
         return ""
     return (
-        " (under duplicates: drop the ids are checked before copies are dropped, so a "
-        "re-sent file's ids clash; leave dataset.id_column unset to derive them from file "
-        "and row)"
+        " (under duplicates: drop, ids are checked on the rows the drop keeps: rows that "
+        "share an id and differ in label or features are not copies; and copies are left "
+        "out within one night only, so a file an earlier night committed, sent again, "
+        "repeats committed ids: leave it out of the inputs, or reshard every input as one "
+        "night with mode: full)"
     )

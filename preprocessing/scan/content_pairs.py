@@ -8,7 +8,8 @@ the object by the file, not by the scratch: a rerun that takes a dead attempt ov
 it under its own). The night's reduce (preprocessing/scan/across_files.py:
 `with_first_copies`) writes each file's dropped row numbers, ascending, as
 `<file key>.drop`; `DropLists` is what every route is given to read them, where rows are
-read for routing (preprocessing/exchange/staged_rows.py: `read_piece`).
+read for routing (preprocessing/exchange/staged_rows.py: `read_piece`). `RowsWritten`
+tells, from both, which rows reach the version: the rows whose ids must be unique.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class ContentPairs:
     name: str
     bounds: tuple[int, ...]
     strata: tuple[tuple[str, Any, Any], ...]
+    # Two of the file's rows share an id of `dataset.id_column`: checked once the drop is
+    # known, on the rows it keeps (preprocessing/scan/across_files.py: `id_groups`).
+    repeated_ids: bool = False
 
 
 @dataclass
@@ -58,6 +62,7 @@ class PairTally:
 
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     strata: dict[tuple[str, Any, Any], int] = field(default_factory=dict)
+    repeated_ids: bool = False
 
     def add(
         self,
@@ -90,7 +95,7 @@ class PairTally:
         fs, path = url_to_fs(f"{directory}/{file_key(file)}.pairs")
         write_object(fs, path, pairs.tobytes())
         bounds = tuple(bucket_bounds(pairs).tolist())
-        return ContentPairs(file_key(file), bounds, tuple(self.strata))
+        return ContentPairs(file_key(file), bounds, tuple(self.strata), self.repeated_ids)
 
 
 def read_pairs(directory: str, name: str, start: int, stop: int) -> np.ndarray:
@@ -125,6 +130,28 @@ class DropLists:
         rows = _drop_rows(f"{self.directory}/{name}.drop")
         low, high = np.searchsorted(rows, [first_row, first_row + num_rows])
         mask[rows[low:high] - first_row] = True
+        return mask
+
+
+@dataclass(frozen=True)
+class RowsWritten:
+    """Which rows of tonight's files reach the version under `drop`: those the scan kept
+    (its pairs: not left out by a null or unlabelled policy) but those a drop list
+    names; by file URI, the name of its pairs, their number and whether it has a list."""
+
+    directory: str
+    files: dict[str, tuple[str, int, bool]]
+
+    def written(self, uri: str, num_rows: int) -> np.ndarray | None:
+        """True for the rows of `uri` (of `num_rows`) written, or None: not tonight's.
+        A mask, not a sort: the pairs come in hash order."""
+        if uri not in self.files:
+            return None
+        name, count, dropped = self.files[uri]
+        mask = np.zeros(num_rows, dtype=bool)
+        mask[read_pairs(self.directory, name, 0, count)["row"]] = True
+        if dropped:
+            mask[_drop_rows(f"{self.directory}/{name}.drop")] = False
         return mask
 
 

@@ -49,7 +49,6 @@ from preprocessing.plan.validation_split import TRAIN, splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import (
     IdTally,
-    resent_hint,
     row_problem,
     schema_problem,
     too_many_classes,
@@ -341,10 +340,12 @@ class _Tally:
         if len(labels) > spec.max_classes:
             return too_many_classes(spec, len(labels))
         repeated = self.ids.repeated()
-        if repeated.size:
+        if repeated.size and self.pairs is not None:  # `drop`: checked on the rows it keeps
+            self.pairs.repeated_ids = True
+        elif repeated.size:
             return (
                 f"column '{spec.id_column}' holds {len(np.unique(repeated))} duplicate "
-                f"ids (e.g. {repeated[0]}); ids must be unique{resent_hint(spec)}"
+                f"ids (e.g. {repeated[0]}); ids must be unique"
             )
         return None
 

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 SCANS_NAME = "_SCANS.json"
 FORMAT = "ballast-scans"
-FORMAT_VERSION = 5  # 3: a scan holds its decoded bytes; 4: its time cells; 5: its pairs
+FORMAT_VERSION = 6  # 3: decoded bytes; 4: time cells; 5: pairs; 6: their repeated ids
 SCHEMA_LINE = "arrow-schema"  # a body line holding a schema, not a scan
 # The dataclasses a record may hold, by name: decoding builds no other class.
 RECORD_CLASSES: dict[str, Any] = {

@@ -25,7 +25,6 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.contract.manifest import shard_uri
 from preprocessing.driver.reshard import ReshardResult, run_reshard
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
-from preprocessing.scan.feature_stats import InputError
 from preprocessing.synthetic.tabular import SampleSpec, write_sample
 from tests.log_records import messages, records_of
 from tests.preprocessing.test_kill_scans import config_of, killed_mid_write, zeroed
@@ -267,27 +266,3 @@ def test_a_rerun_of_a_killed_drop_keeps_its_scans_pairs_and_shards(tmp_path, das
         rerun = run_reshard(config, dask_client)
     assert "scan kept: the scans of 5 input files" in messages(logged).splitlines()
     assert digests(rerun) == digests(clean) and dropped_copies(rerun.manifest) == dropped
-
-
-def test_under_drop_a_resent_file_with_an_id_column_is_refused_saying_what_to_do(
-    tmp_path, dask_client
-) -> None:
-    """Invariant (a limit, stated): with `dataset.id_column`, a re-sent file repeats its
-    ids, which the check across files refuses before `drop` could leave the copies out;
-    the error names both files and says to leave the id column unset."""
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    table = pa.table({"id": [1, 2, 3], "label": [0, 1, 0], "x": [1.0, 2.0, 3.0]})
-    pq.write_table(table, raw / "a.parquet")
-    pq.write_table(table, raw / "b.parquet")
-    dataset = DatasetSpec(
-        inputs=[str(raw)],
-        source_column=None,
-        id_column="id",
-        feature_columns=["x"],
-        duplicates="drop",
-    )
-    config = ReshardConfig(dataset=dataset, output_root=str(tmp_path / "out"))
-    with pytest.raises(InputError, match=r"leave dataset\.id_column unset") as raised:
-        run_reshard(config, dask_client)
-    assert "a.parquet and" in str(raised.value) and "b.parquet" in str(raised.value)

@@ -21,6 +21,7 @@ from preprocessing.plan.first_copies import (
     later_copies,
     sorted_pairs,
 )
+from preprocessing.plan.row_ids import shared_id
 from preprocessing.scan.content_pairs import read_pairs
 from preprocessing.scan.inputs import scan_file
 from preprocessing.scan.scan_record import decode_scans, encode_scans
@@ -130,21 +131,56 @@ def test_a_scan_writes_its_sorted_pairs_and_its_record_keeps_where_they_are(tmp_
         assert scan_file(file, settings, 3, 0.5, 100, pairs_dir="unused").content_pairs is None
 
 
-def test_under_drop_a_copy_repeating_its_id_is_refused_saying_why_and_what_to_do(
+def test_under_drop_a_file_repeating_an_id_is_left_to_the_check_on_kept_rows(
     tmp_path,
 ) -> None:
-    """Invariant: ids are checked before copies are dropped (not built otherwise): under
-    `drop` with an id column, a file holding a copy with its row's id is rejected with a
-    reason that says so and names the way out; under `same_split` the reason is as
-    before."""
+    """Invariant: under `drop` with an id column the scan does not reject a file whose ids
+    repeat (a copy may hold its row's id, and the drop is not known yet): its pairs say
+    so, in the scan record too, for the check on the rows the drop keeps; under
+    `same_split` the file is rejected as before."""
     table = pa.table({"id": [1, 2, 1], "label": [0, 1, 0], "x": [1.0, 2.0, 1.0]})
     pq.write_table(table, tmp_path / "a.parquet")
     file = InputFile(str(tmp_path / "a.parquet"), str(tmp_path), "a.parquet", 1, "t")
     spec = DatasetSpec(
         inputs=[str(tmp_path)], source_column=None, id_column="id", feature_columns=["x"]
     )
-    for duplicates, hint in (("drop", True), ("same_split", False)):
-        settings = spec.model_copy(update={"duplicates": duplicates})
-        reason = scan_file(file, settings, 3, 0.5, 100, pairs_dir=str(tmp_path)).reason
-        assert reason is not None and "column 'id' holds 1 duplicate ids" in reason
-        assert ("leave dataset.id_column unset" in reason) == hint
+    dropping = spec.model_copy(update={"duplicates": "drop"})
+    drop = scan_file(file, dropping, 3, 0.5, 100, pairs_dir=str(tmp_path))
+    assert drop.reason is None and drop.content_pairs and drop.content_pairs.repeated_ids
+    [kept] = decode_scans(encode_scans([drop], "0123456789abcdef"), "0123456789abcdef")
+    assert kept.content_pairs == drop.content_pairs
+    unique = table.set_column(0, "id", pa.array([1, 2, 3]))
+    pq.write_table(unique, tmp_path / "a.parquet")
+    drop = scan_file(file, dropping, 3, 0.5, 100, pairs_dir=str(tmp_path))
+    assert drop.content_pairs and not drop.content_pairs.repeated_ids
+    pq.write_table(table, tmp_path / "a.parquet")
+    settings = spec.model_copy(update={"duplicates": "same_split"})
+    reason = scan_file(file, settings, 3, 0.5, 100, pairs_dir=str(tmp_path)).reason
+    assert reason is not None and "column 'id' holds 1 duplicate ids (e.g. 1)" in reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=40),
+    committed=st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_shared_id_finds_a_clash_unless_only_committed_files_share_it(ids, committed) -> None:
+    """Invariant (plan/row_ids.py `shared_id`): of (file, id) entries in file order, it
+    names two entries with one id, not both of committed files, exactly when such a pair
+    exists; the first named is the first entry holding that id, and comes before the
+    second in (file, row) order."""
+    ids = sorted(ids, key=lambda entry: entry[0])  # files in order, rows as drawn
+    owners = np.array([file for file, _ in ids], dtype=np.int64)
+    values = np.array([value for _, value in ids], dtype=np.int64)
+    flags = np.array(committed)
+    found = shared_id(values, owners, flags)
+    exists = any(
+        values[a] == values[b] and not (flags[owners[a]] and flags[owners[b]])
+        for a in range(len(ids))
+        for b in range(a + 1, len(ids))
+    )
+    assert (found is not None) == exists
+    if found is not None:
+        a, b = found
+        assert a < b and values[a] == values[b] and a == list(values).index(values[a])
+        assert not (flags[owners[a]] and flags[owners[b]])

@@ -211,7 +211,7 @@ def test_the_scans_of_real_files_come_back_exactly_as_stored(tmp_path: Path) -> 
 def resealed(body: list[bytes], **header: Any) -> bytes:
     """A record of `body` lines under a header, with `header` changes, and an end line
     that vouches for both."""
-    fields = {"format": "ballast-scans", "format_version": 5, "version_id": VERSION, **header}
+    fields = {"format": "ballast-scans", "format_version": 6, "version_id": VERSION, **header}
     vouched = json.dumps(fields).encode() + b"\n" + b"".join(line + b"\n" for line in body)
     return vouched + json.dumps({"sha256": hashlib.sha256(vouched).hexdigest()}).encode() + b"\n"
 
@@ -231,18 +231,22 @@ def damaged_records(data: bytes) -> dict[str, tuple[bytes, str]]:
         "empty": (b"", "header is not JSON"),
         "not JSON": (b"\x00\xff garbage\n{}", "header is not JSON"),
         "another format": (resealed(body, format="other"), "not a ballast-scans record"),
-        "format version 1": (resealed(body, format_version=1), "format version 1, not 5"),
+        "format version 1": (resealed(body, format_version=1), "format version 1, not 6"),
         "format version 2 (no decoded bytes)": (
             resealed(body, format_version=2),
-            "format version 2, not 5",
+            "format version 2, not 6",
         ),
         "format version 3 (no time cells)": (
             resealed(body, format_version=3),
-            "format version 3, not 5",
+            "format version 3, not 6",
         ),
         "format version 4 (no content pairs)": (
             resealed(body, format_version=4),
-            "format version 4, not 5",
+            "format version 4, not 6",
+        ),
+        "format version 5 (pairs without their repeated ids)": (
+            resealed(body, format_version=5),
+            "format version 5, not 6",
         ),
         "another version": (resealed(body, version_id="fedcba9876543210"), "of version"),
         "payload not JSON": (resealed([b"{not json"]), "not a record of scans"),
