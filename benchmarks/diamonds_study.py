@@ -142,8 +142,10 @@ def train_and_score(version: dict[str, Any], train: dict[str, Any]) -> dict[str,
     train_s = time.perf_counter() - start
     manifest, _ = read_manifest(version["manifest_uri"])
     classes = list(manifest.classes)
+    network = job.model.net
+    assert isinstance(network, torch.nn.Module)
     model = CodecClassifier(
-        job.model.net.eval(),
+        network.eval(),
         FeatureCodec.from_manifest(manifest),
         [str(label) for label in classes],
         classes,
