@@ -16,6 +16,7 @@ A variant is init's training settings with some changed, named on the command li
 - `scale=0.5`, `freqs=32`, `emb=16`, `members=4`, `dropout=0.05`: `model.tabular`'s
   frequency_scale, frequencies, embedding_size, ensemble_size, dropout;
 - `lr=1e-3`, `width=256`, `batch=512`: the learning rate, the hidden widths, the batch;
+- `epochs=1`: `max_epochs` as given;
 - `patience=99`, `monitor=val_macro_f1`: `train.select_best`'s (99: no early stop);
 - several joined by `,`: `steps=4,scale=0.5`. `init` alone: init's settings.
 
@@ -28,10 +29,14 @@ the train's seconds and the epoch `select_best` chose), e.g.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning
