@@ -126,6 +126,11 @@ SMALLEST = {
         "loader / pyarrow:",
     ),
     "split_order": ("script", ["--steps", "5"], "384/128 against 256/256: largest"),
+    "diamonds_study": (
+        "script",
+        ["--table", "wine", "--variants", "epochs=1,scale=1.0", *WORK],
+        '"variant": "epochs=1,scale=1.0"',
+    ),
     "group_leak": ("script", ["--seeds", "1", *WORK], "ballast groups"),
     "comm_bench": (
         "module",

@@ -5,9 +5,10 @@ are 28 optimizer steps) and wastes hours on a large one. So the step budget is f
 instead: about `TARGET_STEPS` optimizer steps, as epochs over the training rows, within
 [MIN_EPOCHS, MAX_EPOCHS]; the batch and the network widen with the rows (a larger
 batch keeps an epoch's steps, and so its time, in bounds; a wider network has the data to
-fit it). The model is the built-in `tabular` one (training/models/tabular.py), its
-settings written out in full so that a user sees what to change, and its ensemble sized
-to the rows too (`ensemble_size`). This is the one place these choices are made: a
+fit it, and finer features: the periodic embeddings' initial frequencies are 10x wider).
+The model is the built-in `tabular` one (training/models/tabular.py), its settings
+written out in full so that a user sees what to change, and its ensemble sized to the
+rows too (`ensemble_size`). This is the one place these choices are made: a
 config, once written, holds them as explicit settings and keeps its meaning.
 """
 
@@ -20,8 +21,14 @@ from training.models.config import TabularConfig
 
 TARGET_STEPS = 1_500
 MIN_EPOCHS, MAX_EPOCHS = 4, 40
-# (rows below, batch size, hidden width); the last row holds for any size above.
-SIZES = ((20_000, 64, 64), (500_000, 256, 128), (math.inf, 1024, 256))
+# (rows below, batch size, hidden width, the periodic embeddings' frequency scale); the
+# last row holds for any size above. The scale is the spread of the embeddings' initial
+# frequencies: at 0.1 (the model's default) a column's cos/sin span about one period over
+# its clipped range, too coarse for a label set by narrow bands of a number (diamonds'
+# cut by depth and table: 0.908x HGB; 0.982x at 1.0, the same epochs; benchmarks/
+# RESULTS.md M79). Finer features need rows to be fitted and not memorised (at 1.0 three
+# tables under 2,000 rows lost 5-9 points: M63), so they come with the large batch.
+SIZES = ((20_000, 64, 64, 0.1), (500_000, 256, 128, 1.0), (math.inf, 1024, 256, 1.0))
 LEARNING_RATE = 3e-3
 MODEL = "tabular"
 # Every TabM-mini member passes every row through the shared MLP, so an epoch costs
@@ -37,6 +44,13 @@ ENSEMBLE_RULE = (
     f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows, halved each time the "
     "rows double above, at least 1"
 )
+FINE_ROWS = SIZES[0][0]
+SCALE_RULE = (
+    f"init: {SIZES[0][3]} under {FINE_ROWS:,} training rows, {SIZES[1][3]} from there "
+    "(finer features for the rows to fit them)"
+)
+# init's comment on each setting it sizes, beside the setting's description.
+SIZE_RULES = {"ensemble_size": ENSEMBLE_RULE, "frequency_scale": SCALE_RULE}
 
 
 def ensemble_size(num_training_rows: int) -> int:
@@ -52,8 +66,9 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
     """`max_epochs`, the loader's batch size, and the model, its widths, learning rate
     and settings, for a training split of `num_training_rows` rows (TrainConfig fields)."""
     rows = max(num_training_rows, 1)
-    batch, width = next((batch, width) for limit, batch, width in SIZES if rows < limit)
+    batch, width, scale = next(size[1:] for size in SIZES if rows < size[0])
     epochs = math.ceil(TARGET_STEPS * batch / rows)
+    tabular = TabularConfig(ensemble_size=ensemble_size(rows), frequency_scale=scale)
     return {
         "max_epochs": min(max(epochs, MIN_EPOCHS), MAX_EPOCHS),
         "loader": {"batch_size": batch},
@@ -61,6 +76,6 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
             "class_path": MODEL,
             "hidden_sizes": [width, width],
             "learning_rate": LEARNING_RATE,
-            "tabular": TabularConfig(ensemble_size=ensemble_size(rows)).model_dump(),
+            "tabular": tabular.model_dump(),
         },
     }

@@ -28,7 +28,7 @@ from preprocessing.scan.feature_stats import policies_for
 from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import file_format, iter_batches, list_inputs, stream_schema
 from training.models.config import TabularConfig
-from training.sizing import ENSEMBLE_RULE, sized_training
+from training.sizing import SIZE_RULES, sized_training
 
 LABEL_NAMES = ("label", "target", "class", "y")
 SOURCE_NAMES = ("source",)
@@ -374,9 +374,9 @@ def _in_section(lines: list[str], header: str) -> bool:
 
 
 # What each setting of the proposed model does, beside it in the config (and how init
-# sized the ensemble, training/sizing.py).
+# sized it to the rows, where it did: training/sizing.py).
 TABULAR_SETTINGS = {
-    name: str(field.description) + (f" {ENSEMBLE_RULE}" if name == "ensemble_size" else "")
+    name: " ".join(filter(None, (field.description, SIZE_RULES.get(name))))
     for name, field in TabularConfig.model_fields.items()
 }
 

@@ -19,6 +19,7 @@ from training.config import TrainConfig
 from training.models.config import TabularConfig
 from training.sizing import (
     ENSEMBLE_ROWS,
+    FINE_ROWS,
     MAX_EPOCHS,
     MAX_MEMBERS,
     MIN_EPOCHS,
@@ -32,16 +33,19 @@ rows = st.integers(min_value=0, max_value=10**10)
 
 @given(rows, rows)
 def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
-    """Invariants: more training rows never get more ensemble members, a smaller batch or
-    narrower layers; the epochs stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest
-    that reach TARGET_STEPS optimizer steps (not monotone in the rows: where the batch
-    widens, an epoch has fewer steps, so 20,000 rows take more epochs than 19,999)."""
+    """Invariants: more training rows never get more ensemble members, a smaller batch,
+    narrower layers or coarser periodic embeddings (a smaller frequency scale); the epochs
+    stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest that reach TARGET_STEPS
+    optimizer steps (not monotone in the rows: where the batch widens, an epoch has fewer
+    steps, so 20,000 rows take more epochs than 19,999)."""
     small, large = sorted((a, b))
     few, many = sized_training(small), sized_training(large)
     assert ensemble_size(large) <= ensemble_size(small)
     assert many["model"]["tabular"]["ensemble_size"] <= few["model"]["tabular"]["ensemble_size"]
     assert many["loader"]["batch_size"] >= few["loader"]["batch_size"]
     assert many["model"]["hidden_sizes"][0] >= few["model"]["hidden_sizes"][0]
+    scales = [sized["model"]["tabular"]["frequency_scale"] for sized in (few, many)]
+    assert scales[1] >= scales[0]
     for count, sized in ((small, few), (large, many)):
         epochs, steps = sized["max_epochs"], max(count, 1) / sized["loader"]["batch_size"]
         assert MIN_EPOCHS <= epochs <= MAX_EPOCHS
@@ -65,14 +69,27 @@ def test_the_ensemble_keeps_its_default_up_to_the_threshold_and_bounds_the_work(
         assert 2 * members * n > MAX_MEMBERS * ENSEMBLE_ROWS
 
 
-@pytest.mark.parametrize(("num_rows", "members"), [(3_000, 8), (120_000, 4)])
+@given(rows)
+def test_the_embeddings_keep_the_default_scale_below_the_threshold(n: int) -> None:
+    """Invariant: under FINE_ROWS training rows init proposes the model's default frequency
+    scale (what it proposes for small tables is unchanged); from there a scale above it."""
+    scale = sized_training(n)["model"]["tabular"]["frequency_scale"]
+    default = TabularConfig().frequency_scale
+    assert scale == default if n < FINE_ROWS else scale > default
+
+
+@pytest.mark.parametrize(("num_rows", "members", "scale"), [(3_000, 8, 0.1), (120_000, 4, 1.0)])
 def test_init_writes_the_sized_ensemble_and_it_reads_back(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], num_rows: int, members: int
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    num_rows: int,
+    members: int,
+    scale: float,
 ) -> None:
-    """Invariant: the config `ballast init` prints holds the rule's members for its
-    training rows (3,000 rows: 8; 120,000 rows: 96,000 training rows, 4) as an explicit,
-    commented setting; the config validates, and dumped and validated again it is the
-    same training config (a written config keeps its meaning)."""
+    """Invariant: the config `ballast init` prints holds the rule's members and frequency
+    scale for its training rows (3,000 rows: 8 and 0.1; 120,000 rows: 96,000 training
+    rows, 4 and 1.0) as explicit, commented settings; the config validates, and dumped and
+    validated again it is the same training config (a written config keeps its meaning)."""
     generator = np.random.default_rng(0)
     table = pa.table(
         {
@@ -87,8 +104,11 @@ def test_init_writes_the_sized_ensemble_and_it_reads_back(
     text = capsys.readouterr().out
     assert f"ensemble_size: {members}  # Members sharing the MLP" in text
     assert f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows" in text
+    assert f"frequency_scale: {scale}  # Periodic embedding" in text
+    assert f"0.1 under {FINE_ROWS:,} training rows" in text
     params = PipelineParams.model_validate(yaml.safe_load(text.replace("${WORK_DIR}", "/w")))
     assert params.train.model.tabular.ensemble_size == members
+    assert params.train.model.tabular.frequency_scale == scale
     assert params.train.model.class_path == "tabular"
     again = TrainConfig.model_validate(params.train.model_dump())
     assert again == params.train
