@@ -14,7 +14,7 @@ preprocessing/exchange/tasks.py) and the single pass that writes them
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from preprocessing.config import DatasetSpec
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
 from preprocessing.plan.counts import SPLITS, OffsetLists, dense_offsets, small_ints
+from preprocessing.plan.key_tally import KeyCounts, exchange_content_tally, merge_keys
 from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
@@ -83,9 +84,10 @@ def read_piece(
     spec: DatasetSpec,
     seed: int,
     holdout_fraction: float,
-) -> tuple[pa.Table, np.ndarray]:
-    """One piece's rows in the staged schema (without the order key), and each one's split
-    code (plan/counts.py: SPLITS)."""
+) -> tuple[pa.Table, np.ndarray, KeyCounts]:
+    """One piece's rows in the staged schema (without the order key), each one's split
+    code (plan/counts.py: SPLITS), and where the exchange takes it the manifest's tally of
+    the rows' content (`exchange_content_tally`: of the rows the scan counted, as read)."""
     table = read_rows(task.file.uri, task.first_row, task.num_rows).replace_schema_metadata(None)
     if spec.source_column is None:
         table = table.append_column(DERIVED_SOURCE_COLUMN, row_sources(table, spec, task.file))
@@ -99,9 +101,9 @@ def read_piece(
         kept &= ~destinations.drops.dropped(task.file, task.first_row, table.num_rows)
     if not kept.all():
         table, splits = table.filter(pa.array(kept)), splits[kept]
-    return table.select(payload_schema(destinations).names).cast(
-        payload_schema(destinations)
-    ), splits
+    tally = exchange_content_tally(table, spec, splits)
+    payload = table.select(payload_schema(destinations).names).cast(payload_schema(destinations))
+    return payload, splits, tally
 
 
 def payload_schema(destinations: Destinations) -> pa.Schema:
@@ -132,12 +134,14 @@ def stratum_codes(
 @dataclass(frozen=True)
 class RoutedRows:
     """A group of pieces' rows as read (one chunk) and where each goes: `picks` (rows of
-    `table`), their `targets` (destinations, ascending) and `order` keys (distinct)."""
+    `table`), their `targets` (destinations, ascending) and `order` keys (distinct); `keys`:
+    the pieces' content tally, where the exchange takes it (`read_piece`)."""
 
     table: pa.Table
     picks: np.ndarray
     order: np.ndarray
     targets: np.ndarray
+    keys: KeyCounts = field(default_factory=dict)
 
 
 def route_rows(
@@ -147,7 +151,7 @@ def route_rows(
     spec: DatasetSpec,
     seed: int,
     holdout_fraction: float,
-    over: Callable[..., Iterable[tuple[pa.Table, np.ndarray]]] = map,
+    over: Callable[..., Iterable[tuple[pa.Table, np.ndarray, KeyCounts]]] = map,
     block_bytes: int | None = None,
 ) -> RoutedRows:
     """Read a `group` of pieces (`offsets`: `piece_group`'s; `over`: how `read_piece` is
@@ -164,9 +168,10 @@ def route_rows(
         holdout_fraction=holdout_fraction,
     )
     pieces_read = list(over(reading, group))
-    tables = [table for table, _ in pieces_read]
+    tables = [table for table, _, _ in pieces_read]
     table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
-    splits = np.concatenate([m for _, m in pieces_read]) if tables else np.zeros(0, np.int8)
+    splits = np.concatenate([m for _, m, _ in pieces_read]) if tables else np.zeros(0, np.int8)
+    tally = merge_keys([piece_tally for _, _, piece_tally in pieces_read])
     piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
     pieces = np.array([piece.piece for piece in group], dtype=np.int64)
     rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
@@ -198,7 +203,7 @@ def route_rows(
     else:
         del columns
         joined = _blocks(tables, block_bytes, schema)
-    return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target])
+    return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target], tally)
 
 
 def _joined(columns: list[Any]) -> list[Any]:

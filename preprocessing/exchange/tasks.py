@@ -42,11 +42,13 @@ from preprocessing.exchange.staged_rows import (
     ORDER_COLUMN,
     Destinations,
     PieceTask,
+    read_piece,
     route_rows,
     staged_schema,
     write_grouped,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets
+from preprocessing.plan.key_tally import KeyCounts, merge_keys
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.time_cut import TimeCut
@@ -252,11 +254,12 @@ def shard_jobs(
 
 def map_pieces(
     task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int, holdout_fraction: float
-) -> int:
+) -> tuple[int, KeyCounts]:
     """Route a group of pieces' rows into one staged object, grouped by destination; the
-    object's size in bytes."""
+    object's size in bytes, and the rows' content tally where the exchange takes it
+    (staged_rows.read_piece)."""
     routed = route_rows(task.pieces, task.offsets, destinations, spec, seed, holdout_fraction)
-    return write_grouped(
+    written = write_grouped(
         routed.table,
         routed.picks,
         routed.order,
@@ -264,6 +267,17 @@ def map_pieces(
         task.output,
         destinations.schema,
     )
+    return written, routed.keys
+
+
+def content_tally(
+    task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int, holdout_fraction: float
+) -> KeyCounts:
+    """The content tally `map_pieces` returns, without routing or staging: for a map task
+    whose staged object a rerun kept (driver/resume.py), so the manifest's figures are a
+    clean run's. It reads the pieces again, a cost only a resumed run pays."""
+    settings = (destinations, spec, seed, holdout_fraction)
+    return merge_keys([read_piece(piece, *settings)[2] for piece in task.pieces])
 
 
 def merge_task(round_index: int, task: int, staging: Staging) -> int:
