@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.driver import reshard
+from preprocessing.driver.reshard import run_reshard
 from preprocessing.exchange import tasks as exchange
 from preprocessing.exchange.staged_rows import Destinations, PieceTask, read_piece, staged_schema
 from preprocessing.plan.key_tally import (
@@ -101,7 +103,9 @@ def test_the_exchange_tally_is_the_scans_for_any_table_and_pieces(
         assert all(name.endswith("/group") for scan in accepted for name in scan.keys)
         if not accepted:  # every file held a null vector (rejected): nothing is tallied
             return
-        before = merge_keys([scanned_tally(Path(s.file.uri), spec, seed, fraction) for s in accepted])
+        before = merge_keys(
+            [scanned_tally(Path(s.file.uri), spec, seed, fraction) for s in accepted]
+        )
         config = ReshardConfig(dataset=spec, output_root=f"{directory}-out")  # for its schema
         schema = staged_schema(reshard._output_schema(scans, config))
         destinations = Destinations({}, {}, 0, schema)
@@ -199,3 +203,56 @@ def test_a_rerun_tallies_the_map_tasks_it_kept_as_they_tallied() -> None:
     now = merge_keys([scan.keys for scan in scans] + mapped)
     assert split_value_stats(now) == split_value_stats(merge_keys(before))
     assert split_value_stats(now)["train"]["duplicate_rows"] > 0
+
+
+@pytest.mark.slow  # the session Dask cluster (two worker processes)
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(tables(), st.integers(0, 2**32))
+def test_each_route_records_the_figures_of_a_scan_that_hashed_the_content(dask_client, drawn, seed):
+    """Invariant: through the real reshard, the version's `split_values` (rows, groups,
+    largest group's share, duplicate rows per split) are those of a scan that hashed every
+    row's content, on the staged route (many map tasks) and on the single pass alike, for
+    a first version and for a child of the chain that adds a file."""
+    table, cuts = drawn
+    table = table.drop_columns(["w"])  # a null vector rejects its file: none here
+    with tempfile.TemporaryDirectory() as directory:
+        raw = Path(directory) / "raw"
+        raw.mkdir()
+        spec = grouped_spec(str(raw), 0.2).model_copy(update={"feature_columns": ["x", "v"]})
+        nights = [written_files(raw, table, cuts)]
+        resent = table.slice(table.num_rows // 2)  # re-sent under a new name, the next night
+        pq.write_table(resent, raw / "late.parquet", row_group_size=3)
+        nights.append([InputFile(str(raw / "late.parquet"), str(raw), "late.parquet", 1, "t")])
+        (raw / "late.parquet").rename(raw / "late.later")  # listed from the second night
+        for night, files in enumerate(nights):
+            if night:
+                (raw / "late.later").rename(raw / "late.parquet")
+            before = split_value_stats(
+                merge_keys([scanned_tally(Path(f.uri), spec, seed % 1000, 0.3) for f in files])
+            )
+            assume(before["train"]["rows"] > 0)  # else no version to make (refused)
+            for route, budget in (("staged", 0), ("single_pass", None)):
+                config = routed_config(spec, Path(directory) / route, seed, budget)
+                result = run_reshard(config, dask_client)
+                assert result.manifest.route["route"] == route
+                assert result.manifest.deltas[-1].split_values == before
+
+
+def routed_config(spec: DatasetSpec, root: Path, seed: int, budget: int | None) -> ReshardConfig:
+    """Small tasks (many map tasks on the staged route), the single pass by default;
+    `budget`: 0 forces the staged route."""
+    return ReshardConfig(
+        dataset=spec,
+        output_root=str(root),
+        target_shard_rows=7,
+        holdout_fraction=0.3,
+        exchange_task_bytes=1_000,
+        max_piece_rows=4,
+        mode="incremental",
+        seed=seed % 1000,
+        single_pass_bytes=budget,
+    )
