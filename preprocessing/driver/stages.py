@@ -26,10 +26,9 @@ from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.single_pass import SinglePass, single_pass
-from preprocessing.exchange.staged_rows import Destinations
+from preprocessing.exchange.staged_rows import Destinations, content_tally
 from preprocessing.exchange.tasks import (
     Staging,
-    content_tally,
     decoded_input,
     destinations_for,
     exchange_layout,
@@ -157,11 +156,13 @@ def exchange(
     progress: Progress | None,
 ) -> tuple[Staging, Rerun, KeyCounts]:
     """The map round and any merge rounds, in `attempt`'s staging, and the map tasks'
-    content tally (exchange/tasks.py `map_pieces`); tasks get piece lists or two integers,
-    and the driver keeps nothing per staged object but its tally (bounded). A round's objects are
-    discarded once the next round has read them: the disk (and page cache) holds two
-    rounds at a time, not every round till the end. Only the tasks whose outputs a dead
-    attempt of the version did not leave intact run (driver/resume.py)."""
+    content tally merged (exchange/tasks.py `map_pieces`); tasks get piece lists or two
+    integers, and the driver keeps nothing per staged object but, where the exchange takes
+    it, its tally (at most SAMPLE + TOP keys a split). A round's objects are discarded
+    once the next round has read them: the disk (and page cache) holds two rounds at a
+    time, not every round till the end. Only the tasks whose outputs a dead attempt of the
+    version did not leave intact run (driver/resume.py); under `content_in_map` the
+    others' tallies are taken again (exchange/staged_rows.py `content_tally`)."""
     destinations = _destinations(plans, schema, scans, config, attempt)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(
@@ -200,7 +201,7 @@ def exchange(
     keys = [tally for _, tally in mapped]
     if content_in_map(config.dataset):  # the tallies of the map tasks a rerun kept
         kept = sorted(set(range(layout.num_map_tasks)) - set(rerun.rounds[0]))
-        again = ((map_task(scans, plans, pieces, first_rows, staging, task),) for task in kept)
+        again = ((map_task(scans, plans, pieces, first_rows, staging, t).pieces,) for t in kept)
         tally = retrying(content_tally, config.retry)
         keys += run_in_waves(dask.dask, tally, again, len(kept), dask.in_flight, **shared_settings)
     shared = share(dask.dask, staging)

@@ -4,7 +4,9 @@ and rows grouped by destination written as one staged object.
 Staged rows have the output schema with dictionaries decoded plus the keyed order column
 (`staged_schema`); a piece's rows (`read_piece`) get the derived source and id columns
 where the dataset has none, keep the rows the scan counted (less the copies that
-`duplicates: drop` leaves out: the one place rows are dropped) and say each one's split;
+`duplicates: drop` leaves out: the one place rows are dropped), say each one's split and,
+under a group with `same_split`, tally their content for the manifest (`content_tally`
+again for a map task a rerun kept);
 `stratum_codes` looks each row's (label, source) up in a split's plan; `route_rows` reads
 a group of pieces and routes every row, for the map task that stages them (`map_pieces`,
 preprocessing/exchange/tasks.py) and the single pass that writes them
@@ -104,6 +106,21 @@ def read_piece(
     tally = exchange_content_tally(table, spec, splits)
     payload = table.select(payload_schema(destinations).names).cast(payload_schema(destinations))
     return payload, splits, tally
+
+
+def content_tally(
+    pieces: list[PieceTask],
+    destinations: Destinations,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+) -> KeyCounts:
+    """The content tally a map task of `pieces` returns (tasks.py `map_pieces`), without
+    routing or staging: for a map task whose staged object a rerun kept (driver/resume.py),
+    so the manifest's figures are a clean run's. It reads the pieces again, a cost only a
+    resumed run pays."""
+    settings = (destinations, spec, seed, holdout_fraction)
+    return merge_keys([read_piece(piece, *settings)[2] for piece in pieces])
 
 
 def payload_schema(destinations: Destinations) -> pa.Schema:

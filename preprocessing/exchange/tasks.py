@@ -42,13 +42,12 @@ from preprocessing.exchange.staged_rows import (
     ORDER_COLUMN,
     Destinations,
     PieceTask,
-    read_piece,
     route_rows,
     staged_schema,
     write_grouped,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets
-from preprocessing.plan.key_tally import KeyCounts, merge_keys
+from preprocessing.plan.key_tally import KeyCounts
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.time_cut import TimeCut
@@ -268,16 +267,6 @@ def map_pieces(
         destinations.schema,
     )
     return written, routed.keys
-
-
-def content_tally(
-    task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int, holdout_fraction: float
-) -> KeyCounts:
-    """The content tally `map_pieces` returns, without routing or staging: for a map task
-    whose staged object a rerun kept (driver/resume.py), so the manifest's figures are a
-    clean run's. It reads the pieces again, a cost only a resumed run pays."""
-    settings = (destinations, spec, seed, holdout_fraction)
-    return merge_keys([read_piece(piece, *settings)[2] for piece in task.pieces])
 
 
 def merge_task(round_index: int, task: int, staging: Staging) -> int:

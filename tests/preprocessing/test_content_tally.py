@@ -23,7 +23,13 @@ from preprocessing.config import DatasetSpec, MixConfig, ReshardConfig
 from preprocessing.driver import reshard
 from preprocessing.driver.reshard import run_reshard
 from preprocessing.exchange import tasks as exchange
-from preprocessing.exchange.staged_rows import Destinations, PieceTask, read_piece, staged_schema
+from preprocessing.exchange.staged_rows import (
+    Destinations,
+    PieceTask,
+    content_tally,
+    read_piece,
+    staged_schema,
+)
 from preprocessing.plan.key_tally import (
     SAMPLE,
     KeyCounts,
@@ -38,6 +44,8 @@ from preprocessing.scan.across_files import check_schemas
 from preprocessing.scan.inputs import FileScan, scan_file
 from preprocessing.scan.kept_rows import kept_rows
 from preprocessing.storage.sources import InputFile
+from tests.preprocessing.test_resume_retry import ClusterLost, digests, wait_idle
+from tests.preprocessing.test_split_chain import patients
 from tests.preprocessing.test_split_keys import tables
 
 
@@ -195,7 +203,7 @@ def test_a_rerun_tallies_the_map_tasks_it_kept_as_they_tallied() -> None:
         for task in range(layout.num_map_tasks):
             described = exchange.map_task(scans, plans, pieces, first_rows, staging, task)
             mapped.append(exchange.map_pieces(described, destinations, spec, 5, 0.25)[1])
-            again.append(exchange.content_tally(described, destinations, spec, 5, 0.25))
+            again.append(content_tally(described.pieces, destinations, spec, 5, 0.25))
         before = [scanned_tally(Path(f.uri), spec, 5, 0.25) for f in files]
     for ran, kept in zip(mapped, again, strict=True):
         assert sorted(ran) == sorted(kept)
@@ -256,3 +264,56 @@ def routed_config(spec: DatasetSpec, root: Path, seed: int, budget: int | None) 
         seed=seed % 1000,
         single_pass_bytes=budget,
     )
+
+
+@pytest.mark.slow  # the session Dask cluster (two worker processes)
+def test_a_retry_that_kept_map_outputs_records_a_clean_runs_figures(
+    tmp_path: Path, dask_client
+) -> None:
+    """Invariant: a run failing halfway through its map tasks keeps their staged objects;
+    the retry that takes them over tallies those tasks' content again, so its manifest's
+    `split_values` are a clean run's (and its shards, as ever)."""
+    rng = np.random.default_rng(3)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for night in range(4):
+        pq.write_table(patients(rng, 100 * night, 100, 0), raw / f"{night}.parquet")
+    dataset = DatasetSpec(
+        inputs=[str(raw)],
+        source_column=None,
+        feature_columns=["x", "y"],
+        group_column="patient",
+        duplicates="same_split",
+        validation_fraction=0.2,
+    )
+    config = ReshardConfig(
+        dataset=dataset,
+        output_root=str(tmp_path / "out"),
+        target_shard_rows=300,
+        holdout_fraction=0.2,
+        exchange_task_bytes=4_000,
+        max_piece_rows=200,
+        max_tasks_in_flight=2,  # so that map tasks are left to run when the run fails
+        single_pass_bytes=0,  # the staged route's resume
+    )
+    with pytest.raises(ClusterLost):
+        run_reshard(config, dask_client, progress=fail_in("exchange", ClusterLost("lost")))
+    wait_idle(dask_client)
+    retry = run_reshard(config, dask_client)
+    clean = run_reshard(
+        config.model_copy(update={"output_root": str(tmp_path / "clean")}), dask_client
+    )
+    assert retry.manifest.resumed["map_outputs_kept"] > 0, retry.manifest.resumed
+    assert retry.manifest.deltas[-1].split_values == clean.manifest.deltas[-1].split_values
+    assert clean.manifest.deltas[-1].split_values["train"]["duplicate_rows"] > 0
+    assert digests(retry) == digests(clean)
+
+
+def fail_in(stage: str, error: Exception):
+    """A progress callback raising `error` once half of `stage`'s tasks are done."""
+
+    def progress(name: str, done: int, total: int) -> None:
+        if name == stage and done * 2 >= total:
+            raise error
+
+    return progress
