@@ -230,7 +230,8 @@ def ballast_config(mode: str, job: dict[str, Any]) -> Any:
     """The ReshardConfig of a job in one shuffle mode (kill_bench.py runs it too);
     `groups`: `stratified` with `group_column: uid` (a 32-character string, distinct per
     row: the most a group hash costs) and `duplicates: same_split` (the 64-float vector
-    hashed too, and read by the scan, which skips it otherwise); `newest`: `stratified`
+    hashed too, for the manifest's duplicate counts: by the exchange, which reads it
+    anyway; the scan skips it, RESULTS.md M78); `newest`: `stratified`
     with `holdout_by: newest` by the `seen` timestamps (the input made with them);
     `same_split` and `drop`: `stratified` with that `duplicates` rule alone (`drop`'s cost
     beside `same_split`'s: the pairs each scan writes, the reduce, the drop lists read)."""
@@ -668,7 +669,8 @@ def compare(args: argparse.Namespace) -> None:
     print(format_table(rows))
     for tool, tool_runs in runs.items():  # the table keeps the fastest; the spread is here
         walls = [round(run["wall_s"], 1) if "wall_s" in run else None for run in tool_runs]
-        print(f"    {tool} wall s of every run: {walls}")
+        cpus = [round(run["tree_cpu_s"], 1) if "tree_cpu_s" in run else None for run in tool_runs]
+        print(f"    {tool} wall s of every run: {walls}, CPU s: {cpus}")
     print("", format_targets(rows), sep="\n")
     print(format_floor_ratios(rows), format_stage_timings(rows), sep="\n\n")
 

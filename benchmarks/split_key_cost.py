@@ -4,10 +4,12 @@ For each setting (none; `group_column` alone; with `duplicates: same_split` too)
 each of the `--files` largest raw files of a `reshard_bench.py` input in a fresh process
 (`scan_file`, as a Dask worker does) and prints its CPU seconds and peak RSS, then the
 parts of the added work, timed alone in one process on the same files: decoding the
-columns read for the content (the 64-float vector), hashing the rows and tallying their
-keys. A reshard's other stages do not change with these settings (the map hashes the
-group column of its rows only): `reshard_bench.py --tools ballast-stratified
-ballast-groups` gives the whole run's figures.
+columns a scan reads for the content without a group (the 64-float vector), hashing the
+rows and tallying their keys, and what the exchange adds under a group (its map tasks
+decode every column anyway, and hash and tally the content of the rows they read:
+`exchange_content_tally`; the scan then reads the group column alone, RESULTS.md M78).
+`reshard_bench.py --tools ballast-stratified ballast-groups` gives the whole run's
+figures.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/split_key_cost.py /tmp/bench/raw-2gb-seed0
 """
@@ -29,7 +31,7 @@ from collections.abc import Callable
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.plan.key_tally import tally_keys
+from preprocessing.plan.key_tally import exchange_content_tally, tally_keys
 from preprocessing.plan.split_keys import key_hashes
 from preprocessing.plan.validation_split import splits_of
 from preprocessing.scan.inputs import scan_file
@@ -69,7 +71,8 @@ def fastest(work: Callable[[], object], repeat: int) -> float:
 
 
 def parts(raw: str, names: list[str], repeat: int) -> dict[str, float]:
-    """CPU seconds of the added work's parts over `names`: decode, hash, tally."""
+    """CPU seconds of the added work's parts over `names`: decode, hash, tally, and the
+    exchange's hash and tally of the content (under a group)."""
     spec = spec_of(raw, "group+same_split")
     paths = [str(Path(raw) / name) for name in names]
 
@@ -88,6 +91,12 @@ def parts(raw: str, names: list[str], repeat: int) -> dict[str, float]:
         "hash": fastest(lambda: [key_hashes(batch, spec) for batch in batches], repeat),
         "tally": fastest(
             lambda: [tally_keys(k, s) for k, s in zip(keys, splits, strict=True)], repeat
+        ),
+        "exchange tally": fastest(
+            lambda: [
+                exchange_content_tally(b, spec, s) for b, s in zip(batches, splits, strict=True)
+            ],
+            repeat,
         ),
     }
 

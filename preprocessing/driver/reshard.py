@@ -229,7 +229,7 @@ def _make_version(
         if parent:
             check_schema(schema, parent)
         plans, pieces = timed(timings, "plan_s", lambda: _plan(scans, config))
-        splits, route, resumed = make_shards(
+        splits, route, resumed, keys = make_shards(
             dask, scans, plans, pieces, schema, config, attempt, progress, timings
         )
     manifest = version_manifest(
@@ -244,6 +244,7 @@ def _make_version(
         features,
         parent,
         len(pieces),
+        keys,
     )
     return replace(manifest, resumed=resumed, route=route.record())
 

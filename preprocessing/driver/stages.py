@@ -26,7 +26,7 @@ from preprocessing.driver.cluster import DaskConfig
 from preprocessing.driver.resume import EXCHANGE_PREFIX, Rerun, layout_digest, plan_rerun
 from preprocessing.driver.waves import Progress, StageProgress, run_in_waves, share
 from preprocessing.exchange.single_pass import SinglePass, single_pass
-from preprocessing.exchange.staged_rows import Destinations
+from preprocessing.exchange.staged_rows import Destinations, content_tally
 from preprocessing.exchange.tasks import (
     Staging,
     decoded_input,
@@ -41,8 +41,10 @@ from preprocessing.exchange.tasks import (
     shard_jobs,
     write_shards,
 )
+from preprocessing.plan.key_tally import KeyCounts, merge_keys
 from preprocessing.plan.route import SINGLE_PASS, Route, plan_route, runs_in_process
 from preprocessing.plan.split import SplitPlan
+from preprocessing.plan.split_keys import content_in_map
 from preprocessing.scan.across_files import drop_lists, time_cut_of
 from preprocessing.scan.content_pairs import pairs_dir
 from preprocessing.scan.inputs import FileScan
@@ -104,21 +106,23 @@ def make_shards(
     attempt: VersionAttempt,
     progress: Progress | None,
     timings: dict[str, float],
-) -> tuple[dict[str, SplitEntry], Route, dict[str, int]]:
+) -> tuple[dict[str, SplitEntry], Route, dict[str, int], KeyCounts]:
     """Every shard of the plans, into `attempt`, by the route `route_of` chooses: the
-    splits' entries, the route, and what was kept of a dead attempt (`Rerun.resumed`)."""
+    splits' entries, the route, what was kept of a dead attempt (`Rerun.resumed`), and
+    the rows' content tally where the exchange takes it (split_keys.content_in_map)."""
     route = route_of(scans, plans, config)
     stages = (dask, scans, plans, pieces, schema, config, attempt, progress)
     if route.name == SINGLE_PASS:
-        return timed(timings, "write_s", lambda: single_pass_stage(*stages)), route, {}
-    staging, rerun = timed(timings, "exchange_s", lambda: exchange(*stages))
+        splits, keys = timed(timings, "write_s", lambda: single_pass_stage(*stages))
+        return splits, route, {}, keys
+    staging, rerun, keys = timed(timings, "exchange_s", lambda: exchange(*stages))
     splits = timed(
         timings,
         "write_s",
         lambda: write_stage(dask, plans, staging, rerun, schema, config, attempt, progress),
     )
     attempt.discard(staging.round_uri(len(staging.layout.rounds) - 1))  # all written
-    return splits, route, rerun.resumed
+    return splits, route, rerun.resumed, keys
 
 
 def _destinations(
@@ -150,12 +154,15 @@ def exchange(
     config: ReshardConfig,
     attempt: VersionAttempt,
     progress: Progress | None,
-) -> tuple[Staging, Rerun]:
-    """The map round and any merge rounds, in `attempt`'s staging; tasks get piece lists
-    or two integers, and the driver keeps nothing per staged object. A round's objects are
-    discarded once the next round has read them: the disk (and page cache) holds two
-    rounds at a time, not every round till the end. Only the tasks whose outputs a dead
-    attempt of the version did not leave intact run (driver/resume.py)."""
+) -> tuple[Staging, Rerun, KeyCounts]:
+    """The map round and any merge rounds, in `attempt`'s staging, and the map tasks'
+    content tally merged (exchange/tasks.py `map_pieces`); tasks get piece lists or two
+    integers, and the driver keeps nothing per staged object but, where the exchange takes
+    it, its tally (at most SAMPLE + TOP keys a split). A round's objects are discarded
+    once the next round has read them: the disk (and page cache) holds two rounds at a
+    time, not every round till the end. Only the tasks whose outputs a dead attempt of the
+    version did not leave intact run (driver/resume.py); under `content_in_map` the
+    others' tallies are taken again (exchange/staged_rows.py `content_tally`)."""
     destinations = _destinations(plans, schema, scans, config, attempt)
     layout = exchange_layout(scans, plans, pieces, config, dask.threads)
     staging = Staging(
@@ -176,18 +183,27 @@ def exchange(
     tasks = (
         (map_task(scans, plans, pieces, first_rows, staging, task),) for task in rerun.rounds[0]
     )
-    run_in_waves(
+    shared_settings: dict[str, Any] = {
+        "destinations": share(dask.dask, destinations),
+        "spec": config.dataset,
+        "seed": config.seed,
+        "holdout_fraction": config.holdout_fraction,
+    }
+    mapped = run_in_waves(
         dask.dask,
         retrying(map_pieces, config.retry),
         tasks,
         len(rerun.rounds[0]),
         dask.in_flight,
         counter,
-        destinations=share(dask.dask, destinations),
-        spec=config.dataset,
-        seed=config.seed,
-        holdout_fraction=config.holdout_fraction,
+        **shared_settings,
     )
+    keys = [tally for _, tally in mapped]
+    if content_in_map(config.dataset):  # the tallies of the map tasks a rerun kept
+        kept = sorted(set(range(layout.num_map_tasks)) - set(rerun.rounds[0]))
+        again = ((map_task(scans, plans, pieces, first_rows, staging, t).pieces,) for t in kept)
+        tally = retrying(content_tally, config.retry)
+        keys += run_in_waves(dask.dask, tally, again, len(kept), dask.in_flight, **shared_settings)
     shared = share(dask.dask, staging)
     for index in range(1, len(layout.rounds)):
         run_in_waves(
@@ -201,7 +217,7 @@ def exchange(
         )
         attempt.discard(staging.round_uri(index - 1))
     counter.close()
-    return staging, rerun
+    return staging, rerun, merge_keys(keys)
 
 
 def write_stage(
@@ -262,16 +278,17 @@ def single_pass_stage(
     config: ReshardConfig,
     attempt: VersionAttempt,
     progress: Progress | None,
-) -> dict[str, SplitEntry]:
+) -> tuple[dict[str, SplitEntry], KeyCounts]:
     """Every shard in one task that reads every input once and stages nothing
-    (exchange/single_pass.py), into `attempt` like the write stage's shards."""
+    (exchange/single_pass.py), into `attempt` like the write stage's shards; with the
+    rows' content tally where the exchange takes it."""
     # The map tasks' groups: the pass routes a group at a time (exchange/single_pass.py).
     bounds = exchange_layout(scans, plans, pieces, config, dask.threads).map_bounds.tolist()
     first_rows = piece_rows(scans, pieces)[0]
     groups = [piece_group(scans, plans, pieces, first_rows, a, b) for a, b in pairwise(bounds)]
     task = SinglePass(groups, shard_jobs(plans, attempt.shard_uri))
     counter = StageProgress("write", 1, progress, *config.stall_deadline)
-    [entries] = run_in_waves(
+    [(entries, keys)] = run_in_waves(
         dask.dask,
         retrying(single_pass, config.retry),
         [(task,)],
@@ -289,7 +306,7 @@ def single_pass_stage(
         block_bytes=config.exchange_task_bytes,
     )
     counter.close()
-    return split_entries(plans, entries)
+    return split_entries(plans, entries), keys
 
 
 def split_entries(plans: dict[str, SplitPlan], entries: list[ShardEntry]) -> dict[str, SplitEntry]:

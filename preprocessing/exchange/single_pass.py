@@ -34,6 +34,7 @@ from preprocessing.exchange.staged_rows import (
 )
 from preprocessing.exchange.tasks import release_encode_buffers, thread_encode_buffer
 from preprocessing.plan.counts import OffsetLists, small_ints
+from preprocessing.plan.key_tally import KeyCounts, merge_keys
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,10 @@ def single_pass(
     part_bytes: int,
     threads: int,
     block_bytes: int,
-) -> list[ShardEntry]:
+) -> tuple[list[ShardEntry], KeyCounts]:
     """Read, route and write every shard of `task` with `threads` threads, the rows held
-    in blocks of about `block_bytes`; the shards' entries in destination order."""
+    in blocks of about `block_bytes`; the shards' entries in destination order, and the
+    rows' content tally where the exchange takes it (staged_rows.read_piece)."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="single-pass") as pool:
         routed = _routed(task, pool, destinations, spec, seed, holdout_fraction, block_bytes)
         blocks = Blocks.of(routed.table.to_batches(), routed.table.schema)
@@ -67,7 +69,7 @@ def single_pass(
         bounds = np.r_[0, np.cumsum(counts)].tolist()
         settings = (rows_per_row_group, spec.label_column, spec.source_column, part_bytes)
         try:
-            return list(
+            entries = list(
                 pool.map(
                     lambda index: _write(
                         routed,
@@ -80,6 +82,7 @@ def single_pass(
                     range(len(task.shards)),
                 )
             )
+            return entries, routed.keys
         finally:
             release_encode_buffers()  # the pool's threads end with the task
 
@@ -115,6 +118,7 @@ def _routed(
     order = np.concatenate([np.zeros(0, np.uint64), *(group.order for group in groups)])
     targets = np.concatenate([np.zeros(0, np.int64), *(group.targets for group in groups)])
     table = pa.concat_tables([group.table for group in groups]) if groups else None
+    keys = merge_keys([group.keys for group in groups])
     del groups
     by_target = np.argsort(small_ints(targets), kind="stable")
     empty = destinations.schema.remove(destinations.schema.get_field_index(ORDER_COLUMN))
@@ -123,6 +127,7 @@ def _routed(
         picks[by_target],
         order[by_target],
         targets[by_target],
+        keys,
     )
 
 

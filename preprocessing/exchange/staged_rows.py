@@ -4,7 +4,9 @@ and rows grouped by destination written as one staged object.
 Staged rows have the output schema with dictionaries decoded plus the keyed order column
 (`staged_schema`); a piece's rows (`read_piece`) get the derived source and id columns
 where the dataset has none, keep the rows the scan counted (less the copies that
-`duplicates: drop` leaves out: the one place rows are dropped) and say each one's split;
+`duplicates: drop` leaves out: the one place rows are dropped), say each one's split and,
+under a group with `same_split`, tally their content for the manifest (`content_tally`
+again for a map task a rerun kept);
 `stratum_codes` looks each row's (label, source) up in a split's plan; `route_rows` reads
 a group of pieces and routes every row, for the map task that stages them (`map_pieces`,
 preprocessing/exchange/tasks.py) and the single pass that writes them
@@ -14,7 +16,7 @@ preprocessing/exchange/tasks.py) and the single pass that writes them
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -25,6 +27,7 @@ import pyarrow.compute as pc
 from preprocessing.config import DatasetSpec
 from preprocessing.exchange.staged_objects import StagedObject, StagedWriter
 from preprocessing.plan.counts import SPLITS, OffsetLists, dense_offsets, small_ints
+from preprocessing.plan.key_tally import KeyCounts, exchange_content_tally, merge_keys
 from preprocessing.plan.row_fates import route_pieces
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN, derived_ids
 from preprocessing.plan.split import SplitPlan
@@ -84,9 +87,10 @@ def read_piece(
     spec: DatasetSpec,
     seed: int,
     holdout_fraction: float,
-) -> tuple[pa.Table, np.ndarray]:
-    """One piece's rows in the staged schema (without the order key), and each one's split
-    code (plan/counts.py: SPLITS)."""
+) -> tuple[pa.Table, np.ndarray, KeyCounts]:
+    """One piece's rows in the staged schema (without the order key), each one's split
+    code (plan/counts.py: SPLITS), and where the exchange takes it the manifest's tally of
+    the rows' content (`exchange_content_tally`: of the rows the scan counted, as read)."""
     rows = read_rows(task.file.uri, task.first_row, task.num_rows, reading=CsvReading.of(spec))
     table = rows.replace_schema_metadata(None)
     if spec.source_column is None:
@@ -101,9 +105,24 @@ def read_piece(
         kept &= ~destinations.drops.dropped(task.file, task.first_row, table.num_rows)
     if not kept.all():
         table, splits = table.filter(pa.array(kept)), splits[kept]
-    return table.select(payload_schema(destinations).names).cast(
-        payload_schema(destinations)
-    ), splits
+    tally = exchange_content_tally(table, spec, splits)
+    payload = table.select(payload_schema(destinations).names).cast(payload_schema(destinations))
+    return payload, splits, tally
+
+
+def content_tally(
+    pieces: list[PieceTask],
+    destinations: Destinations,
+    spec: DatasetSpec,
+    seed: int,
+    holdout_fraction: float,
+) -> KeyCounts:
+    """The content tally a map task of `pieces` returns (tasks.py `map_pieces`), without
+    routing or staging: for a map task whose staged object a rerun kept (driver/resume.py),
+    so the manifest's figures are a clean run's. It reads the pieces again, a cost only a
+    resumed run pays."""
+    settings = (destinations, spec, seed, holdout_fraction)
+    return merge_keys([read_piece(piece, *settings)[2] for piece in pieces])
 
 
 def payload_schema(destinations: Destinations) -> pa.Schema:
@@ -134,12 +153,14 @@ def stratum_codes(
 @dataclass(frozen=True)
 class RoutedRows:
     """A group of pieces' rows as read (one chunk) and where each goes: `picks` (rows of
-    `table`), their `targets` (destinations, ascending) and `order` keys (distinct)."""
+    `table`), their `targets` (destinations, ascending) and `order` keys (distinct); `keys`:
+    the pieces' content tally, where the exchange takes it (`read_piece`)."""
 
     table: pa.Table
     picks: np.ndarray
     order: np.ndarray
     targets: np.ndarray
+    keys: KeyCounts = field(default_factory=dict)
 
 
 def route_rows(
@@ -149,7 +170,7 @@ def route_rows(
     spec: DatasetSpec,
     seed: int,
     holdout_fraction: float,
-    over: Callable[..., Iterable[tuple[pa.Table, np.ndarray]]] = map,
+    over: Callable[..., Iterable[tuple[pa.Table, np.ndarray, KeyCounts]]] = map,
     block_bytes: int | None = None,
 ) -> RoutedRows:
     """Read a `group` of pieces (`offsets`: `piece_group`'s; `over`: how `read_piece` is
@@ -166,9 +187,10 @@ def route_rows(
         holdout_fraction=holdout_fraction,
     )
     pieces_read = list(over(reading, group))
-    tables = [table for table, _ in pieces_read]
+    tables = [table for table, _, _ in pieces_read]
     table = pa.concat_tables(tables) if tables else payload_schema(destinations).empty_table()
-    splits = np.concatenate([m for _, m in pieces_read]) if tables else np.zeros(0, np.int8)
+    splits = np.concatenate([m for _, m, _ in pieces_read]) if tables else np.zeros(0, np.int8)
+    tally = merge_keys([piece_tally for _, _, piece_tally in pieces_read])
     piece_of = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
     pieces = np.array([piece.piece for piece in group], dtype=np.int64)
     rows, targets, keys = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], []
@@ -200,7 +222,7 @@ def route_rows(
     else:
         del columns
         joined = _blocks(tables, block_bytes, schema)
-    return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target])
+    return RoutedRows(joined, np.concatenate(rows)[by_target], order, target[by_target], tally)
 
 
 def _joined(columns: list[Any]) -> list[Any]:

@@ -47,6 +47,7 @@ from preprocessing.exchange.staged_rows import (
     write_grouped,
 )
 from preprocessing.plan.counts import OffsetLists, PieceOffsets
+from preprocessing.plan.key_tally import KeyCounts
 from preprocessing.plan.layout import LOCAL_DEFAULT_FAN_IN, ExchangeLayout, plan_exchange
 from preprocessing.plan.split import SplitPlan
 from preprocessing.plan.time_cut import TimeCut
@@ -252,11 +253,12 @@ def shard_jobs(
 
 def map_pieces(
     task: MapTask, destinations: Destinations, spec: DatasetSpec, seed: int, holdout_fraction: float
-) -> int:
+) -> tuple[int, KeyCounts]:
     """Route a group of pieces' rows into one staged object, grouped by destination; the
-    object's size in bytes."""
+    object's size in bytes, and the rows' content tally where the exchange takes it
+    (staged_rows.read_piece)."""
     routed = route_rows(task.pieces, task.offsets, destinations, spec, seed, holdout_fraction)
-    return write_grouped(
+    written = write_grouped(
         routed.table,
         routed.picks,
         routed.order,
@@ -264,6 +266,7 @@ def map_pieces(
         task.output,
         destinations.schema,
     )
+    return written, routed.keys
 
 
 def merge_task(round_index: int, task: int, staging: Staging) -> int:

@@ -1,7 +1,9 @@
 """The manifest's record of groups and duplicates per split, in bounded memory.
 
 A scan tallies, per batch and per `<split>/<kind>` (kind: `group` or `content`, the hashes
-of preprocessing/plan/split_keys.py: `key_hashes`), the rows and two samples of the
+of preprocessing/plan/split_keys.py: `key_hashes`; under a group with `same_split` the
+content is tallied where the exchange reads the rows, `exchange_content_tally`, as the
+scan then reads no feature column for it), the rows and two samples of the
 distinct hashes with their rows: the SAMPLE smallest hashes (a bottom-k sample: a key
 among the smallest of the union is among the smallest of every part that holds it, so
 its rows merge exactly) and the TOP keys by rows. Merged over batches and files, an
@@ -16,8 +18,11 @@ each part's TOP, a lower bound otherwise.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
+from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import SPLITS
+from preprocessing.plan.split_keys import content_columns, content_in_map, row_hashes
 
 SAMPLE = 4096
 TOP = 64
@@ -43,6 +48,17 @@ def tally_keys(keys: dict[str, np.ndarray], splits: np.ndarray) -> KeyCounts:
             counts = counts.astype(np.int64)
             tally[f"{split}/{kind}"] = _bounded(unique, counts, unique, counts, int(rows.sum()))
     return tally
+
+
+def exchange_content_tally(table: pa.Table, spec: DatasetSpec, splits: np.ndarray) -> KeyCounts:
+    """The content tally of `table`'s rows (those the scan counts, as read, with their
+    split codes `splits`) where the exchange takes it (`split_keys.content_in_map`); empty
+    otherwise. Merged with the scans' group tallies, the manifest's figures are those of a
+    scan that hashed the content: a bottom-k sample and the rows merge exactly however the
+    rows are cut into batches, pieces or files."""
+    if not content_in_map(spec):
+        return {}
+    return tally_keys({"content": row_hashes(table, content_columns(spec))}, splits)
 
 
 def merge_keys(parts: list[KeyCounts]) -> KeyCounts:

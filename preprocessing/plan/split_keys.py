@@ -58,9 +58,19 @@ def content_columns(spec: DatasetSpec) -> list[str]:
     return list(dict.fromkeys([spec.label_column, *spec.feature_columns, *group]))
 
 
+def content_in_map(spec: DatasetSpec) -> bool:
+    """Whether the exchange, not the scan, hashes the content for the manifest's tally:
+    under a group with `same_split` the content decides no split, and the exchange decodes
+    every column anyway, while the scan would decode the feature columns (a vector it
+    otherwise skips) for the tally alone. `drop` needs the content in the scan (its pairs),
+    and without a group the content is the split."""
+    return bool(spec.group_column) and spec.duplicates == "same_split"
+
+
 def key_columns(spec: DatasetSpec) -> list[str]:
     """The columns a scan reads for the split and for the manifest's tally of keys."""
-    content = content_columns(spec) if spec.duplicates != "keep" else []
+    tallied = spec.duplicates != "keep" and not content_in_map(spec)
+    content = content_columns(spec) if tallied else []
     return list(dict.fromkeys([*split_key_columns(spec), *content]))
 
 
@@ -68,7 +78,8 @@ def key_hashes(
     table: pa.Table | pa.RecordBatch, spec: DatasetSpec, tally: bool = True
 ) -> dict[str, np.ndarray]:
     """Per row, a hash of its `group` (with group_column) and of its `content` (with
-    `duplicates: same_split` or `drop`, or for the tally whenever duplicates is not `keep`)."""
+    `duplicates: same_split` or `drop`, or for the tally whenever duplicates is not `keep`;
+    the scan asks for the tally's unless `content_in_map`)."""
     keys: dict[str, np.ndarray] = {}
     columns: dict[str, np.ndarray] = {}  # a group column in the content is hashed once
     if spec.group_column:

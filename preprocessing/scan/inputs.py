@@ -39,7 +39,7 @@ from preprocessing.config import DatasetSpec
 from preprocessing.plan.counts import Counts
 from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
-from preprocessing.plan.split_keys import key_columns, key_hashes
+from preprocessing.plan.split_keys import content_in_map, key_columns, key_hashes
 from preprocessing.plan.time_cut import (
     TimeCells,
     TimeColumnError,
@@ -308,7 +308,9 @@ class _Tally:
             if self.starts is not None
             else rows // max_piece_rows
         )
-        keys = key_hashes(batch, spec)  # each hash once: for the split and the tally
+        # Each hash once, for the split and the tally (the content's in the exchange when
+        # it decides no split: split_keys.content_in_map).
+        keys = key_hashes(batch, spec, tally=not content_in_map(spec))
         first, name = self.num_rows, file.relative_path
         splits = splits_of(keys, spec, name, first, batch.num_rows, seed, holdout_fraction)
         rows_kept = kept_rows(batch, spec)

@@ -24,7 +24,7 @@ from preprocessing.contract.manifest import (
     code_version,
 )
 from preprocessing.exchange.staged_rows import DERIVED_SOURCE_COLUMN
-from preprocessing.plan.key_tally import merge_keys, split_value_stats
+from preprocessing.plan.key_tally import KeyCounts, merge_keys, split_value_stats
 from preprocessing.plan.row_ids import DERIVED_ID_COLUMN
 from preprocessing.plan.split import SplitPlan
 from preprocessing.scan.across_files import time_cut_of
@@ -44,10 +44,12 @@ def version_manifest(
     features: dict[str, Any],
     parent: Manifest | None,
     num_pieces: int,
+    exchange_keys: KeyCounts | None = None,
 ) -> Manifest:
     """The manifest of what a run wrote: a flat version's, or (with `parent`) a child's,
-    the new files' version joined to everything the parent lists."""
-    delta = delta_of(version_id, parent, scans, num_pieces, plans)
+    the new files' version joined to everything the parent lists; `exchange_keys`: the
+    content tally the exchange took (plan/key_tally.py), joined to the scans'."""
+    delta = delta_of(version_id, parent, scans, num_pieces, plans, exchange_keys or {})
     cut = time_cut_of(scans, config.dataset, config.holdout_fraction)
     if cut is not None and config.dataset.holdout_column:
         delta = replace(delta, time_cut=cut.record(config.dataset.holdout_column))
@@ -121,8 +123,11 @@ def delta_of(
     scans: list[FileScan],
     num_pieces: int,
     plans: dict[str, SplitPlan],
+    exchange_keys: KeyCounts | None = None,
 ) -> Delta:
-    """What this run adds: the files it read and, per split and stratum, rows in and out."""
+    """What this run adds: the files it read and, per split and stratum, rows in and out;
+    per split, its groups and duplicates, of the scans' tallies and `exchange_keys`."""
+    tallies = [scan.keys for scan in scans if scan.reason is None] + [exchange_keys or {}]
     strata = {
         name: [
             [label, source, int(n), int(k)]
@@ -141,7 +146,7 @@ def delta_of(
         num_pieces,
         strata,
         _with_dropped(
-            split_value_stats(merge_keys([scan.keys for scan in scans if scan.reason is None])),
+            split_value_stats(merge_keys(tallies)),
             scans,
         ),
     )
