@@ -162,11 +162,12 @@ def _scan(
 ) -> FileScan:
     settings = (spec, seed, holdout_fraction, max_piece_rows, pairs_dir)
     if file_format(file.uri) != "parquet":
+        reading = CsvReading.of(spec)
         return _scan_rows(
             file,
             None,
-            stream_schema(file.uri, reading=CsvReading.of(spec)),
-            lambda columns: iter_batches(file.uri, columns, reading=CsvReading.of(spec)),
+            stream_schema(file.uri, reading=reading),
+            lambda columns: iter_batches(file.uri, columns, reading=reading),
             *settings,
         )
     with open_input(file.uri) as source:  # one open for the footer and the columns
