@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from preprocessing.synthetic.tokens import TokenDatasetSpec, write_token_dataset
+from tests.training.job_output import job_failure
 from tracking.config import TrackingConfig
 from tracking.run.runs import create_run
 from training.config import LoaderConfig
@@ -72,7 +73,7 @@ def run_suites(
     ]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=600)
     (out / "job.log").write_text(done.stdout + done.stderr)
-    assert done.returncode == 0, f"see {out / 'job.log'}:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"see {out / 'job.log'}:\n{job_failure(done.stdout + done.stderr)}"
     runs: dict[str, dict[str, dict[str, Any]]] = {"strategies": {}, "comm": {}}
     for path in out.glob("*/*/summary.json"):
         runs[path.parent.parent.name][path.parent.name] = json.loads(path.read_text())

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.training.conftest import write_dataset
+from tests.training.job_output import job_failure
 from training.config import LoaderConfig
 from training.data.loader import ShardStream
 from training.launch.processes import child_env
@@ -53,7 +54,7 @@ def run_job(
         *options,
     ]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, job_failure(done.stdout + done.stderr)
 
 
 def step_batches(out: Path, phase: str, num_ranks: int, up_to: int | None = None) -> list[int]:
