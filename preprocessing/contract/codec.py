@@ -113,11 +113,10 @@ class FeatureCodec:
                 raise FeatureError(
                     f"feature columns {missing} are missing from the rows (columns: {names})"
                 )
-            parts = list(self.slices().values())
-            last = self._plans["last"] = (
-                schema,
-                plan_blocks(self.columns, parts, schema, _refuse_nulls),
-            )
+            widths = np.fromiter((spec.width for spec in self.columns), np.int64)
+            starts = np.cumsum(widths) - widths
+            plan = plan_blocks(self.columns, starts, schema, _refuse_nulls)
+            last = self._plans["last"] = (schema, plan)
         return last[1]
 
     def to_json(self) -> list[dict[str, Any]]:

@@ -44,29 +44,39 @@ BLOCK_TYPE_IDS = frozenset(arrow_type.id for arrow_type in BLOCK_TYPES)
 
 def plan_blocks(
     columns: Sequence[Any],
-    parts: Sequence[slice],
+    starts: np.ndarray,
     schema: pa.Schema,
     refuse_nulls: Callable[[Any, int], None],
 ) -> Plan:
-    """The numeric `columns` (ColumnSpecs, each at `parts[i]`) in blocks by their Arrow
-    type in `schema`, where a type has MIN_BLOCK_COLUMNS of them; every other column
-    alone, with its part, in the codec's order."""
+    """The numeric `columns` (ColumnSpecs, the first of each one's slots at `starts[i]`)
+    in blocks by their Arrow type in `schema`, where a type has MIN_BLOCK_COLUMNS of
+    them; every other column alone, with its slots, in the codec's order. Only arrays are
+    made per column: a plan of 5,000 columns leaves no object per column in memory (each
+    one the garbage collector would walk again at its next full pass)."""
     position, types = field_positions(schema), schema.types
-    by_type: dict[int | None, list[tuple[Any, slice]]] = {}
-    for spec, part in zip(columns, parts, strict=True):
-        type_id = types[position[spec.name]].id
-        key = type_id if spec.kind == "numeric" and type_id in BLOCK_TYPE_IDS else None
-        by_type.setdefault(key, []).append((spec, part))
-    blocks, rest = [], []
-    for type_id, members in by_type.items():
-        if type_id is None or len(members) < MIN_BLOCK_COLUMNS:
-            rest.extend(members)
-        else:
-            specs, block_parts = zip(*members, strict=True)
-            fields = [position[spec.name] for spec in specs]
-            block = NumericBlock(specs, block_parts, types[fields[0]], refuse_nulls, fields)
-            blocks.append(block)
-    return blocks, sorted(rest, key=lambda member: member[1].start)
+    fields = np.fromiter((position[spec.name] for spec in columns), np.int64, len(columns))
+    kinds = zip(columns, fields.tolist(), strict=True)
+    keys = np.fromiter(
+        (types[f].id if spec.kind == "numeric" else -1 for spec, f in kinds), np.int64, len(fields)
+    )
+    keys[~np.isin(keys, list(BLOCK_TYPE_IDS))] = -1
+    found, first = np.unique(keys, return_index=True)
+    blocks, loose = [], [np.zeros(0, np.int64)]
+    for key in found[np.argsort(first)]:  # types in the order they first appear
+        members = np.flatnonzero(keys == key)
+        if key < 0 or len(members) < MIN_BLOCK_COLUMNS:
+            loose.append(members)
+            continue
+        specs, block_fields = [columns[int(i)] for i in members], fields[members]
+        arrow_type = types[int(block_fields[0])]
+        blocks.append(NumericBlock(specs, starts[members], arrow_type, refuse_nulls, block_fields))
+    rest = np.sort(np.concatenate(loose)).tolist()
+    return blocks, [(columns[i], slots(columns[i], int(starts[i]))) for i in rest]
+
+
+def slots(spec: Any, start: int) -> slice:
+    """Where a column of the codec's `spec`, starting at `start`, sits in a row."""
+    return slice(start, start + spec.width)
 
 
 def field_positions(schema: pa.Schema) -> dict[str, int]:
@@ -82,32 +92,38 @@ def field_positions(schema: pa.Schema) -> dict[str, int]:
 
 class NumericBlock:
     """Numeric columns of one Arrow type (ColumnSpecs of width 1, or 2 with an is-null
-    indicator), each at `parts[i]` of a row of the matrix."""
+    indicator), the first slot of each at `starts[i]` of a row of the matrix, each at
+    index `fields[i]` of the schema planned for."""
 
     def __init__(
         self,
         specs: Sequence[Any],
-        parts: Sequence[slice],
+        starts: np.ndarray,
         arrow_type: pa.DataType,
         refuse_nulls: Callable[[Any, int], None],
-        fields: Sequence[int] | None = None,
+        fields: np.ndarray,
     ) -> None:
-        self.specs, self.parts, self.refuse_nulls = tuple(specs), tuple(parts), refuse_nulls
-        # The columns by index in the planned schema (a select by 5,000 names looks each up).
-        self.fields: list[int] | list[str] = (
-            list(fields) if fields is not None else [spec.name for spec in specs]
-        )
+        self.specs, self.refuse_nulls = tuple(specs), refuse_nulls
+        self.starts = np.asarray(starts, dtype=np.int64)
+        # By index: a select by 5,000 names looks each one up at every row group.
+        self.fields: list[int] = np.asarray(fields).tolist()
         self.checked = pa.types.is_integer(arrow_type) and arrow_type.bit_width == 64
         self.shift, self.scale, self.fill = (
             np.array([getattr(spec, name) for spec in specs], dtype=np.float64)
             for name in ("shift", "scale", "fill")
         )
-        starts = np.array([part.start for part in parts], dtype=np.int64)
+        starts = self.starts
         self.flagged = np.flatnonzero([spec.nulls == "indicator" for spec in specs])
         self.flags = starts[self.flagged] + 1
         # One run of slots (the usual table of plain numbers) is written as a slice.
         run = len(starts) > 0 and bool((np.diff(starts) == 1).all())
         self.values: slice | np.ndarray = slice(starts[0], starts[-1] + 1) if run else starts
+
+    @property
+    def parts(self) -> list[slice]:
+        """Each column's slots in a row (for the codec's column-by-column path)."""
+        pairs = zip(self.specs, self.starts.tolist(), strict=True)
+        return [slots(spec, start) for spec, start in pairs]
 
     def encode(self, table: pa.Table, out: np.ndarray) -> bool:
         """Write the block's columns of `table` into their slots of `out`; False, with

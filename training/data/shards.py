@@ -163,7 +163,7 @@ class ShardFiles:
         last = self._leaves
         schema = reader.metadata.schema
         if last is None or last[1] is not names or not last[0].equals(schema):
-            last = self._leaves = (schema, names, leaf_indices(reader.column_paths, names))
+            last = self._leaves = (schema, names, leaf_indices(reader, names))
         return last[2]
 
     def ref(self, shard: int) -> ShardRef:
@@ -258,12 +258,16 @@ def open_reader(handle: Any, footer: pq.FileMetaData | None) -> pq.ParquetReader
     return reader
 
 
-def leaf_indices(paths: list[list[str]], names: list[str]) -> list[int]:
+def leaf_indices(reader: pq.ParquetReader, names: list[str]) -> list[int]:
     """The leaf columns under each top-level column of `names`, in their order, as
     `pq.ParquetFile.read_row_group(columns=names)` picks them; a name not in the file
     picks none (the codec then names the missing column)."""
+    fields = reader.schema_arrow.names
+    position = {name: index for index, name in enumerate(fields)}
+    if reader.metadata.num_columns == len(fields) == len(position):  # flat: field i, leaf i
+        return [position[name] for name in names if name in position]
     under: dict[str, list[int]] = {name: [] for name in names}
-    for index, path in enumerate(paths):
+    for index, path in enumerate(reader.column_paths):
         if path[0] in under:
             under[path[0]].append(index)
     return [index for name in names for index in under[name]]
