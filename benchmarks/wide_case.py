@@ -143,7 +143,7 @@ def train_files(root: str) -> list[str]:
     return [shard_uri(location, entry) for entry in manifest.split("train").shards]
 
 
-def pyarrow_file_rows(files: list[str], skip: tuple[str, ...] = ("id", "label")) -> int:
+def pyarrow_file_rows(files: list[str], skip: tuple[str, ...] = ("id", "label", "source")) -> int:
     """Each shard through `pq.ParquetFile(...).read` of every column but `skip` (named from
     the file's own schema: no manifest read) and `to_pandas().to_numpy()`; the rows. This
     is pyarrow's direct reader (`pq.read_table` goes through the datasets layer, which
