@@ -87,17 +87,10 @@ class FeatureCodec:
 
     def encode(self, table: pa.Table) -> np.ndarray:
         """float32 [rows, width]: every feature column of `table`, encoded by its spec."""
-        present = set(table.column_names)
-        missing = [name for name in self.names if name not in present]
-        if missing:
-            raise FeatureError(
-                f"feature columns {missing} are missing from the rows "
-                f"(columns: {table.column_names})"
-            )
+        blocks, rest = self._plan(table.schema)  # names the feature columns the rows lack
         if len(self.columns) == 1 and (view := _plain_vector(self.columns[0], table)) is not None:
             return view
         out = np.empty((table.num_rows, self.width), dtype=np.float32)
-        blocks, rest = self._plan(table.schema)
         for block in blocks:  # one matrix per block: no per-column work for wide tables
             if not block.encode(table, out):
                 rest = [*rest, *zip(block.specs, block.parts, strict=True)]
@@ -109,14 +102,22 @@ class FeatureCodec:
 
     def _plan(self, schema: pa.Schema) -> Plan:
         """How `schema`'s columns are encoded, kept for the last schema seen: every row
-        group of a version has the same, and planning 5,000 columns costs milliseconds."""
+        group of a version has the same, and planning 5,000 columns costs milliseconds
+        (a schema that lacks a feature column is refused here, naming it)."""
         last = self._plans.get("last")
         if last is None or not last[0].equals(schema):
-            self._plans["last"] = (
-                schema,
-                plan_blocks(self.columns, list(self.slices().values()), schema, _refuse_nulls),
-            )
-        return self._plans["last"][1]
+            names = schema.names
+            present = set(names)
+            missing = [name for name in self.names if name not in present]
+            if missing:
+                raise FeatureError(
+                    f"feature columns {missing} are missing from the rows (columns: {names})"
+                )
+            widths = np.fromiter((spec.width for spec in self.columns), np.int64)
+            starts = np.cumsum(widths) - widths
+            plan = plan_blocks(self.columns, starts, schema, _refuse_nulls)
+            last = self._plans["last"] = (schema, plan)
+        return last[1]
 
     def to_json(self) -> list[dict[str, Any]]:
         # As `asdict`, without its deep copy of every field (0.3 s for 5,000 columns).

@@ -37,56 +37,93 @@ EXACT_INTEGERS = 2**53  # float64 holds every integer up to this magnitude exact
 SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
 BLOCK_TYPES = frozenset((pa.float32(), pa.float64(), *SIGNED, *UNSIGNED))
+# A numeric type's id names it whole (no parameters), and an int hashes in nanoseconds
+# where a DataType takes microseconds: 5,000 columns are grouped by id.
+BLOCK_TYPE_IDS = frozenset(arrow_type.id for arrow_type in BLOCK_TYPES)
 
 
 def plan_blocks(
     columns: Sequence[Any],
-    parts: Sequence[slice],
+    starts: np.ndarray,
     schema: pa.Schema,
     refuse_nulls: Callable[[Any, int], None],
 ) -> Plan:
-    """The numeric `columns` (ColumnSpecs, each at `parts[i]`) in blocks by their Arrow
-    type in `schema`, where a type has MIN_BLOCK_COLUMNS of them; every other column
-    alone, with its part, in the codec's order."""
-    by_type: dict[pa.DataType, list[tuple[Any, slice]]] = {}
-    for spec, part in zip(columns, parts, strict=True):
-        arrow_type = schema.field(spec.name).type
-        key = arrow_type if spec.kind == "numeric" and arrow_type in BLOCK_TYPES else None
-        by_type.setdefault(key, []).append((spec, part))
-    blocks, rest = [], []
-    for arrow_type, members in by_type.items():
-        if arrow_type is None or len(members) < MIN_BLOCK_COLUMNS:
-            rest.extend(members)
-        else:
-            specs, block_parts = zip(*members, strict=True)
-            blocks.append(NumericBlock(specs, block_parts, arrow_type, refuse_nulls))
-    return blocks, sorted(rest, key=lambda member: member[1].start)
+    """The numeric `columns` (ColumnSpecs, the first of each one's slots at `starts[i]`)
+    in blocks by their Arrow type in `schema`, where a type has MIN_BLOCK_COLUMNS of
+    them; every other column alone, with its slots, in the codec's order. Only arrays are
+    made per column: a plan of 5,000 columns leaves no object per column in memory (each
+    one the garbage collector would walk again at its next full pass)."""
+    position, types = field_positions(schema), schema.types
+    fields = np.fromiter((position[spec.name] for spec in columns), np.int64, len(columns))
+    kinds = zip(columns, fields.tolist(), strict=True)
+    keys = np.fromiter(
+        (types[f].id if spec.kind == "numeric" else -1 for spec, f in kinds), np.int64, len(fields)
+    )
+    keys[~np.isin(keys, list(BLOCK_TYPE_IDS))] = -1
+    found, first = np.unique(keys, return_index=True)
+    blocks, loose = [], [np.zeros(0, np.int64)]
+    for key in found[np.argsort(first)]:  # types in the order they first appear
+        members = np.flatnonzero(keys == key)
+        if key < 0 or len(members) < MIN_BLOCK_COLUMNS:
+            loose.append(members)
+            continue
+        specs, block_fields = [columns[int(i)] for i in members], fields[members]
+        arrow_type = types[int(block_fields[0])]
+        blocks.append(NumericBlock(specs, starts[members], arrow_type, refuse_nulls, block_fields))
+    rest = np.sort(np.concatenate(loose)).tolist()
+    return blocks, [(columns[i], slots(columns[i], int(starts[i]))) for i in rest]
+
+
+def slots(spec: Any, start: int) -> slice:
+    """Where a column of the codec's `spec`, starting at `start`, sits in a row."""
+    return slice(start, start + spec.width)
+
+
+def field_positions(schema: pa.Schema) -> dict[str, int]:
+    """Each column name's index in `schema`; a name held twice is refused, as
+    `schema.field(name)` refuses it."""
+    names = schema.names
+    position = {name: index for index, name in enumerate(names)}
+    if len(position) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise KeyError(f"columns {twice} exist more than once in the schema")
+    return position
 
 
 class NumericBlock:
     """Numeric columns of one Arrow type (ColumnSpecs of width 1, or 2 with an is-null
-    indicator), each at `parts[i]` of a row of the matrix."""
+    indicator), the first slot of each at `starts[i]` of a row of the matrix, each at
+    index `fields[i]` of the schema planned for."""
 
     def __init__(
         self,
         specs: Sequence[Any],
-        parts: Sequence[slice],
+        starts: np.ndarray,
         arrow_type: pa.DataType,
         refuse_nulls: Callable[[Any, int], None],
+        fields: np.ndarray,
     ) -> None:
-        self.specs, self.parts, self.refuse_nulls = tuple(specs), tuple(parts), refuse_nulls
-        self.names = [spec.name for spec in specs]
+        self.specs, self.refuse_nulls = tuple(specs), refuse_nulls
+        self.starts = np.asarray(starts, dtype=np.int64)
+        # By index: a select by 5,000 names looks each one up at every row group.
+        self.fields: list[int] = np.asarray(fields).tolist()
         self.checked = pa.types.is_integer(arrow_type) and arrow_type.bit_width == 64
         self.shift, self.scale, self.fill = (
             np.array([getattr(spec, name) for spec in specs], dtype=np.float64)
             for name in ("shift", "scale", "fill")
         )
-        starts = np.array([part.start for part in parts], dtype=np.int64)
+        starts = self.starts
         self.flagged = np.flatnonzero([spec.nulls == "indicator" for spec in specs])
         self.flags = starts[self.flagged] + 1
         # One run of slots (the usual table of plain numbers) is written as a slice.
         run = len(starts) > 0 and bool((np.diff(starts) == 1).all())
         self.values: slice | np.ndarray = slice(starts[0], starts[-1] + 1) if run else starts
+
+    @property
+    def parts(self) -> list[slice]:
+        """Each column's slots in a row (for the codec's column-by-column path)."""
+        pairs = zip(self.specs, self.starts.tolist(), strict=True)
+        return [slots(spec, start) for spec, start in pairs]
 
     def encode(self, table: pa.Table, out: np.ndarray) -> bool:
         """Write the block's columns of `table` into their slots of `out`; False, with
@@ -127,7 +164,10 @@ class NumericBlock:
         """[rows, columns] of the block (a null as NaN; float32 stays float32 here, every
         other type is float64), or None: no rows, or a 64-bit integer column with a null
         or a value float64 does not hold exactly."""
-        batches = table.select(self.names).combine_chunks().to_batches()
+        block = table.select(self.fields)
+        batches = block.to_batches()  # one when every column is one chunk (a row group)
+        if len(batches) != 1:
+            batches = block.combine_chunks().to_batches()
         if len(batches) != 1:
             return None
         try:

@@ -9,6 +9,10 @@ row group's column chunks as coalesced byte ranges (`pre_buffer`), over a
 file opened with `cache_type="none"`, since any read-ahead cache of fsspec's
 would only fetch bytes nobody asked for. Local files (and shards in the disk
 cache, training/data/cache.py) are read by pyarrow's own file, which releases the GIL.
+Columns are picked by their leaf index in the file, worked out once per schema (every
+shard of a version has the same): `pq.ParquetFile` would map every column's path again
+at each open, 9,000 Python objects a row group on 5,000 columns, and objects kept that
+long make the garbage collector's full passes come more often (one costs 0.1 CPU-s there).
 
 Checks, and when they run (preprocessing/contract/integrity.py): before a shard's
 bytes are decoded, its size must equal the manifest's (`read.verify: size`, the
@@ -37,6 +41,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -80,7 +85,7 @@ class Columns:
         codec = FeatureCodec.from_manifest(manifest)
         return cls(manifest.label_column, manifest.id_column, codec, tuple(manifest.classes))
 
-    @property
+    @cached_property
     def names(self) -> list[str]:
         return list(dict.fromkeys([self.id, self.label, *self.codec.names]))
 
@@ -153,6 +158,17 @@ class ShardFiles:
         self._footers: dict[int, pq.FileMetaData] = {}
         self._hashed: set[int] = set()  # shards whose sha256 this process checked
         self._parsing: dict[int, threading.Lock] = {}
+        self._leaves: tuple[Any, list[str], list[int]] | None = None
+
+    def leaves(self, reader: pq.ParquetReader, names: list[str]) -> list[int]:
+        """The Parquet leaf columns of `names` (in their order) in a shard with this footer,
+        kept for the last schema seen: every shard of a version has the same, and mapping
+        5,000 columns costs 9,000 Python objects (pq.ParquetFile does it at every open)."""
+        last = self._leaves
+        schema = reader.metadata.schema
+        if last is None or last[1] is not names or not last[0].equals(schema):
+            last = self._leaves = (schema, names, leaf_indices(reader, names))
+        return last[2]
 
     def ref(self, shard: int) -> ShardRef:
         uri = self.layout.shard_uris[shard]
@@ -219,14 +235,13 @@ def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardF
     with files.open(shard) as handle:
         try:
             with files.parsing(shard):
-                parquet = pq.ParquetFile(
-                    handle, metadata=files.footer(shard), pre_buffer=True, **VERIFY_PAGES
-                )
-                check_footer(parquet.metadata, layout, group)
-                files.keep_footer(shard, parquet.metadata)
+                reader = open_reader(handle, files.footer(shard))
+                check_footer(reader.metadata, layout, group)
+                files.keep_footer(shard, reader.metadata)
+            leaves = files.leaves(reader, columns.names)
             # use_threads=False: reads already run in read-ahead threads; handing each
             # column to Arrow's own pool as well cost 7-10% more CPU per row group here.
-            return parquet.read_row_group(index, columns=columns.names, use_threads=False)
+            return reader.read_row_group(index, column_indices=leaves, use_threads=False)
         except (OSError, pa.ArrowException, ManifestError) as error:
             # Damaged bytes (a page checksum, a header or footer that does not decode) are
             # permanent, not a blip: ShardDamaged, never retried.
@@ -234,6 +249,32 @@ def read_group_table(layout: Layout, group: int, columns: Columns, files: ShardF
             if damage is None:
                 raise
             raise damage from error
+
+
+def open_reader(handle: Any, footer: pq.FileMetaData | None) -> pq.ParquetReader:
+    """pyarrow's reader of an open shard, opened as `pq.ParquetFile` opens it (footer given
+    or parsed, coalesced range reads, page checksums verified), without the map of every
+    column's nested paths that ParquetFile builds at each open (`ShardFiles.leaves`)."""
+    reader = pq.ParquetReader()
+    reader.open(
+        handle, metadata=footer, pre_buffer=True, arrow_extensions_enabled=True, **VERIFY_PAGES
+    )
+    return reader
+
+
+def leaf_indices(reader: pq.ParquetReader, names: list[str]) -> list[int]:
+    """The leaf columns under each top-level column of `names`, in their order, as
+    `pq.ParquetFile.read_row_group(columns=names)` picks them; a name not in the file
+    picks none (the codec then names the missing column)."""
+    fields = reader.schema_arrow.names
+    position = {name: index for index, name in enumerate(fields)}
+    if reader.metadata.num_columns == len(fields) == len(position):  # flat: field i, leaf i
+        return [position[name] for name in names if name in position]
+    under: dict[str, list[int]] = {name: [] for name in names}
+    for index, path in enumerate(reader.column_paths):
+        if path[0] in under:
+            under[path[0]].append(index)
+    return [index for name in names for index in under[name]]
 
 
 def check_footer(metadata: pq.FileMetaData, layout: Layout, group: int) -> None:
