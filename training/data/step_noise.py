@@ -97,18 +97,34 @@ def quickest_split(
 ) -> np.ndarray:
     """The split within [low, high] a rank of least expected step among the candidates
     (each rank's line raised by z of its standard deviations at the means' split, for z
-    in Z_GRID), the first (least z) where several tie; the equal split exactly when its
-    expected step is within GAIN_BAND of the least. `best_split` without a dispersion."""
+    in Z_GRID, up to the bounds), the first (least z) where several tie; the equal split
+    exactly when its expected step is within GAIN_BAND of the least. `best_split` without
+    a dispersion."""
     plain = best_split(model, low, high)
     if dispersion is None or not dispersion.any():
         return plain
     deviation = np.sqrt(moments(model, dispersion, plain)[1])
-    candidates = [plain] + [
-        best_split(StepModel(model.fixed + z * deviation, model.per_share, model.fitted), low, high)
-        for z in Z_GRID[1:]
-    ]
+    candidates = [plain]
+    for z in Z_GRID[1:]:  # each further from the means' split: none past the bounds
+        raised = StepModel(model.fixed + z * deviation, model.per_share, model.fitted)
+        split = levelled(raised, low, high)
+        if split is None:
+            break
+        candidates.append(split)
     steps = [expected_step(model, dispersion, split) for split in candidates]
     equal = np.full(len(plain), 1.0 / len(plain))
     if expected_step(model, dispersion, equal) <= min(steps) * (1.0 + GAIN_BAND):
         return equal
     return candidates[int(np.argmin(steps))]
+
+
+def levelled(model: StepModel, low: float, high: float) -> np.ndarray | None:
+    """The split that equalises the ranks' predicted steps (closed form: a bisection
+    would cost a hundred times more, Z_GRID times an interval), or None where it does not
+    lie within [low, high] a rank or some rank's rows cost nothing."""
+    if not (model.per_share > 0).all():
+        return None
+    inverse = 1.0 / model.per_share
+    level = (1.0 + float(model.fixed @ inverse)) / float(inverse.sum())
+    shares = (level - model.fixed) * inverse
+    return shares if shares.min() >= low and shares.max() <= high else None
