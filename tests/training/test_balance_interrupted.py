@@ -37,7 +37,7 @@ def test_alike_interrupted_ranks_keep_the_equal_split() -> None:
     every one of 12 seeded runs of 900 steps the mean expected step is within 1.03x the
     equal split's (measured: at most 1.002x), and the split is exactly the equal one at
     90 % of the steps or more (measured: 0-60 steps of 900 off it; without the spread,
-    0-148: a rank's bursts read as a change of speed move the split either way)."""
+    0-148)."""
     ranks = CASES["alike, both interrupted"]
     for seed in range(SEEDS):
         fast_rows = modelled_run(ranks, STEPS, seed)

@@ -60,7 +60,9 @@ def running(
     return measured if older is None else (1 - weight) * older + weight * measured
 
 
-def moments(model: StepModel, dispersion: np.ndarray, shares: np.ndarray) -> tuple:
+def moments(
+    model: StepModel, dispersion: np.ndarray, shares: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's (mean, variance) of a step's own work under `shares`."""
     mean = model.fixed + model.per_share * shares
     return mean, dispersion * np.maximum(mean, 0.0)
@@ -78,7 +80,7 @@ def expected_step(model: StepModel, dispersion: np.ndarray | None, shares: np.nd
     return mean
 
 
-def largest_of_two(mean_a: float, var_a: float, mean_b: float, var_b: float) -> tuple:
+def largest_of_two(mean_a: float, var_a: float, mean_b: float, var_b: float) -> tuple[float, float]:
     """(mean, variance) of the larger of two independent normal variables (Clark, 1961)."""
     theta = math.sqrt(var_a + var_b)
     if theta <= 1e-12 * max(abs(mean_a), abs(mean_b), 1e-300):
