@@ -221,7 +221,7 @@ class Reading:
         return bool(gain >= band or self.imbalance() >= IMBALANCE_K * band)
 
     def expected(self, shares: np.ndarray) -> float:
-        assert self.model is not None
+        assert self.model is not None  # only called once a model is known
         return expected_step(self.model, self.dispersion, shares)
 
     def noise_band(self) -> float:
