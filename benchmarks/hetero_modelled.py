@@ -3,6 +3,7 @@ split it runs from the first step, under seeded timing noise.
 
     .venv/bin/python benchmarks/hetero_modelled.py                  # about 2 min
     PYTHONPATH=/path/to/a26e4c8 .venv/bin/python benchmarks/hetero_modelled.py   # A/B
+    .venv/bin/python benchmarks/hetero_modelled.py --spread   # per-step squares too (M85)
 
 Each rank's own work a step is a + b x rows (four slowed shapes, alike ranks, and a rank
 that turns slow mid-run), each re-plan interval (4 steps) times 1 + 15 % x a standard
@@ -41,20 +42,25 @@ ALIKE: Ranks = ([0.010, 0.010], [5e-5, 5e-5])
 MIDRUN = ("all work 1.5x", "quota-like 2x")
 
 
-def run(ranks: Ranks, steps: int, seed: int, change: int | None = None) -> np.ndarray:
-    """Each step's modelled time over the best fixed split's (of the speeds then)."""
+def run(
+    ranks: Ranks, steps: int, seed: int, change: int | None = None, spread: bool = False
+) -> np.ndarray:
+    """Each step's modelled time over the best fixed split's (of the speeds then);
+    `spread`: each interval's squared per-step times reported too (times its noise)."""
     noise, plan = np.random.default_rng(seed), SharePlan()
-    samples, busy, ratios = np.zeros(2), np.zeros(2), []
+    samples, busy, squared, ratios = np.zeros(2), np.zeros(2), np.zeros(2), []
     for step in range(steps):
         fixed, per_row = ALIKE if change is not None and step < change else ranks
         rows = np.diff(row_bounds(plan.shares_at(0, step * ROWS, 2), ROWS))
         own = np.array(fixed) + np.array(per_row) * rows
         ratios.append(own.max() / best_s((fixed, per_row)))
-        samples, busy = samples + rows, busy + own
+        samples, busy, squared = samples + rows, busy + own, squared + own**2
         if (step + 1) % EVERY == 0:
-            busy *= np.maximum(1 + NOISE * noise.standard_normal(2), 0.1)
-            plan.replan(0, (step + 1) * ROWS, ROWS, list(samples), list(busy))
-            samples, busy = np.zeros(2), np.zeros(2)
+            factor = np.maximum(1 + NOISE * noise.standard_normal(2), 0.1)
+            busy, squared = busy * factor, squared * factor**2
+            sq = list(squared) if spread else None
+            plan.replan(0, (step + 1) * ROWS, ROWS, list(samples), list(busy), sq)
+            samples, busy, squared = np.zeros(2), np.zeros(2), np.zeros(2)
     return np.array(ratios)
 
 
@@ -74,15 +80,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=32)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds not tuned on: 32")
     parser.add_argument("--steps", type=int, default=900)
+    parser.add_argument(
+        "--spread", action="store_true", help="report squared per-step times (M85's path)"
+    )
     args = parser.parse_args()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     first, after = slice(EPOCH), slice(EPOCH, None)
     print("| case | first epoch (300 steps) | after it |\n|---|---|---|")
     for name, ranks in [*CASES.items(), ("alike (over equal)", ALIKE)]:
-        runs = [run(ranks, args.steps, seed) for seed in seeds]
+        runs = [run(ranks, args.steps, seed, spread=args.spread) for seed in seeds]
         print(f"| {name} | {spread(runs, first)} | {spread(runs, after)} |")
     for name in MIDRUN:
-        runs = [run(CASES[name], args.steps, seed, EPOCH) for seed in seeds]
+        runs = [run(CASES[name], args.steps, seed, EPOCH, args.spread) for seed in seeds]
         print(
             f"| slowed at step {EPOCH} ({name}): the epoch after the change / after it | "
             f"{spread(runs, slice(EPOCH, 2 * EPOCH))} | {spread(runs, slice(2 * EPOCH, None))} |"

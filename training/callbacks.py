@@ -126,6 +126,7 @@ class SpeedReplan:
             len(figures) * batch_size,
             [rank["samples"] for rank in figures],
             [own_work_s(rank) for rank in figures],
+            own_spread(figures),
         )
         rows = np.diff(row_bounds(shares, len(shares) * batch_size))
         if not trainer.is_global_zero:
@@ -212,6 +213,14 @@ def gathered_hosts() -> list[str]:
     hosts: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(hosts, name)
     return [str(host) for host in hosts]
+
+
+def own_spread(figures: list[dict[str, float]]) -> list[float] | None:
+    """Every rank's sum of its squared per-step own work, or None where some rank's
+    figures do not hold it (the controller then equalises mean times alone)."""
+    if not all("own_sq_s" in rank for rank in figures):
+        return None
+    return [rank["own_sq_s"] for rank in figures]
 
 
 def own_work_s(figures: dict[str, float]) -> float:

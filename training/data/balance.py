@@ -61,6 +61,7 @@ import torch
 
 from training.data.partition import Recipe, Schedule
 from training.data.speed_control import Reading, equal_shares, next_shares
+from training.data.step_noise import step_dispersion
 
 Batch = dict[str, torch.Tensor]
 
@@ -212,16 +213,21 @@ class SharePlan:
         global_batch: int,
         samples: list[float],
         busy_s: list[float],
+        busy_sq_s: list[float] | None = None,
     ) -> np.ndarray:
         """Record the shares that follow from an interval's figures (gathered: the same on
-        every rank: `busy_s` each rank's seconds of its own work) and the previous
-        interval's target, effective `LAG_STEPS` global steps after `position`; returns
-        them (the shares in force at `position` when the split does not move)."""
+        every rank: `busy_s` each rank's seconds of its own work, `busy_sq_s` the sum of
+        its squared per-step seconds, if measured) and the previous interval's target,
+        effective `LAG_STEPS` global steps after `position`; returns them (the shares in
+        force at `position` when the split does not move)."""
         current = self.shares_at(epoch, position, len(samples))
         start = (epoch, position + LAG_STEPS * global_batch)
-        shares, self.last = next_shares(
-            current, np.asarray(samples, float), np.asarray(busy_s, float), self.last
-        )
+        rows, busy = np.asarray(samples, float), np.asarray(busy_s, float)
+        spread = None
+        if busy_sq_s is not None and len(busy_sq_s) == len(busy) and min(busy) > 0:
+            steps = max(float(rows.sum()) / global_batch, 1.0)
+            spread = step_dispersion(rows, busy, np.asarray(busy_sq_s, float), steps)
+        shares, self.last = next_shares(current, rows, busy, self.last, spread)
         self.changes = [
             *[(k, s) for k, s in self.changes if k < (epoch, position)][-1:],
             *[(k, s) for k, s in self.changes if (epoch, position) <= k < start],

@@ -3,16 +3,18 @@
 Every interval (`loader.balance_every_n_steps` optimizer steps or more) every rank gets
 every rank's rows and seconds of its own work (training/callbacks.py, `SpeedReplan`)
 and computes, alike on every rank, a `Reading` (`read_interval`): the shares the
-interval ran with (those in force when it is read) and its target, the split that
-equalises the ranks' predicted steps (training/data/step_model.py: each rank's own work
-a step is a fixed cost plus a cost per row, fitted from the last `HISTORY` intervals at
-two splits), bounded to [FLOOR, CAP] x the equal share, and the equal split exactly
-when it is within EQUAL_BAND of it (every cut then falls on a unit edge: alike ranks
-decode and step as under `equal`). Until two readings at splits far enough apart have
-measured a fixed cost, the target is shares proportional to each rank's rows per second
-of work (fixed costs assumed none): the first move is made from that, and the reading
-after it fits the model. Once fitted, the target is the split nearest the equal one
-whose predicted largest step is within GAIN_BAND of the least: when a slow rank's fixed
+interval ran with (those in force when it is read) and its target, the split of least
+expected step (training/data/step_model.py: each rank's own work a step is a fixed cost
+plus a cost per row, fitted from the last `HISTORY` intervals at two splits; step_noise.py:
+the step waits for the later of the ranks, each with its measured per-step spread, so a
+rank interrupted in bursts is left slack; with no spread measured, the split that
+equalises the ranks' predicted steps), bounded to [FLOOR, CAP] x the equal share, the
+equal split exactly within EQUAL_BAND of it (every cut then on a unit edge). Until two
+readings at splits far enough apart have measured a fixed cost, the target is shares
+proportional to each rank's rows per second of work (fixed costs assumed none): the
+first move is made from that, and the reading after it fits the model. Once fitted, the
+target is the split nearest the equal one whose predicted (expected) step is within
+GAIN_BAND of the least: when a slow rank's fixed
 cost dominates (all of its work is slow, as on a core shared with another process) and
 moving its rows cannot shorten its step by that much, the target is the equal split,
 not the bound a split proportional to speed runs to interval after interval.
@@ -65,20 +67,16 @@ interval moves the split two intervals after it (plus the two steps the shares w
 balance.py's LAG_STEPS). The reading after that move fits the fixed costs (its interval
 ran, in whole or in part, at the moved split) and corrects the move at once.
 
-A fitted model can be wrong for good: fitted from two noisy intervals, it may read a
-slow rank's cost as fixed, send the split back to equal, and from then on every reading
-is at one split, which only rescales the line (step_model.py) and never tests it. So
-while a fitted model holds the equal split and the ranks' speeds there call for a move,
-the controller counts the readings (`Reading.held`); after `Reading.wait` of them
-(PROBE_AFTER at first, doubled at each probe) it forgets the model and its points and
-measures again from the split proportional to speed, as at the start. A rank whose
-fixed cost does dominate costs a few intervals at each doubling; alike ranks seldom
-probe: their pooled speeds agree, and their small moves rarely fit a model at all.
+A fitted model can be wrong for good: from two noisy intervals it may read a slow
+rank's cost as fixed and send the split back to equal, where every reading is at one
+split and never tests the line. So while a fitted model holds the equal split against
+the ranks' speeds there, after `Reading.wait` such readings (`Reading.held`; PROBE_AFTER,
+doubled at each probe) the controller forgets the model and its points and measures
+again from the split proportional to speed, as at the start.
 
-The state between intervals is the last reading (its model and points), nothing else: a
-pure function of (shares, figures, last reading) gives (new shares, new reading), held
-by `SharePlan` (training/data/balance.py) and not saved in a checkpoint (a resume waits
-one interval more before its first move, and measures its fixed costs anew).
+The state between intervals is the last reading, nothing else: a pure function of
+(shares, figures, last reading) gives (new shares, new reading), held by `SharePlan`
+(training/data/balance.py), not saved in a checkpoint (a resume measures anew).
 
 All bands but GAIN_BAND, SHIFT and the noise band (relative: of the predicted step, of
 a rank's cost, of the ranks' work) are in units of the equal share (1/W), compared on
@@ -91,15 +89,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from training.data.step_model import (
-    GAIN_BAND,
-    Point,
-    StepModel,
-    best_split,
-    fit,
-    interval_point,
-    rank_points,
-)
+from training.data.step_model import GAIN_BAND, Point, StepModel, fit, interval_point, rank_points
+from training.data.step_noise import expected_step, quickest_split, running
 
 # A rank's share stays within [FLOOR, CAP] x the equal share: a rank measured on a
 # disturbed interval cannot be starved or flooded.
@@ -189,8 +180,9 @@ class Reading:
     the readings in a row at which a fitted model held the equal split against the ranks'
     speeds (`held`), how many such readings forget the model (`wait`), how many intervals
     the newest point pools (`pooled`; 0 when it differs from the one before by more than
-    SHIFT: a change of speed, which the next interval must not be pooled with), and the
-    variance of an interval's relative timing noise (`noise`, see NOISE_K)."""
+    SHIFT: a change of speed, which the next interval must not be pooled with), the
+    variance of an interval's relative timing noise (`noise`, see NOISE_K), and each
+    rank's per-step dispersion (training/data/step_noise.py; None: not measured)."""
 
     shares: np.ndarray
     target: np.ndarray
@@ -200,6 +192,7 @@ class Reading:
     wait: int = PROBE_AFTER
     pooled: int = 1
     noise: float = 0.0
+    dispersion: np.ndarray | None = None
 
     @property
     def fitted(self) -> bool:
@@ -219,13 +212,17 @@ class Reading:
             return False
         if self.model is None:
             return True
-        gain = self.model.largest(self.shares) / self.model.largest(self.target) - 1.0
+        gain = self.expected(self.shares) / self.expected(self.target) - 1.0
         if self.fitted and gain < GAIN_BAND:
             return False
         if not np.array_equal(self.shares, equal):
             return True
         band = self.noise_band()
         return bool(gain >= band or self.imbalance() >= IMBALANCE_K * band)
+
+    def expected(self, shares: np.ndarray) -> float:
+        assert self.model is not None  # only called once a model is known
+        return expected_step(self.model, self.dispersion, shares)
 
     def noise_band(self) -> float:
         """NOISE_K standard errors of the newest point's timing: an interval's noise over
@@ -253,14 +250,19 @@ class Reading:
 
 
 def read_interval(
-    shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray, last: Reading | None = None
+    shares: np.ndarray,
+    samples: np.ndarray,
+    busy_s: np.ndarray,
+    last: Reading | None = None,
+    dispersion: np.ndarray | None = None,
 ) -> Reading | None:
     """The reading of an interval run with `shares`, where rank r took `samples[r]` rows in
     `busy_s[r]` seconds of its own work, after `last`: its point joins the history, the
     step model is fitted to it, and the target is the model's best split, or while no
     fixed cost is measured (or once a model held the equal split `last.wait` readings
     against the ranks' speeds) shares proportional to speed, bounded; the equal split
-    exactly within `EQUAL_BAND` of it. None when some rank measured nothing or the
+    exactly within `EQUAL_BAND` of it; with the ranks' `dispersion` measured, the split of
+    least expected step (step_noise.py). None when some rank measured nothing or the
     figures are not one per rank."""
     world = len(shares)
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
@@ -271,34 +273,43 @@ def read_interval(
     pooled_point = history[-1]  # samples / busy_s, or its mean over the intervals pooled
     speed = snapped(bounded(pooled_point.shares / pooled_point.costs))
     wait = before.wait if before else PROBE_AFTER
+    # None from a run's first interval: its first steps hold the warm-up.
+    spread = running(before.dispersion, dispersion, NOISE_WEIGHT) if before else None
     if not model.fitted:
-        return Reading(shares, speed, model, history, 0, wait, pooled, noise)
-    model, target = cautious_target(shares, model, history, noise, pooled == 0)
+        return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread)
+    model, target = cautious_target(shares, model, history, (noise, spread), pooled == 0)
     # A fitted model needs two readings, so `before` is a reading here.
     equal = equal_shares(world)
     unlike = not np.array_equal(speed, equal)
     holding = unlike and all(np.array_equal(split, equal) for split in (shares, target))
     held = before.held + 1 if before is not None and holding else 0
     if held >= wait:  # forget the model: the next readings measure from speed again
-        return Reading(shares, speed, fit(history[-1:]), history[-1:], 0, 2 * wait, pooled, noise)
-    return Reading(shares, target, model, history, held, wait, pooled, noise)
+        forgot = fit(history[-1:])
+        return Reading(shares, speed, forgot, history[-1:], 0, 2 * wait, pooled, noise, spread)
+    return Reading(shares, target, model, history, held, wait, pooled, noise, spread)
 
 
 def cautious_target(
-    shares: np.ndarray, model: StepModel, history: tuple[Point, ...], noise: float, new: bool
+    shares: np.ndarray,
+    model: StepModel,
+    history: tuple[Point, ...],
+    noises: tuple[float, np.ndarray | None],
+    new: bool,
 ) -> tuple[StepModel, np.ndarray]:
     """The cautious model (CAUTION_K) and its target, bounded and snapped; a target of the
     equal split from `shares` off it only when the model steepened by EQUAL_CAUTION_K
-    also calls for equal, else `shares` (hold). `new`: the newest point may be a new
-    speed's (`fit`'s `superseding`)."""
+    also calls for equal, else `shares` (hold). `noises`: an interval's relative noise
+    and the ranks' dispersion (the target the split of least expected step). `new`: the
+    newest point may be a new speed's (`fit`'s `superseding`)."""
+    noise, dispersion = noises
     world = len(shares)
     low, high, equal = FLOOR / world, min(1.0, CAP / world), equal_shares(world)
     steeper = cautious(model, history, noise, new, CAUTION_K)
-    target = snapped(bounded(best_split(steeper, low, high)))
+    target = snapped(bounded(quickest_split(steeper, dispersion, low, high)))
     if np.array_equal(target, equal) and not np.array_equal(shares, equal):
         doubt = cautious(model, history, noise, new, EQUAL_CAUTION_K)
-        if not np.array_equal(snapped(bounded(best_split(doubt, low, high))), equal):
-            target = shares
+        doubted = snapped(bounded(quickest_split(doubt, dispersion, low, high)))
+        target = target if np.array_equal(doubted, equal) else shares
     return steeper, target
 
 
@@ -371,13 +382,18 @@ def snapped(target: np.ndarray) -> np.ndarray:
 
 
 def next_shares(
-    shares: np.ndarray, samples: np.ndarray, busy_s: np.ndarray, last: Reading | None = None
+    shares: np.ndarray,
+    samples: np.ndarray,
+    busy_s: np.ndarray,
+    last: Reading | None = None,
+    dispersion: np.ndarray | None = None,
 ) -> tuple[np.ndarray, Reading | None]:
     """(shares, reading) after an interval run with `shares` (see the module): this
     interval's target when its reading agrees with `last`, the previous interval's, else
     the shares as they are; and the reading, the state for the next interval. An
-    interval that measured nothing on some rank is ignored (shares and state as they were)."""
-    reading = read_interval(shares, samples, busy_s, last)
+    interval that measured nothing on some rank is ignored (shares and state as they were).
+    `dispersion`: the ranks' per-step spread in the interval (step_noise.py), if measured."""
+    reading = read_interval(shares, samples, busy_s, last, dispersion)
     if reading is None:
         return shares, last
     return (reading.target if reading.agrees(last) else shares), reading

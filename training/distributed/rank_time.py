@@ -15,7 +15,10 @@
   blocked all-reduce; measured apart from the step, so `step_s` ~ `data_wait_s` +
   `compute_s` + `allreduce_blocked_s` is a check, the rest being the loop's overhead
   (Lightning's own, callbacks after this one, checkpoints written between steps);
-- `samples`: rows of the batch, hence `samples_per_s`.
+- `samples`: rows of the batch, hence `samples_per_s`;
+- `own_sq_s`: the step's own work (data wait plus compute) squared, hence `own_sd_s`,
+  its standard deviation from step to step (`loader.balance: speed` reads a rank
+  interrupted in bursts from it: training/data/step_noise.py).
 
 In synchronous DDP every rank's step takes as long as the slowest rank's: a straggler
 shows as the rank with the largest `busy_s` (step time less blocked all-reduce) while
@@ -72,6 +75,7 @@ class StepTotals:
     allreduce_blocked_s: float = 0.0
     allreduce_hidden_s: float = 0.0
     samples: float = 0.0
+    own_sq_s: float = 0.0  # the sum of each step's (data wait + compute) squared
 
     def add(self, other: StepTotals) -> None:
         for name in names():
@@ -92,6 +96,8 @@ def per_step(values: list[float], with_allreduce: bool) -> dict[str, float]:
     figures = {name: value / steps for name, value in totals.items() if name != "samples"}
     figures["samples_per_s"] = totals["samples"] / step_s if step_s > 0 else 0.0
     figures["busy_s"] = figures["step_s"] - figures["allreduce_blocked_s"]
+    own = figures["data_wait_s"] + figures["compute_s"]  # a step's own work, its mean
+    figures["own_sd_s"] = math.sqrt(max(figures.pop("own_sq_s") - own**2, 0.0))
     if not with_allreduce:  # not measured (no DDP comm hook): absent, not zero
         for name in ALLREDUCE_FIGURES:
             figures.pop(name)
@@ -179,6 +185,7 @@ class RankTimes(lightning.Callback):
         self._global_step = trainer.global_step
         self.take_in_flight(trainer)
         self.pending.steps = 1.0
+        self.pending.own_sq_s = (self.pending.data_wait_s + self.pending.compute_s) ** 2
         self.interval.add(self.pending)
         self.total.add(self.pending)
         self.pending = StepTotals()
