@@ -3,6 +3,7 @@ rows, and written into the config as settings that read back to the same model."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from training.sizing import (
     MAX_EPOCHS,
     MAX_MEMBERS,
     MIN_EPOCHS,
-    TARGET_STEPS,
+    TARGET_SAMPLES,
     ensemble_size,
     sized_training,
 )
@@ -35,9 +36,7 @@ rows = st.integers(min_value=0, max_value=10**10)
 def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
     """Invariants: more training rows never get more ensemble members, a smaller batch,
     narrower layers or coarser periodic embeddings (a smaller frequency scale); the epochs
-    stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest that reach TARGET_STEPS
-    optimizer steps (not monotone in the rows: where the batch widens, an epoch has fewer
-    steps, so 20,000 rows take more epochs than 19,999)."""
+    stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest that see TARGET_SAMPLES rows."""
     small, large = sorted((a, b))
     few, many = sized_training(small), sized_training(large)
     assert ensemble_size(large) <= ensemble_size(small)
@@ -47,10 +46,34 @@ def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
     scales = [sized["model"]["tabular"]["frequency_scale"] for sized in (few, many)]
     assert scales[1] >= scales[0]
     for count, sized in ((small, few), (large, many)):
-        epochs, steps = sized["max_epochs"], max(count, 1) / sized["loader"]["batch_size"]
+        epochs, seen = sized["max_epochs"], max(count, 1)
         assert MIN_EPOCHS <= epochs <= MAX_EPOCHS
-        assert epochs == MAX_EPOCHS or epochs * steps >= TARGET_STEPS * (1 - 1e-12)
-        assert epochs == MIN_EPOCHS or (epochs - 1) * steps < TARGET_STEPS * (1 + 1e-12)
+        assert epochs == MAX_EPOCHS or epochs * seen >= TARGET_SAMPLES
+        assert epochs == MIN_EPOCHS or (epochs - 1) * seen < TARGET_SAMPLES
+
+
+@given(st.integers(min_value=0, max_value=10**9))
+def test_the_epochs_fall_smoothly_with_the_rows(n: int) -> None:
+    """Invariant: one more training row never gets more epochs, nor one fewer epoch less
+    than one: no jump where the batch widens (it was 5 epochs at 19,999 rows and 20 at
+    20,000, when the budget was steps of whatever batch), nor anywhere else."""
+    epochs, more = (sized_training(count)["max_epochs"] for count in (n, n + 1))
+    assert epochs - 1 <= more <= epochs
+
+
+@pytest.mark.parametrize("n", [FINE_ROWS - 1, FINE_ROWS, 43_146, 303_000, 2_000_000])
+def test_large_tables_keep_the_epochs_and_batch_they_had(n: int) -> None:
+    """Invariant: from FINE_ROWS training rows the proposal is what it was (1,500 steps of
+    its batch, at least MIN_EPOCHS: diamonds' 43,146 rows 9 epochs of 256, flights' 4), so
+    their measured figures hold; below, the batch is 64 and the epochs see the same rows
+    as 1,500 steps of 256 would, where the epochs were 4x fewer (5 at 19,999 rows)."""
+    sized = sized_training(n)
+    batch = sized["loader"]["batch_size"]
+    large = min(max(math.ceil(1_500 * batch / n), MIN_EPOCHS), 40)
+    if n >= FINE_ROWS:
+        assert sized["max_epochs"] == large
+    else:
+        assert (batch, sized["max_epochs"]) == (64, 20)
 
 
 @given(rows)
