@@ -1,13 +1,12 @@
 """Training settings sized to a table, for the config `ballast init` proposes.
 
 A fixed number of epochs under-trains a small table (400 rows at 64 a batch: 4 epochs
-are 28 optimizer steps) and wastes hours on a large one. So the rows seen are fixed
-instead: about `TARGET_SAMPLES` training rows, as epochs over the training split, within
-[MIN_EPOCHS, MAX_EPOCHS]: the epochs fall smoothly with the rows, and the train's time
-(which goes with the rows seen) stays in bounds. The batch and the network widen with the
-rows (a larger batch keeps a large table's steps, and so its time, in bounds; a wider
-network has the data to fit it, and finer features: the periodic embeddings' initial
-frequencies are 10x wider).
+are 28 optimizer steps) and wastes hours on a large one. So the step budget is fixed
+instead: about `TARGET_STEPS` optimizer steps, as epochs over the training rows, within
+[MIN_EPOCHS, MAX_EPOCHS]. The batch grows with the rows (a larger batch keeps an epoch's
+steps, and so its time, in bounds), as a ramp and not a step, so that the epochs fall
+smoothly with the rows; the network widens with them (a wider network has the data to fit
+it, and finer features: the periodic embeddings' initial frequencies are 10x wider).
 The model is the built-in `tabular` one (training/models/tabular.py), its settings
 written out in full so that a user sees what to change, and its ensemble sized to the
 rows too (`ensemble_size`). This is the one place these choices are made: a
@@ -21,20 +20,22 @@ from typing import Any
 
 from training.models.config import TabularConfig
 
-# 1,500 steps of the large-table batch (256). It was 1,500 steps of any batch, so the
-# epochs jumped 4x where the batch widens (5 epochs at 19,999 rows, 20 at 20,000); tables
-# under 20,000 training rows now see 4x the rows they did, within 4x the epochs, which
-# lifted cars from 0.970x to 1.004x HGB over 5 seeds and ... (benchmarks/RESULTS.md M87).
-TARGET_SAMPLES = 1_500 * 256
-MIN_EPOCHS, MAX_EPOCHS = 4, 160
-# (rows below, batch size, hidden width, the periodic embeddings' frequency scale); the
-# last row holds for any size above. The scale is the spread of the embeddings' initial
-# frequencies: at 0.1 (the model's default) a column's cos/sin span about one period over
-# its clipped range, too coarse for a label set by narrow bands of a number (diamonds'
-# cut by depth and table: 0.908x HGB; 0.982x at 1.0, the same epochs; benchmarks/
-# RESULTS.md M79). Finer features need rows to be fitted and not memorised (at 1.0 three
-# tables under 2,000 rows lost 5-9 points: M63), so they come with the large batch.
-SIZES = ((20_000, 64, 64, 0.1), (500_000, 256, 128, 1.0), (math.inf, 1024, 256, 1.0))
+TARGET_STEPS = 1_500
+MIN_EPOCHS, MAX_EPOCHS = 4, 40
+# The batch: one row per EPOCH_STEPS training rows (an epoch of about 78 steps, so about 20
+# epochs), within [MIN_BATCH, the size's batch]. It was the size's batch alone, 64 up to
+# 20,000 rows and 256 from there, so the epochs jumped 4x at 20,000 rows (5 at 19,999, 20
+# at 20,000, the same 1,500 steps); the ramp from 5,000 to 20,000 rows keeps them at 20.
+# Up to 5,000 rows and from 20,000 the batch, and so the epochs, are what they were.
+MIN_BATCH, EPOCH_STEPS = 64, 20_000 / 256
+# (rows below, largest batch size, hidden width, the periodic embeddings' frequency
+# scale); the last row holds for any size above. The scale is the spread of the
+# embeddings' initial frequencies: at 0.1 (the model's default) a column's cos/sin span
+# about one period over its clipped range, too coarse for a label set by narrow bands of
+# a number (diamonds' cut by depth and table: 0.908x HGB; 0.982x at 1.0, the same epochs;
+# benchmarks/RESULTS.md M79). Finer features need rows to be fitted and not memorised (at
+# 1.0 three tables under 2,000 rows lost 5-9 points: M63), so they come with the rows.
+SIZES = ((20_000, 256, 64, 0.1), (500_000, 256, 128, 1.0), (math.inf, 1024, 256, 1.0))
 LEARNING_RATE = 3e-3
 MODEL = "tabular"
 # Every TabM-mini member passes every row through the shared MLP, so an epoch costs
@@ -51,8 +52,9 @@ ENSEMBLE_RULE = (
     "rows double above, at least 1"
 )
 EPOCHS_RULE = (
-    f"init: the epochs that see {TARGET_SAMPLES:,} training rows, within "
-    f"[{MIN_EPOCHS}, {MAX_EPOCHS}] (fewer epochs as the rows grow)"
+    f"init: the epochs of about {TARGET_STEPS:,} steps of the batch, within "
+    f"[{MIN_EPOCHS}, {MAX_EPOCHS}]; the batch one row per {EPOCH_STEPS:.0f} training rows, "
+    f"within [{MIN_BATCH}, {SIZES[-1][1]}]"
 )
 FINE_ROWS = SIZES[0][0]
 SCALE_RULE = (
@@ -76,8 +78,9 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
     """`max_epochs`, the loader's batch size, and the model, its widths, learning rate
     and settings, for a training split of `num_training_rows` rows (TrainConfig fields)."""
     rows = max(num_training_rows, 1)
-    batch, width, scale = next(size[1:] for size in SIZES if rows < size[0])
-    epochs = math.ceil(TARGET_SAMPLES / rows)
+    largest, width, scale = next(size[1:] for size in SIZES if rows < size[0])
+    batch = min(max(MIN_BATCH, math.ceil(rows / EPOCH_STEPS)), largest)
+    epochs = math.ceil(TARGET_STEPS * batch / rows)
     tabular = TabularConfig(ensemble_size=ensemble_size(rows), frequency_scale=scale)
     return {
         "max_epochs": min(max(epochs, MIN_EPOCHS), MAX_EPOCHS),
