@@ -52,12 +52,17 @@ from benchmarks.suite_tables import r_table
 # votes, rating histogram, the other genres; `budget` and `mpaa` mostly null, `title`
 # near-unique); for the small-table rules, MASS's Pima.te (332 rows: diabetes from 7
 # numbers), Ecdat's Participation (872 rows: labour force participation, numbers and a
-# yes/no string) and Ecdat's Wages (4,165 rows: union membership, yes/no strings).
+# yes/no string) and Ecdat's Wages (4,165 rows: union membership, yes/no strings); for
+# the batch's ramp (5,000 to 20,000 training rows), survival's flchain (7,874 rows:
+# death from serum free light chains, age, sex, follow-up time; `chapter` mostly null)
+# and Ecdat's Computers (6,259 rows: whether a PC has a CD drive from price, speed, ...).
 STUDY_TABLES = {
     "movies": lambda: r_table("ggplot2/movies", "Drama"),
     "pima": lambda: r_table("MASS/Pima.te", "type"),
     "participation": lambda: r_table("Ecdat/Participation", "lfp"),
     "wages": lambda: r_table("Ecdat/Wages", "union"),
+    "flchain": lambda: r_table("survival/flchain", "death"),
+    "computers": lambda: r_table("Ecdat/Computers", "cd"),
 }
 TABULAR_KEYS = {
     "scale": "frequency_scale",
