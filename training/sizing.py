@@ -3,9 +3,10 @@
 A fixed number of epochs under-trains a small table (400 rows at 64 a batch: 4 epochs
 are 28 optimizer steps) and wastes hours on a large one. So the step budget is fixed
 instead: about `TARGET_STEPS` optimizer steps, as epochs over the training rows, within
-[MIN_EPOCHS, MAX_EPOCHS]; the batch and the network widen with the rows (a larger
-batch keeps an epoch's steps, and so its time, in bounds; a wider network has the data to
-fit it, and finer features: the periodic embeddings' initial frequencies are 10x wider).
+[MIN_EPOCHS, MAX_EPOCHS]. The batch grows with the rows (a larger batch keeps an epoch's
+steps, and so its time, in bounds), as a ramp and not a step, so that the epochs fall
+smoothly with the rows; the network widens with them (a wider network has the data to fit
+it, and finer features: the periodic embeddings' initial frequencies are 10x wider).
 The model is the built-in `tabular` one (training/models/tabular.py), its settings
 written out in full so that a user sees what to change, and its ensemble sized to the
 rows too (`ensemble_size`). This is the one place these choices are made: a
@@ -21,14 +22,20 @@ from training.models.config import TabularConfig
 
 TARGET_STEPS = 1_500
 MIN_EPOCHS, MAX_EPOCHS = 4, 40
-# (rows below, batch size, hidden width, the periodic embeddings' frequency scale); the
-# last row holds for any size above. The scale is the spread of the embeddings' initial
-# frequencies: at 0.1 (the model's default) a column's cos/sin span about one period over
-# its clipped range, too coarse for a label set by narrow bands of a number (diamonds'
-# cut by depth and table: 0.908x HGB; 0.982x at 1.0, the same epochs; benchmarks/
-# RESULTS.md M79). Finer features need rows to be fitted and not memorised (at 1.0 three
-# tables under 2,000 rows lost 5-9 points: M63), so they come with the large batch.
-SIZES = ((20_000, 64, 64, 0.1), (500_000, 256, 128, 1.0), (math.inf, 1024, 256, 1.0))
+# The batch: one row per EPOCH_STEPS training rows (an epoch of about 78 steps, so about 20
+# epochs), within [MIN_BATCH, the size's batch]. It was the size's batch alone, 64 up to
+# 20,000 rows and 256 from there, so the epochs jumped 4x at 20,000 rows (5 at 19,999, 20
+# at 20,000, the same 1,500 steps); the ramp from 5,000 to 20,000 rows keeps them at 20.
+# Up to 5,000 rows and from 20,000 the batch, and so the epochs, are what they were.
+MIN_BATCH, EPOCH_STEPS = 64, 20_000 / 256
+# (rows below, largest batch size, hidden width, the periodic embeddings' frequency
+# scale); the last row holds for any size above. The scale is the spread of the
+# embeddings' initial frequencies: at 0.1 (the model's default) a column's cos/sin span
+# about one period over its clipped range, too coarse for a label set by narrow bands of
+# a number (diamonds' cut by depth and table: 0.908x HGB; 0.982x at 1.0, the same epochs;
+# benchmarks/RESULTS.md M79). Finer features need rows to be fitted and not memorised (at
+# 1.0 three tables under 2,000 rows lost 5-9 points: M63), so they come with the rows.
+SIZES = ((20_000, 256, 64, 0.1), (500_000, 256, 128, 1.0), (math.inf, 1024, 256, 1.0))
 LEARNING_RATE = 3e-3
 MODEL = "tabular"
 # Every TabM-mini member passes every row through the shared MLP, so an epoch costs
@@ -43,6 +50,11 @@ MAX_MEMBERS, ENSEMBLE_ROWS = TabularConfig.model_fields["ensemble_size"].default
 ENSEMBLE_RULE = (
     f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows, halved each time the "
     "rows double above, at least 1"
+)
+EPOCHS_RULE = (
+    f"init: the epochs of about {TARGET_STEPS:,} steps of the batch, within "
+    f"[{MIN_EPOCHS}, {MAX_EPOCHS}]; the batch one row per {EPOCH_STEPS:.0f} training rows, "
+    f"within [{MIN_BATCH}, {SIZES[-1][1]}]"
 )
 FINE_ROWS = SIZES[0][0]
 SCALE_RULE = (
@@ -66,7 +78,8 @@ def sized_training(num_training_rows: int) -> dict[str, Any]:
     """`max_epochs`, the loader's batch size, and the model, its widths, learning rate
     and settings, for a training split of `num_training_rows` rows (TrainConfig fields)."""
     rows = max(num_training_rows, 1)
-    batch, width, scale = next(size[1:] for size in SIZES if rows < size[0])
+    largest, width, scale = next(size[1:] for size in SIZES if rows < size[0])
+    batch = min(max(MIN_BATCH, math.ceil(rows / EPOCH_STEPS)), largest)
     epochs = math.ceil(TARGET_STEPS * batch / rows)
     tabular = TabularConfig(ensemble_size=ensemble_size(rows), frequency_scale=scale)
     return {

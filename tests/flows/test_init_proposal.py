@@ -210,3 +210,21 @@ def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path,
     pq.write_table(table.set_column(2, "seen", pa.array(years)), tmp_path / "raw" / "a.parquet")
     _, config = init_config(tmp_path / "raw", tmp_path, capsys)
     assert "holdout_by" not in config["reshard"]["dataset"]  # 13 model years: an attribute
+
+
+@pytest.mark.parametrize(("first", "second", "mix"), [(500, 500, "natural"), (520, 480, "uniform")])
+def test_init_rebalances_any_unequal_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], first: int, second: int, mix: str
+) -> None:
+    """Invariant: init proposes `class_weighting: uniform` wherever the classes' counts
+    differ (520:480 already), and `natural` only where they are equal: the score a model
+    is judged and promoted by, balanced accuracy, weighs every class alike, and a model
+    fit to the natural mix leans to the frequent class where classes overlap."""
+    rng = np.random.default_rng(3)
+    labels = np.repeat([0, 1], [first, second])
+    table = pa.table({"label": rng.permutation(labels), "x": rng.normal(size=len(labels))})
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    text, config = init_config(tmp_path / "raw", tmp_path, capsys)
+    assert config["reshard"]["mix"]["class_weighting"] == mix
+    assert f"class_weighting: {mix}  # CONFIRM: classes at {max(first, second)}:" in text

@@ -3,6 +3,7 @@ rows, and written into the config as settings that read back to the same model."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from training.sizing import (
     FINE_ROWS,
     MAX_EPOCHS,
     MAX_MEMBERS,
+    MIN_BATCH,
     MIN_EPOCHS,
     TARGET_STEPS,
     ensemble_size,
@@ -36,8 +38,7 @@ def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
     """Invariants: more training rows never get more ensemble members, a smaller batch,
     narrower layers or coarser periodic embeddings (a smaller frequency scale); the epochs
     stay within [MIN_EPOCHS, MAX_EPOCHS] and are the fewest that reach TARGET_STEPS
-    optimizer steps (not monotone in the rows: where the batch widens, an epoch has fewer
-    steps, so 20,000 rows take more epochs than 19,999)."""
+    optimizer steps."""
     small, large = sorted((a, b))
     few, many = sized_training(small), sized_training(large)
     assert ensemble_size(large) <= ensemble_size(small)
@@ -51,6 +52,32 @@ def test_the_rule_is_monotone_in_the_rows(a: int, b: int) -> None:
         assert MIN_EPOCHS <= epochs <= MAX_EPOCHS
         assert epochs == MAX_EPOCHS or epochs * steps >= TARGET_STEPS * (1 - 1e-12)
         assert epochs == MIN_EPOCHS or (epochs - 1) * steps < TARGET_STEPS * (1 + 1e-12)
+
+
+@given(st.integers(min_value=0, max_value=10**9))
+def test_the_epochs_fall_smoothly_with_the_rows(n: int) -> None:
+    """Invariant: one more training row never gets more epochs, nor one fewer epoch less
+    than one: no jump where the batch widens (it was 5 epochs at 19,999 rows and 20 at
+    20,000, where the batch stepped from 64 to 256), nor anywhere else."""
+    epochs, more = (sized_training(count)["max_epochs"] for count in (n, n + 1))
+    assert epochs - 1 <= more <= epochs
+
+
+@given(rows)
+def test_outside_the_batch_ramp_the_proposal_is_what_it_was(n: int) -> None:
+    """Invariant: up to 5,000 training rows (batch MIN_BATCH) and from FINE_ROWS, the batch
+    and epochs are those of the rule before the ramp (64 a batch under 20,000 rows, 256 to
+    500,000, then 1,024; 1,500 steps of it within [4, 40] epochs), so the figures measured
+    with it hold there: every table of the suite but star (5,173 training rows)."""
+    sized = sized_training(n)
+    rows = max(n, 1)
+    before = 64 if rows < FINE_ROWS else 256 if rows < 500_000 else 1024
+    epochs = min(max(math.ceil(TARGET_STEPS * before / rows), MIN_EPOCHS), MAX_EPOCHS)
+    if rows <= 5_000 or rows >= FINE_ROWS:
+        assert (sized["loader"]["batch_size"], sized["max_epochs"]) == (before, epochs)
+    else:
+        assert MIN_BATCH < sized["loader"]["batch_size"] <= 256
+        assert sized["max_epochs"] == 20
 
 
 @given(rows)
@@ -78,18 +105,23 @@ def test_the_embeddings_keep_the_default_scale_below_the_threshold(n: int) -> No
     assert scale == default if n < FINE_ROWS else scale > default
 
 
-@pytest.mark.parametrize(("num_rows", "members", "scale"), [(3_000, 8, 0.1), (120_000, 4, 1.0)])
+@pytest.mark.parametrize(
+    ("num_rows", "training", "members", "scale"),
+    [(3_000, 2_700, 8, 0.1), (120_000, 96_000, 4, 1.0)],
+)
 def test_init_writes_the_sized_ensemble_and_it_reads_back(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     num_rows: int,
+    training: int,
     members: int,
     scale: float,
 ) -> None:
-    """Invariant: the config `ballast init` prints holds the rule's members and frequency
-    scale for its training rows (3,000 rows: 8 and 0.1; 120,000 rows: 96,000 training
-    rows, 4 and 1.0) as explicit, commented settings; the config validates, and dumped and
-    validated again it is the same training config (a written config keeps its meaning)."""
+    """Invariant: the config `ballast init` prints holds the rule's epochs, members and
+    frequency scale for its training rows (3,000 rows: 2,700 training rows, 8 and 0.1;
+    120,000 rows: 96,000, 4 and 1.0) as explicit, commented settings; the config
+    validates, and dumped and validated again it is the same training config (a written
+    config keeps its meaning)."""
     generator = np.random.default_rng(0)
     table = pa.table(
         {
@@ -106,6 +138,8 @@ def test_init_writes_the_sized_ensemble_and_it_reads_back(
     assert f"init: {MAX_MEMBERS} up to {ENSEMBLE_ROWS:,} training rows" in text
     assert f"frequency_scale: {scale}  # Periodic embedding" in text
     assert f"0.1 under {FINE_ROWS:,} training rows" in text
+    epochs = sized_training(training)["max_epochs"]
+    assert f"max_epochs: {epochs}  # init: the epochs of about {TARGET_STEPS:,} steps" in text
     params = PipelineParams.model_validate(yaml.safe_load(text.replace("${WORK_DIR}", "/w")))
     assert params.train.model.tabular.ensemble_size == members
     assert params.train.model.tabular.frequency_scale == scale
