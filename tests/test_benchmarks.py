@@ -123,7 +123,7 @@ SMALLEST = {
     "wide_case": (
         "script",
         ["--rows", "256", "--columns", "80", "--repeat", "1", "--batch-size", "64", *WORK],
-        "loader / pyarrow:",
+        "loader / pyarrow ParquetFile:",
     ),
     "split_order": ("script", ["--steps", "5"], "384/128 against 256/256: largest"),
     "diamonds_study": (
