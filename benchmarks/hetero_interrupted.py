@@ -37,6 +37,7 @@ from functools import cache
 
 import numpy as np
 
+from benchmarks.hetero_modelled import spread as seed_spread
 from training.data.balance import SharePlan, row_bounds
 
 ROWS, EVERY, EPOCH = 512, 4, 300
@@ -109,11 +110,6 @@ def over_best(ranks: tuple[Rank, Rank], fast_rows: list[int]) -> np.ndarray:
     return table[np.array(fast_rows)] / best
 
 
-def spread_of(runs: list[np.ndarray], part: slice) -> str:
-    values = [float(r[part].mean()) for r in runs]
-    return f"{np.mean(values):.3f} / {max(values):.3f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=32)
@@ -131,7 +127,7 @@ def main() -> None:
             rows = [modelled_run(ranks, args.steps, seed, spread) for seed in seeds]
             runs = [over_best(ranks, r) for r in rows]
             parts = (slice(EPOCH), slice(None), slice(EPOCH, None))
-            cells = [spread_of(runs, part) for part in parts]
+            cells = [seed_spread(runs, part) for part in parts]
             last = int(np.median([r[-1] for r in rows]))
             print(f"| {name} | {label} | {best} | {' | '.join(cells)} | {last} |")
 
