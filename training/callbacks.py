@@ -5,8 +5,8 @@
   the hang watchdog (training/distributed/watchdog.py)), kept by name for the summary.
 - `SpeedReplan`: `loader.balance: speed`'s controller, fed by the per-rank step times,
   and what it tells the operator (per-rank metrics, a line when the split moves).
-- `RememberedSplit`: `speed`'s learned split kept in the output dir all its runs share
-  (`TrainConfig.shared_output_dir`, not one run's folder) for the next job on
+- `RememberedSplit`: `speed`'s learned split and step model kept in the output dir all
+  its runs share (`TrainConfig.shared_output_dir`, not one run's folder) for the next job on
   the same hosts (training/data/split_memory.py), and every rank's host for the stream's
   checks (a checkpoint's shares count only on the hosts they were learned on).
 - `DataWaitCallback`: the train loader's throughput and data-wait fraction per epoch
@@ -44,7 +44,12 @@ from torch.distributed.tensor import DTensor
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
 from training.data.balance import row_bounds
 from training.data.loader import ShardStream
-from training.data.split_memory import remember_split, remembered_split
+from training.data.split_memory import (
+    learned_entry,
+    remember_split,
+    remembered_reading,
+    remembered_split,
+)
 from training.data.wait import interval, loader_metrics
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
@@ -166,23 +171,31 @@ class SpeedReplan:
 
 
 class RememberedSplit(lightning.Callback):
-    """`speed`: at setup, every rank's host name (gathered) and the split remembered for
-    them in the shared output dir, read by rank 0 and broadcast so that every rank slices alike;
-    at each epoch's end and the fit's, rank 0 records the split in force when it moved
+    """`speed`: at setup, every rank's host name (gathered) and the split and controller's
+    reading remembered for them in the shared output dir (at this global batch), read by
+    rank 0 and broadcast so that every rank slices alike; at each epoch's end and the
+    fit's, rank 0 records the split in force and the last reading when either changed
     since the last record. A file that cannot be written costs the memory, not the job."""
 
     def __init__(self, stream: ShardStream, output_dir: str) -> None:
         self.stream, self.output_dir = stream, output_dir
-        self._written: list[float] | None = None
+        self._written: tuple[list[float], dict[str, Any] | None] | None = None
 
     def setup(self, trainer: lightning.Trainer, pl_module: Any, stage: str) -> None:
         plan = self.stream.shares
         plan.hosts = gathered_hosts()
-        found = [remembered_split(self.output_dir, plan.hosts) if trainer.is_global_zero else None]
+        batch = self.global_batch(len(plan.hosts))
+        found: list[Any] = [None, None]
+        if trainer.is_global_zero:
+            found = [remembered_split(self.output_dir, plan.hosts)]
+            found.append(remembered_reading(self.output_dir, plan.hosts, batch))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.broadcast_object_list(found, src=0)
-        plan.remembered = found[0]
-        self._written = None if found[0] is None else [float(s) for s in found[0]]
+        plan.remembered, plan.learned = found
+        self._written = None
+
+    def global_batch(self, world_size: int) -> int:
+        return world_size * self.stream.config.batch_size
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: Any) -> None:
         self.record(trainer)
@@ -195,14 +208,16 @@ class RememberedSplit(lightning.Callback):
         if not trainer.is_global_zero or not plan.changes or plan.hosts is None:
             return
         shares = [float(share) for share in plan.changes[-1][1]]
-        if shares == self._written:
+        batch = self.global_batch(len(shares))
+        learned = None if plan.last is None else learned_entry(plan.last, batch)
+        if (shares, learned) == self._written:
             return
         try:
-            remember_split(self.output_dir, plan.hosts, np.asarray(shares))
+            remember_split(self.output_dir, plan.hosts, np.asarray(shares), learned)
         except OSError as error:
             logging.getLogger(__name__).warning("balance split not remembered: %s", error)
             return
-        self._written = shares
+        self._written = (shares, learned)
 
 
 def gathered_hosts() -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training.config import RUNS_FOLDER, LoaderConfig, TrainConfig
-from training.data.split_memory import FILE_NAME, remembered_split
+from training.data.split_memory import FILE_NAME, remembered_reading, remembered_split
 from training.launch import LocalJob, RetryPolicy, run_job
 from training.models.config import ModelConfig
 
@@ -33,7 +33,8 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     the epoch, every step still has 2 x batch_size rows, and over the last steps rank 1
     takes fewer rows than rank 0 (about a third when the sleep dominates). The split
     learned is remembered in the output dir under the job's world size and hosts, with
-    rank 1's share the smaller, at its top (shared by its runs), not in the run's folder."""
+    rank 1's share the smaller, with the controller's reading at the job's global batch,
+    at its top (shared by its runs), not in the run's folder."""
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     cfg = TrainConfig(
@@ -62,4 +63,7 @@ def test_speed_moves_rows_off_a_slow_rank_and_trains_each_sample_once(
     host = socket.gethostname()
     remembered = remembered_split(cfg.output_dir, [host, host])
     assert remembered is not None and remembered[1] < remembered[0]
+    learned = remembered_reading(cfg.output_dir, [host, host], 2 * BATCH)
+    assert learned is not None and learned.history  # the step model's points, for the next job
+    assert remembered_reading(cfg.output_dir, [host, host], BATCH) is None  # at its batch only
     assert not list(Path(cfg.output_dir, RUNS_FOLDER).rglob(FILE_NAME))  # in no run's folder

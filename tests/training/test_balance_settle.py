@@ -27,12 +27,17 @@ SEEDS = 32  # every seed must hold: the worst of 32 (benchmarks/hetero_modelled.
 
 
 def modelled_run(
-    ranks: Ranks, steps: int, seed: int, change: tuple[int, Ranks] | None = None
+    ranks: Ranks,
+    steps: int,
+    seed: int,
+    change: tuple[int, Ranks] | None = None,
+    plan: SharePlan | None = None,
 ) -> list[np.ndarray]:
-    """Each step's rows per rank under a `SharePlan` re-planned every EVERY steps from
-    each rank's modelled own work (`ranks`, from step change[0] on change[1]), each
-    interval's sum times 1 + NOISE x a standard normal (seeded)."""
-    noise, plan, world = np.random.default_rng(seed), SharePlan(), len(ranks[0])
+    """Each step's rows per rank under a `SharePlan` (`plan`, or a new one) re-planned
+    every EVERY steps from each rank's modelled own work (`ranks`, from step change[0] on
+    change[1]), each interval's sum times 1 + NOISE x a standard normal (seeded)."""
+    noise, world = np.random.default_rng(seed), len(ranks[0])
+    plan = plan if plan is not None else SharePlan()
     history: list[np.ndarray] = []
     samples, busy = np.zeros(world), np.zeros(world)
     for step in range(steps):

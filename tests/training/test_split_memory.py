@@ -16,13 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from training.data.balance import SharePlan
-from training.data.speed_control import equal_shares
+from training.data.speed_control import Reading, equal_shares
 from training.data.split_memory import (
     FILE_NAME,
+    learned_entry,
     remember_split,
+    remembered_reading,
     remembered_split,
     split_key,
 )
+from training.data.step_model import Point, fit
 
 HOSTS = ["node-a", "node-b"]
 
@@ -137,3 +140,80 @@ def test_a_stream_starts_from_the_split_of_its_hosts_and_a_checkpoint_only_on_th
     fixed.remembered = np.array([0.6, 0.4])
     fixed.load_state(state)
     assert np.array_equal(fixed.shares_at(0, 0, 2), [0.3, 0.7])
+
+
+def learned_reading() -> Reading:
+    """A reading as the controller leaves it: three points at two splits, noise, spread."""
+    points = (
+        Point(np.array([0.5, 0.5]), np.array([2e-5, 3e-5]), 3.0),
+        Point(np.array([0.7, 0.3]), np.array([2.6e-5, 2.2e-5]), 15.0),
+    )
+    shares = points[-1].shares
+    return Reading(shares, shares, fit(points), points, 0, 8, 9, 0.02, np.array([1e-6, 4e-6]))
+
+
+def test_the_learned_reading_is_kept_at_its_global_batch_for_its_hosts(tmp_path: Path) -> None:
+    """Invariant: the reading written with a split reads back for the same hosts at the
+    same global batch with the same points, noise, pooled count, spread and a fitted
+    model; at another global batch, or for other hosts, there is none; a split written
+    later without a reading keeps the reading; another key's write keeps both."""
+    out, reading = str(tmp_path), learned_reading()
+    remember_split(out, HOSTS, np.array([0.7, 0.3]), learned_entry(reading, 512))
+    found = remembered_reading(out, HOSTS, 512)
+    assert found is not None and found.fitted and not found.moves()
+    assert [(p.shares.tolist(), p.costs.tolist(), p.weight) for p in found.history] == [
+        (p.shares.tolist(), p.costs.tolist(), p.weight) for p in reading.history
+    ]
+    assert (found.noise, found.pooled) == (0.02, 9)
+    assert found.dispersion is not None and found.dispersion.tolist() == [1e-6, 4e-6]
+    assert remembered_reading(out, HOSTS, 256) is None
+    assert remembered_reading(out, ["node-a", "node-c"], 512) is None
+    remember_split(out, HOSTS, np.array([0.6, 0.4]))
+    remember_split(out, ["node-c", "node-d"], np.array([0.5, 0.5]))
+    assert remembered_reading(out, HOSTS, 512) is not None
+    assert read_back(out, HOSTS) == [0.6, 0.4]
+
+
+point_values = st.lists(
+    st.one_of(json_values, st.floats(), st.lists(st.floats(), min_size=2, max_size=2)),
+    min_size=3,
+    max_size=3,
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    entry=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {
+                "global_batch": st.sampled_from([512, 256]) | json_values,
+                "points": st.lists(point_values, max_size=3) | json_values,
+                "noise": st.floats() | json_values,
+                "pooled": st.integers(-3, 20) | json_values,
+                "dispersion": st.none() | st.lists(st.floats(), max_size=3) | json_values,
+            }
+        ),
+    )
+)
+def test_a_damaged_learned_entry_is_not_trusted(tmp_path: Path, entry: object) -> None:
+    """Invariant: whatever the hosts' learned entry holds, reading it never raises and
+    gives None or a reading whose every point has one share > 0 a rank summing to 1 and
+    finite costs > 0, with finite noise >= 0 and a spread of finite values >= 0, a rank."""
+    out = tmp_path / "hostile-learned"
+    out.mkdir(exist_ok=True)
+    content = {"splits": {split_key(HOSTS): [0.5, 0.5]}, "learned": {split_key(HOSTS): entry}}
+    (out / FILE_NAME).write_text(json.dumps(content))
+    found = remembered_reading(str(out), HOSTS, 512)
+    if found is None:
+        return
+    for point in found.history:
+        assert point.shares.shape == (2,) and np.all(point.shares > 0)
+        assert point.shares.sum() == pytest.approx(1.0)
+        assert np.all(np.isfinite(point.costs)) and np.all(point.costs > 0) and point.weight >= 1
+    assert np.isfinite(found.noise) and found.noise >= 0 and found.pooled >= 0
+    if found.dispersion is not None:
+        assert found.dispersion.shape == (2,) and np.all(np.isfinite(found.dispersion))
+        assert np.all(found.dispersion >= 0)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -127,8 +127,10 @@ class SharePlan:
     every rank, since every rank records the same changes (see the module). `last` is the
     controller's state: the last interval's reading (with its step model and the points
     it was fitted to), which the next one must agree with before the split moves
-    (training/data/speed_control.py); it is not part of the saved state, so a resume
-    waits one interval more before its first move and measures fixed costs anew.
+    (training/data/speed_control.py). It is not part of the saved state: a stream starts
+    it from the reading learned on these hosts (`learned`, kept in the output dir beside
+    the remembered split: `seeded`), or without one, when the first move waits one
+    interval more and fixed costs are measured anew.
 
     A stream starts (`first_shares`) from `fixed` (`balance: fixed`, which never moves),
     else from a resumed checkpoint's shares, else from the split remembered for these
@@ -143,13 +145,15 @@ class SharePlan:
         self.fixed = None if fixed is None else np.asarray(fixed, np.float64)
         self.hosts: list[str] | None = None  # every rank's host name, once the job knows them
         self.remembered: np.ndarray | None = None
+        self.learned: Reading | None = None  # the controller's reading learned on these hosts
         self.resumed: tuple[np.ndarray, list[str] | None] | None = None
 
     def shares_at(self, epoch: int, position: int, world_size: int) -> np.ndarray:
         """The shares of the global step that starts at `position` of `epoch`."""
         if world_size != self.world_size:  # a new run, or a resume on another world size
             self.world_size = world_size
-            self.changes, self.last = [((0, 0), self.first_shares(world_size))], None
+            self.changes = [((0, 0), self.first_shares(world_size))]
+            self.last = self.seeded(self.changes[0][1])
         key, found = (epoch, position), self.changes[0][1]
         for start, shares in self.changes:
             if start <= key:
@@ -171,6 +175,16 @@ class SharePlan:
         if self.remembered is not None and len(self.remembered) == world_size:
             return self.remembered
         return equal_shares(world_size)
+
+    def seeded(self, shares: np.ndarray) -> Reading | None:
+        """The controller's state a stream starts with: the reading learned on these hosts
+        (its step model's points, training/data/split_memory.py), as if it had run at
+        `shares` and called for them; none under `fixed`, or with nothing learned for
+        this world size (the first interval then reads from nothing, as before)."""
+        learned = self.learned
+        if self.fixed is not None or learned is None or len(learned.shares) != len(shares):
+            return None
+        return replace(learned, shares=shares, target=shares)
 
     def known_here(self, shares: np.ndarray, hosts: list[str] | None, world_size: int) -> bool:
         """Whether saved `shares` (learned on `hosts`) hold for this job's ranks."""

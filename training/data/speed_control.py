@@ -76,7 +76,7 @@ again from the split proportional to speed, as at the start.
 
 The state between intervals is the last reading, nothing else: a pure function of
 (shares, figures, last reading) gives (new shares, new reading), held by `SharePlan`
-(training/data/balance.py), not saved in a checkpoint (a resume measures anew).
+(training/data/balance.py), kept for the hosts' next job (training/data/split_memory.py).
 
 All bands but GAIN_BAND, SHIFT and the noise band (relative: of the predicted step, of
 a rank's cost, of the ranks' work) are in units of the equal share (1/W), compared on

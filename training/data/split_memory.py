@@ -1,12 +1,22 @@
-"""The split `loader.balance: speed` learned, remembered for the next job on the same hosts.
+"""What `loader.balance: speed` learned, remembered for the next job on the same hosts.
 
 One file, `balance_split.json` at the top of the output dir, shared on purpose by every
 run of that output dir (`TrainConfig.shared_output_dir`, above each run's `runs/<run_key>`;
-not one run's state): {"splits": {key: shares}}, the key the world
-size and every rank's host name in rank order ("2@node-a,node-b"). A job on the same
-hosts starts from its entry (training/data/balance.py, `SharePlan.remembered`); one on
-other hosts, or another world size, has no entry and starts from equal. A machine's
+not one run's state): {"splits": {key: shares}, "learned": {key: entry}}, the key the
+world size and every rank's host name in rank order ("2@node-a,node-b"). A job on the
+same hosts starts from its split (training/data/balance.py, `SharePlan.remembered`); one
+on other hosts, or another world size, has no entry and starts from equal. A machine's
 ranks are slow in their own way, so a split learned elsewhere would be a guess.
+
+The learned entry is the controller's last reading (training/data/speed_control.py): the
+points its step model was fitted to, each rank's cost a row at each split it ran, with
+the timing noise and the ranks' spread. A job that starts with them (`SharePlan.learned`)
+knows what the split costs at once: from a split alone it would first move as if fixed
+costs were none and fit anew from two noisy intervals, walking away from the split it
+was given (benchmarks/RESULTS.md M89). The points hold only for the global batch they
+were measured at (a step's fixed cost is spread over its rows), so they are kept with it
+and read only at it; a change of speed since (another model, a quieter host) shows in the
+first intervals as a shift, and the controller starts over from them as in any run.
 
 Two runs may write at once: on local disk each write holds a host-wide lock beside the
 file while it reads, updates its own key and replaces the file atomically, so neither
@@ -20,12 +30,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import numpy as np
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import file_lock, is_local, write_atomically
+from training.data.speed_control import HISTORY, PROBE_AFTER, Reading
+from training.data.step_model import Point, fit
 
 FILE_NAME = "balance_split.json"
 log = logging.getLogger(__name__)
@@ -43,38 +56,109 @@ def split_path(output_dir: str) -> str:
 def remembered_split(output_dir: str, hosts: list[str]) -> np.ndarray | None:
     """The shares remembered for `hosts`, or None (no file, no entry, or not one share
     > 0 a rank summing to 1)."""
-    found = _read(output_dir).get(split_key(hosts))
-    if not isinstance(found, list) or len(found) != len(hosts):
+    return _shares(_read(output_dir, "splits").get(split_key(hosts)), len(hosts))
+
+
+def remembered_reading(output_dir: str, hosts: list[str], global_batch: int) -> Reading | None:
+    """The controller's reading learned on `hosts` at `global_batch` rows a step, or None
+    (none kept, another global batch, or not such an entry: it is then not trusted)."""
+    entry: Any = _read(output_dir, "learned").get(split_key(hosts))
+    try:
+        return _reading(entry, len(hosts)) if entry["global_batch"] == global_batch else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _reading(entry: dict[str, Any], world: int) -> Reading | None:
+    """The reading a kept entry holds, at its newest point's shares (see the module)."""
+    found = [_point(point, world) for point in entry["points"][-HISTORY:]]
+    points = tuple(point for point in found if point is not None)
+    noise, pooled, dispersion = float(entry["noise"]), int(entry["pooled"]), entry["dispersion"]
+    spread = None if dispersion is None else np.asarray(dispersion, np.float64)
+    if not points or len(points) < len(found) or not (math.isfinite(noise) and noise >= 0):
+        return None
+    if pooled < 0 or (spread is not None and (spread.shape != (world,) or not _finite(spread, 0))):
+        return None
+    shares = points[-1].shares
+    return Reading(shares, shares, fit(points), points, 0, PROBE_AFTER, pooled, noise, spread)
+
+
+def learned_entry(reading: Reading, global_batch: int) -> dict[str, Any]:
+    """`reading` as the file keeps it (see `remembered_reading`)."""
+    points = [[_floats(p.shares), _floats(p.costs), p.weight] for p in reading.history]
+    spread = None if reading.dispersion is None else _floats(reading.dispersion)
+    return {
+        "global_batch": global_batch,
+        "points": points,
+        "noise": reading.noise,
+        "pooled": reading.pooled,
+        "dispersion": spread,
+    }
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    return [float(value) for value in values]
+
+
+def remember_split(
+    output_dir: str, hosts: list[str], shares: np.ndarray, learned: dict[str, Any] | None = None
+) -> None:
+    """Record `shares` (and the `learned` entry, if any) for `hosts`, keeping every other
+    key's entries (see the module)."""
+    fs, path = url_to_fs(split_path(output_dir))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if not is_local(fs):
+        _write(fs, path, output_dir, hosts, (shares, learned))
+        return
+    with file_lock(f"{path}.lock"):
+        _write(fs, path, output_dir, hosts, (shares, learned))
+
+
+def _write(
+    fs: Any,
+    path: str,
+    output_dir: str,
+    hosts: list[str],
+    entries: tuple[np.ndarray, dict[str, Any] | None],
+) -> None:
+    key, (shares, learned) = split_key(hosts), entries
+    splits = _read(output_dir, "splits") | {key: [float(share) for share in shares]}
+    kept = _read(output_dir, "learned") | ({key: learned} if learned is not None else {})
+    content = {"splits": splits, "learned": kept}
+    write_atomically(fs, path, json.dumps(content, indent=1).encode())
+
+
+def _shares(found: Any, world: int) -> np.ndarray | None:
+    """`found` as one share > 0 a rank summing to 1, or None."""
+    if not isinstance(found, list) or len(found) != world:
         return None
     try:
         shares = np.asarray(found, np.float64)
     except (TypeError, ValueError):
         return None
-    if shares.shape != (len(hosts),) or not (
+    if shares.shape != (world,) or not (
         np.all(shares > 0) and abs(float(shares.sum()) - 1.0) <= 1e-6
     ):
         return None
     return shares
 
 
-def remember_split(output_dir: str, hosts: list[str], shares: np.ndarray) -> None:
-    """Record `shares` for `hosts`, keeping every other key's entry (see the module)."""
-    fs, path = url_to_fs(split_path(output_dir))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    if not is_local(fs):
-        _write(fs, path, output_dir, hosts, shares)
-        return
-    with file_lock(f"{path}.lock"):
-        _write(fs, path, output_dir, hosts, shares)
+def _point(found: Any, world: int) -> Point | None:
+    """A kept point ([shares, costs, weight]) if it is one, else None."""
+    shares, costs, weight = found
+    share_array, cost_array = _shares(shares, world), np.asarray(costs, np.float64)
+    if share_array is None or cost_array.shape != (world,) or not _finite(cost_array, 1e-300):
+        return None
+    weight = float(weight)
+    return Point(share_array, cost_array, weight) if math.isfinite(weight) and weight >= 1 else None
 
 
-def _write(fs: Any, path: str, output_dir: str, hosts: list[str], shares: np.ndarray) -> None:
-    splits = _read(output_dir) | {split_key(hosts): [float(share) for share in shares]}
-    write_atomically(fs, path, json.dumps({"splits": splits}, indent=1).encode())
+def _finite(values: np.ndarray, least: float) -> bool:
+    return bool(np.all(np.isfinite(values)) and np.all(values >= least))
 
 
-def _read(output_dir: str) -> dict[str, Any]:
-    """The file's splits by key; none when it is absent or not such a file."""
+def _read(output_dir: str, section: str) -> dict[str, Any]:
+    """The file's entries of `section` by key; none when it is absent or not such a file."""
     fs, path = url_to_fs(split_path(output_dir))
     try:
         data = json.loads(fs.cat_file(path))
@@ -83,5 +167,5 @@ def _read(output_dir: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         log.warning("%s is not a balance split file; starting from the equal split", path)
         return {}
-    splits = data.get("splits") if isinstance(data, dict) else None
-    return splits if isinstance(splits, dict) else {}
+    entries = data.get(section) if isinstance(data, dict) else None
+    return entries if isinstance(entries, dict) else {}
