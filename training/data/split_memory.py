@@ -13,7 +13,7 @@ points its step model was fitted to, each rank's cost a row at each split it ran
 the timing noise and the ranks' spread. A job that starts with them (`SharePlan.learned`)
 knows what the split costs at once: from a split alone it would first move as if fixed
 costs were none and fit anew from two noisy intervals, walking away from the split it
-was given (benchmarks/RESULTS.md M89). The points hold only for the global batch they
+was given (benchmarks/RESULTS.md M91). The points hold only for the global batch they
 were measured at (a step's fixed cost is spread over its rows), so they are kept with it
 and read only at it; a change of speed since (another model, a quieter host) shows in the
 first intervals as a shift, and the controller starts over from them as in any run.
