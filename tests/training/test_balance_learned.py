@@ -3,7 +3,9 @@ and the controller's reading (its step model's points, training/data/split_memor
 on modelled ranks (tests/training/test_balance_settle.py's: each rank's own work a + b x
 rows, 15 % timing noise an interval, seeded). Deterministic. From the split alone the
 controller first moves as if fixed costs were none and fits anew from two noisy
-intervals, walking off the split it was given; with the reading it knows the costs."""
+intervals, walking off the split it was given; with the reading it knows the costs.
+Either way a stream from learned shares reads nothing from its first interval (its
+warm-up, which would read as a change of speed)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from tests.training.test_balance_settle import QUOTA, SLOWED, best_fixed_s, modelled_run
+from tests.training.test_balance_settle import QUOTA, ROWS, SLOWED, best_fixed_s, modelled_run
 from tests.training.test_balance_settle import step_s as modelled_step_s
 from training.data.balance import SharePlan
 
@@ -45,13 +47,14 @@ def second_run(case: str, seed: int, with_reading: bool) -> tuple[float, int]:
 def test_a_job_started_from_the_learned_reading_stays_where_the_last_one_ended(case: str) -> None:
     """Invariant: on every slowed case, over 8 seeds, a second job seeded with the first
     one's reading moves its split at most 4/5 as often as one started from the split
-    alone, and runs as near the best fixed split on average (within 0.2 %) or nearer."""
+    alone, and runs within 1.025x the best fixed split on average, every seed within
+    1.05x (the learned model is not a split locked where it is wrong)."""
     with_reading = [second_run(case, seed, True) for seed in range(SEEDS)]
     split_only = [second_run(case, seed, False) for seed in range(SEEDS)]
     moves = sum(m for _, m in with_reading), sum(m for _, m in split_only)
     assert moves[0] <= 4 / 5 * moves[1], f"moves with the reading {moves[0]}, without {moves[1]}"
-    ratios = np.mean([r for r, _ in with_reading]), np.mean([r for r, _ in split_only])
-    assert ratios[0] <= ratios[1] + 0.002, f"x best fixed: {ratios[0]:.4f} against {ratios[1]:.4f}"
+    ratios = [ratio for ratio, _ in with_reading]
+    assert np.mean(ratios) <= 1.025 and max(ratios) <= 1.05, f"x best fixed: {ratios}"
 
 
 def test_a_plan_starts_from_the_learned_reading_at_its_first_shares_only_when_it_may() -> None:
@@ -72,3 +75,24 @@ def test_a_plan_starts_from_the_learned_reading_at_its_first_shares_only_when_it
     fixed.learned = learned
     fixed.shares_at(0, 0, 2)
     assert fixed.last is None
+
+
+def test_the_first_interval_from_learned_shares_is_read_as_warm_up() -> None:
+    """Invariant: a stream that starts from learned shares (remembered, with or without the
+    reading) takes nothing from its first interval, however far off (a warm-up 3x slower
+    on one rank): its shares and state stay; the next interval is read. From the equal
+    split the first interval is read as before."""
+    learned = first_run("rank 1's rows 2x slower", 0).last
+    for reading in (learned, None):
+        plan = SharePlan()
+        plan.remembered, plan.learned = np.array([0.7, 0.3]), reading
+        plan.shares_at(0, 0, 2)
+        state = plan.last
+        shares = plan.replan(0, 8 * ROWS, ROWS, [8 * 358, 8 * 154], [0.1, 0.9])
+        assert np.array_equal(shares, [0.7, 0.3]) and plan.last is state
+        plan.replan(0, 16 * ROWS, ROWS, [8 * 358, 8 * 154], [0.1, 0.1])
+        assert plan.last is not state
+    fresh = SharePlan()
+    fresh.shares_at(0, 0, 2)
+    fresh.replan(0, 8 * ROWS, ROWS, [8 * 256, 8 * 256], [0.1, 0.3])
+    assert fresh.last is not None

@@ -147,13 +147,17 @@ class SharePlan:
         self.remembered: np.ndarray | None = None
         self.learned: Reading | None = None  # the controller's reading learned on these hosts
         self.resumed: tuple[np.ndarray, list[str] | None] | None = None
+        # A process's first steps are its warm-up: from learned shares (or a learned
+        # reading) its first interval would read as a change of speed and undo them.
+        self.warming = False
 
     def shares_at(self, epoch: int, position: int, world_size: int) -> np.ndarray:
         """The shares of the global step that starts at `position` of `epoch`."""
         if world_size != self.world_size:  # a new run, or a resume on another world size
             self.world_size = world_size
-            self.changes = [((0, 0), self.first_shares(world_size))]
-            self.last = self.seeded(self.changes[0][1])
+            first = self.first_shares(world_size)
+            self.changes, self.last = [((0, 0), first)], self.seeded(first)
+            self.warming = self.last is not None or bool(np.ptp(first) > 0)
         key, found = (epoch, position), self.changes[0][1]
         for start, shares in self.changes:
             if start <= key:
@@ -177,10 +181,9 @@ class SharePlan:
         return equal_shares(world_size)
 
     def seeded(self, shares: np.ndarray) -> Reading | None:
-        """The controller's state a stream starts with: the reading learned on these hosts
-        (its step model's points, training/data/split_memory.py), as if it had run at
-        `shares` and called for them; none under `fixed`, or with nothing learned for
-        this world size (the first interval then reads from nothing, as before)."""
+        """The controller's first state: the reading learned on these hosts, as if it had
+        run at `shares` and called for them; none under `fixed` or with nothing learned
+        for this world size (training/data/split_memory.py)."""
         learned = self.learned
         if self.fixed is not None or learned is None or len(learned.shares) != len(shares):
             return None
@@ -235,6 +238,9 @@ class SharePlan:
         effective `LAG_STEPS` global steps after `position`; returns them (the shares in
         force at `position` when the split does not move)."""
         current = self.shares_at(epoch, position, len(samples))
+        if self.warming:  # the first interval from learned shares: read nothing from it
+            self.warming = False
+            return current
         start = (epoch, position + LAG_STEPS * global_batch)
         rows, busy = np.asarray(samples, float), np.asarray(busy_s, float)
         spread = None
