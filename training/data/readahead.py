@@ -144,7 +144,8 @@ class ReadAhead(Generic[T]):
     def _take(self) -> list[int]:
         """The next keys of the sequence to read in one call (none: no key known now), as
         many as `joined` accepts and the depth leaves room for."""
-        room, keys = self._depth - len(self._pending), []
+        room = self._depth - len(self._pending)
+        keys: list[int] = []
         while len(keys) < room:
             key = self._next if self._next is not None else next(self._keys, None)
             self._next = None
