@@ -66,7 +66,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.balance import (
     Horizon,
@@ -82,10 +81,9 @@ from training.data.cache import ShardCache
 from training.data.partition import EpochPlan, Recipe, Schedule, check_share
 from training.data.readahead import Joined, ReadAhead, ReadConfig, prefetched
 from training.data.shards import (
-    Columns,
     Rows,
     ShardFiles,
-    read_layout,
+    open_split,
     read_row_group,
     read_row_groups,
 )
@@ -128,15 +126,12 @@ class ShardStream(IterableDataset):
     ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        manifest, location = read_manifest(dataset)
-        self.columns = Columns.from_manifest(manifest)
-        self.layout = read_layout(manifest, location, split, self.columns)
+        self.columns, self.layout, self.classes = open_split(dataset, split)
         self.split, self.config, self.seed = split, config, seed
         self.read = read or ReadConfig()
         self.files = ShardFiles(
             self.layout, open_cache(self.read), self.read.retry, self.read.verify
         )
-        self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures
         self.shares = SharePlan(config.balance_shares)  # training/data/balance.py
