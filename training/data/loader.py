@@ -66,7 +66,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from preprocessing.contract.manifest import read_manifest
 from training.config import LoaderConfig
 from training.data.balance import (
     Horizon,
@@ -80,8 +79,14 @@ from training.data.balance import (
 from training.data.batches import Batch, assemble
 from training.data.cache import ShardCache
 from training.data.partition import EpochPlan, Recipe, Schedule, check_share
-from training.data.readahead import ReadAhead, ReadConfig, prefetched
-from training.data.shards import Columns, Rows, ShardFiles, read_layout, read_row_group
+from training.data.readahead import Joined, ReadAhead, ReadConfig, prefetched
+from training.data.shards import (
+    Rows,
+    ShardFiles,
+    open_split,
+    read_row_group,
+    read_row_groups,
+)
 from training.data.wait import DataWaitMeter
 from training.distributed.env import env_rank, env_world_size
 
@@ -121,15 +126,12 @@ class ShardStream(IterableDataset):
     ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        manifest, location = read_manifest(dataset)
-        self.columns = Columns.from_manifest(manifest)
-        self.layout = read_layout(manifest, location, split, self.columns)
+        self.columns, self.layout, self.classes = open_split(dataset, split)
         self.split, self.config, self.seed = split, config, seed
         self.read = read or ReadConfig()
         self.files = ShardFiles(
             self.layout, open_cache(self.read), self.read.retry, self.read.verify
         )
-        self.classes = list(manifest.classes)
         self._epoch, self._consumed, self._taken = 0, 0, 0
         self.rows_decoded = 0  # by this process's iterators: the decode share it measures
         self.shares = SharePlan(config.balance_shares)  # training/data/balance.py
@@ -256,9 +258,11 @@ class ShardStream(IterableDataset):
         )
         plan = EpochPlan(self.layout, self.seed, epoch, config)
         schedule, read = Schedule(plan, units), partial(self.load_group, plan)
+        joined = Joined(partial(self.same_shard, plan), partial(self.load_groups, plan))
         if not config.sliced_by_units:
             ahead, recipes = tee(schedule)
-            reads = ReadAhead(read, (s for r in ahead for s in r.load), self.read_depth())
+            keys = (s for r in ahead for s in r.load)
+            reads = ReadAhead(read, keys, self.read_depth(), joined)
             made = self._assembled(recipes, reads)
             return reads, whole_steps(made, world_size) if config.balanced else made
         parts = slice_steps(
@@ -269,7 +273,7 @@ class ShardStream(IterableDataset):
             lambda position: self.shares.shares_at(epoch, position, world_size),
         )
         planned, cuts, assembling = tee(parts, 3)
-        reads = ReadAhead(read, slice_keys(planned, steps, horizon), self.read_depth())
+        reads = ReadAhead(read, slice_keys(planned, steps, horizon), self.read_depth(), joined)
         units_made = self._assembled((r for p in assembling for r in p.recipes), reads)
         return reads, (
             joined_slice(part, list(islice(units_made, len(part.recipes))), world_size)
@@ -297,6 +301,17 @@ class ShardStream(IterableDataset):
         """Read and decode the row group at `slot` of the plan (its rows in file order: the
         recipe's window shuffles them)."""
         return read_row_group(self.layout, int(plan.order[slot]), self.columns, self.files)
+
+    def load_groups(self, plan: EpochPlan, slots: list[int]) -> list[Rows]:
+        """`load_group` of each of `slots` (row groups of one shard), by one read."""
+        groups = [int(plan.order[slot]) for slot in slots]
+        return read_row_groups(self.layout, groups, self.columns, self.files)
+
+    def same_shard(self, plan: EpochPlan, slots: list[int], slot: int) -> bool:
+        """Whether the row group at `slot` may be read with those at `slots`: another row
+        group of the same shard."""
+        shard, order = self.layout.group_shard, plan.order
+        return shard[order[slot]] == shard[order[slots[0]]] and slot not in slots
 
     def record_progress(
         self, epoch: int, samples_consumed: int, world_size: int, rank_batches: int

@@ -4,7 +4,8 @@
 disk cache); `ReadAhead` runs the reads. A stream knows, before it yields a
 batch, the exact sequence of row groups its batches will need, so `ReadAhead`
 is given that sequence and keeps the next `depth` reads in flight in a thread
-pool while the caller works on the current one. A key of None in the sequence
+pool while the caller works on the current one; keys next to each other that may be read
+together (row groups of one shard) are read by one call. A key of None in the sequence
 means no further key is known yet (balance: speed knows a step's reads only once
 its shares are final): reading ahead stops there until the next `get`. Reading and decoding happen
 in pyarrow, which releases the GIL, so the threads overlap I/O and decoding with
@@ -27,7 +28,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Full, Queue
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,14 +77,35 @@ class ReadConfig(BaseModel):
     )
 
 
-class ReadAhead(Generic[T]):
-    """`get(key)` for keys requested in exactly the order of `keys`, `depth` reads ahead."""
+@dataclass(frozen=True)
+class Joined(Generic[T]):
+    """Keys read by one call: `accepts(keys, key)` says whether `key` may join `keys` (the
+    keys before it in the sequence), and `load(keys)` gives their values in that order."""
 
-    def __init__(self, load: Callable[[int], T], keys: Iterable[int | None], depth: int) -> None:
+    accepts: Callable[[list[int], int], bool]
+    load: Callable[[list[int]], list[T]]
+
+
+class ReadAhead(Generic[T]):
+    """`get(key)` for keys requested in exactly the order of `keys`, `depth` reads ahead.
+
+    With `joined`, keys next to each other in the sequence that it accepts (the row groups
+    of one shard) are read by one call, `joined.load(keys)`, when they enter the read-ahead
+    together: on 5,000 columns a call costs 35-50 CPU-ms before any rows. The values, their
+    order and the bound on what is held are those of one read per key."""
+
+    def __init__(
+        self,
+        load: Callable[[int], T],
+        keys: Iterable[int | None],
+        depth: int,
+        joined: Joined[T] | None = None,
+    ) -> None:
         if depth < 0:
             raise ValueError(f"read-ahead depth must be >= 0, got {depth}")
-        self._load, self._keys, self._depth = load, iter(keys), depth
-        self._pending: deque[tuple[int, Future[T]]] = deque()
+        self._load, self._keys, self._depth, self._joined = load, iter(keys), depth, joined
+        self._pending: deque[tuple[int, Future[list[Any]], int]] = deque()
+        self._next: int | None = None  # a key taken from `keys` and not yet read
         self._current: tuple[int, T] | None = None
         self._pool = ThreadPoolExecutor(depth, "readahead") if depth else None
 
@@ -103,16 +125,37 @@ class ReadAhead(Generic[T]):
         if not self._pending or self._pending[0][0] != key:
             expected = self._pending[0][0] if self._pending else None
             raise RuntimeError(f"read-ahead asked for key {key}, planned {expected}")
-        future = self._pending.popleft()[1]
+        _, future, index = self._pending.popleft()
         self._fill(self._pool)
-        return future.result()
+        values = future.result()
+        # Let go of it there: a joined call's values are then held no longer than one
+        # read's would be.
+        value, values[index] = values[index], None
+        return cast(T, value)
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
-        while len(self._pending) < self._depth:
-            key = next(self._keys, None)
+        while len(self._pending) < self._depth and (keys := self._take()):
+            if len(keys) > 1 and self._joined is not None:
+                future = pool.submit(self._joined.load, keys)
+            else:
+                future = pool.submit(lambda key: [self._load(key)], keys[0])
+            self._pending.extend((key, future, index) for index, key in enumerate(keys))
+
+    def _take(self) -> list[int]:
+        """The next keys of the sequence to read in one call (none: no key known now), as
+        many as `joined` accepts and the depth leaves room for."""
+        room = self._depth - len(self._pending)
+        keys: list[int] = []
+        while len(keys) < room:
+            key = self._next if self._next is not None else next(self._keys, None)
+            self._next = None
             if key is None:
-                return
-            self._pending.append((key, pool.submit(self._load, key)))
+                break
+            if keys and not (self._joined and self._joined.accepts(keys, key)):
+                self._next = key  # the first key of the next call
+                break
+            keys.append(key)
+        return keys
 
     def close(self) -> None:
         """Cancel reads not yet started and wait for those running (at most `depth`), so no
@@ -121,6 +164,7 @@ class ReadAhead(Generic[T]):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        self._next = None
 
     def __enter__(self) -> ReadAhead[T]:
         return self
