@@ -39,7 +39,9 @@ The oracle (benchmarks/hetero_sweep.py): after each slowed case's `equal` run (`
 spaced from equal to the rows-proportional split (or `--sweep-to` fast rows), and
 `--sweep-beyond` (3) past it; the fastest over all epochs is `best fixed`, and `speed`
 is printed against it (first epoch, all epochs: issue 59's targets 1.10x and 1.05x)
-beside `equal`, with the sweep's table. `--sweep 0` runs none.
+beside `equal`, with the sweep's table; with `--repeat` 2 or more, also against the
+split fastest by its median over the repeats (each repeat's fastest run is the least of
+several noisy runs, so below that split's usual time: hetero_sweep.py). `--sweep 0` runs none.
 
 On a host whose speed drifts 20-40 % between runs (RESULTS.md M40): `--scale 8` (with
 `--token-rows 2048`) gives epochs of 15-30 s on a quiet host; `--repeat N` runs each case
@@ -80,6 +82,7 @@ from benchmarks.hetero_report import CASES, FIGURES, Run, report, report_repeats
 from benchmarks.hetero_sweep import (
     SWEPT_CASES,
     against_best,
+    against_median_best,
     fixed_name,
     fixed_shares,
     sweep_table,
@@ -435,6 +438,8 @@ def report_sweep(results: dict[str, list[Run]]) -> None:
     for model, case in ((m, c) for m in ("", "tokens-") for c in SWEPT_CASES):
         sweep_table(results, model, case)
         if line := against_best(results, model, case):
+            print(f"  {model or 'mlp-'}{case}: {line}")
+        if line := against_median_best(results, model, case):
             print(f"  {model or 'mlp-'}{case}: {line}")
 
 

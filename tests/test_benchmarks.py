@@ -322,8 +322,15 @@ def test_hetero_sweep_spaces_its_splits_and_rates_speed_against_the_fastest(
     """Invariant: the fixed splits swept run evenly from equal (excluded) to the split by
     rows per busy second and past it, distinct, leaving the slow rank a row; `best fixed`
     is the fastest over all epochs of those and `equal`, per repeat; `speed`'s ratios to it
-    are each repeat's over the same repeat's best, first epoch and all epochs."""
-    from benchmarks.hetero_sweep import against_best, best_fixed, fixed_name, swept_rows
+    are each repeat's over the same repeat's best, first epoch and all epochs; and against
+    the split fastest by its median over the repeats, speed's median over that split's."""
+    from benchmarks.hetero_sweep import (
+        against_best,
+        against_median_best,
+        best_fixed,
+        fixed_name,
+        swept_rows,
+    )
 
     equal = hetero_run([4.0, 4.0], 1.0) | {"per_rank": {"busy_s": [1.0, 3.0]}}  # 3/4 by speed
     assert swept_rows(equal, 512, 4, 2) == [288, 320, 352, 384, 416, 448]
@@ -341,3 +348,8 @@ def test_hetero_sweep_spaces_its_splits_and_rates_speed_against_the_fastest(
     assert "1.050x first epoch (1.100, 1.000)" in line and "1.047x all (1.040, 1.055)" in line
     assert "['fixed384-loaded', 'fixed320-loaded']" in line
     assert against_best(results, "", "midslow") == ""
+    # By each split's median over the repeats: fixed384 (5.5 s), speed 5.5 s, first
+    # epochs 2.35 against 2.5.
+    line = against_median_best(results, "", "loaded")
+    assert "(fixed384-loaded): 0.940x first epoch, 1.000x all" in line
+    assert against_median_best({k: v[:1] for k, v in results.items()}, "", "loaded") == ""
