@@ -73,8 +73,8 @@ SCALE_RULE = (
     "(finer features for the rows to fit them)"
 )
 RATE_RULE = (
-    f"init: {LEARNING_RATE:g}, x the step budget's shortfall where {MAX_EPOCHS} epochs "
-    f"are short of {TARGET_STEPS:,} steps, at most {MAX_RATE_BOOST:g}x"
+    f"init: {LEARNING_RATE:g}, x {TARGET_STEPS:,} / the run's steps where {MAX_EPOCHS} "
+    f"epochs make fewer (small tables), at most {MAX_RATE_BOOST:g}x"
 )
 # init's comment on each setting it sizes, beside the setting's description; on the
 # training settings themselves (no description there), the rule alone.

@@ -167,7 +167,7 @@ def test_init_writes_the_sized_ensemble_and_it_reads_back(
     assert f"max_epochs: {epochs}  # init: the epochs of about {TARGET_STEPS:,} steps" in text
     rate = sized_training(training)["model"]["learning_rate"]
     assert rate == (2 * LEARNING_RATE if training < 1_000 else LEARNING_RATE)
-    assert f"learning_rate: {rate}  # init: {LEARNING_RATE:g}, x the step budget's" in text
+    assert f"learning_rate: {rate}  # init: {LEARNING_RATE:g}, x {TARGET_STEPS:,} / the" in text
     params = PipelineParams.model_validate(yaml.safe_load(text.replace("${WORK_DIR}", "/w")))
     assert params.train.model.tabular.ensemble_size == members
     assert params.train.model.tabular.frequency_scale == scale
