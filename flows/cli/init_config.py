@@ -28,7 +28,7 @@ from preprocessing.scan.feature_stats import policies_for
 from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import file_format, iter_batches, list_inputs, stream_schema
 from training.models.config import TabularConfig
-from training.sizing import EPOCHS_RULE, SIZE_RULES, sized_training
+from training.sizing import SIZE_RULES, TRAIN_RULES, sized_training
 
 LABEL_NAMES = ("label", "target", "class", "y")
 SOURCE_NAMES = ("source",)
@@ -335,8 +335,8 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
             )
         elif name == "validation_fraction":
             line += f"  # CONFIRM: {_validation_reason(survey)}"
-        elif name == "max_epochs":
-            line += f"  # {EPOCHS_RULE}"
+        elif name in TRAIN_RULES:
+            line += f"  # {TRAIN_RULES[name]}"
         elif line.strip() == "select_best:":
             line += (
                 "  # CONFIRM: stop once val_loss on the validation split has not improved "

@@ -21,8 +21,10 @@ from training.models.config import TabularConfig
 from training.sizing import (
     ENSEMBLE_ROWS,
     FINE_ROWS,
+    LEARNING_RATE,
     MAX_EPOCHS,
     MAX_MEMBERS,
+    MAX_RATE_BOOST,
     MIN_BATCH,
     MIN_EPOCHS,
     TARGET_STEPS,
@@ -80,6 +82,28 @@ def test_outside_the_batch_ramp_the_proposal_is_what_it_was(n: int) -> None:
         assert sized["max_epochs"] == 20
 
 
+@given(rows, rows)
+def test_the_rate_makes_up_the_steps_the_epochs_cap(a: int, b: int) -> None:
+    """Invariants: where the epochs reach TARGET_STEPS optimizer steps, the rate is
+    LEARNING_RATE, as init proposed before (so the figures measured with it hold there:
+    every table from about 2,400 training rows); where MAX_EPOCHS caps them short of it,
+    the rate times the run's steps makes up the budget (to the rate's 3 significant
+    digits), at most MAX_RATE_BOOST x LEARNING_RATE; more rows never get a higher rate."""
+    small, large = sorted((a, b))
+    few, many = sized_training(small), sized_training(large)
+    assert many["model"]["learning_rate"] <= few["model"]["learning_rate"]
+    for count, sized in ((small, few), (large, many)):
+        rate = sized["model"]["learning_rate"]
+        steps = sized["max_epochs"] * max(count, 1) / sized["loader"]["batch_size"]
+        assert LEARNING_RATE <= rate <= MAX_RATE_BOOST * LEARNING_RATE
+        if steps >= TARGET_STEPS:
+            assert rate == LEARNING_RATE
+        else:
+            assert sized["max_epochs"] == MAX_EPOCHS
+            budget = min(TARGET_STEPS, MAX_RATE_BOOST * steps) * LEARNING_RATE
+            assert rate * steps == pytest.approx(budget, rel=5e-3)
+
+
 @given(rows)
 def test_the_ensemble_keeps_its_default_up_to_the_threshold_and_bounds_the_work(n: int) -> None:
     """Invariant: up to ENSEMBLE_ROWS training rows init proposes the model's default
@@ -107,7 +131,7 @@ def test_the_embeddings_keep_the_default_scale_below_the_threshold(n: int) -> No
 
 @pytest.mark.parametrize(
     ("num_rows", "training", "members", "scale"),
-    [(3_000, 2_700, 8, 0.1), (120_000, 96_000, 4, 1.0)],
+    [(800, 720, 8, 0.1), (3_000, 2_700, 8, 0.1), (120_000, 96_000, 4, 1.0)],
 )
 def test_init_writes_the_sized_ensemble_and_it_reads_back(
     tmp_path: Path,
@@ -117,9 +141,10 @@ def test_init_writes_the_sized_ensemble_and_it_reads_back(
     members: int,
     scale: float,
 ) -> None:
-    """Invariant: the config `ballast init` prints holds the rule's epochs, members and
-    frequency scale for its training rows (3,000 rows: 2,700 training rows, 8 and 0.1;
-    120,000 rows: 96,000, 4 and 1.0) as explicit, commented settings; the config
+    """Invariant: the config `ballast init` prints holds the rule's epochs, learning rate,
+    members and frequency scale for its training rows (800 rows: 720 training rows, twice
+    the rate; 3,000 rows: 2,700 training rows, 8 and 0.1; 120,000 rows: 96,000, 4 and
+    1.0) as explicit, commented settings; the config
     validates, and dumped and validated again it is the same training config (a written
     config keeps its meaning)."""
     generator = np.random.default_rng(0)
@@ -140,9 +165,13 @@ def test_init_writes_the_sized_ensemble_and_it_reads_back(
     assert f"0.1 under {FINE_ROWS:,} training rows" in text
     epochs = sized_training(training)["max_epochs"]
     assert f"max_epochs: {epochs}  # init: the epochs of about {TARGET_STEPS:,} steps" in text
+    rate = sized_training(training)["model"]["learning_rate"]
+    assert rate == (2 * LEARNING_RATE if training < 1_000 else LEARNING_RATE)
+    assert f"learning_rate: {rate}  # init: {LEARNING_RATE:g}, x {TARGET_STEPS:,} / the" in text
     params = PipelineParams.model_validate(yaml.safe_load(text.replace("${WORK_DIR}", "/w")))
     assert params.train.model.tabular.ensemble_size == members
     assert params.train.model.tabular.frequency_scale == scale
     assert params.train.model.class_path == "tabular"
+    assert params.train.model.learning_rate == rate
     again = TrainConfig.model_validate(params.train.model_dump())
     assert again == params.train
