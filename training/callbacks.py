@@ -44,12 +44,7 @@ from torch.distributed.tensor import DTensor
 from training.config import LAST_CHECKPOINT_NAME, TrainConfig
 from training.data.balance import row_bounds
 from training.data.loader import ShardStream
-from training.data.split_memory import (
-    learned_entry,
-    remember_split,
-    remembered_reading,
-    remembered_split,
-)
+from training.data.split_memory import learned_entry, remember_split, remembered
 from training.data.wait import interval, loader_metrics
 from training.distributed.comm import CommMeter
 from training.distributed.rank_time import RankTimes
@@ -187,8 +182,7 @@ class RememberedSplit(lightning.Callback):
         batch = self.global_batch(len(plan.hosts))
         found: list[Any] = [None, None]
         if trainer.is_global_zero:
-            found = [remembered_split(self.output_dir, plan.hosts)]
-            found.append(remembered_reading(self.output_dir, plan.hosts, batch))
+            found = list(remembered(self.output_dir, plan.hosts, batch))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.broadcast_object_list(found, src=0)
         plan.remembered, plan.learned = found

@@ -41,6 +41,7 @@ from training.data.speed_control import HISTORY, PROBE_AFTER, Reading
 from training.data.step_model import Point, fit
 
 FILE_NAME = "balance_split.json"
+SECTIONS = ("splits", "learned")
 log = logging.getLogger(__name__)
 
 
@@ -53,16 +54,35 @@ def split_path(output_dir: str) -> str:
     return f"{output_dir.rstrip('/')}/{FILE_NAME}"
 
 
+def remembered(
+    output_dir: str, hosts: list[str], global_batch: int
+) -> tuple[np.ndarray | None, Reading | None]:
+    """The split and the controller's reading remembered for `hosts`, from one read of
+    the file (see `remembered_split`, `remembered_reading`)."""
+    data = _read(output_dir)
+    return _split_of(data, hosts), _reading_of(data, hosts, global_batch)
+
+
 def remembered_split(output_dir: str, hosts: list[str]) -> np.ndarray | None:
     """The shares remembered for `hosts`, or None (no file, no entry, or not one share
     > 0 a rank summing to 1)."""
-    return _shares(_read(output_dir, "splits").get(split_key(hosts)), len(hosts))
+    return _split_of(_read(output_dir), hosts)
 
 
 def remembered_reading(output_dir: str, hosts: list[str], global_batch: int) -> Reading | None:
     """The controller's reading learned on `hosts` at `global_batch` rows a step, or None
     (none kept, another global batch, or not such an entry: it is then not trusted)."""
-    entry: Any = _read(output_dir, "learned").get(split_key(hosts))
+    return _reading_of(_read(output_dir), hosts, global_batch)
+
+
+def _split_of(data: dict[str, dict[str, Any]], hosts: list[str]) -> np.ndarray | None:
+    return _shares(data["splits"].get(split_key(hosts)), len(hosts))
+
+
+def _reading_of(
+    data: dict[str, dict[str, Any]], hosts: list[str], global_batch: int
+) -> Reading | None:
+    entry: Any = data["learned"].get(split_key(hosts))
     try:
         return _reading(entry, len(hosts)) if entry["global_batch"] == global_batch else None
     except (KeyError, TypeError, ValueError, IndexError):
@@ -121,10 +141,10 @@ def _write(
     hosts: list[str],
     entries: tuple[np.ndarray, dict[str, Any] | None],
 ) -> None:
-    key, (shares, learned) = split_key(hosts), entries
-    splits = _read(output_dir, "splits") | {key: [float(share) for share in shares]}
-    kept = _read(output_dir, "learned") | ({key: learned} if learned is not None else {})
-    content = {"splits": splits, "learned": kept}
+    key, (shares, learned), content = split_key(hosts), entries, _read(output_dir)
+    content["splits"][key] = [float(share) for share in shares]
+    if learned is not None:
+        content["learned"][key] = learned
     write_atomically(fs, path, json.dumps(content, indent=1).encode())
 
 
@@ -157,15 +177,19 @@ def _finite(values: np.ndarray, least: float) -> bool:
     return bool(np.all(np.isfinite(values)) and np.all(values >= least))
 
 
-def _read(output_dir: str, section: str) -> dict[str, Any]:
-    """The file's entries of `section` by key; none when it is absent or not such a file."""
+def _read(output_dir: str) -> dict[str, dict[str, Any]]:
+    """The file's sections ("splits", "learned"), each its entries by key; a section is
+    empty when the file is absent, not such a file, or lacks it."""
     fs, path = url_to_fs(split_path(output_dir))
     try:
         data = json.loads(fs.cat_file(path))
     except FileNotFoundError:
-        return {}
+        data = {}
     except (ValueError, UnicodeDecodeError):
         log.warning("%s is not a balance split file; starting from the equal split", path)
-        return {}
-    entries = data.get(section) if isinstance(data, dict) else None
-    return entries if isinstance(entries, dict) else {}
+        data = {}
+    found = data if isinstance(data, dict) else {}
+    return {
+        section: dict(entries) if isinstance(entries := found.get(section), dict) else {}
+        for section in SECTIONS
+    }
