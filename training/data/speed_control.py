@@ -46,33 +46,28 @@ both are the fitted model.
 Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
 the shares in force, none off the pool by more than SHIFT, make one point, their mean,
 and the fit reads every point since the last change of speed, each weighing the
-intervals it pools: the more intervals, the less one interval's noise moves the fit. An
-interval off its pool by more than SHIFT is held apart: the next one, off the same way,
-confirms a change of speed (the history starts over from it), or shows it was one
-disturbed interval (dropped). And a move must gain more than the noise band, NOISE_K
-standard errors of the pooled point (an interval's noise, measured from the pooled
-intervals, over the root of their number), unless the ranks' own work there is
-IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
-move off the equal split (alike ranks stay there), while off it the cautious lines
-already shorten each move by the fit's uncertainty. Under 15 % timing noise
-an interval, the split otherwise walks around the best one by tens of rows, each move a
-few percent (benchmarks/RESULTS.md M50); with exact readings the band is 0 and nothing
-changes.
+intervals it pools. An interval off its pool by more than SHIFT is held apart: the next
+one, off the same way, confirms a change of speed (the history starts over from it), or
+shows it was one disturbed interval (dropped). A move must gain more than the noise
+band, NOISE_K standard errors of the pooled point (an interval's noise, measured from
+the pooled intervals, over the root of their number), unless the ranks' own work there
+is IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
+move off the equal split, while off it the cautious lines already shorten each move by
+the fit's uncertainty (NOISE_PRIOR until an interval is pooled). Without it, under 15 %
+noise an interval the split walks around the best one by tens of rows (M50).
 
-Then the shares become the newer target at once, all the way: after a slow-down the
-newer interval is the one measured wholly at the new speed. So a single disturbed
+Then the shares become the newer target at once, all the way. So a single disturbed
 interval (a scheduler hiccup, a checkpoint, a GC pause on one rank) moves nothing, nor
-do intervals that disagree (alternating noise); a change of speed that starts with an
-interval moves the split two intervals after it (plus the two steps the shares wait,
-balance.py's LAG_STEPS). The reading after that move fits the fixed costs (its interval
-ran, in whole or in part, at the moved split) and corrects the move at once.
+do intervals that disagree; a change of speed that starts with an interval moves the
+split two intervals after it (plus balance.py's LAG_STEPS), and the reading after that
+move fits the fixed costs (its interval ran at the moved split) and corrects it at once.
 
-A fitted model can be wrong for good: from two noisy intervals it may read a slow
-rank's cost as fixed and send the split back to equal, where every reading is at one
-split and never tests the line. So while a fitted model holds the equal split against
-the ranks' speeds there, after `Reading.wait` such readings (`Reading.held`; PROBE_AFTER,
-doubled at each probe) the controller forgets the model and its points and measures
-again from the split proportional to speed, as at the start.
+A fitted model can be wrong for good: from noisy intervals it may read a slow rank's
+cost as fixed and send the split back to equal, where every reading is at one split and
+never tests the line. So while a fitted model holds the equal split against the ranks'
+speeds there, after `Reading.wait` such readings (`Reading.held`; PROBE_AFTER, doubled
+at each probe) the controller forgets the model and its points and measures again from
+the split proportional to speed, as at the start.
 
 The state between intervals is the last reading, nothing else: a pure function of
 (shares, figures, last reading) gives (new shares, new reading), held by `SharePlan`
@@ -107,10 +102,9 @@ EQUAL_BAND = 0.1
 # wide enough for the timing noise of a steady slow rank, narrow enough that an interval
 # straddling a change of speed waits for the next one rather than move half way.
 AGREE_BAND = 0.1
-# The points a step model is fitted from, all weighted: a change of speed starts them
-# over (`joined`), so they can be many: 16 points, each pooling up to 2 POOL - 1
-# intervals, average out 15 % timing noise an interval where the 4 points of M50 walked
-# the split (tests/training/test_balance_settle.py).
+# The points a step model is fitted from (a change of speed starts them over): 16, each
+# pooling up to 2 POOL - 1 intervals, average out 15 % timing noise an interval where the
+# 4 points of M50 walked the split (tests/training/test_balance_settle.py).
 HISTORY = 16
 # Readings at the equal split held by a fitted model, while the ranks' speeds there call
 # for a move, before the model is forgotten and measured again (doubled at each probe).
@@ -132,6 +126,10 @@ SHIFT = 0.35
 # noise alone would walk the split around it; the longer a split holds, the narrower.
 NOISE_K = 1.0
 NOISE_WEIGHT = 1 / 8
+# Until an interval is pooled the noise is unmeasured, not none: the caution terms read
+# this (15 % an interval), else a fit from two unpooled intervals is taken as exact and one
+# slow interval sends the split to equal (benchmarks/RESULTS.md M93). Measured 0: exact.
+NOISE_PRIOR = 0.15**2
 # Each rank's fitted cost per row is raised by this many standard errors of its slope
 # (`cautious`), at most to the line through 0 (the split proportional to speed): a fit
 # from few noisy points may read a slow rank's rows as costing nothing and send the split
@@ -277,7 +275,9 @@ def read_interval(
     spread = running(before.dispersion, dispersion, NOISE_WEIGHT) if before else None
     if not model.fitted:
         return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread)
-    model, target = cautious_target(shares, model, history, (noise, spread), pooled == 0)
+    measured = noise > 0 or any(point.weight > 1 for point in history)
+    noises = (noise if measured else NOISE_PRIOR, spread)
+    model, target = cautious_target(shares, model, history, noises, pooled == 0)
     # A fitted model needs two readings, so `before` is a reading here.
     equal = equal_shares(world)
     unlike = not np.array_equal(speed, equal)
