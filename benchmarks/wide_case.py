@@ -159,10 +159,12 @@ def pyarrow_file_rows(files: list[str], skip: tuple[str, ...] = ("id", "label", 
     return rows
 
 
-def loader_rows(root: str, batch_size: int = BATCH) -> int:
-    """One epoch of the training loader over the train split; the rows."""
-    stream = ShardStream(root, "train", LoaderConfig(batch_size=batch_size), seed=0)
-    return sum(len(batch["label"]) for batch in stream.iterate(rank_world=(0, 1)))
+def loader_rows(root: str, batch_size: int = BATCH, remainder: str = "drop") -> int:
+    """One epoch of the training loader over the train split; the real rows (`pad`'s
+    weight-0 repeats are not counted)."""
+    config = LoaderConfig(batch_size=batch_size, remainder=remainder)
+    stream = ShardStream(root, "train", config, seed=0)
+    return sum(int((batch["weight"] > 0).sum()) for batch in stream.iterate(rank_world=(0, 1)))
 
 
 def rates(read: Callable[[str], int], root: str) -> tuple[float, float]:
@@ -196,7 +198,12 @@ def scan_report(config: ReshardConfig, root: str, repeat: int) -> float:
 
 
 def wide_report(
-    work: Path, shape: Shape, repeat: int, batch_size: int = BATCH, scan: bool = True
+    work: Path,
+    shape: Shape,
+    repeat: int,
+    batch_size: int = BATCH,
+    scan: bool = True,
+    remainder: str = "drop",
 ) -> float:
     """Print the readers' rows/s and rows/CPU-s (best of `repeat`, alternating) and, with
     `scan`, the scan against pyarrow; the loader's share of pyarrow's faster rows/s."""
@@ -209,7 +216,7 @@ def wide_report(
     for _ in range(repeat):
         plain = max(plain, rates(pyarrow_rows, root))
         direct = max(direct, rates(lambda _: pyarrow_file_rows(files), root))
-        ours = max(ours, rates(lambda uri: loader_rows(uri, batch_size), root))
+        ours = max(ours, rates(lambda uri: loader_rows(uri, batch_size, remainder), root))
     for name, (per_s, per_cpu_s) in (
         ("pyarrow read_table + to numpy", plain),
         ("pyarrow ParquetFile + pandas", direct),
@@ -234,10 +241,18 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=NUM_FILES)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/wide-bench"))
     parser.add_argument("--loader-only", action="store_true", help="leave the scan out")
+    parser.add_argument(
+        "--remainder",
+        choices=["drop", "pad"],
+        default="drop",
+        help="loader.remainder: `pad` serves every row (the last batch padded, weight 0)",
+    )
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     shape = Shape(args.rows, args.columns, args.dtype, args.files)
-    wide_report(args.work_dir, shape, args.repeat, args.batch_size, not args.loader_only)
+    wide_report(
+        args.work_dir, shape, args.repeat, args.batch_size, not args.loader_only, args.remainder
+    )
 
 
 if __name__ == "__main__":
