@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.plan.split_keys import holdout_rows
 from preprocessing.plan.time_cut import (
     CELL_DTYPE,
     MAX_BUCKETS,
@@ -35,6 +34,7 @@ from preprocessing.plan.time_cut import (
     row_times,
     split_counts,
 )
+from preprocessing.plan.validation_split import HOLDOUT, row_splits
 from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.scan.columns import row_problem
 from preprocessing.scan.inputs import FileScan, scan_file
@@ -128,9 +128,8 @@ def routed(scan: FileScan, file: InputFile, cut, seed: int, fraction: float) -> 
     parts, first = [], 0
     for rows in scan.piece_rows:
         table = read_rows(file.uri, first, rows, reading=CsvReading.of(time_spec()))
-        parts.append(
-            holdout_rows(table, time_spec(), file.relative_path, first, seed, fraction, cut)
-        )
+        codes = row_splits(table, time_spec(), file.relative_path, first, seed, fraction, cut)
+        parts.append(codes == HOLDOUT)
         first += rows
     return np.concatenate(parts)
 
