@@ -98,13 +98,14 @@ def nights(draw: st.DrawFn) -> tuple[pa.Table, list[int], str]:
     return table, cuts, kind
 
 
-def time_spec() -> DatasetSpec:
+def time_spec(validation: float = 0.0) -> DatasetSpec:
     return DatasetSpec(
         inputs=["raw"],
         source_column=None,
         feature_columns=["x"],
         holdout_by="newest",
         holdout_column="seen",
+        validation_fraction=validation,
     )
 
 

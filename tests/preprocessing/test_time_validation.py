@@ -32,7 +32,7 @@ from preprocessing.plan.validation_split import HOLDOUT, TRAIN, VALIDATION, row_
 from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import read_rows
-from tests.preprocessing.test_time_cut import nights, scanned
+from tests.preprocessing.test_time_cut import nights, scanned, time_spec
 
 # (holdout, validation) fractions: tiny ones, and pairs adding up to nearly 1.
 FRACTIONS = st.one_of(
@@ -42,17 +42,6 @@ FRACTIONS = st.one_of(
     st.tuples(st.floats(1e-6, 1e-3), st.floats(1e-6, 1e-3)),
     st.floats(0.0, 0.998).map(lambda held: (held, 0.999 - held)),
 )
-
-
-def spec_of(validation: float) -> DatasetSpec:
-    return DatasetSpec(
-        inputs=["raw"],
-        source_column=None,
-        feature_columns=["x"],
-        holdout_by="newest",
-        holdout_column="seen",
-        validation_fraction=validation,
-    )
 
 
 def routed_codes(scan, file, spec: DatasetSpec, cut: TimeCut, seed: int, fraction: float):
@@ -76,8 +65,8 @@ def test_train_validation_holdout_follow_in_time_and_counts_are_exact(night, see
     the validation rows are the nearest to their fraction that a cell boundary allows."""
     table, cuts, _ = night
     holdout, validation = fractions
-    ReshardConfig(output_root="out", holdout_fraction=holdout, dataset=spec_of(validation))
-    spec = spec_of(validation)
+    ReshardConfig(output_root="out", holdout_fraction=holdout, dataset=time_spec(validation))
+    spec = time_spec(validation)
     with tempfile.TemporaryDirectory() as folder:
         files, scans = scanned(Path(folder), table, cuts, seed, holdout)
         cut = time_cut_of(scans, spec, holdout)
