@@ -75,7 +75,8 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     prefect_harness, dask_client: Client, tmp_path, capsys
 ) -> None:
     """Invariants: the config init proposed, CONFIRM lines answered as proposed, reshards
-    (unlabelled rows counted per file), trains, beats the class prior and registers a
+    (unlabelled rows counted per file, a validation split by time just older than the
+    holdout, which training selects on), trains, beats the class prior and registers a
     champion; batch inference over the raw files predicts every row, unlabelled ones and
     NaN included; the champion predicts on a DataFrame with the timestamp strings."""
     import mlflow
@@ -92,6 +93,8 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     manifest, _ = read_manifest(result.manifest_uri)
     assert sum(manifest.features["unlabelled_rows"].values()) == table.column("label").null_count
     assert len(manifest.features["unlabelled_rows"]) == 4
+    cut = manifest.deltas[-1].time_cut
+    assert manifest.selection_split() == "validation" and cut["validation_cutoff"] < cut["cutoff"]
     scores = next(iter(result.evaluations.values()))
     assert scores.beats_class_prior and result.registration.alias == "champion"
     tracking = PipelineParams.model_validate(config).train.tracking
