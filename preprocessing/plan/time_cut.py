@@ -15,6 +15,9 @@ routes a row by the same cell (`TimeCut.held`). So no train row's bucket is newe
 the holdout's oldest bucket; rows of the cutoff bucket are split by the hash. A date
 column whose files hold at most MAX_BUCKETS days each is cut at the day itself: equal
 dates are the only ties. No pass over the rows is added: the scan reads one column more.
+With `validation_fraction` the newest cells the holdout leaves, those whose rows come
+closest to that fraction, go to validation (`TimeCut.validation`), chosen after the
+holdout's cut, which they leave as it was: train < validation < holdout in time.
 """
 
 from __future__ import annotations
