@@ -116,8 +116,8 @@ class DatasetSpec(BaseModel):
         ge=0,
         lt=1,
         description="Input rows in the `validation` split (drawn after the holdout, by its "
-        "rules, unresampled) that training selects on; 0 (the default): it selects on the "
-        "holdout, as before.",
+        "rules: under `holdout_by: newest` the newest rows it leaves; unresampled) that "
+        "training selects on; 0 (the default): it selects on the holdout, as before.",
     )
     holdout_by: Literal["random", "newest"] = Field(
         "random",

@@ -82,11 +82,11 @@ def proposed_policy(kind: str | None) -> str:
 
 
 def validation_fraction(survey: TableSurvey) -> float:
-    """The validation split init proposes: VALIDATION_FRACTION where it holds enough rows,
-    and none beside a time holdout (the config refuses the two together)."""
+    """The validation split init proposes: VALIDATION_FRACTION where it holds enough rows
+    (beside a time holdout too: then the newest rows the holdout leaves)."""
     labelled = survey.num_rows - survey.unlabelled
     enough = labelled * VALIDATION_FRACTION >= MIN_VALIDATION_ROWS
-    return VALIDATION_FRACTION if enough and not _time_holdout(survey) else 0.0
+    return VALIDATION_FRACTION if enough else 0.0
 
 
 def proposed_selection(survey: TableSurvey, max_epochs: int) -> dict[str, Any]:
@@ -357,14 +357,10 @@ def _mark_confirm(body: str, survey: TableSurvey) -> str:
 
 def _validation_reason(survey: TableSurvey) -> str:
     if validation_fraction(survey):
+        newest = " (the newest rows the holdout leaves)" if _time_holdout(survey) else ""
         return (
-            "rows training validates on (val_*, early stopping, checkpoint choice), apart "
-            "from the holdout that judges the model; 0: it validates on the holdout"
-        )
-    if _time_holdout(survey):
-        return (
-            "0: not beside holdout_by: newest (validation rows are drawn among those the "
-            "holdout leaves, and the time cut is known only after the scan)"
+            f"rows training validates on{newest} (val_*, early stopping, checkpoint choice), "
+            "apart from the holdout that judges the model; 0: it validates on the holdout"
         )
     return (
         f"0: training validates on the holdout, which then judges the model it chose; "

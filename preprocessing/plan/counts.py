@@ -21,6 +21,7 @@ import numpy as np
 # A row's split code is its split's index here. One byte, as the holdout flag it replaced
 # (train 0, holdout 1): counts kept by an earlier run read the same.
 SPLITS = ("train", "holdout", "validation")
+TRAIN, HOLDOUT, VALIDATION = (SPLITS.index(name) for name in SPLITS)  # split codes
 COUNT_DTYPE = np.dtype(
     [
         ("piece", np.int64),

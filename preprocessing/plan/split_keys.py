@@ -24,7 +24,7 @@ definition written one value at a time.
 
 Under `holdout_by: newest` the split is the night's time cut (plan/time_cut.py), known only
 once every file is counted: the scan's `held_out` holds no row out (it counts rows by
-their time cell instead) and the routes pass the cut to `holdout_rows`.
+their time cell instead) and the routes pass the cut to `validation_split.row_splits`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 from preprocessing.config import DatasetSpec
 from preprocessing.plan.permutation import derive_key, mix64, unit_interval
 from preprocessing.plan.row_fates import holdout_mask
-from preprocessing.plan.time_cut import TimeCut, row_times, tie_slices
 
 NULL_HASH = np.uint64(derive_key("null value"))
 TEXT_ROWS = 1 << 16  # strings hashed this many at a time: index arrays of 8 bytes a byte
@@ -117,15 +116,9 @@ def holdout_rows(
     first_row: int,
     seed: int,
     fraction: float,
-    cut: TimeCut | None = None,
 ) -> np.ndarray:
-    """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out;
-    under `holdout_by: newest`, those at or past the night's `cut` (plan/time_cut.py)."""
-    if spec.holdout_by == "newest" and spec.holdout_column and fraction > 0:
-        if cut is None:
-            raise ValueError("a time holdout routes rows only by the night's cut")
-        times = row_times(table.column(spec.holdout_column), spec.holdout_column)
-        return cut.held(times, tie_slices(file_key, first_row, table.num_rows, seed))
+    """True for the rows of `table` (rows `first_row`.. of file `file_key`) held out
+    (under a time holdout, none: the night's cut routes them, `validation_split.row_splits`)."""
     keys = key_hashes(table, spec, tally=False) if fraction > 0 else {}
     return held_out(keys, spec, file_key, first_row, table.num_rows, seed, fraction)
 

@@ -15,6 +15,9 @@ routes a row by the same cell (`TimeCut.held`). So no train row's bucket is newe
 the holdout's oldest bucket; rows of the cutoff bucket are split by the hash. A date
 column whose files hold at most MAX_BUCKETS days each is cut at the day itself: equal
 dates are the only ties. No pass over the rows is added: the scan reads one column more.
+With `validation_fraction` the newest cells the holdout leaves, those whose rows come
+closest to that fraction, go to validation (`TimeCut.validation`), chosen after the
+holdout's cut, which they leave as it was: train < validation < holdout in time.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.contract.column_spec import FeatureError, parse_timestamps
-from preprocessing.plan.counts import Counts
+from preprocessing.plan.counts import HOLDOUT, SPLITS, TRAIN, VALIDATION, Counts
 from preprocessing.plan.permutation import derive_key, unit_interval
 
 SLICES = 8  # ties of a bucket, split by hash: the cutoff bucket is cut at 1/8 of it
@@ -200,57 +203,96 @@ class TimeCells:
 
 @dataclass(frozen=True)
 class TimeCut:
-    """Rows whose cell at `level` is at least `cutoff` are held out (none: NO_HOLDOUT)."""
+    """Rows whose cell at `level` is at least `cutoff` are held out (none: NO_HOLDOUT);
+    those from `validation` up to `cutoff` go to validation (none: NO_HOLDOUT)."""
 
     level: int
     cutoff: int
+    validation: int = NO_HOLDOUT
 
     def held(self, times: np.ndarray, slices: np.ndarray) -> np.ndarray:
         return row_cells(times, slices, self.level) >= self.cutoff
 
+    def codes(self, times: np.ndarray, slices: np.ndarray) -> np.ndarray:
+        """Each row's split code (plan/counts.py: SPLITS) by its cell."""
+        return self.cell_codes(row_cells(times, slices, self.level))
+
+    def cell_codes(self, cells: np.ndarray) -> np.ndarray:
+        """The split code of each cell at `level`: holdout from `cutoff`, validation
+        from `validation` up to it, train before."""
+        codes = np.where(cells >= self.validation, VALIDATION, TRAIN).astype(np.int8)
+        codes[cells >= self.cutoff] = HOLDOUT
+        return codes
+
     def record(self, column: str) -> dict[str, Any]:
-        """What a manifest keeps of the cut, for `ballast verify` and a reader."""
+        """What a manifest keeps of the cut, for `ballast verify` and a reader (the
+        validation keys only when the night has a validation cut)."""
         record: dict[str, Any] = {"column": column, "level": self.level, "cutoff": self.cutoff}
         record["bucket_seconds"] = 2**self.level / 1e6
         if self.cutoff != NO_HOLDOUT:
-            start = (self.cutoff // SLICES) << self.level
-            moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=start)
-            record["cutoff_bucket_start"] = moment.isoformat()
+            record["cutoff_bucket_start"] = self.bucket_start(self.cutoff)
+        if self.validation != NO_HOLDOUT:
+            record["validation_cutoff"] = self.validation
+            record["validation_bucket_start"] = self.bucket_start(self.validation)
         return record
 
+    def bucket_start(self, cell: int) -> str:
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+            microseconds=(cell // SLICES) << self.level
+        )
+        return moment.isoformat()
 
-def choose_cut(cells: Sequence[TimeCells], fraction: float) -> TimeCut:
+
+def choose_cut(
+    cells: Sequence[TimeCells], fraction: float, validation_fraction: float = 0.0
+) -> TimeCut:
     """The cut of a night's files: at their coarsest level, the newest cells whose rows
-    come closest to `fraction` of all (ties: the smaller holdout), the oldest kept."""
+    come closest to `fraction` of all held out, then the newest cells left whose rows come
+    closest to `validation_fraction` of all for validation (ties: the smaller split), the
+    oldest cell always kept for train."""
     level = max((part.level for part in cells), default=0)
     values = np.concatenate([part.cells_at(level) for part in cells] or [np.zeros(0, np.int64)])
     rows = np.concatenate([part.rows["num_rows"] for part in cells] or [np.zeros(0, np.int64)])
     distinct, inverse = np.unique(values, return_inverse=True)
-    if fraction <= 0 or len(distinct) < 2:
+    if len(distinct) < 2:
         return TimeCut(level, NO_HOLDOUT)
     per_cell = np.bincount(inverse, weights=rows, minlength=len(distinct)).astype(np.int64)
-    held = np.cumsum(per_cell[::-1])[::-1]  # held[i]: rows of cells i.. (the newest)
-    candidates = np.r_[held[1:], 0]  # cut at cell i + 1 (the last: none held)
-    miss = np.abs(candidates - fraction * int(per_cell.sum()))
-    best = len(miss) - 1 - int(np.argmin(miss[::-1]))  # ties: the later cut, fewer held
-    return TimeCut(level, int(distinct[best + 1]) if best + 1 < len(distinct) else NO_HOLDOUT)
+    total = int(per_cell.sum())
+    held = newest_cells(per_cell, fraction * total) if fraction > 0 else len(distinct)
+    checked = newest_cells(per_cell[:held], validation_fraction * total)
+    starts = np.r_[distinct, NO_HOLDOUT]  # cut at index i: cells i.. (len: none)
+    validation = int(starts[checked]) if checked < held else NO_HOLDOUT
+    return TimeCut(level, int(starts[held]), validation)
+
+
+def newest_cells(per_cell: np.ndarray, target: float) -> int:
+    """The first of the newest cells (index 1..len, len: none) whose rows (`per_cell`,
+    oldest first) come closest to `target` (ties: the later start, fewer rows)."""
+    if target <= 0 or len(per_cell) < 2:
+        return len(per_cell)
+    newest = np.cumsum(per_cell[::-1])[::-1]  # newest[i]: rows of cells i..
+    candidates = np.r_[newest[1:], 0]  # a start at cell i + 1 (the last: none)
+    miss = np.abs(candidates - target)
+    return len(miss) - int(np.argmin(miss[::-1]))  # ties: the later start
 
 
 def split_counts(cells: TimeCells, cut: TimeCut) -> Counts:
     """A file's counts per (piece, split, label, source) under `cut`, exact."""
     rows = cells.rows
-    held = (cells.cells_at(cut.level) >= cut.cutoff).astype(np.int64)
+    code = cut.cell_codes(cells.cells_at(cut.level)).astype(np.int64)
     width = (len(cells.labels) or 1) * (len(cells.sources) or 1)
     stratum = rows["label"].astype(np.int64) * (len(cells.sources) or 1) + rows["source"]
-    keys, inverse = np.unique((rows["piece"] * 2 + held) * width + stratum, return_inverse=True)
+    splits = len(SPLITS)
+    key = (rows["piece"] * splits + code) * width + stratum
+    keys, inverse = np.unique(key, return_inverse=True)
     totals = np.bincount(inverse, weights=rows["num_rows"], minlength=len(keys)).astype(np.int64)
     rest, source = np.divmod(keys % width, len(cells.sources) or 1)
-    piece, hold = np.divmod(keys // width, 2)
+    piece, split = np.divmod(keys // width, splits)
     return Counts.of(
-        (p, "holdout" if h else "train", cells.labels[lab], cells.sources[src], n)
-        for p, h, lab, src, n in zip(
+        (p, SPLITS[s], cells.labels[lab], cells.sources[src], n)
+        for p, s, lab, src, n in zip(
             piece.tolist(),
-            hold.tolist(),
+            split.tolist(),
             rest.tolist(),
             source.tolist(),
             totals.tolist(),

@@ -12,6 +12,10 @@ the rows left, a row goes to validation when a second keyed draw falls under
 draw alike, so a group or a duplicate content lies in one of the three splits, in any
 file, piece or night. The draw comes before resampling, as the holdout's does: both are
 kept as read, neither is over- or undersampled.
+
+Under a time holdout (`holdout_by: newest`) the rule is time: the validation rows are the
+newest the holdout leaves, the cells just older than its cutoff (plan/time_cut.py), so
+train < validation < holdout in time, as a time-series split orders them.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import DatasetSpec
-from preprocessing.plan.counts import SPLITS
+from preprocessing.plan.counts import HOLDOUT as HOLDOUT
+from preprocessing.plan.counts import TRAIN as TRAIN
+from preprocessing.plan.counts import VALIDATION
 from preprocessing.plan.permutation import derive_key, unit_interval
-from preprocessing.plan.split_keys import held_out, holdout_rows, key_hashes
-from preprocessing.plan.time_cut import TimeCut
-
-TRAIN, HOLDOUT, VALIDATION = (SPLITS.index(name) for name in ("train", "holdout", "validation"))
+from preprocessing.plan.split_keys import held_out, key_hashes
+from preprocessing.plan.time_cut import TimeCut, row_times, tie_slices
 
 
 def validation_rows(
@@ -71,7 +75,10 @@ def splits_of(
 ) -> np.ndarray:
     """The split code of rows `first_row`.. of file `file_key` from their `key_hashes`:
     the one decision the scan (which counts the splits) and every route of the exchange
-    (which moves the rows, through `row_splits`) make."""
+    (which moves the rows, through `row_splits`) make. Under a time holdout every row
+    reads as train here: the scan counts time cells, the plan cuts (`time_splits`)."""
+    if spec.holdout_by == "newest":
+        return np.zeros(num_rows, dtype=np.int8)
     holdout = held_out(keys, spec, file_key, first_row, num_rows, seed, holdout_fraction)
     validation = validation_rows(keys, spec, file_key, first_row, holdout, seed, holdout_fraction)
     return split_codes(holdout, validation)
@@ -87,11 +94,27 @@ def row_splits(
     cut: TimeCut | None = None,
 ) -> np.ndarray:
     """The split code of every row of `table` (rows `first_row`.. of file `file_key`);
-    under `holdout_by: newest` (never with a validation split: the config refuses it),
-    the holdout is the night's time `cut` (`split_keys.holdout_rows`)."""
-    if spec.holdout_by == "newest":
-        held = holdout_rows(table, spec, file_key, first_row, seed, holdout_fraction, cut)
-        return held.astype(np.int8)
+    under `holdout_by: newest` with a holdout or validation split, the night's time `cut`
+    decides (`time_splits`)."""
+    if spec.holdout_by == "newest" and (holdout_fraction > 0 or spec.validation_fraction > 0):
+        return time_splits(table, spec, file_key, first_row, seed, cut)
     drawn = holdout_fraction > 0 or spec.validation_fraction > 0
     keys = key_hashes(table, spec, tally=False) if drawn else {}
     return splits_of(keys, spec, file_key, first_row, table.num_rows, seed, holdout_fraction)
+
+
+def time_splits(
+    table: pa.Table | pa.RecordBatch,
+    spec: DatasetSpec,
+    file_key: str,
+    first_row: int,
+    seed: int,
+    cut: TimeCut | None,
+) -> np.ndarray:
+    """The split code of every row of `table` by its time cell under the night's `cut`
+    (plan/time_cut.py): holdout, validation just older, train older still."""
+    if cut is None:
+        raise ValueError("a time holdout routes rows only by the night's cut")
+    column = spec.holdout_column or ""
+    times = row_times(table.column(column), column)
+    return cut.codes(times, tie_slices(file_key, first_row, table.num_rows, seed))

@@ -67,7 +67,7 @@ def time_cut_of(scans: list[FileScan], spec: DatasetSpec, fraction: float) -> Ti
     if spec.holdout_by != "newest":
         return None
     cells = [scan.time_cells for scan in scans if scan.reason is None and scan.time_cells]
-    return choose_cut(cells, fraction)
+    return choose_cut(cells, fraction, spec.validation_fraction)
 
 
 def with_time_cut(scans: list[FileScan], spec: DatasetSpec, fraction: float) -> list[FileScan]:

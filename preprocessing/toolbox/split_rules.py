@@ -5,9 +5,8 @@ label) and its split settings.
 A time holdout (`holdout_by: newest`) holds out rows by their time alone; a group's or a
 duplicate content's rows may lie on both sides of the cutoff time, so it is refused beside
 `group_column` or `duplicates` rather than given a rule that would move rows across the
-cutoff (docs/data-path.md, splits); and beside a validation split, which is drawn among
-the rows the holdout leaves, while the time cut is known only after the scan. Standard
-library only: the toolbox imports nothing of ballast.
+cutoff (docs/data-path.md, splits). A validation split beside it is cut by time too
+(preprocessing/plan/time_cut.py). Standard library only: the toolbox imports nothing of ballast.
 """
 
 from __future__ import annotations
@@ -51,11 +50,5 @@ def time_holdout_problem(spec: Any) -> str | None:
         return (
             "dataset.holdout_by: newest cannot be set with group_column or duplicates: a "
             "group's or a content's rows may span the cutoff time; choose one rule"
-        )
-    if spec.validation_fraction > 0:
-        return (
-            "dataset.holdout_by: newest cannot be set with validation_fraction: the "
-            "validation rows are drawn among those the holdout leaves, and a time cut is "
-            "known only after the scan that counts them; choose one"
         )
     return None

@@ -18,7 +18,9 @@ that oversampling makes share their row's id) is named with the two shards (`kep
 
 A night made with `holdout_by: newest` records its cut in its delta (plan/time_cut.py):
 each of its own shards' time column is read, and a train row in a bucket newer than the
-cutoff bucket, or a holdout row in an older one, is named with its shard.
+first cutoff bucket (validation's, when the night has a validation cut), a validation row
+outside its two cutoffs, or a holdout row in a bucket older than its cutoff, is named with
+its shard.
 """
 
 from __future__ import annotations
@@ -75,13 +77,13 @@ class TimeLeak:
     split: str
     time: str
     shard: str
-    cutoff: str  # the start of the night's cutoff bucket
+    cutoff: str  # the start of the bucket the row should not cross
+    side: str = "newer than"  # or "older than"
 
     def line(self) -> str:
-        side = "newer than" if self.split == "train" else "older than"
         return (
             f"LEAK version {self.version}: a {self.split} row at {self.time} ({self.shard}) "
-            f"is {side} the night's time cut (its bucket starts {self.cutoff})"
+            f"is {self.side} the night's time cut (its bucket starts {self.cutoff})"
         )
 
 
@@ -170,12 +172,13 @@ def _distinct_rows(
 
 def time_leaks(manifest: Manifest, location: str) -> list[TimeLeak]:
     """The rows of each night (a delta recording a time cut) on the wrong side of it:
-    a train row in a bucket newer than the cutoff bucket, a holdout row in an older one
-    (rows of the cutoff bucket itself are split by a hash of their file and row, which a
-    shard does not keep); one named a shard, SHOWN in all."""
+    a train row in a bucket newer than the first cutoff bucket (validation's, else the
+    holdout's), a validation row outside its buckets, a holdout row in a bucket older than
+    its cutoff (rows of a cutoff bucket itself are split by a hash of their file and row,
+    which a shard does not keep); one named a shard, SHOWN in all."""
     leaks = []
     for delta in manifest.deltas:
-        for split in ("train", "holdout") if delta.time_cut else ():  # no validation beside it
+        for split in SPLITS if delta.time_cut else ():
             own = [
                 entry
                 for entry in (manifest.split(split).shards if split in manifest.splits else [])
@@ -187,25 +190,48 @@ def time_leaks(manifest: Manifest, location: str) -> list[TimeLeak]:
 
 def _time_leak(delta: Delta, split: str, entry: ShardEntry, location: str) -> TimeLeak | None:
     """The first row of shard `entry` (of `split`) across `delta`'s time cut, or None."""
+    cut = _checked_cut(delta)
+    column = str(cut["column"])
+    times = row_times(_read(shard_uri(location, entry), [column]).column(0), column)
+    buckets = times >> int(cut["level"])
+    bounds = {  # the cells a split's buckets lie between: (oldest, newest)
+        "train": (None, cut.get("validation_cutoff", cut["cutoff"])),
+        "validation": (cut.get("validation_cutoff"), cut["cutoff"]),
+        "holdout": (cut["cutoff"], None),
+    }[split]
+    for bound, side in zip(bounds, ("older than", "newer than"), strict=True):
+        if bound is None:
+            continue
+        wrong = buckets < bound // SLICES if side == "older than" else buckets > bound // SLICES
+        if wrong.any():
+            moment = EPOCH + timedelta(microseconds=int(times[wrong.argmax()]))
+            start = _bucket_start(int(bound), int(cut["level"]))
+            shard = f"{entry.path} of v-{delta.version_id}"
+            return TimeLeak(delta.version_id, split, moment.isoformat(), shard, start, side)
+    return None
+
+
+def _checked_cut(delta: Delta) -> dict:
+    """`delta`'s time cut, its fields checked (a manifest is untrusted input)."""
     cut = delta.time_cut
     if not (
         isinstance(cut.get("column"), str)
         and type(cut.get("level")) is int
         and 0 <= cut["level"] < 64
-        and type(cut.get("cutoff")) is int
-    ):  # a manifest is untrusted input
+        and all(type(cut.get(key, 0)) is int for key in ("cutoff", "validation_cutoff"))
+        and "cutoff" in cut
+    ):
         raise ManifestError(f"delta {delta.version_id}: time_cut {str(cut)[:200]} is no cut")
-    column = str(cut["column"])
-    times = row_times(_read(shard_uri(location, entry), [column]).column(0), column)
-    buckets, cutoff = times >> int(cut["level"]), int(cut["cutoff"]) // SLICES
-    wrong = buckets > cutoff if split == "train" else buckets < cutoff
-    if not wrong.any():
-        return None
-    moment = EPOCH + timedelta(microseconds=int(times[wrong.argmax()]))
-    shard = f"{entry.path} of v-{delta.version_id}"
-    return TimeLeak(
-        delta.version_id, split, moment.isoformat(), shard, cut.get("cutoff_bucket_start", "")
-    )
+    return cut
+
+
+def _bucket_start(cell: int, level: int) -> str:
+    """The start of cell `cell`'s bucket at `level`, ISO 8601 (far past a year 9999: its
+    microseconds)."""
+    try:
+        return (EPOCH + timedelta(microseconds=(cell // SLICES) << level)).isoformat()
+    except OverflowError:
+        return f"{(cell // SLICES) << level} us"
 
 
 def find_leaks(manifest: Manifest, location: str, checks: dict[str, list[str]]) -> list[Leak]:

@@ -38,9 +38,9 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     10,000-value string is left out with a CONFIRM saying why; NaN counts as null (as the
     reshard counts it) and gets a fill policy; the null category gets one its kind takes
     (never `indicator`); the unlabelled rows are counted with a CONFIRM line; training is
-    sized to the rows; the timestamps (no null) make the holdout the newest rows, so no
-    validation split is proposed beside it (refused together), with a CONFIRM saying why;
-    the config validates."""
+    sized to the rows; the timestamps (no null) make the holdout the newest rows, and the
+    validation split beside it the newest rows the holdout leaves (its CONFIRM says so),
+    with `select_best` on val_loss; the config validates."""
     table = write_messy_files(tmp_path / "raw", NUM_ROWS)
     text, config = init_config(tmp_path / "raw", tmp_path, capsys)
     PipelineParams.model_validate(config)
@@ -62,8 +62,12 @@ def test_init_sees_ids_dates_wide_strings_nan_and_unlabelled_rows(tmp_path, caps
     assert dataset["unlabelled"] == "drop"
     assert f"unlabelled: drop  # CONFIRM: {unlabelled} rows have no 'label'" in text
     assert config["train"]["max_epochs"] > 4  # ~1,500 steps of 64 rows over ~17,600 rows
-    assert dataset["validation_fraction"] == 0.0
-    assert "validation_fraction: 0.0  # CONFIRM: 0: not beside holdout_by: newest" in text
+    assert dataset["validation_fraction"] == 0.1
+    assert (
+        "validation_fraction: 0.1  # CONFIRM: rows training validates on (the newest rows "
+        "the holdout leaves)" in text
+    )
+    assert config["train"]["select_best"]["monitor"] == "val_loss"
 
 
 @pytest.mark.slow
@@ -71,7 +75,8 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     prefect_harness, dask_client: Client, tmp_path, capsys
 ) -> None:
     """Invariants: the config init proposed, CONFIRM lines answered as proposed, reshards
-    (unlabelled rows counted per file), trains, beats the class prior and registers a
+    (unlabelled rows counted per file, a validation split by time just older than the
+    holdout, which training selects on), trains, beats the class prior and registers a
     champion; batch inference over the raw files predicts every row, unlabelled ones and
     NaN included; the champion predicts on a DataFrame with the timestamp strings."""
     import mlflow
@@ -88,6 +93,8 @@ def test_the_proposed_config_runs_end_to_end_and_serves_every_raw_row(
     manifest, _ = read_manifest(result.manifest_uri)
     assert sum(manifest.features["unlabelled_rows"].values()) == table.column("label").null_count
     assert len(manifest.features["unlabelled_rows"]) == 4
+    cut = manifest.deltas[-1].time_cut
+    assert manifest.selection_split() == "validation" and cut["validation_cutoff"] < cut["cutoff"]
     scores = next(iter(result.evaluations.values()))
     assert scores.beats_class_prior and result.registration.alias == "champion"
     tracking = PipelineParams.model_validate(config).train.tracking
@@ -153,7 +160,8 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     proposes `validation_fraction: 0.0`, its CONFIRM saying that training then validates
     on the holdout, which judges the model it chose, and no `select_best`; on 12,000 rows
     (no date column) it proposes 0.1, with its CONFIRM, and `select_best` on val_loss with
-    a quarter of the epochs as patience (at least 2), with its CONFIRM."""
+    a quarter of the epochs as patience (at least 2), with its CONFIRM; beside a time
+    holdout the same rule holds (1,000 dated rows: none; 12,000: 0.1)."""
     rng = np.random.default_rng(1)
     table = pa.table({"label": rng.integers(0, 2, 1_000), "x": rng.normal(size=1_000)})
     (tmp_path / "raw").mkdir()
@@ -165,7 +173,8 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     assert "select_best" not in config["train"]
     rng = np.random.default_rng(2)
     table = pa.table({"label": rng.integers(0, 2, 12_000), "x": rng.normal(size=12_000)})
-    pq.write_table(table, tmp_path / "raw" / "a.parquet")
+    raw_file = tmp_path / "raw" / "a.parquet"
+    pq.write_table(table, raw_file)
     text, config = init_config(tmp_path / "raw", tmp_path, capsys)
     PipelineParams.model_validate(config)
     assert config["reshard"]["dataset"]["validation_fraction"] == 0.1
@@ -173,6 +182,13 @@ def test_init_proposes_no_validation_split_where_it_would_be_too_small(tmp_path,
     patience = max(2, round(config["train"]["max_epochs"] / 4))
     assert config["train"]["select_best"] == {"monitor": "val_loss", "patience": patience}
     assert "select_best:  # CONFIRM: stop once val_loss on the validation split" in text
+    for rows, proposed in ((1_000, 0.0), (12_000, 0.1)):
+        seen = np.datetime64("2024-03-01", "s") + np.arange(rows).astype("timedelta64[h]")
+        pq.write_table(table.slice(0, rows).append_column("seen", pa.array(seen)), raw_file)
+        _, config = init_config(tmp_path / "raw", tmp_path, capsys)
+        dataset = config["reshard"]["dataset"]
+        assert (dataset["holdout_by"], dataset["validation_fraction"]) == ("newest", proposed)
+        assert ("select_best" in config["train"]) == bool(proposed)
 
 
 def test_init_proposes_a_time_holdout_by_a_date_column_with_its_reason(tmp_path, capsys) -> None:

@@ -181,9 +181,12 @@ def timed_night(rng: np.random.Generator, night: int, rows: int) -> pa.Table:
     )
 
 
-def run_time_chains(base: Path, dask_client) -> dict[str, list[ReshardResult]]:
-    """A base of two files, then two nights each adding one, held out by newest time;
-    each night reshards into two roots, one by each route."""
+def run_time_chains(
+    base: Path, dask_client, validation: float = 0.0, nights: int = 3
+) -> dict[str, list[ReshardResult]]:
+    """A base of two files, then nights each adding one (`nights` in all), held out by
+    newest time (beside a `validation` split by time); each night reshards into two
+    roots, one by each route."""
     rng = np.random.default_rng(9)
     raw = base / "raw"
     raw.mkdir()
@@ -193,10 +196,11 @@ def run_time_chains(base: Path, dask_client) -> dict[str, list[ReshardResult]]:
         feature_columns=FEATURES,
         holdout_by="newest",
         holdout_column="seen",
+        validation_fraction=validation,
     )
     routes = {"staged": 0, "single": None}  # single_pass_bytes: 0 forces the staged route
     results: dict[str, list[ReshardResult]] = {name: [] for name in routes}
-    for night in range(3):
+    for night in range(nights):
         for part in ("a", "b") if night == 0 else ("c",):
             table = timed_night(rng, night, 300)
             pq.write_table(table, raw / f"{night}-{part}.parquet", row_group_size=100)
@@ -265,3 +269,42 @@ def test_time_holdout_holds_each_nights_newest_rows_on_both_routes(
 
 def digests(manifest) -> list[str]:
     return [s.sha256 for split in manifest.splits.values() for s in split.shards]
+
+
+def test_a_time_validation_split_lies_between_train_and_holdout_on_both_routes(
+    tmp_path, dask_client, capsys
+) -> None:
+    """Invariants: beside a time holdout, `validation_fraction` gives each night (a base,
+    then an append) a validation split of that night's rows just older than its holdout:
+    no train row newer than the oldest validation row's bucket, no validation row newer
+    than the oldest holdout row's, each near its fifth; each delta records both cutoffs,
+    in that order; training selects on validation; both routes write the same shards;
+    `ballast verify` passes the chain and names a validation row across a changed cut."""
+    chains = run_time_chains(tmp_path, dask_client, validation=0.2, nights=2)
+    staged, single = chains["staged"], chains["single"]
+    for ours, theirs in zip(staged, single, strict=True):
+        assert digests(ours.manifest) == digests(theirs.manifest)
+    last = staged[-1]
+    assert last.manifest.selection_split() == "validation"
+    for delta in last.manifest.deltas:
+        cut = delta.time_cut
+        assert cut["validation_cutoff"] < cut["cutoff"]
+        assert cut["validation_bucket_start"] <= cut["cutoff_bucket_start"]
+        own = {s: own_times(last, s, delta.version_id) for s in ("train", "validation", "holdout")}
+        total = sum(len(times) for times in own.values())
+        assert all(0.15 < len(own[s]) / total < 0.25 for s in ("validation", "holdout")), cut
+        width = np.timedelta64(int(2 ** cut["level"]), "us")
+        assert own["train"].max() < own["validation"].min() + width, cut
+        assert own["validation"].max() < own["holdout"].min() + width, cut
+    root = str(tmp_path / "staged")
+    assert split_leaks(root) == [] and main(["verify", root]) == 0
+    capsys.readouterr()
+    manifest, location = read_manifest(version_dir(root, last.manifest.version_id))
+    document = json.loads(Path(location).read_text())
+    cut = document["deltas"][0]["time_cut"]
+    cut["validation_cutoff"] = cut["cutoff"]  # validation rows now older than their cut
+    Path(location).write_text(json.dumps(document))
+    assert main(["verify", root]) == 1
+    out = capsys.readouterr().out
+    assert f"LEAK version {manifest.deltas[0].version_id}: a validation row at" in out
+    assert "is older than the night's time cut" in out

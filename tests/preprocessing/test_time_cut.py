@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.plan.split_keys import holdout_rows
 from preprocessing.plan.time_cut import (
     CELL_DTYPE,
     MAX_BUCKETS,
@@ -35,6 +34,7 @@ from preprocessing.plan.time_cut import (
     row_times,
     split_counts,
 )
+from preprocessing.plan.validation_split import HOLDOUT, row_splits
 from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.scan.columns import row_problem
 from preprocessing.scan.inputs import FileScan, scan_file
@@ -98,13 +98,14 @@ def nights(draw: st.DrawFn) -> tuple[pa.Table, list[int], str]:
     return table, cuts, kind
 
 
-def time_spec() -> DatasetSpec:
+def time_spec(validation: float = 0.0) -> DatasetSpec:
     return DatasetSpec(
         inputs=["raw"],
         source_column=None,
         feature_columns=["x"],
         holdout_by="newest",
         holdout_column="seen",
+        validation_fraction=validation,
     )
 
 
@@ -128,9 +129,8 @@ def routed(scan: FileScan, file: InputFile, cut, seed: int, fraction: float) -> 
     parts, first = [], 0
     for rows in scan.piece_rows:
         table = read_rows(file.uri, first, rows, reading=CsvReading.of(time_spec()))
-        parts.append(
-            holdout_rows(table, time_spec(), file.relative_path, first, seed, fraction, cut)
-        )
+        codes = row_splits(table, time_spec(), file.relative_path, first, seed, fraction, cut)
+        parts.append(codes == HOLDOUT)
         first += rows
     return np.concatenate(parts)
 

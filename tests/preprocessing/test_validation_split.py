@@ -181,12 +181,14 @@ def test_training_selects_on_validation_else_the_holdout(rows, chosen) -> None:
     assert (chosen or "") in line and ("judged" in line) == (chosen == "holdout")
 
 
-def test_a_validation_split_is_refused_beside_a_time_holdout() -> None:
-    """Invariant: `validation_fraction` beside `holdout_by: newest` is refused in one line
-    naming both (validation rows are drawn among those the holdout leaves, and the time
-    cut is known only after the scan); either alone is accepted."""
+def test_a_validation_split_beside_a_time_holdout_is_accepted_and_cut_by_time() -> None:
+    """Invariant: `validation_fraction` beside `holdout_by: newest` is accepted (its rows
+    are cut by time, plan/time_cut.py); either alone is accepted as before, and the two
+    fractions together still must leave rows to train on."""
     time = {"holdout_by": "newest", "holdout_column": "seen"}
-    with pytest.raises(ValueError, match=r"holdout_by: newest .*validation_fraction"):
-        DatasetSpec(inputs=["raw"], validation_fraction=0.1, **time)
+    assert DatasetSpec(inputs=["raw"], validation_fraction=0.1, **time).holdout_by == "newest"
     assert DatasetSpec(inputs=["raw"], **time).validation_fraction == 0
     assert DatasetSpec(inputs=["raw"], validation_fraction=0.1).holdout_by == "random"
+    dataset = {"inputs": ["raw"], "validation_fraction": 0.5, **time}
+    with pytest.raises(ValueError, match="validation_fraction add up to 1"):
+        ReshardConfig(output_root="out", holdout_fraction=0.5, dataset=dataset)
