@@ -1,7 +1,7 @@
 """The dataset version contract: names, the manifest, and reading `_CURRENT`.
 
 Part of `preprocessing/contract/`, the one room of `preprocessing/` that `training/` and
-`tracking/` may import (docs/architecture.md): standard library and fsspec only (its lineage
+`tracking/` may import (docs/architecture.md): standard library, fsspec and orjson only (its lineage
 records and storage primitives, `contract/lineage.py` and `storage/objects.py`, are reached
 through it). Under an output root:
 
@@ -22,7 +22,6 @@ id checked against the manifest's own lineage, never a path.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
@@ -31,7 +30,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from preprocessing.contract.documents import document_json
+from preprocessing.contract.documents import document_json, read_document
 from preprocessing.contract.fields import manifest_problem
 from preprocessing.contract.lineage import Delta, InputRecord, lineage_problem
 
@@ -145,8 +144,8 @@ class Manifest:
         return document_json(self)
 
     @classmethod
-    def from_json(cls, text: str, origin: str) -> Manifest:
-        raw = json.loads(text)
+    def from_json(cls, text: str | bytes, origin: str) -> Manifest:
+        raw = read_document(text)
         found = raw.get("format_version")
         if found not in READABLE_FORMATS:
             raise ManifestError(
