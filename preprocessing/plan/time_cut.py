@@ -11,7 +11,7 @@ twice as coarse each step), so the counts stay bounded whatever the rows. The pl
 every file to the coarsest level of the night and holds out the newest cells whose rows
 come closest to `holdout_fraction` (`choose_cut`), the oldest cell always kept for train;
 the counts per split are then exact (`split_counts`), and every route of the exchange
-routes a row by the same cell (`TimeCut.held`). So no train row's bucket is newer than
+routes a row by the same cell (`TimeCut.codes`). So no train row's bucket is newer than
 the holdout's oldest bucket; rows of the cutoff bucket are split by the hash. A date
 column whose files hold at most MAX_BUCKETS days each is cut at the day itself: equal
 dates are the only ties. No pass over the rows is added: the scan reads one column more.
@@ -210,9 +210,6 @@ class TimeCut:
     cutoff: int
     validation: int = NO_HOLDOUT
 
-    def held(self, times: np.ndarray, slices: np.ndarray) -> np.ndarray:
-        return row_cells(times, slices, self.level) >= self.cutoff
-
     def codes(self, times: np.ndarray, slices: np.ndarray) -> np.ndarray:
         """Each row's split code (plan/counts.py: SPLITS) by its cell."""
         return self.cell_codes(row_cells(times, slices, self.level))
@@ -230,17 +227,21 @@ class TimeCut:
         record: dict[str, Any] = {"column": column, "level": self.level, "cutoff": self.cutoff}
         record["bucket_seconds"] = 2**self.level / 1e6
         if self.cutoff != NO_HOLDOUT:
-            record["cutoff_bucket_start"] = self.bucket_start(self.cutoff)
+            record["cutoff_bucket_start"] = bucket_start(self.cutoff, self.level)
         if self.validation != NO_HOLDOUT:
             record["validation_cutoff"] = self.validation
-            record["validation_bucket_start"] = self.bucket_start(self.validation)
+            record["validation_bucket_start"] = bucket_start(self.validation, self.level)
         return record
 
-    def bucket_start(self, cell: int) -> str:
-        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
-            microseconds=(cell // SLICES) << self.level
-        )
-        return moment.isoformat()
+
+def bucket_start(cell: int, level: int) -> str:
+    """The start of cell `cell`'s bucket at `level`, ISO 8601 (past the year 9999, which a
+    manifest read as untrusted input may claim: its microseconds)."""
+    microseconds = (cell // SLICES) << level
+    try:
+        return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=microseconds)).isoformat()
+    except OverflowError:
+        return f"{microseconds} us"
 
 
 def choose_cut(

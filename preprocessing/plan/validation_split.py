@@ -24,8 +24,6 @@ import numpy as np
 import pyarrow as pa
 
 from preprocessing.config import DatasetSpec
-from preprocessing.plan.counts import HOLDOUT as HOLDOUT
-from preprocessing.plan.counts import TRAIN as TRAIN
 from preprocessing.plan.counts import VALIDATION
 from preprocessing.plan.permutation import derive_key, unit_interval
 from preprocessing.plan.split_keys import held_out, key_hashes

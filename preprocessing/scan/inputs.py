@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.config import DatasetSpec
-from preprocessing.plan.counts import Counts
+from preprocessing.plan.counts import TRAIN, Counts
 from preprocessing.plan.key_tally import KeyCounts, merge_keys, tally_keys
 from preprocessing.plan.row_ids import id_range
 from preprocessing.plan.split_keys import content_in_map, key_columns, key_hashes
@@ -45,7 +45,7 @@ from preprocessing.plan.time_cut import (
     TimeColumnError,
     TimeTally,
 )
-from preprocessing.plan.validation_split import TRAIN, splits_of
+from preprocessing.plan.validation_split import splits_of
 from preprocessing.scan.columns import INTERNAL_PREFIX as INTERNAL_PREFIX
 from preprocessing.scan.columns import (
     IdTally,

@@ -46,7 +46,7 @@ from preprocessing.contract.manifest import (
 )
 from preprocessing.plan.counts import SPLITS
 from preprocessing.plan.split_keys import content_columns, row_hashes
-from preprocessing.plan.time_cut import SLICES, row_times
+from preprocessing.plan.time_cut import SLICES, bucket_start, row_times
 
 SHOWN = 10  # leaks named one by one (per kind and pair of splits); the rest are counted
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -205,7 +205,7 @@ def _time_leak(delta: Delta, split: str, entry: ShardEntry, location: str) -> Ti
         wrong = buckets < bound // SLICES if side == "older than" else buckets > bound // SLICES
         if wrong.any():
             moment = EPOCH + timedelta(microseconds=int(times[wrong.argmax()]))
-            start = _bucket_start(int(bound), int(cut["level"]))
+            start = bucket_start(int(bound), int(cut["level"]))
             shard = f"{entry.path} of v-{delta.version_id}"
             return TimeLeak(delta.version_id, split, moment.isoformat(), shard, start, side)
     return None
@@ -223,15 +223,6 @@ def _checked_cut(delta: Delta) -> dict:
     ):
         raise ManifestError(f"delta {delta.version_id}: time_cut {str(cut)[:200]} is no cut")
     return cut
-
-
-def _bucket_start(cell: int, level: int) -> str:
-    """The start of cell `cell`'s bucket at `level`, ISO 8601 (far past a year 9999: its
-    microseconds)."""
-    try:
-        return (EPOCH + timedelta(microseconds=(cell // SLICES) << level)).isoformat()
-    except OverflowError:
-        return f"{(cell // SLICES) << level} us"
 
 
 def find_leaks(manifest: Manifest, location: str, checks: dict[str, list[str]]) -> list[Leak]:

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
+from preprocessing.plan.counts import HOLDOUT
 from preprocessing.plan.time_cut import (
     CELL_DTYPE,
     MAX_BUCKETS,
@@ -34,7 +35,7 @@ from preprocessing.plan.time_cut import (
     row_times,
     split_counts,
 )
-from preprocessing.plan.validation_split import HOLDOUT, row_splits
+from preprocessing.plan.validation_split import row_splits
 from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.scan.columns import row_problem
 from preprocessing.scan.inputs import FileScan, scan_file

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocessing.config import DatasetSpec, ReshardConfig
-from preprocessing.plan.counts import SPLITS
+from preprocessing.plan.counts import HOLDOUT, SPLITS, TRAIN, VALIDATION
 from preprocessing.plan.time_cut import (
     NO_HOLDOUT,
     SLICES,
@@ -28,7 +28,7 @@ from preprocessing.plan.time_cut import (
     row_times,
     split_counts,
 )
-from preprocessing.plan.validation_split import HOLDOUT, TRAIN, VALIDATION, row_splits
+from preprocessing.plan.validation_split import row_splits
 from preprocessing.scan.across_files import time_cut_of, with_time_cut
 from preprocessing.storage.csv_reading import CsvReading
 from preprocessing.storage.sources import read_rows

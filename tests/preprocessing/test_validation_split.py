@@ -19,13 +19,10 @@ from hypothesis import strategies as st
 from flows.cli.summary import chosen_on
 from preprocessing.config import DatasetSpec, ReshardConfig
 from preprocessing.contract.manifest import Manifest, SplitEntry
-from preprocessing.plan.counts import SPLITS, Counts
+from preprocessing.plan.counts import HOLDOUT, SPLITS, TRAIN, VALIDATION, Counts
 from preprocessing.plan.split import split_counts
 from preprocessing.plan.split_keys import content_columns, holdout_rows, key_hashes
 from preprocessing.plan.validation_split import (
-    HOLDOUT,
-    TRAIN,
-    VALIDATION,
     row_splits,
     split_codes,
     splits_of,
