@@ -40,19 +40,30 @@ CASES: dict[str, Ranks] = {
 }
 ALIKE: Ranks = ([0.010, 0.010], [5e-5, 5e-5])
 MIDRUN = ("all work 1.5x", "quota-like 2x")
+# A disturbance, not a change of speed: rank 1's own work BURST x slower for two intervals
+# (M97: 8 steps of the tokens model's slowed rank 1.55x slower in its third epoch).
+BURST, BURST_STEPS, BURST_AT = 1.55, 2 * EVERY, 450
 
 
 def run(
-    ranks: Ranks, steps: int, seed: int, change: int | None = None, spread: bool = False
+    ranks: Ranks,
+    steps: int,
+    seed: int,
+    change: int | None = None,
+    spread: bool = False,
+    burst: int | None = None,
 ) -> np.ndarray:
     """Each step's modelled time over the best fixed split's (of the speeds then);
-    `spread`: each interval's squared per-step times reported too (times its noise)."""
+    `spread`: each interval's squared per-step times reported too (times its noise);
+    `burst`: rank 1's own work BURST x slower for BURST_STEPS steps from that step."""
     noise, plan = np.random.default_rng(seed), SharePlan()
     samples, busy, squared, ratios = np.zeros(2), np.zeros(2), np.zeros(2), []
     for step in range(steps):
         fixed, per_row = ALIKE if change is not None and step < change else ranks
         rows = np.diff(row_bounds(plan.shares_at(0, step * ROWS, 2), ROWS))
         own = np.array(fixed) + np.array(per_row) * rows
+        if burst is not None and burst <= step < burst + BURST_STEPS:
+            own = own * np.array([1.0, BURST])
         ratios.append(own.max() / best_s((fixed, per_row)))
         samples, busy, squared = samples + rows, busy + own, squared + own**2
         if (step + 1) % EVERY == 0:
@@ -95,6 +106,15 @@ def main() -> None:
         print(
             f"| slowed at step {EPOCH} ({name}): the epoch after the change / after it | "
             f"{spread(runs, slice(EPOCH, 2 * EPOCH))} | {spread(runs, slice(2 * EPOCH, None))} |"
+        )
+    for name in CASES:
+        runs = [
+            run(CASES[name], args.steps, seed, spread=args.spread, burst=BURST_AT) for seed in seeds
+        ]
+        print(
+            f"| {BURST}x for {BURST_STEPS} steps at step {BURST_AT} ({name}): the 300 steps "
+            f"from it / after | {spread(runs, slice(BURST_AT, BURST_AT + EPOCH))} | "
+            f"{spread(runs, slice(BURST_AT + EPOCH, None))} |"
         )
 
 
