@@ -43,18 +43,15 @@ that reads a slow rank's rows as costing nothing would otherwise hold a slowed r
 equal for PROBE_AFTER readings or more (benchmarks/RESULTS.md M72). With exact readings
 both are the fitted model.
 
-Readings at one split are pooled (`joined`): the intervals in a row that ran wholly at
-the shares in force, none off the pool by more than SHIFT, make one point, their mean,
-and the fit reads every point since the last change of speed, each weighing the
-intervals it pools. An interval off its pool by more than SHIFT is held apart: the next
-one, off the same way, confirms a change of speed (the history starts over from it), or
-shows it was one disturbed interval (dropped). A move must gain more than the noise
-band, NOISE_K standard errors of the pooled point (an interval's noise, measured from
-the pooled intervals, over the root of their number), unless the ranks' own work there
-is IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
-move off the equal split, while off it the cautious lines already shorten each move by
-the fit's uncertainty (NOISE_PRIOR until an interval is pooled). Without it, under 15 %
-noise an interval the split walks around the best one by tens of rows (M50).
+Readings at one split are pooled into points, and a change of speed starts them over,
+or is undone when it proves a disturbance (training/data/speed_change.py). A move must
+gain more than the noise band, NOISE_K standard errors of the pooled point (an
+interval's noise, measured from the pooled intervals, over the root of their number),
+unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit that predicts
+too little); that gate holds for a move off the equal split, while off it the cautious
+lines already shorten each move by the fit's uncertainty (NOISE_PRIOR until an interval
+is pooled). Without it, under 15 % noise an interval the split walks around the best
+one by tens of rows (M50).
 
 Then the shares become the newer target at once, all the way. So a single disturbed
 interval (a scheduler hiccup, a checkpoint, a GC pause on one rank) moves nothing, nor
@@ -80,10 +77,11 @@ the largest rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
+from training.data.speed_change import NOISE_WEIGHT, POOL, Pool, SpeedChange, joined
 from training.data.step_model import GAIN_BAND, Point, StepModel, fit, interval_point, rank_points
 from training.data.step_noise import expected_step, quickest_split, running
 
@@ -102,30 +100,16 @@ EQUAL_BAND = 0.1
 # wide enough for the timing noise of a steady slow rank, narrow enough that an interval
 # straddling a change of speed waits for the next one rather than move half way.
 AGREE_BAND = 0.1
-# The points a step model is fitted from (a change of speed starts them over): 16, each
-# pooling up to 2 POOL - 1 intervals, average out 15 % timing noise an interval where the
-# 4 points of M50 walked the split (tests/training/test_balance_settle.py).
-HISTORY = 16
 # Readings at the equal split held by a fitted model, while the ranks' speeds there call
 # for a move, before the model is forgotten and measured again (doubled at each probe).
 # 8 intervals: well past HISTORY, so the probe never cuts short a fit still settling.
 PROBE_AFTER = 8
-# Intervals in a row at one split are pooled into one point (their mean cost per row),
-# the newest weighing at least 1/POOL: the longer the split holds, the less an
-# interval's noise moves the fit, while a change of speed still shows within a few.
-POOL = 8
-# A rank whose cost per row in the newest interval is off the pooled one by more than
-# this (relative) has changed speed: the pool restarts from that interval. About twice
-# an interval's timing noise (15 % on a shared 2-core host), far under a 2x slow-down.
-SHIFT = 0.35
 # A move must also gain NOISE_K standard errors of the pooled point's timing (the noise
-# band): an interval's relative noise (`Reading.noise`, a variance: the running mean of
-# the squared difference of each pooled interval from its pool, 0 until one is pooled,
-# the newest weighing NOISE_WEIGHT) over the square root of the intervals pooled. Near
+# band): an interval's relative noise (`Reading.noise`, a variance: speed_change.py's
+# NOISE_WEIGHT) over the square root of the intervals pooled. Near
 # the best split a move of a few rows changes the largest step by several percent, so
 # noise alone would walk the split around it; the longer a split holds, the narrower.
 NOISE_K = 1.0
-NOISE_WEIGHT = 1 / 8
 # Until an interval is pooled the noise is unmeasured, not none: the caution terms read
 # this (15 % an interval), else a fit from two unpooled intervals is taken as exact and one
 # slow interval sends the split to equal (benchmarks/RESULTS.md M93). Measured 0: exact.
@@ -179,8 +163,9 @@ class Reading:
     speeds (`held`), how many such readings forget the model (`wait`), how many intervals
     the newest point pools (`pooled`; 0 when it differs from the one before by more than
     SHIFT: a change of speed, which the next interval must not be pooled with), the
-    variance of an interval's relative timing noise (`noise`, see NOISE_K), and each
-    rank's per-step dispersion (training/data/step_noise.py; None: not measured)."""
+    variance of an interval's relative timing noise (`noise`, see NOISE_K), each rank's
+    per-step dispersion (training/data/step_noise.py; None: not measured), and the change
+    of speed its points started at while it may still be undone (speed_change.py)."""
 
     shares: np.ndarray
     target: np.ndarray
@@ -191,6 +176,7 @@ class Reading:
     pooled: int = 1
     noise: float = 0.0
     dispersion: np.ndarray | None = None
+    change: SpeedChange | None = None
 
     @property
     def fitted(self) -> bool:
@@ -226,6 +212,10 @@ class Reading:
         """NOISE_K standard errors of the newest point's timing: an interval's noise over
         the root of the intervals it pools (at most 2 POOL - 1, the pool's weight)."""
         return float(NOISE_K * np.sqrt(self.noise / min(max(self.pooled, 1), 2 * POOL - 1)))
+
+    def pool(self) -> Pool:
+        """The points this reading's fit read, as speed_change.py pools them."""
+        return Pool(self.history, self.pooled, self.noise, self.change)
 
     def imbalance(self) -> float:
         """How much the slowest rank's own work at the newest point exceeds the fastest's."""
@@ -266,15 +256,17 @@ def read_interval(
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
         return None
     before = last if last is not None and len(last.shares) == world else None
-    history, pooled, noise = joined(before, interval_point(samples, busy_s))
-    model = fit(history, before.model if before else None, superseding=pooled == 0)
+    last_model = before.model if before else None
+    pool = joined(before.pool() if before else None, interval_point(samples, busy_s), last_model)
+    history, pooled, noise = pool.history, pool.pooled, pool.noise
+    model = fit(history, last_model, superseding=pooled == 0)
     pooled_point = history[-1]  # samples / busy_s, or its mean over the intervals pooled
     speed = snapped(bounded(pooled_point.shares / pooled_point.costs))
     wait = before.wait if before else PROBE_AFTER
     # None from a run's first interval: its first steps hold the warm-up.
     spread = running(before.dispersion, dispersion, NOISE_WEIGHT) if before else None
     if not model.fitted:
-        return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread)
+        return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread, pool.change)
     measured = noise > 0 or any(point.weight > 1 for point in history)
     noises = (noise if measured else NOISE_PRIOR, spread)
     model, target = cautious_target(shares, model, history, noises, pooled == 0)
@@ -286,7 +278,7 @@ def read_interval(
     if held >= wait:  # forget the model: the next readings measure from speed again
         forgot = fit(history[-1:])
         return Reading(shares, speed, forgot, history[-1:], 0, 2 * wait, pooled, noise, spread)
-    return Reading(shares, target, model, history, held, wait, pooled, noise, spread)
+    return Reading(shares, target, model, history, held, wait, pooled, noise, spread, pool.change)
 
 
 def cautious_target(
@@ -331,46 +323,6 @@ def cautious(
         error = float(np.sqrt(noise / spread)) * level[rank]
         per_share[rank] = min(per_share[rank] + k * error, level[rank] / newest[rank])
     return StepModel(level - per_share * newest, per_share, model.fitted)
-
-
-def joined(before: Reading | None, point: Point) -> tuple[tuple[Point, ...], int, float]:
-    """The history with `point`, how many intervals its newest point pools (0: it is off
-    the pool before it by more than SHIFT), and the noise after it. At the split of the
-    newest point (both ran wholly at it): merged into it when no rank's cost per row is
-    off by more than SHIFT (their mean, the newest weighing 1 / min(n + 1, POOL); the
-    noise takes in its largest relative difference from the pool); else appended, held
-    apart: if the next interval is off the pool the same way, the ranks changed speed and
-    the history starts over from it (the points before measured the old speeds, and the
-    held one may straddle the change); if not, the held one was
-    one disturbed interval and is dropped. At a new split: appended (the last `HISTORY`
-    points kept), so that the fit reads every interval since the last change of speed."""
-    if before is None or not before.history:
-        return (point,), 1, 0.0
-    newest = before.history[-1]
-    if np.abs(point.shares - newest.shares).max() >= 1e-9:
-        return (*before.history, point)[-HISTORY:], 1, before.noise
-    off = float(np.abs(point.costs / newest.costs - 1.0).max())
-    if before.pooled == 0 and len(before.history) > 1:  # the newest was off its pool
-        pool = before.history[-2]
-        if shifted(pool.costs, newest.costs, point.costs):  # a change of speed: start over
-            return (point,), 1, before.noise  # (the first interval may straddle it)
-        rest = replace(before, history=before.history[:-1], pooled=1)
-        return joined(rest, point)  # one disturbed interval: read against the pool before
-    if off > SHIFT:
-        return (*before.history, point)[-HISTORY:], 0, before.noise
-    weight = NOISE_WEIGHT if before.noise else 1.0  # the first measured noise is the noise
-    noise = (1 - weight) * before.noise + weight * off**2
-    count = min(before.pooled, POOL - 1)
-    costs = (newest.costs * count + point.costs) / (count + 1)
-    mean = Point(point.shares, costs, min(newest.weight + 1.0, 2.0 * POOL - 1))
-    return (*before.history[:-1], mean), before.pooled + 1, noise
-
-
-def shifted(pool: np.ndarray, suspect: np.ndarray, point: np.ndarray) -> bool:
-    """Whether some rank's cost per row is off `pool`'s by more than SHIFT in both of two
-    intervals in a row, the same way: a change of speed, not one disturbed interval."""
-    first, second = suspect / pool - 1.0, point / pool - 1.0
-    return bool(np.any((np.abs(first) > SHIFT) & (np.abs(second) > SHIFT) & (first * second > 0)))
 
 
 def snapped(target: np.ndarray) -> np.ndarray:

@@ -37,7 +37,8 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from preprocessing.contract.manifest import file_lock, is_local, write_atomically
-from training.data.speed_control import HISTORY, PROBE_AFTER, Reading
+from training.data.speed_change import HISTORY
+from training.data.speed_control import PROBE_AFTER, Reading
 from training.data.step_model import Point, fit
 
 FILE_NAME = "balance_split.json"
