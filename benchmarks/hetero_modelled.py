@@ -12,7 +12,9 @@ whatever `training` the interpreter imports (PYTHONPATH at another checkout: its
 controller). Printed per case, over the seeds (mean / worst): the modelled step over the
 best fixed split's (every split of the 512 rows tried; for alike ranks that is equal)
 over the first epoch (the first 300 steps) and after it; mid-run, over the epoch after
-the change (its 300 steps) and after that. Not a timing: the figures are the model's,
+the change (its 300 steps) and after that; a disturbance (rank 1 BURST x slower for two
+intervals' steps, from a step not on an interval's edge), over the 300 steps from it and
+after that. Not a timing: the figures are the model's,
 exact per seed.
 """
 

@@ -123,8 +123,11 @@ def speed_change(
     history: tuple[Point, ...], ratio: np.ndarray, model: StepModel | None
 ) -> SpeedChange | None:
     """The change of speed from the points of `history` by `ratio`, kept to be undone only
-    when they measured a speed (some point pools two intervals or more): a run's first
-    interval holds the warm-up, which the change after it is not to be undone to."""
+    when they measured a steady speed (their newest point pools POOL intervals or more):
+    a run's first interval holds the warm-up, which the change after it is not to be
+    undone to, and a pool of a few noisy intervals is no speed to restore (M97: undoing
+    to any pooled speed worsened the modelled worst cases). `model`: the last reading's,
+    the prior for a rank whose points do not span a fit."""
     if history[-1].weight < POOL:
         return None
     return SpeedChange(history, fit(history, model), ratio)
@@ -142,7 +145,7 @@ def passed(change: SpeedChange, point: Point) -> bool:
     over what the model before it predicts at the point's shares is within SHIFT of 1,
     and nearer 1 than the change's ratio (summed over the ranks, in logs)."""
     expected = change.model.fixed + change.model.per_share * point.shares
-    if np.any(expected <= 0) or np.any(change.ratio <= 0):
+    if np.any(expected <= 0):  # a fit predicting no cost: nothing to compare with
         return False
     over = point.costs / expected
     if np.abs(over - 1.0).max() > SHIFT:
