@@ -25,14 +25,14 @@ records its loss times its `loss_scale`; their mean over ranks is the step's mea
 either mode). Per case and model: `speed` / `equal` wall time (last epoch, all epochs),
 the largest relative difference of their per-step losses, and under `speed` the steps
 from the slow-down (step 0 when loaded) until every rank's rows stay within 5 % of the
-final split (the mean of the last 5 steps). Targets: loaded, speed's last-epoch wall <=
-0.75x equal's (the ideal is 0.67x); per-step loss within 1e-5 relative (the same global
-batches); unloaded, speed costs <= 3 % over equal; token-balanced, the slower rank's
-forward time per step within 15 % of the median (of the two). Every figure is printed,
-met or not; on a shared host they are noisy (the load average is printed). On the MLP
-the loss target holds only while the split is the equal one: in float32 another split
-of the same batches alone moves its losses past 1e-5 within 40 steps
-(benchmarks/split_order.py).
+final split (the mean of the last 5 steps). Targets against equal (issue 59): loaded,
+speed's first epoch <= 1.0x equal's and all epochs <= 0.85x; unloaded, all epochs <=
+1.03x; token-balanced, the slower rank's forward time per step within 15 % of the median
+(of the two). Every figure is printed, met or not; on a shared host they are noisy (the
+load average is printed). The per-step loss against equal's is printed for reference:
+in float32 another split of the same batches alone moves the MLP's losses past 1e-5
+within 40 steps (benchmarks/split_order.py), so issue 59 holds a split's losses to the
+same split fixed by hand instead (tests/training/test_balance_loss.py).
 
 The oracle (benchmarks/hetero_sweep.py): after each slowed case's `equal` run (`loaded`,
 `midslow`, both models), `--sweep` (7) `loader.balance: fixed` runs at splits evenly

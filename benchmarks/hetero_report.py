@@ -14,8 +14,11 @@ from typing import Any
 
 CASES = ("loaded", "unloaded", "midslow")
 FIGURES = ("step_s", "data_wait_s", "allreduce_blocked_s", "busy_s", "samples_per_s")
-TARGETS = {"loaded": 0.75, "unloaded": 1.03}
-LOSS_TARGET = 1e-5
+# Issue 59's targets for speed / equal: a new user's slowed node (first epoch, all epochs)
+# and alike ranks; against the best fixed split they are hetero_sweep.py's. Its loss target
+# compares a split with the same split fixed by hand (tests/training/test_balance_loss.py),
+# so the loss against equal is printed for reference, not judged.
+TARGETS = {"loaded": {"first": 1.0, "all": 0.85}, "unloaded": {"all": 1.03}}
 MOST_LOSSES = 100  # a run's per-step losses are printed up to this many steps
 
 Run = dict[str, Any]
@@ -59,9 +62,9 @@ def loss_difference(a: list[float], b: list[float]) -> float:
 def print_load() -> None:
     print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: noisy figures")
     print(
-        "targets: speed / equal wall (last epoch, all epochs); loss (max relative "
-        "difference per step); settle (steps from the slow-down to within 5 % of the "
-        "final split)"
+        "targets: speed / equal wall (first epoch, all epochs; issue 59); loss (max "
+        "relative difference per step from equal's: for reference); settle (steps from "
+        "the slow-down to within 5 % of the final split)"
     )
 
 
@@ -95,11 +98,17 @@ def print_token_split(results: dict[str, list[Run]]) -> None:
         )
 
 
-def verdict(case: str, last: float) -> str:
-    target = TARGETS.get(case)
-    if target is None:
-        return ""
-    return f"(target <= {target}x: " + ("met" if last <= target else "NOT met") + ")"
+def verdict(case: str, figures: dict[str, float]) -> str:
+    """A case's targets against its first-epoch and all-epoch ratios, each met or not."""
+    judged = [
+        f"{span} <= {target}x: " + ("met" if figures[span] <= target else "NOT met")
+        for span, target in TARGETS.get(case, {}).items()
+    ]
+    return f" (targets {', '.join(judged)})" if judged else ""
+
+
+def target_label(case: str) -> str:
+    return ", ".join(f"{span} {t}" for span, t in TARGETS.get(case, {}).items()) or "-"
 
 
 def print_case(label: str, case: str, eq: Run, sp: Run) -> None:
@@ -110,17 +119,17 @@ def print_case(label: str, case: str, eq: Run, sp: Run) -> None:
     diff = loss_difference(sp["losses"], eq["losses"])
     print(
         f"  {label}: speed / equal {first:.3f}x first epoch, {last:.3f}x last epoch, "
-        f"{total:.3f}x all "
-        f"{verdict(case, last)}; loss {diff:.2e} ({'met' if diff <= LOSS_TARGET else 'NOT met'}); "
+        f"{total:.3f}x all{verdict(case, {'first': first, 'all': total})}; loss {diff:.2e}; "
         f"settle {sp['settle_steps']} steps from step {sp['slowed_at']}; rows at the end "
         f"{sp['last_rows']}; moves logged {len(sp['moves'])}"
     )
 
 
 def ratios(eq: list[Run], sp: list[Run]) -> dict[str, list[float]]:
-    """Per repeat, speed / equal over the last epoch and over all epochs."""
+    """Per repeat, speed / equal over the first epoch, the last and all epochs."""
     pairs = list(zip(eq, sp, strict=True))
     return {
+        "first": [s["epoch_wall_s"][0] / e["epoch_wall_s"][0] for e, s in pairs],
         "last": [s["epoch_wall_s"][-1] / e["epoch_wall_s"][-1] for e, s in pairs],
         "all": [sum(s["epoch_wall_s"]) / sum(e["epoch_wall_s"]) for e, s in pairs],
         "loss": [loss_difference(s["losses"], e["losses"]) for e, s in pairs],
@@ -154,22 +163,18 @@ def report_repeats(results: dict[str, list[Run]], baseline: str | None) -> None:
         for code, (eq, sp) in found.items():
             assert eq is not None and sp is not None
             figures = ratios(eq, sp)
-            last, total, loss = (
-                median(figures["last"]),
-                median(figures["all"]),
-                max(figures["loss"]),
-            )
+            first, last, total = (median(figures[span]) for span in ("first", "last", "all"))
             print(
-                f"  {label}, {code}: speed / equal median {last:.3f}x last epoch "
-                f"({', '.join(f'{r:.3f}' for r in figures['last'])}), {total:.3f}x all "
-                f"{verdict(case, last)}; loss {loss:.2e} "
-                f"({'met' if loss <= LOSS_TARGET else 'NOT met'}); settle "
+                f"  {label}, {code}: speed / equal median {first:.3f}x first epoch, "
+                f"{last:.3f}x last epoch ({', '.join(f'{r:.3f}' for r in figures['last'])}), "
+                f"{total:.3f}x all{verdict(case, {'first': first, 'all': total})}; "
+                f"loss {max(figures['loss']):.2e}; settle "
                 f"{[run['settle_steps'] for run in sp]}; rows at the end "
                 f"{[run['last_rows'] for run in sp]}"
             )
             equal_s = median(run["epoch_wall_s"][-1] for run in eq)
             cells.append(f"{equal_s:.2f} | {last:.3f}x, {total:.3f}x")
-        rows.append(f"| {label} ({TARGETS.get(case, '-')}) | " + " | ".join(cells))
+        rows.append(f"| {label} ({target_label(case)}) | " + " | ".join(cells))
     print_token_split(results)
     header = " | ".join(
         f"{code}: equal, last epoch s | {code}: speed / equal, last, all" for code, _ in codes
