@@ -1,16 +1,21 @@
-"""A disturbance is not a change of speed (training/data/speed_change.py): two or three
-intervals of one rank slowed from outside the run, then its old speed again, leave
-`loader.balance: speed` at the best split, while a slow-down that lasts is followed.
+"""A slow-down that lasts is followed by `loader.balance: speed` (training/data/
+speed_change.py); a disturbance of two or three intervals is read as one, a known
+limit this file pins as an expected failure.
 
 Exact readings on modelled ranks (each rank's own work a step a + b x rows, no timing
-noise), so every case is deterministic and the split's cost is exact: the controller
-before this rule, reading two disturbed intervals as a change of speed for good, held
-the split 13-17 % off the best one 100 steps after the disturbance or more, in the worst
-case of each shape (benchmarks/RESULTS.md M97). The noisy cases are test_balance_settle.py's."""
+noise), so every case is deterministic and the split's cost is exact. Two disturbed
+intervals read as a change of speed for good hold the split 13-17 % off the best one 100
+steps after the disturbance or more, in the worst case of each shape (benchmarks/
+RESULTS.md M97). A rule that undid such a change passed the disturbance test, but its
+real-node runs took 1.049x the time without it (median of 6 pairs, M98), so it is not in
+the controller and the test is marked as failing, strictly: a controller that passes it
+is to drop the mark.
+The noisy cases are test_balance_settle.py's."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +56,10 @@ def best_step(ranks: Ranks) -> float:
     return float(both.max(axis=0).min())
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a disturbance of 2-3 intervals reads as a change of speed (RESULTS.md M97, M98)",
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shape=st.sampled_from(range(len(SHAPES))),
@@ -64,7 +73,8 @@ def test_a_disturbance_of_whole_intervals_leaves_the_best_split(
     """Invariant: after the split settled at the best one, either rank 1.45-3x slower for
     two or three whole intervals and then as before (a disturbance the history starts over
     at) costs nothing from 100 steps after it on: every step within 1 % of the best fixed
-    split's (measured: at most 1.0063x). Before the rule: 1.13-1.17x, for each shape."""
+    split's (with the undo rule of M97: at most 1.0063x; without it: 1.13-1.17x, for each
+    shape, so this fails as marked)."""
     ranks = SHAPES[shape]
     end = SETTLED + intervals * EVERY
     ratios = exact_run(ranks, 720, (rank, SETTLED, end, factor))
@@ -81,7 +91,7 @@ def test_a_slow_down_that_lasts_is_followed_not_undone(shape: int, factor: float
     """Invariant: rank 1 turning 1.45-3x slower for good (a busy loop on its core) is a
     change of speed, never read as a disturbance: from 100 steps after it on, every step is
     within 2 % of the best fixed split's for the new speeds (measured: at most 1.018x, the
-    quota-like pair, as before the rule)."""
+    quota-like pair)."""
     fixed, per_row = SHAPES[shape]
     slowed = ([fixed[0], fixed[1] * factor], [per_row[0], per_row[1] * factor])
     ratios = exact_run(SHAPES[shape], 720, (1, SETTLED, 720, factor))

@@ -43,15 +43,14 @@ that reads a slow rank's rows as costing nothing would otherwise hold a slowed r
 equal for PROBE_AFTER readings or more (benchmarks/RESULTS.md M72). With exact readings
 both are the fitted model.
 
-Readings at one split are pooled into points, and a change of speed starts them over,
-or is undone when it proves a disturbance (training/data/speed_change.py). A move must
-gain more than the noise band, NOISE_K standard errors of the pooled point (an
-interval's noise, measured from the pooled intervals, over the root of their number),
-unless the ranks' own work there is IMBALANCE_K bands apart (a wrong fit that predicts
-too little); that gate holds for a move off the equal split, while off it the cautious
-lines already shorten each move by the fit's uncertainty (NOISE_PRIOR until an interval
-is pooled). Without it, under 15 % noise an interval the split walks around the best
-one by tens of rows (M50).
+Readings at one split are pooled into points, and a change of speed starts them over
+(training/data/speed_change.py). A move must gain more than the noise band, NOISE_K
+standard errors of the pooled point (an interval's noise, measured from the pooled
+intervals, over the root of their number), unless the ranks' own work there is
+IMBALANCE_K bands apart (a wrong fit that predicts too little); that gate holds for a
+move off the equal split, while off it the cautious lines already shorten each move by
+the fit's uncertainty (NOISE_PRIOR until an interval is pooled). Without it, under 15 %
+noise an interval the split walks around the best one by tens of rows (M50).
 
 Then the shares become the newer target at once, all the way. So a single disturbed
 interval (a scheduler hiccup, a checkpoint, a GC pause on one rank) moves nothing, nor
@@ -81,7 +80,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.data.speed_change import NOISE_WEIGHT, POOL, Pool, SpeedChange, joined
+from training.data.speed_change import NOISE_WEIGHT, POOL, Pool, joined
 from training.data.step_model import GAIN_BAND, Point, StepModel, fit, interval_point, rank_points
 from training.data.step_noise import expected_step, quickest_split, running
 
@@ -163,9 +162,8 @@ class Reading:
     speeds (`held`), how many such readings forget the model (`wait`), how many intervals
     the newest point pools (`pooled`; 0 when it differs from the one before by more than
     SHIFT: a change of speed, which the next interval must not be pooled with), the
-    variance of an interval's relative timing noise (`noise`, see NOISE_K), each rank's
-    per-step dispersion (training/data/step_noise.py; None: not measured), and the change
-    of speed its points started at while it may still be undone (speed_change.py)."""
+    variance of an interval's relative timing noise (`noise`, see NOISE_K), and each
+    rank's per-step dispersion (training/data/step_noise.py; None: not measured)."""
 
     shares: np.ndarray
     target: np.ndarray
@@ -176,7 +174,6 @@ class Reading:
     pooled: int = 1
     noise: float = 0.0
     dispersion: np.ndarray | None = None
-    change: SpeedChange | None = None
 
     @property
     def fitted(self) -> bool:
@@ -215,7 +212,7 @@ class Reading:
 
     def pool(self) -> Pool:
         """The points this reading's fit read, as speed_change.py pools them."""
-        return Pool(self.history, self.pooled, self.noise, self.change)
+        return Pool(self.history, self.pooled, self.noise)
 
     def imbalance(self) -> float:
         """How much the slowest rank's own work at the newest point exceeds the fastest's."""
@@ -256,17 +253,16 @@ def read_interval(
     if len(samples) != world or len(busy_s) != world or min(samples.min(), busy_s.min()) <= 0:
         return None
     before = last if last is not None and len(last.shares) == world else None
-    last_model = before.model if before else None
-    pool = joined(before.pool() if before else None, interval_point(samples, busy_s), last_model)
+    pool = joined(before.pool() if before else None, interval_point(samples, busy_s))
     history, pooled, noise = pool.history, pool.pooled, pool.noise
-    model = fit(history, last_model, superseding=pooled == 0)
+    model = fit(history, before.model if before else None, superseding=pooled == 0)
     pooled_point = history[-1]  # samples / busy_s, or its mean over the intervals pooled
     speed = snapped(bounded(pooled_point.shares / pooled_point.costs))
     wait = before.wait if before else PROBE_AFTER
     # None from a run's first interval: its first steps hold the warm-up.
     spread = running(before.dispersion, dispersion, NOISE_WEIGHT) if before else None
     if not model.fitted:
-        return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread, pool.change)
+        return Reading(shares, speed, model, history, 0, wait, pooled, noise, spread)
     measured = noise > 0 or any(point.weight > 1 for point in history)
     noises = (noise if measured else NOISE_PRIOR, spread)
     model, target = cautious_target(shares, model, history, noises, pooled == 0)
@@ -278,7 +274,7 @@ def read_interval(
     if held >= wait:  # forget the model: the next readings measure from speed again
         forgot = fit(history[-1:])
         return Reading(shares, speed, forgot, history[-1:], 0, 2 * wait, pooled, noise, spread)
-    return Reading(shares, target, model, history, held, wait, pooled, noise, spread, pool.change)
+    return Reading(shares, target, model, history, held, wait, pooled, noise, spread)
 
 
 def cautious_target(
