@@ -86,9 +86,8 @@ def run(
         ratios.append(own.max() / (1.0 if host is not None else best_s((fixed, per_row))))
         samples, busy, squared = samples + rows, busy + own, squared + own**2
         if (step + 1) % EVERY == 0:
-            factor = np.maximum(1 + NOISE * noise.standard_normal(2), 0.1)
-            if host is not None:
-                factor = np.ones(2)
+            draw = np.maximum(1 + NOISE * noise.standard_normal(2), 0.1)
+            factor = draw if host is None else np.ones(2)  # a replayed host is its noise
             busy, squared = busy * factor, squared * factor**2
             sq = list(squared) if spread else None
             plan.replan(0, (step + 1) * ROWS, ROWS, list(samples), list(busy), sq)
@@ -97,9 +96,8 @@ def run(
 
 
 def best_s(ranks: Ranks) -> float:
-    fast = np.arange(1, ROWS)
-    both = np.array(ranks[0])[:, None] + np.array(ranks[1])[:, None] * np.stack([fast, ROWS - fast])
-    return float(both.max(axis=0).min())
+    """The step of the fastest fixed split of `ranks` (on an even host)."""
+    return float(fixed_times(ranks, np.ones((1, 2))).min())
 
 
 def host_trace(run_dir: Path) -> np.ndarray:

@@ -9,8 +9,7 @@ steps after the disturbance or more, in the worst case of each shape (benchmarks
 RESULTS.md M97). A rule that undid such a change passed the disturbance test, but its
 real-node runs took 1.049x the time without it (median of 6 pairs, M98), so it is not in
 the controller and the test is marked as failing, strictly: a controller that passes it
-is to drop the mark.
-The noisy cases are test_balance_settle.py's."""
+is to drop the mark. The noisy cases are test_balance_settle.py's."""
 
 from __future__ import annotations
 
